@@ -1,0 +1,64 @@
+/**
+ * The node agent as a Fastify app (never listens itself): internal dispatch routes for the API,
+ * the data plane for clients, health and metrics. `server.ts` wires driver, network, warm pool,
+ * registry and listens.
+ */
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
+import type { Logger } from 'pino';
+import { Gauge, Registry } from 'prom-client';
+import { installErrorHandlers } from '../core/http-errors.ts';
+import type { VerifyKey } from '../core/tokens.ts';
+import type { AgentConfig } from './config.ts';
+import { dataPlaneRoutes } from './routes/data-plane.ts';
+import { internalRoutes } from './routes/internal.ts';
+import type { SandboxManager } from './sandboxes.ts';
+import type { WarmPool } from './warm-pool.ts';
+
+/** Everything the agent's routes use. */
+export interface AgentDeps {
+  config: AgentConfig;
+  log: Logger;
+  verifyKey: VerifyKey;
+  sandboxes: SandboxManager;
+  warm: WarmPool | null;
+}
+
+/** Builds the agent app (not listening). */
+export async function buildAgentApp(deps: AgentDeps): Promise<FastifyInstance> {
+  const app = fastify({
+    loggerInstance: deps.log as FastifyBaseLogger,
+    bodyLimit: 1_048_576,
+    // SSE streams and uploads can last long; requests are bounded by their own limits
+    requestTimeout: 0,
+    // hijacked SSE responses are not idle connections: close them all on shutdown
+    forceCloseConnections: true,
+  }).withTypeProvider<TypeBoxTypeProvider>();
+  installErrorHandlers(app);
+
+  const registry = new Registry();
+  new Gauge({
+    name: 'space_agent_sandboxes',
+    help: 'Sandboxes on this node.',
+    registers: [registry],
+    collect() {
+      this.set(deps.sandboxes.size);
+    },
+  });
+  new Gauge({
+    name: 'space_agent_warm_slots',
+    help: 'Ready warm-pool slots per template.',
+    labelNames: ['template'],
+    registers: [registry],
+    collect() {
+      for (const [t, n] of Object.entries(deps.warm?.counts() ?? {})) this.set({ template: t }, n);
+    },
+  });
+
+  app.get('/healthz', async () => ({ ok: true }));
+  app.get('/readyz', async () => ({ ok: true, sandboxes: deps.sandboxes.size }));
+  app.get('/metrics', async (_req, reply) => reply.type(registry.contentType).send(await registry.metrics()));
+  await app.register(internalRoutes(deps));
+  await app.register(dataPlaneRoutes(deps));
+  return app;
+}

@@ -1,0 +1,99 @@
+/** Settings of the node agent (env names, defaults with units, docs). */
+import { cpus, hostname, totalmem } from 'node:os';
+import { type ConfigOf, loadConfig, setting } from '../core/config.ts';
+
+export const agentSettings = {
+  nodeId: setting.string('SPACE_NODE_ID', 'Node id (default: the host name).', hostname()),
+  host: setting.string(
+    'SPACE_AGENT_HOST',
+    'Address the agent listens on (data plane + internal routes).',
+    '127.0.0.1',
+  ),
+  port: setting.int('SPACE_AGENT_PORT', 'TCP port of the agent.', 8081, 0, 65535),
+  advertiseUrl: setting.optionalString(
+    'SPACE_AGENT_URL',
+    'URL clients and the API use to reach this agent (default http://<host>:<port>).',
+  ),
+  redisUrl: setting.string('SPACE_REDIS_URL', 'Redis URL (state of record).', 'redis://127.0.0.1:6379'),
+  verifyKeyFile: setting.string('SPACE_VERIFY_KEY_FILE', 'SPKI PEM Ed25519 public key that verifies tokens.'),
+  stateDir: setting.string(
+    'SPACE_AGENT_STATE_DIR',
+    'Agent state: instances, spools, sandbox records.',
+    '/var/lib/space/agent',
+  ),
+  cacheDir: setting.string('SPACE_CACHE_DIR', 'Template build cache.', '/var/lib/space'),
+  driver: setting.oneOf('SPACE_DRIVER', 'VM driver of this node.', ['gvisor'] as const, 'gvisor'),
+  warmTemplates: setting.optionalString(
+    'SPACE_WARM_TEMPLATES',
+    'Comma list of templates to keep warm (default: base).',
+  ),
+  warmPoolSize: setting.int('SPACE_WARM_POOL_SIZE', 'Warm instances kept per template.', 2, 0, 256),
+  warmVcpus: setting.number(
+    'SPACE_WARM_VCPUS',
+    'vCPUs of warm instances (creates with another shape go cold).',
+    1,
+    0.25,
+  ),
+  warmMemoryMiB: setting.int('SPACE_WARM_MEMORY_MIB', 'Memory of warm instances, MiB.', 512, 128),
+  vcpus: setting.number(
+    'SPACE_NODE_VCPUS',
+    'vCPUs this node offers (default: 4 × host CPUs).',
+    cpus().length * 4,
+    0.25,
+  ),
+  memoryMiB: setting.int(
+    'SPACE_NODE_MEMORY_MIB',
+    'Memory this node offers, MiB (default: 80 % of host memory).',
+    Math.floor((totalmem() / 1048576) * 0.8),
+    128,
+  ),
+  maxSandboxes: setting.int('SPACE_MAX_SANDBOXES', 'Most sandboxes on this node.', 128, 1, 16384),
+  pidsLimit: setting.int('SPACE_SANDBOX_PIDS_LIMIT', 'Max processes/threads per sandbox.', 1024, 16),
+  networkPool: setting.string(
+    'SPACE_NETWORK_POOL',
+    'IPv4 pool for sandbox links (a /30 each).',
+    '10.77.0.0/16',
+  ),
+  createConcurrency: setting.int('SPACE_CREATE_CONCURRENCY', 'Instances booted at once.', 4, 1, 64),
+  heartbeatMs: setting.int('SPACE_HEARTBEAT_INTERVAL_MS', 'Heartbeat interval, ms.', 5000, 100),
+  maxUploadBytes: setting.int(
+    'SPACE_MAX_UPLOAD_BYTES',
+    'Largest file upload, bytes (1 GiB).',
+    1_073_741_824,
+    1,
+  ),
+  spoolLimitBytes: setting.int(
+    'SPACE_SPOOL_LIMIT_BYTES',
+    'Output kept per command, bytes (256 MiB); later output is dropped with a `truncated` event.',
+    268_435_456,
+    1024,
+  ),
+  maxStreams: setting.int('SPACE_MAX_STREAMS', 'Concurrent data-plane streams per sandbox.', 64, 1),
+  onShutdown: setting.oneOf(
+    'SPACE_AGENT_ON_SHUTDOWN',
+    '`keep` sandboxes running across an agent restart (re-adopted at start), or `destroy` them.',
+    ['keep', 'destroy'] as const,
+    'keep',
+  ),
+  logLevel: setting.oneOf(
+    'SPACE_LOG_LEVEL',
+    'pino log level.',
+    ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const,
+    'info',
+  ),
+};
+
+export type AgentConfig = ConfigOf<typeof agentSettings>;
+
+/** Reads the agent settings from the environment; throws ConfigError listing every problem. */
+export function loadAgentConfig(env: NodeJS.ProcessEnv = process.env): AgentConfig {
+  return loadConfig('agent', agentSettings, env);
+}
+
+/** Templates to keep warm. */
+export function warmTemplates(c: AgentConfig): string[] {
+  return (c.warmTemplates || 'base')
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
+}

@@ -1,0 +1,571 @@
+/**
+ * The gVisor driver: one `runsc` container per instance, with gVisor's own network stack on the
+ * namespace prepared by `network.ts` (the OCI spec names `/var/run/netns/<netns>`).
+ *
+ * Per instance, under `<stateDir>/instances/<id>/`:
+ * ```
+ * instance.json   persisted {@link PersistedInstance} (spec + createdAt), for re-adoption
+ * upper/ work/    overlayfs upper and work dirs (the sandbox's writes)
+ * rootfs/         overlay mount point (lower = template rootfs), the container's writable root
+ * config.json     OCI bundle spec (the instance dir is the bundle)
+ * console.log     the guest's stdout/stderr
+ * logs/           runsc --debug-log files (boot, gofer, run …) for failure diagnosis
+ * ```
+ * runsc state lives in `runscRoot` (default `<stateDir>/runsc`). Always `--platform=ptrace` (KVM hangs
+ * on these machines; see machine-notes).
+ */
+import { execFile, spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { mkdir, open, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
+import { request } from 'node:http';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { SpaceError } from '../../core/errors.ts';
+import { GUEST_PORT } from '../../core/guest-protocol.ts';
+import type { Driver, InstanceInfo, InstanceSpec, SnapshotRef } from './driver.ts';
+
+const run = promisify(execFile);
+
+/** Configuration of {@link GvisorDriver}. */
+export interface GvisorConfig {
+  /** Driver state root (instances, runsc root). */
+  stateDir: string;
+  /** runsc `--root` (default `<stateDir>/runsc`). */
+  runscRoot?: string;
+  /** runsc binary (default `runsc` on PATH). */
+  runscBinary?: string;
+  /** Host folder mounted read-only at /opt/space/runtime (the repo's runtime/ folder). */
+  runtimeDir: string;
+  /** Host Node 24 binary mounted read-only at /opt/space/bin/node (use process.execPath). */
+  nodeBinary: string;
+  /** Host tini mounted at /opt/space/bin/tini (default /usr/bin/tini-static). */
+  tiniBinary?: string;
+  /** The guest's argv (default {@link DEFAULT_GUEST_ARGV}). */
+  guestArgv?: string[];
+  /** How long create() waits for the guest's /health, ms (default 30 000). */
+  healthTimeoutMs?: number;
+  /**
+   * Try `runsc checkpoint` in snapshot() (default false: throw SNAPSHOT_UNSUPPORTED at once). With runsc
+   * 2022-12 and gVisor's netstack a checkpoint fails whenever a TCP endpoint exists (even TIME_WAIT from the
+   * agent's last request) and the failed checkpoint leaves the container stopped.
+   */
+  experimentalSnapshots?: boolean;
+  /** Pass `--debug` to runsc (verbose logs in logs/). Default false. */
+  debug?: boolean;
+  log?: (msg: string, fields?: Record<string, unknown>) => void;
+}
+
+/** The guest daemon under tini, from the read-only runtime mount. */
+export const DEFAULT_GUEST_ARGV = [
+  '/opt/space/bin/tini',
+  '--',
+  '/opt/space/bin/node',
+  '/opt/space/runtime/guest/main.ts',
+];
+
+/** What instance.json holds. */
+export interface PersistedInstance {
+  spec: InstanceSpec;
+  /** Epoch ms. */
+  createdAt: number;
+}
+
+/** CPU period for the CFS quota, µs. */
+export const CPU_PERIOD_US = 100_000;
+
+/** Docker's default capability set: enough for the guest (root) to drop to `user` and manage files. */
+const CAPS = [
+  'CAP_CHOWN',
+  'CAP_DAC_OVERRIDE',
+  'CAP_FSETID',
+  'CAP_FOWNER',
+  'CAP_MKNOD',
+  'CAP_NET_RAW',
+  'CAP_SETGID',
+  'CAP_SETUID',
+  'CAP_SETFCAP',
+  'CAP_SETPCAP',
+  'CAP_NET_BIND_SERVICE',
+  'CAP_SYS_CHROOT',
+  'CAP_KILL',
+  'CAP_AUDIT_WRITE',
+];
+
+/** Inputs of {@link buildOciSpec}. */
+export interface OciInputs {
+  spec: InstanceSpec;
+  /** Absolute path of the merged overlay (container root). */
+  rootPath: string;
+  runtimeDir: string;
+  nodeBinary: string;
+  tiniBinary: string;
+  guestArgv: string[];
+}
+
+/**
+ * The OCI runtime spec (config.json) for an instance. Pure.
+ * CPU: quota = vcpus × {@link CPU_PERIOD_US} µs; memory: memoryMiB × 2^20 bytes; cgroupsPath `/space/<id>`.
+ */
+export function buildOciSpec(i: OciInputs): Record<string, unknown> {
+  const { spec } = i;
+  const ro = (source: string, destination: string) => ({
+    destination,
+    type: 'bind',
+    source,
+    options: ['rbind', 'ro', 'nosuid', 'nodev'],
+  });
+  return {
+    ociVersion: '1.0.2',
+    process: {
+      terminal: false,
+      user: { uid: 0, gid: 0 },
+      args: i.guestArgv,
+      env: [
+        'PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
+        'HOME=/root',
+        'LANG=C.UTF-8',
+      ],
+      cwd: '/',
+      capabilities: { bounding: CAPS, effective: CAPS, permitted: CAPS },
+      rlimits: [{ type: 'RLIMIT_NOFILE', hard: 65536, soft: 65536 }],
+      noNewPrivileges: false,
+    },
+    root: { path: i.rootPath, readonly: false },
+    hostname: 'sandbox',
+    mounts: [
+      { destination: '/proc', type: 'proc', source: 'proc' },
+      { destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'strictatime', 'mode=755'] },
+      { destination: '/dev/pts', type: 'devpts', source: 'devpts', options: ['nosuid', 'noexec'] },
+      { destination: '/dev/shm', type: 'tmpfs', source: 'shm', options: ['nosuid', 'noexec', 'nodev'] },
+      { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] },
+      ro(i.runtimeDir, '/opt/space/runtime'),
+      ro(i.nodeBinary, '/opt/space/bin/node'),
+      ro(i.tiniBinary, '/opt/space/bin/tini'),
+    ],
+    linux: {
+      cgroupsPath: `/space/${spec.instanceId}`,
+      namespaces: [
+        { type: 'pid' },
+        { type: 'ipc' },
+        { type: 'uts' },
+        { type: 'mount' },
+        { type: 'network', path: `/var/run/netns/${spec.network.netns}` },
+      ],
+      resources: {
+        cpu: { quota: Math.max(1000, Math.round(spec.vcpus * CPU_PERIOD_US)), period: CPU_PERIOD_US },
+        memory: { limit: spec.memoryMiB * 1024 * 1024 },
+        pids: { limit: spec.pidsLimit },
+      },
+    },
+  };
+}
+
+/** Global runsc flags common to every call. Pure. */
+export function runscGlobalArgs(o: { root: string; debugLogDir?: string; debug?: boolean }): string[] {
+  return [
+    `--root=${o.root}`,
+    '--platform=ptrace',
+    ...(o.debugLogDir
+      ? [`--debug-log=${o.debugLogDir.endsWith('/') ? o.debugLogDir : `${o.debugLogDir}/`}`]
+      : []),
+    ...(o.debug ? ['--debug'] : []),
+  ];
+}
+
+/**
+ * Command + argv that starts the container: `runsc … run --detach` in a private mount namespace where
+ * `/proc/sys/net` is hidden under an empty tmpfs.
+ *
+ * Why: runsc 2022-12 decides "am I in the root network namespace?" by testing whether
+ * `/proc/sys/net/core/rmem_default` exists, which newer kernels (6.x here) expose in every namespace, so it
+ * refuses to take over the prepared namespace ("cannot run with network enabled in root network
+ * namespace"). Hiding `/proc/sys/net` (hiding only `core` does not survive the setns) for runsc only makes the check answer correctly. Pure.
+ */
+export function runscRunCommand(
+  runsc: string,
+  global: string[],
+  bundle: string,
+  id: string,
+): { cmd: string; args: string[] } {
+  return {
+    cmd: 'unshare',
+    args: [
+      '--mount',
+      '--propagation=private',
+      '--',
+      '/bin/sh',
+      '-c',
+      'mount -t tmpfs -o size=4k,mode=0555 space-hide /proc/sys/net && exec "$@"',
+      'sh',
+      runsc,
+      ...global,
+      'run',
+      '--detach',
+      `--bundle=${bundle}`,
+      id,
+    ],
+  };
+}
+
+/** argv of a simple per-container subcommand (`pause`, `resume`, `state`, `delete --force`, `kill … KILL`). Pure. */
+export function runscCmdArgs(global: string[], cmd: string[], id: string, extra: string[] = []): string[] {
+  return [...global, ...cmd, id, ...extra];
+}
+
+/** argv of `runsc checkpoint --leave-running --image-path=<dir>`. Pure. */
+export function runscCheckpointArgs(global: string[], id: string, imagePath: string): string[] {
+  return [...global, 'checkpoint', '--leave-running', `--image-path=${imagePath}`, id];
+}
+
+/** Overlay mount options for a lower (read-only) dir and upper/work dirs. Pure. */
+export function overlayOptions(lower: string, upper: string, work: string): string {
+  for (const p of [lower, upper, work]) if (/[,:]/.test(p)) throw new Error(`overlay path has , or : — ${p}`);
+  return `lowerdir=${lower},upperdir=${upper},workdir=${work}`;
+}
+
+/** The useful part of runsc checkpoint's (huge, Go-dump) error output, ≤ 300 chars. Pure. */
+export function checkpointFailureReason(stderr: string): string {
+  const m = /(save rejected[^\n]*?)(?::\n|$)/.exec(stderr) ?? /(checkpoint failed: [^\n{]*)/.exec(stderr);
+  return (m?.[1] ?? stderr.trim().split('\n')[0] ?? '').slice(0, 300);
+}
+
+/** Maps `runsc state` status to the driver's state. Pure. */
+export function mapRunscStatus(status: string | undefined): InstanceInfo['state'] {
+  if (status === 'running' || status === 'created') return 'running';
+  if (status === 'paused') return 'paused';
+  return 'stopped';
+}
+
+const ID_RE = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/;
+
+/** gVisor implementation of {@link Driver}. */
+export class GvisorDriver implements Driver {
+  readonly name = 'gvisor' as const;
+  private readonly cfg: Required<Omit<GvisorConfig, 'log'>> & Pick<GvisorConfig, 'log'>;
+
+  constructor(config: GvisorConfig) {
+    this.cfg = {
+      ...config,
+      runscRoot: config.runscRoot ?? join(config.stateDir, 'runsc'),
+      runscBinary: config.runscBinary ?? 'runsc',
+      tiniBinary: config.tiniBinary ?? '/usr/bin/tini-static',
+      guestArgv: config.guestArgv ?? DEFAULT_GUEST_ARGV,
+      healthTimeoutMs: config.healthTimeoutMs ?? 30_000,
+      debug: config.debug ?? false,
+      experimentalSnapshots: config.experimentalSnapshots ?? false,
+    };
+  }
+
+  /** Checks runsc, tini, node, runtimeDir, root. @throws SpaceError DRIVER_FAILED listing what is missing. */
+  async preflight(): Promise<void> {
+    const missing: string[] = [];
+    if (process.getuid?.() !== 0) missing.push('must run as root');
+    await run(this.cfg.runscBinary, ['--version']).catch(() =>
+      missing.push(`${this.cfg.runscBinary} (apt: runsc)`),
+    );
+    for (const p of [this.cfg.tiniBinary, this.cfg.nodeBinary, this.cfg.runtimeDir]) {
+      if (!existsSync(p)) missing.push(p);
+    }
+    if (missing.length) {
+      throw new SpaceError('DRIVER_FAILED', `gvisor preflight failed: ${missing.join('; ')}`, { missing });
+    }
+  }
+
+  /** `<stateDir>/instances/<id>`. */
+  instanceDir(id: string): string {
+    return join(this.cfg.stateDir, 'instances', id);
+  }
+
+  /**
+   * Mounts the overlay, writes the bundle, runs the container and waits for the guest's /health.
+   * @throws SpaceError DRIVER_FAILED (cleans up everything it made, network excluded; message has the
+   *   tail of the guest console and runsc logs).
+   */
+  async create(spec: InstanceSpec): Promise<InstanceInfo> {
+    const id = spec.instanceId;
+    if (!ID_RE.test(id)) throw new SpaceError('DRIVER_FAILED', `bad instance id ${id}`, { instanceId: id });
+    const dir = this.instanceDir(id);
+    if (existsSync(dir))
+      throw new SpaceError('DRIVER_FAILED', `instance ${id} already exists`, { instanceId: id });
+    const createdAt = Date.now();
+    try {
+      await this.prepareBundle(spec, dir);
+      await writeFile(
+        join(dir, 'instance.json'),
+        JSON.stringify({ spec, createdAt } satisfies PersistedInstance),
+      );
+      await this.runContainer(id, dir);
+      await waitForHealth(spec.network.sandboxAddress, this.cfg.healthTimeoutMs, async () => {
+        const status = await this.runscStatus(id);
+        return status === 'running' || status === 'created';
+      });
+    } catch (err) {
+      const diag = await this.diagnostics(dir);
+      await this.destroy(id).catch((e) =>
+        this.cfg.log?.('cleanup after failed create failed', { id, err: String(e) }),
+      );
+      throw new SpaceError(
+        'DRIVER_FAILED',
+        `gvisor create ${id} failed: ${(err as Error).message}${diag ? `\n${diag}` : ''}`,
+        { instanceId: id },
+        { cause: err },
+      );
+    }
+    this.cfg.log?.('instance created', { id, ms: Date.now() - createdAt });
+    return this.info({ spec, createdAt }, 'running');
+  }
+
+  /** Freezes the sandbox (`runsc pause`). @throws DRIVER_FAILED. */
+  async pause(instanceId: string): Promise<void> {
+    await this.runsc(['pause'], instanceId);
+  }
+
+  /** Thaws the sandbox (`runsc resume`). @throws DRIVER_FAILED. */
+  async resume(instanceId: string): Promise<void> {
+    await this.runsc(['resume'], instanceId);
+  }
+
+  /**
+   * `runsc checkpoint --leave-running` into `dir`, only with `experimentalSnapshots` (see there).
+   * @throws SpaceError SNAPSHOT_UNSUPPORTED when disabled or when runsc cannot checkpoint this container
+   *   (then the container may be left stopped — runsc's behaviour).
+   */
+  async snapshot(instanceId: string, dir: string): Promise<SnapshotRef> {
+    if (!this.cfg.experimentalSnapshots) {
+      throw new SpaceError(
+        'SNAPSHOT_UNSUPPORTED',
+        'the gvisor driver cannot snapshot: runsc checkpoint rejects sandboxes with TCP endpoints',
+        { instanceId },
+      );
+    }
+    await mkdir(dir, { recursive: true });
+    try {
+      await run(this.cfg.runscBinary, runscCheckpointArgs(this.globalArgs(instanceId), instanceId, dir), {
+        timeout: 60_000,
+      });
+    } catch (err) {
+      const e = err as { stderr?: string; message: string };
+      throw new SpaceError(
+        'SNAPSHOT_UNSUPPORTED',
+        `runsc checkpoint failed: ${checkpointFailureReason(e.stderr || e.message)}`,
+        { instanceId },
+        { cause: err },
+      );
+    }
+    return { instanceId, path: dir };
+  }
+
+  /**
+   * Kills and deletes the container, unmounts the overlay, removes the instance dir and its cgroups.
+   * Idempotent. @throws DRIVER_FAILED only when the overlay cannot be unmounted or the dir removed.
+   */
+  async destroy(instanceId: string): Promise<void> {
+    const dir = this.instanceDir(instanceId);
+    const g = this.globalArgs(instanceId);
+    await run(this.cfg.runscBinary, runscCmdArgs(g, ['kill'], instanceId, ['KILL'])).catch(() => {});
+    await run(this.cfg.runscBinary, runscCmdArgs(g, ['delete', '--force'], instanceId)).catch(() => {});
+    await unmountIfMounted(join(dir, 'rootfs'));
+    await rm(dir, { recursive: true, force: true }).catch((err) => {
+      throw new SpaceError('DRIVER_FAILED', `cannot remove ${dir}: ${err}`, { instanceId }, { cause: err });
+    });
+    await removeCgroups(instanceId);
+    this.cfg.log?.('instance destroyed', { id: instanceId });
+  }
+
+  /**
+   * Instances found in `<stateDir>/instances/*\/instance.json`, with their state from `runsc state`
+   * (`stopped` when runsc no longer knows the container).
+   */
+  async list(): Promise<InstanceInfo[]> {
+    const ids = await readdir(join(this.cfg.stateDir, 'instances')).catch(() => [] as string[]);
+    const out: InstanceInfo[] = [];
+    for (const id of ids) {
+      const p = await readFile(join(this.instanceDir(id), 'instance.json'), 'utf8').catch(() => undefined);
+      if (!p) continue;
+      const persisted = JSON.parse(p) as PersistedInstance;
+      out.push(this.info(persisted, mapRunscStatus(await this.runscStatus(id))));
+    }
+    return out;
+  }
+
+  /** runsc's status string for a container, or undefined when unknown. */
+  async runscStatus(instanceId: string): Promise<string | undefined> {
+    try {
+      const { stdout } = await run(
+        this.cfg.runscBinary,
+        runscCmdArgs([`--root=${this.cfg.runscRoot}`], ['state'], instanceId),
+      );
+      return (JSON.parse(stdout) as { status?: string }).status;
+    } catch {
+      return undefined;
+    }
+  }
+
+  private info(p: PersistedInstance, state: InstanceInfo['state']): InstanceInfo {
+    return {
+      instanceId: p.spec.instanceId,
+      template: p.spec.template,
+      state,
+      guest: { host: p.spec.network.sandboxAddress, port: GUEST_PORT },
+      network: p.spec.network,
+      createdAt: p.createdAt,
+    };
+  }
+
+  private globalArgs(instanceId: string): string[] {
+    return runscGlobalArgs({
+      root: this.cfg.runscRoot,
+      debugLogDir: join(this.instanceDir(instanceId), 'logs'),
+      debug: this.cfg.debug,
+    });
+  }
+
+  /** Overlay mount + mount points + config.json in `dir`. */
+  private async prepareBundle(spec: InstanceSpec, dir: string): Promise<void> {
+    const [upper, work, rootfs] = ['upper', 'work', 'rootfs'].map((d) => join(dir, d)) as [
+      string,
+      string,
+      string,
+    ];
+    await Promise.all(
+      [upper, work, rootfs, join(dir, 'logs'), this.cfg.runscRoot].map((d) => mkdir(d, { recursive: true })),
+    );
+    await sh('mount', [
+      '-t',
+      'overlay',
+      'overlay',
+      '-o',
+      overlayOptions(spec.templateRootfs, upper, work),
+      rootfs,
+    ]);
+    // Mount points for the read-only binds (gVisor needs the destinations to exist).
+    await mkdir(join(rootfs, 'opt/space/runtime'), { recursive: true });
+    await mkdir(join(rootfs, 'opt/space/bin'), { recursive: true });
+    for (const f of ['node', 'tini']) await writeFile(join(rootfs, 'opt/space/bin', f), '', { flag: 'a' });
+    const oci = buildOciSpec({
+      spec,
+      rootPath: rootfs,
+      runtimeDir: this.cfg.runtimeDir,
+      nodeBinary: this.cfg.nodeBinary,
+      tiniBinary: this.cfg.tiniBinary,
+      guestArgv: this.cfg.guestArgv,
+    });
+    await writeFile(join(dir, 'config.json'), JSON.stringify(oci, null, 2));
+  }
+
+  /** `runsc run --detach` with the guest's stdio going to console.log. */
+  private async runContainer(id: string, dir: string): Promise<void> {
+    const console = await open(join(dir, 'console.log'), 'a');
+    const { cmd, args } = runscRunCommand(this.cfg.runscBinary, this.globalArgs(id), dir, id);
+    try {
+      await new Promise<void>((resolve, reject) => {
+        const child = spawn(cmd, args, {
+          stdio: ['ignore', console.fd, console.fd],
+        });
+        child.on('error', reject);
+        child.on('close', (code) =>
+          code === 0 ? resolve() : reject(new Error(`runsc run exited with ${code}`)),
+        );
+      });
+    } finally {
+      await console.close();
+    }
+  }
+
+  private async runsc(cmd: string[], instanceId: string): Promise<void> {
+    try {
+      await run(this.cfg.runscBinary, runscCmdArgs(this.globalArgs(instanceId), cmd, instanceId), {
+        timeout: 30_000,
+      });
+    } catch (err) {
+      const e = err as { stderr?: string; message: string };
+      throw new SpaceError(
+        'DRIVER_FAILED',
+        `runsc ${cmd.join(' ')} ${instanceId}: ${(e.stderr || e.message).trim()}`,
+        {
+          instanceId,
+        },
+        { cause: err },
+      );
+    }
+  }
+
+  /** Tail of console.log and the runsc logs of an instance dir, for error messages. */
+  private async diagnostics(dir: string): Promise<string> {
+    const parts: string[] = [];
+    const tail = async (path: string, label: string) => {
+      const text = await readFile(path, 'utf8').catch(() => '');
+      if (text.trim()) parts.push(`--- ${label} ---\n${text.trim().split('\n').slice(-15).join('\n')}`);
+    };
+    await tail(join(dir, 'console.log'), 'guest console');
+    for (const f of (await readdir(join(dir, 'logs')).catch(() => [] as string[])).sort()) {
+      await tail(join(dir, 'logs', f), f);
+    }
+    return parts.join('\n');
+  }
+}
+
+async function sh(cmd: string, args: string[]): Promise<string> {
+  try {
+    return (await run(cmd, args)).stdout;
+  } catch (err) {
+    const e = err as { stderr?: string; message: string };
+    throw new Error(`${cmd} ${args.join(' ')}: ${(e.stderr || e.message).trim()}`);
+  }
+}
+
+/**
+ * Polls `GET http://<host>:GUEST_PORT/health` until it answers 2xx. Every ~500 ms asks `alive()` (when given)
+ * and gives up early when it says false (the container stopped).
+ * @throws Error on timeout or when the container died.
+ */
+export async function waitForHealth(
+  host: string,
+  timeoutMs: number,
+  alive?: () => Promise<boolean>,
+): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  let last = 'no answer';
+  let nextAliveCheck = Date.now() + 500;
+  while (Date.now() < deadline) {
+    if (alive && Date.now() >= nextAliveCheck) {
+      if (!(await alive())) throw new Error('the sandbox stopped before its guest answered /health');
+      nextAliveCheck = Date.now() + 500;
+    }
+    const status = await httpStatus(host, GUEST_PORT, '/health', 1000).catch((e: Error) => {
+      last = e.message;
+      return 0;
+    });
+    if (status >= 200 && status < 300) return;
+    if (status) last = `HTTP ${status}`;
+    await new Promise((r) => setTimeout(r, 25));
+  }
+  throw new Error(`guest did not answer /health on ${host}:${GUEST_PORT} within ${timeoutMs} ms (${last})`);
+}
+
+/** Status code of one GET; rejects on connection errors or after `timeoutMs`. */
+export function httpStatus(host: string, port: number, path: string, timeoutMs: number): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const req = request({ host, port, path, method: 'GET', timeout: timeoutMs, agent: false }, (res) => {
+      res.resume();
+      resolve(res.statusCode ?? 0);
+    });
+    req.on('timeout', () => req.destroy(new Error('timeout')));
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+async function unmountIfMounted(path: string): Promise<void> {
+  const mounts = await readFile('/proc/self/mountinfo', 'utf8');
+  if (!mounts.split('\n').some((l) => l.split(' ')[4] === path)) return;
+  await sh('umount', [path]).catch(() => sh('umount', ['-l', path]));
+}
+
+/** Removes `/sys/fs/cgroup/<controller>/space/<id>` in every v1 hierarchy (and the unified one). */
+export async function removeCgroups(instanceId: string): Promise<void> {
+  for (const ctrl of await readdir('/sys/fs/cgroup').catch(() => [] as string[])) {
+    const p = join('/sys/fs/cgroup', ctrl, 'space', instanceId);
+    if (existsSync(p)) await rmdir(p).catch(() => {});
+  }
+}

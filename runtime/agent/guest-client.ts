@@ -1,0 +1,143 @@
+/**
+ * The agent's client for one sandbox's guest daemon (protocol: core/guest-protocol.ts), over
+ * HTTP/1.1 on TCP. Guest errors come back as the same coded SpaceError; transport failures as
+ * GUEST_UNAVAILABLE.
+ */
+import type { Readable } from 'node:stream';
+import { type Dispatcher, Pool } from 'undici';
+import { errorFromBody, SpaceError } from '../core/errors.ts';
+import type { FileStat, GuestHealth, ProcessInfo, ProcessStartRequest } from '../core/guest-protocol.ts';
+import type { GuestEndpoint } from './drivers/driver.ts';
+
+/** Timeout of a control call to the guest (not of streams), ms. */
+export const GUEST_CALL_TIMEOUT_MS = 15_000;
+
+export class GuestClient {
+  readonly #pool: Pool;
+  readonly endpoint: GuestEndpoint;
+
+  constructor(endpoint: GuestEndpoint) {
+    this.endpoint = endpoint;
+    this.#pool = new Pool(`http://${endpoint.host}:${endpoint.port}`, {
+      connections: 64,
+      keepAliveTimeout: 10_000,
+      connectTimeout: 5_000,
+    });
+  }
+
+  /** Raw request; throws GUEST_UNAVAILABLE on transport errors, the guest's coded error on ≥ 400. */
+  async request(
+    opts: Omit<Dispatcher.RequestOptions, 'origin'> & { expect?: 'stream' },
+  ): Promise<Dispatcher.ResponseData> {
+    let res: Dispatcher.ResponseData;
+    try {
+      res = await this.#pool.request({
+        headersTimeout: GUEST_CALL_TIMEOUT_MS,
+        bodyTimeout: opts.expect === 'stream' ? 0 : GUEST_CALL_TIMEOUT_MS,
+        ...opts,
+      });
+    } catch (err) {
+      if (err instanceof SpaceError) throw err;
+      throw new SpaceError(
+        'GUEST_UNAVAILABLE',
+        `guest did not answer: ${(err as Error).message}`,
+        undefined,
+        {
+          cause: err,
+        },
+      );
+    }
+    if (res.statusCode >= 400) {
+      const text = await res.body.text().catch(() => '');
+      let body: unknown;
+      try {
+        body = JSON.parse(text);
+      } catch {
+        body = undefined;
+      }
+      throw errorFromBody(res.statusCode, body, 'GUEST_UNAVAILABLE');
+    }
+    return res;
+  }
+
+  async #json<T>(method: Dispatcher.HttpMethod, path: string, body?: unknown): Promise<T> {
+    const res = await this.request({
+      method,
+      path,
+      headers: body === undefined ? {} : { 'content-type': 'application/json' },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const text = await res.body.text();
+    return (text ? JSON.parse(text) : undefined) as T;
+  }
+
+  health(): Promise<GuestHealth> {
+    return this.#json('GET', '/health');
+  }
+  init(env: Record<string, string>): Promise<void> {
+    return this.#json('POST', '/init', { env });
+  }
+  start(req: ProcessStartRequest): Promise<ProcessInfo> {
+    return this.#json('POST', '/processes', req);
+  }
+  process(pid: number): Promise<ProcessInfo> {
+    return this.#json('GET', `/processes/${pid}`);
+  }
+  /** The output frame stream from byte `offset` (no body timeout: commands may run for hours). */
+  async output(pid: number, offset: number, signal?: AbortSignal): Promise<Readable> {
+    const res = await this.request({
+      method: 'GET',
+      path: `/processes/${pid}/output?offset=${offset}`,
+      expect: 'stream',
+      signal,
+    });
+    return res.body;
+  }
+  async writeStdin(pid: number, data: Buffer | Readable): Promise<void> {
+    const res = await this.request({ method: 'POST', path: `/processes/${pid}/stdin`, body: data });
+    await res.body.dump();
+  }
+  async closeStdin(pid: number): Promise<void> {
+    await this.#json('POST', `/processes/${pid}/stdin/close`);
+  }
+  async signal(pid: number, signal: string): Promise<void> {
+    await this.#json('POST', `/processes/${pid}/signal`, { signal });
+  }
+  stat(path: string): Promise<FileStat> {
+    return this.#json('GET', `/fs/stat?path=${encodeURIComponent(path)}`);
+  }
+  list(path: string): Promise<{ entries: FileStat[] }> {
+    return this.#json('GET', `/fs/list?path=${encodeURIComponent(path)}`);
+  }
+  mkdir(path: string, parents: boolean): Promise<FileStat> {
+    return this.#json('POST', '/fs/mkdir', { path, parents });
+  }
+  async remove(path: string, recursive: boolean): Promise<void> {
+    await this.#json('DELETE', `/fs?path=${encodeURIComponent(path)}${recursive ? '&recursive=1' : ''}`);
+  }
+  /** Streams a file out of the sandbox. */
+  async readFile(path: string, signal?: AbortSignal): Promise<Readable> {
+    const res = await this.request({
+      method: 'GET',
+      path: `/files?path=${encodeURIComponent(path)}`,
+      expect: 'stream',
+      signal,
+    });
+    return res.body;
+  }
+  /** Streams `data` into a file (atomic on the guest side); an aborted body leaves no partial file. */
+  writeFile(path: string, data: Readable, signal?: AbortSignal): Promise<FileStat> {
+    return this.request({
+      method: 'PUT',
+      path: `/files?path=${encodeURIComponent(path)}`,
+      body: data,
+      signal,
+      expect: 'stream',
+      headers: { 'content-type': 'application/octet-stream' },
+    }).then(async (res) => JSON.parse(await res.body.text()) as FileStat);
+  }
+
+  async close(): Promise<void> {
+    await this.#pool.close().catch(() => {});
+  }
+}

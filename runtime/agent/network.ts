@@ -1,0 +1,330 @@
+/**
+ * Per-sandbox network on one node: a network namespace `sp-<short>` holding `eth0`, the peer of a host
+ * veth `spv<short>`, on a /30 from a per-node pool (host end .1, sandbox end .2). No default route in
+ * the namespace: sandboxes have no egress until the gateway lands.
+ *
+ * Host protection (nftables table `inet space`, owned by this module): packets that arrive from any
+ * `spv*` interface reach the host only as replies to connections the host opened; everything else
+ * from a sandbox to the host, and everything forwarded to or from a sandbox, is dropped.
+ *
+ * State lives in the kernel (namespaces, links, addresses), so {@link SandboxNetworks.adopt} can rebuild
+ * the pool after an agent restart and {@link SandboxNetworks.sweep} removes leftovers.
+ */
+import { execFile } from 'node:child_process';
+import { readdir, writeFile } from 'node:fs/promises';
+import { promisify } from 'node:util';
+import { SpaceError } from '../core/errors.ts';
+import type { SandboxNetwork } from './drivers/driver.ts';
+
+const run = promisify(execFile);
+
+/** Prefix of every sandbox network namespace name. */
+export const NETNS_PREFIX = 'sp-';
+/** Prefix of every host-side veth name. */
+export const HOST_IF_PREFIX = 'spv';
+/** The nftables table this module owns. */
+export const NFT_TABLE = 'space';
+/** Default per-node address pool. */
+export const DEFAULT_POOL = '10.77.0.0/16';
+
+/** Options of {@link SandboxNetworks}. */
+export interface NetworkOptions {
+  /** IPv4 CIDR the /30s come from (prefix ≤ 30); default {@link DEFAULT_POOL}. */
+  pool?: string;
+  log?: (msg: string, fields?: Record<string, unknown>) => void;
+}
+
+/** Parses `a.b.c.d` to an unsigned 32-bit number. Throws on malformed input. Pure. */
+export function ipToInt(ip: string): number {
+  const parts = ip.split('.').map((p) => Number(p));
+  if (parts.length !== 4 || parts.some((p) => !Number.isInteger(p) || p < 0 || p > 255)) {
+    throw new Error(`bad IPv4 address ${ip}`);
+  }
+  return ((parts[0]! << 24) | (parts[1]! << 16) | (parts[2]! << 8) | parts[3]!) >>> 0;
+}
+
+/** Formats an unsigned 32-bit number as `a.b.c.d`. Pure. */
+export function intToIp(n: number): string {
+  return [n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255].join('.');
+}
+
+/** A parsed pool: network base address (as int) and number of /30 slots. */
+export interface Pool {
+  base: number;
+  slots: number;
+}
+
+/** Parses a pool CIDR (`10.77.0.0/16` → 16384 slots). Throws on a bad CIDR or a prefix > 30. Pure. */
+export function parsePool(cidr: string): Pool {
+  const [addr, len] = cidr.split('/');
+  const prefix = Number(len);
+  if (!addr || !Number.isInteger(prefix) || prefix < 8 || prefix > 30)
+    throw new Error(`bad pool CIDR ${cidr}`);
+  const mask = prefix === 0 ? 0 : (~0 << (32 - prefix)) >>> 0;
+  return { base: (ipToInt(addr) & mask) >>> 0, slots: 2 ** (30 - prefix) };
+}
+
+/** Host and sandbox addresses of slot `i` of `pool`. Pure. */
+export function slotAddresses(pool: Pool, i: number): { hostAddress: string; sandboxAddress: string } {
+  const net = pool.base + i * 4;
+  return { hostAddress: intToIp(net + 1), sandboxAddress: intToIp(net + 2) };
+}
+
+/** Slot index of a host-end address in `pool`, or undefined when outside it / not a host end. Pure. */
+export function slotOfHostAddress(pool: Pool, hostAddress: string): number | undefined {
+  const off = ipToInt(hostAddress) - pool.base;
+  if (off < 0 || off % 4 !== 1) return undefined;
+  const i = (off - 1) / 4;
+  return i < pool.slots ? i : undefined;
+}
+
+/**
+ * Short name part for an instance id (`i-abc123…` → `abc123…`, at most 12 of [a-z0-9]), so that
+ * `spv<short>` fits the 15-character interface name limit. Pure. Throws on an id with no usable chars.
+ */
+export function shortId(instanceId: string): string {
+  const s = instanceId
+    .replace(/^i-/, '')
+    .toLowerCase()
+    .replace(/[^a-z0-9]/g, '')
+    .slice(-12);
+  if (!s) throw new Error(`instance id ${instanceId} has no usable characters`);
+  return s;
+}
+
+/** The namespace and host interface names of an instance. Pure. */
+export function networkNames(instanceId: string): { netns: string; hostIf: string } {
+  const s = shortId(instanceId);
+  return { netns: `${NETNS_PREFIX}${s}`, hostIf: `${HOST_IF_PREFIX}${s}` };
+}
+
+/** The nft script that (re)creates this module's chains atomically and idempotently. Pure. */
+export function nftRuleset(): string {
+  const t = `inet ${NFT_TABLE}`;
+  return [
+    `add table ${t}`,
+    `add chain ${t} input { type filter hook input priority 0; policy accept; }`,
+    `add chain ${t} forward { type filter hook forward priority 0; policy accept; }`,
+    `flush chain ${t} input`,
+    `flush chain ${t} forward`,
+    `add rule ${t} input iifname "${HOST_IF_PREFIX}*" ct state established,related accept`,
+    `add rule ${t} input iifname "${HOST_IF_PREFIX}*" counter drop`,
+    `add rule ${t} forward iifname "${HOST_IF_PREFIX}*" counter drop`,
+    `add rule ${t} forward oifname "${HOST_IF_PREFIX}*" counter drop`,
+    '',
+  ].join('\n');
+}
+
+/** Runs a command; throws SpaceError DRIVER_FAILED with its stderr. */
+async function sh(cmd: string, args: string[], input?: string): Promise<string> {
+  try {
+    if (input !== undefined) return await runWithInput(cmd, args, input);
+    const { stdout } = await run(cmd, args, { maxBuffer: 16 * 1024 * 1024 });
+    return stdout;
+  } catch (err) {
+    const e = err as { stderr?: string; message: string };
+    throw new SpaceError(
+      'DRIVER_FAILED',
+      `${cmd} ${args.join(' ')}: ${(e.stderr || e.message).trim()}`,
+      {},
+      {
+        cause: err,
+      },
+    );
+  }
+}
+
+function runWithInput(cmd: string, args: string[], input: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const child = execFile(cmd, args, (err, stdout, stderr) => {
+      if (err) reject(Object.assign(err, { stderr }));
+      else resolve(stdout);
+    });
+    child.stdin?.end(input);
+  });
+}
+
+/** Like {@link sh} but treats "does not exist" errors as success (for idempotent deletes). */
+async function shIgnoreMissing(cmd: string, args: string[]): Promise<void> {
+  try {
+    await sh(cmd, args);
+  } catch (err) {
+    const m = (err as Error).message;
+    if (/Cannot find|No such file|does not exist|not found/i.test(m)) return;
+    throw err;
+  }
+}
+
+/**
+ * Allocates and releases per-sandbox networks from one pool. One object per agent process.
+ * Allocation reserves the slot synchronously (no await between choosing and marking), so any number
+ * of concurrent {@link allocate} calls get distinct slots.
+ */
+export class SandboxNetworks {
+  readonly pool: Pool;
+  readonly poolCidr: string;
+  private readonly used = new Set<number>();
+  private readonly log: NonNullable<NetworkOptions['log']>;
+  private firewall: Promise<void> | undefined;
+
+  /** @throws Error on a malformed pool CIDR. */
+  constructor(opts: NetworkOptions = {}) {
+    this.poolCidr = opts.pool ?? DEFAULT_POOL;
+    this.pool = parsePool(this.poolCidr);
+    this.log = opts.log ?? (() => {});
+  }
+
+  /** Creates/refreshes the `inet space` nftables table (once per object). @throws DRIVER_FAILED. */
+  ensureFirewall(): Promise<void> {
+    this.firewall ??= sh('nft', ['-f', '-'], nftRuleset()).then(
+      () => undefined,
+      (err) => {
+        this.firewall = undefined;
+        throw err;
+      },
+    );
+    return this.firewall;
+  }
+
+  /** Number of slots in use. */
+  get inUse(): number {
+    return this.used.size;
+  }
+
+  /**
+   * Makes the namespace, veth pair and addresses for `instanceId`.
+   * @returns the network (netns `sp-<short>`, hostIf `spv<short>`, /30 addresses).
+   * @throws SpaceError NODE_CAPACITY_EXHAUSTED (pool full), DRIVER_FAILED (a command failed; partial state
+   *   is removed and the slot freed).
+   */
+  async allocate(instanceId: string): Promise<SandboxNetwork> {
+    const { netns, hostIf } = networkNames(instanceId);
+    const slot = this.reserveSlot();
+    const net: SandboxNetwork = { netns, hostIf, ...slotAddresses(this.pool, slot), prefixLength: 30 };
+    try {
+      await this.ensureFirewall();
+      await sh('ip', ['netns', 'add', netns]);
+      await sh('ip', ['link', 'add', hostIf, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', netns]);
+      await disableIpv6(hostIf);
+      await sh('ip', ['addr', 'add', `${net.hostAddress}/30`, 'dev', hostIf]);
+      await sh('ip', ['link', 'set', hostIf, 'up']);
+      await sh('ip', ['-n', netns, 'addr', 'add', `${net.sandboxAddress}/30`, 'dev', 'eth0']);
+      await sh('ip', ['-n', netns, 'link', 'set', 'eth0', 'up']);
+      await sh('ip', ['-n', netns, 'link', 'set', 'lo', 'up']);
+    } catch (err) {
+      await this.remove(net).catch(() => {});
+      this.used.delete(slot);
+      throw err;
+    }
+    this.log('network allocated', { instanceId, ...net });
+    return net;
+  }
+
+  /** Deletes veth + namespace and frees the address. Idempotent. @throws DRIVER_FAILED. */
+  async release(net: SandboxNetwork): Promise<void> {
+    await this.remove(net);
+    const slot = slotOfHostAddress(this.pool, net.hostAddress);
+    if (slot !== undefined) this.used.delete(slot);
+    this.log('network released', { netns: net.netns });
+  }
+
+  /**
+   * Rebuilds the used set from the kernel: every `spv*` link whose address lies in this pool (after an
+   * agent restart). Also ensures the firewall.
+   * @returns the networks found (netns derived from the host interface name).
+   */
+  async adopt(): Promise<SandboxNetwork[]> {
+    await this.ensureFirewall();
+    const found = (await listHostLinks()).flatMap((l) => {
+      const slot = l.address ? slotOfHostAddress(this.pool, l.address) : undefined;
+      if (slot === undefined) return [];
+      this.used.add(slot);
+      return [
+        {
+          netns: `${NETNS_PREFIX}${l.ifname.slice(HOST_IF_PREFIX.length)}`,
+          hostIf: l.ifname,
+          ...slotAddresses(this.pool, slot),
+          prefixLength: 30,
+        },
+      ];
+    });
+    return found;
+  }
+
+  /**
+   * Removes every `sp-*` namespace and `spv*` link whose namespace name is not in `keep`, except those
+   * whose host address belongs to another pool (another agent's). Frees their slots.
+   * @param keep namespace names (`SandboxNetwork.netns`) to leave alone.
+   * @returns names of the namespaces removed.
+   */
+  async sweep(keep: Iterable<string>): Promise<string[]> {
+    const keepSet = new Set(keep);
+    const links = await listHostLinks();
+    const foreign = new Set<string>();
+    for (const l of links) {
+      if (l.address && slotOfHostAddress(this.pool, l.address) === undefined) {
+        foreign.add(`${NETNS_PREFIX}${l.ifname.slice(HOST_IF_PREFIX.length)}`);
+      }
+    }
+    const names = new Set([
+      ...(await listNetns()),
+      ...links.map((l) => `${NETNS_PREFIX}${l.ifname.slice(HOST_IF_PREFIX.length)}`),
+    ]);
+    const removed: string[] = [];
+    for (const netns of names) {
+      if (keepSet.has(netns) || foreign.has(netns)) continue;
+      const hostIf = `${HOST_IF_PREFIX}${netns.slice(NETNS_PREFIX.length)}`;
+      const link = links.find((l) => l.ifname === hostIf);
+      await this.remove({ netns, hostIf, hostAddress: '', sandboxAddress: '', prefixLength: 30 });
+      const slot = link?.address ? slotOfHostAddress(this.pool, link.address) : undefined;
+      if (slot !== undefined) this.used.delete(slot);
+      removed.push(netns);
+    }
+    if (removed.length) this.log('network sweep removed', { removed });
+    return removed;
+  }
+
+  private reserveSlot(): number {
+    for (let i = 0; i < this.pool.slots; i++) {
+      if (!this.used.has(i)) {
+        this.used.add(i);
+        return i;
+      }
+    }
+    throw new SpaceError('NODE_CAPACITY_EXHAUSTED', `address pool ${this.poolCidr} is full`, {
+      pool: this.poolCidr,
+    });
+  }
+
+  private async remove(net: SandboxNetwork): Promise<void> {
+    await shIgnoreMissing('ip', ['link', 'del', net.hostIf]);
+    await shIgnoreMissing('ip', ['netns', 'del', net.netns]);
+  }
+}
+
+/** `spv*` links on the host with their first IPv4 address. */
+async function listHostLinks(): Promise<{ ifname: string; address?: string }[]> {
+  const out = await sh('ip', ['-j', '-4', 'addr', 'show']);
+  const links = JSON.parse(out || '[]') as { ifname: string; addr_info?: { local?: string }[] }[];
+  const withAddr = links
+    .filter((l) => l.ifname.startsWith(HOST_IF_PREFIX))
+    .map((l) => ({ ifname: l.ifname, address: l.addr_info?.[0]?.local }));
+  // `ip -4 addr` omits links without an IPv4 address; add them from the plain link list.
+  const all = JSON.parse((await sh('ip', ['-j', 'link', 'show'])) || '[]') as { ifname: string }[];
+  for (const l of all) {
+    if (l.ifname.startsWith(HOST_IF_PREFIX) && !withAddr.some((w) => w.ifname === l.ifname)) {
+      withAddr.push({ ifname: l.ifname.split('@')[0]!, address: undefined });
+    }
+  }
+  return withAddr;
+}
+
+/** Names of `sp-*` network namespaces (from /var/run/netns). */
+export async function listNetns(): Promise<string[]> {
+  const entries = await readdir('/var/run/netns').catch(() => [] as string[]);
+  return entries.filter((n) => n.startsWith(NETNS_PREFIX));
+}
+
+async function disableIpv6(ifname: string): Promise<void> {
+  await writeFile(`/proc/sys/net/ipv6/conf/${ifname}/disable_ipv6`, '1').catch(() => {});
+}

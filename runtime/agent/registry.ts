@@ -1,0 +1,90 @@
+/**
+ * Node registration: the agent writes its capacity, URL, templates and warm-pool counts to Redis
+ * every heartbeat, with an alive key that expires after NODE_ALIVE_TTL_MS. Reservations
+ * (`used*`, `sandboxes`) belong to the API's placement scripts and are only initialised here.
+ */
+import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import { keys, NODE_ALIVE_TTL_MS } from '../core/redis-keys.ts';
+
+/** What the node advertises. */
+export interface Registration {
+  id: string;
+  url: string;
+  driver: string;
+  version: string;
+  vcpus: number;
+  memoryMiB: number;
+  maxSandboxes: number;
+}
+
+export class NodeRegistry {
+  readonly #redis: Redis;
+  readonly #reg: Registration;
+  readonly #log: Logger;
+  readonly #state: () => { schedulable: boolean; templates: string[]; warm: Record<string, number> };
+  #timer: NodeJS.Timeout | null = null;
+
+  constructor(o: {
+    redis: Redis;
+    registration: Registration;
+    log: Logger;
+    state: () => { schedulable: boolean; templates: string[]; warm: Record<string, number> };
+  }) {
+    this.#redis = o.redis;
+    this.#reg = o.registration;
+    this.#log = o.log;
+    this.#state = o.state;
+  }
+
+  /** Writes one heartbeat now. */
+  async beat(): Promise<void> {
+    const r = this.#reg;
+    const s = this.#state();
+    const nk = keys.node(r.id);
+    const m = this.#redis
+      .multi()
+      .sadd(keys.nodeIndex(), r.id)
+      .hset(nk, {
+        id: r.id,
+        url: r.url,
+        driver: r.driver,
+        version: r.version,
+        vcpusMilli: String(Math.round(r.vcpus * 1000)),
+        memoryMiB: String(r.memoryMiB),
+        maxSandboxes: String(r.maxSandboxes),
+        schedulable: s.schedulable ? '1' : '0',
+        templates: s.templates.join(','),
+        heartbeatAt: String(Date.now()),
+      })
+      .hsetnx(nk, 'usedVcpusMilli', '0')
+      .hsetnx(nk, 'usedMemoryMiB', '0')
+      .hsetnx(nk, 'sandboxes', '0')
+      .del(keys.nodeWarm(r.id));
+    const warm = Object.entries(s.warm);
+    if (warm.length > 0) m.hset(keys.nodeWarm(r.id), Object.fromEntries(warm.map(([t, n]) => [t, String(n)])));
+    m.set(keys.nodeAlive(r.id), '1', 'PX', NODE_ALIVE_TTL_MS);
+    await m.exec();
+  }
+
+  /** Beats now and then every `intervalMs`. */
+  async start(intervalMs: number): Promise<void> {
+    await this.beat();
+    this.#timer = setInterval(() => {
+      this.beat().catch((err: unknown) => this.#log.error({ err }, 'heartbeat failed'));
+    }, intervalMs);
+  }
+
+  /** Stops beating; with `deregister`, the node is marked unschedulable and not alive at once. */
+  async stop(deregister: boolean): Promise<void> {
+    if (this.#timer) clearInterval(this.#timer);
+    if (deregister) {
+      await this.#redis
+        .multi()
+        .hset(keys.node(this.#reg.id), 'schedulable', '0')
+        .del(keys.nodeAlive(this.#reg.id))
+        .del(keys.nodeWarm(this.#reg.id))
+        .exec();
+    }
+  }
+}

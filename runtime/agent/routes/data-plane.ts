@@ -1,0 +1,207 @@
+/**
+ * The data plane clients use directly, authorised by session tokens verified offline:
+ * command events (SSE), stdin, signals, command status, and files (download, upload, stat, list,
+ * mkdir, remove). Tokens go in `Authorization: Bearer` or `?token=`; a token for another sandbox,
+ * another session of this sandbox, or without the route's scope is refused.
+ */
+import { Transform } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
+import { Type } from '@sinclair/typebox';
+import type { FastifyRequest } from 'fastify';
+import { SpaceError } from '../../core/errors.ts';
+import { type SessionScope, verifySessionToken } from '../../core/tokens.ts';
+import type { AgentDeps } from '../app.ts';
+import type { LocalSandbox } from '../sandboxes.ts';
+import { streamSpool } from '../sse.ts';
+
+const Sid = Type.String({ pattern: '^[a-z]{1,8}_[a-z0-9]{8,40}$' });
+const SandboxParams = Type.Object({ id: Sid });
+const CommandParams = Type.Object({ id: Sid, cmd: Sid });
+const TokenQuery = { token: Type.Optional(Type.String({ maxLength: 4096 })) };
+const PathQuery = Type.Object({ path: Type.String({ minLength: 1, maxLength: 4096 }), ...TokenQuery });
+
+export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
+  /** Verifies the session token for sandbox `id` and scope; returns the sandbox. */
+  async function authorise(req: FastifyRequest, id: string, scope: SessionScope): Promise<LocalSandbox> {
+    const header = /^Bearer\s+(\S+)$/i.exec(req.headers.authorization ?? '')?.[1];
+    const token = header ?? (req.query as { token?: string } | undefined)?.token;
+    if (!token) throw new SpaceError('UNAUTHENTICATED', 'session token required (Authorization: Bearer or ?token=)');
+    const claims = await verifySessionToken(deps.verifyKey, token, { sandboxId: id, scope });
+    const sb = deps.sandboxes.get(id);
+    if (claims.sessionId !== sb.sessionId) throw new SpaceError('TOKEN_SCOPE', 'token is for another session');
+    return sb;
+  }
+
+  return async (app) => {
+    // raw bodies (stdin, uploads) stream through untouched; limits are enforced while streaming
+    app.addContentTypeParser('application/octet-stream', (_req, payload, done) => done(null, payload));
+
+    app.get(
+      '/v1/sandboxes/:id/commands/:cmd/events',
+      {
+        schema: {
+          params: CommandParams,
+          querystring: Type.Object({ ...TokenQuery, lastEventId: Type.Optional(Type.String({ pattern: '^[0-9]{1,15}$' })) }),
+        },
+      },
+      async (req, reply) => {
+        const sb = await authorise(req, req.params.id, 'commands');
+        const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
+        const raw = (req.headers['last-event-id'] as string | undefined) ?? req.query.lastEventId ?? '0';
+        if (!/^[0-9]{1,15}$/.test(raw)) throw new SpaceError('BAD_REQUEST', 'Last-Event-ID must be an event id');
+        const from = Number(raw);
+        if (from > cmd.spool.size) throw new SpaceError('BAD_REQUEST', `Last-Event-ID ${from} is beyond the stream`);
+        if (sb.streams >= deps.config.maxStreams) throw new SpaceError('RATE_LIMITED', 'too many open streams');
+        sb.streams += 1;
+        reply.hijack();
+        try {
+          await streamSpool(reply.raw, cmd.spool, from);
+        } catch (err) {
+          req.log.warn({ err }, 'event stream ended with an error');
+          reply.raw.destroy();
+        } finally {
+          sb.streams -= 1;
+        }
+      },
+    );
+
+    app.get('/v1/sandboxes/:id/commands/:cmd', { schema: { params: CommandParams, querystring: Type.Object(TokenQuery) } }, async (req) => {
+      const sb = await authorise(req, req.params.id, 'commands');
+      const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
+      return { id: cmd.id, pid: cmd.pid, running: cmd.exit === null, exit: cmd.exit, outputBytes: cmd.spool.size };
+    });
+
+    app.post(
+      '/v1/sandboxes/:id/commands/:cmd/stdin',
+      { schema: { params: CommandParams, querystring: Type.Object(TokenQuery) } },
+      async (req, reply) => {
+        const sb = await authorise(req, req.params.id, 'commands');
+        const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
+        if (cmd.exit) throw new SpaceError('PROCESS_EXITED', 'the command has exited');
+        const body = req.body;
+        const data = Buffer.isBuffer(body) ? body : typeof body === 'string' ? Buffer.from(body) : (body as NodeJS.ReadableStream);
+        await sb.guest.writeStdin(cmd.pid, data as Buffer);
+        return reply.status(204).send();
+      },
+    );
+
+    app.post(
+      '/v1/sandboxes/:id/commands/:cmd/stdin/close',
+      { schema: { params: CommandParams, querystring: Type.Object(TokenQuery) } },
+      async (req, reply) => {
+        const sb = await authorise(req, req.params.id, 'commands');
+        const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
+        await sb.guest.closeStdin(cmd.pid);
+        return reply.status(204).send();
+      },
+    );
+
+    app.post(
+      '/v1/sandboxes/:id/commands/:cmd/signal',
+      {
+        schema: {
+          params: CommandParams,
+          querystring: Type.Object(TokenQuery),
+          body: Type.Object({ signal: Type.String({ pattern: '^SIG[A-Z0-9]{2,8}$' }) }, { additionalProperties: false }),
+        },
+      },
+      async (req, reply) => {
+        const sb = await authorise(req, req.params.id, 'commands');
+        const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
+        if (cmd.exit) throw new SpaceError('PROCESS_EXITED', 'the command has exited');
+        await sb.guest.signal(cmd.pid, req.body.signal);
+        return reply.status(204).send();
+      },
+    );
+
+    app.get('/v1/sandboxes/:id/files', { schema: { params: SandboxParams, querystring: PathQuery } }, async (req, reply) => {
+      const sb = await authorise(req, req.params.id, 'files');
+      const stat = await sb.guest.stat(req.query.path);
+      if (stat.type === 'dir') throw new SpaceError('FILE_CONFLICT', `${req.query.path} is a directory`);
+      const body = await sb.guest.readFile(req.query.path);
+      return reply.type('application/octet-stream').header('content-length', stat.size).send(body);
+    });
+
+    app.put(
+      '/v1/sandboxes/:id/files',
+      { schema: { params: SandboxParams, querystring: PathQuery } },
+      async (req, reply) => {
+        const sb = await authorise(req, req.params.id, 'files');
+        const limit = deps.config.maxUploadBytes;
+        const declared = Number(req.headers['content-length'] ?? 0);
+        if (declared > limit) throw new SpaceError('BODY_TOO_LARGE', `uploads are limited to ${limit} bytes`);
+        const src = req.body as NodeJS.ReadableStream | undefined;
+        if (!src || typeof (src as { pipe?: unknown }).pipe !== 'function') {
+          throw new SpaceError('BAD_REQUEST', 'upload with Content-Type: application/octet-stream');
+        }
+        let seen = 0;
+        const counter = new Transform({
+          transform(chunk: Buffer, _enc, cb) {
+            seen += chunk.length;
+            if (seen > limit) cb(new SpaceError('BODY_TOO_LARGE', `uploads are limited to ${limit} bytes`));
+            else cb(null, chunk);
+          },
+        });
+        const abort = new AbortController();
+        const upload = sb.guest.writeFile(req.query.path, counter, abort.signal);
+        upload.catch(() => {});
+        try {
+          await pipeline(src, counter);
+        } catch (err) {
+          abort.abort(); // the guest drops its temp file; the previous file stays as it was
+          await upload.catch(() => {});
+          throw err instanceof SpaceError ? err : new SpaceError('BAD_REQUEST', 'upload was interrupted');
+        }
+        return reply.status(200).send(await upload);
+      },
+    );
+
+    app.get('/v1/sandboxes/:id/fs/stat', { schema: { params: SandboxParams, querystring: PathQuery } }, async (req) => {
+      const sb = await authorise(req, req.params.id, 'files');
+      return sb.guest.stat(req.query.path);
+    });
+
+    app.get('/v1/sandboxes/:id/fs/list', { schema: { params: SandboxParams, querystring: PathQuery } }, async (req) => {
+      const sb = await authorise(req, req.params.id, 'files');
+      return sb.guest.list(req.query.path);
+    });
+
+    app.post(
+      '/v1/sandboxes/:id/fs/mkdir',
+      {
+        schema: {
+          params: SandboxParams,
+          querystring: Type.Object(TokenQuery),
+          body: Type.Object(
+            { path: Type.String({ minLength: 1, maxLength: 4096 }), parents: Type.Optional(Type.Boolean()) },
+            { additionalProperties: false },
+          ),
+        },
+      },
+      async (req) => {
+        const sb = await authorise(req, req.params.id, 'files');
+        return sb.guest.mkdir(req.body.path, req.body.parents ?? false);
+      },
+    );
+
+    app.delete(
+      '/v1/sandboxes/:id/fs',
+      {
+        schema: {
+          params: SandboxParams,
+          querystring: Type.Object({
+            path: Type.String({ minLength: 1, maxLength: 4096 }),
+            recursive: Type.Optional(Type.Boolean()),
+            ...TokenQuery,
+          }),
+        },
+      },
+      async (req, reply) => {
+        const sb = await authorise(req, req.params.id, 'files');
+        await sb.guest.remove(req.query.path, req.query.recursive ?? false);
+        return reply.status(204).send();
+      },
+    );
+  };
+}

@@ -1,0 +1,379 @@
+/**
+ * The node's sandboxes: binds sandbox ids to driver instances (claimed from the warm pool or
+ * booted cold), runs their commands, and keeps a small record per sandbox on local disk so a
+ * restarted agent re-adopts what is running. Creates and deletes are idempotent per sandbox id;
+ * a delete leaves a tombstone so a create that arrives late (or is still booting) is refused and
+ * its instance destroyed — nothing is left behind on either order.
+ */
+import { existsSync } from 'node:fs';
+import { mkdir, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import type { Logger } from 'pino';
+import { SpaceError } from '../core/errors.ts';
+import { newId } from '../core/ids.ts';
+import { F } from '../core/log-fields.ts';
+import { type Command, resumePump, type StartCommand, startCommand } from './commands.ts';
+import type { Driver, InstanceInfo } from './drivers/driver.ts';
+import { GuestClient } from './guest-client.ts';
+import type { SandboxNetworks } from './network.ts';
+import { Spool } from './spool.ts';
+import type { WarmPool } from './warm-pool.ts';
+
+/** What the API sends to create a sandbox. */
+export interface CreateSandbox {
+  sandboxId: string;
+  sessionId: string;
+  template: string;
+  vcpus: number;
+  memoryMiB: number;
+  env: Record<string, string>;
+  expiresAtMs: number;
+}
+
+/** On-disk record of a sandbox on this node (`<stateDir>/sandboxes/<id>/sandbox.json`). */
+interface SandboxFile {
+  req: CreateSandbox;
+  instance: InstanceInfo;
+  fromWarmPool: boolean;
+  createdAt: number;
+}
+
+/** A sandbox this node runs. */
+export interface LocalSandbox {
+  id: string;
+  sessionId: string;
+  template: string;
+  instance: InstanceInfo;
+  guest: GuestClient;
+  fromWarmPool: boolean;
+  commands: Map<string, Command>;
+  /** Open data-plane streams (bounded by config). */
+  streams: number;
+}
+
+/** Tombstones older than this are forgotten (ms): far longer than any create can take. */
+const TOMBSTONE_TTL_MS = 24 * 3600 * 1000;
+
+/** Counting semaphore for cold boots. */
+class Semaphore {
+  #free: number;
+  readonly #waiters: (() => void)[] = [];
+  constructor(n: number) {
+    this.#free = n;
+  }
+  async run<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.#free > 0) this.#free -= 1;
+    else await new Promise<void>((r) => this.#waiters.push(r));
+    try {
+      return await fn();
+    } finally {
+      const next = this.#waiters.shift();
+      if (next) next();
+      else this.#free += 1;
+    }
+  }
+}
+
+export interface SandboxManagerOptions {
+  stateDir: string;
+  driver: Driver;
+  networks: SandboxNetworks;
+  /** Rootfs of a template on this node; throws TEMPLATE_NOT_FOUND / TEMPLATE_NOT_READY. */
+  templateRootfs: (template: string) => Promise<string>;
+  pidsLimit: number;
+  createConcurrency: number;
+  spoolLimitBytes: number;
+  log: Logger;
+}
+
+export class SandboxManager {
+  readonly #o: SandboxManagerOptions;
+  readonly #sandboxes = new Map<string, LocalSandbox>();
+  readonly #creating = new Map<string, Promise<LocalSandbox>>();
+  readonly #tombstones = new Map<string, number>();
+  readonly #boots: Semaphore;
+  #warm: WarmPool | null = null;
+
+  constructor(o: SandboxManagerOptions) {
+    this.#o = o;
+    this.#boots = new Semaphore(o.createConcurrency);
+  }
+
+  /** Attaches the warm pool (made after the manager, since it boots through it). */
+  setWarmPool(pool: WarmPool): void {
+    this.#warm = pool;
+  }
+
+  #dir(id: string): string {
+    return join(this.#o.stateDir, 'sandboxes', id);
+  }
+
+  get size(): number {
+    return this.#sandboxes.size;
+  }
+
+  list(): LocalSandbox[] {
+    return [...this.#sandboxes.values()];
+  }
+
+  /** The running sandbox or SANDBOX_NOT_FOUND. */
+  get(id: string): LocalSandbox {
+    const sb = this.#sandboxes.get(id);
+    if (!sb) throw new SpaceError('SANDBOX_NOT_FOUND', `no sandbox ${id} on this node`, { sandboxId: id });
+    return sb;
+  }
+
+  /** Boots one instance (network + driver); undoes the network if the driver fails. */
+  async boot(template: string, shape: { vcpus: number; memoryMiB: number }): Promise<InstanceInfo> {
+    const rootfs = await this.#o.templateRootfs(template);
+    return this.#boots.run(async () => {
+      const instanceId = newId('i', 12);
+      const network = await this.#o.networks.allocate(instanceId);
+      try {
+        return await this.#o.driver.create({
+          instanceId,
+          template,
+          templateRootfs: rootfs,
+          vcpus: shape.vcpus,
+          memoryMiB: shape.memoryMiB,
+          pidsLimit: this.#o.pidsLimit,
+          network,
+        });
+      } catch (err) {
+        await this.#o.networks.release(network).catch(() => {});
+        throw err;
+      }
+    });
+  }
+
+  /** Destroys an instance and frees its network. Idempotent. */
+  async discard(inst: InstanceInfo): Promise<void> {
+    await this.#o.driver.destroy(inst.instanceId);
+    await this.#o.networks.release(inst.network);
+  }
+
+  /** Creates (or returns) the sandbox. Throws SANDBOX_NOT_FOUND if it was deleted meanwhile. */
+  async create(req: CreateSandbox): Promise<LocalSandbox> {
+    if (this.#tombstones.has(req.sandboxId)) {
+      throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox ${req.sandboxId} was deleted`, {
+        sandboxId: req.sandboxId,
+      });
+    }
+    const existing = this.#sandboxes.get(req.sandboxId);
+    if (existing) return existing;
+    let p = this.#creating.get(req.sandboxId);
+    if (!p) {
+      p = this.#create(req).finally(() => this.#creating.delete(req.sandboxId));
+      this.#creating.set(req.sandboxId, p);
+    }
+    return p;
+  }
+
+  async #create(req: CreateSandbox): Promise<LocalSandbox> {
+    const log = this.#o.log.child({ [F.sandboxId]: req.sandboxId });
+    const shape = { vcpus: req.vcpus, memoryMiB: req.memoryMiB };
+    let inst = this.#warm?.claim(req.template, shape) ?? null;
+    let fromWarmPool = inst !== null;
+    let guest: GuestClient | null = null;
+    try {
+      if (inst) {
+        guest = new GuestClient(inst.guest);
+        try {
+          await guest.health();
+        } catch (err) {
+          log.warn({ err, [F.instanceId]: inst.instanceId }, 'warm slot unhealthy; booting cold');
+          await guest.close();
+          await this.discard(inst).catch(() => {});
+          inst = null;
+          guest = null;
+          fromWarmPool = false;
+        }
+      }
+      if (!inst) {
+        inst = await this.boot(req.template, shape);
+        guest = new GuestClient(inst.guest);
+      }
+      await guest!.init(req.env);
+      const dir = this.#dir(req.sandboxId);
+      await mkdir(join(dir, 'commands'), { recursive: true });
+      const file: SandboxFile = {
+        req: { ...req, env: {} },
+        instance: inst,
+        fromWarmPool,
+        createdAt: Date.now(),
+      };
+      await writeFile(join(dir, 'sandbox.json'), JSON.stringify(file));
+      if (this.#tombstones.has(req.sandboxId)) {
+        throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox ${req.sandboxId} was deleted while being created`);
+      }
+      const sb: LocalSandbox = {
+        id: req.sandboxId,
+        sessionId: req.sessionId,
+        template: req.template,
+        instance: inst,
+        guest: guest!,
+        fromWarmPool,
+        commands: new Map(),
+        streams: 0,
+      };
+      this.#sandboxes.set(sb.id, sb);
+      log.info({ [F.instanceId]: inst.instanceId, fromWarmPool }, 'sandbox created');
+      return sb;
+    } catch (err) {
+      await guest?.close();
+      if (inst)
+        await this.discard(inst).catch((e) => log.error({ err: e }, 'discard after failed create failed'));
+      await rm(this.#dir(req.sandboxId), { recursive: true, force: true });
+      throw err;
+    }
+  }
+
+  /** Destroys the sandbox (all its processes, files, network) and leaves a tombstone. Idempotent. */
+  async delete(id: string): Promise<void> {
+    this.#tombstones.set(id, Date.now());
+    this.#pruneTombstones();
+    const creating = this.#creating.get(id);
+    if (creating) await creating.catch(() => {}); // its own tombstone check destroys what it made
+    const sb = this.#sandboxes.get(id);
+    if (sb) {
+      this.#sandboxes.delete(id);
+      for (const c of sb.commands.values()) c.abort.abort();
+      await sb.guest.close();
+      await this.discard(sb.instance);
+      await Promise.allSettled(
+        [...sb.commands.values()].map(async (c) => {
+          await c.done;
+          await c.spool.close();
+        }),
+      );
+      this.#o.log.info({ [F.sandboxId]: id }, 'sandbox destroyed');
+    }
+    await rm(this.#dir(id), { recursive: true, force: true });
+  }
+
+  #pruneTombstones(): void {
+    const cutoff = Date.now() - TOMBSTONE_TTL_MS;
+    for (const [id, t] of this.#tombstones) if (t < cutoff) this.#tombstones.delete(id);
+  }
+
+  /** Starts a command in a running sandbox. */
+  async startCommand(id: string, req: StartCommand): Promise<Command> {
+    const sb = this.get(id);
+    const existing = sb.commands.get(req.commandId);
+    if (existing) return existing;
+    const cmd = await startCommand({
+      guest: sb.guest,
+      sandboxId: id,
+      dir: join(this.#dir(id), 'commands'),
+      req,
+      spoolLimitBytes: this.#o.spoolLimitBytes,
+      log: this.#o.log.child({ [F.sandboxId]: id }),
+    });
+    sb.commands.set(cmd.id, cmd);
+    await writeFile(
+      join(this.#dir(id), 'commands', `${cmd.id}.json`),
+      JSON.stringify({ pid: cmd.pid, startedAt: cmd.startedAt }),
+    );
+    return cmd;
+  }
+
+  /** The command or COMMAND_NOT_FOUND. */
+  command(sandboxId: string, commandId: string): Command {
+    const cmd = this.get(sandboxId).commands.get(commandId);
+    if (!cmd) throw new SpaceError('COMMAND_NOT_FOUND', `no command ${commandId} in sandbox ${sandboxId}`);
+    return cmd;
+  }
+
+  /**
+   * After an agent restart: re-binds sandboxes whose instance still runs (reopening their command
+   * spools; commands that were still running keep streaming from the exact spooled offset),
+   * destroys instances no sandbox owns (old warm slots), and drops records whose instance is gone.
+   * Returns what it did.
+   */
+  async adopt(): Promise<{ adopted: string[]; destroyed: string[]; lost: string[] }> {
+    const instances = new Map((await this.#o.driver.list()).map((i) => [i.instanceId, i]));
+    const adopted: string[] = [];
+    const lost: string[] = [];
+    const root = join(this.#o.stateDir, 'sandboxes');
+    for (const id of existsSync(root) ? await readdir(root) : []) {
+      const file = join(root, id, 'sandbox.json');
+      let rec: SandboxFile;
+      try {
+        rec = JSON.parse(await readFile(file, 'utf8')) as SandboxFile;
+      } catch {
+        await rm(join(root, id), { recursive: true, force: true });
+        continue;
+      }
+      const inst = instances.get(rec.instance.instanceId);
+      if (!inst || inst.state === 'stopped') {
+        lost.push(id);
+        await rm(join(root, id), { recursive: true, force: true });
+        continue;
+      }
+      instances.delete(inst.instanceId);
+      const sb: LocalSandbox = {
+        id,
+        sessionId: rec.req.sessionId,
+        template: rec.req.template,
+        instance: inst,
+        guest: new GuestClient(inst.guest),
+        fromWarmPool: rec.fromWarmPool,
+        commands: new Map(),
+        streams: 0,
+      };
+      await this.#adoptCommands(sb);
+      this.#sandboxes.set(id, sb);
+      adopted.push(id);
+    }
+    const destroyed = [...instances.keys()];
+    for (const inst of instances.values()) await this.discard(inst).catch(() => {});
+    await this.#o.networks.sweep(this.list().map((s) => s.instance.network.netns));
+    this.#o.log.info(
+      { adopted: adopted.length, destroyed: destroyed.length, lost: lost.length },
+      'sandboxes re-adopted',
+    );
+    return { adopted, destroyed, lost };
+  }
+
+  async #adoptCommands(sb: LocalSandbox): Promise<void> {
+    const dir = join(this.#dir(sb.id), 'commands');
+    for (const name of await readdir(dir).catch(() => [] as string[])) {
+      if (!name.endsWith('.json')) continue;
+      const id = name.slice(0, -'.json'.length);
+      const meta = JSON.parse(await readFile(join(dir, name), 'utf8')) as { pid: number; startedAt: number };
+      const spool = await Spool.open(join(dir, `${id}.out`));
+      const cmd: Command = {
+        id,
+        sandboxId: sb.id,
+        pid: meta.pid,
+        startedAt: meta.startedAt,
+        spool,
+        exit: null,
+        abort: new AbortController(),
+        done: Promise.resolve(),
+      };
+      if (!spool.closed) {
+        cmd.done = resumePump(
+          sb.guest,
+          cmd,
+          this.#o.spoolLimitBytes,
+          this.#o.log.child({ [F.sandboxId]: sb.id }),
+        );
+      }
+      sb.commands.set(id, cmd);
+    }
+  }
+
+  /** Destroys every sandbox and warm instance (local stack shutdown, drain with destroy). */
+  async destroyAll(): Promise<void> {
+    await Promise.allSettled(this.list().map((s) => this.delete(s.id)));
+  }
+
+  /** Disk bytes used by a sandbox's spools (for metrics). */
+  async spoolBytes(id: string): Promise<number> {
+    let total = 0;
+    const dir = join(this.#dir(id), 'commands');
+    for (const n of await readdir(dir).catch(() => [] as string[])) total += (await stat(join(dir, n))).size;
+    return total;
+  }
+}

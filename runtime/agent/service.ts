@@ -1,0 +1,124 @@
+/**
+ * The node agent service: config → logger → Redis → verify key → driver preflight →
+ * network firewall → re-adopt sandboxes → warm pool → heartbeat → listen. On SIGTERM it stops
+ * heartbeating (unschedulable), stops serving, drains the warm pool, and — only with
+ * SPACE_AGENT_ON_SHUTDOWN=destroy — destroys its sandboxes; by default they keep running and
+ * the next agent re-adopts them.
+ */
+import { fileURLToPath } from 'node:url';
+import { Redis } from 'ioredis';
+import { createLogger } from '../core/log-fields.ts';
+import { loadVerifyKey } from '../core/tokens.ts';
+import { buildAgentApp } from './app.ts';
+import { type AgentConfig, warmTemplates } from './config.ts';
+import { GvisorDriver } from './drivers/gvisor.ts';
+import { SandboxNetworks } from './network.ts';
+import { NodeRegistry } from './registry.ts';
+import { SandboxManager } from './sandboxes.ts';
+import { listTemplateDefinitions, resolveTemplate } from './templates.ts';
+import { WarmPool } from './warm-pool.ts';
+
+/** Version the agent reports (package version). */
+export const AGENT_VERSION = '0.1.0';
+
+/** A started agent. */
+export interface RunningAgent {
+  url: string;
+  sandboxes: SandboxManager;
+  warm: WarmPool;
+  /** Stops the agent (see the module doc for what happens to sandboxes). */
+  close(signal?: string): Promise<void>;
+}
+
+/** Starts an agent with `config`; resolves once it listens and has sent its first heartbeat. */
+export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
+  // the guest runs this same Node binary inside every sandbox and needs its TypeScript support
+  const major = Number(process.versions.node.split('.')[0]);
+  if (major < 24) {
+    throw new Error(`the agent needs Node 24 (found ${process.version}); start it through npm run / npx`);
+  }
+  const log = createLogger('agent', config.logLevel).child({ 'node.id': config.nodeId });
+  const redis = new Redis(config.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 3 });
+  await redis.connect();
+  const verifyKey = await loadVerifyKey(config.verifyKeyFile);
+
+  const driverLog = log.child({ component: 'driver' });
+  const driver = new GvisorDriver({
+    stateDir: `${config.stateDir}/driver`,
+    runtimeDir: fileURLToPath(new URL('../', import.meta.url)),
+    nodeBinary: process.execPath,
+    log: (msg, fields) => driverLog.info(fields ?? {}, msg),
+  });
+  await driver.preflight();
+  const netLog = log.child({ component: 'network' });
+  const networks = new SandboxNetworks({ pool: config.networkPool, log: (msg, f) => netLog.info(f ?? {}, msg) });
+  await networks.ensureFirewall();
+  await networks.adopt();
+
+  const ready: string[] = [];
+  for (const t of await listTemplateDefinitions()) {
+    try {
+      await resolveTemplate(t, config.cacheDir);
+      ready.push(t);
+    } catch {
+      log.warn({ 'template.id': t }, 'template not built on this node; build it with `space template build`');
+    }
+  }
+
+  const sandboxes = new SandboxManager({
+    stateDir: config.stateDir,
+    driver,
+    networks,
+    templateRootfs: (t) => resolveTemplate(t, config.cacheDir),
+    pidsLimit: config.pidsLimit,
+    createConcurrency: config.createConcurrency,
+    spoolLimitBytes: config.spoolLimitBytes,
+    log,
+  });
+  await sandboxes.adopt();
+  const warm = new WarmPool({
+    templates: warmTemplates(config).filter((t) => ready.includes(t)),
+    size: config.warmPoolSize,
+    shape: { vcpus: config.warmVcpus, memoryMiB: config.warmMemoryMiB },
+    boot: (t) => sandboxes.boot(t, { vcpus: config.warmVcpus, memoryMiB: config.warmMemoryMiB }),
+    discard: (i) => sandboxes.discard(i),
+    log: log.child({ component: 'warm-pool' }),
+  });
+  sandboxes.setWarmPool(warm);
+  warm.refill();
+
+  const app = await buildAgentApp({ config, log, verifyKey, sandboxes, warm });
+  await app.listen({ host: config.host, port: config.port });
+  const port = (app.server.address() as { port: number }).port;
+  const registry = new NodeRegistry({
+    redis,
+    log,
+    registration: {
+      id: config.nodeId,
+      url: config.advertiseUrl || `http://${config.host}:${port}`,
+      driver: driver.name,
+      version: AGENT_VERSION,
+      vcpus: config.vcpus,
+      memoryMiB: config.memoryMiB,
+      maxSandboxes: config.maxSandboxes,
+    },
+    state: () => ({ schedulable: true, templates: ready, warm: warm.counts() }),
+  });
+  await registry.start(config.heartbeatMs);
+  log.info({ port, templates: ready }, 'agent ready');
+
+  let closing: Promise<void> | null = null;
+  const close = (signal = 'close') => {
+    closing ??= (async () => {
+      log.info({ signal, onShutdown: config.onShutdown }, 'agent stopping');
+      await registry.stop(true);
+      await warm.drain();
+      if (config.onShutdown === 'destroy') await sandboxes.destroyAll();
+      await app.close();
+      redis.disconnect();
+      log.info('agent stopped');
+    })();
+    return closing;
+  };
+  return { url: `http://${config.host}:${port}`, sandboxes, warm, close };
+}

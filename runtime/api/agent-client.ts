@@ -1,0 +1,86 @@
+/**
+ * The API's client for node agents' internal routes (dispatch). Each call carries a dispatch
+ * token (signed by the API, verified offline by the agent) and has a timeout; agent errors come
+ * back as the same coded SpaceError, transport failures as NODE_UNAVAILABLE.
+ */
+import { request } from 'undici';
+import { errorFromBody, SpaceError } from '../core/errors.ts';
+import { mintDispatchToken, type SigningKey } from '../core/tokens.ts';
+import type { NodeInfo } from '../core/types.ts';
+
+/** Body of the agent's create route. */
+export interface AgentCreateRequest {
+  sandboxId: string;
+  sessionId: string;
+  template: string;
+  vcpus: number;
+  memoryMiB: number;
+  env: Record<string, string>;
+  /** Epoch ms; the agent's backstop for the lifetime. */
+  expiresAtMs: number;
+}
+
+/** Body of the agent's command-start route. */
+export interface AgentCommandRequest {
+  commandId: string;
+  cmd: string;
+  args: string[];
+  shell: boolean;
+  env: Record<string, string>;
+  cwd?: string;
+  user: 'user' | 'root';
+  /** `true`: keep stdin open; a string: write it then close; absent/false: /dev/null. */
+  stdin?: boolean | string;
+  timeoutMs?: number;
+}
+
+export class AgentClient {
+  readonly #key: SigningKey;
+  readonly #timeoutMs: number;
+  constructor(key: SigningKey, timeoutMs: number) {
+    this.#key = key;
+    this.#timeoutMs = timeoutMs;
+  }
+
+  async #call<T>(node: Pick<NodeInfo, 'id' | 'url'>, method: 'GET' | 'POST' | 'DELETE', path: string, body?: unknown) {
+    const token = await mintDispatchToken(this.#key, node.id);
+    let res: Awaited<ReturnType<typeof request>>;
+    try {
+      res = await request(new URL(path, node.url), {
+        method,
+        headers: { authorization: `Bearer ${token}`, ...(body ? { 'content-type': 'application/json' } : {}) },
+        body: body ? JSON.stringify(body) : undefined,
+        headersTimeout: this.#timeoutMs,
+        bodyTimeout: this.#timeoutMs,
+      });
+    } catch (err) {
+      throw new SpaceError('NODE_UNAVAILABLE', `node ${node.id} did not answer: ${(err as Error).message}`, {
+        nodeId: node.id,
+      });
+    }
+    const text = await res.body.text();
+    const json = text ? (JSON.parse(text) as unknown) : undefined;
+    if (res.statusCode >= 400) throw errorFromBody(res.statusCode, json, 'NODE_UNAVAILABLE');
+    return json as T;
+  }
+
+  /** Creates (or returns the existing) instance for a sandbox; idempotent per sandbox id. */
+  createSandbox(node: NodeInfo, req: AgentCreateRequest) {
+    return this.#call<{ instanceId: string; fromWarmPool: boolean }>(node, 'POST', '/internal/v1/sandboxes', req);
+  }
+
+  /** Destroys a sandbox and remembers its id so a late create is refused; idempotent. */
+  deleteSandbox(node: Pick<NodeInfo, 'id' | 'url'>, sandboxId: string) {
+    return this.#call<void>(node, 'DELETE', `/internal/v1/sandboxes/${encodeURIComponent(sandboxId)}`);
+  }
+
+  /** Starts a command in the sandbox's guest; the output is then read over the data plane. */
+  startCommand(node: NodeInfo, sandboxId: string, req: AgentCommandRequest) {
+    return this.#call<{ commandId: string; pid: number }>(
+      node,
+      'POST',
+      `/internal/v1/sandboxes/${encodeURIComponent(sandboxId)}/commands`,
+      req,
+    );
+  }
+}

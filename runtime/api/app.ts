@@ -1,0 +1,162 @@
+/**
+ * The control-plane API as a Fastify app. `buildApp(deps)` never listens (tests use inject());
+ * `server.ts` wires config, logger and clients and listens. The operation worker and the reaper
+ * run beside the app (see `createApiRuntime`), in every replica.
+ */
+import swagger from '@fastify/swagger';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
+import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import { SpaceError } from '../core/errors.ts';
+import { installErrorHandlers } from '../core/http-errors.ts';
+import type { SigningKey } from '../core/tokens.ts';
+import { AgentClient } from './agent-client.ts';
+import { authenticate } from './api-keys.ts';
+import type { ApiConfig } from './config.ts';
+import { lifecycleHandlers } from './lifecycle.ts';
+import { type ApiMetrics, createApiMetrics } from './metrics.ts';
+import { NodeStore, readyTemplates } from './node-store.ts';
+import { OperationStore, OperationWaiter, OperationWorker } from './operations.ts';
+import { Reaper } from './reaper.ts';
+import { withScripts, type ScriptedRedis } from './redis-scripts.ts';
+import { commandRoutes } from './routes/commands.ts';
+import { nodeRoutes } from './routes/nodes.ts';
+import { operationRoutes } from './routes/operations.ts';
+import { sandboxRoutes } from './routes/sandboxes.ts';
+import { type SandboxRecord, SandboxStore } from './sandbox-store.ts';
+import { ErrorSchema, OperationSchema, SandboxSchema } from './schemas.ts';
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    /** Name of the API key that authenticated the request. */
+    apiKeyName?: string;
+  }
+}
+
+/** Everything handlers use; built once per process by {@link createApiDeps}. */
+export interface ApiDeps {
+  config: ApiConfig;
+  log: Logger;
+  redis: ScriptedRedis;
+  signingKey: SigningKey;
+  sandboxes: SandboxStore;
+  operations: OperationStore;
+  waiter: OperationWaiter;
+  nodes: NodeStore;
+  agents: AgentClient;
+  metrics: ApiMetrics;
+  /** Templates ready on some alive node. */
+  templates(): Promise<Set<string>>;
+  /** The sandbox record or SANDBOX_NOT_FOUND. */
+  requireSandbox(id: string): Promise<SandboxRecord>;
+}
+
+/** Builds the deps from config, a Redis connection, a second one for pub/sub, and the signing key. */
+export function createApiDeps(o: {
+  config: ApiConfig;
+  log: Logger;
+  redis: Redis;
+  subscriber: Redis;
+  signingKey: SigningKey;
+}): ApiDeps {
+  const redis = withScripts(o.redis);
+  const sandboxes = new SandboxStore(redis);
+  const operations = new OperationStore(redis);
+  const nodes = new NodeStore(redis);
+  return {
+    config: o.config,
+    log: o.log,
+    redis,
+    signingKey: o.signingKey,
+    sandboxes,
+    operations,
+    waiter: new OperationWaiter(o.subscriber, operations),
+    nodes,
+    agents: new AgentClient(o.signingKey, o.config.dispatchTimeoutMs),
+    metrics: createApiMetrics(),
+    templates: () => readyTemplates(nodes),
+    async requireSandbox(id) {
+      const rec = await sandboxes.get(id);
+      if (!rec) throw new SpaceError('SANDBOX_NOT_FOUND', `no sandbox ${id}`, { sandboxId: id });
+      return rec;
+    },
+  };
+}
+
+/** Routes that need no API key. */
+const PUBLIC_ROUTES = new Set(['/healthz', '/readyz', '/metrics', '/openapi.json']);
+
+/** The Fastify app (not listening). */
+export async function buildApp(deps: ApiDeps): Promise<FastifyInstance> {
+  const app = fastify({
+    loggerInstance: deps.log as FastifyBaseLogger,
+    bodyLimit: deps.config.bodyLimitBytes,
+    ajv: { customOptions: { removeAdditional: false, coerceTypes: 'array', useDefaults: true } },
+  }).withTypeProvider<TypeBoxTypeProvider>();
+  installErrorHandlers(app);
+  await app.register(swagger, {
+    openapi: {
+      info: { title: 'SPACE API', version: 'v1', description: 'Control plane of the SPACE sandbox platform.' },
+      components: { securitySchemes: { apiKey: { type: 'http', scheme: 'bearer' } } },
+      security: [{ apiKey: [] }],
+    },
+  });
+  app.addSchema(SandboxSchema);
+  app.addSchema(OperationSchema);
+  app.addSchema(ErrorSchema);
+
+  app.addHook('onRequest', async (req) => {
+    const path = req.url.split('?')[0] ?? '';
+    if (PUBLIC_ROUTES.has(path)) return;
+    req.apiKeyName = await authenticate(deps.redis, req.headers.authorization);
+  });
+  app.addHook('onResponse', async (req, reply) => {
+    const route = req.routeOptions.url ?? 'unmatched';
+    deps.metrics.requests.inc({ method: req.method, route, status: String(reply.statusCode) });
+    deps.metrics.requestDuration.observe({ method: req.method, route }, reply.elapsedTime / 1000);
+  });
+
+  app.get('/healthz', { schema: { hide: true } }, async () => ({ ok: true }));
+  app.get('/readyz', { schema: { hide: true } }, async (_req, reply) => {
+    try {
+      await deps.redis.ping();
+      return { ok: true };
+    } catch {
+      return reply.status(503).send(new SpaceError('INTERNAL', 'redis is not reachable').toBody());
+    }
+  });
+  app.get('/metrics', { schema: { hide: true } }, async (_req, reply) =>
+    reply.type(deps.metrics.registry.contentType).send(await deps.metrics.registry.metrics()),
+  );
+  app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
+
+  await app.register(sandboxRoutes(deps));
+  await app.register(operationRoutes(deps));
+  await app.register(commandRoutes(deps));
+  await app.register(nodeRoutes(deps));
+  return app;
+}
+
+/** The background parts of an API process: operation worker and lifetime reaper. */
+export function createApiRuntime(deps: ApiDeps, workerConnection: Redis) {
+  const worker = new OperationWorker({
+    connection: workerConnection,
+    store: deps.operations,
+    handlers: lifecycleHandlers({ sandboxes: deps.sandboxes, nodes: deps.nodes, agents: deps.agents, log: deps.log }),
+    log: deps.log.child({ component: 'worker' }),
+    concurrency: deps.config.workerConcurrency,
+  });
+  const reaper = new Reaper(deps.sandboxes, deps.log.child({ component: 'reaper' }), deps.config.reaperIntervalMs);
+  return {
+    async start() {
+      await worker.start();
+      reaper.start();
+    },
+    async stop() {
+      await reaper.stop();
+      await worker.stop();
+      await deps.waiter.close();
+    },
+  };
+}

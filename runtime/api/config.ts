@@ -1,0 +1,36 @@
+/** Settings of the control-plane API (env names, defaults with units, docs). */
+import { type ConfigOf, loadConfig, setting } from '../core/config.ts';
+
+export const apiSettings = {
+  host: setting.string('SPACE_API_HOST', 'Address the API listens on.', '127.0.0.1'),
+  port: setting.int('SPACE_API_PORT', 'TCP port of the API.', 8080, 0, 65535),
+  redisUrl: setting.string('SPACE_REDIS_URL', 'Redis URL (state of record).', 'redis://127.0.0.1:6379'),
+  signingKeyFile: setting.string(
+    'SPACE_SIGNING_KEY_FILE',
+    'PKCS#8 PEM Ed25519 private key that signs session and dispatch tokens.',
+  ),
+  bootstrapKeyFile: setting.optionalString(
+    'SPACE_BOOTSTRAP_API_KEY_FILE',
+    'If set and absent, a first API key is created at start and written to this file (mode 0600).',
+  ),
+  logLevel: setting.oneOf(
+    'SPACE_LOG_LEVEL',
+    'pino log level.',
+    ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'],
+    'info',
+  ),
+  bodyLimitBytes: setting.int('SPACE_API_BODY_LIMIT_BYTES', 'Largest accepted JSON body, bytes (1 MiB).', 1_048_576, 1024),
+  defaultTimeoutSec: setting.int('SPACE_DEFAULT_TIMEOUT_SEC', 'Sandbox lifetime when a create names none, s.', 300, 1),
+  maxTimeoutSec: setting.int('SPACE_MAX_TIMEOUT_SEC', 'Longest sandbox lifetime a client may ask for, s (24 h).', 86_400, 1),
+  sessionTokenTtlSec: setting.int('SPACE_SESSION_TOKEN_TTL_SEC', 'Lifetime of minted session tokens, s.', 3600, 10),
+  workerConcurrency: setting.int('SPACE_WORKER_CONCURRENCY', 'Operations one API process runs at once.', 32, 1, 1024),
+  dispatchTimeoutMs: setting.int('SPACE_DISPATCH_TIMEOUT_MS', 'Timeout of one call to a node agent, ms.', 60_000, 100),
+  reaperIntervalMs: setting.int('SPACE_REAPER_INTERVAL_MS', 'How often expired sandboxes are collected, ms.', 500, 50),
+};
+
+export type ApiConfig = ConfigOf<typeof apiSettings>;
+
+/** Reads the API settings from the environment; throws ConfigError listing every problem. */
+export function loadApiConfig(env: NodeJS.ProcessEnv = process.env): ApiConfig {
+  return loadConfig('api', apiSettings, env);
+}

@@ -1,0 +1,107 @@
+/**
+ * The operation handlers that change sandboxes: create (place → dispatch → running) and delete
+ * (killing → destroy on the node → release → killed). Both are idempotent, so a reclaimed
+ * operation can run again; every failure leaves nothing half-made (the instance is destroyed on
+ * the node and the reservation released).
+ */
+import type { Logger } from 'pino';
+import { SpaceError } from '../core/errors.ts';
+import { F } from '../core/log-fields.ts';
+import { type KillReason, KILL_REASONS } from '../core/types.ts';
+import type { AgentClient } from './agent-client.ts';
+import type { NodeStore } from './node-store.ts';
+import type { OperationKind } from '../core/types.ts';
+import type { OperationHandler, OperationRecord } from './operations.ts';
+import type { SandboxStore } from './sandbox-store.ts';
+
+export interface LifecycleDeps {
+  sandboxes: SandboxStore;
+  nodes: NodeStore;
+  agents: AgentClient;
+  log: Logger;
+}
+
+/** Destroys what exists of a sandbox and records it killed; safe to repeat. */
+async function teardown(d: LifecycleDeps, id: string, reason: KillReason, message?: string): Promise<void> {
+  const rec = await d.sandboxes.get(id);
+  if (!rec) return;
+  if (rec.nodeId) {
+    const node = await d.nodes.get(rec.nodeId);
+    if (node?.alive) await d.agents.deleteSandbox(node, id);
+    // a dead node's sandboxes died with it; its agent sweeps leftovers when it comes back
+  }
+  await d.sandboxes.release(id);
+  await d.sandboxes.markKilled(id, reason, message);
+}
+
+async function create(d: LifecycleDeps, op: OperationRecord): Promise<void> {
+  const id = op.target;
+  const log = d.log.child({ [F.sandboxId]: id, [F.operationId]: op.id });
+  let rec = await d.sandboxes.get(id);
+  if (!rec) throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox ${id} vanished`);
+  if (rec.state !== 'creating') {
+    if (rec.state === 'running') return; // a previous run of this operation finished the work
+    throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${rec.state}; creation abandoned`, { sandboxId: id });
+  }
+  const placed = await d.sandboxes.place(rec);
+  if (placed.nodeId === null) {
+    const err = new SpaceError(
+      'NODE_CAPACITY_EXHAUSTED',
+      placed.reason === 'no_nodes' ? 'no node is available' : 'no node has room for this sandbox',
+      { sandboxId: id },
+    );
+    await d.sandboxes.markKilled(id, 'create_failed', err.message);
+    throw err;
+  }
+  rec = (await d.sandboxes.get(id))!;
+  try {
+    const node = await d.nodes.requireAlive(placed.nodeId);
+    const out = await d.agents.createSandbox(node, {
+      sandboxId: id,
+      sessionId: rec.sessionId,
+      template: rec.template,
+      vcpus: rec.vcpus,
+      memoryMiB: rec.memoryMiB,
+      env: rec.env,
+      expiresAtMs: rec.expiresAtMs,
+    });
+    const moved = await d.sandboxes.transition(id, 'running', { fromWarmPool: out.fromWarmPool ? '1' : '0' });
+    if (!moved.ok) {
+      // deleted while we were creating: the delete operation owns the teardown, but the agent
+      // may have finished after it; destroy again (idempotent) so nothing is left behind
+      await d.agents.deleteSandbox(node, id).catch(() => {});
+      throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} was deleted while being created`, { sandboxId: id });
+    }
+    log.info({ [F.nodeId]: node.id, fromWarmPool: out.fromWarmPool }, 'sandbox running');
+  } catch (err) {
+    const e = err instanceof SpaceError ? err : new SpaceError('INTERNAL', 'create failed', {}, { cause: err });
+    if ((await d.sandboxes.get(id))?.state === 'creating') {
+      await d.sandboxes.markKilling(id, 'create_failed');
+      await teardown(d, id, 'create_failed', `creation failed: ${e.message}`).catch((cleanupErr) =>
+        log.error({ err: cleanupErr }, 'cleanup after failed create failed'),
+      );
+    }
+    throw e;
+  }
+}
+
+async function remove(d: LifecycleDeps, op: OperationRecord): Promise<void> {
+  const id = op.target;
+  const reason = (KILL_REASONS as readonly string[]).includes(op.args.reason ?? '')
+    ? (op.args.reason as KillReason)
+    : 'request';
+  const rec = await d.sandboxes.get(id);
+  if (!rec || rec.state === 'killed') return;
+  if (rec.state !== 'killing') await d.sandboxes.markKilling(id, reason);
+  const current = await d.sandboxes.get(id);
+  await teardown(d, id, (current?.killReason as KillReason | null) ?? reason);
+  d.log.info({ [F.sandboxId]: id, reason }, 'sandbox killed');
+}
+
+/** The handler table of the operation worker. */
+export function lifecycleHandlers(d: LifecycleDeps): Record<OperationKind, OperationHandler> {
+  return {
+    'sandbox.create': (op) => create(d, op),
+    'sandbox.delete': (op) => remove(d, op),
+  };
+}

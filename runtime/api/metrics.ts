@@ -1,0 +1,37 @@
+/** Prometheus metrics of the API (served at /metrics). */
+import { Counter, collectDefaultMetrics, Histogram, Registry } from 'prom-client';
+
+export interface ApiMetrics {
+  registry: Registry;
+  requests: Counter<'method' | 'route' | 'status'>;
+  requestDuration: Histogram<'method' | 'route'>;
+  sandboxesCreated: Counter<'template'>;
+}
+
+/** A fresh registry (one per app, so tests don't share counters). */
+export function createApiMetrics(): ApiMetrics {
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry, prefix: 'space_api_' });
+  return {
+    registry,
+    requests: new Counter({
+      name: 'space_api_requests_total',
+      help: 'HTTP requests by route and status.',
+      labelNames: ['method', 'route', 'status'],
+      registers: [registry],
+    }),
+    requestDuration: new Histogram({
+      name: 'space_api_request_duration_seconds',
+      help: 'HTTP request duration in seconds.',
+      labelNames: ['method', 'route'],
+      buckets: [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 60],
+      registers: [registry],
+    }),
+    sandboxesCreated: new Counter({
+      name: 'space_api_sandboxes_accepted_total',
+      help: 'Sandbox creations accepted.',
+      labelNames: ['template'],
+      registers: [registry],
+    }),
+  };
+}

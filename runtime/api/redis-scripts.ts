@@ -1,0 +1,43 @@
+/** Loads the Lua scripts beside this file into an ioredis client as typed commands. */
+import { readFileSync } from 'node:fs';
+import type { Redis } from 'ioredis';
+
+const here = new URL('./scripts/', import.meta.url);
+const src = (name: string) => readFileSync(new URL(`${name}.lua`, here), 'utf8');
+
+/** The atomic flows of the control plane (see runtime/core/REDIS.md). */
+export interface SpaceScripts {
+  spaceTransition(sandboxKey: string, deadlinesKey: string, ...argv: string[]): Promise<[number, string]>;
+  spacePlace(
+    nodeIndex: string,
+    sandboxKey: string,
+    prefix: string,
+    id: string,
+    template: string,
+    vcpusMilli: string,
+    memoryMiB: string,
+  ): Promise<[string, number | string]>;
+  spaceRelease(sandboxKey: string, prefix: string): Promise<number>;
+  spaceExpire(deadlinesKey: string, queueKey: string, prefix: string, now: string, limit: string): Promise<string[]>;
+  spaceExtend(
+    sandboxKey: string,
+    deadlinesKey: string,
+    deadlineMs: string,
+    timeoutSec: string,
+    now: string,
+  ): Promise<[number, string]>;
+}
+
+export type ScriptedRedis = Redis & SpaceScripts;
+
+/** Defines the scripts on `redis` (idempotent: redefining is harmless) and returns it typed. */
+export function withScripts(redis: Redis): ScriptedRedis {
+  const r = redis as ScriptedRedis;
+  if (typeof r.spaceTransition === 'function') return r;
+  redis.defineCommand('spaceTransition', { numberOfKeys: 2, lua: src('transition') });
+  redis.defineCommand('spacePlace', { numberOfKeys: 2, lua: src('place') });
+  redis.defineCommand('spaceRelease', { numberOfKeys: 1, lua: src('release') });
+  redis.defineCommand('spaceExpire', { numberOfKeys: 2, lua: src('expire') });
+  redis.defineCommand('spaceExtend', { numberOfKeys: 2, lua: src('extend') });
+  return r;
+}

@@ -1,0 +1,98 @@
+/**
+ * Commands and session tokens: the API starts a command on the sandbox's node and hands the
+ * client a data-plane URL plus a session token; output then flows client ↔ node directly.
+ */
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
+import { Type } from '@sinclair/typebox';
+import { SpaceError } from '../../core/errors.ts';
+import { newId } from '../../core/ids.ts';
+import { F } from '../../core/log-fields.ts';
+import { mintSessionToken, type SessionScope } from '../../core/tokens.ts';
+import type { ApiDeps } from '../app.ts';
+import { CommandBody, CommandResponse, ErrorSchema, IdParams, StreamGrant, TokenBody } from '../schemas.ts';
+
+const errors = { 400: ErrorSchema, 401: ErrorSchema, 404: ErrorSchema, 409: ErrorSchema, 503: ErrorSchema };
+
+export function commandRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
+  /** Running sandbox + its alive node, or a coded error. */
+  async function liveSandbox(id: string) {
+    const rec = await deps.requireSandbox(id);
+    if (rec.state !== 'running' || !rec.nodeId) {
+      throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${rec.state}`, { sandboxId: id, state: rec.state });
+    }
+    return { rec, node: await deps.nodes.requireAlive(rec.nodeId) };
+  }
+
+  return async (app) => {
+    app.post(
+      '/v1/sandboxes/:id/commands',
+      {
+        schema: {
+          summary: 'Start a command; read its output from the returned stream URL',
+          params: IdParams,
+          body: CommandBody,
+          response: { 201: CommandResponse, ...errors },
+        },
+      },
+      async (req, reply) => {
+        const b = req.body;
+        if (b.shell && b.args?.length) throw new SpaceError('BAD_REQUEST', 'give either args or shell, not both');
+        const { rec, node } = await liveSandbox(req.params.id);
+        const commandId = newId('cmd');
+        const started = await deps.agents.startCommand(node, rec.id, {
+          commandId,
+          cmd: b.cmd,
+          args: b.args ?? [],
+          shell: b.shell ?? false,
+          env: b.env ?? {},
+          cwd: b.cwd,
+          user: b.user ?? 'user',
+          stdin: b.stdin,
+          timeoutMs: b.timeoutMs,
+        });
+        const grant = await mintSessionToken(deps.signingKey, {
+          sandboxId: rec.id,
+          sessionId: rec.sessionId,
+          scopes: ['commands'],
+          ttlSec: deps.config.sessionTokenTtlSec,
+        });
+        req.log.info({ [F.sandboxId]: rec.id, [F.commandId]: commandId }, 'command started');
+        return reply.status(201).send({
+          command: { id: commandId, sandboxId: rec.id, pid: started.pid },
+          stream: {
+            url: new URL(`/v1/sandboxes/${rec.id}/commands/${commandId}/events`, node.url).toString(),
+            token: grant.token,
+            expiresAt: new Date(grant.expiresAt * 1000).toISOString(),
+          },
+        });
+      },
+    );
+
+    app.post(
+      '/v1/sandboxes/:id/tokens',
+      {
+        schema: {
+          summary: 'Mint a session token for the sandbox’s data plane (files, commands)',
+          params: IdParams,
+          body: Type.Optional(TokenBody),
+          response: { 201: StreamGrant, ...errors },
+        },
+      },
+      async (req, reply) => {
+        const { rec, node } = await liveSandbox(req.params.id);
+        const scopes: SessionScope[] = req.body?.scopes ?? ['commands', 'files'];
+        const grant = await mintSessionToken(deps.signingKey, {
+          sandboxId: rec.id,
+          sessionId: rec.sessionId,
+          scopes,
+          ttlSec: req.body?.ttlSec ?? deps.config.sessionTokenTtlSec,
+        });
+        return reply.status(201).send({
+          url: new URL(`/v1/sandboxes/${rec.id}`, node.url).toString(),
+          token: grant.token,
+          expiresAt: new Date(grant.expiresAt * 1000).toISOString(),
+        });
+      },
+    );
+  };
+}

@@ -1,0 +1,191 @@
+/** Routes of /v1/sandboxes: create (202 + operation), list, get, delete (→ operation), timeout. */
+import { createHash } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
+import { Type } from '@sinclair/typebox';
+import { SpaceError } from '../../core/errors.ts';
+import { newId } from '../../core/ids.ts';
+import { F } from '../../core/log-fields.ts';
+import { IDEMPOTENCY_TTL_SEC, keys } from '../../core/redis-keys.ts';
+import type { SandboxState } from '../../core/types.ts';
+import type { ApiDeps } from '../app.ts';
+import { operationToPublic } from '../operations.ts';
+import { toPublic } from '../sandbox-store.ts';
+import {
+  CreateSandboxBody,
+  ErrorSchema,
+  IdParams,
+  ListSandboxesQuery,
+  OperationSchema,
+  SandboxAndOperation,
+  SandboxSchema,
+  TimeoutBody,
+} from '../schemas.ts';
+
+const errors = { 400: ErrorSchema, 401: ErrorSchema, 404: ErrorSchema, 409: ErrorSchema, 422: ErrorSchema };
+
+/** Canonical JSON (sorted keys) so the same body always hashes the same. */
+function canonical(v: unknown): string {
+  if (Array.isArray(v)) return `[${v.map(canonical).join(',')}]`;
+  if (v && typeof v === 'object') {
+    return `{${Object.keys(v)
+      .sort()
+      .map((k) => `${JSON.stringify(k)}:${canonical((v as Record<string, unknown>)[k])}`)
+      .join(',')}}`;
+  }
+  return JSON.stringify(v);
+}
+
+export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
+  return async (app) => {
+    app.post(
+      '/v1/sandboxes',
+      {
+        schema: {
+          summary: 'Create a sandbox (asynchronous)',
+          headers: Type.Object({ 'idempotency-key': Type.Optional(Type.String({ minLength: 1, maxLength: 128 })) }),
+          body: CreateSandboxBody,
+          response: { 202: SandboxAndOperation, ...errors },
+        },
+      },
+      async (req, reply) => {
+        const body = req.body;
+        const templates = await deps.templates();
+        if (!templates.has(body.template)) {
+          throw new SpaceError('TEMPLATE_NOT_FOUND', `no template "${body.template}" on any available node`, {
+            template: body.template,
+            known: [...templates].sort(),
+          });
+        }
+        const timeoutSec = body.timeoutSec ?? deps.config.defaultTimeoutSec;
+        if (timeoutSec > deps.config.maxTimeoutSec) {
+          throw new SpaceError('BAD_REQUEST', `timeoutSec must be at most ${deps.config.maxTimeoutSec}`);
+        }
+        const sandboxId = newId('sbx');
+        const idemKey = req.headers['idempotency-key'];
+        if (idemKey) {
+          const key = keys.idempotency(req.apiKeyName ?? '', idemKey);
+          const bodyHash = createHash('sha256').update(canonical(body)).digest('hex');
+          const won = await deps.redis.set(key, JSON.stringify({ bodyHash, sandboxId }), 'EX', IDEMPOTENCY_TTL_SEC, 'NX');
+          if (won !== 'OK') {
+            const prior = JSON.parse((await deps.redis.get(key)) ?? '{}') as {
+              bodyHash?: string;
+              sandboxId?: string;
+              operationId?: string;
+            };
+            if (prior.bodyHash !== bodyHash) {
+              throw new SpaceError('IDEMPOTENCY_CONFLICT', 'Idempotency-Key was used with a different body');
+            }
+            // the first request may still be writing its records: wait briefly for them
+            for (let i = 0; i < 50; i++) {
+              const cur = JSON.parse((await deps.redis.get(key)) ?? '{}') as typeof prior;
+              const sb = cur.sandboxId ? await deps.sandboxes.get(cur.sandboxId) : null;
+              const op = cur.operationId ? await deps.operations.get(cur.operationId) : null;
+              if (sb && op) return reply.status(202).send({ sandbox: toPublic(sb), operation: operationToPublic(op) });
+              await sleep(20);
+            }
+            throw new SpaceError('INTERNAL', 'the first request with this Idempotency-Key did not finish');
+          }
+          const { sandbox, operation } = await createRecords(sandboxId);
+          await deps.redis.set(
+            key,
+            JSON.stringify({ bodyHash, sandboxId, operationId: operation.id }),
+            'EX',
+            IDEMPOTENCY_TTL_SEC,
+          );
+          return reply.status(202).send({ sandbox, operation });
+        }
+        return reply.status(202).send(await createRecords(sandboxId));
+
+        async function createRecords(id: string) {
+          const rec = await deps.sandboxes.create({
+            id,
+            template: body.template,
+            vcpus: body.vcpus ?? 1,
+            memoryMiB: body.memoryMiB ?? 512,
+            timeoutSec,
+            metadata: body.metadata ?? {},
+            env: body.env ?? {},
+            sessionId: newId('ses'),
+          });
+          const op = await deps.operations.enqueue('sandbox.create', id);
+          deps.metrics.sandboxesCreated.inc({ template: body.template });
+          req.log.info({ [F.sandboxId]: id, [F.operationId]: op.id, [F.templateId]: body.template }, 'sandbox accepted');
+          return { sandbox: toPublic(rec), operation: operationToPublic(op) };
+        }
+      },
+    );
+
+    app.get(
+      '/v1/sandboxes',
+      {
+        schema: {
+          summary: 'List sandboxes, newest first',
+          querystring: ListSandboxesQuery,
+          response: {
+            200: Type.Object({ sandboxes: Type.Array(Type.Ref(SandboxSchema)), nextCursor: Type.Union([Type.String(), Type.Null()]) }),
+            ...errors,
+          },
+        },
+      },
+      async (req) => {
+        const q = req.query;
+        const metadata = q.metadata ? Object.fromEntries(new URLSearchParams(q.metadata)) : undefined;
+        const page = await deps.sandboxes.list({
+          limit: q.limit ?? 100,
+          cursor: q.cursor,
+          state: q.state ? (q.state.split(',') as SandboxState[]) : undefined,
+          metadata,
+        });
+        return { sandboxes: page.sandboxes.map(toPublic), nextCursor: page.nextCursor };
+      },
+    );
+
+    app.get(
+      '/v1/sandboxes/:id',
+      { schema: { summary: 'Get a sandbox', params: IdParams, response: { 200: Type.Ref(SandboxSchema), ...errors } } },
+      async (req) => toPublic(await deps.requireSandbox(req.params.id)),
+    );
+
+    app.delete(
+      '/v1/sandboxes/:id',
+      {
+        schema: {
+          summary: 'Kill a sandbox (asynchronous)',
+          params: IdParams,
+          response: { 202: Type.Object({ operation: Type.Ref(OperationSchema) }), ...errors },
+        },
+      },
+      async (req, reply) => {
+        const rec = await deps.requireSandbox(req.params.id);
+        const op = await deps.operations.enqueue('sandbox.delete', rec.id, { reason: 'request' });
+        return reply.status(202).send({ operation: operationToPublic(op) });
+      },
+    );
+
+    app.post(
+      '/v1/sandboxes/:id/timeout',
+      {
+        schema: {
+          summary: 'Set the lifetime to timeoutSec from now',
+          params: IdParams,
+          body: TimeoutBody,
+          response: { 200: Type.Ref(SandboxSchema), ...errors },
+        },
+      },
+      async (req) => {
+        if (req.body.timeoutSec > deps.config.maxTimeoutSec) {
+          throw new SpaceError('BAD_REQUEST', `timeoutSec must be at most ${deps.config.maxTimeoutSec}`);
+        }
+        const res = await deps.sandboxes.extend(req.params.id, req.body.timeoutSec);
+        if (!res.ok) {
+          if (res.current === null) throw new SpaceError('SANDBOX_NOT_FOUND', `no sandbox ${req.params.id}`);
+          throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${req.params.id} is ${res.current}`, {
+            state: res.current,
+          });
+        }
+        return toPublic(await deps.requireSandbox(req.params.id));
+      },
+    );
+  };
+}

@@ -1,0 +1,226 @@
+/**
+ * Sandbox records in Redis: create, read, list with cursor pagination, atomic transitions,
+ * placement, release, expiry and lifetime extension. All multi-key changes go through the Lua
+ * scripts in `scripts/`; nothing here does read-modify-write from Node.
+ */
+import { KEY_PREFIX, KILLED_SANDBOX_TTL_SEC, keys } from '../core/redis-keys.ts';
+import {
+  describeKillReason,
+  type KillReason,
+  type Sandbox,
+  type SandboxState,
+  statesLeadingTo,
+} from '../core/types.ts';
+import type { ScriptedRedis } from './redis-scripts.ts';
+
+/** A sandbox as stored (the public record plus what only the platform needs). */
+export interface SandboxRecord extends Sandbox {
+  /** Environment for every command (set by the client at create). */
+  env: Record<string, string>;
+  /** Deadline, epoch ms. */
+  expiresAtMs: number;
+}
+
+/** Fields written at creation. */
+export interface NewSandbox {
+  id: string;
+  template: string;
+  vcpus: number;
+  memoryMiB: number;
+  timeoutSec: number;
+  metadata: Record<string, string>;
+  env: Record<string, string>;
+  sessionId: string;
+}
+
+const iso = (ms: string | number | undefined) => (ms === undefined || ms === '' ? null : new Date(Number(ms)).toISOString());
+
+function fromHash(h: Record<string, string>): SandboxRecord | null {
+  if (!h.id) return null;
+  const killReason = (h.killReason || null) as KillReason | null;
+  return {
+    id: h.id,
+    template: h.template ?? '',
+    state: h.state as SandboxState,
+    vcpus: Number(h.vcpus),
+    memoryMiB: Number(h.memoryMiB),
+    timeoutSec: Number(h.timeoutSec),
+    metadata: JSON.parse(h.metadata ?? '{}') as Record<string, string>,
+    env: JSON.parse(h.env ?? '{}') as Record<string, string>,
+    nodeId: h.nodeId || null,
+    fromWarmPool: h.fromWarmPool === '1',
+    sessionId: h.sessionId ?? '',
+    createdAt: iso(h.createdAt) ?? '',
+    updatedAt: iso(h.updatedAt) ?? '',
+    expiresAt: iso(h.expiresAtMs) ?? '',
+    expiresAtMs: Number(h.expiresAtMs),
+    endedAt: iso(h.endedAt),
+    killReason,
+    endMessage: h.endMessage || (killReason ? describeKillReason(killReason) : null),
+  };
+}
+
+/** The public JSON of a record (drops env and internal fields). */
+export function toPublic(r: SandboxRecord): Sandbox {
+  const { env: _env, expiresAtMs: _deadline, ...pub } = r;
+  return pub;
+}
+
+/** Result of a transition attempt. */
+export type TransitionResult = { ok: true } | { ok: false; current: SandboxState | null };
+
+export class SandboxStore {
+  readonly redis: ScriptedRedis;
+  constructor(redis: ScriptedRedis) {
+    this.redis = redis;
+  }
+
+  /** Writes a new sandbox in state `creating` and indexes it. */
+  async create(s: NewSandbox, now = Date.now()): Promise<SandboxRecord> {
+    await this.redis
+      .multi()
+      .hset(keys.sandbox(s.id), {
+        id: s.id,
+        template: s.template,
+        state: 'creating',
+        vcpus: String(s.vcpus),
+        memoryMiB: String(s.memoryMiB),
+        timeoutSec: String(s.timeoutSec),
+        metadata: JSON.stringify(s.metadata),
+        env: JSON.stringify(s.env),
+        sessionId: s.sessionId,
+        nodeId: '',
+        fromWarmPool: '0',
+        createdAt: String(now),
+        updatedAt: String(now),
+        expiresAtMs: String(now + s.timeoutSec * 1000),
+      })
+      .zadd(keys.sandboxIndex(), now, s.id)
+      .exec();
+    return (await this.get(s.id))!;
+  }
+
+  /** The record, or null when unknown (or expired from Redis after being killed). */
+  async get(id: string): Promise<SandboxRecord | null> {
+    return fromHash(await this.redis.hgetall(keys.sandbox(id)));
+  }
+
+  /**
+   * Lists sandboxes newest first. `cursor` is opaque (from a previous page's `nextCursor`).
+   * Filters apply before the limit, so a page is full unless the listing ended.
+   */
+  async list(opts: {
+    limit: number;
+    cursor?: string;
+    state?: SandboxState[];
+    metadata?: Record<string, string>;
+  }): Promise<{ sandboxes: SandboxRecord[]; nextCursor: string | null }> {
+    const out: SandboxRecord[] = [];
+    let max = '+inf';
+    let skipId: string | null = null;
+    if (opts.cursor) {
+      const [score, id] = Buffer.from(opts.cursor, 'base64url').toString('utf8').split(':');
+      max = score ?? '+inf';
+      skipId = id ?? null;
+    }
+    const batch = Math.max(opts.limit * 2, 50);
+    let offset = 0;
+    for (;;) {
+      const page = await this.redis.zrevrangebyscore(keys.sandboxIndex(), max, '-inf', 'WITHSCORES', 'LIMIT', offset, batch);
+      if (page.length === 0) return { sandboxes: out, nextCursor: null };
+      offset += page.length / 2;
+      let pastCursor = skipId === null;
+      for (let i = 0; i < page.length; i += 2) {
+        const id = page[i]!;
+        const score = page[i + 1]!;
+        if (!pastCursor) {
+          // members with the cursor's score up to and including the cursor's id were already returned
+          if (score !== max) pastCursor = true;
+          else {
+            if (id === skipId) pastCursor = true;
+            continue;
+          }
+        }
+        const rec = await this.get(id);
+        if (!rec) {
+          await this.redis.zrem(keys.sandboxIndex(), id); // record expired: prune the index lazily
+          continue;
+        }
+        if (opts.state && !opts.state.includes(rec.state)) continue;
+        if (opts.metadata && !Object.entries(opts.metadata).every(([k, v]) => rec.metadata[k] === v)) continue;
+        out.push(rec);
+        if (out.length === opts.limit) {
+          const next = Buffer.from(`${score}:${id}`).toString('base64url');
+          return { sandboxes: out, nextCursor: next };
+        }
+      }
+      skipId = null;
+    }
+  }
+
+  /** Moves the sandbox to `to` if its current state may lead there; sets `fields` in the same step. */
+  async transition(id: string, to: SandboxState, fields: Record<string, string> = {}, now = Date.now()) {
+    const from = statesLeadingTo(to);
+    const argv = [to, from.join(','), String(now), ...Object.entries(fields).flat()];
+    const [ok, current] = await this.redis.spaceTransition(keys.sandbox(id), keys.deadlines(), ...argv);
+    if (to === 'killed' && ok === 1) await this.redis.expire(keys.sandbox(id), KILLED_SANDBOX_TTL_SEC);
+    return ok === 1
+      ? ({ ok: true } as const)
+      : ({ ok: false, current: (current || null) as SandboxState | null } as const);
+  }
+
+  /** Marks a sandbox killing for `reason` (no-op result when already ending). */
+  async markKilling(id: string, reason: KillReason): Promise<TransitionResult> {
+    return this.transition(id, 'killing', { killReason: reason });
+  }
+
+  /** Final state: killed, with its reason and end time. */
+  async markKilled(id: string, reason: KillReason, message?: string, now = Date.now()): Promise<TransitionResult> {
+    return this.transition(
+      id,
+      'killed',
+      { killReason: reason, endedAt: String(now), endMessage: message ?? describeKillReason(reason) },
+      now,
+    );
+  }
+
+  /** Reserves room on a node (see place.lua). */
+  async place(rec: SandboxRecord): Promise<{ nodeId: string; fromWarm: boolean } | { nodeId: null; reason: string }> {
+    const [node, extra] = await this.redis.spacePlace(
+      keys.nodeIndex(),
+      keys.sandbox(rec.id),
+      KEY_PREFIX,
+      rec.id,
+      rec.template,
+      String(Math.round(rec.vcpus * 1000)),
+      String(rec.memoryMiB),
+    );
+    if (!node) return { nodeId: null, reason: String(extra) };
+    return { nodeId: node, fromWarm: Number(extra) === 1 };
+  }
+
+  /** Returns the sandbox's reservation to its node (once). */
+  async release(id: string): Promise<boolean> {
+    return (await this.redis.spaceRelease(keys.sandbox(id), KEY_PREFIX)) === 1;
+  }
+
+  /**
+   * Claims up to `limit` sandboxes past their deadline: each moves to killing (reason timeout) and
+   * gets a queued `sandbox.delete` operation in the same atomic step. Returns the claimed ids.
+   */
+  async claimExpired(now = Date.now(), limit = 100): Promise<string[]> {
+    return this.redis.spaceExpire(keys.deadlines(), keys.operationQueue(), KEY_PREFIX, String(now), String(limit));
+  }
+
+  /** Sets a live sandbox's lifetime to `timeoutSec` from now. */
+  async extend(id: string, timeoutSec: number, now = Date.now()): Promise<TransitionResult> {
+    const [ok, current] = await this.redis.spaceExtend(
+      keys.sandbox(id),
+      keys.deadlines(),
+      String(now + timeoutSec * 1000),
+      String(timeoutSec),
+      String(now),
+    );
+    return ok === 1 ? { ok: true } : { ok: false, current: (current || null) as SandboxState | null };
+  }
+}

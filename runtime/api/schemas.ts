@@ -1,0 +1,153 @@
+/** TypeBox schemas of the public API v1 (the OpenAPI document is generated from these). */
+import { type Static, Type } from '@sinclair/typebox';
+import { ID_PATTERN } from '../core/ids.ts';
+import { KILL_REASONS, OPERATION_KINDS, OPERATION_STATES, SANDBOX_STATES } from '../core/types.ts';
+
+/** Limits on client input (documented in the README). */
+export const LIMITS = {
+  metadataKeys: 32,
+  metadataValueBytes: 256,
+  envKeys: 128,
+  envValueBytes: 32 * 1024,
+  argBytes: 128 * 1024,
+  args: 1024,
+  stdinBytes: 512 * 1024,
+  maxCommandTimeoutMs: 24 * 3600 * 1000,
+} as const;
+
+const literalUnion = <T extends string>(values: readonly T[]) => Type.Union(values.map((v) => Type.Literal(v)));
+
+export const ErrorSchema = Type.Object(
+  {
+    error: Type.Object({
+      code: Type.String(),
+      message: Type.String(),
+      details: Type.Optional(Type.Record(Type.String(), Type.Unknown())),
+    }),
+  },
+  { $id: 'Error' },
+);
+
+export const IdParams = Type.Object({ id: Type.String({ pattern: ID_PATTERN }) });
+
+const Metadata = Type.Record(Type.String({ minLength: 1, maxLength: 64 }), Type.String({ maxLength: LIMITS.metadataValueBytes }), {
+  maxProperties: LIMITS.metadataKeys,
+});
+const EnvVars = Type.Record(
+  Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]{0,127}$' }),
+  Type.String({ maxLength: LIMITS.envValueBytes }),
+  { maxProperties: LIMITS.envKeys },
+);
+
+export const CreateSandboxBody = Type.Object(
+  {
+    template: Type.String({ pattern: '^[a-z0-9][a-z0-9-]{0,62}$', description: 'Template name, e.g. `base`.' }),
+    vcpus: Type.Optional(Type.Number({ minimum: 0.25, maximum: 64, default: 1, description: 'vCPUs.' })),
+    memoryMiB: Type.Optional(Type.Integer({ minimum: 128, maximum: 262_144, default: 512, description: 'MiB.' })),
+    timeoutSec: Type.Optional(Type.Integer({ minimum: 1, description: 'Lifetime, s; default from config.' })),
+    metadata: Type.Optional(Metadata),
+    env: Type.Optional(EnvVars),
+  },
+  { additionalProperties: false },
+);
+export type CreateSandboxBody = Static<typeof CreateSandboxBody>;
+
+export const SandboxSchema = Type.Object(
+  {
+    id: Type.String(),
+    template: Type.String(),
+    state: literalUnion(SANDBOX_STATES),
+    vcpus: Type.Number(),
+    memoryMiB: Type.Integer(),
+    timeoutSec: Type.Integer(),
+    metadata: Type.Record(Type.String(), Type.String()),
+    nodeId: Type.Union([Type.String(), Type.Null()]),
+    fromWarmPool: Type.Boolean(),
+    sessionId: Type.String(),
+    createdAt: Type.String({ format: 'date-time' }),
+    updatedAt: Type.String({ format: 'date-time' }),
+    expiresAt: Type.String({ format: 'date-time' }),
+    endedAt: Type.Union([Type.String({ format: 'date-time' }), Type.Null()]),
+    killReason: Type.Union([literalUnion(KILL_REASONS), Type.Null()]),
+    endMessage: Type.Union([Type.String(), Type.Null()]),
+  },
+  { $id: 'Sandbox' },
+);
+
+export const OperationSchema = Type.Object(
+  {
+    id: Type.String(),
+    kind: literalUnion(OPERATION_KINDS),
+    target: Type.String(),
+    state: literalUnion(OPERATION_STATES),
+    error: Type.Union([Type.Object({ code: Type.String(), message: Type.String() }), Type.Null()]),
+    createdAt: Type.String({ format: 'date-time' }),
+    updatedAt: Type.String({ format: 'date-time' }),
+  },
+  { $id: 'Operation' },
+);
+
+export const SandboxAndOperation = Type.Object({
+  sandbox: Type.Ref(SandboxSchema),
+  operation: Type.Ref(OperationSchema),
+});
+
+export const ListSandboxesQuery = Type.Object(
+  {
+    state: Type.Optional(
+      Type.String({ pattern: `^(${SANDBOX_STATES.join('|')})(,(${SANDBOX_STATES.join('|')}))*$`, description: 'Comma list.' }),
+    ),
+    metadata: Type.Optional(
+      Type.String({ maxLength: 4096, description: 'URL-encoded query string of metadata pairs, e.g. `team%3Da`.' }),
+    ),
+    limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, default: 100 })),
+    cursor: Type.Optional(Type.String({ maxLength: 512, pattern: '^[A-Za-z0-9_-]+$' })),
+  },
+  { additionalProperties: false },
+);
+export type ListSandboxesQuery = Static<typeof ListSandboxesQuery>;
+
+export const TimeoutBody = Type.Object({ timeoutSec: Type.Integer({ minimum: 1 }) }, { additionalProperties: false });
+
+export const WaitQuery = Type.Object(
+  { waitMs: Type.Optional(Type.Integer({ minimum: 0, maximum: 60_000, description: 'Long-poll up to this many ms.' })) },
+  { additionalProperties: false },
+);
+
+export const CommandBody = Type.Object(
+  {
+    cmd: Type.String({ minLength: 1, maxLength: LIMITS.argBytes, description: 'Program, or a script with `shell`.' }),
+    args: Type.Optional(Type.Array(Type.String({ maxLength: LIMITS.argBytes }), { maxItems: LIMITS.args })),
+    shell: Type.Optional(Type.Boolean({ description: 'Run `cmd` with /bin/sh -c.' })),
+    env: Type.Optional(EnvVars),
+    cwd: Type.Optional(Type.String({ minLength: 1, maxLength: 4096 })),
+    user: Type.Optional(literalUnion(['user', 'root'] as const)),
+    stdin: Type.Optional(
+      Type.Union([Type.Boolean(), Type.String({ maxLength: LIMITS.stdinBytes })], {
+        description: '`true` keeps stdin open for the data plane; a string is written then closed.',
+      }),
+    ),
+    timeoutMs: Type.Optional(Type.Integer({ minimum: 1, maximum: LIMITS.maxCommandTimeoutMs })),
+  },
+  { additionalProperties: false },
+);
+export type CommandBody = Static<typeof CommandBody>;
+
+export const StreamGrant = Type.Object({
+  url: Type.String({ description: 'Data-plane URL.' }),
+  token: Type.String({ description: 'Session token (Authorization: Bearer, or ?token=).' }),
+  expiresAt: Type.String({ format: 'date-time' }),
+});
+
+export const CommandResponse = Type.Object({
+  command: Type.Object({ id: Type.String(), sandboxId: Type.String(), pid: Type.Integer() }),
+  stream: StreamGrant,
+});
+
+export const TokenBody = Type.Object(
+  {
+    scopes: Type.Optional(Type.Array(literalUnion(['commands', 'files'] as const), { minItems: 1, uniqueItems: true })),
+    ttlSec: Type.Optional(Type.Integer({ minimum: 10, maximum: 86_400 })),
+  },
+  { additionalProperties: false },
+);

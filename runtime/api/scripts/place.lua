@@ -1,0 +1,46 @@
+-- Place a sandbox on a node: pick an alive, schedulable node with room, preferring one with a
+-- warm slot of the template, then the least loaded; reserve its resources in the same step.
+-- Idempotent: a sandbox already placed keeps its node.
+-- KEYS[1] node index set, KEYS[2] sandbox hash
+-- ARGV[1] key prefix, ARGV[2] sandbox id, ARGV[3] template, ARGV[4] vCPUs in milli-vCPU,
+-- ARGV[5] memory MiB
+-- Returns { nodeId, fromWarm (0/1) } or { '', reason } with reason 'no_nodes' | 'full'.
+local placed = redis.call('HGET', KEYS[2], 'nodeId')
+if placed and placed ~= '' then
+  return { placed, tonumber(redis.call('HGET', KEYS[2], 'fromWarmPool') or '0') }
+end
+local prefix, id, template = ARGV[1], ARGV[2], ARGV[3]
+local cpu, mem = tonumber(ARGV[4]), tonumber(ARGV[5])
+local best, bestWarm, bestLoad = nil, -1, math.huge
+local alive = 0
+for _, node in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local nk = prefix .. 'node:' .. node
+  if redis.call('EXISTS', nk .. ':alive') == 1 then
+    alive = alive + 1
+    local f = redis.call('HMGET', nk, 'schedulable', 'vcpusMilli', 'memoryMiB', 'maxSandboxes',
+      'usedVcpusMilli', 'usedMemoryMiB', 'sandboxes')
+    local fits = f[1] == '1'
+      and tonumber(f[5] or '0') + cpu <= tonumber(f[2] or '0')
+      and tonumber(f[6] or '0') + mem <= tonumber(f[3] or '0')
+      and tonumber(f[7] or '0') + 1 <= tonumber(f[4] or '0')
+    if fits then
+      local warm = tonumber(redis.call('HGET', nk .. ':warm', template) or '0') > 0 and 1 or 0
+      local load = tonumber(f[7] or '0')
+      if warm > bestWarm or (warm == bestWarm and load < bestLoad) then
+        best, bestWarm, bestLoad = node, warm, load
+      end
+    end
+  end
+end
+if not best then
+  if alive == 0 then return { '', 'no_nodes' } end
+  return { '', 'full' }
+end
+local nk = prefix .. 'node:' .. best
+redis.call('HINCRBY', nk, 'usedVcpusMilli', cpu)
+redis.call('HINCRBY', nk, 'usedMemoryMiB', mem)
+redis.call('HINCRBY', nk, 'sandboxes', 1)
+if bestWarm == 1 then redis.call('HINCRBY', nk .. ':warm', template, -1) end
+redis.call('SADD', nk .. ':sandboxes', id)
+redis.call('HSET', KEYS[2], 'nodeId', best, 'fromWarmPool', tostring(bestWarm), 'released', '0')
+return { best, bestWarm }

@@ -1,0 +1,24 @@
+-- Atomically move a sandbox from one of the allowed states to a new state.
+-- KEYS[1] sandbox hash, KEYS[2] deadlines zset
+-- ARGV[1] target state, ARGV[2] comma-separated allowed current states, ARGV[3] now (ms),
+-- ARGV[4..] extra field/value pairs to set with the change.
+-- Returns { 1, target } on success, { 0, current } (current = '' when the sandbox is gone) otherwise.
+local current = redis.call('HGET', KEYS[1], 'state')
+if not current then return { 0, '' } end
+local allowed = false
+for s in string.gmatch(ARGV[2], '[^,]+') do
+  if s == current then allowed = true end
+end
+if not allowed then return { 0, current } end
+redis.call('HSET', KEYS[1], 'state', ARGV[1], 'updatedAt', ARGV[3])
+for i = 4, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+local id = redis.call('HGET', KEYS[1], 'id')
+if ARGV[1] == 'running' then
+  -- the lifetime clock is enforced only for live sandboxes
+  redis.call('ZADD', KEYS[2], redis.call('HGET', KEYS[1], 'expiresAtMs'), id)
+elseif ARGV[1] == 'killing' or ARGV[1] == 'killed' then
+  redis.call('ZREM', KEYS[2], id)
+end
+return { 1, ARGV[1] }

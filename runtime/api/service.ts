@@ -1,0 +1,56 @@
+/**
+ * The API service: config → logger → Redis → signing key → app + operation worker + reaper →
+ * listen. `close()` stops taking requests and operations, finishes in-flight ones, disconnects.
+ */
+import { Redis } from 'ioredis';
+import { createLogger } from '../core/log-fields.ts';
+import { loadSigningKey } from '../core/tokens.ts';
+import { bootstrapApiKeyFile } from './api-keys.ts';
+import { buildApp, createApiDeps, createApiRuntime } from './app.ts';
+import type { ApiConfig } from './config.ts';
+
+/** A started API. */
+export interface RunningApi {
+  url: string;
+  close(signal?: string): Promise<void>;
+}
+
+/**
+ * Starts the API. With `bootstrapKeyFile`, a first API key is created and written there (0600)
+ * unless that file exists.
+ */
+export async function startApi(config: ApiConfig, opts: { bootstrapKeyFile?: string } = {}): Promise<RunningApi> {
+  const log = createLogger('api', config.logLevel);
+  const redis = new Redis(config.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 3 });
+  await redis.connect();
+  const deps = createApiDeps({
+    config,
+    log,
+    redis,
+    subscriber: redis.duplicate(),
+    signingKey: await loadSigningKey(config.signingKeyFile),
+  });
+  if (opts.bootstrapKeyFile && (await bootstrapApiKeyFile(redis, opts.bootstrapKeyFile))) {
+    log.info({ file: opts.bootstrapKeyFile }, 'api key created');
+  }
+  const app = await buildApp(deps);
+  const runtime = createApiRuntime(deps, redis.duplicate());
+  await runtime.start();
+  await app.listen({ host: config.host, port: config.port });
+  const port = (app.server.address() as { port: number }).port;
+
+  let closing: Promise<void> | null = null;
+  return {
+    url: `http://${config.host}:${port}`,
+    close(signal = 'close') {
+      closing ??= (async () => {
+        log.info({ signal }, 'api stopping');
+        await app.close();
+        await runtime.stop();
+        redis.disconnect();
+        log.info('api stopped');
+      })();
+      return closing;
+    },
+  };
+}

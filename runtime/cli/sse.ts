@@ -1,0 +1,115 @@
+/**
+ * Reads a command's event stream (SSE) from the data plane with eventsource-parser, resuming a
+ * dropped connection with `Last-Event-ID` so nothing is lost or repeated. The stream ends after the
+ * `exit` event (always last); a connection that ends before it is resumed, up to `maxRetries`
+ * consecutive failures.
+ */
+import { setTimeout as sleep } from 'node:timers/promises';
+import { createParser, type EventSourceMessage } from 'eventsource-parser';
+import { type Dispatcher, request } from 'undici';
+import { errorFromResponse, networkError } from './client.ts';
+import { CliError } from './output.ts';
+
+export interface SseEvent {
+  event: string;
+  data: string;
+  id: string | undefined;
+}
+
+export interface ReadEventsOptions {
+  /** Full events URL (`…/commands/:cmd/events`). */
+  url: string;
+  /** Session token. */
+  token: string;
+  /** Resume after this event id (default: from the start). */
+  lastEventId?: string;
+  /** Consecutive failed (re)connections before giving up (default 5). */
+  maxRetries?: number;
+  /** First retry delay, ms, doubled each time up to 5 s (default 250). */
+  retryDelayMs?: number;
+  /** A connection idle this long is treated as dropped, ms (the server sends keepalives every 15 s). */
+  idleTimeoutMs?: number;
+  /** Called before each reconnection (for a note on stderr). */
+  onReconnect?: (info: { attempt: number; lastEventId: string | undefined; reason: string }) => void;
+  signal?: AbortSignal;
+  dispatcher?: Dispatcher;
+}
+
+/** Codes worth a reconnection: the node was briefly unreachable or busy. */
+function retryable(err: CliError): boolean {
+  return ['UNREACHABLE', 'RATE_LIMITED', 'NODE_UNAVAILABLE', 'INTERNAL', 'BAD_RESPONSE', 'STREAM_DROPPED'].includes(
+    err.code,
+  );
+}
+
+/**
+ * Yields the stream's events in order, exactly once each, ending after `exit`.
+ * @throws CliError with the server's code (TOKEN_EXPIRED, COMMAND_NOT_FOUND, …), or
+ *   STREAM_DROPPED / UNREACHABLE after `maxRetries` consecutive failed reconnections.
+ */
+export async function* readEvents(opts: ReadEventsOptions): AsyncGenerator<SseEvent> {
+  const maxRetries = opts.maxRetries ?? 5;
+  let lastId = opts.lastEventId;
+  let failures = 0;
+  for (;;) {
+    const queue: SseEvent[] = [];
+    const parser = createParser({
+      onEvent: (m: EventSourceMessage) => queue.push({ event: m.event ?? 'message', data: m.data, id: m.id }),
+    });
+    let failure: CliError;
+    try {
+      const res = await request(opts.url, {
+        method: 'GET',
+        headers: {
+          authorization: `Bearer ${opts.token}`,
+          accept: 'text/event-stream',
+          ...(lastId !== undefined ? { 'last-event-id': lastId } : {}),
+        },
+        signal: opts.signal,
+        bodyTimeout: opts.idleTimeoutMs ?? 60_000,
+        dispatcher: opts.dispatcher,
+      });
+      if (res.statusCode !== 200) throw await errorFromResponse(res.statusCode, res.body);
+      const decoder = new TextDecoder();
+      try {
+        for await (const chunk of res.body) {
+          parser.feed(decoder.decode(chunk as Buffer, { stream: true }));
+          while (queue.length) {
+            const ev = queue.shift()!;
+            if (ev.id !== undefined) lastId = ev.id;
+            failures = 0; // progress: the retry budget is for consecutive failures
+            yield ev;
+            if (ev.event === 'exit') return;
+          }
+        }
+      } finally {
+        res.body.destroy(); // also when the consumer stops early
+      }
+      failure = new CliError('STREAM_DROPPED', 'the event stream ended before the command’s exit event');
+    } catch (err) {
+      if (opts.signal?.aborted) throw new CliError('ABORTED', 'stream aborted', { cause: err });
+      failure = err instanceof CliError ? err : networkError(opts.url, err);
+    }
+    if (!retryable(failure) || failures >= maxRetries) {
+      if (failures >= maxRetries && retryable(failure)) {
+        throw new CliError(failure.code, `${failure.message} (gave up after ${failures + 1} attempts)`, {
+          details: { ...(failure.details ?? {}), lastEventId: lastId ?? null },
+        });
+      }
+      throw failure;
+    }
+    failures++;
+    opts.onReconnect?.({ attempt: failures, lastEventId: lastId, reason: failure.message });
+    await sleep(Math.min(5000, (opts.retryDelayMs ?? 250) * 2 ** (failures - 1)), undefined, { signal: opts.signal }).catch(
+      () => {},
+    );
+    if (opts.signal?.aborted) throw new CliError('ABORTED', 'stream aborted');
+  }
+}
+
+/** Bytes of a `stdout` / `stderr` event (`{"data":"<base64>"}`). */
+export function outputBytes(ev: SseEvent): Buffer {
+  const parsed = JSON.parse(ev.data) as { data?: unknown };
+  if (typeof parsed.data !== 'string') throw new CliError('BAD_RESPONSE', `malformed ${ev.event} event`);
+  return Buffer.from(parsed.data, 'base64');
+}

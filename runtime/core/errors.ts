@@ -1,0 +1,118 @@
+/**
+ * The one error registry of SPACE. Every error a service returns to a client has a stable
+ * `code` from this table, an HTTP status and a `retryable` flag. Codes are never reused once
+ * retired; the README's error table lists exactly these rows (a unit test checks both ways).
+ *
+ * Wire shape (every service): `{ "error": { "code": "SANDBOX_NOT_FOUND", "message": "…", "details"?: {…} } }`.
+ */
+
+/** Static description of one error code. */
+export interface ErrorSpec {
+  /** HTTP status code returned with this error. */
+  readonly status: number;
+  /** Whether the same request may succeed if retried unchanged later. */
+  readonly retryable: boolean;
+  /** One-line meaning, copied into the README's error table. */
+  readonly doc: string;
+}
+
+/** Every error code SPACE can return, with its status and meaning. */
+export const ERROR_CODES = {
+  BAD_REQUEST: { status: 400, retryable: false, doc: 'The body, params or query failed validation.' },
+  BODY_TOO_LARGE: { status: 413, retryable: false, doc: 'The request body exceeds the size limit.' },
+  PATH_INVALID: {
+    status: 400,
+    retryable: false,
+    doc: 'A sandbox file path is malformed, escapes with `..`, or names a platform-owned location.',
+  },
+  UNAUTHENTICATED: { status: 401, retryable: false, doc: 'No credentials, or an unknown API key.' },
+  TOKEN_INVALID: { status: 401, retryable: false, doc: 'The session token is malformed or badly signed.' },
+  TOKEN_EXPIRED: { status: 401, retryable: false, doc: 'The session token has expired; ask the API for a new one.' },
+  TOKEN_SCOPE: {
+    status: 403,
+    retryable: false,
+    doc: 'The session token is for another sandbox, session or scope.',
+  },
+  NOT_FOUND: { status: 404, retryable: false, doc: 'No such route.' },
+  SANDBOX_NOT_FOUND: { status: 404, retryable: false, doc: 'No sandbox with this id (or it was deleted).' },
+  SANDBOX_NOT_RUNNING: { status: 409, retryable: true, doc: 'The sandbox is not in the running state.' },
+  OPERATION_NOT_FOUND: { status: 404, retryable: false, doc: 'No operation with this id.' },
+  COMMAND_NOT_FOUND: { status: 404, retryable: false, doc: 'No command with this id in the sandbox.' },
+  PROCESS_EXITED: { status: 409, retryable: false, doc: 'The command has exited or closed its stdin.' },
+  FILE_NOT_FOUND: { status: 404, retryable: false, doc: 'No file or directory at this path in the sandbox.' },
+  FILE_CONFLICT: {
+    status: 409,
+    retryable: false,
+    doc: 'The path exists with the wrong type (a directory where a file is expected, or a non-empty directory).',
+  },
+  TEMPLATE_NOT_FOUND: { status: 404, retryable: false, doc: 'No template with this name.' },
+  TEMPLATE_NOT_READY: { status: 409, retryable: true, doc: 'The template exists but is not built on any node.' },
+  IDEMPOTENCY_CONFLICT: {
+    status: 422,
+    retryable: false,
+    doc: 'The Idempotency-Key was used before with a different request body.',
+  },
+  NODE_CAPACITY_EXHAUSTED: {
+    status: 503,
+    retryable: true,
+    doc: 'No node has room for the sandbox (CPU, memory or sandbox count).',
+  },
+  NODE_UNAVAILABLE: { status: 503, retryable: true, doc: 'The node holding the sandbox is not reachable.' },
+  DRIVER_FAILED: { status: 500, retryable: true, doc: 'The VM driver failed to create or control a sandbox.' },
+  SNAPSHOT_UNSUPPORTED: { status: 501, retryable: false, doc: 'The node’s driver cannot snapshot sandboxes.' },
+  GUEST_UNAVAILABLE: { status: 502, retryable: true, doc: 'The guest daemon inside the sandbox did not answer.' },
+  RATE_LIMITED: { status: 429, retryable: true, doc: 'Too many requests or concurrent streams.' },
+  INTERNAL: { status: 500, retryable: true, doc: 'An unexpected server error; the log has the details.' },
+} as const satisfies Record<string, ErrorSpec>;
+
+/** Union of every stable error code. */
+export type ErrorCode = keyof typeof ERROR_CODES;
+
+/** Wire shape of every error response body. */
+export interface ErrorBody {
+  error: { code: ErrorCode; message: string; details?: Record<string, unknown> };
+}
+
+/**
+ * The only error type services throw on purpose. Carries a stable code, readonly context
+ * (`sandboxId`, `nodeId`, …) that goes to logs and `details`, and an optional `cause`.
+ */
+export class SpaceError extends Error {
+  readonly code: ErrorCode;
+  readonly status: number;
+  readonly retryable: boolean;
+  readonly details: Readonly<Record<string, unknown>> | undefined;
+
+  constructor(code: ErrorCode, message: string, details?: Record<string, unknown>, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = 'SpaceError';
+    this.code = code;
+    this.status = ERROR_CODES[code].status;
+    this.retryable = ERROR_CODES[code].retryable;
+    this.details = details ? Object.freeze({ ...details }) : undefined;
+  }
+
+  /** The wire body for this error. */
+  toBody(): ErrorBody {
+    return {
+      error: { code: this.code, message: this.message, ...(this.details ? { details: { ...this.details } } : {}) },
+    };
+  }
+}
+
+/** True when `value` is a known error code. */
+export function isErrorCode(value: unknown): value is ErrorCode {
+  return typeof value === 'string' && Object.hasOwn(ERROR_CODES, value);
+}
+
+/**
+ * Rebuilds a SpaceError from a response body of another SPACE service (agent → api, guest → agent),
+ * so a coded error crosses a hop unchanged. Unknown bodies become `fallback`.
+ */
+export function errorFromBody(status: number, body: unknown, fallback: ErrorCode): SpaceError {
+  const err = (body as ErrorBody | undefined)?.error;
+  if (err && isErrorCode(err.code) && typeof err.message === 'string') {
+    return new SpaceError(err.code, err.message, err.details);
+  }
+  return new SpaceError(fallback, `upstream answered HTTP ${status}`, { status });
+}

@@ -1,0 +1,115 @@
+/**
+ * The agent ↔ guest protocol: plain HTTP/1.1 over any byte stream (TCP over a veth or tap today,
+ * vsock or virtio-serial later), so it works unchanged between the node agent and a gVisor sandbox
+ * or a microVM. The guest daemon listens on {@link GUEST_PORT} inside the sandbox.
+ *
+ * Routes (all JSON unless stated; errors use the core error body `{ error: { code, message } }`):
+ *
+ * | method | path | body → answer |
+ * |---|---|---|
+ * | GET | /health | → {@link GuestHealth} |
+ * | POST | /init | {@link GuestInit} → 204 (sandbox-wide env defaults, set at claim time) |
+ * | POST | /processes | {@link ProcessStartRequest} → 201 {@link ProcessInfo} |
+ * | GET | /processes | → `{ processes: ProcessInfo[] }` |
+ * | GET | /processes/:pid | → {@link ProcessInfo} |
+ * | GET | /processes/:pid/output?offset=N | → `application/octet-stream`, a stream of frames (below) from byte N of the frame stream |
+ * | POST | /processes/:pid/stdin | raw bytes → 204 once written (409 PROCESS_EXITED after exit or close) |
+ * | POST | /processes/:pid/stdin/close | → 204 |
+ * | POST | /processes/:pid/signal | `{ signal: "SIGTERM" }` → 204 (sent to the whole process group) |
+ * | GET | /files?path=P | → raw bytes (404 FILE_NOT_FOUND, 409 FILE_CONFLICT if a directory) |
+ * | PUT | /files?path=P&mode=0644 | raw bytes → 200 {@link FileStat}; atomic: temp file, fsync, rename |
+ * | GET | /fs/stat?path=P | → {@link FileStat} |
+ * | GET | /fs/list?path=P | → `{ entries: FileStat[] }` sorted by name |
+ * | POST | /fs/mkdir | `{ path, parents? }` → 200 {@link FileStat} |
+ * | DELETE | /fs?path=P&recursive=1 | → 204 |
+ *
+ * Output frames: `[type: u8][length: u32 big-endian][payload: length bytes]`; type 1 = stdout bytes,
+ * 2 = stderr bytes, 3 = exit (payload is JSON {@link ProcessExit}; always the last frame).
+ * A reader that lost its connection reconnects with `offset` = bytes of frame stream it received;
+ * the guest keeps a bounded window of already-sent bytes for this, and pauses the child's pipes
+ * (backpressure) instead of buffering without bound.
+ */
+
+/** TCP port the guest daemon listens on inside every sandbox (same number as E2B's envd). */
+export const GUEST_PORT = 49983;
+
+/** Frame type tags of the output stream. */
+export const FRAME_STDOUT = 1;
+export const FRAME_STDERR = 2;
+export const FRAME_EXIT = 3;
+/** Bytes in a frame header (type + length). */
+export const FRAME_HEADER_BYTES = 5;
+
+/** GET /health answer. */
+export interface GuestHealth {
+  ok: true;
+  /** Guest daemon protocol version. */
+  version: string;
+  /** Guest uptime in ms. */
+  uptimeMs: number;
+}
+
+/** POST /init body: defaults applied to every later process. */
+export interface GuestInit {
+  /** Sandbox-wide environment variables (merged under each process's own env). */
+  env: Record<string, string>;
+}
+
+/** POST /processes body. */
+export interface ProcessStartRequest {
+  /** Executable (looked up on PATH) — or, with `shell`, a shell script run by `/bin/sh -c`. */
+  cmd: string;
+  /** Arguments (ignored with `shell`). */
+  args?: string[];
+  /** When true, `cmd` is a shell script. */
+  shell?: boolean;
+  env?: Record<string, string>;
+  /** Working directory; default the user's home. */
+  cwd?: string;
+  /** `user` (uid 1000, default) or `root`. */
+  user?: 'user' | 'root';
+  /** Keep stdin open for later writes; when false stdin is /dev/null (EOF at once). */
+  stdin?: boolean;
+  /** Kill the whole process group after this many ms (0 or absent: no limit). */
+  timeoutMs?: number;
+  /** Caller's id for the process (the API's command id); echoed in ProcessInfo. */
+  tag?: string;
+}
+
+/** How a process ended. */
+export interface ProcessExit {
+  /** Exit code, or null when killed by a signal. */
+  exitCode: number | null;
+  /** Signal name (`SIGKILL`) when the process died from a signal, else null. */
+  signal: string | null;
+  /** True when the guest killed it because `timeoutMs` passed. */
+  timedOut: boolean;
+  /** Set when the process could not start (exitCode is then 126 or 127, as a shell reports). */
+  error?: string;
+}
+
+/** A process the guest runs or ran. */
+export interface ProcessInfo {
+  pid: number;
+  tag?: string;
+  cmd: string;
+  args: string[];
+  /** Epoch ms. */
+  startedAt: number;
+  running: boolean;
+  exit?: ProcessExit;
+}
+
+/** One file-system entry. */
+export interface FileStat {
+  name: string;
+  /** Absolute path inside the sandbox. */
+  path: string;
+  type: 'file' | 'dir' | 'symlink' | 'other';
+  /** Bytes. */
+  size: number;
+  /** Permission bits, e.g. 0o644. */
+  mode: number;
+  /** Epoch ms. */
+  mtimeMs: number;
+}

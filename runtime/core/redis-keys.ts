@@ -1,0 +1,52 @@
+/**
+ * Every Redis key SPACE uses, in one place. Keys carry a schema version (`space:v1:`) so an
+ * upgrade can migrate them side by side. See `runtime/core/REDIS.md` for the table of keys,
+ * TTLs and the atomic flows (place, release, transition, expire).
+ *
+ * Scripts touch keys they compute from ids (nodes during placement), so SPACE needs a single
+ * Redis primary (or Redis Cluster with all keys in one slot via the `{space}` hash tag — not yet).
+ */
+
+/** Version prefix of every key. */
+export const KEY_PREFIX = 'space:v1:';
+
+/** How long a node counts as alive after its last heartbeat (ms): three missed 5 s beats. */
+export const NODE_ALIVE_TTL_MS = 15_000;
+/** How long an Idempotency-Key is remembered (s): a day covers any sane client retry loop. */
+export const IDEMPOTENCY_TTL_SEC = 24 * 3600;
+/** How long a finished operation is kept (s): a week, for audit and late pollers. */
+export const OPERATION_TTL_SEC = 7 * 24 * 3600;
+/** How long a killed sandbox's record is kept (s): a week, so clients can read why it ended. */
+export const KILLED_SANDBOX_TTL_SEC = 7 * 24 * 3600;
+
+export const keys = {
+  /** Hash: one sandbox record (fields of `Sandbox`, metadata/env as JSON). */
+  sandbox: (id: string) => `${KEY_PREFIX}sandbox:${id}`,
+  /** Sorted set: every sandbox id, score = createdAt ms (listing order, cursor pagination). */
+  sandboxIndex: () => `${KEY_PREFIX}sandboxes`,
+  /** Sorted set: running/paused sandbox ids, score = deadline ms (lifetime enforcement). */
+  deadlines: () => `${KEY_PREFIX}deadlines`,
+  /** Hash: one operation. */
+  operation: (id: string) => `${KEY_PREFIX}operation:${id}`,
+  /** Stream: operations waiting for a worker (consumer group `workers`). */
+  operationQueue: () => `${KEY_PREFIX}operations:queue`,
+  /** Pub/sub channel announcing an operation's change (message = state). */
+  operationChannel: (id: string) => `${KEY_PREFIX}operation:${id}:events`,
+  /** Hash: an Idempotency-Key's outcome (`bodyHash`, `sandboxId`, `operationId`). */
+  idempotency: (scope: string, key: string) => `${KEY_PREFIX}idempotency:${scope}:${key}`,
+  /** Hash: an API key, by the SHA-256 hex of its secret (`name`, `createdAt`). */
+  apiKey: (sha256Hex: string) => `${KEY_PREFIX}apikey:${sha256Hex}`,
+  /** Set: ids of every registered node. */
+  nodeIndex: () => `${KEY_PREFIX}nodes`,
+  /** Hash: a node's registration, capacity and reservations. */
+  node: (id: string) => `${KEY_PREFIX}node:${id}`,
+  /** String with TTL {@link NODE_ALIVE_TTL_MS}: present while the node heartbeats. */
+  nodeAlive: (id: string) => `${KEY_PREFIX}node:${id}:alive`,
+  /** Hash: template → warm slots ready on the node. */
+  nodeWarm: (id: string) => `${KEY_PREFIX}node:${id}:warm`,
+  /** Set: sandbox ids placed on the node (reconciliation). */
+  nodeSandboxes: (id: string) => `${KEY_PREFIX}node:${id}:sandboxes`,
+} as const;
+
+/** Consumer group of {@link keys.operationQueue}. */
+export const OPERATION_GROUP = 'workers';

@@ -1,0 +1,139 @@
+/**
+ * Session tokens and dispatch tokens (JWS, EdDSA/Ed25519 via `jose`).
+ *
+ * - A **session token** lets a client use the data plane of one sandbox session: claims
+ *   `sub` = sandbox id, `sid` = session id, `scope` = space-separated scopes, `exp`, `aud` =
+ *   `space-data-plane`. Minted by the API (private key), verified offline by the node agent
+ *   (public key) — no call back to the control plane.
+ * - A **dispatch token** authenticates the API to a node agent's internal routes: `aud` =
+ *   `space-agent`, `sub` = node id, 60 s lifetime.
+ */
+import { readFile, writeFile } from 'node:fs/promises';
+import {
+  errors as joseErrors,
+  exportPKCS8,
+  exportSPKI,
+  generateKeyPair,
+  importPKCS8,
+  importSPKI,
+  jwtVerify,
+  SignJWT,
+} from 'jose';
+import { SpaceError } from './errors.ts';
+
+const ALG = 'EdDSA';
+const ISSUER = 'space-api';
+/** Audience of session tokens. */
+export const DATA_PLANE_AUDIENCE = 'space-data-plane';
+/** Audience of dispatch tokens. */
+export const AGENT_AUDIENCE = 'space-agent';
+/** Lifetime of a dispatch token, seconds. */
+export const DISPATCH_TOKEN_TTL_SEC = 60;
+
+/** Scopes a session token can carry. */
+export type SessionScope = 'commands' | 'files';
+export const SESSION_SCOPES: readonly SessionScope[] = ['commands', 'files'];
+
+/** Claims of a verified session token. */
+export interface SessionClaims {
+  sandboxId: string;
+  sessionId: string;
+  scopes: SessionScope[];
+  /** Epoch seconds. */
+  expiresAt: number;
+}
+
+export type SigningKey = Awaited<ReturnType<typeof importPKCS8>>;
+export type VerifyKey = Awaited<ReturnType<typeof importSPKI>>;
+
+/** Generates an Ed25519 key pair and writes it as PEM (private key mode 0600). */
+export async function writeNewKeyPair(privatePath: string, publicPath: string): Promise<void> {
+  const { privateKey, publicKey } = await generateKeyPair(ALG, { crv: 'Ed25519', extractable: true });
+  await writeFile(privatePath, await exportPKCS8(privateKey), { mode: 0o600, flag: 'wx' });
+  await writeFile(publicPath, await exportSPKI(publicKey), { mode: 0o644 });
+}
+
+/** Loads the PKCS#8 PEM private key that signs tokens. */
+export async function loadSigningKey(path: string): Promise<SigningKey> {
+  return importPKCS8(await readFile(path, 'utf8'), ALG);
+}
+
+/** Loads the SPKI PEM public key that verifies tokens. */
+export async function loadVerifyKey(path: string): Promise<VerifyKey> {
+  return importSPKI(await readFile(path, 'utf8'), ALG);
+}
+
+/** Signs a session token for `claims.sandboxId`/`sessionId`, valid `ttlSec` seconds. */
+export async function mintSessionToken(
+  key: SigningKey,
+  c: { sandboxId: string; sessionId: string; scopes: readonly SessionScope[]; ttlSec: number },
+): Promise<{ token: string; expiresAt: number }> {
+  const now = Math.floor(Date.now() / 1000);
+  const expiresAt = now + c.ttlSec;
+  const token = await new SignJWT({ sid: c.sessionId, scope: c.scopes.join(' ') })
+    .setProtectedHeader({ alg: ALG, typ: 'JWT' })
+    .setIssuer(ISSUER)
+    .setAudience(DATA_PLANE_AUDIENCE)
+    .setSubject(c.sandboxId)
+    .setIssuedAt(now)
+    .setExpirationTime(expiresAt)
+    .sign(key);
+  return { token, expiresAt };
+}
+
+function rethrow(err: unknown): never {
+  if (err instanceof joseErrors.JWTExpired) throw new SpaceError('TOKEN_EXPIRED', 'token has expired');
+  if (err instanceof joseErrors.JWTClaimValidationFailed) {
+    throw new SpaceError('TOKEN_SCOPE', `token claim "${err.claim}" does not match`);
+  }
+  throw new SpaceError('TOKEN_INVALID', 'token is malformed or its signature is invalid', undefined, { cause: err });
+}
+
+/**
+ * Verifies a session token offline and checks it is for `sandboxId` and carries `scope`.
+ * Throws TOKEN_INVALID, TOKEN_EXPIRED or TOKEN_SCOPE. The caller checks `sessionId` against the
+ * sandbox's current session.
+ */
+export async function verifySessionToken(
+  key: VerifyKey,
+  token: string,
+  expect: { sandboxId: string; scope: SessionScope },
+): Promise<SessionClaims> {
+  let payload: Awaited<ReturnType<typeof jwtVerify>>['payload'];
+  try {
+    ({ payload } = await jwtVerify(token, key, { issuer: ISSUER, audience: DATA_PLANE_AUDIENCE, algorithms: [ALG] }));
+  } catch (err) {
+    rethrow(err);
+  }
+  const scopes = typeof payload.scope === 'string' ? payload.scope.split(' ') : [];
+  if (payload.sub !== expect.sandboxId) throw new SpaceError('TOKEN_SCOPE', 'token is for another sandbox');
+  if (!scopes.includes(expect.scope)) throw new SpaceError('TOKEN_SCOPE', `token lacks scope "${expect.scope}"`);
+  if (typeof payload.sid !== 'string') throw new SpaceError('TOKEN_INVALID', 'token has no session');
+  return {
+    sandboxId: payload.sub,
+    sessionId: payload.sid,
+    scopes: scopes.filter((s): s is SessionScope => (SESSION_SCOPES as string[]).includes(s)),
+    expiresAt: payload.exp ?? 0,
+  };
+}
+
+/** Signs a short-lived token the API sends on calls to node `nodeId`'s internal routes. */
+export async function mintDispatchToken(key: SigningKey, nodeId: string): Promise<string> {
+  return new SignJWT({})
+    .setProtectedHeader({ alg: ALG, typ: 'JWT' })
+    .setIssuer(ISSUER)
+    .setAudience(AGENT_AUDIENCE)
+    .setSubject(nodeId)
+    .setIssuedAt()
+    .setExpirationTime(`${DISPATCH_TOKEN_TTL_SEC}s`)
+    .sign(key);
+}
+
+/** Verifies a dispatch token for this node. Throws UNAUTHENTICATED / TOKEN_EXPIRED / TOKEN_SCOPE. */
+export async function verifyDispatchToken(key: VerifyKey, token: string, nodeId: string): Promise<void> {
+  try {
+    await jwtVerify(token, key, { issuer: ISSUER, audience: AGENT_AUDIENCE, subject: nodeId, algorithms: [ALG] });
+  } catch (err) {
+    rethrow(err);
+  }
+}

@@ -1,0 +1,121 @@
+/**
+ * Shared data shapes of the control plane: the sandbox lifecycle as data, operations, nodes.
+ * Wire and Redis representations are built from these.
+ */
+
+/** Lifecycle states of a sandbox. */
+export const SANDBOX_STATES = ['creating', 'running', 'pausing', 'paused', 'resuming', 'killing', 'killed'] as const;
+export type SandboxState = (typeof SANDBOX_STATES)[number];
+
+/**
+ * Allowed transitions: `from → to[]`. Every state change goes through the Redis transition script
+ * with this table, so two racing writers can't both win.
+ */
+export const TRANSITIONS: Readonly<Record<SandboxState, readonly SandboxState[]>> = {
+  creating: ['running', 'killing', 'killed'],
+  running: ['pausing', 'killing'],
+  pausing: ['paused', 'running', 'killing'],
+  paused: ['resuming', 'killing'],
+  resuming: ['running', 'paused', 'killing'],
+  killing: ['killed'],
+  killed: [],
+};
+
+/** States from which `to` may be entered (inverse of {@link TRANSITIONS}). */
+export function statesLeadingTo(to: SandboxState): SandboxState[] {
+  return SANDBOX_STATES.filter((s) => TRANSITIONS[s].includes(to));
+}
+
+/** Why a sandbox ended. */
+export const KILL_REASONS = ['request', 'timeout', 'create_failed', 'node_lost', 'node_drained'] as const;
+export type KillReason = (typeof KILL_REASONS)[number];
+
+/** Human text for a kill reason (what the sandbox record says). */
+export function describeKillReason(reason: KillReason): string {
+  switch (reason) {
+    case 'request':
+      return 'deleted by request';
+    case 'timeout':
+      return 'lifetime (timeoutSec) reached';
+    case 'create_failed':
+      return 'creation failed';
+    case 'node_lost':
+      return 'its node stopped heartbeating';
+    case 'node_drained':
+      return 'its node was drained';
+    default: {
+      const never: never = reason;
+      return never;
+    }
+  }
+}
+
+/** The public sandbox record (API JSON). */
+export interface Sandbox {
+  id: string;
+  template: string;
+  state: SandboxState;
+  vcpus: number;
+  memoryMiB: number;
+  /** Lifetime from creation or the last timeout change, seconds. */
+  timeoutSec: number;
+  metadata: Record<string, string>;
+  /** Node holding it, once placed. */
+  nodeId: string | null;
+  /** Whether creation claimed a warm-pool slot. */
+  fromWarmPool: boolean;
+  /** Current session id (bound into session tokens). */
+  sessionId: string;
+  /** ISO 8601 times. */
+  createdAt: string;
+  updatedAt: string;
+  /** When the platform will kill it (ISO 8601). */
+  expiresAt: string;
+  endedAt: string | null;
+  killReason: KillReason | null;
+  /** Human explanation of the end (or of the failure), when ended. */
+  endMessage: string | null;
+}
+
+/** Kinds of asynchronous operations. */
+export const OPERATION_KINDS = ['sandbox.create', 'sandbox.delete'] as const;
+export type OperationKind = (typeof OPERATION_KINDS)[number];
+
+export const OPERATION_STATES = ['pending', 'running', 'succeeded', 'failed'] as const;
+export type OperationState = (typeof OPERATION_STATES)[number];
+
+/** An operation (API JSON). */
+export interface Operation {
+  id: string;
+  kind: OperationKind;
+  /** Id of the sandbox it acts on. */
+  target: string;
+  state: OperationState;
+  error: { code: string; message: string } | null;
+  createdAt: string;
+  updatedAt: string;
+}
+
+/** A node as it registers itself (Redis, API JSON). */
+export interface NodeInfo {
+  id: string;
+  /** Base URL of the agent: internal routes and the data plane. */
+  url: string;
+  driver: string;
+  version: string;
+  /** Capacity totals. */
+  vcpus: number;
+  memoryMiB: number;
+  maxSandboxes: number;
+  /** Currently reserved by placed sandboxes. */
+  usedVcpus: number;
+  usedMemoryMiB: number;
+  sandboxes: number;
+  /** Warm slots available per template. */
+  warm: Record<string, number>;
+  /** Whether the node accepts new sandboxes. */
+  schedulable: boolean;
+  /** ISO time of the last heartbeat. */
+  heartbeatAt: string;
+  alive: boolean;
+}

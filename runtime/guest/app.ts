@@ -1,0 +1,159 @@
+/**
+ * The guest daemon's HTTP server (node:http, no framework): routing of the protocol in
+ * core/guest-protocol.ts onto the process manager and the file API. Builds the server without
+ * listening; main.ts listens.
+ */
+
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { SpaceError } from '../core/errors.ts';
+import type { GuestHealth } from '../core/guest-protocol.ts';
+import { Files } from './files.ts';
+import { isObject, readJson, sendError, sendJson, sendNoContent } from './http.ts';
+import { log as defaultLog, type Logger } from './log.ts';
+import { ProcessManager } from './processes.ts';
+import type { Identity } from './users.ts';
+
+/** Protocol version reported by GET /health. */
+export const GUEST_VERSION = '1';
+
+export interface GuestConfig {
+  /** The unprivileged default user (commands run as it unless `user: 'root'`). */
+  user: Identity;
+  /** The root account. */
+  root: Identity;
+  /** Default cwd and base of relative file paths. */
+  home: string;
+  /** True when the daemon runs as root: it switches uid for processes and chowns new files. */
+  privileged: boolean;
+  log?: Logger;
+  /** How long a process record stays after its exit frame was delivered (default 60 s; tests). */
+  recordTtlMs?: number;
+}
+
+export interface GuestApp {
+  server: Server;
+  processes: ProcessManager;
+  /** Stops accepting requests, kills every process group and cuts open streams. */
+  close(): Promise<void>;
+}
+
+const PROCESS_ROUTE = /^\/processes\/(\d{1,10})(\/output|\/stdin|\/stdin\/close|\/signal)?$/;
+
+/** Builds the guest's HTTP server (not listening). */
+export function createGuestApp(config: GuestConfig): GuestApp {
+  const log = config.log ?? defaultLog;
+  const startedAt = performance.now();
+  const switchable = config.privileged && config.user.uid !== process.getuid?.();
+  const processes = new ProcessManager({
+    user: config.user,
+    root: config.root,
+    home: config.home,
+    canSwitchUser: config.privileged,
+    log,
+    ...(config.recordTtlMs !== undefined ? { deliveredTtlMs: config.recordTtlMs } : {}),
+  });
+  const files = new Files({
+    home: config.home,
+    owner: switchable ? { uid: config.user.uid, gid: config.user.gid } : null,
+    log,
+  });
+
+  async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const url = new URL(req.url ?? '/', 'http://guest');
+    const method = req.method ?? 'GET';
+    const path = url.pathname;
+    const query = url.searchParams;
+
+    if (path === '/health' && method === 'GET') {
+      const health: GuestHealth = {
+        ok: true,
+        version: GUEST_VERSION,
+        uptimeMs: Math.round(performance.now() - startedAt),
+      };
+      return sendJson(res, 200, health);
+    }
+    if (path === '/init' && method === 'POST') {
+      processes.init(await readJson(req));
+      return sendNoContent(res);
+    }
+    if (path === '/processes') {
+      if (method === 'POST') {
+        const p = await processes.start(await readJson(req));
+        return sendJson(res, 201, p.info());
+      }
+      if (method === 'GET') return sendJson(res, 200, { processes: processes.list() });
+    }
+    const m = PROCESS_ROUTE.exec(path);
+    if (m) {
+      const p = processes.get(Number(m[1]));
+      const sub = m[2];
+      if (sub === undefined && method === 'GET') return sendJson(res, 200, p.info());
+      if (sub === '/output' && method === 'GET') {
+        const raw = query.get('offset') ?? '0';
+        if (!/^\d{1,15}$/.test(raw))
+          throw new SpaceError('BAD_REQUEST', 'offset must be a non-negative integer');
+        const refusal = p.output.attach(res, Number(raw));
+        if (refusal) {
+          // A 409 with the window in `details`; errors.ts has no dedicated code for this yet.
+          const message =
+            `offset ${refusal.offset} is outside the replay window ` +
+            `[${refusal.windowStart}, ${refusal.windowEnd}] of process ${p.pid}`;
+          return sendJson(res, 409, {
+            error: { code: 'BAD_REQUEST', message, details: { ...refusal, pid: p.pid } },
+          });
+        }
+        return;
+      }
+      if (sub === '/stdin' && method === 'POST') {
+        await p.writeStdin(req);
+        return sendNoContent(res);
+      }
+      if (sub === '/stdin/close' && method === 'POST') {
+        await p.closeStdin();
+        return sendNoContent(res);
+      }
+      if (sub === '/signal' && method === 'POST') {
+        const body = await readJson(req);
+        if (!isObject(body) || typeof body.signal !== 'string') {
+          throw new SpaceError('BAD_REQUEST', 'signal must be a signal name such as "SIGTERM"');
+        }
+        p.signal(body.signal);
+        return sendNoContent(res);
+      }
+    }
+    if (path === '/files') {
+      if (method === 'GET') return files.read(res, query);
+      if (method === 'PUT') return files.write(req, res, query);
+    }
+    if (path === '/fs/stat' && method === 'GET') return sendJson(res, 200, await files.stat(query));
+    if (path === '/fs/list' && method === 'GET')
+      return sendJson(res, 200, { entries: await files.list(query) });
+    if (path === '/fs/mkdir' && method === 'POST')
+      return sendJson(res, 200, await files.mkdir(await readJson(req)));
+    if (path === '/fs' && method === 'DELETE') {
+      await files.remove(query);
+      return sendNoContent(res);
+    }
+    throw new SpaceError('NOT_FOUND', `no route ${method} ${path}`);
+  }
+
+  const server = createServer((req, res) => {
+    route(req, res).catch((err: unknown) => sendError(res, err, log));
+  });
+  // Uploads and output streams may last as long as they need: no request or idle timeout.
+  server.requestTimeout = 0;
+  server.timeout = 0;
+
+  let closing: Promise<void> | undefined;
+  function close(): Promise<void> {
+    closing ??= new Promise<void>((resolve) => {
+      server.close(() => resolve());
+      processes.shutdown();
+      server.closeIdleConnections();
+      setTimeout(() => server.closeAllConnections(), 500).unref();
+    });
+    return closing;
+  }
+
+  return { server, processes, close };
+}

@@ -1,0 +1,484 @@
+/**
+ * Processes the guest runs: spawn (user, cwd, env, shell, stdin, timeout), output framing with
+ * backpressure, stdin writes, signals to the process group, exit reporting and record retention.
+ *
+ * Every process is the leader of its own process group (`detached: true` → setsid), so signals,
+ * timeouts and shutdown reach the whole tree with `process.kill(-pid, sig)`. Orphans are reaped by
+ * PID 1 (tini) — nothing here relies on anything else.
+ */
+
+import { type ChildProcess, spawn } from 'node:child_process';
+import { stat } from 'node:fs/promises';
+import type { IncomingMessage } from 'node:http';
+import { constants as osConstants } from 'node:os';
+import { posix } from 'node:path';
+import type { Readable, Writable } from 'node:stream';
+import { SpaceError } from '../core/errors.ts';
+import type { ProcessExit, ProcessInfo, ProcessStartRequest } from '../core/guest-protocol.ts';
+import { isObject, parseEnv } from './http.ts';
+import { errorFields, type Logger } from './log.ts';
+import { OutputStream } from './output.ts';
+import type { Identity } from './users.ts';
+
+/**
+ * After the group leader exits, how long (ms, counted only while its pipes are being read) the guest
+ * waits for the pipes to close. Children that still hold them (`sh -c 'sleep 300 & echo hi'`) would
+ * otherwise keep the output stream open forever, so after this grace the rest of the group is
+ * SIGKILLed; if the pipes are still open another grace later (held by something that left the group),
+ * the guest closes its ends and ends the stream anyway.
+ */
+export const LEADER_EXIT_GRACE_MS = 100;
+/** How long a record stays after its exit frame was fully delivered. */
+export const DELIVERED_RECORD_TTL_MS = 60_000;
+/** How long a record of an exited process whose output nobody finished reading stays. */
+export const UNREAD_RECORD_TTL_MS = 30 * 60_000;
+/** PATH given to processes unless the sandbox or the process sets one (Debian's default). */
+export const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
+/** Largest timeoutMs honoured exactly (setTimeout's limit, ~24.8 days); larger values are clamped. */
+const MAX_TIMER_MS = 2_147_483_647;
+/** Ids given to processes that could not start: above the kernel's largest pid (2^22). */
+const FIRST_FAILED_ID = 4_194_304 + 1;
+
+export interface ProcessManagerOptions {
+  /** The unprivileged default user. */
+  user: Identity;
+  /** The root account (used when `user: 'root'`). */
+  root: Identity;
+  /** Default working directory (the user's home). */
+  home: string;
+  /** Whether the daemon may change uid/gid (it runs as root). */
+  canSwitchUser: boolean;
+  log: Logger;
+  /** Override of {@link DELIVERED_RECORD_TTL_MS} (tests). */
+  deliveredTtlMs?: number;
+}
+
+function processExited(message: string): SpaceError {
+  return new SpaceError('PROCESS_EXITED', message);
+}
+
+/** Validated form of a start request. */
+interface StartSpec {
+  cmd: string;
+  args: string[];
+  shell: boolean;
+  env: Record<string, string>;
+  cwd: string;
+  user: 'user' | 'root';
+  stdin: boolean;
+  timeoutMs: number;
+  tag: string | undefined;
+}
+
+function bad(message: string): SpaceError {
+  return new SpaceError('BAD_REQUEST', message);
+}
+
+function parseStart(body: unknown, home: string): StartSpec {
+  if (!isObject(body)) throw bad('body must be a json object');
+  const { cmd, args, shell, env, cwd, user, stdin, timeoutMs, tag } = body as {
+    [K in keyof ProcessStartRequest]?: unknown;
+  };
+  if (typeof cmd !== 'string' || cmd === '') throw bad('cmd must be a non-empty string');
+  if (cmd.includes('\0')) throw bad('cmd must not contain nul bytes');
+  if (args !== undefined && (!Array.isArray(args) || !args.every((a) => typeof a === 'string'))) {
+    throw bad('args must be an array of strings');
+  }
+  const argv = (args ?? []) as string[];
+  if (argv.some((a) => a.includes('\0'))) throw bad('args must not contain nul bytes');
+  if (shell !== undefined && typeof shell !== 'boolean') throw bad('shell must be a boolean');
+  if (cwd !== undefined && (typeof cwd !== 'string' || cwd === '' || cwd.includes('\0'))) {
+    throw bad('cwd must be a non-empty string without nul bytes');
+  }
+  if (user !== undefined && user !== 'user' && user !== 'root') throw bad('user must be "user" or "root"');
+  if (stdin !== undefined && typeof stdin !== 'boolean') throw bad('stdin must be a boolean');
+  if (
+    timeoutMs !== undefined &&
+    (typeof timeoutMs !== 'number' || !Number.isFinite(timeoutMs) || timeoutMs < 0)
+  ) {
+    throw bad('timeoutMs must be a non-negative number');
+  }
+  if (tag !== undefined && typeof tag !== 'string') throw bad('tag must be a string');
+  return {
+    cmd,
+    args: shell ? [] : argv,
+    shell: shell === true,
+    env: parseEnv(env, 'env'),
+    cwd: posix.resolve(home, (cwd as string | undefined) ?? '.'),
+    user: user ?? 'user',
+    stdin: stdin === true,
+    timeoutMs: Math.min(Math.floor((timeoutMs as number | undefined) ?? 0), MAX_TIMER_MS),
+    tag,
+  };
+}
+
+/** Exit code and message for a spawn failure, as a shell would report it. */
+function spawnFailure(cmd: string, code: string | undefined, what: 'cmd' | 'cwd'): [number, string] {
+  const exitCode = code === 'ENOENT' ? 127 : 126;
+  if (what === 'cwd') {
+    const why = code === 'ENOENT' ? 'no such directory' : code === 'ENOTDIR' ? 'not a directory' : code;
+    return [exitCode, `cannot use working directory ${cmd}: ${why}`];
+  }
+  if (code === 'ENOENT') return [exitCode, `${cmd}: command not found`];
+  if (code === 'EACCES') return [exitCode, `${cmd}: permission denied (or not an executable file)`];
+  if (code === 'EISDIR') return [exitCode, `${cmd}: is a directory`];
+  return [exitCode, `${cmd}: cannot execute (${code ?? 'unknown error'})`];
+}
+
+/** One process the guest runs or ran. */
+export class ManagedProcess {
+  readonly pid: number;
+  readonly tag: string | undefined;
+  readonly cmd: string;
+  readonly args: string[];
+  readonly startedAt: number;
+  readonly output: OutputStream;
+  exit: ProcessExit | undefined;
+  #child: ChildProcess | undefined;
+  #stdin: Writable | null = null;
+  #stdinClosed = true;
+  #stdinQueue: Promise<void> = Promise.resolve();
+  #pipes: Readable[] = [];
+  #openPipes = 0;
+  #leaderExit: { code: number | null; signal: string | null } | undefined;
+  #timedOut = false;
+  #timeoutTimer: NodeJS.Timeout | undefined;
+  #graceTimer: NodeJS.Timeout | undefined;
+  #graceStage = 0;
+  #retentionTimer: NodeJS.Timeout | undefined;
+  readonly #forget: (p: ManagedProcess) => void;
+
+  constructor(pid: number, spec: StartSpec, forget: (p: ManagedProcess) => void, deliveredTtlMs: number) {
+    this.pid = pid;
+    this.tag = spec.tag;
+    this.cmd = spec.cmd;
+    this.args = spec.args;
+    this.startedAt = Date.now();
+    this.#forget = forget;
+    this.output = new OutputStream({
+      onPause: () => this.#setReading(false),
+      onResume: () => this.#setReading(true),
+      onDelivered: () => this.#retain(deliveredTtlMs),
+    });
+  }
+
+  get running(): boolean {
+    return this.exit === undefined;
+  }
+
+  info(): ProcessInfo {
+    return {
+      pid: this.pid,
+      ...(this.tag !== undefined ? { tag: this.tag } : {}),
+      cmd: this.cmd,
+      args: this.args,
+      startedAt: this.startedAt,
+      running: this.running,
+      ...(this.exit ? { exit: this.exit } : {}),
+    };
+  }
+
+  /** Records a process that could not start: a stderr frame with the reason, then the exit frame. */
+  failed(exitCode: number, message: string): void {
+    this.exit = { exitCode, signal: null, timedOut: false, error: message };
+    this.#retain(UNREAD_RECORD_TTL_MS);
+    this.output.stderr(Buffer.from(message + '\n'));
+    this.output.finish(this.exit);
+  }
+
+  /** Takes over a spawned child. */
+  adopt(child: ChildProcess, timeoutMs: number): void {
+    this.#child = child;
+    if (child.stdin) {
+      this.#stdin = child.stdin;
+      this.#stdinClosed = false;
+      // EPIPE and friends when the child closes its stdin; writes see them through their callbacks.
+      child.stdin.on('error', () => {
+        this.#stdinClosed = true;
+      });
+    }
+    for (const [pipe, frame] of [
+      [child.stdout, 'stdout'],
+      [child.stderr, 'stderr'],
+    ] as const) {
+      if (!pipe) continue;
+      this.#pipes.push(pipe);
+      this.#openPipes++;
+      pipe.on('data', (data: Buffer) => {
+        if (frame === 'stdout') this.output.stdout(data);
+        else this.output.stderr(data);
+      });
+      pipe.on('error', () => {});
+      pipe.on('close', () => {
+        this.#openPipes--;
+        this.#settle();
+      });
+    }
+    child.on('exit', (code, signal) => {
+      this.#leaderExit = { code, signal };
+      if (this.#timeoutTimer) clearTimeout(this.#timeoutTimer);
+      this.exit = { exitCode: code, signal, timedOut: this.#timedOut };
+      this.#retain(UNREAD_RECORD_TTL_MS); // also bounds a record whose paused output nobody reads
+      this.#closeStdin();
+      this.#settle();
+    });
+    if (timeoutMs > 0) {
+      this.#timeoutTimer = setTimeout(() => {
+        this.#timedOut = true;
+        this.killGroup('SIGKILL');
+      }, timeoutMs);
+    }
+  }
+
+  /** Sends `signal` to the whole process group (no-op once it is gone). */
+  killGroup(signal: NodeJS.Signals): void {
+    try {
+      process.kill(-this.pid, signal);
+    } catch {
+      // ESRCH: the group is already gone.
+    }
+  }
+
+  /** Whether any member of the group may still be alive (leader running or pipes still open). */
+  get active(): boolean {
+    return this.#child !== undefined && (this.#leaderExit === undefined || this.#openPipes > 0);
+  }
+
+  signal(name: string): void {
+    if (!Object.hasOwn(osConstants.signals, name)) throw bad(`unknown signal ${JSON.stringify(name)}`);
+    if (!this.running) throw processExited('the process has exited');
+    this.killGroup(name as NodeJS.Signals);
+  }
+
+  /** Writes a request body to stdin with backpressure; resolves once it is flushed to the pipe. */
+  async writeStdin(req: IncomingMessage): Promise<void> {
+    const prev = this.#stdinQueue;
+    let release = () => {};
+    this.#stdinQueue = new Promise((resolve) => {
+      release = resolve;
+    });
+    await prev;
+    try {
+      await this.#writeBody(req);
+    } finally {
+      release();
+    }
+  }
+
+  async #writeBody(req: IncomingMessage): Promise<void> {
+    let failure: SpaceError | null = null;
+    let lastWrite: Promise<Error | null | undefined> = Promise.resolve(null);
+    for await (const chunk of req) {
+      if (failure) continue; // keep draining the body so the error answer can be sent
+      const stdin = this.#stdin;
+      if (!stdin || this.#stdinClosed || !this.running || stdin.destroyed) {
+        failure = processExited(
+          this.#stdin ? 'stdin is closed or the process has exited' : 'stdin is not open',
+        );
+        continue;
+      }
+      let ok = true;
+      lastWrite = new Promise((resolve) => {
+        ok = stdin.write(chunk as Buffer, resolve);
+      });
+      if (!ok) await waitDrain(stdin);
+    }
+    if (failure) throw failure;
+    const stdin = this.#stdin;
+    if (!stdin || this.#stdinClosed || stdin.destroyed) {
+      throw processExited(this.#stdin ? 'stdin is closed or the process has exited' : 'stdin is not open');
+    }
+    const err = await lastWrite;
+    if (err) throw processExited('the process closed its stdin');
+  }
+
+  /** Closes stdin (EOF for the child). Idempotent. */
+  async closeStdin(): Promise<void> {
+    const prev = this.#stdinQueue;
+    await prev;
+    this.#closeStdin();
+  }
+
+  #closeStdin(): void {
+    this.#stdinClosed = true;
+    const stdin = this.#stdin;
+    if (!stdin || stdin.destroyed || stdin.writableEnded) return;
+    if (this.running) stdin.end();
+    else stdin.destroy();
+  }
+
+  /** Kills the group, closes the pipes and cuts any consumer (shutdown, forgetting, pid reuse). */
+  dispose(kill = true): void {
+    if (kill && this.active) this.killGroup('SIGKILL');
+    for (const pipe of this.#pipes) pipe.destroy();
+    this.#stdin?.destroy();
+    if (this.#timeoutTimer) clearTimeout(this.#timeoutTimer);
+    if (this.#graceTimer) clearTimeout(this.#graceTimer);
+    if (this.#retentionTimer) clearTimeout(this.#retentionTimer);
+    this.output.dispose();
+  }
+
+  #setReading(on: boolean): void {
+    for (const pipe of this.#pipes) {
+      if (on) pipe.resume();
+      else pipe.pause();
+    }
+    if (on) this.#armGrace();
+    else if (this.#graceTimer) {
+      clearTimeout(this.#graceTimer);
+      this.#graceTimer = undefined;
+    }
+  }
+
+  /** Ends the stream once the leader exited and both pipes closed; else arms the grace timer. */
+  #settle(): void {
+    if (this.#leaderExit === undefined || this.output.finished) return;
+    if (this.#openPipes > 0) {
+      this.#armGrace();
+      return;
+    }
+    if (this.#graceTimer) clearTimeout(this.#graceTimer);
+    this.#graceTimer = undefined;
+    this.#retain(UNREAD_RECORD_TTL_MS);
+    this.output.finish(this.exit!);
+  }
+
+  /** See {@link LEADER_EXIT_GRACE_MS}. The timer only runs while the pipes are being read. */
+  #armGrace(): void {
+    if (this.#leaderExit === undefined || this.#openPipes === 0 || this.output.paused || this.#graceTimer)
+      return;
+    this.#graceTimer = setTimeout(() => {
+      this.#graceTimer = undefined;
+      if (this.#openPipes === 0) return;
+      if (this.#graceStage === 0) {
+        this.#graceStage = 1;
+        this.killGroup('SIGKILL');
+        this.#armGrace();
+      } else {
+        for (const pipe of this.#pipes) pipe.destroy();
+      }
+    }, LEADER_EXIT_GRACE_MS);
+  }
+
+  #retain(ms: number): void {
+    if (this.#retentionTimer) clearTimeout(this.#retentionTimer);
+    this.#retentionTimer = setTimeout(() => this.#forget(this), ms);
+    this.#retentionTimer.unref();
+  }
+}
+
+function waitDrain(stream: Writable): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      stream.off('drain', done);
+      stream.off('close', done);
+      stream.off('error', done);
+      resolve();
+    };
+    stream.on('drain', done);
+    stream.on('close', done);
+    stream.on('error', done);
+  });
+}
+
+/** All processes of the sandbox, keyed by pid. */
+export class ProcessManager {
+  readonly #opts: ProcessManagerOptions;
+  readonly #processes = new Map<number, ManagedProcess>();
+  #sandboxEnv: Record<string, string> = {};
+  #nextFailedId = FIRST_FAILED_ID;
+
+  constructor(opts: ProcessManagerOptions) {
+    this.#opts = opts;
+  }
+
+  get #deliveredTtl(): number {
+    return this.#opts.deliveredTtlMs ?? DELIVERED_RECORD_TTL_MS;
+  }
+
+  /** POST /init: sandbox-wide env defaults for later processes. */
+  init(body: unknown): void {
+    if (!isObject(body)) throw bad('body must be a json object');
+    this.#sandboxEnv = parseEnv(body.env, 'env');
+  }
+
+  get(pid: number): ManagedProcess {
+    const p = this.#processes.get(pid);
+    if (!p) throw new SpaceError('COMMAND_NOT_FOUND', `no process ${pid}`, { pid });
+    return p;
+  }
+
+  list(): ProcessInfo[] {
+    return [...this.#processes.values()].map((p) => p.info());
+  }
+
+  /** Starts a process (one that cannot start is still recorded, with its error). */
+  async start(body: unknown): Promise<ManagedProcess> {
+    const spec = parseStart(body, this.#opts.home);
+    const { log } = this.#opts;
+    const who = spec.user === 'root' ? this.#opts.root : this.#opts.user;
+    const env: Record<string, string> = {
+      PATH: DEFAULT_PATH,
+      HOME: who.home,
+      USER: who.name,
+      LOGNAME: who.name,
+      SHELL: who.shell,
+      ...this.#sandboxEnv,
+      ...spec.env,
+    };
+    const cwdError = await stat(spec.cwd).then(
+      (s) => (s.isDirectory() ? undefined : 'ENOTDIR'),
+      (err: NodeJS.ErrnoException) => err.code ?? 'EACCES',
+    );
+    if (cwdError) return this.#failed(spec, ...spawnFailure(spec.cwd, cwdError, 'cwd'));
+
+    const file = spec.shell ? '/bin/sh' : spec.cmd;
+    const argv = spec.shell ? ['-c', spec.cmd] : spec.args;
+    const ids = this.#opts.canSwitchUser ? { uid: who.uid, gid: who.gid } : {};
+    let child: ChildProcess;
+    try {
+      child = spawn(file, argv, {
+        cwd: spec.cwd,
+        env,
+        ...ids,
+        detached: true,
+        stdio: [spec.stdin ? 'pipe' : 'ignore', 'pipe', 'pipe'],
+      });
+    } catch (err) {
+      return this.#failed(spec, ...spawnFailure(spec.cmd, (err as NodeJS.ErrnoException).code, 'cmd'));
+    }
+    if (child.pid === undefined) {
+      const err = await new Promise<NodeJS.ErrnoException>((resolve) => child.once('error', resolve));
+      return this.#failed(spec, ...spawnFailure(spec.cmd, err.code, 'cmd'));
+    }
+    child.on('error', (err) => log('warn', 'child error', { pid: child.pid, ...errorFields(err) }));
+    const pid = child.pid;
+    // An old record whose pid the kernel reused: its group is gone, so only drop it (never signal -pid).
+    this.#processes.get(pid)?.dispose(false);
+    const p = new ManagedProcess(pid, spec, (gone) => this.#drop(gone), this.#deliveredTtl);
+    this.#processes.set(pid, p);
+    p.adopt(child, spec.timeoutMs);
+    log('info', 'process started', { pid, cmd: spec.cmd, user: who.name, tag: spec.tag });
+    child.on('exit', (code, signal) => log('info', 'process exited', { pid, code, signal }));
+    return p;
+  }
+
+  /** Kills every process group and cuts every consumer. */
+  shutdown(): void {
+    for (const p of this.#processes.values()) p.dispose();
+  }
+
+  #failed(spec: StartSpec, exitCode: number, message: string): ManagedProcess {
+    const id = this.#nextFailedId++;
+    const p = new ManagedProcess(id, spec, (gone) => this.#drop(gone), this.#deliveredTtl);
+    this.#processes.set(id, p);
+    p.failed(exitCode, message);
+    this.#opts.log('info', 'process failed to start', { pid: id, cmd: spec.cmd, exitCode, message });
+    return p;
+  }
+
+  #drop(p: ManagedProcess): void {
+    if (this.#processes.get(p.pid) === p) this.#processes.delete(p.pid);
+    p.dispose();
+  }
+}

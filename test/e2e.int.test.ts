@@ -1,0 +1,43 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { request } from 'undici';
+import { type Stack, startStack } from './stack.ts';
+
+describe('create → exec → stream → files → delete', () => {
+  let s: Stack;
+  beforeAll(async () => {
+    s = await startStack();
+  });
+  afterAll(async () => {
+    await s?.stop();
+  });
+
+  it('runs a command and reports its output and exit code', async () => {
+    const id = await s.createSandbox({ metadata: { suite: 'e2e' }, env: { GREETING: 'hi' } });
+    const got = await s.call<{ state: string; nodeId: string }>('GET', `/v1/sandboxes/${id}`);
+    expect(got.body.state).toBe('running');
+    expect(got.body.nodeId).toBe('test-node');
+
+    const r = await s.exec(id, { cmd: 'sh', args: ['-c', 'echo hello; echo "$GREETING" >&2; exit 3'] });
+    expect(r.stdout.toString()).toBe('hello\n');
+    expect(r.stderr.toString()).toBe('hi\n');
+    expect(r.exit).toMatchObject({ exitCode: 3, signal: null, timedOut: false });
+
+    const { url, token } = await s.token(id, ['files']);
+    const put = await request(`${url}/files?path=${encodeURIComponent('/home/user/data.bin')}`, {
+      method: 'PUT',
+      headers: { authorization: `Bearer ${token}`, 'content-type': 'application/octet-stream' },
+      body: Buffer.from('0123456789'),
+    });
+    expect(put.statusCode).toBe(200);
+    await put.body.dump();
+    const cat = await s.exec(id, { cmd: 'cat', args: ['/home/user/data.bin'] });
+    expect(cat.stdout.toString()).toBe('0123456789');
+
+    const del = await s.call<{ operation: { id: string } }>('DELETE', `/v1/sandboxes/${id}`);
+    expect(del.status).toBe(202);
+    const op = await s.call<{ state: string }>('GET', `/v1/operations/${del.body.operation.id}?waitMs=30000`);
+    expect(op.body.state).toBe('succeeded');
+    const after = await s.call<{ state: string; killReason: string }>('GET', `/v1/sandboxes/${id}`);
+    expect(after.body).toMatchObject({ state: 'killed', killReason: 'request' });
+  });
+});

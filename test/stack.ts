@@ -1,0 +1,175 @@
+/**
+ * A whole single-node SPACE in the test process: real Redis (from global setup), the API and a
+ * node agent with the real gVisor driver, network namespaces and nftables. Used by the int tests.
+ */
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createParser } from 'eventsource-parser';
+import { Redis } from 'ioredis';
+import { request } from 'undici';
+import { inject } from 'vitest';
+import { loadAgentConfig } from '../runtime/agent/config.ts';
+import { type RunningAgent, startAgent } from '../runtime/agent/service.ts';
+import { buildTemplate } from '../runtime/agent/templates.ts';
+import { loadApiConfig } from '../runtime/api/config.ts';
+import { type RunningApi, startApi } from '../runtime/api/service.ts';
+import { writeNewKeyPair } from '../runtime/core/tokens.ts';
+
+/** Template cache shared by test runs (a build takes about a minute; reruns reuse it). */
+export const TEST_CACHE_DIR = process.env.SPACE_TEST_CACHE_DIR ?? '/var/lib/space';
+
+export interface Stack {
+  apiUrl: string;
+  apiKey: string;
+  api: RunningApi;
+  agent: RunningAgent;
+  redis: Redis;
+  dir: string;
+  /** Calls the API; returns status and parsed JSON. */
+  call<T = Record<string, unknown>>(method: string, path: string, body?: unknown, headers?: Record<string, string>): Promise<{ status: number; body: T }>;
+  /** Creates a sandbox and waits until it runs; returns its id. */
+  createSandbox(body?: Record<string, unknown>): Promise<string>;
+  /** Runs a command to completion via the data plane. */
+  exec(id: string, body: Record<string, unknown>): Promise<ExecResult>;
+  /** Session token + data-plane base URL for a sandbox. */
+  token(id: string, scopes?: string[]): Promise<{ url: string; token: string }>;
+  stop(): Promise<void>;
+}
+
+export interface ExecResult {
+  commandId: string;
+  stdout: Buffer;
+  stderr: Buffer;
+  exit: { exitCode: number | null; signal: string | null; timedOut: boolean; error?: string };
+  events: number;
+}
+
+/** Reads an SSE stream to its end; returns the events (name, id, data). */
+export async function readEvents(
+  url: string,
+  token: string,
+  opts: { lastEventId?: string; stopAfter?: number; signal?: AbortSignal } = {},
+): Promise<{ event: string; id: string; data: string }[]> {
+  const res = await request(url, {
+    headers: { authorization: `Bearer ${token}`, ...(opts.lastEventId ? { 'last-event-id': opts.lastEventId } : {}) },
+    signal: opts.signal,
+  });
+  if (res.statusCode !== 200) throw new Error(`events: HTTP ${res.statusCode} ${await res.body.text()}`);
+  const events: { event: string; id: string; data: string }[] = [];
+  const parser = createParser({
+    onEvent: (e) => events.push({ event: e.event ?? 'message', id: e.id ?? '', data: e.data }),
+  });
+  const decoder = new TextDecoder();
+  for await (const chunk of res.body) {
+    parser.feed(decoder.decode(chunk as Buffer, { stream: true }));
+    if (opts.stopAfter !== undefined && events.length >= opts.stopAfter) {
+      res.body.destroy();
+      break;
+    }
+  }
+  return events;
+}
+
+/** Folds SSE events into stdout/stderr bytes and the exit. */
+export function collect(events: { event: string; data: string }[]): Omit<ExecResult, 'commandId'> {
+  const out: Buffer[] = [];
+  const err: Buffer[] = [];
+  let exit: ExecResult['exit'] | null = null;
+  for (const e of events) {
+    if (e.event === 'stdout') out.push(Buffer.from((JSON.parse(e.data) as { data: string }).data, 'base64'));
+    else if (e.event === 'stderr') err.push(Buffer.from((JSON.parse(e.data) as { data: string }).data, 'base64'));
+    else if (e.event === 'exit') exit = JSON.parse(e.data) as ExecResult['exit'];
+  }
+  if (!exit) throw new Error('stream ended without an exit event');
+  return { stdout: Buffer.concat(out), stderr: Buffer.concat(err), exit, events: events.length };
+}
+
+/** Starts the stack. `env` overrides agent/API settings (e.g. SPACE_WARM_POOL_SIZE). */
+export async function startStack(env: Record<string, string> = {}): Promise<Stack> {
+  await buildTemplate('base', { cacheDir: TEST_CACHE_DIR });
+  const dir = await mkdtemp(join(tmpdir(), 'space-stack-'));
+  const redisUrl = inject('redisUrl');
+  const redis = new Redis(redisUrl);
+  await redis.flushall();
+  await writeNewKeyPair(join(dir, 'key.pem'), join(dir, 'key.pub.pem'));
+  const base = {
+    SPACE_REDIS_URL: redisUrl,
+    SPACE_LOG_LEVEL: process.env.SPACE_TEST_LOG_LEVEL ?? 'silent',
+    SPACE_SIGNING_KEY_FILE: join(dir, 'key.pem'),
+    SPACE_VERIFY_KEY_FILE: join(dir, 'key.pub.pem'),
+    SPACE_API_PORT: '0',
+    SPACE_AGENT_PORT: '0',
+    SPACE_NODE_ID: 'test-node',
+    SPACE_AGENT_STATE_DIR: join(dir, 'agent'),
+    SPACE_CACHE_DIR: TEST_CACHE_DIR,
+    SPACE_NETWORK_POOL: '10.78.0.0/16',
+    SPACE_AGENT_ON_SHUTDOWN: 'destroy',
+    SPACE_WARM_POOL_SIZE: '0',
+    SPACE_HEARTBEAT_INTERVAL_MS: '1000',
+    ...env,
+  };
+  const agent = await startAgent(loadAgentConfig(base));
+  const api = await startApi(loadApiConfig(base), { bootstrapKeyFile: join(dir, 'api-key') });
+  const { readFile } = await import('node:fs/promises');
+  const apiKey = (await readFile(join(dir, 'api-key'), 'utf8')).trim();
+
+  const call: Stack['call'] = async (method, path, body, headers = {}) => {
+    const res = await request(new URL(path, api.url), {
+      method: method as 'GET',
+      headers: {
+        authorization: `Bearer ${apiKey}`,
+        ...(body === undefined ? {} : { 'content-type': 'application/json' }),
+        ...headers,
+      },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const text = await res.body.text();
+    return { status: res.statusCode, body: (text ? JSON.parse(text) : {}) as never };
+  };
+
+  const stack: Stack = {
+    apiUrl: api.url,
+    apiKey,
+    api,
+    agent,
+    redis,
+    dir,
+    call,
+    async createSandbox(body = {}) {
+      const res = await call<{ sandbox: { id: string }; operation: { id: string } }>('POST', '/v1/sandboxes', {
+        template: 'base',
+        ...body,
+      });
+      if (res.status !== 202) throw new Error(`create: ${res.status} ${JSON.stringify(res.body)}`);
+      for (let i = 0; i < 120; i++) {
+        const op = await call<{ state: string; error: unknown }>('GET', `/v1/operations/${res.body.operation.id}?waitMs=5000`);
+        if (op.body.state === 'succeeded') return res.body.sandbox.id;
+        if (op.body.state === 'failed') throw new Error(`create failed: ${JSON.stringify(op.body.error)}`);
+      }
+      throw new Error('create did not finish');
+    },
+    async exec(id, body) {
+      const res = await call<{ command: { id: string }; stream: { url: string; token: string } }>(
+        'POST',
+        `/v1/sandboxes/${id}/commands`,
+        body,
+      );
+      if (res.status !== 201) throw new Error(`exec: ${res.status} ${JSON.stringify(res.body)}`);
+      const events = await readEvents(res.body.stream.url, res.body.stream.token);
+      return { commandId: res.body.command.id, ...collect(events) };
+    },
+    async token(id, scopes = ['commands', 'files']) {
+      const res = await call<{ url: string; token: string }>('POST', `/v1/sandboxes/${id}/tokens`, { scopes });
+      if (res.status !== 201) throw new Error(`token: ${res.status} ${JSON.stringify(res.body)}`);
+      return res.body;
+    },
+    async stop() {
+      await agent.close();
+      await api.close();
+      redis.disconnect();
+      await rm(dir, { recursive: true, force: true });
+    },
+  };
+  return stack;
+}
