@@ -10,7 +10,11 @@ export default defineConfig({
     projects: [
       {
         extends: true,
-        test: { name: 'unit', include: ['runtime/**/*.test.ts', 'benchmarks/**/*.test.ts'], exclude: ['**/*.int.test.ts', 'node_modules/**'] },
+        test: {
+          name: 'unit',
+          include: ['runtime/**/*.test.ts', 'benchmarks/**/*.test.ts'],
+          exclude: ['**/*.int.test.ts', 'node_modules/**'],
+        },
       },
       {
         extends: true,

@@ -1,5 +1,5 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { request } from 'undici';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type Stack, startStack } from './stack.ts';
 
 describe('create → exec → stream → files → delete', () => {

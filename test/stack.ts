@@ -27,7 +27,12 @@ export interface Stack {
   redis: Redis;
   dir: string;
   /** Calls the API; returns status and parsed JSON. */
-  call<T = Record<string, unknown>>(method: string, path: string, body?: unknown, headers?: Record<string, string>): Promise<{ status: number; body: T }>;
+  call<T = Record<string, unknown>>(
+    method: string,
+    path: string,
+    body?: unknown,
+    headers?: Record<string, string>,
+  ): Promise<{ status: number; body: T }>;
   /** Creates a sandbox and waits until it runs; returns its id. */
   createSandbox(body?: Record<string, unknown>): Promise<string>;
   /** Runs a command to completion via the data plane. */
@@ -52,7 +57,10 @@ export async function readEvents(
   opts: { lastEventId?: string; stopAfter?: number; signal?: AbortSignal } = {},
 ): Promise<{ event: string; id: string; data: string }[]> {
   const res = await request(url, {
-    headers: { authorization: `Bearer ${token}`, ...(opts.lastEventId ? { 'last-event-id': opts.lastEventId } : {}) },
+    headers: {
+      authorization: `Bearer ${token}`,
+      ...(opts.lastEventId ? { 'last-event-id': opts.lastEventId } : {}),
+    },
     signal: opts.signal,
   });
   if (res.statusCode !== 200) throw new Error(`events: HTTP ${res.statusCode} ${await res.body.text()}`);
@@ -78,7 +86,8 @@ export function collect(events: { event: string; data: string }[]): Omit<ExecRes
   let exit: ExecResult['exit'] | null = null;
   for (const e of events) {
     if (e.event === 'stdout') out.push(Buffer.from((JSON.parse(e.data) as { data: string }).data, 'base64'));
-    else if (e.event === 'stderr') err.push(Buffer.from((JSON.parse(e.data) as { data: string }).data, 'base64'));
+    else if (e.event === 'stderr')
+      err.push(Buffer.from((JSON.parse(e.data) as { data: string }).data, 'base64'));
     else if (e.event === 'exit') exit = JSON.parse(e.data) as ExecResult['exit'];
   }
   if (!exit) throw new Error('stream ended without an exit event');
@@ -137,13 +146,20 @@ export async function startStack(env: Record<string, string> = {}): Promise<Stac
     dir,
     call,
     async createSandbox(body = {}) {
-      const res = await call<{ sandbox: { id: string }; operation: { id: string } }>('POST', '/v1/sandboxes', {
-        template: 'base',
-        ...body,
-      });
+      const res = await call<{ sandbox: { id: string }; operation: { id: string } }>(
+        'POST',
+        '/v1/sandboxes',
+        {
+          template: 'base',
+          ...body,
+        },
+      );
       if (res.status !== 202) throw new Error(`create: ${res.status} ${JSON.stringify(res.body)}`);
       for (let i = 0; i < 120; i++) {
-        const op = await call<{ state: string; error: unknown }>('GET', `/v1/operations/${res.body.operation.id}?waitMs=5000`);
+        const op = await call<{ state: string; error: unknown }>(
+          'GET',
+          `/v1/operations/${res.body.operation.id}?waitMs=5000`,
+        );
         if (op.body.state === 'succeeded') return res.body.sandbox.id;
         if (op.body.state === 'failed') throw new Error(`create failed: ${JSON.stringify(op.body.error)}`);
       }
@@ -160,7 +176,9 @@ export async function startStack(env: Record<string, string> = {}): Promise<Stac
       return { commandId: res.body.command.id, ...collect(events) };
     },
     async token(id, scopes = ['commands', 'files']) {
-      const res = await call<{ url: string; token: string }>('POST', `/v1/sandboxes/${id}/tokens`, { scopes });
+      const res = await call<{ url: string; token: string }>('POST', `/v1/sandboxes/${id}/tokens`, {
+        scopes,
+      });
       if (res.status !== 201) throw new Error(`token: ${res.status} ${JSON.stringify(res.body)}`);
       return res.body;
     },

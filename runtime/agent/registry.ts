@@ -62,7 +62,8 @@ export class NodeRegistry {
       .hsetnx(nk, 'sandboxes', '0')
       .del(keys.nodeWarm(r.id));
     const warm = Object.entries(s.warm);
-    if (warm.length > 0) m.hset(keys.nodeWarm(r.id), Object.fromEntries(warm.map(([t, n]) => [t, String(n)])));
+    if (warm.length > 0)
+      m.hset(keys.nodeWarm(r.id), Object.fromEntries(warm.map(([t, n]) => [t, String(n)])));
     m.set(keys.nodeAlive(r.id), '1', 'PX', NODE_ALIVE_TTL_MS);
     await m.exec();
   }

@@ -51,7 +51,10 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   });
   await driver.preflight();
   const netLog = log.child({ component: 'network' });
-  const networks = new SandboxNetworks({ pool: config.networkPool, log: (msg, f) => netLog.info(f ?? {}, msg) });
+  const networks = new SandboxNetworks({
+    pool: config.networkPool,
+    log: (msg, f) => netLog.info(f ?? {}, msg),
+  });
   await networks.ensureFirewall();
   await networks.adopt();
 

@@ -42,13 +42,21 @@ export class AgentClient {
     this.#timeoutMs = timeoutMs;
   }
 
-  async #call<T>(node: Pick<NodeInfo, 'id' | 'url'>, method: 'GET' | 'POST' | 'DELETE', path: string, body?: unknown) {
+  async #call<T>(
+    node: Pick<NodeInfo, 'id' | 'url'>,
+    method: 'GET' | 'POST' | 'DELETE',
+    path: string,
+    body?: unknown,
+  ) {
     const token = await mintDispatchToken(this.#key, node.id);
     let res: Awaited<ReturnType<typeof request>>;
     try {
       res = await request(new URL(path, node.url), {
         method,
-        headers: { authorization: `Bearer ${token}`, ...(body ? { 'content-type': 'application/json' } : {}) },
+        headers: {
+          authorization: `Bearer ${token}`,
+          ...(body ? { 'content-type': 'application/json' } : {}),
+        },
         body: body ? JSON.stringify(body) : undefined,
         headersTimeout: this.#timeoutMs,
         bodyTimeout: this.#timeoutMs,
@@ -66,7 +74,12 @@ export class AgentClient {
 
   /** Creates (or returns the existing) instance for a sandbox; idempotent per sandbox id. */
   createSandbox(node: NodeInfo, req: AgentCreateRequest) {
-    return this.#call<{ instanceId: string; fromWarmPool: boolean }>(node, 'POST', '/internal/v1/sandboxes', req);
+    return this.#call<{ instanceId: string; fromWarmPool: boolean }>(
+      node,
+      'POST',
+      '/internal/v1/sandboxes',
+      req,
+    );
   }
 
   /** Destroys a sandbox and remembers its id so a late create is refused; idempotent. */

@@ -19,7 +19,7 @@ import { type ApiMetrics, createApiMetrics } from './metrics.ts';
 import { NodeStore, readyTemplates } from './node-store.ts';
 import { OperationStore, OperationWaiter, OperationWorker } from './operations.ts';
 import { Reaper } from './reaper.ts';
-import { withScripts, type ScriptedRedis } from './redis-scripts.ts';
+import { type ScriptedRedis, withScripts } from './redis-scripts.ts';
 import { commandRoutes } from './routes/commands.ts';
 import { nodeRoutes } from './routes/nodes.ts';
 import { operationRoutes } from './routes/operations.ts';
@@ -97,7 +97,11 @@ export async function buildApp(deps: ApiDeps): Promise<FastifyInstance> {
   installErrorHandlers(app);
   await app.register(swagger, {
     openapi: {
-      info: { title: 'SPACE API', version: 'v1', description: 'Control plane of the SPACE sandbox platform.' },
+      info: {
+        title: 'SPACE API',
+        version: 'v1',
+        description: 'Control plane of the SPACE sandbox platform.',
+      },
       components: { securitySchemes: { apiKey: { type: 'http', scheme: 'bearer' } } },
       security: [{ apiKey: [] }],
     },
@@ -143,11 +147,20 @@ export function createApiRuntime(deps: ApiDeps, workerConnection: Redis) {
   const worker = new OperationWorker({
     connection: workerConnection,
     store: deps.operations,
-    handlers: lifecycleHandlers({ sandboxes: deps.sandboxes, nodes: deps.nodes, agents: deps.agents, log: deps.log }),
+    handlers: lifecycleHandlers({
+      sandboxes: deps.sandboxes,
+      nodes: deps.nodes,
+      agents: deps.agents,
+      log: deps.log,
+    }),
     log: deps.log.child({ component: 'worker' }),
     concurrency: deps.config.workerConcurrency,
   });
-  const reaper = new Reaper(deps.sandboxes, deps.log.child({ component: 'reaper' }), deps.config.reaperIntervalMs);
+  const reaper = new Reaper(
+    deps.sandboxes,
+    deps.log.child({ component: 'reaper' }),
+    deps.config.reaperIntervalMs,
+  );
   return {
     async start() {
       await worker.start();

@@ -19,13 +19,49 @@ export const apiSettings = {
     ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'],
     'info',
   ),
-  bodyLimitBytes: setting.int('SPACE_API_BODY_LIMIT_BYTES', 'Largest accepted JSON body, bytes (1 MiB).', 1_048_576, 1024),
-  defaultTimeoutSec: setting.int('SPACE_DEFAULT_TIMEOUT_SEC', 'Sandbox lifetime when a create names none, s.', 300, 1),
-  maxTimeoutSec: setting.int('SPACE_MAX_TIMEOUT_SEC', 'Longest sandbox lifetime a client may ask for, s (24 h).', 86_400, 1),
-  sessionTokenTtlSec: setting.int('SPACE_SESSION_TOKEN_TTL_SEC', 'Lifetime of minted session tokens, s.', 3600, 10),
-  workerConcurrency: setting.int('SPACE_WORKER_CONCURRENCY', 'Operations one API process runs at once.', 32, 1, 1024),
-  dispatchTimeoutMs: setting.int('SPACE_DISPATCH_TIMEOUT_MS', 'Timeout of one call to a node agent, ms.', 60_000, 100),
-  reaperIntervalMs: setting.int('SPACE_REAPER_INTERVAL_MS', 'How often expired sandboxes are collected, ms.', 500, 50),
+  bodyLimitBytes: setting.int(
+    'SPACE_API_BODY_LIMIT_BYTES',
+    'Largest accepted JSON body, bytes (1 MiB).',
+    1_048_576,
+    1024,
+  ),
+  defaultTimeoutSec: setting.int(
+    'SPACE_DEFAULT_TIMEOUT_SEC',
+    'Sandbox lifetime when a create names none, s.',
+    300,
+    1,
+  ),
+  maxTimeoutSec: setting.int(
+    'SPACE_MAX_TIMEOUT_SEC',
+    'Longest sandbox lifetime a client may ask for, s (24 h).',
+    86_400,
+    1,
+  ),
+  sessionTokenTtlSec: setting.int(
+    'SPACE_SESSION_TOKEN_TTL_SEC',
+    'Lifetime of minted session tokens, s.',
+    3600,
+    10,
+  ),
+  workerConcurrency: setting.int(
+    'SPACE_WORKER_CONCURRENCY',
+    'Operations one API process runs at once.',
+    32,
+    1,
+    1024,
+  ),
+  dispatchTimeoutMs: setting.int(
+    'SPACE_DISPATCH_TIMEOUT_MS',
+    'Timeout of one call to a node agent, ms.',
+    60_000,
+    100,
+  ),
+  reaperIntervalMs: setting.int(
+    'SPACE_REAPER_INTERVAL_MS',
+    'How often expired sandboxes are collected, ms.',
+    500,
+    50,
+  ),
 };
 
 export type ApiConfig = ConfigOf<typeof apiSettings>;

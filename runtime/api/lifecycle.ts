@@ -7,10 +7,10 @@
 import type { Logger } from 'pino';
 import { SpaceError } from '../core/errors.ts';
 import { F } from '../core/log-fields.ts';
-import { type KillReason, KILL_REASONS } from '../core/types.ts';
+import type { OperationKind } from '../core/types.ts';
+import { KILL_REASONS, type KillReason } from '../core/types.ts';
 import type { AgentClient } from './agent-client.ts';
 import type { NodeStore } from './node-store.ts';
-import type { OperationKind } from '../core/types.ts';
 import type { OperationHandler, OperationRecord } from './operations.ts';
 import type { SandboxStore } from './sandbox-store.ts';
 
@@ -41,7 +41,9 @@ async function create(d: LifecycleDeps, op: OperationRecord): Promise<void> {
   if (!rec) throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox ${id} vanished`);
   if (rec.state !== 'creating') {
     if (rec.state === 'running') return; // a previous run of this operation finished the work
-    throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${rec.state}; creation abandoned`, { sandboxId: id });
+    throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${rec.state}; creation abandoned`, {
+      sandboxId: id,
+    });
   }
   const placed = await d.sandboxes.place(rec);
   if (placed.nodeId === null) {
@@ -70,11 +72,14 @@ async function create(d: LifecycleDeps, op: OperationRecord): Promise<void> {
       // deleted while we were creating: the delete operation owns the teardown, but the agent
       // may have finished after it; destroy again (idempotent) so nothing is left behind
       await d.agents.deleteSandbox(node, id).catch(() => {});
-      throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} was deleted while being created`, { sandboxId: id });
+      throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} was deleted while being created`, {
+        sandboxId: id,
+      });
     }
     log.info({ [F.nodeId]: node.id, fromWarmPool: out.fromWarmPool }, 'sandbox running');
   } catch (err) {
-    const e = err instanceof SpaceError ? err : new SpaceError('INTERNAL', 'create failed', {}, { cause: err });
+    const e =
+      err instanceof SpaceError ? err : new SpaceError('INTERNAL', 'create failed', {}, { cause: err });
     if ((await d.sandboxes.get(id))?.state === 'creating') {
       await d.sandboxes.markKilling(id, 'create_failed');
       await teardown(d, id, 'create_failed', `creation failed: ${e.message}`).catch((cleanupErr) =>

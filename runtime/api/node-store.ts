@@ -44,7 +44,7 @@ export class NodeStore {
   /** The node's agent URL; NODE_UNAVAILABLE when it is unknown or not heartbeating. */
   async requireAlive(id: string): Promise<NodeInfo> {
     const node = await this.get(id);
-    if (!node || !node.alive) throw new SpaceError('NODE_UNAVAILABLE', `node ${id} is not available`, { nodeId: id });
+    if (!node?.alive) throw new SpaceError('NODE_UNAVAILABLE', `node ${id} is not available`, { nodeId: id });
     return node;
   }
 }

@@ -54,7 +54,11 @@ export class OperationStore {
   }
 
   /** Writes a pending operation and queues it, atomically. */
-  async enqueue(kind: OperationKind, target: string, args: Record<string, string> = {}): Promise<OperationRecord> {
+  async enqueue(
+    kind: OperationKind,
+    target: string,
+    args: Record<string, string> = {},
+  ): Promise<OperationRecord> {
     const id = newId('op');
     const now = String(Date.now());
     await this.redis
@@ -239,10 +243,15 @@ export class OperationWorker {
         try {
           await this.#handlers[op.kind](op);
           await this.#store.setState(op.id, 'succeeded');
-          log.info({ kind: op.kind, [F.sandboxId]: op.target, [F.durationMs]: Date.now() - started }, 'operation succeeded');
+          log.info(
+            { kind: op.kind, [F.sandboxId]: op.target, [F.durationMs]: Date.now() - started },
+            'operation succeeded',
+          );
         } catch (err) {
           const e =
-            err instanceof SpaceError ? err : new SpaceError('INTERNAL', 'operation failed unexpectedly', {}, { cause: err });
+            err instanceof SpaceError
+              ? err
+              : new SpaceError('INTERNAL', 'operation failed unexpectedly', {}, { cause: err });
           if (!(err instanceof SpaceError)) log.error({ err }, 'operation crashed');
           await this.#store.setState(op.id, 'failed', e);
           log.info({ kind: op.kind, code: e.code, msg: e.message }, 'operation failed');

@@ -18,7 +18,13 @@ export interface SpaceScripts {
     memoryMiB: string,
   ): Promise<[string, number | string]>;
   spaceRelease(sandboxKey: string, prefix: string): Promise<number>;
-  spaceExpire(deadlinesKey: string, queueKey: string, prefix: string, now: string, limit: string): Promise<string[]>;
+  spaceExpire(
+    deadlinesKey: string,
+    queueKey: string,
+    prefix: string,
+    now: string,
+    limit: string,
+  ): Promise<string[]>;
   spaceExtend(
     sandboxKey: string,
     deadlinesKey: string,

@@ -33,7 +33,8 @@ export interface NewSandbox {
   sessionId: string;
 }
 
-const iso = (ms: string | number | undefined) => (ms === undefined || ms === '' ? null : new Date(Number(ms)).toISOString());
+const iso = (ms: string | number | undefined) =>
+  ms === undefined || ms === '' ? null : new Date(Number(ms)).toISOString();
 
 function fromHash(h: Record<string, string>): SandboxRecord | null {
   if (!h.id) return null;
@@ -126,7 +127,15 @@ export class SandboxStore {
     const batch = Math.max(opts.limit * 2, 50);
     let offset = 0;
     for (;;) {
-      const page = await this.redis.zrevrangebyscore(keys.sandboxIndex(), max, '-inf', 'WITHSCORES', 'LIMIT', offset, batch);
+      const page = await this.redis.zrevrangebyscore(
+        keys.sandboxIndex(),
+        max,
+        '-inf',
+        'WITHSCORES',
+        'LIMIT',
+        offset,
+        batch,
+      );
       if (page.length === 0) return { sandboxes: out, nextCursor: null };
       offset += page.length / 2;
       let pastCursor = skipId === null;
@@ -147,7 +156,8 @@ export class SandboxStore {
           continue;
         }
         if (opts.state && !opts.state.includes(rec.state)) continue;
-        if (opts.metadata && !Object.entries(opts.metadata).every(([k, v]) => rec.metadata[k] === v)) continue;
+        if (opts.metadata && !Object.entries(opts.metadata).every(([k, v]) => rec.metadata[k] === v))
+          continue;
         out.push(rec);
         if (out.length === opts.limit) {
           const next = Buffer.from(`${score}:${id}`).toString('base64url');
@@ -175,7 +185,12 @@ export class SandboxStore {
   }
 
   /** Final state: killed, with its reason and end time. */
-  async markKilled(id: string, reason: KillReason, message?: string, now = Date.now()): Promise<TransitionResult> {
+  async markKilled(
+    id: string,
+    reason: KillReason,
+    message?: string,
+    now = Date.now(),
+  ): Promise<TransitionResult> {
     return this.transition(
       id,
       'killed',
@@ -185,7 +200,9 @@ export class SandboxStore {
   }
 
   /** Reserves room on a node (see place.lua). */
-  async place(rec: SandboxRecord): Promise<{ nodeId: string; fromWarm: boolean } | { nodeId: null; reason: string }> {
+  async place(
+    rec: SandboxRecord,
+  ): Promise<{ nodeId: string; fromWarm: boolean } | { nodeId: null; reason: string }> {
     const [node, extra] = await this.redis.spacePlace(
       keys.nodeIndex(),
       keys.sandbox(rec.id),
@@ -209,7 +226,13 @@ export class SandboxStore {
    * gets a queued `sandbox.delete` operation in the same atomic step. Returns the claimed ids.
    */
   async claimExpired(now = Date.now(), limit = 100): Promise<string[]> {
-    return this.redis.spaceExpire(keys.deadlines(), keys.operationQueue(), KEY_PREFIX, String(now), String(limit));
+    return this.redis.spaceExpire(
+      keys.deadlines(),
+      keys.operationQueue(),
+      KEY_PREFIX,
+      String(now),
+      String(limit),
+    );
   }
 
   /** Sets a live sandbox's lifetime to `timeoutSec` from now. */

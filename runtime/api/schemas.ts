@@ -15,7 +15,8 @@ export const LIMITS = {
   maxCommandTimeoutMs: 24 * 3600 * 1000,
 } as const;
 
-const literalUnion = <T extends string>(values: readonly T[]) => Type.Union(values.map((v) => Type.Literal(v)));
+const literalUnion = <T extends string>(values: readonly T[]) =>
+  Type.Union(values.map((v) => Type.Literal(v)));
 
 export const ErrorSchema = Type.Object(
   {
@@ -30,9 +31,13 @@ export const ErrorSchema = Type.Object(
 
 export const IdParams = Type.Object({ id: Type.String({ pattern: ID_PATTERN }) });
 
-const Metadata = Type.Record(Type.String({ minLength: 1, maxLength: 64 }), Type.String({ maxLength: LIMITS.metadataValueBytes }), {
-  maxProperties: LIMITS.metadataKeys,
-});
+const Metadata = Type.Record(
+  Type.String({ minLength: 1, maxLength: 64 }),
+  Type.String({ maxLength: LIMITS.metadataValueBytes }),
+  {
+    maxProperties: LIMITS.metadataKeys,
+  },
+);
 const EnvVars = Type.Record(
   Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]{0,127}$' }),
   Type.String({ maxLength: LIMITS.envValueBytes }),
@@ -41,9 +46,14 @@ const EnvVars = Type.Record(
 
 export const CreateSandboxBody = Type.Object(
   {
-    template: Type.String({ pattern: '^[a-z0-9][a-z0-9-]{0,62}$', description: 'Template name, e.g. `base`.' }),
+    template: Type.String({
+      pattern: '^[a-z0-9][a-z0-9-]{0,62}$',
+      description: 'Template name, e.g. `base`.',
+    }),
     vcpus: Type.Optional(Type.Number({ minimum: 0.25, maximum: 64, default: 1, description: 'vCPUs.' })),
-    memoryMiB: Type.Optional(Type.Integer({ minimum: 128, maximum: 262_144, default: 512, description: 'MiB.' })),
+    memoryMiB: Type.Optional(
+      Type.Integer({ minimum: 128, maximum: 262_144, default: 512, description: 'MiB.' }),
+    ),
     timeoutSec: Type.Optional(Type.Integer({ minimum: 1, description: 'Lifetime, s; default from config.' })),
     metadata: Type.Optional(Metadata),
     env: Type.Optional(EnvVars),
@@ -95,10 +105,16 @@ export const SandboxAndOperation = Type.Object({
 export const ListSandboxesQuery = Type.Object(
   {
     state: Type.Optional(
-      Type.String({ pattern: `^(${SANDBOX_STATES.join('|')})(,(${SANDBOX_STATES.join('|')}))*$`, description: 'Comma list.' }),
+      Type.String({
+        pattern: `^(${SANDBOX_STATES.join('|')})(,(${SANDBOX_STATES.join('|')}))*$`,
+        description: 'Comma list.',
+      }),
     ),
     metadata: Type.Optional(
-      Type.String({ maxLength: 4096, description: 'URL-encoded query string of metadata pairs, e.g. `team%3Da`.' }),
+      Type.String({
+        maxLength: 4096,
+        description: 'URL-encoded query string of metadata pairs, e.g. `team%3Da`.',
+      }),
     ),
     limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, default: 100 })),
     cursor: Type.Optional(Type.String({ maxLength: 512, pattern: '^[A-Za-z0-9_-]+$' })),
@@ -107,16 +123,27 @@ export const ListSandboxesQuery = Type.Object(
 );
 export type ListSandboxesQuery = Static<typeof ListSandboxesQuery>;
 
-export const TimeoutBody = Type.Object({ timeoutSec: Type.Integer({ minimum: 1 }) }, { additionalProperties: false });
+export const TimeoutBody = Type.Object(
+  { timeoutSec: Type.Integer({ minimum: 1 }) },
+  { additionalProperties: false },
+);
 
 export const WaitQuery = Type.Object(
-  { waitMs: Type.Optional(Type.Integer({ minimum: 0, maximum: 60_000, description: 'Long-poll up to this many ms.' })) },
+  {
+    waitMs: Type.Optional(
+      Type.Integer({ minimum: 0, maximum: 60_000, description: 'Long-poll up to this many ms.' }),
+    ),
+  },
   { additionalProperties: false },
 );
 
 export const CommandBody = Type.Object(
   {
-    cmd: Type.String({ minLength: 1, maxLength: LIMITS.argBytes, description: 'Program, or a script with `shell`.' }),
+    cmd: Type.String({
+      minLength: 1,
+      maxLength: LIMITS.argBytes,
+      description: 'Program, or a script with `shell`.',
+    }),
     args: Type.Optional(Type.Array(Type.String({ maxLength: LIMITS.argBytes }), { maxItems: LIMITS.args })),
     shell: Type.Optional(Type.Boolean({ description: 'Run `cmd` with /bin/sh -c.' })),
     env: Type.Optional(EnvVars),
@@ -146,7 +173,9 @@ export const CommandResponse = Type.Object({
 
 export const TokenBody = Type.Object(
   {
-    scopes: Type.Optional(Type.Array(literalUnion(['commands', 'files'] as const), { minItems: 1, uniqueItems: true })),
+    scopes: Type.Optional(
+      Type.Array(literalUnion(['commands', 'files'] as const), { minItems: 1, uniqueItems: true }),
+    ),
     ttlSec: Type.Optional(Type.Integer({ minimum: 10, maximum: 86_400 })),
   },
   { additionalProperties: false },

@@ -19,7 +19,10 @@ export interface RunningApi {
  * Starts the API. With `bootstrapKeyFile`, a first API key is created and written there (0600)
  * unless that file exists.
  */
-export async function startApi(config: ApiConfig, opts: { bootstrapKeyFile?: string } = {}): Promise<RunningApi> {
+export async function startApi(
+  config: ApiConfig,
+  opts: { bootstrapKeyFile?: string } = {},
+): Promise<RunningApi> {
   const log = createLogger('api', config.logLevel);
   const redis = new Redis(config.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 3 });
   await redis.connect();

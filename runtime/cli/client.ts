@@ -21,13 +21,18 @@ export interface CallOptions {
 }
 
 /** A coded error from a non-2xx answer (`{ error: { code, message, details? } }`). */
-export async function errorFromResponse(statusCode: number, body: Dispatcher.ResponseData['body']): Promise<CliError> {
+export async function errorFromResponse(
+  statusCode: number,
+  body: Dispatcher.ResponseData['body'],
+): Promise<CliError> {
   const text = await body.text().catch(() => '');
   try {
-    const e = (JSON.parse(text) as { error?: { code?: unknown; message?: unknown; details?: unknown } }).error;
+    const e = (JSON.parse(text) as { error?: { code?: unknown; message?: unknown; details?: unknown } })
+      .error;
     if (e && typeof e.code === 'string' && typeof e.message === 'string') {
       return new CliError(e.code, e.message, {
-        details: e.details && typeof e.details === 'object' ? (e.details as Record<string, unknown>) : undefined,
+        details:
+          e.details && typeof e.details === 'object' ? (e.details as Record<string, unknown>) : undefined,
       });
     }
   } catch {
@@ -45,11 +50,15 @@ export function networkError(url: string, err: unknown, hint?: string): CliError
   if (e?.name === 'AbortError') return new CliError('ABORTED', 'request aborted', { cause: err });
   const code = e?.code ?? e?.cause?.code ?? e?.name ?? 'ERROR';
   const origin = safeOrigin(url);
-  return new CliError('UNREACHABLE', `cannot reach ${origin}: ${code}${e?.message ? ` (${e.message})` : ''}`, {
-    details: { url: origin, cause: code },
-    hint,
-    cause: err,
-  });
+  return new CliError(
+    'UNREACHABLE',
+    `cannot reach ${origin}: ${code}${e?.message ? ` (${e.message})` : ''}`,
+    {
+      details: { url: origin, cause: code },
+      hint,
+      cause: err,
+    },
+  );
 }
 
 function safeOrigin(url: string): string {
@@ -62,7 +71,9 @@ function safeOrigin(url: string): string {
 }
 
 function isRawBody(b: unknown): b is Buffer | Readable {
-  return Buffer.isBuffer(b) || (typeof b === 'object' && b !== null && typeof (b as Readable).pipe === 'function');
+  return (
+    Buffer.isBuffer(b) || (typeof b === 'object' && b !== null && typeof (b as Readable).pipe === 'function')
+  );
 }
 
 /** One HTTP call; returns the raw undici response when 2xx, throws a CliError otherwise. */
@@ -73,7 +84,8 @@ export async function call(
   opts: CallOptions & { hint?: string } = {},
 ): Promise<Dispatcher.ResponseData> {
   const u = new URL(url);
-  for (const [k, v] of Object.entries(opts.query ?? {})) if (v !== undefined) u.searchParams.set(k, String(v));
+  for (const [k, v] of Object.entries(opts.query ?? {}))
+    if (v !== undefined) u.searchParams.set(k, String(v));
   const headers: Record<string, string> = { authorization: `Bearer ${token}`, ...(opts.headers ?? {}) };
   let body: string | Buffer | Readable | undefined;
   if (opts.body !== undefined) {
@@ -193,7 +205,11 @@ export const LONG_POLL_MS = 30_000;
  * Long-polls an operation until it succeeds or fails (or `timeoutMs` passes: then the last state).
  * A network error between polls is retried a few times (the operation survives API restarts).
  */
-export async function waitOperation(api: ApiClient, id: string, timeoutMs = Number.POSITIVE_INFINITY): Promise<Operation> {
+export async function waitOperation(
+  api: ApiClient,
+  id: string,
+  timeoutMs = Number.POSITIVE_INFINITY,
+): Promise<Operation> {
   const deadline = Date.now() + timeoutMs;
   let failures = 0;
   for (;;) {
@@ -221,9 +237,13 @@ export async function waitOperation(api: ApiClient, id: string, timeoutMs = Numb
 /** Throws the operation's error as a CliError when it failed. */
 export function assertSucceeded(op: Operation): Operation {
   if (op.state === 'failed') {
-    throw new CliError(op.error?.code ?? 'OPERATION_FAILED', op.error?.message ?? `operation ${op.id} failed`, {
-      details: { operationId: op.id, target: op.target, kind: op.kind },
-    });
+    throw new CliError(
+      op.error?.code ?? 'OPERATION_FAILED',
+      op.error?.message ?? `operation ${op.id} failed`,
+      {
+        details: { operationId: op.id, target: op.target, kind: op.kind },
+      },
+    );
   }
   return op;
 }

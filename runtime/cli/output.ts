@@ -98,7 +98,8 @@ export function collectKeyValue(what: string) {
 /** Commander parser for a positive integer option. */
 export function parsePositiveInt(what: string) {
   return (value: string): number => {
-    if (!/^[0-9]+$/.test(value) || Number(value) < 1) throw usageError(`${what} must be a positive integer, got "${value}"`);
+    if (!/^[0-9]+$/.test(value) || Number(value) < 1)
+      throw usageError(`${what} must be a positive integer, got "${value}"`);
     return Number(value);
   };
 }
@@ -153,7 +154,13 @@ export function formatRelative(iso: string, now = Date.now()): string {
   const d = t - now;
   const a = Math.abs(d) / 1000;
   const s =
-    a < 60 ? `${Math.round(a)}s` : a < 3600 ? `${Math.round(a / 60)}m` : a < 86400 ? `${Math.round(a / 3600)}h` : `${Math.round(a / 86400)}d`;
+    a < 60
+      ? `${Math.round(a)}s`
+      : a < 3600
+        ? `${Math.round(a / 60)}m`
+        : a < 86400
+          ? `${Math.round(a / 3600)}h`
+          : `${Math.round(a / 86400)}d`;
   return d >= 0 ? `in ${s}` : `${s} ago`;
 }
 

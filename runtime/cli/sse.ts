@@ -37,9 +37,14 @@ export interface ReadEventsOptions {
 
 /** Codes worth a reconnection: the node was briefly unreachable or busy. */
 function retryable(err: CliError): boolean {
-  return ['UNREACHABLE', 'RATE_LIMITED', 'NODE_UNAVAILABLE', 'INTERNAL', 'BAD_RESPONSE', 'STREAM_DROPPED'].includes(
-    err.code,
-  );
+  return [
+    'UNREACHABLE',
+    'RATE_LIMITED',
+    'NODE_UNAVAILABLE',
+    'INTERNAL',
+    'BAD_RESPONSE',
+    'STREAM_DROPPED',
+  ].includes(err.code);
 }
 
 /**
@@ -100,9 +105,9 @@ export async function* readEvents(opts: ReadEventsOptions): AsyncGenerator<SseEv
     }
     failures++;
     opts.onReconnect?.({ attempt: failures, lastEventId: lastId, reason: failure.message });
-    await sleep(Math.min(5000, (opts.retryDelayMs ?? 250) * 2 ** (failures - 1)), undefined, { signal: opts.signal }).catch(
-      () => {},
-    );
+    await sleep(Math.min(5000, (opts.retryDelayMs ?? 250) * 2 ** (failures - 1)), undefined, {
+      signal: opts.signal,
+    }).catch(() => {});
     if (opts.signal?.aborted) throw new CliError('ABORTED', 'stream aborted');
   }
 }

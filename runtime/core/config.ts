@@ -4,7 +4,17 @@
  * environment, validates all of them with TypeBox, reports every problem at once, and freezes
  * the result. The README's config tables are generated from the same declarations.
  */
-import { type Static, type TBoolean, type TInteger, type TLiteral, type TNumber, type TSchema, type TString, type TUnion, Type } from '@sinclair/typebox';
+import {
+  type Static,
+  type TBoolean,
+  type TInteger,
+  type TLiteral,
+  type TNumber,
+  type TSchema,
+  type TString,
+  type TUnion,
+  Type,
+} from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
 
 /** One setting: the TypeBox schema gives the type, the rest documents it. */
@@ -44,7 +54,12 @@ export const setting = {
     default: def,
     doc,
   }),
-  optionalString: (env: string, doc: string): Setting<TString> => ({ env, schema: Type.String(), default: '', doc }),
+  optionalString: (env: string, doc: string): Setting<TString> => ({
+    env,
+    schema: Type.String(),
+    default: '',
+    doc,
+  }),
   int: (
     env: string,
     doc: string,
@@ -63,7 +78,12 @@ export const setting = {
     default: def,
     doc,
   }),
-  bool: (env: string, doc: string, def: boolean): Setting<TBoolean> => ({ env, schema: Type.Boolean(), default: def, doc }),
+  bool: (env: string, doc: string, def: boolean): Setting<TBoolean> => ({
+    env,
+    schema: Type.Boolean(),
+    default: def,
+    doc,
+  }),
   oneOf: <T extends string>(
     env: string,
     doc: string,

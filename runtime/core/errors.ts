@@ -27,7 +27,11 @@ export const ERROR_CODES = {
   },
   UNAUTHENTICATED: { status: 401, retryable: false, doc: 'No credentials, or an unknown API key.' },
   TOKEN_INVALID: { status: 401, retryable: false, doc: 'The session token is malformed or badly signed.' },
-  TOKEN_EXPIRED: { status: 401, retryable: false, doc: 'The session token has expired; ask the API for a new one.' },
+  TOKEN_EXPIRED: {
+    status: 401,
+    retryable: false,
+    doc: 'The session token has expired; ask the API for a new one.',
+  },
   TOKEN_SCOPE: {
     status: 403,
     retryable: false,
@@ -39,6 +43,11 @@ export const ERROR_CODES = {
   OPERATION_NOT_FOUND: { status: 404, retryable: false, doc: 'No operation with this id.' },
   COMMAND_NOT_FOUND: { status: 404, retryable: false, doc: 'No command with this id in the sandbox.' },
   PROCESS_EXITED: { status: 409, retryable: false, doc: 'The command has exited or closed its stdin.' },
+  OUTPUT_GONE: {
+    status: 409,
+    retryable: false,
+    doc: 'The requested output offset is no longer held by the guest (outside its replay window).',
+  },
   FILE_NOT_FOUND: { status: 404, retryable: false, doc: 'No file or directory at this path in the sandbox.' },
   FILE_CONFLICT: {
     status: 409,
@@ -46,7 +55,11 @@ export const ERROR_CODES = {
     doc: 'The path exists with the wrong type (a directory where a file is expected, or a non-empty directory).',
   },
   TEMPLATE_NOT_FOUND: { status: 404, retryable: false, doc: 'No template with this name.' },
-  TEMPLATE_NOT_READY: { status: 409, retryable: true, doc: 'The template exists but is not built on any node.' },
+  TEMPLATE_NOT_READY: {
+    status: 409,
+    retryable: true,
+    doc: 'The template exists but is not built on any node.',
+  },
   IDEMPOTENCY_CONFLICT: {
     status: 422,
     retryable: false,
@@ -58,9 +71,21 @@ export const ERROR_CODES = {
     doc: 'No node has room for the sandbox (CPU, memory or sandbox count).',
   },
   NODE_UNAVAILABLE: { status: 503, retryable: true, doc: 'The node holding the sandbox is not reachable.' },
-  DRIVER_FAILED: { status: 500, retryable: true, doc: 'The VM driver failed to create or control a sandbox.' },
-  SNAPSHOT_UNSUPPORTED: { status: 501, retryable: false, doc: 'The node’s driver cannot snapshot sandboxes.' },
-  GUEST_UNAVAILABLE: { status: 502, retryable: true, doc: 'The guest daemon inside the sandbox did not answer.' },
+  DRIVER_FAILED: {
+    status: 500,
+    retryable: true,
+    doc: 'The VM driver failed to create or control a sandbox.',
+  },
+  SNAPSHOT_UNSUPPORTED: {
+    status: 501,
+    retryable: false,
+    doc: 'The node’s driver cannot snapshot sandboxes.',
+  },
+  GUEST_UNAVAILABLE: {
+    status: 502,
+    retryable: true,
+    doc: 'The guest daemon inside the sandbox did not answer.',
+  },
   RATE_LIMITED: { status: 429, retryable: true, doc: 'Too many requests or concurrent streams.' },
   INTERNAL: { status: 500, retryable: true, doc: 'An unexpected server error; the log has the details.' },
 } as const satisfies Record<string, ErrorSpec>;
@@ -83,7 +108,12 @@ export class SpaceError extends Error {
   readonly retryable: boolean;
   readonly details: Readonly<Record<string, unknown>> | undefined;
 
-  constructor(code: ErrorCode, message: string, details?: Record<string, unknown>, options?: { cause?: unknown }) {
+  constructor(
+    code: ErrorCode,
+    message: string,
+    details?: Record<string, unknown>,
+    options?: { cause?: unknown },
+  ) {
     super(message, options);
     this.name = 'SpaceError';
     this.code = code;
@@ -95,7 +125,11 @@ export class SpaceError extends Error {
   /** The wire body for this error. */
   toBody(): ErrorBody {
     return {
-      error: { code: this.code, message: this.message, ...(this.details ? { details: { ...this.details } } : {}) },
+      error: {
+        code: this.code,
+        message: this.message,
+        ...(this.details ? { details: { ...this.details } } : {}),
+      },
     };
   }
 }

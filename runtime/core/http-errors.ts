@@ -19,7 +19,8 @@ function fromFastify(err: FastifyError): SpaceError | null {
   };
   const code = err.code ? byCode[err.code] : undefined;
   if (code) return new SpaceError(code, err.message);
-  if (err.statusCode && err.statusCode >= 400 && err.statusCode < 500) return new SpaceError('BAD_REQUEST', err.message);
+  if (err.statusCode && err.statusCode >= 400 && err.statusCode < 500)
+    return new SpaceError('BAD_REQUEST', err.message);
   return null;
 }
 

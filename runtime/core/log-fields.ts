@@ -1,4 +1,4 @@
-import { pino, type Logger, type LoggerOptions } from 'pino';
+import { type Logger, type LoggerOptions, pino } from 'pino';
 
 /** Dotted log field names shared by every service; spelled once here. */
 export const F = {

@@ -10,12 +10,12 @@
  */
 import { readFile, writeFile } from 'node:fs/promises';
 import {
-  errors as joseErrors,
   exportPKCS8,
   exportSPKI,
   generateKeyPair,
   importPKCS8,
   importSPKI,
+  errors as joseErrors,
   jwtVerify,
   SignJWT,
 } from 'jose';
@@ -86,7 +86,9 @@ function rethrow(err: unknown): never {
   if (err instanceof joseErrors.JWTClaimValidationFailed) {
     throw new SpaceError('TOKEN_SCOPE', `token claim "${err.claim}" does not match`);
   }
-  throw new SpaceError('TOKEN_INVALID', 'token is malformed or its signature is invalid', undefined, { cause: err });
+  throw new SpaceError('TOKEN_INVALID', 'token is malformed or its signature is invalid', undefined, {
+    cause: err,
+  });
 }
 
 /**
@@ -101,13 +103,18 @@ export async function verifySessionToken(
 ): Promise<SessionClaims> {
   let payload: Awaited<ReturnType<typeof jwtVerify>>['payload'];
   try {
-    ({ payload } = await jwtVerify(token, key, { issuer: ISSUER, audience: DATA_PLANE_AUDIENCE, algorithms: [ALG] }));
+    ({ payload } = await jwtVerify(token, key, {
+      issuer: ISSUER,
+      audience: DATA_PLANE_AUDIENCE,
+      algorithms: [ALG],
+    }));
   } catch (err) {
     rethrow(err);
   }
   const scopes = typeof payload.scope === 'string' ? payload.scope.split(' ') : [];
   if (payload.sub !== expect.sandboxId) throw new SpaceError('TOKEN_SCOPE', 'token is for another sandbox');
-  if (!scopes.includes(expect.scope)) throw new SpaceError('TOKEN_SCOPE', `token lacks scope "${expect.scope}"`);
+  if (!scopes.includes(expect.scope))
+    throw new SpaceError('TOKEN_SCOPE', `token lacks scope "${expect.scope}"`);
   if (typeof payload.sid !== 'string') throw new SpaceError('TOKEN_INVALID', 'token has no session');
   return {
     sandboxId: payload.sub,
@@ -132,7 +139,12 @@ export async function mintDispatchToken(key: SigningKey, nodeId: string): Promis
 /** Verifies a dispatch token for this node. Throws UNAUTHENTICATED / TOKEN_EXPIRED / TOKEN_SCOPE. */
 export async function verifyDispatchToken(key: VerifyKey, token: string, nodeId: string): Promise<void> {
   try {
-    await jwtVerify(token, key, { issuer: ISSUER, audience: AGENT_AUDIENCE, subject: nodeId, algorithms: [ALG] });
+    await jwtVerify(token, key, {
+      issuer: ISSUER,
+      audience: AGENT_AUDIENCE,
+      subject: nodeId,
+      algorithms: [ALG],
+    });
   } catch (err) {
     rethrow(err);
   }

@@ -4,7 +4,15 @@
  */
 
 /** Lifecycle states of a sandbox. */
-export const SANDBOX_STATES = ['creating', 'running', 'pausing', 'paused', 'resuming', 'killing', 'killed'] as const;
+export const SANDBOX_STATES = [
+  'creating',
+  'running',
+  'pausing',
+  'paused',
+  'resuming',
+  'killing',
+  'killed',
+] as const;
 export type SandboxState = (typeof SANDBOX_STATES)[number];
 
 /**

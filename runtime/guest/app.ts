@@ -94,12 +94,11 @@ export function createGuestApp(config: GuestConfig): GuestApp {
           throw new SpaceError('BAD_REQUEST', 'offset must be a non-negative integer');
         const refusal = p.output.attach(res, Number(raw));
         if (refusal) {
-          // A 409 with the window in `details`; errors.ts has no dedicated code for this yet.
           const message =
             `offset ${refusal.offset} is outside the replay window ` +
             `[${refusal.windowStart}, ${refusal.windowEnd}] of process ${p.pid}`;
           return sendJson(res, 409, {
-            error: { code: 'BAD_REQUEST', message, details: { ...refusal, pid: p.pid } },
+            error: { code: 'OUTPUT_GONE', message, details: { ...refusal, pid: p.pid } },
           });
         }
         return;

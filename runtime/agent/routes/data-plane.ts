@@ -26,10 +26,12 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
   async function authorise(req: FastifyRequest, id: string, scope: SessionScope): Promise<LocalSandbox> {
     const header = /^Bearer\s+(\S+)$/i.exec(req.headers.authorization ?? '')?.[1];
     const token = header ?? (req.query as { token?: string } | undefined)?.token;
-    if (!token) throw new SpaceError('UNAUTHENTICATED', 'session token required (Authorization: Bearer or ?token=)');
+    if (!token)
+      throw new SpaceError('UNAUTHENTICATED', 'session token required (Authorization: Bearer or ?token=)');
     const claims = await verifySessionToken(deps.verifyKey, token, { sandboxId: id, scope });
     const sb = deps.sandboxes.get(id);
-    if (claims.sessionId !== sb.sessionId) throw new SpaceError('TOKEN_SCOPE', 'token is for another session');
+    if (claims.sessionId !== sb.sessionId)
+      throw new SpaceError('TOKEN_SCOPE', 'token is for another session');
     return sb;
   }
 
@@ -42,17 +44,23 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       {
         schema: {
           params: CommandParams,
-          querystring: Type.Object({ ...TokenQuery, lastEventId: Type.Optional(Type.String({ pattern: '^[0-9]{1,15}$' })) }),
+          querystring: Type.Object({
+            ...TokenQuery,
+            lastEventId: Type.Optional(Type.String({ pattern: '^[0-9]{1,15}$' })),
+          }),
         },
       },
       async (req, reply) => {
         const sb = await authorise(req, req.params.id, 'commands');
         const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
         const raw = (req.headers['last-event-id'] as string | undefined) ?? req.query.lastEventId ?? '0';
-        if (!/^[0-9]{1,15}$/.test(raw)) throw new SpaceError('BAD_REQUEST', 'Last-Event-ID must be an event id');
+        if (!/^[0-9]{1,15}$/.test(raw))
+          throw new SpaceError('BAD_REQUEST', 'Last-Event-ID must be an event id');
         const from = Number(raw);
-        if (from > cmd.spool.size) throw new SpaceError('BAD_REQUEST', `Last-Event-ID ${from} is beyond the stream`);
-        if (sb.streams >= deps.config.maxStreams) throw new SpaceError('RATE_LIMITED', 'too many open streams');
+        if (from > cmd.spool.size)
+          throw new SpaceError('BAD_REQUEST', `Last-Event-ID ${from} is beyond the stream`);
+        if (sb.streams >= deps.config.maxStreams)
+          throw new SpaceError('RATE_LIMITED', 'too many open streams');
         sb.streams += 1;
         reply.hijack();
         try {
@@ -66,11 +74,21 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       },
     );
 
-    app.get('/v1/sandboxes/:id/commands/:cmd', { schema: { params: CommandParams, querystring: Type.Object(TokenQuery) } }, async (req) => {
-      const sb = await authorise(req, req.params.id, 'commands');
-      const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
-      return { id: cmd.id, pid: cmd.pid, running: cmd.exit === null, exit: cmd.exit, outputBytes: cmd.spool.size };
-    });
+    app.get(
+      '/v1/sandboxes/:id/commands/:cmd',
+      { schema: { params: CommandParams, querystring: Type.Object(TokenQuery) } },
+      async (req) => {
+        const sb = await authorise(req, req.params.id, 'commands');
+        const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
+        return {
+          id: cmd.id,
+          pid: cmd.pid,
+          running: cmd.exit === null,
+          exit: cmd.exit,
+          outputBytes: cmd.spool.size,
+        };
+      },
+    );
 
     app.post(
       '/v1/sandboxes/:id/commands/:cmd/stdin',
@@ -80,7 +98,11 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
         if (cmd.exit) throw new SpaceError('PROCESS_EXITED', 'the command has exited');
         const body = req.body;
-        const data = Buffer.isBuffer(body) ? body : typeof body === 'string' ? Buffer.from(body) : (body as NodeJS.ReadableStream);
+        const data = Buffer.isBuffer(body)
+          ? body
+          : typeof body === 'string'
+            ? Buffer.from(body)
+            : (body as NodeJS.ReadableStream);
         await sb.guest.writeStdin(cmd.pid, data as Buffer);
         return reply.status(204).send();
       },
@@ -103,7 +125,10 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         schema: {
           params: CommandParams,
           querystring: Type.Object(TokenQuery),
-          body: Type.Object({ signal: Type.String({ pattern: '^SIG[A-Z0-9]{2,8}$' }) }, { additionalProperties: false }),
+          body: Type.Object(
+            { signal: Type.String({ pattern: '^SIG[A-Z0-9]{2,8}$' }) },
+            { additionalProperties: false },
+          ),
         },
       },
       async (req, reply) => {
@@ -115,13 +140,17 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       },
     );
 
-    app.get('/v1/sandboxes/:id/files', { schema: { params: SandboxParams, querystring: PathQuery } }, async (req, reply) => {
-      const sb = await authorise(req, req.params.id, 'files');
-      const stat = await sb.guest.stat(req.query.path);
-      if (stat.type === 'dir') throw new SpaceError('FILE_CONFLICT', `${req.query.path} is a directory`);
-      const body = await sb.guest.readFile(req.query.path);
-      return reply.type('application/octet-stream').header('content-length', stat.size).send(body);
-    });
+    app.get(
+      '/v1/sandboxes/:id/files',
+      { schema: { params: SandboxParams, querystring: PathQuery } },
+      async (req, reply) => {
+        const sb = await authorise(req, req.params.id, 'files');
+        const stat = await sb.guest.stat(req.query.path);
+        if (stat.type === 'dir') throw new SpaceError('FILE_CONFLICT', `${req.query.path} is a directory`);
+        const body = await sb.guest.readFile(req.query.path);
+        return reply.type('application/octet-stream').header('content-length', stat.size).send(body);
+      },
+    );
 
     app.put(
       '/v1/sandboxes/:id/files',
@@ -157,15 +186,23 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       },
     );
 
-    app.get('/v1/sandboxes/:id/fs/stat', { schema: { params: SandboxParams, querystring: PathQuery } }, async (req) => {
-      const sb = await authorise(req, req.params.id, 'files');
-      return sb.guest.stat(req.query.path);
-    });
+    app.get(
+      '/v1/sandboxes/:id/fs/stat',
+      { schema: { params: SandboxParams, querystring: PathQuery } },
+      async (req) => {
+        const sb = await authorise(req, req.params.id, 'files');
+        return sb.guest.stat(req.query.path);
+      },
+    );
 
-    app.get('/v1/sandboxes/:id/fs/list', { schema: { params: SandboxParams, querystring: PathQuery } }, async (req) => {
-      const sb = await authorise(req, req.params.id, 'files');
-      return sb.guest.list(req.query.path);
-    });
+    app.get(
+      '/v1/sandboxes/:id/fs/list',
+      { schema: { params: SandboxParams, querystring: PathQuery } },
+      async (req) => {
+        const sb = await authorise(req, req.params.id, 'files');
+        return sb.guest.list(req.query.path);
+      },
+    );
 
     app.post(
       '/v1/sandboxes/:id/fs/mkdir',

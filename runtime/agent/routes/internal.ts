@@ -43,10 +43,14 @@ export function internalRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       },
     );
 
-    app.delete('/internal/v1/sandboxes/:id', { schema: { params: Type.Object({ id: Sid }) } }, async (req, reply) => {
-      await deps.sandboxes.delete(req.params.id);
-      return reply.status(204).send();
-    });
+    app.delete(
+      '/internal/v1/sandboxes/:id',
+      { schema: { params: Type.Object({ id: Sid }) } },
+      async (req, reply) => {
+        await deps.sandboxes.delete(req.params.id);
+        return reply.status(204).send();
+      },
+    );
 
     app.post(
       '/internal/v1/sandboxes/:id/commands',

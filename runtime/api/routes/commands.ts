@@ -18,7 +18,10 @@ export function commandRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
   async function liveSandbox(id: string) {
     const rec = await deps.requireSandbox(id);
     if (rec.state !== 'running' || !rec.nodeId) {
-      throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${rec.state}`, { sandboxId: id, state: rec.state });
+      throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${rec.state}`, {
+        sandboxId: id,
+        state: rec.state,
+      });
     }
     return { rec, node: await deps.nodes.requireAlive(rec.nodeId) };
   }
@@ -36,7 +39,8 @@ export function commandRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
       },
       async (req, reply) => {
         const b = req.body;
-        if (b.shell && b.args?.length) throw new SpaceError('BAD_REQUEST', 'give either args or shell, not both');
+        if (b.shell && b.args?.length)
+          throw new SpaceError('BAD_REQUEST', 'give either args or shell, not both');
         const { rec, node } = await liveSandbox(req.params.id);
         const commandId = newId('cmd');
         const started = await deps.agents.startCommand(node, rec.id, {

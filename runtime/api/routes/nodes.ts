@@ -24,7 +24,9 @@ export function nodeRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
   return async (app) => {
     app.get(
       '/v1/nodes',
-      { schema: { summary: 'List nodes', response: { 200: Type.Object({ nodes: Type.Array(NodeSchema) }) } } },
+      {
+        schema: { summary: 'List nodes', response: { 200: Type.Object({ nodes: Type.Array(NodeSchema) }) } },
+      },
       async () => ({ nodes: await deps.nodes.list() }),
     );
     app.get(

@@ -21,7 +21,9 @@ export function operationRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
       async (req) => {
         const waitMs = req.query.waitMs ?? 0;
         const op =
-          waitMs > 0 ? await deps.waiter.wait(req.params.id, waitMs) : await deps.operations.get(req.params.id);
+          waitMs > 0
+            ? await deps.waiter.wait(req.params.id, waitMs)
+            : await deps.operations.get(req.params.id);
         if (!op) throw new SpaceError('OPERATION_NOT_FOUND', `no operation ${req.params.id}`);
         return operationToPublic(op);
       },

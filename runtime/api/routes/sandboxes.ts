@@ -43,7 +43,9 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
       {
         schema: {
           summary: 'Create a sandbox (asynchronous)',
-          headers: Type.Object({ 'idempotency-key': Type.Optional(Type.String({ minLength: 1, maxLength: 128 })) }),
+          headers: Type.Object({
+            'idempotency-key': Type.Optional(Type.String({ minLength: 1, maxLength: 128 })),
+          }),
           body: CreateSandboxBody,
           response: { 202: SandboxAndOperation, ...errors },
         },
@@ -66,7 +68,13 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         if (idemKey) {
           const key = keys.idempotency(req.apiKeyName ?? '', idemKey);
           const bodyHash = createHash('sha256').update(canonical(body)).digest('hex');
-          const won = await deps.redis.set(key, JSON.stringify({ bodyHash, sandboxId }), 'EX', IDEMPOTENCY_TTL_SEC, 'NX');
+          const won = await deps.redis.set(
+            key,
+            JSON.stringify({ bodyHash, sandboxId }),
+            'EX',
+            IDEMPOTENCY_TTL_SEC,
+            'NX',
+          );
           if (won !== 'OK') {
             const prior = JSON.parse((await deps.redis.get(key)) ?? '{}') as {
               bodyHash?: string;
@@ -81,7 +89,8 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
               const cur = JSON.parse((await deps.redis.get(key)) ?? '{}') as typeof prior;
               const sb = cur.sandboxId ? await deps.sandboxes.get(cur.sandboxId) : null;
               const op = cur.operationId ? await deps.operations.get(cur.operationId) : null;
-              if (sb && op) return reply.status(202).send({ sandbox: toPublic(sb), operation: operationToPublic(op) });
+              if (sb && op)
+                return reply.status(202).send({ sandbox: toPublic(sb), operation: operationToPublic(op) });
               await sleep(20);
             }
             throw new SpaceError('INTERNAL', 'the first request with this Idempotency-Key did not finish');
@@ -110,7 +119,10 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
           });
           const op = await deps.operations.enqueue('sandbox.create', id);
           deps.metrics.sandboxesCreated.inc({ template: body.template });
-          req.log.info({ [F.sandboxId]: id, [F.operationId]: op.id, [F.templateId]: body.template }, 'sandbox accepted');
+          req.log.info(
+            { [F.sandboxId]: id, [F.operationId]: op.id, [F.templateId]: body.template },
+            'sandbox accepted',
+          );
           return { sandbox: toPublic(rec), operation: operationToPublic(op) };
         }
       },
@@ -123,7 +135,10 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
           summary: 'List sandboxes, newest first',
           querystring: ListSandboxesQuery,
           response: {
-            200: Type.Object({ sandboxes: Type.Array(Type.Ref(SandboxSchema)), nextCursor: Type.Union([Type.String(), Type.Null()]) }),
+            200: Type.Object({
+              sandboxes: Type.Array(Type.Ref(SandboxSchema)),
+              nextCursor: Type.Union([Type.String(), Type.Null()]),
+            }),
             ...errors,
           },
         },
@@ -143,7 +158,13 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
 
     app.get(
       '/v1/sandboxes/:id',
-      { schema: { summary: 'Get a sandbox', params: IdParams, response: { 200: Type.Ref(SandboxSchema), ...errors } } },
+      {
+        schema: {
+          summary: 'Get a sandbox',
+          params: IdParams,
+          response: { 200: Type.Ref(SandboxSchema), ...errors },
+        },
+      },
       async (req) => toPublic(await deps.requireSandbox(req.params.id)),
     );
 

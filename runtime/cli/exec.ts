@@ -1,0 +1,181 @@
+/**
+ * `space exec <id> -- <cmd> [args…]`: starts a command, streams its stdout/stderr bytes to ours
+ * (binary-safe, resuming a dropped stream), optionally pipes our stdin to it, forwards Ctrl-C once,
+ * and exits with the command's exit code (signal → 128 + n, timed out → 124).
+ */
+import { once } from 'node:events';
+import type { Command } from 'commander';
+import { DataPlane } from './client.ts';
+import { apiClient, isJson } from './context.ts';
+import {
+  CliError,
+  type CommandExit,
+  collectKeyValue,
+  exitCodeOf,
+  note,
+  parsePositiveInt,
+  printJson,
+  usageError,
+} from './output.ts';
+import { outputBytes, readEvents } from './sse.ts';
+
+interface ExecOptions {
+  env?: Record<string, string>;
+  cwd?: string;
+  root?: boolean;
+  timeout?: number;
+  interactive?: boolean;
+  shell?: boolean;
+}
+
+interface StartResponse {
+  command: { id: string; sandboxId: string; pid: number };
+  stream: { url: string; token: string; expiresAt: string };
+}
+
+/** The request body of `POST /v1/sandboxes/:id/commands` for these words and options. Pure. */
+export function commandBody(words: string[], o: ExecOptions): Record<string, unknown> {
+  if (words.length === 0)
+    throw usageError('give the command to run after --, e.g. space exec <id> -- ls -la');
+  const body: Record<string, unknown> = o.shell
+    ? { cmd: words.join(' '), shell: true }
+    : { cmd: words[0], args: words.slice(1) };
+  if (o.env && Object.keys(o.env).length) body['env'] = o.env;
+  if (o.cwd) body['cwd'] = o.cwd;
+  if (o.root) body['user'] = 'root';
+  if (o.timeout) body['timeoutMs'] = o.timeout;
+  if (o.interactive) body['stdin'] = true;
+  return body;
+}
+
+/** Writes with backpressure. */
+async function write(stream: NodeJS.WriteStream, buf: Buffer): Promise<void> {
+  if (!stream.write(buf)) await once(stream, 'drain');
+}
+
+/** Pipes our stdin to the command, then closes its stdin at EOF. */
+async function pumpStdin(dp: DataPlane, stop: AbortSignal): Promise<void> {
+  try {
+    for await (const chunk of process.stdin) {
+      if (stop.aborted) return;
+      await dp.call('POST', '/stdin', { body: chunk as Buffer, signal: stop });
+    }
+    if (!stop.aborted) await dp.call('POST', '/stdin/close', { signal: stop });
+  } catch (err) {
+    if (stop.aborted) return;
+    if (err instanceof CliError && err.code === 'PROCESS_EXITED') return; // it stopped reading: fine
+    note(`space: stdin: ${err instanceof Error ? err.message : String(err)}`);
+  }
+}
+
+export function registerExec(program: Command): void {
+  program
+    .command('exec')
+    .description('run a command in a sandbox and stream its output; exits with the command’s exit code')
+    .argument('<id>', 'sandbox id')
+    .argument('<command...>', 'program and arguments, after --')
+    .option('-e, --env <K=V>', 'environment variable (repeatable)', collectKeyValue('--env'))
+    .option('--cwd <dir>', 'working directory (default: the user’s home)')
+    .option('--root', 'run as root instead of the sandbox user')
+    .option(
+      '--timeout <ms>',
+      'kill the command after this many ms (exit code 124)',
+      parsePositiveInt('--timeout'),
+    )
+    .option('-i, --interactive', 'pipe stdin to the command (closed at EOF); without it stdin is closed')
+    .option('--shell', 'run the words as one /bin/sh -c script')
+    .addHelpText(
+      'after',
+      `
+Output bytes go to stdout/stderr unchanged. Ctrl-C sends SIGINT to the command; a second Ctrl-C exits.
+With --json, prints one object at the end: { commandId, exitCode, signal, timedOut, stdout, stderr }.
+
+Examples:
+  space exec sbx_123 -- sh -c 'echo hello; exit 3'      # prints hello, exits 3
+  space exec sbx_123 --cwd /tmp -e DEBUG=1 -- ls -la
+  tar c src | space exec sbx_123 -i -- tar x -C /home/user
+  space exec sbx_123 --json -- uname -a`,
+    )
+    .action(async (id: string, words: string[], o: ExecOptions, cmd: Command) => {
+      process.exitCode = await runExec(cmd, id, words, o);
+    });
+}
+
+async function runExec(cmd: Command, id: string, words: string[], o: ExecOptions): Promise<number> {
+  const json = isJson(cmd);
+  const api = apiClient(cmd);
+  const started = await api.json<StartResponse>('POST', `/v1/sandboxes/${encodeURIComponent(id)}/commands`, {
+    body: commandBody(words, o),
+  });
+  const eventsUrl = started.stream.url;
+  const dp = new DataPlane(eventsUrl.replace(/\/events(\?.*)?$/, ''), started.stream.token);
+
+  const stop = new AbortController();
+  let interrupts = 0;
+  const forward = (signal: 'SIGINT' | 'SIGTERM') => {
+    dp.call('POST', '/signal', { body: { signal } }).catch((err: unknown) => {
+      if (!(err instanceof CliError && err.code === 'PROCESS_EXITED')) {
+        note(`space: could not send ${signal}: ${err instanceof Error ? err.message : String(err)}`);
+      }
+    });
+  };
+  const onSigint = () => {
+    interrupts++;
+    if (interrupts === 1) {
+      if (process.stderr.isTTY) note('space: sent SIGINT to the command (Ctrl-C again to exit)');
+      forward('SIGINT');
+    } else {
+      stop.abort();
+      process.exit(130);
+    }
+  };
+  const onSigterm = () => forward('SIGTERM');
+  process.on('SIGINT', onSigint);
+  process.on('SIGTERM', onSigterm);
+
+  const stdin = o.interactive ? pumpStdin(dp, stop.signal) : Promise.resolve();
+  const out: Buffer[] = [];
+  const err: Buffer[] = [];
+  let exit: CommandExit | null = null;
+  try {
+    for await (const ev of readEvents({
+      url: eventsUrl,
+      token: started.stream.token,
+      signal: stop.signal,
+      onReconnect: ({ attempt, reason }) =>
+        note(`space: event stream dropped (${reason}); resuming (${attempt})`),
+    })) {
+      if (ev.event === 'stdout' || ev.event === 'stderr') {
+        const bytes = outputBytes(ev);
+        if (json) (ev.event === 'stdout' ? out : err).push(bytes);
+        else await write(ev.event === 'stdout' ? process.stdout : process.stderr, bytes);
+      } else if (ev.event === 'truncated') {
+        note('space: the node dropped further output of this command (its output limit was reached)');
+      } else if (ev.event === 'exit') {
+        exit = JSON.parse(ev.data) as CommandExit;
+      }
+    }
+  } finally {
+    stop.abort();
+    process.off('SIGINT', onSigint);
+    process.off('SIGTERM', onSigterm);
+    if (o.interactive) process.stdin.destroy();
+  }
+  await stdin;
+  if (!exit) throw new CliError('STREAM_DROPPED', 'the event stream ended without an exit event');
+  if (json) {
+    printJson({
+      commandId: started.command.id,
+      exitCode: exit.exitCode,
+      signal: exit.signal,
+      timedOut: exit.timedOut,
+      ...(exit.error ? { error: exit.error } : {}),
+      stdout: Buffer.concat(out).toString('utf8'),
+      stderr: Buffer.concat(err).toString('utf8'),
+    });
+  } else {
+    if (exit.error) note(exit.error);
+    else if (exit.timedOut) note(`space: the command timed out${o.timeout ? ` after ${o.timeout} ms` : ''}`);
+  }
+  return exitCodeOf(exit);
+}

@@ -1,0 +1,244 @@
+/** `space sandbox create|ls|get|rm|timeout`. */
+import type { Command } from 'commander';
+import { type ApiClient, assertSucceeded, type Operation, type Sandbox, waitOperation } from './client.ts';
+import { apiClient, isJson } from './context.ts';
+import {
+  collectKeyValue,
+  formatRelative,
+  metadataQuery,
+  parsePositiveInt,
+  parsePositiveNumber,
+  printJson,
+  println,
+  table,
+  usageError,
+} from './output.ts';
+
+interface CreateOptions {
+  template: string;
+  vcpus?: number;
+  memory?: number;
+  timeout?: number;
+  metadata?: Record<string, string>;
+  env?: Record<string, string>;
+  idempotencyKey?: string;
+  wait: boolean;
+}
+
+/** Request body of `POST /v1/sandboxes`. Pure. */
+export function createBody(o: CreateOptions): Record<string, unknown> {
+  const body: Record<string, unknown> = { template: o.template };
+  if (o.vcpus !== undefined) body['vcpus'] = o.vcpus;
+  if (o.memory !== undefined) body['memoryMiB'] = o.memory;
+  if (o.timeout !== undefined) body['timeoutSec'] = o.timeout;
+  if (o.metadata && Object.keys(o.metadata).length) body['metadata'] = o.metadata;
+  if (o.env && Object.keys(o.env).length) body['env'] = o.env;
+  return body;
+}
+
+const STATES = ['creating', 'running', 'pausing', 'paused', 'resuming', 'killing', 'killed'];
+
+/** Validates a `--state` comma list. Pure. */
+export function parseStates(value: string): string {
+  const parts = value
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
+  const bad = parts.filter((s) => !STATES.includes(s));
+  if (parts.length === 0 || bad.length) {
+    throw usageError(`--state takes a comma list of ${STATES.join(', ')}; got "${value}"`);
+  }
+  return parts.join(',');
+}
+
+/** Table rows of `space sandbox ls`. Pure. */
+export function sandboxRows(sandboxes: Sandbox[], now = Date.now()): string[][] {
+  return sandboxes.map((s) => [
+    s.id,
+    s.template,
+    s.state,
+    String(s.vcpus),
+    `${s.memoryMiB}M`,
+    s.nodeId ?? '-',
+    formatRelative(s.createdAt, now),
+    s.state === 'killed' ? '-' : formatRelative(s.expiresAt, now),
+    Object.entries(s.metadata)
+      .map(([k, v]) => `${k}=${v}`)
+      .join(',') || '-',
+  ]);
+}
+
+const SANDBOX_HEADER = [
+  'ID',
+  'TEMPLATE',
+  'STATE',
+  'VCPUS',
+  'MEMORY',
+  'NODE',
+  'CREATED',
+  'EXPIRES',
+  'METADATA',
+];
+
+function sandboxPath(id: string): string {
+  return `/v1/sandboxes/${encodeURIComponent(id)}`;
+}
+
+function printSandbox(s: Sandbox): void {
+  const lines: [string, string][] = [
+    ['id', s.id],
+    ['template', s.template],
+    ['state', s.state],
+    ['vcpus', String(s.vcpus)],
+    ['memory', `${s.memoryMiB} MiB`],
+    ['node', s.nodeId ?? '-'],
+    ['warm pool', s.fromWarmPool ? 'yes' : 'no'],
+    ['created', `${s.createdAt} (${formatRelative(s.createdAt)})`],
+    ['expires', `${s.expiresAt} (${formatRelative(s.expiresAt)})`],
+  ];
+  if (s.endedAt) lines.push(['ended', `${s.endedAt}${s.killReason ? ` (${s.killReason})` : ''}`]);
+  if (s.endMessage) lines.push(['message', s.endMessage]);
+  for (const [k, v] of Object.entries(s.metadata)) lines.push([`metadata.${k}`, v]);
+  const w = Math.max(...lines.map(([k]) => k.length));
+  for (const [k, v] of lines) println(`${`${k}:`.padEnd(w + 2)}${v}`);
+}
+
+async function listAll(
+  api: ApiClient,
+  q: { state?: string; metadata?: string; limit?: number },
+  all: boolean,
+): Promise<{ sandboxes: Sandbox[]; nextCursor: string | null }> {
+  const sandboxes: Sandbox[] = [];
+  let cursor: string | undefined;
+  for (;;) {
+    const page = await api.json<{ sandboxes: Sandbox[]; nextCursor: string | null }>('GET', '/v1/sandboxes', {
+      query: { ...q, cursor },
+    });
+    sandboxes.push(...page.sandboxes);
+    if (!all || !page.nextCursor) return { sandboxes, nextCursor: page.nextCursor };
+    cursor = page.nextCursor;
+  }
+}
+
+export function registerSandbox(program: Command): void {
+  const sandbox = program
+    .command('sandbox')
+    .alias('sb')
+    .description('create, list, inspect and delete sandboxes')
+    .addHelpText(
+      'after',
+      `
+Examples:
+  id=$(space sandbox create --template base)
+  space sandbox ls --state running --metadata team=a
+  space sandbox timeout $id 600
+  space sandbox rm $id`,
+    );
+
+  sandbox
+    .command('create')
+    .description('create a sandbox and wait until it runs; prints its id')
+    .requiredOption('-t, --template <name>', 'template name', 'base')
+    .option('--vcpus <n>', 'vCPUs (fractions allowed)', parsePositiveNumber('--vcpus'))
+    .option('--memory <MiB>', 'memory, MiB', parsePositiveInt('--memory'))
+    .option('--timeout <sec>', 'lifetime, seconds (default: the API’s)', parsePositiveInt('--timeout'))
+    .option('-m, --metadata <k=v>', 'metadata pair (repeatable)', collectKeyValue('--metadata'))
+    .option('-e, --env <K=V>', 'environment variable of every command (repeatable)', collectKeyValue('--env'))
+    .option('--idempotency-key <key>', 'makes a retried create return the same sandbox')
+    .option('--no-wait', 'return at once (prints the id; the operation id with --json)')
+    .addHelpText(
+      'after',
+      `
+Examples:
+  space sandbox create --template base
+  space sandbox create -t base --vcpus 2 --memory 1024 --timeout 3600 -m owner=me --json
+  space sandbox create -t base --no-wait --json   # { sandbox, operation }`,
+    )
+    .action(async (o: CreateOptions, cmd: Command) => {
+      const api = apiClient(cmd);
+      const res = await api.json<{ sandbox: Sandbox; operation: Operation }>('POST', '/v1/sandboxes', {
+        body: createBody(o),
+        headers: o.idempotencyKey ? { 'idempotency-key': o.idempotencyKey } : undefined,
+      });
+      if (!o.wait) {
+        if (isJson(cmd)) printJson(res);
+        else println(res.sandbox.id);
+        return;
+      }
+      assertSucceeded(await waitOperation(api, res.operation.id));
+      const sb = await api.json<Sandbox>('GET', sandboxPath(res.sandbox.id));
+      if (isJson(cmd)) printJson(sb);
+      else println(sb.id);
+    });
+
+  sandbox
+    .command('ls')
+    .alias('list')
+    .description('list sandboxes, newest first')
+    .option('--state <s1,s2>', 'only these states (creating, running, paused, killed, …)', parseStates)
+    .option(
+      '-m, --metadata <k=v>',
+      'only sandboxes with this metadata pair (repeatable)',
+      collectKeyValue('--metadata'),
+    )
+    .option('--limit <n>', 'page size (max 1000)', parsePositiveInt('--limit'))
+    .option('--all', 'follow cursors and list every page')
+    .action(
+      async (
+        o: { state?: string; metadata?: Record<string, string>; limit?: number; all?: boolean },
+        cmd: Command,
+      ) => {
+        const api = apiClient(cmd);
+        const res = await listAll(
+          api,
+          {
+            state: o.state,
+            metadata: o.metadata && Object.keys(o.metadata).length ? metadataQuery(o.metadata) : undefined,
+            limit: o.limit,
+          },
+          o.all === true,
+        );
+        if (isJson(cmd)) return printJson(res);
+        if (res.sandboxes.length === 0) return println('no sandboxes');
+        println(table(SANDBOX_HEADER, sandboxRows(res.sandboxes)));
+        if (res.nextCursor) println(`(more: --all, or --limit)`);
+      },
+    );
+
+  sandbox
+    .command('get')
+    .description('show one sandbox')
+    .argument('<id>', 'sandbox id')
+    .action(async (id: string, _o: unknown, cmd: Command) => {
+      const sb = await apiClient(cmd).json<Sandbox>('GET', sandboxPath(id));
+      if (isJson(cmd)) printJson(sb);
+      else printSandbox(sb);
+    });
+
+  sandbox
+    .command('rm')
+    .alias('kill')
+    .description('delete a sandbox (waits until it is gone)')
+    .argument('<id>', 'sandbox id')
+    .option('--no-wait', 'return at once with the operation')
+    .action(async (id: string, o: { wait: boolean }, cmd: Command) => {
+      const api = apiClient(cmd);
+      const { operation } = await api.json<{ operation: Operation }>('DELETE', sandboxPath(id));
+      const op = o.wait ? assertSucceeded(await waitOperation(api, operation.id)) : operation;
+      if (isJson(cmd)) printJson(op);
+      else println(o.wait ? `deleted ${id}` : `deleting ${id} (operation ${op.id})`);
+    });
+
+  sandbox
+    .command('timeout')
+    .description('set the sandbox’s remaining lifetime to <sec> seconds from now')
+    .argument('<id>', 'sandbox id')
+    .argument('<sec>', 'seconds', parsePositiveInt('<sec>'))
+    .action(async (id: string, sec: number, _o: unknown, cmd: Command) => {
+      const sb = await apiClient(cmd).json<Sandbox>('POST', `${sandboxPath(id)}/timeout`, {
+        body: { timeoutSec: sec },
+      });
+      if (isJson(cmd)) printJson(sb);
+      else println(`${sb.id} expires at ${sb.expiresAt} (${formatRelative(sb.expiresAt)})`);
+    });
+}

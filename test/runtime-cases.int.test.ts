@@ -1,0 +1,275 @@
+/**
+ * The runtime cases of shared/cases/runtime.md (R1–R7), each against the real stack.
+ * R8 and R9 live in lifecycle.int.test.ts.
+ */
+import { createHash } from 'node:crypto';
+import { request } from 'undici';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { collect, readEvents, type Stack, startStack } from './stack.ts';
+
+const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
+
+describe('runtime cases', () => {
+  let s: Stack;
+  let id: string;
+  let files: { url: string; token: string };
+
+  /** Starts a command and returns its stream grant. */
+  async function start(body: Record<string, unknown>) {
+    const res = await s.call<{ command: { id: string }; stream: { url: string; token: string } }>(
+      'POST',
+      `/v1/sandboxes/${id}/commands`,
+      body,
+    );
+    expect(res.status).toBe(201);
+    return res.body;
+  }
+
+  async function dp(
+    method: string,
+    path: string,
+    body?: Buffer | string,
+    headers: Record<string, string> = {},
+  ) {
+    const res = await request(`${files.url}${path}`, {
+      method: method as 'GET',
+      headers: { authorization: `Bearer ${files.token}`, ...headers },
+      body,
+    });
+    const buf = Buffer.from(await res.body.arrayBuffer());
+    return { status: res.statusCode, buf, json: () => JSON.parse(buf.toString()) as Record<string, unknown> };
+  }
+
+  const q = (p: string) => `?path=${encodeURIComponent(p)}`;
+
+  beforeAll(async () => {
+    s = await startStack();
+    id = await s.createSandbox({ timeoutSec: 1800, memoryMiB: 1024 });
+    files = await s.token(id);
+  });
+  afterAll(async () => {
+    await s?.stop();
+  });
+
+  it('r1-two-readers-one-drops: every line reaches the reader that stays; a late reader replays; memory bounded', async () => {
+    const rss = async () => {
+      const r = await s.exec(id, { cmd: 'sh', args: ['-c', 'grep VmRSS /proc/2/status'] });
+      return Number(/(\d+)/.exec(r.stdout.toString())?.[1]) * 1024;
+    };
+    const before = await rss();
+    const cmd = await start({ cmd: 'seq', args: ['1', '1000000'] });
+    const dropper = readEvents(cmd.stream.url, cmd.stream.token, { stopAfter: 20 });
+    const stayer = readEvents(cmd.stream.url, cmd.stream.token);
+    await dropper;
+    const full = collect(await stayer);
+    expect(full.exit.exitCode).toBe(0);
+    const lines = full.stdout.toString().split('\n');
+    expect(lines.length).toBe(1_000_001);
+    expect(lines[0]).toBe('1');
+    expect(lines[999_999]).toBe('1000000');
+    const replay = collect(await readEvents(cmd.stream.url, cmd.stream.token));
+    expect(sha(replay.stdout)).toBe(sha(full.stdout));
+    // the guest daemon (PID 2, under tini) must not have buffered the output
+    expect((await rss()) - before).toBeLessThan(64 * 1024 * 1024);
+  });
+
+  it('r1-resume: a dropped stream resumes from Last-Event-ID with nothing lost or repeated', async () => {
+    const cmd = await start({ cmd: 'sh', args: ['-c', 'for i in $(seq 1 2000); do echo line-$i; done'] });
+    const first = await readEvents(cmd.stream.url, cmd.stream.token, { stopAfter: 3 });
+    const lastId = first.at(-1)!.id;
+    const rest = await readEvents(cmd.stream.url, cmd.stream.token, { lastEventId: lastId });
+    const all = collect([...first, ...rest]);
+    const expected = Array.from({ length: 2000 }, (_, i) => `line-${i + 1}\n`).join('');
+    expect(all.stdout.toString()).toBe(expected);
+    expect(new Set([...first, ...rest].map((e) => e.id)).size).toBe(first.length + rest.length);
+  });
+
+  it('r2-cannot-start: missing binary, true, and a directory all end at once with an exit event', async () => {
+    const t0 = Date.now();
+    const missing = await s.exec(id, { cmd: 'no-such-binary', shell: true });
+    expect(missing.exit.exitCode).toBe(127);
+    const ok = await s.exec(id, { cmd: 'true' });
+    expect(ok.exit.exitCode).toBe(0);
+    const dir = await s.exec(id, { cmd: '/tmp' });
+    expect(dir.exit.exitCode).toBe(126);
+    expect(dir.exit.error).toMatch(/directory|permission|EACCES|EISDIR/i);
+    const direct = await s.exec(id, { cmd: 'no-such-binary' });
+    expect(direct.exit.exitCode).toBe(127);
+    expect(direct.exit.error).toBeTruthy();
+    expect(Date.now() - t0).toBeLessThan(8000);
+  });
+
+  it('r3-big-burst: 4 MiB in one write to stdout, then stderr, then interleaved, byte-exact', async () => {
+    const size = 4_194_304;
+    const mk = await s.exec(id, {
+      cmd: 'python3',
+      args: ['-c', `import os; open('/tmp/blob','wb').write(os.urandom(${size}))`],
+    });
+    expect(mk.exit.exitCode).toBe(0);
+    const blob = await dp('GET', `/files${q('/tmp/blob')}`);
+    expect(blob.buf.length).toBe(size);
+    const script = [
+      'import sys',
+      "d = open('/tmp/blob','rb').read()",
+      'sys.stdout.buffer.write(d); sys.stdout.flush()',
+      'sys.stderr.buffer.write(d); sys.stderr.flush()',
+      'for i in range(0, len(d), 65536):',
+      '    sys.stdout.buffer.write(d[i:i+65536]); sys.stdout.flush()',
+      '    sys.stderr.buffer.write(d[i:i+65536]); sys.stderr.flush()',
+    ].join('\n');
+    const r = await s.exec(id, { cmd: 'python3', args: ['-c', script] });
+    expect(r.exit.exitCode).toBe(0);
+    const twice = sha(Buffer.concat([blob.buf, blob.buf]));
+    expect(r.stdout.length).toBe(2 * size);
+    expect(r.stderr.length).toBe(2 * size);
+    expect(sha(r.stdout)).toBe(twice);
+    expect(sha(r.stderr)).toBe(twice);
+  });
+
+  it('r4-names-that-break-parsers: names round-trip exactly; escapes are refused', async () => {
+    const names = [
+      '🙂.txt',
+      'naïve.txt',
+      'a b.txt',
+      'x%2Fy',
+      '-rf',
+      'new\nline.txt',
+      `${'n'.repeat(251)}.txt`,
+    ];
+    await dp('POST', '/fs/mkdir', JSON.stringify({ path: '/home/user/r4', parents: true }), {
+      'content-type': 'application/json',
+    });
+    for (const [i, name] of names.entries()) {
+      const put = await dp('PUT', `/files${q(`/home/user/r4/${name}`)}`, Buffer.from(`content-${i}`), {
+        'content-type': 'application/octet-stream',
+      });
+      expect(put.status, name).toBe(200);
+    }
+    const list = await dp('GET', `/fs/list${q('/home/user/r4')}`);
+    const listed = (list.json().entries as { name: string }[]).map((e) => e.name).sort();
+    expect(listed).toEqual([...names].sort());
+    for (const [i, name] of names.entries()) {
+      const got = await dp('GET', `/files${q(`/home/user/r4/${name}`)}`);
+      expect(got.buf.toString(), name).toBe(`content-${i}`);
+      expect((await dp('DELETE', `/fs${q(`/home/user/r4/${name}`)}`)).status, name).toBe(204);
+    }
+    expect((await dp('GET', `/fs/list${q('/home/user/r4')}`)).json().entries).toEqual([]);
+    for (const bad of [
+      '../../etc/passwd',
+      '/home/user/../../etc/shadow',
+      '/proc/1/environ',
+      '/opt/space/bin/node',
+    ]) {
+      const r = await dp('GET', `/files${q(bad)}`);
+      expect(r.status, bad).toBe(400);
+      expect((r.json().error as { code: string }).code, bad).toBe('PATH_INVALID');
+    }
+    const up = await dp('PUT', `/files${q('../escape.txt')}`, 'x', {
+      'content-type': 'application/octet-stream',
+    });
+    expect(up.status).toBe(400);
+  });
+
+  it('r5-large-and-interrupted-uploads: 1 MiB and 256 MiB round-trip; an aborted upload leaves the old file', async () => {
+    const { randomBytes } = await import('node:crypto');
+    for (const size of [1024 * 1024, 256 * 1024 * 1024]) {
+      const data = randomBytes(size);
+      const put = await dp('PUT', `/files${q(`/home/user/big-${size}`)}`, data, {
+        'content-type': 'application/octet-stream',
+      });
+      expect(put.status).toBe(200);
+      const got = await dp('GET', `/files${q(`/home/user/big-${size}`)}`);
+      expect(got.buf.length).toBe(size);
+      expect(sha(got.buf)).toBe(sha(data));
+    }
+    const path = '/home/user/precious.txt';
+    await dp('PUT', `/files${q(path)}`, 'the complete old file', {
+      'content-type': 'application/octet-stream',
+    });
+    // abort mid-upload: declare 8 MiB, send 1 MiB, then cut the connection
+    const { connect } = await import('node:net');
+    const u = new URL(`${files.url}/files${q(path)}`);
+    const sock = connect(Number(u.port), u.hostname);
+    await new Promise((r) => sock.once('connect', r));
+    sock.write(
+      `PUT ${u.pathname}${u.search} HTTP/1.1\r\nHost: ${u.host}\r\nAuthorization: Bearer ${files.token}\r\n` +
+        'Content-Type: application/octet-stream\r\nContent-Length: 8388608\r\n\r\n',
+    );
+    sock.write(randomBytes(1024 * 1024));
+    await new Promise((r) => setTimeout(r, 300));
+    sock.destroy();
+    await new Promise((r) => setTimeout(r, 500));
+    const after = await dp('GET', `/files${q(path)}`);
+    expect(after.buf.toString()).toBe('the complete old file');
+    const ls = await dp('GET', `/fs/list${q('/home/user')}`);
+    const leftovers = (ls.json().entries as { name: string }[]).filter(
+      (e) => e.name.includes('precious') && e.name !== 'precious.txt',
+    );
+    expect(leftovers).toEqual([]);
+  });
+
+  it('r6-stdin-that-closes-early: EOF at once, early close, writes after exit refused, 10 MB round-trip', async () => {
+    const t0 = Date.now();
+    const early = await s.exec(id, { cmd: 'cat', stdin: '123\n' });
+    expect(early.stdout.toString()).toBe('123\n');
+    expect(early.exit.exitCode).toBe(0);
+    const none = await s.exec(id, { cmd: 'cat' });
+    expect(none.stdout.length).toBe(0);
+    expect(none.exit.exitCode).toBe(0);
+    expect(Date.now() - t0).toBeLessThan(5000);
+
+    const gone = await start({ cmd: 'true', stdin: true });
+    collect(await readEvents(gone.stream.url, gone.stream.token));
+    const late = await request(`${files.url}/commands/${gone.command.id}/stdin`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${gone.stream.token}`, 'content-type': 'application/octet-stream' },
+      body: 'too late',
+    });
+    expect(late.statusCode).toBe(409);
+    expect(((await late.body.json()) as { error: { code: string } }).error.code).toBe('PROCESS_EXITED');
+
+    const { randomBytes } = await import('node:crypto');
+    const data = randomBytes(10 * 1000 * 1000);
+    const cat = await start({ cmd: 'cat', stdin: true });
+    const events = readEvents(cat.stream.url, cat.stream.token);
+    for (let off = 0; off < data.length; off += 1024 * 1024) {
+      const w = await request(`${files.url}/commands/${cat.command.id}/stdin`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${cat.stream.token}`, 'content-type': 'application/octet-stream' },
+        body: data.subarray(off, off + 1024 * 1024),
+      });
+      expect(w.statusCode).toBe(204);
+      await w.body.dump();
+    }
+    const close = await request(`${files.url}/commands/${cat.command.id}/stdin/close`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${cat.stream.token}` },
+    });
+    expect(close.statusCode).toBe(204);
+    const out = collect(await events);
+    expect(out.exit.exitCode).toBe(0);
+    expect(sha(out.stdout)).toBe(sha(data));
+  });
+
+  it('r7-timeouts-kill-the-whole-tree: a command timeout leaves no process of the command behind', async () => {
+    await s.exec(id, { cmd: 'rm', args: ['-f', '/tmp/a', '/tmp/late'] });
+    const t0 = Date.now();
+    const r = await s.exec(id, {
+      cmd: 'sh',
+      args: ['-c', '(sleep 2; touch /tmp/late) & sleep 300 & touch /tmp/a; wait'],
+      timeoutMs: 1000,
+    });
+    expect(r.exit.timedOut).toBe(true);
+    expect(r.exit.signal).toBe('SIGKILL');
+    expect(Date.now() - t0).toBeLessThan(5000);
+    await new Promise((res) => setTimeout(res, 2500));
+    const check = await s.exec(id, {
+      cmd: 'sh',
+      args: [
+        '-c',
+        'test -e /tmp/a && echo a-present; test -e /tmp/late && echo late-present; ps -eo args | grep -c "[s]leep 300"',
+      ],
+    });
+    expect(check.stdout.toString()).toBe('a-present\n0\n');
+  });
+});
