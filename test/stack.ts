@@ -22,6 +22,7 @@ export const TEST_CACHE_DIR = process.env.SPACE_TEST_CACHE_DIR ?? '/var/lib/spac
 export interface Stack {
   apiUrl: string;
   apiKey: string;
+  redisUrl: string;
   api: RunningApi;
   agent: RunningAgent;
   redis: Redis;
@@ -124,7 +125,7 @@ export async function startStack(env: Record<string, string> = {}): Promise<Stac
   const apiKey = (await readFile(join(dir, 'api-key'), 'utf8')).trim();
 
   const call: Stack['call'] = async (method, path, body, headers = {}) => {
-    const res = await request(new URL(path, api.url), {
+    const res = await request(new URL(path, stack.apiUrl), {
       method: method as 'GET',
       headers: {
         authorization: `Bearer ${apiKey}`,
@@ -140,6 +141,7 @@ export async function startStack(env: Record<string, string> = {}): Promise<Stac
   const stack: Stack = {
     apiUrl: api.url,
     apiKey,
+    redisUrl,
     api,
     agent,
     redis,
@@ -183,11 +185,44 @@ export async function startStack(env: Record<string, string> = {}): Promise<Stac
       return res.body;
     },
     async stop() {
-      await agent.close();
-      await api.close();
+      await stack.agent.close();
+      await stack.api.close();
       redis.disconnect();
       await rm(dir, { recursive: true, force: true });
     },
   };
   return stack;
+}
+
+/**
+ * What a stopped stack left on the host: network namespaces whose host end is in the test pool,
+ * runsc containers under its runsc root, and cgroups named after its instances.
+ */
+export async function leftovers(
+  stackDir: string,
+): Promise<{ links: string[]; runsc: string[]; cgroups: string[] }> {
+  const { execFile } = await import('node:child_process');
+  const { promisify } = await import('node:util');
+  const { readdir } = await import('node:fs/promises');
+  const run = promisify(execFile);
+  const addrs = JSON.parse((await run('ip', ['-j', '-4', 'addr', 'show'])).stdout) as {
+    ifname: string;
+    addr_info?: { local?: string }[];
+  }[];
+  const links = addrs
+    .filter((l) => l.addr_info?.some((a) => a.local?.startsWith('10.78.')))
+    .map((l) => l.ifname);
+  const runsc = (await run('pgrep', ['-f', `runsc.*${stackDir}`]).catch(() => ({ stdout: '' }))).stdout
+    .split('\n')
+    .filter(Boolean);
+  const cgroups: string[] = [];
+  for (const ctl of ['memory', 'pids', 'cpu']) {
+    const dir = `/sys/fs/cgroup/${ctl}/space`;
+    const ids = await readdir(dir).catch(() => [] as string[]);
+    const instances = await readdir(join(stackDir, 'agent', 'driver', 'instances')).catch(
+      () => [] as string[],
+    );
+    cgroups.push(...ids.filter((i) => instances.includes(i)));
+  }
+  return { links, runsc, cgroups };
 }

@@ -14,6 +14,9 @@ import { F } from '../core/log-fields.ts';
 import type { GuestClient } from './guest-client.ts';
 import { encodeFrame, FRAME_TRUNCATED, FrameSplitter, Spool } from './spool.ts';
 
+/** Abort reason that stops spooling without ending the command (agent restart with `keep`). */
+export const DETACH = 'detach';
+
 /** Reconnects to a guest output stream before declaring the command lost. */
 const MAX_RECONNECTS = 5;
 
@@ -138,6 +141,10 @@ async function pump(guest: GuestClient, cmd: Command, limit: number, log: Logger
       if (failures > MAX_RECONNECTS) break;
       await sleep(100 * failures);
     }
+  }
+  if (cmd.abort.signal.reason === DETACH) {
+    // the agent is stopping and leaving the sandbox running: the next agent resumes this spool
+    return;
   }
   if (!cmd.exit) {
     cmd.exit = {

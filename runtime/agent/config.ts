@@ -37,8 +37,8 @@ export const agentSettings = {
   warmMemoryMiB: setting.int('SPACE_WARM_MEMORY_MIB', 'Memory of warm instances, MiB.', 512, 128),
   vcpus: setting.number(
     'SPACE_NODE_VCPUS',
-    'vCPUs this node offers (default: 4 × host CPUs).',
-    cpus().length * 4,
+    'vCPUs this node offers (default: 32 × host CPUs: sandboxes idle most of the time; lower it for CPU-bound work).',
+    cpus().length * 32,
     0.25,
   ),
   memoryMiB: setting.int(

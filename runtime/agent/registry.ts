@@ -18,18 +18,27 @@ export interface Registration {
   maxSandboxes: number;
 }
 
+/** What changes between heartbeats. */
+export interface NodeState {
+  schedulable: boolean;
+  templates: string[];
+  warm: Record<string, number>;
+  /** Ids of the sandboxes this agent runs (the API reconciles its records against them). */
+  sandboxes: string[];
+}
+
 export class NodeRegistry {
   readonly #redis: Redis;
   readonly #reg: Registration;
   readonly #log: Logger;
-  readonly #state: () => { schedulable: boolean; templates: string[]; warm: Record<string, number> };
+  readonly #state: () => NodeState;
   #timer: NodeJS.Timeout | null = null;
 
   constructor(o: {
     redis: Redis;
     registration: Registration;
     log: Logger;
-    state: () => { schedulable: boolean; templates: string[]; warm: Record<string, number> };
+    state: () => NodeState;
   }) {
     this.#redis = o.redis;
     this.#reg = o.registration;
@@ -40,6 +49,8 @@ export class NodeRegistry {
   /** Writes one heartbeat now. */
   async beat(): Promise<void> {
     const r = this.#reg;
+    // taken before the inventory: every sandbox the API saw running before `at` is in it
+    const at = Date.now();
     const s = this.#state();
     const nk = keys.node(r.id);
     const m = this.#redis
@@ -56,11 +67,14 @@ export class NodeRegistry {
         schedulable: s.schedulable ? '1' : '0',
         templates: s.templates.join(','),
         heartbeatAt: String(Date.now()),
+        inventoryAt: String(at),
       })
       .hsetnx(nk, 'usedVcpusMilli', '0')
       .hsetnx(nk, 'usedMemoryMiB', '0')
       .hsetnx(nk, 'sandboxes', '0')
-      .del(keys.nodeWarm(r.id));
+      .del(keys.nodeWarm(r.id))
+      .del(keys.nodeInventory(r.id));
+    if (s.sandboxes.length > 0) m.sadd(keys.nodeInventory(r.id), ...s.sandboxes);
     const warm = Object.entries(s.warm);
     if (warm.length > 0)
       m.hset(keys.nodeWarm(r.id), Object.fromEntries(warm.map(([t, n]) => [t, String(n)])));

@@ -12,7 +12,7 @@ import type { Logger } from 'pino';
 import { SpaceError } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
-import { type Command, resumePump, type StartCommand, startCommand } from './commands.ts';
+import { type Command, DETACH, resumePump, type StartCommand, startCommand } from './commands.ts';
 import type { Driver, InstanceInfo } from './drivers/driver.ts';
 import { GuestClient } from './guest-client.ts';
 import type { SandboxNetworks } from './network.ts';
@@ -93,6 +93,7 @@ export class SandboxManager {
   readonly #tombstones = new Map<string, number>();
   readonly #boots: Semaphore;
   #warm: WarmPool | null = null;
+  #closing = false;
 
   constructor(o: SandboxManagerOptions) {
     this.#o = o;
@@ -154,6 +155,7 @@ export class SandboxManager {
 
   /** Creates (or returns) the sandbox. Throws SANDBOX_NOT_FOUND if it was deleted meanwhile. */
   async create(req: CreateSandbox): Promise<LocalSandbox> {
+    if (this.#closing) throw new SpaceError('NODE_UNAVAILABLE', 'the node agent is shutting down');
     if (this.#tombstones.has(req.sandboxId)) {
       throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox ${req.sandboxId} was deleted`, {
         sandboxId: req.sandboxId,
@@ -364,9 +366,36 @@ export class SandboxManager {
     }
   }
 
-  /** Destroys every sandbox and warm instance (local stack shutdown, drain with destroy). */
+  /**
+   * Lets go of every sandbox without destroying it (agent restart with `keep`): stops spooling,
+   * closes spools and guest connections. The next agent re-adopts them from disk.
+   */
+  async detachAll(): Promise<void> {
+    this.stopAccepting();
+    await Promise.allSettled([...this.#creating.values()]);
+    for (const sb of this.#sandboxes.values()) {
+      for (const c of sb.commands.values()) c.abort.abort(DETACH);
+      await Promise.allSettled(
+        [...sb.commands.values()].map(async (c) => {
+          await c.done;
+          await c.spool.close();
+        }),
+      );
+      await sb.guest.close();
+    }
+    this.#sandboxes.clear();
+  }
+
+  /** Refuses new creates from now on (shutdown). */
+  stopAccepting(): void {
+    this.#closing = true;
+  }
+
+  /** Destroys every sandbox, including those still being created (local stack shutdown). */
   async destroyAll(): Promise<void> {
-    await Promise.allSettled(this.list().map((s) => this.delete(s.id)));
+    this.stopAccepting();
+    const ids = new Set([...this.#sandboxes.keys(), ...this.#creating.keys()]);
+    await Promise.allSettled([...ids].map((id) => this.delete(id)));
   }
 
   /** Disk bytes used by a sandbox's spools (for metrics). */

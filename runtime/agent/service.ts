@@ -8,6 +8,7 @@
 import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import { createLogger } from '../core/log-fields.ts';
+import { keys } from '../core/redis-keys.ts';
 import { loadVerifyKey } from '../core/tokens.ts';
 import { buildAgentApp } from './app.ts';
 import { type AgentConfig, warmTemplates } from './config.ts';
@@ -26,8 +27,11 @@ export interface RunningAgent {
   url: string;
   sandboxes: SandboxManager;
   warm: WarmPool;
-  /** Stops the agent (see the module doc for what happens to sandboxes). */
-  close(signal?: string): Promise<void>;
+  /**
+   * Stops the agent; `onShutdown` (default: the configured one) says whether its sandboxes keep
+   * running for the next agent to re-adopt or are destroyed.
+   */
+  close(signal?: string, onShutdown?: AgentConfig['onShutdown']): Promise<void>;
 }
 
 /** Starts an agent with `config`; resolves once it listens and has sent its first heartbeat. */
@@ -78,7 +82,16 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     spoolLimitBytes: config.spoolLimitBytes,
     log,
   });
-  await sandboxes.adopt();
+  const { adopted } = await sandboxes.adopt();
+  // reconcile with the state of record: a sandbox the control plane ended while this agent was
+  // down (or never finished creating) must not keep running here
+  for (const id of adopted) {
+    const state = await redis.hget(keys.sandbox(id), 'state');
+    if (state === null || state === 'killing' || state === 'killed') {
+      log.info({ 'sandbox.id': id, state }, 'adopted sandbox is gone from the control plane; destroying');
+      await sandboxes.delete(id);
+    }
+  }
   const warm = new WarmPool({
     templates: warmTemplates(config).filter((t) => ready.includes(t)),
     size: config.warmPoolSize,
@@ -105,18 +118,25 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       memoryMiB: config.memoryMiB,
       maxSandboxes: config.maxSandboxes,
     },
-    state: () => ({ schedulable: true, templates: ready, warm: warm.counts() }),
+    state: () => ({
+      schedulable: true,
+      templates: ready,
+      warm: warm.counts(),
+      sandboxes: sandboxes.list().map((sb) => sb.id),
+    }),
   });
   await registry.start(config.heartbeatMs);
   log.info({ port, templates: ready }, 'agent ready');
 
   let closing: Promise<void> | null = null;
-  const close = (signal = 'close') => {
+  const close = (signal = 'close', onShutdown = config.onShutdown) => {
     closing ??= (async () => {
-      log.info({ signal, onShutdown: config.onShutdown }, 'agent stopping');
+      log.info({ signal, onShutdown }, 'agent stopping');
       await registry.stop(true);
+      sandboxes.stopAccepting();
       await warm.drain();
-      if (config.onShutdown === 'destroy') await sandboxes.destroyAll();
+      if (onShutdown === 'destroy') await sandboxes.destroyAll();
+      else await sandboxes.detachAll();
       await app.close();
       redis.disconnect();
       log.info('agent stopped');

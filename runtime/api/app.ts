@@ -19,6 +19,7 @@ import { type ApiMetrics, createApiMetrics } from './metrics.ts';
 import { NodeStore, readyTemplates } from './node-store.ts';
 import { OperationStore, OperationWaiter, OperationWorker } from './operations.ts';
 import { Reaper } from './reaper.ts';
+import { Reconciler } from './reconciler.ts';
 import { type ScriptedRedis, withScripts } from './redis-scripts.ts';
 import { commandRoutes } from './routes/commands.ts';
 import { nodeRoutes } from './routes/nodes.ts';
@@ -156,11 +157,9 @@ export function createApiRuntime(deps: ApiDeps, workerConnection: Redis) {
     log: deps.log.child({ component: 'worker' }),
     concurrency: deps.config.workerConcurrency,
   });
-  const reaper = new Reaper(
-    deps.sandboxes,
-    deps.log.child({ component: 'reaper' }),
-    deps.config.reaperIntervalMs,
-  );
+  const log = deps.log.child({ component: 'reaper' });
+  const reconciler = new Reconciler(deps.sandboxes, deps.operations, log);
+  const reaper = new Reaper(deps.sandboxes, log, deps.config.reaperIntervalMs, reconciler);
   return {
     async start() {
       await worker.start();

@@ -173,9 +173,9 @@ async function runExec(cmd: Command, id: string, words: string[], o: ExecOptions
       stdout: Buffer.concat(out).toString('utf8'),
       stderr: Buffer.concat(err).toString('utf8'),
     });
-  } else {
-    if (exit.error) note(exit.error);
-    else if (exit.timedOut) note(`space: the command timed out${o.timeout ? ` after ${o.timeout} ms` : ''}`);
+  } else if (exit.timedOut && process.stderr.isTTY) {
+    // (a start failure's message already arrived on stderr from the guest)
+    note(`space: the command timed out${o.timeout ? ` after ${o.timeout} ms` : ''}`);
   }
   return exitCodeOf(exit);
 }

@@ -44,6 +44,8 @@ export const keys = {
   nodeAlive: (id: string) => `${KEY_PREFIX}node:${id}:alive`,
   /** Hash: template → warm slots ready on the node. */
   nodeWarm: (id: string) => `${KEY_PREFIX}node:${id}:warm`,
+  /** Set: sandbox ids the node's agent reported running at its last heartbeat (`inventoryAt` in the node hash). */
+  nodeInventory: (id: string) => `${KEY_PREFIX}node:${id}:inventory`,
   /** Set: sandbox ids placed on the node (reconciliation). */
   nodeSandboxes: (id: string) => `${KEY_PREFIX}node:${id}:sandboxes`,
 } as const;

@@ -1,0 +1,73 @@
+/**
+ * Reconciliation of sandbox records with what nodes really run. Every pass:
+ * - a live sandbox placed on a node that stopped heartbeating, or missing from its node's
+ *   inventory although it was live well before that inventory was taken, is lost: it moves to
+ *   `killing` (reason `node_lost`) and gets a delete operation that releases its reservation;
+ * - a sandbox stuck in `killing` with no progress for {@link STUCK_KILLING_MS} gets its delete
+ *   operation queued again (deletes are idempotent), so a crash between claim and enqueue can't
+ *   strand it.
+ */
+import type { Logger } from 'pino';
+import { F } from '../core/log-fields.ts';
+import { keys } from '../core/redis-keys.ts';
+import type { OperationStore } from './operations.ts';
+import type { SandboxStore } from './sandbox-store.ts';
+
+/** Clock skew allowed between API and agent hosts when comparing inventory times (ms). */
+export const INVENTORY_GRACE_MS = 5_000;
+/** A sandbox in `killing` this long without an update gets its delete queued again (ms). */
+export const STUCK_KILLING_MS = 60_000;
+
+const LIVE = new Set(['running', 'pausing', 'paused', 'resuming']);
+
+export class Reconciler {
+  readonly #sandboxes: SandboxStore;
+  readonly #operations: OperationStore;
+  readonly #log: Logger;
+
+  constructor(sandboxes: SandboxStore, operations: OperationStore, log: Logger) {
+    this.#sandboxes = sandboxes;
+    this.#operations = operations;
+    this.#log = log;
+  }
+
+  /** One pass over every node; returns the sandbox ids it acted on. */
+  async pass(now = Date.now()): Promise<{ lost: string[]; requeued: string[] }> {
+    const redis = this.#sandboxes.redis;
+    const lost: string[] = [];
+    const requeued: string[] = [];
+    for (const node of await redis.smembers(keys.nodeIndex())) {
+      const [alive, inventoryAt, placed, inventory] = await Promise.all([
+        redis.exists(keys.nodeAlive(node)),
+        redis.hget(keys.node(node), 'inventoryAt'),
+        redis.smembers(keys.nodeSandboxes(node)),
+        redis.smembers(keys.nodeInventory(node)),
+      ]);
+      const running = new Set(inventory);
+      for (const id of placed) {
+        const rec = await this.#sandboxes.get(id);
+        if (!rec) continue;
+        const updated = Date.parse(rec.updatedAt);
+        if (rec.state === 'killing' && now - updated > STUCK_KILLING_MS) {
+          await this.#operations.enqueue('sandbox.delete', id, { reason: rec.killReason ?? 'request' });
+          requeued.push(id);
+          continue;
+        }
+        if (!LIVE.has(rec.state)) continue;
+        const gone =
+          alive === 0 ||
+          (!running.has(id) && inventoryAt !== null && updated < Number(inventoryAt) - INVENTORY_GRACE_MS);
+        if (!gone) continue;
+        const moved = await this.#sandboxes.markKilling(id, 'node_lost');
+        if (!moved.ok) continue;
+        await this.#operations.enqueue('sandbox.delete', id, { reason: 'node_lost' });
+        this.#log.warn(
+          { [F.sandboxId]: id, [F.nodeId]: node, alive: alive === 1 },
+          'sandbox lost by its node',
+        );
+        lost.push(id);
+      }
+    }
+    return { lost, requeued };
+  }
+}

@@ -1,0 +1,137 @@
+/** SandboxStore against a real Redis: pagination, filters, transitions, placement and expiry scripts. */
+import { Redis } from 'ioredis';
+import { afterAll, beforeEach, describe, expect, inject, it } from 'vitest';
+import { KEY_PREFIX, keys } from '../core/redis-keys.ts';
+import { withScripts } from './redis-scripts.ts';
+import { SandboxStore } from './sandbox-store.ts';
+
+const redis = withScripts(new Redis(inject('redisUrl'), { db: 3 }));
+const store = new SandboxStore(redis);
+afterAll(() => redis.disconnect());
+beforeEach(async () => {
+  await redis.flushdb();
+});
+
+const make = (id: string, now: number, metadata: Record<string, string> = {}) =>
+  store.create(
+    {
+      id,
+      template: 'base',
+      vcpus: 1,
+      memoryMiB: 512,
+      timeoutSec: 60,
+      metadata,
+      env: {},
+      sessionId: 'ses_aaaaaaaaaaaaaaaaaaaa',
+    },
+    now,
+  );
+
+async function addNode(id: string, vcpus: number, memoryMiB: number, warm = 0) {
+  await redis
+    .multi()
+    .sadd(keys.nodeIndex(), id)
+    .hset(keys.node(id), {
+      id,
+      schedulable: '1',
+      vcpusMilli: String(vcpus * 1000),
+      memoryMiB: String(memoryMiB),
+      maxSandboxes: '100',
+      usedVcpusMilli: '0',
+      usedMemoryMiB: '0',
+      sandboxes: '0',
+    })
+    .set(keys.nodeAlive(id), '1')
+    .hset(keys.nodeWarm(id), 'base', String(warm))
+    .exec();
+}
+
+describe('SandboxStore', () => {
+  it('pages through every sandbox exactly once, newest first, including equal timestamps', async () => {
+    const ids: string[] = [];
+    for (let i = 0; i < 25; i++) {
+      const id = `sbx_page${String(i).padStart(16, '0')}`;
+      ids.push(id);
+      await make(id, 1_000 + Math.floor(i / 3), { team: i % 2 === 0 ? 'even' : 'odd' }); // 3 share each ms
+    }
+    const seen: string[] = [];
+    let cursor: string | undefined;
+    for (let guard = 0; guard < 10; guard++) {
+      const page = await store.list({ limit: 10, cursor });
+      seen.push(...page.sandboxes.map((s) => s.id));
+      if (!page.nextCursor) break;
+      cursor = page.nextCursor;
+    }
+    expect(seen.length).toBe(25);
+    expect(new Set(seen).size).toBe(25);
+    const created = seen.map((id) => Number(ids.indexOf(id)));
+    expect(created.map((i) => Math.floor(i / 3))).toEqual(
+      [...created.map((i) => Math.floor(i / 3))].sort((a, b) => b - a),
+    );
+    const even = await store.list({ limit: 100, metadata: { team: 'even' } });
+    expect(even.sandboxes.length).toBe(13);
+    expect(await store.list({ limit: 100, state: ['running'] })).toEqual({ sandboxes: [], nextCursor: null });
+  });
+
+  it('allows only the transitions of the lifecycle table', async () => {
+    await make('sbx_trans000000000000001', 1);
+    expect(await store.transition('sbx_trans000000000000001', 'paused')).toEqual({
+      ok: false,
+      current: 'creating',
+    });
+    expect(await store.transition('sbx_trans000000000000001', 'running')).toEqual({ ok: true });
+    expect(await redis.zscore(keys.deadlines(), 'sbx_trans000000000000001')).not.toBeNull();
+    expect(await store.markKilling('sbx_trans000000000000001', 'request')).toEqual({ ok: true });
+    expect(await redis.zscore(keys.deadlines(), 'sbx_trans000000000000001')).toBeNull();
+    expect(await store.transition('sbx_trans000000000000001', 'running')).toEqual({
+      ok: false,
+      current: 'killing',
+    });
+    expect(await store.markKilled('sbx_trans000000000000001', 'request')).toEqual({ ok: true });
+    expect(await store.transition('sbx_nope00000000000000001', 'running')).toEqual({
+      ok: false,
+      current: null,
+    });
+  });
+
+  it('places on a node with a warm slot first, reserves atomically, refuses when full, releases once', async () => {
+    await addNode('cold-node', 4, 2048, 0);
+    await addNode('warm-node', 4, 2048, 1);
+    const a = await make('sbx_place00000000000001', 1);
+    expect(await store.place(a)).toEqual({ nodeId: 'warm-node', fromWarm: true });
+    expect(await store.place(a)).toEqual({ nodeId: 'warm-node', fromWarm: true }); // idempotent
+    expect(await redis.hget(keys.nodeWarm('warm-node'), 'base')).toBe('0');
+    // fill both nodes' memory: 2048 MiB each, 512 per sandbox
+    const placed = await Promise.all(
+      Array.from({ length: 10 }, async (_, i) => store.place(await make(`sbx_place0000000000001${i}`, 2))),
+    );
+    expect(placed.filter((p) => p.nodeId !== null).length).toBe(7);
+    expect(placed.filter((p) => p.nodeId === null).every((p) => 'reason' in p && p.reason === 'full')).toBe(
+      true,
+    );
+    expect(Number(await redis.hget(keys.node('warm-node'), 'usedMemoryMiB'))).toBe(2048);
+    expect(await store.release('sbx_place00000000000001')).toBe(true);
+    expect(await store.release('sbx_place00000000000001')).toBe(false);
+    expect(Number(await redis.hget(keys.node('warm-node'), 'usedMemoryMiB'))).toBe(1536);
+    await redis.del(keys.nodeAlive('warm-node'), keys.nodeAlive('cold-node'));
+    expect(await store.place(await make('sbx_place00000000000099', 3))).toEqual({
+      nodeId: null,
+      reason: 'no_nodes',
+    });
+  });
+
+  it('expires each sandbox once, queues its delete, and loses races with extension cleanly', async () => {
+    await make('sbx_expire0000000000001', 0);
+    await make('sbx_expire0000000000002', 0);
+    await store.transition('sbx_expire0000000000001', 'running', {}, 0);
+    await store.transition('sbx_expire0000000000002', 'running', {}, 0);
+    // the second is extended before the sweep; the first is not
+    expect(await store.extend('sbx_expire0000000000002', 60, 50_000)).toEqual({ ok: true });
+    expect(await store.claimExpired(61_000)).toEqual(['sbx_expire0000000000001']);
+    expect(await store.claimExpired(61_000)).toEqual([]);
+    expect((await store.get('sbx_expire0000000000001'))?.state).toBe('killing');
+    expect(await redis.xlen(keys.operationQueue())).toBe(1);
+    expect(await redis.hget(`${KEY_PREFIX}operation:op_texpire0000000000001`, 'kind')).toBe('sandbox.delete');
+    expect(await store.extend('sbx_expire0000000000001', 60)).toEqual({ ok: false, current: 'killing' });
+  });
+});

@@ -1,0 +1,89 @@
+import { describe, expect, it } from 'vitest';
+import {
+  CliError,
+  exitCodeOf,
+  formatBytes,
+  formatError,
+  formatMode,
+  formatRelative,
+  metadataQuery,
+  parseKeyValue,
+  parsePositiveInt,
+  table,
+} from './output.ts';
+
+describe('parseKeyValue', () => {
+  it('splits at the first =', () => {
+    expect(parseKeyValue('a=b=c')).toEqual(['a', 'b=c']);
+    expect(parseKeyValue('EMPTY=')).toEqual(['EMPTY', '']);
+  });
+  it('rejects pairs without a key as usage errors', () => {
+    for (const bad of ['novalue', '=x', '']) {
+      expect(() => parseKeyValue(bad, '--env')).toThrowError(CliError);
+      try {
+        parseKeyValue(bad);
+      } catch (err) {
+        expect((err as CliError).exitCode).toBe(2);
+      }
+    }
+  });
+});
+
+describe('parsePositiveInt', () => {
+  it('accepts digits only', () => {
+    expect(parsePositiveInt('--x')('42')).toBe(42);
+    expect(() => parsePositiveInt('--x')('0')).toThrow(/positive integer/);
+    expect(() => parsePositiveInt('--x')('1.5')).toThrow();
+    expect(() => parsePositiveInt('--x')('-3')).toThrow();
+  });
+});
+
+describe('exitCodeOf', () => {
+  it('maps exits like a shell', () => {
+    expect(exitCodeOf({ exitCode: 3, signal: null, timedOut: false })).toBe(3);
+    expect(exitCodeOf({ exitCode: 0, signal: null, timedOut: false })).toBe(0);
+    expect(exitCodeOf({ exitCode: null, signal: 'SIGKILL', timedOut: false })).toBe(137);
+    expect(exitCodeOf({ exitCode: null, signal: 'SIGINT', timedOut: false })).toBe(130);
+    expect(exitCodeOf({ exitCode: null, signal: 'SIGKILL', timedOut: true })).toBe(124);
+    expect(exitCodeOf({ exitCode: 127, signal: null, timedOut: false, error: 'x: command not found' })).toBe(
+      127,
+    );
+    expect(exitCodeOf({ exitCode: null, signal: null, timedOut: false })).toBe(1);
+  });
+});
+
+describe('formatting', () => {
+  it('renders aligned tables without trailing spaces', () => {
+    expect(
+      table(
+        ['ID', 'STATE'],
+        [
+          ['sbx_1', 'running'],
+          ['sbx_long', 'killed'],
+        ],
+      ),
+    ).toBe('ID        STATE\nsbx_1     running\nsbx_long  killed');
+  });
+  it('formats bytes, modes and times', () => {
+    expect(formatBytes(512)).toBe('512 B');
+    expect(formatBytes(1536)).toBe('1.5 KiB');
+    expect(formatBytes(20 * 1024 * 1024)).toBe('20.0 MiB');
+    expect(formatMode('dir', 0o755)).toBe('drwxr-xr-x');
+    expect(formatMode('file', 0o640)).toBe('-rw-r-----');
+    const now = Date.parse('2025-01-01T00:10:00Z');
+    expect(formatRelative('2025-01-01T00:09:55Z', now)).toBe('5s ago');
+    expect(formatRelative('2025-01-01T00:15:00Z', now)).toBe('in 5m');
+    expect(formatRelative('2024-12-31T22:10:00Z', now)).toBe('2h ago');
+  });
+  it('encodes metadata filters as the API expects', () => {
+    expect(metadataQuery({ team: 'a', 'x y': 'b&c' })).toBe('team=a&x+y=b%26c');
+  });
+  it('formats errors as "error CODE: message"', () => {
+    expect(formatError(new CliError('SANDBOX_NOT_FOUND', 'no sandbox sbx_1'))).toBe(
+      'error SANDBOX_NOT_FOUND: no sandbox sbx_1',
+    );
+    expect(new CliError('X', 'y', { details: { a: 1 } }).toBody()).toEqual({
+      error: { code: 'X', message: 'y', details: { a: 1 } },
+    });
+  });
+});

@@ -1,0 +1,99 @@
+/**
+ * The `space` program: global options, every command, and how a run ends (exit codes, error output).
+ * Machine output with `--json` on stdout; errors on stderr as `error CODE: message` (or the JSON
+ * error body with `--json`); exit 1 on errors, 2 on usage errors.
+ */
+import { readFileSync } from 'node:fs';
+import { Command, CommanderError } from 'commander';
+import { registerExec } from './exec.ts';
+import { registerFiles } from './files.ts';
+import { registerOps } from './ops.ts';
+import { EXIT_USAGE, reportError } from './output.ts';
+import { registerSandbox } from './sandbox.ts';
+import { registerTemplate } from './template.ts';
+import { registerUp } from './up.ts';
+
+function version(): string {
+  try {
+    const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as {
+      version?: string;
+    };
+    return pkg.version ?? '0.0.0';
+  } catch {
+    return '0.0.0';
+  }
+}
+
+/** True when `--json` is among the options (before any `--`). */
+export function wantsJson(argv: string[]): boolean {
+  const end = argv.indexOf('--');
+  return (end === -1 ? argv : argv.slice(0, end)).includes('--json');
+}
+
+/** The program with every command registered (no parsing). */
+export function buildProgram(json = false): Command {
+  const program = new Command('space');
+  program
+    .description('SPACE: self-hosted sandboxes for AI agents')
+    .version(version(), '-V, --version', 'print the version')
+    .option('--json', 'machine-readable output on stdout (errors as JSON on stderr)')
+    .option(
+      '--api-url <url>',
+      'API endpoint (default: $SPACE_API_URL, $SPACE_HOME/local.json, http://127.0.0.1:8080)',
+    )
+    .option('--api-key <key>', 'API key (default: $SPACE_API_KEY, then $SPACE_HOME/api-key)')
+    .exitOverride()
+    .configureOutput({
+      outputError: (str, write) => {
+        if (!json) return write(str);
+        const message = str.trim().replace(/^error:\s*/, '');
+        write(`${JSON.stringify({ error: { code: 'USAGE', message } })}\n`);
+      },
+    })
+    .showHelpAfterError('(run with --help for usage)')
+    .addHelpText(
+      'after',
+      `
+Environment:
+  SPACE_HOME      where the local stack keeps keys, logs and Redis data (default ~/.space)
+  SPACE_API_URL   API endpoint;  SPACE_API_KEY  API key
+
+Examples:
+  space up                                           # local stack in the foreground (root)
+  id=$(space sandbox create --template base)
+  space exec $id -- sh -c 'echo hello; exit 3'       # prints hello, exits 3
+  space files put $id ./script.py /home/user/script.py
+  space exec $id -- python3 /home/user/script.py
+  space sandbox rm $id`,
+    );
+  registerUp(program);
+  registerSandbox(program);
+  registerExec(program);
+  registerFiles(program);
+  registerOps(program);
+  registerTemplate(program);
+  return program;
+}
+
+/** Runs the CLI with `argv` (process.argv) and exits the process with its exit code. */
+export async function main(argv: string[] = process.argv): Promise<never> {
+  const json = wantsJson(argv.slice(2));
+  process.stdout.on('error', (err: NodeJS.ErrnoException) => {
+    if (err.code === 'EPIPE') process.exit(141); // reader went away, like a shell's SIGPIPE
+    throw err;
+  });
+  let code = 0;
+  try {
+    await buildProgram(json).parseAsync(argv);
+    code = typeof process.exitCode === 'number' ? process.exitCode : 0;
+  } catch (err) {
+    if (err instanceof CommanderError) {
+      code = ['commander.helpDisplayed', 'commander.version'].includes(err.code) ? 0 : EXIT_USAGE;
+    } else {
+      code = reportError(err, json);
+    }
+  }
+  // let stdout drain (pipes), then leave even if idle keep-alive sockets remain
+  await new Promise<void>((r) => process.stdout.write('', () => r()));
+  process.exit(code);
+}

@@ -1,0 +1,167 @@
+/** Bad input gets a clear coded 4xx and changes nothing. */
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { request } from 'undici';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadSigningKey, mintSessionToken, writeNewKeyPair } from '../runtime/core/tokens.ts';
+import { type Stack, startStack } from './stack.ts';
+
+describe('bad input', () => {
+  let s: Stack;
+  let a: string;
+  let b: string;
+  beforeAll(async () => {
+    s = await startStack();
+    [a, b] = await Promise.all([s.createSandbox(), s.createSandbox()]);
+  });
+  afterAll(async () => {
+    await s?.stop();
+  });
+
+  const code = (body: unknown) => (body as { error: { code: string } }).error.code;
+
+  it('refuses an unknown template, bad bodies and oversized bodies with stable codes', async () => {
+    const before = (await s.call<{ sandboxes: unknown[] }>('GET', '/v1/sandboxes')).body.sandboxes.length;
+    const unknown = await s.call('POST', '/v1/sandboxes', { template: 'no-such-template' });
+    expect([unknown.status, code(unknown.body)]).toEqual([404, 'TEMPLATE_NOT_FOUND']);
+    const badType = await s.call('POST', '/v1/sandboxes', { template: 'base', vcpus: 'many' });
+    expect([badType.status, code(badType.body)]).toEqual([400, 'BAD_REQUEST']);
+    const extra = await s.call('POST', '/v1/sandboxes', { template: 'base', privileged: true });
+    expect([extra.status, code(extra.body)]).toEqual([400, 'BAD_REQUEST']);
+    const tooLong = await s.call('POST', '/v1/sandboxes', { template: 'base', timeoutSec: 10_000_000 });
+    expect([tooLong.status, code(tooLong.body)]).toEqual([400, 'BAD_REQUEST']);
+    const huge = await s.call('POST', '/v1/sandboxes', {
+      template: 'base',
+      metadata: { big: 'x'.repeat(2_000_000) },
+    });
+    expect([huge.status, code(huge.body)]).toEqual([413, 'BODY_TOO_LARGE']);
+    const after = (await s.call<{ sandboxes: unknown[] }>('GET', '/v1/sandboxes')).body.sandboxes.length;
+    expect(after).toBe(before);
+  });
+
+  it('refuses missing and unknown API keys', async () => {
+    const none = await request(`${s.apiUrl}/v1/sandboxes`);
+    expect(none.statusCode).toBe(401);
+    expect(code(await none.body.json())).toBe('UNAUTHENTICATED');
+    const wrong = await s.call('GET', '/v1/sandboxes', undefined, {
+      authorization: 'Bearer space_not_a_key',
+    });
+    expect([wrong.status, code(wrong.body)]).toEqual([401, 'UNAUTHENTICATED']);
+  });
+
+  it('answers unknown sandboxes, operations and malformed ids with 404/400', async () => {
+    const ghost = 'sbx_aaaaaaaaaaaaaaaaaaaa';
+    for (const [method, path, body] of [
+      ['GET', `/v1/sandboxes/${ghost}`, undefined],
+      ['DELETE', `/v1/sandboxes/${ghost}`, undefined],
+      ['POST', `/v1/sandboxes/${ghost}/commands`, { cmd: 'true' }],
+      ['POST', `/v1/sandboxes/${ghost}/timeout`, { timeoutSec: 10 }],
+    ] as const) {
+      const r = await s.call(method, path, body);
+      expect([r.status, code(r.body)], `${method} ${path}`).toEqual([404, 'SANDBOX_NOT_FOUND']);
+    }
+    const op = await s.call('GET', '/v1/operations/op_aaaaaaaaaaaaaaaaaaaa');
+    expect([op.status, code(op.body)]).toEqual([404, 'OPERATION_NOT_FOUND']);
+    const malformed = await s.call('GET', '/v1/sandboxes/..%2F..%2Fetc');
+    expect([malformed.status, code(malformed.body)]).toEqual([400, 'BAD_REQUEST']);
+    const both = await s.call('POST', `/v1/sandboxes/${a}/commands`, {
+      cmd: 'echo',
+      args: ['x'],
+      shell: true,
+    });
+    expect([both.status, code(both.body)]).toEqual([400, 'BAD_REQUEST']);
+  });
+
+  it('refuses an Idempotency-Key reused with another body, and replays the same body', async () => {
+    const h = { 'idempotency-key': 'bad-input-key-1' };
+    const first = await s.call<{ sandbox: { id: string } }>(
+      'POST',
+      '/v1/sandboxes',
+      { template: 'base', metadata: { n: '1' } },
+      h,
+    );
+    expect(first.status).toBe(202);
+    const again = await s.call<{ sandbox: { id: string } }>(
+      'POST',
+      '/v1/sandboxes',
+      { metadata: { n: '1' }, template: 'base' },
+      h,
+    );
+    expect(again.body.sandbox.id).toBe(first.body.sandbox.id);
+    const other = await s.call('POST', '/v1/sandboxes', { template: 'base', metadata: { n: '2' } }, h);
+    expect([other.status, code(other.body)]).toEqual([422, 'IDEMPOTENCY_CONFLICT']);
+  });
+
+  it('refuses data-plane requests with expired, foreign, mis-scoped or forged tokens', async () => {
+    const grantA = await s.token(a, ['files']);
+    const urlB = grantA.url.replace(a, b);
+    const path = `/files?path=${encodeURIComponent('/etc/hostname')}`;
+    const get = async (url: string, token: string) => {
+      const r = await request(`${url}${path}`, { headers: { authorization: `Bearer ${token}` } });
+      return [r.statusCode, code(await r.body.json())];
+    };
+    const ok = await request(`${grantA.url}${path}`, {
+      headers: { authorization: `Bearer ${grantA.token}` },
+    });
+    expect(ok.statusCode).toBe(200);
+    await ok.body.dump();
+    expect(await get(urlB, grantA.token)).toEqual([403, 'TOKEN_SCOPE']);
+
+    const key = await loadSigningKey(join(s.dir, 'key.pem'));
+    const sessionA = (await s.call<{ sessionId: string }>('GET', `/v1/sandboxes/${a}`)).body.sessionId;
+    const expired = await mintSessionToken(key, {
+      sandboxId: a,
+      sessionId: sessionA,
+      scopes: ['files'],
+      ttlSec: -60,
+    });
+    expect(await get(grantA.url, expired.token)).toEqual([401, 'TOKEN_EXPIRED']);
+    const commandsOnly = await mintSessionToken(key, {
+      sandboxId: a,
+      sessionId: sessionA,
+      scopes: ['commands'],
+      ttlSec: 60,
+    });
+    expect(await get(grantA.url, commandsOnly.token)).toEqual([403, 'TOKEN_SCOPE']);
+    const oldSession = await mintSessionToken(key, {
+      sandboxId: a,
+      sessionId: 'ses_aaaaaaaaaaaaaaaaaaaa',
+      scopes: ['files'],
+      ttlSec: 60,
+    });
+    expect(await get(grantA.url, oldSession.token)).toEqual([403, 'TOKEN_SCOPE']);
+    await writeNewKeyPair(join(s.dir, 'other.pem'), join(s.dir, 'other.pub.pem'));
+    const forged = await mintSessionToken(await loadSigningKey(join(s.dir, 'other.pem')), {
+      sandboxId: a,
+      sessionId: sessionA,
+      scopes: ['files'],
+      ttlSec: 60,
+    });
+    expect(await get(grantA.url, forged.token)).toEqual([401, 'TOKEN_INVALID']);
+    expect(await get(grantA.url, 'not.a.jwt')).toEqual([401, 'TOKEN_INVALID']);
+    const none = await request(`${grantA.url}${path}`);
+    expect(none.statusCode).toBe(401);
+    await none.body.dump();
+    const traversal = await request(`${grantA.url}/files?path=${encodeURIComponent('../../../etc/passwd')}`, {
+      headers: { authorization: `Bearer ${grantA.token}` },
+    });
+    expect([traversal.statusCode, code(await traversal.body.json())]).toEqual([400, 'PATH_INVALID']);
+    // the internal dispatch routes take no session tokens
+    const internal = await request(`${grantA.url.replace(/\/v1\/sandboxes\/.*/, '')}/internal/v1/sandboxes`, {
+      headers: { authorization: `Bearer ${grantA.token}` },
+    });
+    expect(internal.statusCode).toBe(403);
+    await internal.body.dump();
+    expect((await readFile(join(s.dir, 'api-key'), 'utf8')).length).toBeGreaterThan(10);
+  });
+
+  it('serves the OpenAPI document, health and metrics without a key', async () => {
+    const doc = (await (await request(`${s.apiUrl}/openapi.json`)).body.json()) as {
+      paths: Record<string, unknown>;
+    };
+    expect(Object.keys(doc.paths)).toEqual(expect.arrayContaining(['/v1/sandboxes', '/v1/operations/{id}']));
+    const metrics = await (await request(`${s.apiUrl}/metrics`)).body.text();
+    expect(metrics).toContain('space_api_requests_total');
+    expect((await request(`${s.apiUrl}/readyz`)).statusCode).toBe(200);
+  });
+});
