@@ -12,7 +12,12 @@ export default defineConfig({
         extends: true,
         test: {
           name: 'unit',
-          include: ['runtime/**/*.test.ts', 'benchmarks/**/*.test.ts'],
+          include: [
+            'runtime/**/*.test.ts',
+            'benchmarks/**/*.test.ts',
+            'providers/**/*.test.ts',
+            'stacks/**/*.test.ts',
+          ],
           exclude: ['**/*.int.test.ts', 'node_modules/**'],
         },
       },

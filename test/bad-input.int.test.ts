@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadSigningKey, mintSessionToken, writeNewKeyPair } from '../runtime/core/tokens.ts';
-import { type Stack, startStack } from './stack.ts';
+import { leftovers, type Stack, startStack } from './stack.ts';
 
 describe('bad input', () => {
   let s: Stack;
@@ -15,7 +15,9 @@ describe('bad input', () => {
     [a, b] = await Promise.all([s.createSandbox(), s.createSandbox()]);
   });
   afterAll(async () => {
-    await s?.stop();
+    if (!s) return;
+    await s.stop();
+    expect(await leftovers(s.dir)).toEqual({ links: [], runsc: [], cgroups: [] });
   });
 
   const code = (body: unknown) => (body as { error: { code: string } }).error.code;

@@ -1,6 +1,6 @@
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { type Stack, startStack } from './stack.ts';
+import { collect, leftovers, readEvents, type Stack, startStack } from './stack.ts';
 
 describe('create → exec → stream → files → delete', () => {
   let s: Stack;
@@ -8,7 +8,9 @@ describe('create → exec → stream → files → delete', () => {
     s = await startStack();
   });
   afterAll(async () => {
-    await s?.stop();
+    if (!s) return;
+    await s.stop();
+    expect(await leftovers(s.dir)).toEqual({ links: [], runsc: [], cgroups: [] });
   });
 
   it('runs a command and reports its output and exit code', async () => {
@@ -32,6 +34,33 @@ describe('create → exec → stream → files → delete', () => {
     await put.body.dump();
     const cat = await s.exec(id, { cmd: 'cat', args: ['/home/user/data.bin'] });
     expect(cat.stdout.toString()).toBe('0123456789');
+
+    // everyday tools work inside the sandbox (ls and stat come from busybox: see templates/base.json)
+    const ls = await s.exec(id, {
+      cmd: 'sh',
+      args: ['-c', 'ls /home/user && stat -c %s /home/user/data.bin'],
+    });
+    expect(ls.stdout.toString()).toBe('data.bin\n10\n');
+    expect(ls.exit.exitCode).toBe(0);
+
+    // a signal reaches the command's process group and is reported as such
+    const sleeper = await s.call<{ command: { id: string }; stream: { url: string; token: string } }>(
+      'POST',
+      `/v1/sandboxes/${id}/commands`,
+      { cmd: 'sh', args: ['-c', 'echo started; sleep 30'] },
+    );
+    const events = readEvents(sleeper.body.stream.url, sleeper.body.stream.token);
+    await new Promise((r) => setTimeout(r, 300));
+    const sig = await request(`${url}/commands/${sleeper.body.command.id}/signal`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${sleeper.body.stream.token}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ signal: 'SIGTERM' }),
+    });
+    expect(sig.statusCode).toBe(204);
+    await sig.body.dump();
+    const ended = collect(await events);
+    expect(ended.stdout.toString()).toBe('started\n');
+    expect(ended.exit).toMatchObject({ exitCode: null, signal: 'SIGTERM' });
 
     const del = await s.call<{ operation: { id: string } }>('DELETE', `/v1/sandboxes/${id}`);
     expect(del.status).toBe(202);

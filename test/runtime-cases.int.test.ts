@@ -5,7 +5,7 @@
 import { createHash } from 'node:crypto';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { collect, readEvents, type Stack, startStack } from './stack.ts';
+import { collect, leftovers, readEvents, type Stack, startStack } from './stack.ts';
 
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
@@ -48,7 +48,9 @@ describe('runtime cases', () => {
     files = await s.token(id);
   });
   afterAll(async () => {
-    await s?.stop();
+    if (!s) return;
+    await s.stop();
+    expect(await leftovers(s.dir)).toEqual({ links: [], runsc: [], cgroups: [] });
   });
 
   it('r1-two-readers-one-drops: every line reaches the reader that stays; a late reader replays; memory bounded', async () => {

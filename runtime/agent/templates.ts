@@ -24,6 +24,7 @@ import {
   readFile,
   rename,
   rm,
+  symlink,
   writeFile,
 } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -61,6 +62,12 @@ export interface TemplateDefinition {
   user: TemplateUser;
   /** Written to /etc/hostname (default `sandbox`). */
   hostname?: string;
+  /**
+   * Commands served by busybox applets linked into /usr/local/bin (ahead of /usr/bin on PATH),
+   * leaving Debian's files untouched. Needs the `busybox` package. Used for `ls` and `stat`:
+   * coreutils 9.1 calls statx with AT_NO_AUTOMOUNT, which runsc 2022-12 rejects with EINVAL.
+   */
+  busyboxApplets?: string[];
 }
 
 /** A template ready to use. */
@@ -138,6 +145,15 @@ function validateDefinition(name: string, d: TemplateDefinition): void {
     throw bad('"mirror" must be an http(s) URL');
   if (!Array.isArray(d.packages) || !d.packages.every((p) => /^[a-z0-9][a-z0-9.+-]*$/.test(p))) {
     throw bad('"packages" must be Debian package names');
+  }
+  if (d.busyboxApplets !== undefined) {
+    if (
+      !Array.isArray(d.busyboxApplets) ||
+      !d.busyboxApplets.every((a) => /^[a-z0-9][a-z0-9_.-]*$/.test(a))
+    ) {
+      throw bad('"busyboxApplets" must be command names');
+    }
+    if (!d.packages.includes('busybox')) throw bad('"busyboxApplets" needs the "busybox" package');
   }
   const u = d.user;
   if (!u || !/^[a-z_][a-z0-9_-]*$/.test(u.name) || !Number.isInteger(u.uid) || !Number.isInteger(u.gid)) {
@@ -283,6 +299,11 @@ function runDebootstrap(def: TemplateDefinition, rootfs: string, opts: BuildOpti
 export async function configureRootfs(def: TemplateDefinition, rootfs: string): Promise<void> {
   await addUser(rootfs, def.user);
   await mkdir(join(rootfs, 'opt/space'), { recursive: true });
+  for (const applet of def.busyboxApplets ?? []) {
+    const link = join(rootfs, 'usr/local/bin', applet);
+    await rm(link, { force: true });
+    await symlink('/bin/busybox', link);
+  }
   await writeFile(join(rootfs, 'etc/hostname'), `${def.hostname ?? 'sandbox'}\n`);
   await rm(join(rootfs, 'etc/resolv.conf'), { force: true });
   await writeFile(join(rootfs, 'etc/resolv.conf'), '# written by SPACE when the sandbox starts\n');
