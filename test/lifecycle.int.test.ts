@@ -32,7 +32,7 @@ describe('lifecycle', () => {
   afterAll(async () => {
     if (!s) return;
     await s.stop();
-    expect(await leftovers(s.dir)).toEqual({ links: [], runsc: [], cgroups: [] });
+    expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [] });
   });
 
   it(`r8-bursts-of-creates: ${BURST} concurrent creates give ${BURST} distinct usable sandboxes`, async () => {
@@ -205,7 +205,7 @@ describe('lifecycle', () => {
       SPACE_NODE_ID: 'test-node',
       SPACE_AGENT_STATE_DIR: `${s.dir}/agent`,
       SPACE_CACHE_DIR: process.env.SPACE_TEST_CACHE_DIR ?? '/var/lib/space',
-      SPACE_NETWORK_POOL: '10.78.0.0/16',
+      SPACE_NETWORK_POOL: s.pool,
       SPACE_AGENT_ON_SHUTDOWN: 'destroy',
       SPACE_WARM_POOL_SIZE: '0',
       SPACE_HEARTBEAT_INTERVAL_MS: '1000',
@@ -233,7 +233,7 @@ describe('lifecycle', () => {
         SPACE_NODE_ID: 'test-node',
         SPACE_AGENT_STATE_DIR: `${s.dir}/agent`,
         SPACE_CACHE_DIR: process.env.SPACE_TEST_CACHE_DIR ?? '/var/lib/space',
-        SPACE_NETWORK_POOL: '10.78.0.0/16',
+        SPACE_NETWORK_POOL: s.pool,
         SPACE_AGENT_ON_SHUTDOWN: 'destroy',
         SPACE_WARM_POOL_SIZE: '0',
         SPACE_HEARTBEAT_INTERVAL_MS: '1000',
@@ -265,7 +265,7 @@ describe('warm pool', () => {
   afterAll(async () => {
     if (!s) return;
     await s.stop();
-    expect(await leftovers(s.dir)).toEqual({ links: [], runsc: [], cgroups: [] });
+    expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [] });
   });
 
   it('claims a warm slot for a default-shaped create and refills the pool', async () => {

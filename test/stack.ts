@@ -23,6 +23,8 @@ export interface Stack {
   apiUrl: string;
   apiKey: string;
   redisUrl: string;
+  /** This stack's sandbox address pool (a /16 of its own, so concurrent test runs don't collide). */
+  pool: string;
   api: RunningApi;
   agent: RunningAgent;
   redis: Redis;
@@ -103,6 +105,7 @@ export async function startStack(env: Record<string, string> = {}): Promise<Stac
   const redis = new Redis(redisUrl);
   await redis.flushall();
   await writeNewKeyPair(join(dir, 'key.pem'), join(dir, 'key.pub.pem'));
+  const pool = process.env.SPACE_TEST_POOL ?? `10.${100 + Math.floor(Math.random() * 100)}.0.0/16`;
   const base = {
     SPACE_REDIS_URL: redisUrl,
     SPACE_LOG_LEVEL: process.env.SPACE_TEST_LOG_LEVEL ?? 'silent',
@@ -113,7 +116,7 @@ export async function startStack(env: Record<string, string> = {}): Promise<Stac
     SPACE_NODE_ID: 'test-node',
     SPACE_AGENT_STATE_DIR: join(dir, 'agent'),
     SPACE_CACHE_DIR: TEST_CACHE_DIR,
-    SPACE_NETWORK_POOL: '10.78.0.0/16',
+    SPACE_NETWORK_POOL: pool,
     SPACE_AGENT_ON_SHUTDOWN: 'destroy',
     SPACE_WARM_POOL_SIZE: '0',
     SPACE_HEARTBEAT_INTERVAL_MS: '1000',
@@ -142,6 +145,7 @@ export async function startStack(env: Record<string, string> = {}): Promise<Stac
     apiUrl: api.url,
     apiKey,
     redisUrl,
+    pool,
     api,
     agent,
     redis,
@@ -199,8 +203,10 @@ export async function startStack(env: Record<string, string> = {}): Promise<Stac
  * runsc containers under its runsc root, and cgroups named after its instances.
  */
 export async function leftovers(
-  stackDir: string,
+  stack: Pick<Stack, 'dir' | 'pool'>,
 ): Promise<{ links: string[]; runsc: string[]; cgroups: string[] }> {
+  const stackDir = stack.dir;
+  const prefix = `${stack.pool.split('.').slice(0, 2).join('.')}.`;
   const { execFile } = await import('node:child_process');
   const { promisify } = await import('node:util');
   const { readdir } = await import('node:fs/promises');
@@ -210,7 +216,7 @@ export async function leftovers(
     addr_info?: { local?: string }[];
   }[];
   const links = addrs
-    .filter((l) => l.addr_info?.some((a) => a.local?.startsWith('10.78.')))
+    .filter((l) => l.addr_info?.some((a) => a.local?.startsWith(prefix)))
     .map((l) => l.ifname);
   const runsc = (await run('pgrep', ['-f', `runsc.*${stackDir}`]).catch(() => ({ stdout: '' }))).stdout
     .split('\n')
