@@ -12,6 +12,23 @@ import { leftovers, type Stack, startStack } from './stack.ts';
 /** Size of the R8 burst (the case says 100; SPACE_TEST_BURST lowers it on small machines). */
 const BURST = Number(process.env.SPACE_TEST_BURST ?? 100);
 
+/** Settings of a replacement agent for the stack `s` (same node id, port, state, pool). */
+function agentEnv(s: Stack): Record<string, string> {
+  return {
+    SPACE_REDIS_URL: s.redisUrl,
+    SPACE_VERIFY_KEY_FILE: `${s.dir}/key.pub.pem`,
+    SPACE_AGENT_PORT: new URL(s.agent.url).port,
+    SPACE_NODE_ID: 'test-node',
+    SPACE_AGENT_STATE_DIR: `${s.dir}/agent`,
+    SPACE_CACHE_DIR: process.env.SPACE_TEST_CACHE_DIR ?? '/var/lib/space',
+    SPACE_NETWORK_POOL: s.pool,
+    SPACE_AGENT_ON_SHUTDOWN: 'destroy',
+    SPACE_WARM_POOL_SIZE: '0',
+    SPACE_HEARTBEAT_INTERVAL_MS: '1000',
+    SPACE_LOG_LEVEL: 'silent',
+  };
+}
+
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 async function waitFor<T>(what: string, fn: () => Promise<T | undefined>, timeoutMs = 30_000): Promise<T> {
@@ -198,19 +215,7 @@ describe('lifecycle', () => {
       `/v1/sandboxes/${id}/commands`,
       { cmd: 'sh', args: ['-c', 'echo before; sleep 3; echo after'] },
     );
-    const cfg = loadAgentConfig({
-      SPACE_REDIS_URL: s.redisUrl,
-      SPACE_VERIFY_KEY_FILE: `${s.dir}/key.pub.pem`,
-      SPACE_AGENT_PORT: new URL(s.agent.url).port,
-      SPACE_NODE_ID: 'test-node',
-      SPACE_AGENT_STATE_DIR: `${s.dir}/agent`,
-      SPACE_CACHE_DIR: process.env.SPACE_TEST_CACHE_DIR ?? '/var/lib/space',
-      SPACE_NETWORK_POOL: s.pool,
-      SPACE_AGENT_ON_SHUTDOWN: 'destroy',
-      SPACE_WARM_POOL_SIZE: '0',
-      SPACE_HEARTBEAT_INTERVAL_MS: '1000',
-      SPACE_LOG_LEVEL: 'silent',
-    });
+    const cfg = loadAgentConfig(agentEnv(s));
     await s.agent.close('test', 'keep');
     s.agent = await startAgent(cfg);
     expect(s.agent.sandboxes.list().map((x) => x.id)).toContain(id);
@@ -225,21 +230,7 @@ describe('lifecycle', () => {
 
   it('a sandbox its node no longer runs is marked killed (node_lost) and its reservation released', async () => {
     const id = await s.createSandbox();
-    const cfg = {
-      ...loadAgentConfig({
-        SPACE_REDIS_URL: s.redisUrl,
-        SPACE_VERIFY_KEY_FILE: `${s.dir}/key.pub.pem`,
-        SPACE_AGENT_PORT: new URL(s.agent.url).port,
-        SPACE_NODE_ID: 'test-node',
-        SPACE_AGENT_STATE_DIR: `${s.dir}/agent`,
-        SPACE_CACHE_DIR: process.env.SPACE_TEST_CACHE_DIR ?? '/var/lib/space',
-        SPACE_NETWORK_POOL: s.pool,
-        SPACE_AGENT_ON_SHUTDOWN: 'destroy',
-        SPACE_WARM_POOL_SIZE: '0',
-        SPACE_HEARTBEAT_INTERVAL_MS: '1000',
-        SPACE_LOG_LEVEL: 'silent',
-      }),
-    };
+    const cfg = loadAgentConfig(agentEnv(s));
     // the agent goes away destroying its sandboxes, and a new one comes back without them
     await s.agent.close('test', 'destroy');
     s.agent = await startAgent(cfg);

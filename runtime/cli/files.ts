@@ -9,17 +9,9 @@ import { basename, dirname, join } from 'node:path';
 import type { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import type { Command } from 'commander';
+import type { FileStat } from '../core/guest-protocol.ts';
 import { apiClient, dataPlane, isJson } from './context.ts';
 import { CliError, formatBytes, formatMode, printJson, println, table } from './output.ts';
-
-interface FileStat {
-  name: string;
-  path: string;
-  type: 'file' | 'dir' | 'symlink' | 'other';
-  size: number;
-  mode: number;
-  mtimeMs: number;
-}
 
 /** Table rows of `space files ls`. Pure. */
 export function fileRows(entries: FileStat[]): string[][] {

@@ -1,25 +1,12 @@
 /** `space ops get`, `space nodes`, `space template ls` — read-only views of the control plane. */
 import type { Command } from 'commander';
+import type { NodeInfo } from '../core/types.ts';
 import { type Operation, waitOperation } from './client.ts';
 import { apiClient, isJson } from './context.ts';
 import { formatRelative, parsePositiveInt, printJson, println, table } from './output.ts';
 
-interface NodeView {
-  id: string;
-  url: string;
-  driver: string;
-  version: string;
-  vcpus: number;
-  memoryMiB: number;
-  maxSandboxes: number;
-  usedVcpus: number;
-  usedMemoryMiB: number;
-  sandboxes: number;
-  warm: Record<string, number>;
-  schedulable: boolean;
-  heartbeatAt: string;
-  alive: boolean;
-}
+/** A node as `GET /v1/nodes` returns it. */
+type NodeView = NodeInfo;
 
 function printOperation(op: Operation): void {
   println(`id:       ${op.id}`);
