@@ -132,7 +132,10 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   const close = (signal = 'close', onShutdown = config.onShutdown) => {
     closing ??= (async () => {
       log.info({ signal, onShutdown }, 'agent stopping');
-      await registry.stop(true);
+      // deregistering is a courtesy (the alive key expires anyway): never let a dead Redis hold up shutdown
+      await Promise.race([registry.stop(true), new Promise((r) => setTimeout(r, 2000))]).catch(
+        (err: unknown) => log.warn({ err }, 'deregistration failed'),
+      );
       sandboxes.stopAccepting();
       await warm.drain();
       if (onShutdown === 'destroy') await sandboxes.destroyAll();

@@ -39,7 +39,6 @@ import { buildLocalTemplate, DEFAULT_CACHE_DIR } from './template.ts';
 
 export const LOCAL_REDIS_PORT = 16379;
 export const LOCAL_NODE_ID = 'local';
-export const AGENT_STATE_DIR = '/var/lib/space/agent';
 const HOST = '127.0.0.1';
 
 /** How long each child gets to stop after SIGTERM before SIGKILL, ms. */
@@ -396,7 +395,7 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
       SPACE_AGENT_PORT: String(o.agentPort),
       SPACE_REDIS_URL: redisUrl,
       SPACE_VERIFY_KEY_FILE: paths.verifyKey,
-      SPACE_AGENT_STATE_DIR: AGENT_STATE_DIR,
+      SPACE_AGENT_STATE_DIR: join(paths.home, 'agent'),
       SPACE_CACHE_DIR: DEFAULT_CACHE_DIR,
       SPACE_AGENT_ON_SHUTDOWN: 'destroy',
       ...(o.warm !== undefined ? { SPACE_WARM_POOL_SIZE: String(o.warm) } : {}),

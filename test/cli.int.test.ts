@@ -1,0 +1,102 @@
+/**
+ * The issue's "done when", through the real CLI as processes: `space up` runs the stack in the
+ * foreground; `space sandbox create --template base --json`; `space exec <id> -- sh -c 'echo
+ * hello; exit 3'` prints hello and exits 3; Ctrl-C (SIGINT) stops everything and leaves no
+ * sandbox, namespace, cgroup or process behind.
+ */
+import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdtemp, readdir, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { freePort } from './redis-server.ts';
+
+const run = promisify(execFile);
+const SPACE = join(import.meta.dirname, '..', 'runtime', 'cli', 'space.ts');
+
+describe('space CLI against `space up`', () => {
+  let home: string;
+  let up: ChildProcess;
+  let env: NodeJS.ProcessEnv;
+  let output = '';
+  const pool = `10.${100 + Math.floor(Math.random() * 100)}.0.0/16`;
+
+  beforeAll(async () => {
+    home = await mkdtemp(join(tmpdir(), 'space-cli-'));
+    const [apiPort, agentPort] = [await freePort(), await freePort()];
+    env = { ...process.env, SPACE_HOME: home, SPACE_NETWORK_POOL: pool, SPACE_WARM_POOL_SIZE: '1' };
+    up = spawn(
+      process.execPath,
+      [
+        SPACE,
+        'up',
+        '--api-port',
+        String(apiPort),
+        '--agent-port',
+        String(agentPort),
+        '--redis-url',
+        inject('redisUrl'),
+      ],
+      { env, stdio: ['ignore', 'pipe', 'pipe'] },
+    );
+    up.stdout?.on('data', (d: Buffer) => (output += d.toString()));
+    up.stderr?.on('data', (d: Buffer) => (output += d.toString()));
+    const deadline = Date.now() + 180_000;
+    while (!output.includes('SPACE is running')) {
+      if (up.exitCode !== null || Date.now() > deadline)
+        throw new Error(`space up did not start:\n${output}`);
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  });
+
+  afterAll(async () => {
+    if (up && up.exitCode === null) {
+      up.kill('SIGINT'); // never SIGKILL: the stack must get to destroy its sandboxes
+      await once(up, 'exit');
+    }
+    await rm(home, { recursive: true, force: true });
+  });
+
+  it('creates, execs with the exit code, and stops cleanly on SIGINT', async () => {
+    const created = await run(
+      process.execPath,
+      [SPACE, 'sandbox', 'create', '--template', 'base', '--json'],
+      { env },
+    );
+    const sandbox = JSON.parse(created.stdout) as { id: string; state: string };
+    expect(sandbox.state).toBe('running');
+
+    const exec = await run(
+      process.execPath,
+      [SPACE, 'exec', sandbox.id, '--', 'sh', '-c', 'echo hello; exit 3'],
+      {
+        env,
+      },
+    ).catch((err: { code: number; stdout: string }) => err);
+    expect(exec).toMatchObject({ code: 3, stdout: 'hello\n' });
+
+    const listed = JSON.parse(
+      (await run(process.execPath, [SPACE, 'sandbox', 'ls', '--json'], { env })).stdout,
+    ) as {
+      sandboxes: { id: string }[];
+    };
+    expect(listed.sandboxes.map((x) => x.id)).toContain(sandbox.id);
+
+    up.kill('SIGINT');
+    const [code] = (await once(up, 'exit')) as [number];
+    expect(code).toBe(0);
+    const prefix = `${pool.split('.').slice(0, 2).join('.')}.`;
+    const addrs = JSON.parse((await run('ip', ['-j', '-4', 'addr', 'show'])).stdout) as {
+      addr_info?: { local?: string }[];
+    }[];
+    expect(addrs.filter((l) => l.addr_info?.some((a) => a.local?.startsWith(prefix)))).toEqual([]);
+    const runsc = await run('pgrep', ['-f', `runsc.*${home}`]).catch(() => ({ stdout: '' }));
+    expect(runsc.stdout).toBe('');
+    const instances = await readdir(join(home, 'agent', 'driver', 'instances')).catch(() => [] as string[]);
+    expect(instances).toEqual([]);
+    const cgroups = await readdir('/sys/fs/cgroup/memory/space').catch(() => [] as string[]);
+    expect(cgroups.filter((c) => c.startsWith('i_') && output.includes(c))).toEqual([]);
+  });
+});
