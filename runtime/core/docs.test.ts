@@ -16,7 +16,7 @@ function section(title: string): string {
 
 describe('README stays in step with the code', () => {
   it('has one error-table row per error code, with its status, and no other', () => {
-    const rows = [...section('Errors').matchAll(/^\| `([A-Z_]+)` \| (\d{3}) \|/gm)].map((m) => [
+    const rows = [...section('Errors').matchAll(/^\| `([A-Z_]+)`\s*\|\s*(\d{3})\s*\|/gm)].map((m) => [
       m[1],
       Number(m[2]),
     ]);
@@ -25,7 +25,7 @@ describe('README stays in step with the code', () => {
   });
 
   it('documents every setting of every service, and no other', () => {
-    const documented = [...section('Configuration').matchAll(/^\| `(SPACE_[A-Z0-9_]+)` \|/gm)].map(
+    const documented = [...section('Configuration').matchAll(/^\| `(SPACE_[A-Z0-9_]+)`\s*\|/gm)].map(
       (m) => m[1],
     );
     const declared = [...Object.values(apiSettings), ...Object.values(agentSettings)].map((s) => s.env);
