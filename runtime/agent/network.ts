@@ -15,15 +15,22 @@ import { readdir, writeFile } from 'node:fs/promises';
 import { promisify } from 'node:util';
 import { SpaceError } from '../core/errors.ts';
 import type { SandboxNetwork } from './drivers/driver.ts';
+import {
+  baseRuleset,
+  type CidrAllow,
+  cidrUpdateRuleset,
+  type GatewayPorts,
+  HOST_IF_PREFIX,
+  NFT_TABLE,
+  sandboxRuleset,
+  sandboxTeardown,
+} from './firewall.ts';
 
 const run = promisify(execFile);
 
 /** Prefix of every sandbox network namespace name. */
 export const NETNS_PREFIX = 'sp-';
-/** Prefix of every host-side veth name. */
-export const HOST_IF_PREFIX = 'spv';
-/** The nftables table this module owns. */
-export const NFT_TABLE = 'space';
+export { HOST_IF_PREFIX, NFT_TABLE };
 /** Default per-node address pool. */
 export const DEFAULT_POOL = '10.77.0.0/16';
 
@@ -31,6 +38,8 @@ export const DEFAULT_POOL = '10.77.0.0/16';
 export interface NetworkOptions {
   /** IPv4 CIDR the /30s come from (prefix ≤ 30); default {@link DEFAULT_POOL}. */
   pool?: string;
+  /** This node's gateway ports; without them sandboxes get no egress at all. */
+  gateway?: GatewayPorts | null;
   log?: (msg: string, fields?: Record<string, unknown>) => void;
 }
 
@@ -98,23 +107,6 @@ export function networkNames(instanceId: string): { netns: string; hostIf: strin
   return { netns: `${NETNS_PREFIX}${s}`, hostIf: `${HOST_IF_PREFIX}${s}` };
 }
 
-/** The nft script that (re)creates this module's chains atomically and idempotently. Pure. */
-export function nftRuleset(): string {
-  const t = `inet ${NFT_TABLE}`;
-  return [
-    `add table ${t}`,
-    `add chain ${t} input { type filter hook input priority 0; policy accept; }`,
-    `add chain ${t} forward { type filter hook forward priority 0; policy accept; }`,
-    `flush chain ${t} input`,
-    `flush chain ${t} forward`,
-    `add rule ${t} input iifname "${HOST_IF_PREFIX}*" ct state established,related accept`,
-    `add rule ${t} input iifname "${HOST_IF_PREFIX}*" counter drop`,
-    `add rule ${t} forward iifname "${HOST_IF_PREFIX}*" counter drop`,
-    `add rule ${t} forward oifname "${HOST_IF_PREFIX}*" counter drop`,
-    '',
-  ].join('\n');
-}
-
 /** Runs a command; throws SpaceError DRIVER_FAILED with its stderr. */
 async function sh(cmd: string, args: string[], input?: string): Promise<string> {
   try {
@@ -156,6 +148,21 @@ async function shIgnoreMissing(cmd: string, args: string[]): Promise<void> {
 }
 
 /**
+ * Removes a sandbox's nftables chains and map elements. One transaction when all exist; after a
+ * partial setup, statement by statement, ignoring what is already gone.
+ */
+async function removeSandboxRules(hostIf: string): Promise<void> {
+  const script = sandboxTeardown(hostIf);
+  try {
+    await sh('nft', ['-f', '-'], script);
+  } catch {
+    for (const line of script.split('\n').filter(Boolean)) {
+      await sh('nft', ['-f', '-'], `${line}\n`).catch(() => {});
+    }
+  }
+}
+
+/**
  * Allocates and releases per-sandbox networks from one pool. One object per agent process.
  * Allocation reserves the slot synchronously (no await between choosing and marking), so any number
  * of concurrent {@link allocate} calls get distinct slots.
@@ -166,17 +173,19 @@ export class SandboxNetworks {
   private readonly used = new Set<number>();
   private readonly log: NonNullable<NetworkOptions['log']>;
   private firewall: Promise<void> | undefined;
+  private readonly gateway: GatewayPorts | null;
 
   /** @throws Error on a malformed pool CIDR. */
   constructor(opts: NetworkOptions = {}) {
     this.poolCidr = opts.pool ?? DEFAULT_POOL;
     this.pool = parsePool(this.poolCidr);
+    this.gateway = opts.gateway ?? null;
     this.log = opts.log ?? (() => {});
   }
 
   /** Creates/refreshes the `inet space` nftables table (once per object). @throws DRIVER_FAILED. */
   ensureFirewall(): Promise<void> {
-    this.firewall ??= sh('nft', ['-f', '-'], nftRuleset()).then(
+    this.firewall ??= sh('nft', ['-f', '-'], baseRuleset()).then(
       () => undefined,
       (err) => {
         this.firewall = undefined;
@@ -211,6 +220,9 @@ export class SandboxNetworks {
       await sh('ip', ['-n', netns, 'addr', 'add', `${net.sandboxAddress}/30`, 'dev', 'eth0']);
       await sh('ip', ['-n', netns, 'link', 'set', 'eth0', 'up']);
       await sh('ip', ['-n', netns, 'link', 'set', 'lo', 'up']);
+      // every packet goes to the host end, where nftables and the gateway decide its fate
+      await sh('ip', ['-n', netns, 'route', 'add', 'default', 'via', net.hostAddress]);
+      await sh('nft', ['-f', '-'], sandboxRuleset({ ...net, gateway: this.gateway, cidrAllows: [] }));
     } catch (err) {
       await this.remove(net).catch(() => {});
       this.used.delete(slot);
@@ -218,6 +230,11 @@ export class SandboxNetworks {
     }
     this.log('network allocated', { instanceId, ...net });
     return net;
+  }
+
+  /** Replaces the sandbox's direct CIDR rules (egress policy update). @throws DRIVER_FAILED. */
+  async setCidrAllows(net: SandboxNetwork, allows: CidrAllow[]): Promise<void> {
+    await sh('nft', ['-f', '-'], cidrUpdateRuleset(net.hostIf, allows));
   }
 
   /** Deletes veth + namespace and frees the address. Idempotent. @throws DRIVER_FAILED. */
@@ -248,6 +265,11 @@ export class SandboxNetworks {
         },
       ];
     });
+    // (re)install each adopted sandbox's rules: the base chains may have been rewritten by a newer
+    // agent, and a sandbox without its map elements would be cut off from the host entirely
+    for (const net of found) {
+      await sh('nft', ['-f', '-'], sandboxRuleset({ ...net, gateway: this.gateway, cidrAllows: [] }));
+    }
     return found;
   }
 
@@ -297,6 +319,7 @@ export class SandboxNetworks {
   }
 
   private async remove(net: SandboxNetwork): Promise<void> {
+    await removeSandboxRules(net.hostIf);
     await shIgnoreMissing('ip', ['link', 'del', net.hostIf]);
     await shIgnoreMissing('ip', ['netns', 'del', net.netns]);
   }
