@@ -75,6 +75,35 @@ export const agentSettings = {
     ['keep', 'destroy'] as const,
     'keep',
   ),
+  gatewaySocket: setting.optionalString(
+    'SPACE_GATEWAY_CONTROL_SOCKET',
+    'Unix socket of this node’s egress gateway; empty: no gateway, sandboxes have no egress at all.',
+  ),
+  gatewayDnsPort: setting.int(
+    'SPACE_GATEWAY_DNS_PORT',
+    'Gateway DNS port (udp+tcp) sandbox DNS is redirected to.',
+    15053,
+    1,
+    65535,
+  ),
+  gatewayHttpPort: setting.int(
+    'SPACE_GATEWAY_HTTP_PORT',
+    'Gateway port sandbox TCP 80 is redirected to.',
+    15080,
+    1,
+    65535,
+  ),
+  gatewayTlsPort: setting.int(
+    'SPACE_GATEWAY_TLS_PORT',
+    'Gateway port sandbox TCP 443 is redirected to.',
+    15443,
+    1,
+    65535,
+  ),
+  trustedCaFile: setting.optionalString(
+    'SPACE_TRUSTED_CA_FILE',
+    'PEM CA certificate added to every sandbox’s trust store (the gateway’s per-deployment CA).',
+  ),
   logLevel: setting.oneOf(
     'SPACE_LOG_LEVEL',
     'pino log level.',

@@ -9,11 +9,13 @@ import { existsSync } from 'node:fs';
 import { mkdir, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
+import type { CredentialGrant, EgressPolicy } from '../core/egress.ts';
 import { SpaceError } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
 import { type Command, DETACH, resumePump, type StartCommand, startCommand } from './commands.ts';
 import type { Driver, InstanceInfo } from './drivers/driver.ts';
+import type { GatewayClient } from './gateway-client.ts';
 import { GuestClient } from './guest-client.ts';
 import type { SandboxNetworks } from './network.ts';
 import { Spool } from './spool.ts';
@@ -28,6 +30,8 @@ export interface CreateSandbox {
   memoryMiB: number;
   env: Record<string, string>;
   expiresAtMs: number;
+  egress: EgressPolicy;
+  credentials: CredentialGrant[];
 }
 
 /** On-disk record of a sandbox on this node (`<stateDir>/sandboxes/<id>/sandbox.json`). */
@@ -49,6 +53,8 @@ export interface LocalSandbox {
   commands: Map<string, Command>;
   /** Open data-plane streams (bounded by config). */
   streams: number;
+  egress: EgressPolicy;
+  credentials: CredentialGrant[];
 }
 
 /** Tombstones older than this are forgotten (ms): far longer than any create can take. */
@@ -83,6 +89,10 @@ export interface SandboxManagerOptions {
   pidsLimit: number;
   createConcurrency: number;
   spoolLimitBytes: number;
+  /** The node's egress gateway; null: sandboxes get no egress at all. */
+  gateway: GatewayClient | null;
+  /** Environment every command gets (e.g. NODE_EXTRA_CA_CERTS), under the sandbox's own. */
+  baseEnv: Record<string, string>;
   log: Logger;
 }
 
@@ -217,6 +227,8 @@ export class SandboxManager {
         fromWarmPool,
         commands: new Map(),
         streams: 0,
+        egress: req.egress,
+        credentials: req.credentials,
       };
       this.#sandboxes.set(sb.id, sb);
       log.info({ [F.instanceId]: inst.instanceId, fromWarmPool }, 'sandbox created');
@@ -241,6 +253,7 @@ export class SandboxManager {
       this.#sandboxes.delete(id);
       for (const c of sb.commands.values()) c.abort.abort();
       await sb.guest.close();
+      await this.#o.gateway?.unregister(sb.instance.network.sandboxAddress);
       await this.discard(sb.instance);
       await Promise.allSettled(
         [...sb.commands.values()].map(async (c) => {
@@ -256,6 +269,28 @@ export class SandboxManager {
   #pruneTombstones(): void {
     const cutoff = Date.now() - TOMBSTONE_TTL_MS;
     for (const [id, t] of this.#tombstones) if (t < cutoff) this.#tombstones.delete(id);
+  }
+
+  /** Pushes a sandbox's egress policy to the packet layer (CIDR rules) and to the gateway (names). */
+  async #applyEgress(
+    sandboxId: string,
+    inst: InstanceInfo,
+    egress: EgressPolicy,
+    credentials: CredentialGrant[],
+  ): Promise<void> {
+    await this.#o.networks.setCidrAllows(inst.network, egress.cidrs);
+    await this.#o.gateway?.register(inst.network.sandboxAddress, { sandboxId, policy: egress, credentials });
+  }
+
+  /** Replaces a running sandbox's egress policy (credential grants stay as they were). */
+  async updateEgress(id: string, egress: EgressPolicy): Promise<void> {
+    const sb = this.get(id);
+    await this.#applyEgress(id, sb.instance, egress, sb.credentials);
+    sb.egress = egress;
+    const file = join(this.#dir(id), 'sandbox.json');
+    const rec = JSON.parse(await readFile(file, 'utf8')) as SandboxFile;
+    rec.req.egress = egress;
+    await writeFile(file, JSON.stringify(rec), { mode: 0o600 });
   }
 
   /** Starts a command in a running sandbox. */
@@ -322,7 +357,10 @@ export class SandboxManager {
         fromWarmPool: rec.fromWarmPool,
         commands: new Map(),
         streams: 0,
+        egress: rec.req.egress,
+        credentials: rec.req.credentials ?? [],
       };
+      await this.#applyEgress(id, inst, sb.egress, sb.credentials);
       await this.#adoptCommands(sb);
       this.#sandboxes.set(id, sb);
       adopted.push(id);

@@ -13,6 +13,7 @@ import { loadVerifyKey } from '../core/tokens.ts';
 import { buildAgentApp } from './app.ts';
 import { type AgentConfig, warmTemplates } from './config.ts';
 import { GvisorDriver } from './drivers/gvisor.ts';
+import { GatewayClient } from './gateway-client.ts';
 import { SandboxNetworks } from './network.ts';
 import { NodeRegistry } from './registry.ts';
 import { SandboxManager } from './sandboxes.ts';
@@ -51,12 +52,17 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     stateDir: `${config.stateDir}/driver`,
     runtimeDir: fileURLToPath(new URL('../', import.meta.url)),
     nodeBinary: process.execPath,
+    trustedCaFile: config.trustedCaFile || undefined,
     log: (msg, fields) => driverLog.info(fields ?? {}, msg),
   });
   await driver.preflight();
   const netLog = log.child({ component: 'network' });
+  const gateway = config.gatewaySocket ? new GatewayClient(config.gatewaySocket) : null;
   const networks = new SandboxNetworks({
     pool: config.networkPool,
+    gateway: gateway
+      ? { dns: config.gatewayDnsPort, http: config.gatewayHttpPort, tls: config.gatewayTlsPort }
+      : null,
     log: (msg, f) => netLog.info(f ?? {}, msg),
   });
   await networks.ensureFirewall();
@@ -80,6 +86,8 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     pidsLimit: config.pidsLimit,
     createConcurrency: config.createConcurrency,
     spoolLimitBytes: config.spoolLimitBytes,
+    gateway,
+    baseEnv: config.trustedCaFile ? { NODE_EXTRA_CA_CERTS: '/etc/ssl/certs/ca-certificates.crt' } : {},
     log,
   });
   const { adopted } = await sandboxes.adopt();
@@ -141,6 +149,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       if (onShutdown === 'destroy') await sandboxes.destroyAll();
       else await sandboxes.detachAll();
       await app.close();
+      await gateway?.close();
       redis.disconnect();
       log.info('agent stopped');
     })();

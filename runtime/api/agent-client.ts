@@ -4,6 +4,7 @@
  * back as the same coded SpaceError, transport failures as NODE_UNAVAILABLE.
  */
 import { request } from 'undici';
+import type { CredentialGrant, EgressPolicy } from '../core/egress.ts';
 import { errorFromBody, SpaceError } from '../core/errors.ts';
 import { mintDispatchToken, type SigningKey } from '../core/tokens.ts';
 import type { NodeInfo } from '../core/types.ts';
@@ -18,6 +19,9 @@ export interface AgentCreateRequest {
   env: Record<string, string>;
   /** Epoch ms; the agent's backstop for the lifetime. */
   expiresAtMs: number;
+  egress: EgressPolicy;
+  /** Credentials with their values, for the node's gateway only. */
+  credentials: CredentialGrant[];
 }
 
 /** Body of the agent's command-start route. */
@@ -44,7 +48,7 @@ export class AgentClient {
 
   async #call<T>(
     node: Pick<NodeInfo, 'id' | 'url'>,
-    method: 'GET' | 'POST' | 'DELETE',
+    method: 'GET' | 'POST' | 'PUT' | 'DELETE',
     path: string,
     body?: unknown,
   ) {
@@ -85,6 +89,16 @@ export class AgentClient {
   /** Destroys a sandbox and remembers its id so a late create is refused; idempotent. */
   deleteSandbox(node: Pick<NodeInfo, 'id' | 'url'>, sandboxId: string) {
     return this.#call<void>(node, 'DELETE', `/internal/v1/sandboxes/${encodeURIComponent(sandboxId)}`);
+  }
+
+  /** Replaces a sandbox's egress policy on its node (gateway + packet rules). */
+  updateEgress(node: NodeInfo, sandboxId: string, egress: EgressPolicy) {
+    return this.#call<void>(
+      node,
+      'PUT',
+      `/internal/v1/sandboxes/${encodeURIComponent(sandboxId)}/egress`,
+      egress,
+    );
   }
 
   /** Starts a command in the sandbox's guest; the output is then read over the data plane. */

@@ -14,6 +14,7 @@ import type { SigningKey } from '../core/tokens.ts';
 import { AgentClient } from './agent-client.ts';
 import { authenticate } from './api-keys.ts';
 import type { ApiConfig } from './config.ts';
+import { CredentialStore } from './credential-store.ts';
 import { lifecycleHandlers } from './lifecycle.ts';
 import { type ApiMetrics, createApiMetrics } from './metrics.ts';
 import { NodeStore, readyTemplates } from './node-store.ts';
@@ -22,6 +23,7 @@ import { Reaper } from './reaper.ts';
 import { Reconciler } from './reconciler.ts';
 import { type ScriptedRedis, withScripts } from './redis-scripts.ts';
 import { commandRoutes } from './routes/commands.ts';
+import { credentialRoutes } from './routes/credentials.ts';
 import { nodeRoutes } from './routes/nodes.ts';
 import { operationRoutes } from './routes/operations.ts';
 import { sandboxRoutes } from './routes/sandboxes.ts';
@@ -46,6 +48,7 @@ export interface ApiDeps {
   waiter: OperationWaiter;
   nodes: NodeStore;
   agents: AgentClient;
+  credentials: CredentialStore;
   metrics: ApiMetrics;
   /** Templates ready on some alive node. */
   templates(): Promise<Set<string>>;
@@ -75,6 +78,7 @@ export function createApiDeps(o: {
     waiter: new OperationWaiter(o.subscriber, operations),
     nodes,
     agents: new AgentClient(o.signingKey, o.config.dispatchTimeoutMs),
+    credentials: new CredentialStore(redis),
     metrics: createApiMetrics(),
     templates: () => readyTemplates(nodes),
     async requireSandbox(id) {
@@ -140,6 +144,7 @@ export async function buildApp(deps: ApiDeps): Promise<FastifyInstance> {
   await app.register(operationRoutes(deps));
   await app.register(commandRoutes(deps));
   await app.register(nodeRoutes(deps));
+  await app.register(credentialRoutes(deps));
   return app;
 }
 
@@ -150,6 +155,7 @@ export function createApiRuntime(deps: ApiDeps, workerConnection: Redis) {
     store: deps.operations,
     handlers: lifecycleHandlers({
       sandboxes: deps.sandboxes,
+      credentials: deps.credentials,
       nodes: deps.nodes,
       agents: deps.agents,
       log: deps.log,

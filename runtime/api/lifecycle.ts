@@ -10,12 +10,14 @@ import { F } from '../core/log-fields.ts';
 import type { OperationKind } from '../core/types.ts';
 import { KILL_REASONS, type KillReason } from '../core/types.ts';
 import type { AgentClient } from './agent-client.ts';
+import type { CredentialStore } from './credential-store.ts';
 import type { NodeStore } from './node-store.ts';
 import type { OperationHandler, OperationRecord } from './operations.ts';
 import type { SandboxStore } from './sandbox-store.ts';
 
 export interface LifecycleDeps {
   sandboxes: SandboxStore;
+  credentials: CredentialStore;
   nodes: NodeStore;
   agents: AgentClient;
   log: Logger;
@@ -66,6 +68,8 @@ async function create(d: LifecycleDeps, op: OperationRecord): Promise<void> {
       memoryMiB: rec.memoryMiB,
       env: rec.env,
       expiresAtMs: rec.expiresAtMs,
+      egress: rec.egress,
+      credentials: await d.credentials.resolve(rec.grants),
     });
     const moved = await d.sandboxes.transition(id, 'running', { fromWarmPool: out.fromWarmPool ? '1' : '0' });
     if (!moved.ok) {

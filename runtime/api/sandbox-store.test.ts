@@ -1,6 +1,7 @@
 /** SandboxStore against a real Redis: pagination, filters, transitions, placement and expiry scripts. */
 import { Redis } from 'ioredis';
 import { afterAll, beforeEach, describe, expect, inject, it } from 'vitest';
+import { normalisePolicy } from '../core/egress.ts';
 import { KEY_PREFIX, keys } from '../core/redis-keys.ts';
 import { withScripts } from './redis-scripts.ts';
 import { SandboxStore } from './sandbox-store.ts';
@@ -23,6 +24,8 @@ const make = (id: string, now: number, metadata: Record<string, string> = {}) =>
       metadata,
       env: {},
       sessionId: 'ses_aaaaaaaaaaaaaaaaaaaa',
+      egress: normalisePolicy(undefined),
+      grants: [],
     },
     now,
   );

@@ -3,6 +3,8 @@
  * placement, release, expiry and lifetime extension. All multi-key changes go through the Lua
  * scripts in `scripts/`; nothing here does read-modify-write from Node.
  */
+
+import type { EgressPolicy } from '../core/egress.ts';
 import { KEY_PREFIX, KILLED_SANDBOX_TTL_SEC, keys } from '../core/redis-keys.ts';
 import {
   describeKillReason,
@@ -11,14 +13,19 @@ import {
   type SandboxState,
   statesLeadingTo,
 } from '../core/types.ts';
+import type { SandboxGrant } from './credential-store.ts';
 import type { ScriptedRedis } from './redis-scripts.ts';
 
 /** A sandbox as stored (the public record plus what only the platform needs). */
-export interface SandboxRecord extends Sandbox {
+export interface SandboxRecord extends Omit<Sandbox, 'credentials'> {
   /** Environment for every command (set by the client at create). */
   env: Record<string, string>;
   /** Deadline, epoch ms. */
   expiresAtMs: number;
+  /** Normalised egress policy. */
+  egress: EgressPolicy;
+  /** Credentials granted (placeholders only). */
+  grants: SandboxGrant[];
 }
 
 /** Fields written at creation. */
@@ -31,6 +38,8 @@ export interface NewSandbox {
   metadata: Record<string, string>;
   env: Record<string, string>;
   sessionId: string;
+  egress: EgressPolicy;
+  grants: SandboxGrant[];
 }
 
 const iso = (ms: string | number | undefined) =>
@@ -55,6 +64,8 @@ function fromHash(h: Record<string, string>): SandboxRecord | null {
     updatedAt: iso(h.updatedAt) ?? '',
     expiresAt: iso(h.expiresAtMs) ?? '',
     expiresAtMs: Number(h.expiresAtMs),
+    egress: JSON.parse(h.egress ?? '{"mode":"allow-list","allow":[],"deny":[],"cidrs":[]}') as EgressPolicy,
+    grants: JSON.parse(h.grants ?? '[]') as SandboxGrant[],
     endedAt: iso(h.endedAt),
     killReason,
     endMessage: h.endMessage || (killReason ? describeKillReason(killReason) : null),
@@ -63,8 +74,8 @@ function fromHash(h: Record<string, string>): SandboxRecord | null {
 
 /** The public JSON of a record (drops env and internal fields). */
 export function toPublic(r: SandboxRecord): Sandbox {
-  const { env: _env, expiresAtMs: _deadline, ...pub } = r;
-  return pub;
+  const { env: _env, expiresAtMs: _deadline, grants, ...pub } = r;
+  return { ...pub, credentials: grants.map((g) => ({ name: g.name, envVar: g.envVar })) };
 }
 
 /** Result of a transition attempt. */
@@ -90,6 +101,8 @@ export class SandboxStore {
         metadata: JSON.stringify(s.metadata),
         env: JSON.stringify(s.env),
         sessionId: s.sessionId,
+        egress: JSON.stringify(s.egress),
+        grants: JSON.stringify(s.grants),
         nodeId: '',
         fromWarmPool: '0',
         createdAt: String(now),
@@ -233,6 +246,14 @@ export class SandboxStore {
       String(now),
       String(limit),
     );
+  }
+
+  /** Stores a new egress policy (the caller pushes it to the node). */
+  async setEgress(id: string, egress: EgressPolicy): Promise<void> {
+    await this.redis.hset(keys.sandbox(id), {
+      egress: JSON.stringify(egress),
+      updatedAt: String(Date.now()),
+    });
   }
 
   /** Sets a live sandbox's lifetime to `timeoutSec` from now. */

@@ -1,5 +1,6 @@
 /** TypeBox schemas of the public API v1 (the OpenAPI document is generated from these). */
 import { type Static, Type } from '@sinclair/typebox';
+import { EgressPolicySchema } from '../core/egress.ts';
 import { ID_PATTERN } from '../core/ids.ts';
 import { KILL_REASONS, OPERATION_KINDS, OPERATION_STATES, SANDBOX_STATES } from '../core/types.ts';
 
@@ -44,6 +45,32 @@ const EnvVars = Type.Record(
   { maxProperties: LIMITS.envKeys },
 );
 
+/** Credential names: lower-case letters, digits, `-`, `_`. */
+export const CREDENTIAL_NAME = '^[a-z0-9][a-z0-9_-]{0,63}$';
+
+export const CredentialBody = Type.Object(
+  {
+    domains: Type.Array(Type.String({ minLength: 1, maxLength: 255 }), { minItems: 1, maxItems: 64 }),
+    header: Type.Optional(Type.String({ minLength: 1, maxLength: 128 })),
+    format: Type.Optional(
+      Type.String({ minLength: 7, maxLength: 1024, description: 'Contains `{value}` once.' }),
+    ),
+    envVar: Type.Optional(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]{0,127}$' })),
+    value: Type.String({ minLength: 1, maxLength: 16_384, description: 'Write-only.' }),
+  },
+  { additionalProperties: false },
+);
+
+export const CredentialSchema = Type.Object({
+  name: Type.String(),
+  domains: Type.Array(Type.String()),
+  header: Type.String(),
+  format: Type.String(),
+  envVar: Type.String(),
+  createdAt: Type.String({ format: 'date-time' }),
+  updatedAt: Type.String({ format: 'date-time' }),
+});
+
 export const CreateSandboxBody = Type.Object(
   {
     template: Type.String({
@@ -57,6 +84,14 @@ export const CreateSandboxBody = Type.Object(
     timeoutSec: Type.Optional(Type.Integer({ minimum: 1, description: 'Lifetime, s; default from config.' })),
     metadata: Type.Optional(Metadata),
     env: Type.Optional(EnvVars),
+    egress: Type.Optional(EgressPolicySchema),
+    credentials: Type.Optional(
+      Type.Array(Type.String({ pattern: CREDENTIAL_NAME }), {
+        maxItems: 32,
+        uniqueItems: true,
+        description: 'Names of registered credentials; the sandbox gets a placeholder for each.',
+      }),
+    ),
   },
   { additionalProperties: false },
 );
@@ -80,6 +115,13 @@ export const SandboxSchema = Type.Object(
     endedAt: Type.Union([Type.String({ format: 'date-time' }), Type.Null()]),
     killReason: Type.Union([literalUnion(KILL_REASONS), Type.Null()]),
     endMessage: Type.Union([Type.String(), Type.Null()]),
+    egress: Type.Object({
+      mode: Type.String(),
+      allow: Type.Array(Type.String()),
+      deny: Type.Array(Type.String()),
+      cidrs: Type.Array(Type.Object({ cidr: Type.String(), ports: Type.Array(Type.Integer()) })),
+    }),
+    credentials: Type.Array(Type.Object({ name: Type.String(), envVar: Type.String() })),
   },
   { $id: 'Sandbox' },
 );

@@ -54,6 +54,7 @@ export const ERROR_CODES = {
     retryable: false,
     doc: 'The path exists with the wrong type (a directory where a file is expected, or a non-empty directory).',
   },
+  CREDENTIAL_NOT_FOUND: { status: 404, retryable: false, doc: 'No credential with this name is registered.' },
   TEMPLATE_NOT_FOUND: { status: 404, retryable: false, doc: 'No template with this name.' },
   TEMPLATE_NOT_READY: {
     status: 409,

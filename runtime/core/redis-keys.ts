@@ -36,6 +36,10 @@ export const keys = {
   idempotency: (scope: string, key: string) => `${KEY_PREFIX}idempotency:${scope}:${key}`,
   /** Hash: an API key, by the SHA-256 hex of its secret (`name`, `createdAt`). */
   apiKey: (sha256Hex: string) => `${KEY_PREFIX}apikey:${sha256Hex}`,
+  /** Hash: an operator-registered credential (`domains` JSON, `header`, `format`, `envVar`, `value`). */
+  credential: (name: string) => `${KEY_PREFIX}credential:${name}`,
+  /** Set: names of every registered credential. */
+  credentialIndex: () => `${KEY_PREFIX}credentials`,
   /** Set: ids of every registered node. */
   nodeIndex: () => `${KEY_PREFIX}nodes`,
   /** Hash: a node's registration, capacity and reservations. */

@@ -1,3 +1,5 @@
+import type { EgressPolicy } from './egress.ts';
+
 /**
  * Shared data shapes of the control plane: the sandbox lifecycle as data, operations, nodes.
  * Wire and Redis representations are built from these.
@@ -83,6 +85,10 @@ export interface Sandbox {
   killReason: KillReason | null;
   /** Human explanation of the end (or of the failure), when ended. */
   endMessage: string | null;
+  /** The sandbox's egress policy (normalised). */
+  egress: EgressPolicy;
+  /** Credentials granted: the env var in the sandbox holds a placeholder, never the value. */
+  credentials: { name: string; envVar: string }[];
 }
 
 /** Kinds of asynchronous operations. */

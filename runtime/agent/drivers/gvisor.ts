@@ -16,7 +16,7 @@
  */
 import { execFile, spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { mkdir, open, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
+import { appendFile, mkdir, open, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
 import { request } from 'node:http';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -50,6 +50,8 @@ export interface GvisorConfig {
    * agent's last request) and the failed checkpoint leaves the container stopped.
    */
   experimentalSnapshots?: boolean;
+  /** PEM CA certificate added to every sandbox's system trust store (the gateway's per-deployment CA). */
+  trustedCaFile?: string;
   /** Pass `--debug` to runsc (verbose logs in logs/). Default false. */
   debug?: boolean;
   log?: (msg: string, fields?: Record<string, unknown>) => void;
@@ -241,7 +243,8 @@ const ID_RE = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/;
 /** gVisor implementation of {@link Driver}. */
 export class GvisorDriver implements Driver {
   readonly name = 'gvisor' as const;
-  private readonly cfg: Required<Omit<GvisorConfig, 'log'>> & Pick<GvisorConfig, 'log'>;
+  private readonly cfg: Required<Omit<GvisorConfig, 'log' | 'trustedCaFile'>> &
+    Pick<GvisorConfig, 'log' | 'trustedCaFile'>;
 
   constructor(config: GvisorConfig) {
     this.cfg = {
@@ -442,6 +445,14 @@ export class GvisorDriver implements Driver {
     await mkdir(join(rootfs, 'opt/space/runtime'), { recursive: true });
     await mkdir(join(rootfs, 'opt/space/bin'), { recursive: true });
     for (const f of ['node', 'tini']) await writeFile(join(rootfs, 'opt/space/bin', f), '', { flag: 'a' });
+    // DNS goes to the host end (nftables hands it to the node's gateway whatever address is used)
+    await writeFile(join(rootfs, 'etc/resolv.conf'), `nameserver ${spec.network.hostAddress}\n`);
+    if (this.cfg.trustedCaFile) {
+      // the gateway's per-deployment CA (credential interception) joins the system trust store
+      const bundle = join(rootfs, 'etc/ssl/certs/ca-certificates.crt');
+      await mkdir(join(rootfs, 'etc/ssl/certs'), { recursive: true });
+      await appendFile(bundle, `\n${await readFile(this.cfg.trustedCaFile, 'utf8')}`);
+    }
     const oci = buildOciSpec({
       spec,
       rootPath: rootfs,

@@ -4,6 +4,12 @@
  */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
+import {
+  CredentialGrantSchema,
+  EgressPolicySchema,
+  normaliseGrant,
+  normalisePolicy,
+} from '../../core/egress.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { verifyDispatchToken } from '../../core/tokens.ts';
 import type { AgentDeps } from '../app.ts';
@@ -32,13 +38,19 @@ export function internalRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
               memoryMiB: Type.Integer({ minimum: 128 }),
               env: EnvVars,
               expiresAtMs: Type.Integer(),
+              egress: EgressPolicySchema,
+              credentials: Type.Array(CredentialGrantSchema, { maxItems: 32 }),
             },
             { additionalProperties: false },
           ),
         },
       },
       async (req) => {
-        const sb = await deps.sandboxes.create(req.body);
+        const sb = await deps.sandboxes.create({
+          ...req.body,
+          egress: normalisePolicy(req.body.egress),
+          credentials: req.body.credentials.map((g, i) => normaliseGrant(g, i)),
+        });
         return { instanceId: sb.instance.instanceId, fromWarmPool: sb.fromWarmPool };
       },
     );

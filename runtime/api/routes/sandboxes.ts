@@ -3,6 +3,7 @@ import { createHash } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
+import { EgressPolicySchema, normalisePolicy } from '../../core/egress.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { newId } from '../../core/ids.ts';
 import { F } from '../../core/log-fields.ts';
@@ -63,6 +64,9 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         if (timeoutSec > deps.config.maxTimeoutSec) {
           throw new SpaceError('BAD_REQUEST', `timeoutSec must be at most ${deps.config.maxTimeoutSec}`);
         }
+        // validate everything before anything is written: bad input loses nothing
+        const egress = normalisePolicy(body.egress);
+        const grants = await deps.credentials.grant(body.credentials ?? []);
         const sandboxId = newId('sbx');
         const idemKey = req.headers['idempotency-key'];
         if (idemKey) {
@@ -114,8 +118,11 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
             memoryMiB: body.memoryMiB ?? 512,
             timeoutSec,
             metadata: body.metadata ?? {},
-            env: body.env ?? {},
+            // the sandbox sees placeholders, never credential values
+            env: { ...(body.env ?? {}), ...Object.fromEntries(grants.map((g) => [g.envVar, g.placeholder])) },
             sessionId: newId('ses'),
+            egress,
+            grants,
           });
           const op = await deps.operations.enqueue('sandbox.create', id);
           deps.metrics.sandboxesCreated.inc({ template: body.template });
@@ -181,6 +188,33 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         const rec = await deps.requireSandbox(req.params.id);
         const op = await deps.operations.enqueue('sandbox.delete', rec.id, { reason: 'request' });
         return reply.status(202).send({ operation: operationToPublic(op) });
+      },
+    );
+
+    app.patch(
+      '/v1/sandboxes/:id/egress',
+      {
+        schema: {
+          summary:
+            'Replace the egress policy of a running sandbox (connections it no longer allows are closed)',
+          params: IdParams,
+          body: EgressPolicySchema,
+          response: { 200: Type.Ref(SandboxSchema), ...errors },
+        },
+      },
+      async (req) => {
+        const egress = normalisePolicy(req.body);
+        const rec = await deps.requireSandbox(req.params.id);
+        if (rec.state !== 'running' || !rec.nodeId) {
+          throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${rec.id} is ${rec.state}`, {
+            state: rec.state,
+          });
+        }
+        const node = await deps.nodes.requireAlive(rec.nodeId);
+        await deps.agents.updateEgress(node, rec.id, egress);
+        await deps.sandboxes.setEgress(rec.id, egress);
+        req.log.info({ [F.sandboxId]: rec.id, egress }, 'egress policy replaced');
+        return toPublic(await deps.requireSandbox(rec.id));
       },
     );
 

@@ -1,0 +1,73 @@
+/**
+ * The agent's client for its node's egress gateway (control API on a Unix socket; see
+ * runtime/gateway/DESIGN.md). The agent registers each sandbox's source address with its egress
+ * policy and credential grants, and forgets it when the sandbox ends.
+ */
+import { Client } from 'undici';
+import type { CredentialGrant, EgressPolicy } from '../core/egress.ts';
+import { errorFromBody, SpaceError } from '../core/errors.ts';
+
+/** Timeout of one control call, ms. */
+const CALL_TIMEOUT_MS = 10_000;
+
+export class GatewayClient {
+  readonly #client: Client;
+  readonly socketPath: string;
+
+  constructor(socketPath: string) {
+    this.socketPath = socketPath;
+    this.#client = new Client('http://gateway', { socketPath, connect: { timeout: 3_000 } });
+  }
+
+  async #call(method: 'PUT' | 'DELETE', path: string, body?: unknown): Promise<void> {
+    let res: Awaited<ReturnType<Client['request']>>;
+    try {
+      res = await this.#client.request({
+        method,
+        path,
+        headers: body ? { 'content-type': 'application/json' } : {},
+        body: body ? JSON.stringify(body) : undefined,
+        headersTimeout: CALL_TIMEOUT_MS,
+        bodyTimeout: CALL_TIMEOUT_MS,
+      });
+    } catch (err) {
+      throw new SpaceError(
+        'DRIVER_FAILED',
+        `egress gateway at ${this.socketPath} did not answer`,
+        undefined,
+        {
+          cause: err,
+        },
+      );
+    }
+    const text = await res.body.text();
+    if (res.statusCode >= 400) {
+      let parsed: unknown;
+      try {
+        parsed = JSON.parse(text);
+      } catch {
+        parsed = undefined;
+      }
+      throw errorFromBody(res.statusCode, parsed, 'DRIVER_FAILED');
+    }
+  }
+
+  /** Registers (or replaces) what the sandbox at `address` may reach. */
+  register(address: string, r: { sandboxId: string; policy: EgressPolicy; credentials: CredentialGrant[] }) {
+    return this.#call('PUT', `/v1/sandboxes/${address}`, r);
+  }
+
+  /** Forgets the sandbox at `address` and closes its connections. Idempotent. */
+  async unregister(address: string): Promise<void> {
+    try {
+      await this.#call('DELETE', `/v1/sandboxes/${address}`);
+    } catch (err) {
+      if (err instanceof SpaceError && err.status === 404) return;
+      throw err;
+    }
+  }
+
+  async close(): Promise<void> {
+    await this.#client.close().catch(() => {});
+  }
+}

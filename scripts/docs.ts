@@ -1,0 +1,61 @@
+/**
+ * Regenerates the README's error and configuration tables from the code (`npm run docs`).
+ * The tables sit between `<!-- generated:<name> -->` and `<!-- /generated:<name> -->` markers;
+ * `runtime/core/docs.test.ts` fails when they are out of date.
+ */
+import { readFileSync, writeFileSync } from 'node:fs';
+import { agentSettings } from '../runtime/agent/config.ts';
+import { apiSettings } from '../runtime/api/config.ts';
+import { describeConfig, type SettingsSpec } from '../runtime/core/config.ts';
+import { ERROR_CODES } from '../runtime/core/errors.ts';
+
+/** Settings whose default is read from the host at start (shown as such, not as this machine's value). */
+const HOST_DEFAULTS = new Set(['SPACE_NODE_ID', 'SPACE_NODE_VCPUS', 'SPACE_NODE_MEMORY_MIB']);
+
+export function errorTable(): string {
+  const rows = Object.entries(ERROR_CODES).map(
+    ([code, s]) => `| \`${code}\` | ${s.status} | ${s.retryable ? 'yes' : 'no'} | ${s.doc} |`,
+  );
+  return ['| code | HTTP | retryable | meaning |', '|---|---|---|---|', ...rows].join('\n');
+}
+
+export function configTable(spec: SettingsSpec): string {
+  const rows = describeConfig(spec).map(
+    (r) => `| \`${r.env}\` | ${HOST_DEFAULTS.has(r.env) ? '(from the host)' : r.default} | ${r.doc} |`,
+  );
+  return ['| variable | default | meaning |', '|---|---|---|', ...rows].join('\n');
+}
+
+/** Every generated block, by marker name. */
+export async function generatedBlocks(): Promise<Record<string, string>> {
+  const blocks: Record<string, string> = {
+    errors: errorTable(),
+    'config-api': configTable(apiSettings),
+    'config-agent': configTable(agentSettings),
+  };
+  try {
+    const { gatewaySettings } = await import('../runtime/gateway/config.ts');
+    blocks['config-gateway'] = configTable(gatewaySettings as SettingsSpec);
+  } catch {
+    // no gateway yet
+  }
+  return blocks;
+}
+
+/** `text` with every marked block replaced by its generated content. */
+export function fill(text: string, blocks: Record<string, string>): string {
+  let out = text;
+  for (const [name, body] of Object.entries(blocks)) {
+    const re = new RegExp(`(<!-- generated:${name} -->\\n)[\\s\\S]*?(\\n<!-- /generated:${name} -->)`);
+    out = out.replace(re, `$1${body}$2`);
+  }
+  return out;
+}
+
+if (import.meta.main) {
+  const path = new URL('../README.md', import.meta.url);
+  const before = readFileSync(path, 'utf8');
+  const after = fill(before, await generatedBlocks());
+  writeFileSync(path, after);
+  console.log(after === before ? 'README tables already current' : 'README tables regenerated');
+}
