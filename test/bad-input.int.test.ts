@@ -157,6 +157,72 @@ describe('bad input', () => {
     expect((await readFile(join(s.dir, 'api-key'), 'utf8')).length).toBeGreaterThan(10);
   });
 
+  it('refuses bad egress policies and unknown credentials before writing anything', async () => {
+    const before = (await s.call<{ sandboxes: unknown[] }>('GET', '/v1/sandboxes?limit=1000')).body.sandboxes
+      .length;
+    for (const egress of [
+      { allow: ['bad..name'] },
+      { allow: ['127.0.0.1'] },
+      { cidrs: [{ cidr: '10.0.0.0/33', ports: [443] }] },
+      { mode: 'everything' },
+    ]) {
+      const r = await s.call('POST', '/v1/sandboxes', { template: 'base', egress });
+      expect([r.status, code(r.body)], JSON.stringify(egress)).toEqual([400, 'BAD_REQUEST']);
+    }
+    const missing = await s.call('POST', '/v1/sandboxes', {
+      template: 'base',
+      credentials: ['no-such-cred'],
+    });
+    expect([missing.status, code(missing.body)]).toEqual([404, 'CREDENTIAL_NOT_FOUND']);
+    const after = (await s.call<{ sandboxes: unknown[] }>('GET', '/v1/sandboxes?limit=1000')).body.sandboxes
+      .length;
+    expect(after).toBe(before);
+  });
+
+  it('keeps credential values out of API answers and out of the sandbox', async () => {
+    const secret = 'sk-real-value-that-must-never-leak-0123456789';
+    const put = await s.call('PUT', '/v1/credentials/model-api', {
+      domains: ['api.model.test'],
+      value: secret,
+    });
+    expect(put.status).toBe(200);
+    expect(JSON.stringify(put.body)).not.toContain(secret);
+    expect(put.body).toMatchObject({ name: 'model-api', envVar: 'MODEL_API', header: 'authorization' });
+    const list = await s.call('GET', '/v1/credentials');
+    expect(JSON.stringify(list.body)).not.toContain(secret);
+    const bad = await s.call('PUT', '/v1/credentials/broken', {
+      domains: ['x.test'],
+      format: 'no placeholder',
+      value: 'v',
+    });
+    expect([bad.status, code(bad.body)]).toEqual([400, 'BAD_REQUEST']);
+
+    const id = await s.createSandbox({ credentials: ['model-api'] });
+    const rec = await s.call<{ credentials: { name: string; envVar: string }[] }>(
+      'GET',
+      `/v1/sandboxes/${id}`,
+    );
+    expect(rec.body.credentials).toEqual([{ name: 'model-api', envVar: 'MODEL_API' }]);
+    expect(JSON.stringify(rec.body)).not.toContain(secret);
+    const inside = await s.exec(id, {
+      cmd: 'sh',
+      args: [
+        '-c',
+        'echo "$MODEL_API"; cat /proc/*/environ 2>/dev/null | tr "\\0" "\\n" | grep -c "sk-real" || true',
+      ],
+    });
+    const [placeholder, hits] = inside.stdout.toString().trim().split('\n');
+    expect(placeholder).toMatch(/^space_ph_[a-z0-9]{32}$/);
+    expect(hits).toBe('0');
+    const grep = await s.exec(id, {
+      cmd: 'sh',
+      args: ['-c', 'grep -rl "sk-real" /etc /home /tmp /opt 2>/dev/null | wc -l'],
+    });
+    expect(grep.stdout.toString().trim()).toBe('0');
+    expect((await s.call('DELETE', '/v1/credentials/model-api')).status).toBe(204);
+    expect((await s.call('DELETE', '/v1/credentials/model-api')).status).toBe(404);
+  });
+
   it('serves the OpenAPI document, health and metrics without a key', async () => {
     const doc = (await (await request(`${s.apiUrl}/openapi.json`)).body.json()) as {
       paths: Record<string, unknown>;

@@ -218,6 +218,9 @@ export function normaliseGrant(input: unknown, index = 0): CredentialGrant {
       `credentials/${index}${first?.path ?? ''}: ${first?.message ?? 'invalid'}`,
     );
   }
+  if (input.format.split('{value}').length !== 2) {
+    throw new SpaceError('BAD_REQUEST', `credentials/${index}/format: must contain {value} exactly once`);
+  }
   const domains: string[] = [];
   for (const raw of input.domains) {
     const p = normalisePattern(raw);
