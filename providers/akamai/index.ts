@@ -1,0 +1,246 @@
+/**
+ * Akamai (Linode) with `@pulumi/linode` 5.1.1. Two modes:
+ * - `vm`: VPC + subnet, Cloud Firewalls (inbound DROP by default; only the API — through the
+ *   NodeBalancer — and the data plane open to `space:clientCidrs`; Redis only from the subnet;
+ *   SSH only from `space:sshCidrs`), a Dedicated control VM (API + Redis), Dedicated pool VMs, a
+ *   NodeBalancer in front of the API. cloud-init installs the systemd units.
+ * - `kubernetes` (LKE): an LKE cluster with one pool per node pool, labelled for the agents, a
+ *   firewall on its nodes, and the Kubernetes component (its LoadBalancer Service makes the
+ *   NodeBalancer through Linode's cloud controller).
+ * Linode KVM is unconfirmed (clouds.md §1.7): pools default to gVisor.
+ */
+import * as k8s from '@pulumi/kubernetes';
+import * as linode from '@pulumi/linode';
+import * as pulumi from '@pulumi/pulumi';
+import type { StackConfig } from '../../stacks/config.ts';
+import { runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
+import { Runtime } from '../kubernetes/runtime.ts';
+import { NODE_LABEL, POOL_LABEL } from '../node-pool.ts';
+import { AGENT_PORT, API_PORT, REDIS_PORT } from '../runtime-settings.ts';
+import { agentPlan, controlPlan, toCloudConfig } from '../systemd/cloud-init.ts';
+import { controlAddress } from '../vm-network.ts';
+
+/** Linode's range for NodeBalancer-to-backend traffic (Linode NodeBalancer docs; unverified here). */
+export const NODEBALANCER_SOURCE_CIDR = '192.168.255.0/24';
+/** Linode private addresses (LKE node-to-node traffic, `privateIp`). */
+export const LINODE_PRIVATE_CIDR = '192.168.128.0/17';
+/** Image of the VMs (cloud-init capable). */
+export const AKAMAI_IMAGE = 'linode/ubuntu24.04';
+
+/** A Cloud Firewall inbound rule (`linode.types.input.FirewallInbound`, plain values). */
+export interface InboundRule {
+  label: string;
+  action: 'ACCEPT';
+  protocol: 'TCP' | 'UDP' | 'ICMP' | 'IPENCAP';
+  ports?: string;
+  ipv4s: string[];
+}
+
+const rule = (
+  label: string,
+  protocol: InboundRule['protocol'],
+  ports: string | undefined,
+  ipv4s: readonly string[],
+) =>
+  ipv4s.length
+    ? [{ label, action: 'ACCEPT' as const, protocol, ...(ports ? { ports } : {}), ipv4s: [...ipv4s] }]
+    : [];
+
+/** Inbound rules of each firewall (policy DROP). `controlPublicIp` lets the API dispatch to agents. Pure. */
+export function akamaiFirewallRules(cfg: StackConfig, controlPublicIp?: string) {
+  const ssh = rule('ssh', 'TCP', '22', cfg.sshCidrs);
+  return {
+    control: [
+      ...rule('api-from-nodebalancer', 'TCP', String(API_PORT), [NODEBALANCER_SOURCE_CIDR]),
+      ...rule('redis-from-subnet', 'TCP', String(REDIS_PORT), [cfg.privateCidr]),
+      ...ssh,
+    ],
+    nodes: [
+      ...rule('data-plane', 'TCP', String(AGENT_PORT), cfg.clientCidrs),
+      ...rule('dispatch-from-subnet', 'TCP', String(AGENT_PORT), [cfg.privateCidr]),
+      ...rule(
+        'dispatch-from-control',
+        'TCP',
+        String(AGENT_PORT),
+        controlPublicIp ? [`${controlPublicIp}/32`] : [],
+      ),
+      ...ssh,
+    ],
+    nodebalancer: [...rule('api', 'TCP', cfg.apiTlsCertificate ? '443' : '80', cfg.clientCidrs)],
+    lke: [
+      ...rule('data-plane', 'TCP', String(AGENT_PORT), cfg.clientCidrs),
+      ...rule('api-nodeports-from-nodebalancer', 'TCP', '30000-32767', [NODEBALANCER_SOURCE_CIDR]),
+      ...rule('cluster-tcp', 'TCP', undefined, [LINODE_PRIVATE_CIDR]),
+      ...rule('cluster-udp', 'UDP', undefined, [LINODE_PRIVATE_CIDR]),
+      ...rule('cluster-ipencap', 'IPENCAP', undefined, [LINODE_PRIVATE_CIDR]),
+      ...ssh,
+    ],
+  } as const;
+}
+
+const id = (r: pulumi.CustomResource) => r.id.apply(Number);
+
+/** Deploys SPACE on Linode. */
+export function deployAkamai(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
+  return cfg.mode === 'vm' ? deployVms(cfg) : deployLke(cfg);
+}
+
+function deployVms(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
+  const stack = pulumi.getStack();
+  const tags = ['space', `space-${stack}`];
+  const vpc = new linode.Vpc('space-vpc', {
+    label: `space-${stack}`,
+    region: cfg.region,
+    description: 'SPACE',
+  });
+  const subnet = new linode.VpcSubnet('space-subnet', {
+    vpcId: id(vpc),
+    label: 'space',
+    ipv4: cfg.privateCidr,
+  });
+  const rules = akamaiFirewallRules(cfg);
+  const firewall = (name: string, inbounds: readonly InboundRule[]) =>
+    new linode.Firewall(name, {
+      label: `${name}-${stack}`.slice(0, 32),
+      inboundPolicy: 'DROP',
+      outboundPolicy: 'ACCEPT',
+      inbounds: inbounds.map((r) => ({ ...r, ipv4s: [...r.ipv4s] })),
+      tags,
+    });
+  const controlFw = firewall('space-control-fw', rules.control);
+  const vmArgs = { version: cfg.version, imageRepository: cfg.imageRepository, privateCidr: cfg.privateCidr };
+  const ssh = cfg.sshPublicKey ? { authorizedKeys: [cfg.sshPublicKey] } : {};
+  const iface = (vpcAddress?: string) => [
+    { purpose: 'public' },
+    {
+      purpose: 'vpc',
+      subnetId: id(subnet),
+      ipv4: { ...(vpcAddress ? { vpc: vpcAddress } : {}), nat11: 'any' },
+    },
+  ];
+  // a version bump must not replace VMs (their sandboxes would die): after creation the user data
+  // is ignored and upgrades run `space-upgrade` per VM (docs/deployment.md, platform team upgrade)
+  const keep = { ignoreChanges: ['metadatas'] };
+  const userData = (text: string) => [{ userData: Buffer.from(text).toString('base64') }];
+  const control = new linode.Instance(
+    'space-control',
+    {
+      label: `space-control-${stack}`,
+      region: cfg.region,
+      type: cfg.controlInstanceType,
+      image: AKAMAI_IMAGE,
+      privateIp: true,
+      interfaces: iface(controlAddress(cfg.privateCidr)),
+      firewallId: id(controlFw),
+      metadatas: userData(toCloudConfig(controlPlan({ ...vmArgs, apiEnv: cfg.apiEnv }))),
+      tags,
+      ...ssh,
+    },
+    keep,
+  );
+  const nodesFw = new linode.Firewall('space-nodes-fw', {
+    label: `space-nodes-fw-${stack}`.slice(0, 32),
+    inboundPolicy: 'DROP',
+    outboundPolicy: 'ACCEPT',
+    inbounds: control.ipv4s.apply((ips) =>
+      akamaiFirewallRules(cfg, ips[0]).nodes.map((r) => ({ ...r, ipv4s: [...r.ipv4s] })),
+    ),
+    tags,
+  });
+  const nodes = cfg.nodePools.flatMap((pool) =>
+    Array.from(
+      { length: pool.count },
+      (_, i) =>
+        new linode.Instance(
+          `space-node-${pool.name}-${i}`,
+          {
+            label: `space-${pool.name}-${i}-${stack}`.slice(0, 64),
+            region: cfg.region,
+            type: pool.instanceType,
+            image: AKAMAI_IMAGE,
+            privateIp: true,
+            interfaces: iface(),
+            firewallId: id(nodesFw),
+            metadatas: userData(
+              toCloudConfig(
+                agentPlan({
+                  ...vmArgs,
+                  pool,
+                  controlAddress: controlAddress(cfg.privateCidr),
+                  gatewayEnabled: cfg.gatewayEnabled,
+                  agentEnv: cfg.agentEnv,
+                }),
+              ),
+            ),
+            tags: [...tags, `space-pool-${pool.name}`],
+            ...ssh,
+          },
+          keep,
+        ),
+    ),
+  );
+  const nbFw = firewall('space-nb-fw', rules.nodebalancer);
+  const nb = new linode.NodeBalancer('space-api-nb', {
+    label: `space-api-${stack}`.slice(0, 32),
+    region: cfg.region,
+    firewallId: id(nbFw),
+    tags,
+  });
+  const tls = cfg.apiTlsCertificate && cfg.secrets.apiTlsKey;
+  const nbConfig = new linode.NodeBalancerConfig('space-api-nb-config', {
+    nodebalancerId: id(nb),
+    port: tls ? 443 : 80,
+    protocol: tls ? 'https' : 'tcp',
+    ...(tls ? { sslCert: cfg.apiTlsCertificate, sslKey: cfg.secrets.apiTlsKey } : {}),
+    algorithm: 'leastconn',
+    check: 'http',
+    checkPath: '/readyz',
+  });
+  new linode.NodeBalancerNode('space-api-nb-control', {
+    nodebalancerId: id(nb),
+    configId: id(nbConfig),
+    label: 'space-control',
+    address: pulumi.interpolate`${control.privateIpAddress}:${API_PORT}`,
+  });
+  return {
+    apiUrl: pulumi.interpolate`${tls ? 'https' : 'http'}://${nb.ipv4}`,
+    controlIp: control.ipv4s.apply((ips) => ips[0]),
+    nodeIps: nodes.map((n) => n.ipv4s.apply((ips) => ips[0])),
+  };
+}
+
+function deployLke(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
+  const stack = pulumi.getStack();
+  const cluster = new linode.LkeCluster('space-lke', {
+    label: `space-${stack}`,
+    region: cfg.region,
+    k8sVersion: cfg.k8sVersion,
+    tags: ['space'],
+    pools: cfg.nodePools.map((pool) => ({
+      type: pool.instanceType,
+      count: pool.count,
+      labels: { [POOL_LABEL]: pool.name, [NODE_LABEL]: 'true', ...pool.labels },
+      tags: ['space', `space-pool-${pool.name}`],
+    })),
+  });
+  const nodeIds = cluster.pools.apply((ps) => ps.flatMap((p) => (p.nodes ?? []).map((n) => n.instanceId)));
+  new linode.Firewall('space-lke-fw', {
+    label: `space-lke-fw-${stack}`.slice(0, 32),
+    inboundPolicy: 'DROP',
+    outboundPolicy: 'ACCEPT',
+    inbounds: akamaiFirewallRules(cfg).lke.map((r) => ({ ...r, ipv4s: [...r.ipv4s] })),
+    linodes: nodeIds,
+    tags: ['space'],
+  });
+  // the kubeconfig output is base64 and secret (clouds.md §1.5)
+  const kubeconfig = pulumi.secret(
+    cluster.kubeconfig.apply((b64) => Buffer.from(b64, 'base64').toString('utf8')),
+  );
+  const provider = new k8s.Provider('lke', { kubeconfig });
+  const runtime = new Runtime('space', runtimeArgsFromConfig(cfg), { providers: [provider] });
+  return {
+    kubeconfig,
+    namespace: runtime.namespace,
+    apiLoadBalancer: runtime.apiService.status.loadBalancer.ingress,
+  };
+}

@@ -1,0 +1,54 @@
+/**
+ * CoreWeave CKS: no installable Pulumi package here (`@pulumi/coreweave` is not served), so the
+ * cluster is made outside this program (Console or Terraform) and this stack deploys into it with
+ * `@pulumi/kubernetes`: one CKS `NodePool` custom resource per pool (bare-metal CPU nodes labelled
+ * with the pool) and the Kubernetes component, tolerating the pools' taints.
+ */
+import * as k8s from '@pulumi/kubernetes';
+import type * as pulumi from '@pulumi/pulumi';
+import type { StackConfig } from '../../stacks/config.ts';
+import { runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
+import { Runtime } from '../kubernetes/runtime.ts';
+import { NODE_LABEL, type NodePool, POOL_LABEL } from '../node-pool.ts';
+
+/**
+ * The CKS NodePool object of `pool` (`compute.coreweave.com/v1alpha1`, docs.coreweave.com/products/
+ * cks/reference/node-pool). `instanceType` is immutable there: changing it replaces the pool.
+ */
+export function coreweaveNodePool(pool: NodePool): Record<string, unknown> {
+  return {
+    apiVersion: 'compute.coreweave.com/v1alpha1',
+    kind: 'NodePool',
+    metadata: { name: `space-${pool.name}` },
+    spec: {
+      computeClass: 'default',
+      instanceType: pool.instanceType,
+      targetNodes: pool.count,
+      minNodes: pool.count,
+      maxNodes: pool.count,
+      nodeLabels: { [POOL_LABEL]: pool.name, [NODE_LABEL]: 'true', ...pool.labels },
+    },
+  };
+}
+
+/** Deploys the runtime to an existing CKS cluster (kubeconfig from the secret `space:kubeconfig`). */
+export function deployCoreweave(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
+  const provider = new k8s.Provider('cks', { kubeconfig: cfg.secrets.kubeconfig! });
+  const pools = cfg.nodePools.map(
+    (pool) =>
+      new k8s.apiextensions.CustomResource(
+        `cks-pool-${pool.name}`,
+        coreweaveNodePool(pool) as k8s.apiextensions.CustomResourceArgs,
+        // an instance type change replaces the pool: never lose the old one before the new exists
+        { provider, replaceOnChanges: ['spec.instanceType'] },
+      ),
+  );
+  const runtime = new Runtime('space', runtimeArgsFromConfig(cfg), {
+    providers: [provider],
+    dependsOn: pools,
+  });
+  return {
+    namespace: runtime.namespace,
+    apiLoadBalancer: runtime.apiService.status.loadBalancer.ingress,
+  };
+}

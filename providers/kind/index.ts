@@ -1,0 +1,69 @@
+/**
+ * kind: the Kubernetes component on a local kind cluster. Pulumi cannot create a kind cluster
+ * (no provider): `kindClusterConfig` renders the cluster file (`kind create cluster --config`),
+ * one worker per pool node, labelled with its pool, `/dev/kvm` passed through for VMM pools.
+ */
+import * as k8s from '@pulumi/kubernetes';
+import type * as pulumi from '@pulumi/pulumi';
+import { stringify } from 'yaml';
+import type { StackConfig } from '../../stacks/config.ts';
+import { runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
+import { Runtime } from '../kubernetes/runtime.ts';
+import { isVmmDriver, NODE_LABEL, type NodePool, POOL_LABEL } from '../node-pool.ts';
+import { AGENT_PORT, API_PORT } from '../runtime-settings.ts';
+
+/** NodePort of the API on kind (mapped to the host by the cluster config). */
+export const KIND_API_NODE_PORT = 30080;
+
+/** The kind cluster file for `pools` (kind.x-k8s.io/v1alpha4). */
+export function kindClusterConfig(pools: readonly NodePool[]): string {
+  const workers = pools.flatMap((pool) =>
+    Array.from({ length: pool.count }, () => ({
+      role: 'worker',
+      labels: { [POOL_LABEL]: pool.name, [NODE_LABEL]: 'true', ...pool.labels },
+      // rootful Docker shows the host's devices to privileged nodes; be explicit for VMM pools
+      ...(isVmmDriver(pool.driver)
+        ? { extraMounts: [{ hostPath: '/dev/kvm', containerPath: '/dev/kvm' }] }
+        : {}),
+    })),
+  );
+  const doc = {
+    kind: 'Cluster',
+    apiVersion: 'kind.x-k8s.io/v1alpha4',
+    name: 'space',
+    nodes: [
+      {
+        role: 'control-plane',
+        extraPortMappings: [
+          { containerPort: KIND_API_NODE_PORT, hostPort: API_PORT, listenAddress: '127.0.0.1' },
+        ],
+      },
+      ...workers,
+    ],
+  };
+  return `# rendered by providers/kind/index.ts (kindClusterConfig); agents listen on node port ${AGENT_PORT}\n${stringify(doc)}`;
+}
+
+/** Deploys the runtime to the kind cluster of the current kubeconfig (context `space:kubeContext`). */
+export function deployKind(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
+  const provider = new k8s.Provider('kind', {
+    ...(cfg.secrets.kubeconfig ? { kubeconfig: cfg.secrets.kubeconfig } : {}),
+    ...(cfg.kubeContext ? { context: cfg.kubeContext } : {}),
+  });
+  const runtime = new Runtime(
+    'space',
+    runtimeArgsFromConfig(cfg, {
+      apiServiceType: 'NodePort',
+      apiNodePort: KIND_API_NODE_PORT,
+      apiReplicas: 1,
+    }),
+    {
+      providers: [provider],
+    },
+  );
+  return {
+    namespace: runtime.namespace,
+    apiUrl: `http://127.0.0.1:${API_PORT}`,
+    kindClusterConfig: kindClusterConfig(cfg.nodePools),
+  };
+}

@@ -1,0 +1,40 @@
+/** Builds the Kubernetes component's arguments from the stack configuration (shared by LKE, CKS, kind). */
+import { createPublicKey } from 'node:crypto';
+import type * as k8s from '@pulumi/kubernetes';
+import * as pulumi from '@pulumi/pulumi';
+import type { StackConfig } from '../../stacks/config.ts';
+import type { RuntimeArgs } from './runtime.ts';
+
+/** The SPKI public key of a PKCS#8 Ed25519 private key. Not secret, so unwrapped from the secret. */
+export function publicKeyOf(privateKeyPem: pulumi.Output<string>): pulumi.Output<string> {
+  return pulumi.unsecret(
+    privateKeyPem.apply((pem) => createPublicKey(pem).export({ type: 'spki', format: 'pem' }).toString()),
+  );
+}
+
+/** {@link RuntimeArgs} for `cfg` plus cloud-specific settings. */
+export function runtimeArgsFromConfig(cfg: StackConfig, extra: Partial<RuntimeArgs> = {}): RuntimeArgs {
+  const signingKey = cfg.secrets.signingKey!;
+  return {
+    version: cfg.version,
+    imageRepository: cfg.imageRepository,
+    nodePools: cfg.nodePools,
+    signingKey,
+    verifyKey: publicKeyOf(signingKey),
+    redis: cfg.secrets.redisUrl
+      ? { mode: 'external', url: cfg.secrets.redisUrl }
+      : {
+          mode: 'in-cluster',
+          password: cfg.secrets.redisPassword!,
+          ...(cfg.redisStorageClass ? { storageClassName: cfg.redisStorageClass } : {}),
+        },
+    apiReplicas: cfg.apiReplicas,
+    agentDrainSeconds: cfg.agentDrainSeconds,
+    gatewayEnabled: cfg.gatewayEnabled,
+    nodeCidrs: cfg.nodeCidrs,
+    agentTolerations: cfg.nodeTolerations as readonly k8s.types.input.core.v1.Toleration[],
+    apiEnv: cfg.apiEnv,
+    agentEnv: cfg.agentEnv,
+    ...extra,
+  };
+}

@@ -1,0 +1,632 @@
+/**
+ * `space:kubernetes:Runtime` — the whole SPACE runtime on one Kubernetes cluster: namespace, Redis
+ * (StatefulSet with a volume, or an external URL), the API (Deployment, Service, HPA, PDB), one
+ * agent DaemonSet per node pool (privileged, host network and PID, `/dev/kvm` only for VMM
+ * drivers), the gateway DaemonSet (off until issue 3 lands), NetworkPolicies, and the keys as
+ * Secret/ConfigMap. Used on LKE, CoreWeave CKS and kind.
+ *
+ * `renderRuntimeObjects` is pure: it returns every object as data (typed with the Kubernetes input
+ * types, so a misspelt field fails to compile). The component only turns each into a resource.
+ */
+import * as k8s from '@pulumi/kubernetes';
+import * as pulumi from '@pulumi/pulumi';
+import { isVmmDriver, NODE_LABEL, type NodePool, POOL_LABEL } from '../node-pool.ts';
+import {
+  AGENT_PORT,
+  API_PORT,
+  agentEnvironment,
+  apiEnvironment,
+  CACHE_DIR,
+  DEFAULT_IMAGE_REPOSITORY,
+  imageRef,
+  KEY_DIR,
+  REDIS_PORT,
+  SERVICE_COMMANDS,
+} from '../runtime-settings.ts';
+
+type Input<T> = pulumi.Input<T>;
+
+/** Redis: a StatefulSet in the namespace, or a URL the operator provides. */
+export type RedisArgs =
+  | {
+      readonly mode: 'in-cluster';
+      /** Password Redis requires (`--requirepass`); a Pulumi secret. */
+      readonly password: Input<string>;
+      /** Volume size, GiB. Default 10. */
+      readonly storageGiB?: number;
+      /** StorageClass of the volume. Default: the cluster's default class. */
+      readonly storageClassName?: string;
+      /** Redis image. Default `redis:7.4-alpine` (Docker Hub). */
+      readonly image?: string;
+    }
+  | {
+      readonly mode: 'external';
+      /** `redis://[:password@]host:port[/db]`; a Pulumi secret. */
+      readonly url: Input<string>;
+    };
+
+/** Arguments of {@link Runtime}. */
+export interface RuntimeArgs {
+  /** SPACE version: the tag of the one image (`space:version`). Required. */
+  readonly version: string;
+  /** Image repository; the image runs all three services. Default `ghcr.io/space-sandbox/space`. */
+  readonly imageRepository?: string;
+  /** Namespace created for SPACE. Default `space`. */
+  readonly namespace?: string;
+  /** Node pools; one agent DaemonSet each, on nodes labelled `space.dev/pool=<name>`. Required. */
+  readonly nodePools: readonly NodePool[];
+  /** Ed25519 private key, PKCS#8 PEM; a Pulumi secret. Mounted only into the API. */
+  readonly signingKey: Input<string>;
+  /** Ed25519 public key, SPKI PEM, matching `signingKey`. Mounted into the agents. */
+  readonly verifyKey: Input<string>;
+  /** Where Redis is. */
+  readonly redis: RedisArgs;
+  /** API replicas (HPA minimum). Default 2. */
+  readonly apiReplicas?: number;
+  /** HPA maximum. Default 10. */
+  readonly apiMaxReplicas?: number;
+  /** Service type in front of the API. Default `LoadBalancer` (LKE/CKS make a cloud load balancer). */
+  readonly apiServiceType?: 'LoadBalancer' | 'NodePort' | 'ClusterIP';
+  /** Fixed node port of the API when `apiServiceType` is `NodePort` (kind maps it to the host). Default: any. */
+  readonly apiNodePort?: number;
+  /** Seconds an agent may take to stop (its drain budget). Grace period = this + 30 s. Default 120. */
+  readonly agentDrainSeconds?: number;
+  /** Deploy the `space-gateway` DaemonSet (issue 3; the image has no gateway yet). Default false. */
+  readonly gatewayEnabled?: boolean;
+  /**
+   * CIDRs agent traffic comes from. Agents use the host network, so NetworkPolicy pod selectors do
+   * not match them: Redis admits these address blocks besides the API pods. Default none.
+   */
+  readonly nodeCidrs?: readonly string[];
+  /** Tolerations added to agent (and gateway) pods, e.g. a cloud's taints on CPU nodes. Default none. */
+  readonly agentTolerations?: readonly k8s.types.input.core.v1.Toleration[];
+  /** Extra API settings (`SPACE_*`, checked by the stack config). Default none. */
+  readonly apiEnv?: Readonly<Record<string, string>>;
+  /** Extra agent settings (`SPACE_*`). Default none. */
+  readonly agentEnv?: Readonly<Record<string, string>>;
+}
+
+/** One rendered object with the Pulumi logical-name suffix it gets (`${name}-${role}`). */
+export interface RenderedObject {
+  readonly role: string;
+  readonly object: { readonly apiVersion: string; readonly kind: string } & Record<string, unknown>;
+}
+
+const COMPONENT_LABEL = 'app.kubernetes.io/component';
+const labels = (component: string, extra: Record<string, string> = {}) => ({
+  'app.kubernetes.io/name': 'space',
+  'app.kubernetes.io/part-of': 'space',
+  [COMPONENT_LABEL]: component,
+  ...extra,
+});
+
+/** Fills the defaults of {@link RuntimeArgs}. */
+export function runtimeDefaults(a: RuntimeArgs) {
+  return {
+    imageRepository: a.imageRepository ?? DEFAULT_IMAGE_REPOSITORY,
+    namespace: a.namespace ?? 'space',
+    apiReplicas: a.apiReplicas ?? 2,
+    apiMaxReplicas: Math.max(a.apiMaxReplicas ?? 10, a.apiReplicas ?? 2),
+    apiServiceType: a.apiServiceType ?? 'LoadBalancer',
+    agentDrainSeconds: a.agentDrainSeconds ?? 120,
+    gatewayEnabled: a.gatewayEnabled ?? false,
+    nodeCidrs: a.nodeCidrs ?? [],
+  };
+}
+
+const env = (vars: Record<string, string>): k8s.types.input.core.v1.EnvVar[] =>
+  Object.entries(vars)
+    .sort(([x], [y]) => x.localeCompare(y))
+    .map(([name, value]) => ({ name, value }));
+
+const redisUrlEnv: k8s.types.input.core.v1.EnvVar = {
+  name: 'SPACE_REDIS_URL',
+  valueFrom: { secretKeyRef: { name: 'space-redis', key: 'url' } },
+};
+
+/** Every Kubernetes object of the runtime, in apply order. Pure. */
+export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
+  const d = runtimeDefaults(a);
+  const ns = d.namespace;
+  const image = imageRef(d.imageRepository, a.version);
+  const version = { 'app.kubernetes.io/version': a.version };
+  const out: RenderedObject[] = [];
+  // typed objects go in (excess properties fail to compile); plain data comes out
+  const add = (role: string, object: object) =>
+    out.push({ role, object: object as unknown as RenderedObject['object'] });
+
+  const namespace: k8s.types.input.core.v1.Namespace = {
+    apiVersion: 'v1',
+    kind: 'Namespace',
+    metadata: {
+      name: ns,
+      labels: {
+        ...labels('namespace'),
+        // the agent is privileged (host network/PID, devices): Pod Security must allow it here
+        'pod-security.kubernetes.io/enforce': 'privileged',
+      },
+    },
+  };
+  add('ns', namespace);
+
+  for (const component of ['api', 'agent', 'redis', ...(d.gatewayEnabled ? ['gateway'] : [])]) {
+    // no service talks to the Kubernetes API: no token in any pod
+    const sa: k8s.types.input.core.v1.ServiceAccount = {
+      apiVersion: 'v1',
+      kind: 'ServiceAccount',
+      metadata: { name: `space-${component}`, namespace: ns, labels: labels(component) },
+      automountServiceAccountToken: false,
+    };
+    add(`${component}-sa`, sa);
+  }
+
+  const signing: k8s.types.input.core.v1.Secret = {
+    apiVersion: 'v1',
+    kind: 'Secret',
+    metadata: { name: 'space-signing-key', namespace: ns, labels: labels('api') },
+    type: 'Opaque',
+    stringData: { 'signing.pem': a.signingKey },
+  };
+  add('signing-key', signing);
+  const verify: k8s.types.input.core.v1.ConfigMap = {
+    apiVersion: 'v1',
+    kind: 'ConfigMap',
+    metadata: { name: 'space-verify-key', namespace: ns, labels: labels('agent') },
+    data: { 'verify.pem': a.verifyKey },
+  };
+  add('verify-key', verify);
+
+  const redisUrl =
+    a.redis.mode === 'external'
+      ? a.redis.url
+      : pulumi.interpolate`redis://:${a.redis.password}@space-redis.${ns}.svc:${REDIS_PORT}`;
+  const redisSecret: k8s.types.input.core.v1.Secret = {
+    apiVersion: 'v1',
+    kind: 'Secret',
+    metadata: { name: 'space-redis', namespace: ns, labels: labels('redis') },
+    type: 'Opaque',
+    stringData: {
+      url: redisUrl,
+      ...(a.redis.mode === 'in-cluster' ? { password: a.redis.password } : {}),
+    },
+  };
+  add('redis-secret', redisSecret);
+
+  if (a.redis.mode === 'in-cluster') {
+    const sel = labels('redis');
+    const sts: k8s.types.input.apps.v1.StatefulSet = {
+      apiVersion: 'apps/v1',
+      kind: 'StatefulSet',
+      metadata: { name: 'space-redis', namespace: ns, labels: sel },
+      spec: {
+        serviceName: 'space-redis',
+        replicas: 1,
+        selector: { matchLabels: sel },
+        template: {
+          metadata: { labels: sel },
+          spec: {
+            serviceAccountName: 'space-redis',
+            automountServiceAccountToken: false,
+            securityContext: { runAsNonRoot: true, runAsUser: 999, fsGroup: 999 },
+            containers: [
+              {
+                name: 'redis',
+                image: a.redis.image ?? 'redis:7.4-alpine',
+                args: [
+                  '--appendonly',
+                  'yes',
+                  '--requirepass',
+                  '$(REDIS_PASSWORD)',
+                  '--port',
+                  String(REDIS_PORT),
+                ],
+                env: [
+                  {
+                    name: 'REDIS_PASSWORD',
+                    valueFrom: { secretKeyRef: { name: 'space-redis', key: 'password' } },
+                  },
+                ],
+                ports: [{ name: 'redis', containerPort: REDIS_PORT }],
+                readinessProbe: { tcpSocket: { port: REDIS_PORT }, periodSeconds: 5 },
+                livenessProbe: { tcpSocket: { port: REDIS_PORT }, periodSeconds: 10, failureThreshold: 6 },
+                resources: { requests: { cpu: '250m', memory: '512Mi' }, limits: { memory: '2Gi' } },
+                securityContext: { allowPrivilegeEscalation: false, capabilities: { drop: ['ALL'] } },
+                volumeMounts: [{ name: 'data', mountPath: '/data' }],
+              },
+            ],
+          },
+        },
+        volumeClaimTemplates: [
+          {
+            metadata: { name: 'data' },
+            spec: {
+              accessModes: ['ReadWriteOnce'],
+              ...(a.redis.storageClassName ? { storageClassName: a.redis.storageClassName } : {}),
+              resources: { requests: { storage: `${a.redis.storageGiB ?? 10}Gi` } },
+            },
+          },
+        ],
+      },
+    };
+    add('redis', sts);
+    const svc: k8s.types.input.core.v1.Service = {
+      apiVersion: 'v1',
+      kind: 'Service',
+      metadata: { name: 'space-redis', namespace: ns, labels: sel },
+      spec: {
+        type: 'ClusterIP',
+        selector: sel,
+        ports: [{ name: 'redis', port: REDIS_PORT, targetPort: REDIS_PORT }],
+      },
+    };
+    add('redis-svc', svc);
+  }
+
+  // ---- API
+  const apiSel = labels('api');
+  const apiDeployment: k8s.types.input.apps.v1.Deployment = {
+    apiVersion: 'apps/v1',
+    kind: 'Deployment',
+    metadata: { name: 'space-api', namespace: ns, labels: { ...apiSel, ...version } },
+    spec: {
+      replicas: d.apiReplicas,
+      selector: { matchLabels: apiSel },
+      // a new pod is ready before an old one goes: the API never drops below its replica count
+      strategy: { type: 'RollingUpdate', rollingUpdate: { maxUnavailable: 0, maxSurge: 1 } },
+      template: {
+        metadata: { labels: { ...apiSel, ...version } },
+        spec: {
+          serviceAccountName: 'space-api',
+          automountServiceAccountToken: false,
+          terminationGracePeriodSeconds: 30,
+          securityContext: { runAsNonRoot: true, runAsUser: 1000, runAsGroup: 1000, fsGroup: 1000 },
+          containers: [
+            {
+              name: 'api',
+              image,
+              command: [...SERVICE_COMMANDS.api],
+              env: [...env(apiEnvironment(a.apiEnv)), redisUrlEnv],
+              ports: [{ name: 'http', containerPort: API_PORT }],
+              readinessProbe: { httpGet: { path: '/readyz', port: API_PORT }, periodSeconds: 5 },
+              livenessProbe: {
+                httpGet: { path: '/healthz', port: API_PORT },
+                periodSeconds: 10,
+                failureThreshold: 6,
+              },
+              resources: { requests: { cpu: '250m', memory: '256Mi' }, limits: { memory: '1Gi' } },
+              securityContext: {
+                allowPrivilegeEscalation: false,
+                readOnlyRootFilesystem: true,
+                capabilities: { drop: ['ALL'] },
+              },
+              volumeMounts: [
+                { name: 'signing-key', mountPath: KEY_DIR, readOnly: true },
+                { name: 'api-state', mountPath: '/var/lib/space/api' },
+                { name: 'tmp', mountPath: '/tmp' },
+              ],
+            },
+          ],
+          volumes: [
+            {
+              name: 'signing-key',
+              secret: { secretName: 'space-signing-key', defaultMode: 0o440 },
+            },
+            // the bootstrap API key file (see docs/deployment.md "first API key")
+            { name: 'api-state', emptyDir: {} },
+            { name: 'tmp', emptyDir: {} },
+          ],
+        },
+      },
+    },
+  };
+  add('api', apiDeployment);
+  const apiService: k8s.types.input.core.v1.Service = {
+    apiVersion: 'v1',
+    kind: 'Service',
+    metadata: { name: 'space-api', namespace: ns, labels: apiSel },
+    spec: {
+      type: d.apiServiceType,
+      selector: apiSel,
+      ports: [
+        {
+          name: 'http',
+          port: API_PORT,
+          targetPort: API_PORT,
+          protocol: 'TCP',
+          ...(d.apiServiceType === 'NodePort' && a.apiNodePort ? { nodePort: a.apiNodePort } : {}),
+        },
+      ],
+    },
+  };
+  add('api-svc', apiService);
+  const hpa: k8s.types.input.autoscaling.v2.HorizontalPodAutoscaler = {
+    apiVersion: 'autoscaling/v2',
+    kind: 'HorizontalPodAutoscaler',
+    metadata: { name: 'space-api', namespace: ns, labels: apiSel },
+    spec: {
+      scaleTargetRef: { apiVersion: 'apps/v1', kind: 'Deployment', name: 'space-api' },
+      minReplicas: d.apiReplicas,
+      maxReplicas: d.apiMaxReplicas,
+      metrics: [
+        {
+          type: 'Resource',
+          resource: { name: 'cpu', target: { type: 'Utilization', averageUtilization: 70 } },
+        },
+      ],
+    },
+  };
+  add('api-hpa', hpa);
+  const pdb: k8s.types.input.policy.v1.PodDisruptionBudget = {
+    apiVersion: 'policy/v1',
+    kind: 'PodDisruptionBudget',
+    metadata: { name: 'space-api', namespace: ns, labels: apiSel },
+    spec: { minAvailable: 1, selector: { matchLabels: apiSel } },
+  };
+  add('api-pdb', pdb);
+
+  // ---- agents: one DaemonSet per pool
+  const tolerations = [
+    // pools may be tainted so that nothing else lands there; the agent goes everywhere it is asked to
+    { key: POOL_LABEL, operator: 'Exists', effect: 'NoSchedule' },
+    ...(a.agentTolerations ?? []),
+  ];
+  for (const pool of a.nodePools) add(`agent-${pool.name}`, agentDaemonSet(a, pool, image, tolerations));
+
+  if (d.gatewayEnabled) add('gateway', gatewayDaemonSet(a, image, tolerations));
+
+  // ---- network policies
+  const deny: k8s.types.input.networking.v1.NetworkPolicy = {
+    apiVersion: 'networking.k8s.io/v1',
+    kind: 'NetworkPolicy',
+    metadata: { name: 'space-default-deny-ingress', namespace: ns, labels: labels('policy') },
+    spec: { podSelector: {}, policyTypes: ['Ingress'] },
+  };
+  add('netpol-deny', deny);
+  const apiIngress: k8s.types.input.networking.v1.NetworkPolicy = {
+    apiVersion: 'networking.k8s.io/v1',
+    kind: 'NetworkPolicy',
+    metadata: { name: 'space-api-ingress', namespace: ns, labels: labels('policy') },
+    spec: {
+      podSelector: { matchLabels: apiSel },
+      policyTypes: ['Ingress'],
+      ingress: [{ ports: [{ protocol: 'TCP', port: API_PORT }] }],
+    },
+  };
+  add('netpol-api', apiIngress);
+  if (a.redis.mode === 'in-cluster') {
+    const redisIngress: k8s.types.input.networking.v1.NetworkPolicy = {
+      apiVersion: 'networking.k8s.io/v1',
+      kind: 'NetworkPolicy',
+      metadata: { name: 'space-redis-ingress', namespace: ns, labels: labels('policy') },
+      spec: {
+        podSelector: { matchLabels: labels('redis') },
+        policyTypes: ['Ingress'],
+        ingress: [
+          {
+            from: [
+              { podSelector: { matchLabels: apiSel } },
+              // agents run on the host network: their packets carry node addresses
+              ...d.nodeCidrs.map((cidr) => ({ ipBlock: { cidr } })),
+            ],
+            ports: [{ protocol: 'TCP', port: REDIS_PORT }],
+          },
+        ],
+      },
+    };
+    add('netpol-redis', redisIngress);
+  }
+  return out;
+}
+
+function agentDaemonSet(
+  a: RuntimeArgs,
+  pool: NodePool,
+  image: string,
+  tolerations: k8s.types.input.core.v1.Toleration[],
+): k8s.types.input.apps.v1.DaemonSet {
+  const d = runtimeDefaults(a);
+  const sel = labels('agent', { [POOL_LABEL]: pool.name });
+  const vmm = isVmmDriver(pool.driver);
+  const hostPath = (name: string, path: string, type: string): k8s.types.input.core.v1.Volume => ({
+    name,
+    hostPath: { path, type },
+  });
+  return {
+    apiVersion: 'apps/v1',
+    kind: 'DaemonSet',
+    metadata: {
+      name: `space-agent-${pool.name}`,
+      namespace: d.namespace,
+      labels: { ...sel, 'app.kubernetes.io/version': a.version },
+    },
+    spec: {
+      selector: { matchLabels: sel },
+      // one node at a time; no surge: two agents cannot share a node's sandboxes, taps and nft table
+      updateStrategy: { type: 'RollingUpdate', rollingUpdate: { maxUnavailable: 1, maxSurge: 0 } },
+      minReadySeconds: 10,
+      template: {
+        metadata: { labels: { ...sel, 'app.kubernetes.io/version': a.version } },
+        spec: {
+          serviceAccountName: 'space-agent',
+          automountServiceAccountToken: false,
+          nodeSelector: { [POOL_LABEL]: pool.name },
+          tolerations,
+          priorityClassName: 'system-node-critical',
+          // sandboxes' namespaces, veths and nft rules live in the node's network namespace
+          hostNetwork: true,
+          dnsPolicy: 'ClusterFirstWithHostNet',
+          // sandbox processes must outlive the agent container to be re-adopted after a restart
+          hostPID: true,
+          // SIGTERM is the drain: the agent stops heartbeating (unschedulable), stops serving and
+          // leaves sandboxes running (SPACE_AGENT_ON_SHUTDOWN=keep) for the next agent to re-adopt
+          terminationGracePeriodSeconds: d.agentDrainSeconds + 30,
+          containers: [
+            {
+              name: 'agent',
+              image,
+              command: [...SERVICE_COMMANDS.agent],
+              env: [
+                { name: 'SPACE_NODE_ID', valueFrom: { fieldRef: { fieldPath: 'spec.nodeName' } } },
+                { name: 'NODE_IP', valueFrom: { fieldRef: { fieldPath: 'status.hostIP' } } },
+                { name: 'SPACE_AGENT_URL', value: `http://$(NODE_IP):${AGENT_PORT}` },
+                ...env(agentEnvironment(pool, a.agentEnv)),
+                redisUrlEnv,
+              ],
+              ports: [{ name: 'data-plane', containerPort: AGENT_PORT, hostPort: AGENT_PORT }],
+              readinessProbe: { httpGet: { path: '/readyz', port: AGENT_PORT }, periodSeconds: 5 },
+              livenessProbe: {
+                httpGet: { path: '/healthz', port: AGENT_PORT },
+                periodSeconds: 10,
+                failureThreshold: 6,
+                initialDelaySeconds: 30,
+              },
+              startupProbe: {
+                httpGet: { path: '/readyz', port: AGENT_PORT },
+                periodSeconds: 5,
+                // the first start may build templates (minutes)
+                failureThreshold: 120,
+              },
+              resources: { requests: { cpu: '500m', memory: '512Mi' }, limits: { memory: '4Gi' } },
+              // needs: netns/veth/nftables, runsc, cgroups, and (VMM drivers) /dev/kvm
+              securityContext: { privileged: true, runAsUser: 0 },
+              volumeMounts: [
+                { name: 'verify-key', mountPath: KEY_DIR, readOnly: true },
+                { name: 'state', mountPath: CACHE_DIR },
+                { name: 'netns', mountPath: '/var/run/netns', mountPropagation: 'Bidirectional' },
+                { name: 'cgroup', mountPath: '/sys/fs/cgroup' },
+                { name: 'modules', mountPath: '/lib/modules', readOnly: true },
+                { name: 'tun', mountPath: '/dev/net/tun' },
+                ...(vmm ? [{ name: 'kvm', mountPath: '/dev/kvm' }] : []),
+              ],
+            },
+          ],
+          volumes: [
+            { name: 'verify-key', configMap: { name: 'space-verify-key' } },
+            hostPath('state', CACHE_DIR, 'DirectoryOrCreate'),
+            hostPath('netns', '/var/run/netns', 'DirectoryOrCreate'),
+            hostPath('cgroup', '/sys/fs/cgroup', 'Directory'),
+            hostPath('modules', '/lib/modules', 'Directory'),
+            hostPath('tun', '/dev/net/tun', 'CharDevice'),
+            ...(vmm ? [hostPath('kvm', '/dev/kvm', 'CharDevice')] : []),
+          ],
+        },
+      },
+    },
+  };
+}
+
+function gatewayDaemonSet(
+  a: RuntimeArgs,
+  image: string,
+  tolerations: k8s.types.input.core.v1.Toleration[],
+): k8s.types.input.apps.v1.DaemonSet {
+  const d = runtimeDefaults(a);
+  const sel = labels('gateway');
+  return {
+    apiVersion: 'apps/v1',
+    kind: 'DaemonSet',
+    metadata: {
+      name: 'space-gateway',
+      namespace: d.namespace,
+      labels: { ...sel, 'app.kubernetes.io/version': a.version },
+    },
+    spec: {
+      selector: { matchLabels: sel },
+      updateStrategy: { type: 'RollingUpdate', rollingUpdate: { maxUnavailable: 1, maxSurge: 0 } },
+      template: {
+        metadata: { labels: { ...sel, 'app.kubernetes.io/version': a.version } },
+        spec: {
+          serviceAccountName: 'space-gateway',
+          automountServiceAccountToken: false,
+          nodeSelector: { [NODE_LABEL]: 'true' },
+          tolerations,
+          priorityClassName: 'system-node-critical',
+          hostNetwork: true,
+          dnsPolicy: 'ClusterFirstWithHostNet',
+          terminationGracePeriodSeconds: 30,
+          containers: [
+            {
+              name: 'gateway',
+              image,
+              command: [...SERVICE_COMMANDS.gateway],
+              env: env({ SPACE_LOG_LEVEL: 'info' }),
+              resources: { requests: { cpu: '250m', memory: '256Mi' }, limits: { memory: '1Gi' } },
+              // transparent proxy + DNS for sandboxes: network admin, no devices, not privileged
+              securityContext: {
+                allowPrivilegeEscalation: false,
+                capabilities: { drop: ['ALL'], add: ['NET_ADMIN', 'NET_BIND_SERVICE', 'NET_RAW'] },
+              },
+            },
+          ],
+        },
+      },
+    },
+  };
+}
+
+/** The resource class for each kind the render produces. */
+const RESOURCE_CLASSES = {
+  Namespace: k8s.core.v1.Namespace,
+  ServiceAccount: k8s.core.v1.ServiceAccount,
+  Secret: k8s.core.v1.Secret,
+  ConfigMap: k8s.core.v1.ConfigMap,
+  Service: k8s.core.v1.Service,
+  StatefulSet: k8s.apps.v1.StatefulSet,
+  Deployment: k8s.apps.v1.Deployment,
+  DaemonSet: k8s.apps.v1.DaemonSet,
+  HorizontalPodAutoscaler: k8s.autoscaling.v2.HorizontalPodAutoscaler,
+  PodDisruptionBudget: k8s.policy.v1.PodDisruptionBudget,
+  NetworkPolicy: k8s.networking.v1.NetworkPolicy,
+} as const;
+
+type ResourceCtor = new (
+  name: string,
+  args: Record<string, unknown>,
+  opts?: pulumi.CustomResourceOptions,
+) => pulumi.CustomResource;
+
+/**
+ * The SPACE runtime on a Kubernetes cluster. Pass the cluster's provider in `opts.providers`
+ * (or `opts.provider`); every child inherits it.
+ */
+export class Runtime extends pulumi.ComponentResource {
+  /** The namespace name. */
+  readonly namespace: pulumi.Output<string>;
+  /** The API Service (its load balancer address is in `status.loadBalancer`). */
+  readonly apiService: k8s.core.v1.Service;
+  /** Every child resource, by role (`api`, `agent-default`, …). */
+  readonly children: Readonly<Record<string, pulumi.CustomResource>>;
+
+  constructor(name: string, args: RuntimeArgs, opts: pulumi.ComponentResourceOptions = {}) {
+    super('space:kubernetes:Runtime', name, {}, opts);
+    const created = createRuntime(this, name, args);
+    this.children = created;
+    this.apiService = created['api-svc'] as k8s.core.v1.Service;
+    this.namespace = pulumi.output(runtimeDefaults(args).namespace);
+    this.registerOutputs({ namespace: this.namespace });
+  }
+}
+
+/** Creates every object of {@link renderRuntimeObjects} as a child of `parent`, in order. */
+export function createRuntime(
+  parent: pulumi.ComponentResource,
+  name: string,
+  args: RuntimeArgs,
+): Record<string, pulumi.CustomResource> {
+  const created: Record<string, pulumi.CustomResource> = {};
+  let namespace: pulumi.CustomResource | undefined;
+  for (const { role, object } of renderRuntimeObjects(args)) {
+    const Ctor = RESOURCE_CLASSES[object.kind as keyof typeof RESOURCE_CLASSES] as ResourceCtor | undefined;
+    if (!Ctor) throw new pulumi.ResourceError(`no resource class for kind ${object.kind}`, parent);
+    const { apiVersion: _v, kind: _k, ...body } = object;
+    const r = new Ctor(`${name}-${role}`, body, {
+      parent,
+      dependsOn: namespace ? [namespace] : [],
+      // the Secret's data must not show in plain text in the state or the CLI
+      ...(object.kind === 'Secret' ? { additionalSecretOutputs: ['data', 'stringData'] } : {}),
+    });
+    if (object.kind === 'Namespace') namespace = r;
+    created[role] = r;
+  }
+  return created;
+}

@@ -1,0 +1,377 @@
+/**
+ * The "without Kubernetes" path: what a plain VM needs to run SPACE as systemd units, rendered as
+ * cloud-init (`#cloud-config`, Linode metadata) or as a shell script (Crusoe `startup_script`).
+ *
+ * Two roles: `control` (Redis + API) and `agent` (one per pool node; gateway when enabled). Each
+ * service runs the one image (`space:imageRepository:space:version`) under podman with the same
+ * environment as in Kubernetes (`runtime-settings.ts`).
+ *
+ * Nothing secret is ever rendered here: user data is readable by anyone who can read the instance's
+ * metadata. The control VM makes its own Ed25519 key pair at first boot (the private key never
+ * leaves it) and publishes the public key in Redis, where agents read it; Redis listens on the
+ * private network only, closed to everything but the VPC by the cloud firewall and by nftables on
+ * the control VM. The API writes the first API key to `BOOTSTRAP_API_KEY_FILE` on the control VM.
+ */
+import { stringify } from 'yaml';
+import type { NodePool } from '../node-pool.ts';
+import {
+  AGENT_PORT,
+  AGENT_STATE_DIR,
+  API_PORT,
+  agentEnvironment,
+  apiEnvironment,
+  CACHE_DIR,
+  imageRef,
+  KEY_DIR,
+  REDIS_PORT,
+  SERVICE_COMMANDS,
+  SIGNING_KEY_FILE,
+  VERIFY_KEY_FILE,
+} from '../runtime-settings.ts';
+
+/** One file written at first boot. */
+export interface VmFile {
+  readonly path: string;
+  readonly content: string;
+  /** Octal permission string, e.g. `0644`. */
+  readonly mode: string;
+}
+
+/** What a VM gets at first boot: packages, files, then commands (each a shell line, run as root). */
+export interface VmPlan {
+  readonly packages: readonly string[];
+  readonly files: readonly VmFile[];
+  readonly commands: readonly string[];
+}
+
+/** Redis key where the control VM publishes the agents' verify key (outside the runtime's `space:v1:`). */
+export const VERIFY_KEY_REDIS_KEY = 'space:deploy:verify-key';
+
+/** Arguments shared by both roles. */
+export interface VmCommonArgs {
+  /** SPACE version: the image tag. */
+  readonly version: string;
+  /** Image repository. */
+  readonly imageRepository: string;
+  /** CIDR of the private network (VPC subnet) the nodes share; Redis admits only it. */
+  readonly privateCidr: string;
+}
+
+/** Arguments of the control role. */
+export interface ControlArgs extends VmCommonArgs {
+  /** Extra API settings. Default none. */
+  readonly apiEnv?: Readonly<Record<string, string>>;
+}
+
+/** Arguments of the agent role. */
+export interface AgentArgs extends VmCommonArgs {
+  readonly pool: NodePool;
+  /** Private address of the control VM (Redis, verify key). */
+  readonly controlAddress: string;
+  /** Deploy the `space-gateway` unit (issue 3). Default false. */
+  readonly gatewayEnabled?: boolean;
+  /** Extra agent settings. Default none. */
+  readonly agentEnv?: Readonly<Record<string, string>>;
+}
+
+const envFile = (vars: Record<string, string>) =>
+  `${Object.entries(vars)
+    .sort(([a], [b]) => a.localeCompare(b))
+    .map(([k, v]) => `${k}=${v}`)
+    .join('\n')}\n`;
+
+/** `/etc/space/image.env`: the only place a VM names the image; `space-upgrade` rewrites it. */
+function imageFile(a: VmCommonArgs): VmFile {
+  return {
+    path: '/etc/space/image.env',
+    content: `SPACE_IMAGE=${imageRef(a.imageRepository, a.version)}\n`,
+    mode: '0644',
+  };
+}
+
+/**
+ * A podman-run systemd unit. `KillMode=process` and host PID/cgroup namespaces: stopping the unit
+ * signals only the service, so sandboxes outlive an agent restart and are re-adopted.
+ */
+function unit(
+  name: string,
+  description: string,
+  command: readonly string[],
+  podmanArgs: string[],
+  extra: string[] = [],
+): VmFile {
+  return {
+    path: `/etc/systemd/system/${name}.service`,
+    mode: '0644',
+    content: [
+      '[Unit]',
+      `Description=${description}`,
+      'Wants=network-online.target',
+      'After=network-online.target',
+      ...extra,
+      '',
+      '[Service]',
+      'EnvironmentFile=/etc/space/image.env',
+      `ExecStartPre=-/usr/bin/podman rm -f ${name}`,
+      `ExecStart=/usr/bin/podman run --rm --name ${name} --network host ${podmanArgs.join(' ')} --env-file /etc/space/${name}.env \${SPACE_IMAGE} ${command.join(' ')}`,
+      `ExecStop=/usr/bin/podman stop --time 150 ${name}`,
+      'KillMode=process',
+      'TimeoutStopSec=180',
+      'Restart=always',
+      'RestartSec=2',
+      '',
+      '[Install]',
+      'WantedBy=multi-user.target',
+      '',
+    ].join('\n'),
+  };
+}
+
+/** `space-upgrade <version>`: pulls the new image and restarts this VM's SPACE services (runbook). */
+function upgradeScript(a: VmCommonArgs, units: string[]): VmFile {
+  return {
+    path: '/usr/local/sbin/space-upgrade',
+    mode: '0755',
+    content: [
+      '#!/bin/sh',
+      '# usage: space-upgrade <version> — pulls the image, then restarts the SPACE units one by one',
+      'set -eu',
+      // biome-ignore lint/suspicious/noTemplateCurlyInString: shell parameter expansion, not a template
+      'v="${1:?usage: space-upgrade <version>}"',
+      `img="${a.imageRepository}:$v"`,
+      'podman pull "$img"',
+      'printf "SPACE_IMAGE=%s\\n" "$img" > /etc/space/image.env',
+      ...units.map((u) => `systemctl restart ${u}`),
+      '',
+    ].join('\n'),
+  };
+}
+
+/** The control VM: Redis on the private network, the API, its own key pair. */
+export function controlPlan(a: ControlArgs): VmPlan {
+  const redisUrl = `redis://127.0.0.1:${REDIS_PORT}`;
+  return {
+    packages: ['podman', 'redis-server', 'openssl', 'nftables'],
+    files: [
+      imageFile(a),
+      {
+        path: '/etc/space/space-api.env',
+        mode: '0644',
+        content: envFile({ ...apiEnvironment(a.apiEnv), SPACE_REDIS_URL: redisUrl }),
+      },
+      {
+        path: '/etc/redis/redis.conf.d/space.conf',
+        mode: '0644',
+        content: [
+          `port ${REDIS_PORT}`,
+          // the agents reach Redis over the private network; nftables and the cloud firewall close it otherwise
+          'bind 0.0.0.0',
+          'protected-mode no',
+          'appendonly yes',
+          '',
+        ].join('\n'),
+      },
+      {
+        path: '/etc/nftables.d/space-control.nft',
+        mode: '0644',
+        content: [
+          'table inet space_control {',
+          '  chain input {',
+          '    type filter hook input priority 0; policy accept;',
+          `    tcp dport ${REDIS_PORT} ip saddr != { 127.0.0.0/8, ${a.privateCidr} } drop`,
+          '  }',
+          '}',
+          '',
+        ].join('\n'),
+      },
+      {
+        path: '/usr/local/sbin/space-keys',
+        mode: '0755',
+        content: [
+          '#!/bin/sh',
+          '# makes the API key pair once (the private key never leaves this VM) and publishes the public key',
+          'set -eu',
+          `mkdir -p -m 0700 ${KEY_DIR}`,
+          `[ -s ${SIGNING_KEY_FILE} ] || openssl genpkey -algorithm ed25519 -out ${SIGNING_KEY_FILE}`,
+          `chmod 0600 ${SIGNING_KEY_FILE}`,
+          `openssl pkey -in ${SIGNING_KEY_FILE} -pubout -out ${VERIFY_KEY_FILE}`,
+          `until redis-cli -p ${REDIS_PORT} ping >/dev/null 2>&1; do sleep 1; done`,
+          `redis-cli -p ${REDIS_PORT} -x SET ${VERIFY_KEY_REDIS_KEY} < ${VERIFY_KEY_FILE} >/dev/null`,
+          '',
+        ].join('\n'),
+      },
+      {
+        path: '/etc/systemd/system/space-keys.service',
+        mode: '0644',
+        content: [
+          '[Unit]',
+          'Description=SPACE API key pair',
+          'After=redis-server.service',
+          'Requires=redis-server.service',
+          '',
+          '[Service]',
+          'Type=oneshot',
+          'RemainAfterExit=yes',
+          'ExecStart=/usr/local/sbin/space-keys',
+          '',
+          '[Install]',
+          'WantedBy=multi-user.target',
+          '',
+        ].join('\n'),
+      },
+      unit(
+        'space-api',
+        'SPACE API',
+        SERVICE_COMMANDS.api,
+        [`-v ${KEY_DIR}:${KEY_DIR}:ro`, `-v /var/lib/space/api:/var/lib/space/api`],
+        ['After=space-keys.service redis-server.service', 'Requires=space-keys.service'],
+      ),
+      upgradeScript(a, ['space-api']),
+    ],
+    commands: [
+      `mkdir -p /var/lib/space/api ${KEY_DIR}`,
+      'grep -q "redis.conf.d" /etc/redis/redis.conf || echo "include /etc/redis/redis.conf.d/*.conf" >> /etc/redis/redis.conf',
+      'nft -f /etc/nftables.d/space-control.nft',
+      'systemctl restart redis-server',
+      'podman pull "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"',
+      'systemctl daemon-reload',
+      'systemctl enable --now space-keys.service space-api.service',
+    ],
+  };
+}
+
+/** An agent VM of `pool`: the verify key from the control VM, then the agent (and gateway). */
+export function agentPlan(a: AgentArgs): VmPlan {
+  const env = {
+    ...agentEnvironment(a.pool, a.agentEnv),
+    SPACE_REDIS_URL: `redis://${a.controlAddress}:${REDIS_PORT}`,
+  };
+  const units = ['space-agent', ...(a.gatewayEnabled ? ['space-gateway'] : [])];
+  const agentMounts = [
+    `-v ${KEY_DIR}:${KEY_DIR}:ro`,
+    `-v ${CACHE_DIR}:${CACHE_DIR}`,
+    '-v /var/run/netns:/var/run/netns:rshared',
+    '-v /sys/fs/cgroup:/sys/fs/cgroup',
+    '-v /lib/modules:/lib/modules:ro',
+    '-v /dev:/dev',
+    '--privileged',
+    '--pid host',
+    '--cgroupns host',
+    '--cgroups disabled',
+  ];
+  return {
+    packages: ['podman', 'redis-tools', 'nftables'],
+    files: [
+      imageFile(a),
+      { path: '/etc/space/space-agent.env', mode: '0644', content: envFile(env) },
+      {
+        path: '/usr/local/sbin/space-node-env',
+        mode: '0755',
+        content: [
+          '#!/bin/sh',
+          '# node id and the data-plane URL clients use: the address of the default route',
+          'set -eu',
+          'ip4=$(ip -4 route get 1.1.1.1 | sed -n "s/.* src \\([0-9.]*\\).*/\\1/p")',
+          `printf "SPACE_NODE_ID=%s\\nSPACE_AGENT_URL=http://%s:${AGENT_PORT}\\n" "$(hostname)" "$ip4" > /etc/space/space-agent.node.env`,
+          `until redis-cli -h ${a.controlAddress} -p ${REDIS_PORT} --raw GET ${VERIFY_KEY_REDIS_KEY} | grep -q "BEGIN PUBLIC KEY"; do sleep 2; done`,
+          `redis-cli -h ${a.controlAddress} -p ${REDIS_PORT} --raw GET ${VERIFY_KEY_REDIS_KEY} > ${VERIFY_KEY_FILE}.tmp`,
+          `mv ${VERIFY_KEY_FILE}.tmp ${VERIFY_KEY_FILE}`,
+          '',
+        ].join('\n'),
+      },
+      {
+        path: '/etc/systemd/system/space-node-env.service',
+        mode: '0644',
+        content: [
+          '[Unit]',
+          'Description=SPACE node identity and verify key',
+          'Wants=network-online.target',
+          'After=network-online.target',
+          '',
+          '[Service]',
+          'Type=oneshot',
+          'RemainAfterExit=yes',
+          'ExecStart=/usr/local/sbin/space-node-env',
+          '',
+          '[Install]',
+          'WantedBy=multi-user.target',
+          '',
+        ].join('\n'),
+      },
+      unit(
+        'space-agent',
+        `SPACE node agent (pool ${a.pool.name}, driver ${a.pool.driver})`,
+        SERVICE_COMMANDS.agent,
+        [...agentMounts, '--env-file /etc/space/space-agent.node.env'],
+        ['After=space-node-env.service', 'Requires=space-node-env.service'],
+      ),
+      ...(a.gatewayEnabled
+        ? [
+            {
+              path: '/etc/space/space-gateway.env',
+              mode: '0644',
+              content: envFile({ SPACE_LOG_LEVEL: 'info' }),
+            },
+            unit('space-gateway', 'SPACE egress gateway', SERVICE_COMMANDS.gateway, [
+              '--cap-add NET_ADMIN',
+              '--cap-add NET_RAW',
+            ]),
+          ]
+        : []),
+      upgradeScript(a, units),
+    ],
+    commands: [
+      `mkdir -p ${KEY_DIR} ${AGENT_STATE_DIR} /var/run/netns`,
+      'modprobe tun || true',
+      ...(a.pool.driver === 'gvisor' ? [] : ['modprobe kvm_intel || modprobe kvm_amd || true']),
+      'podman pull "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"',
+      'systemctl daemon-reload',
+      `systemctl enable --now space-node-env.service ${units.map((u) => `${u}.service`).join(' ')}`,
+    ],
+  };
+}
+
+/** The plan as cloud-init user data (`#cloud-config` YAML). */
+export function toCloudConfig(plan: VmPlan): string {
+  const doc = {
+    package_update: true,
+    packages: [...plan.packages],
+    write_files: plan.files.map((f) => ({
+      path: f.path,
+      permissions: f.mode,
+      owner: 'root:root',
+      content: f.content,
+    })),
+    runcmd: [...plan.commands],
+  };
+  return `#cloud-config\n${stringify(doc, { lineWidth: 0 })}`;
+}
+
+/** The plan as one POSIX shell script (for clouds without cloud-init, e.g. Crusoe `startup_script`). */
+export function toShellScript(plan: VmPlan): string {
+  const lines = [
+    '#!/bin/sh',
+    '# SPACE first-boot script (rendered by providers/systemd/cloud-init.ts)',
+    'set -eu',
+  ];
+  lines.push(
+    'export DEBIAN_FRONTEND=noninteractive',
+    'apt-get update',
+    `apt-get install -y ${plan.packages.join(' ')}`,
+  );
+  plan.files.forEach((f, i) => {
+    const marker = `SPACE_EOF_${i}`;
+    lines.push(
+      `mkdir -p "$(dirname ${f.path})"`,
+      `cat > ${f.path} <<'${marker}'`,
+      f.content.replace(/\n$/, ''),
+      marker,
+      `chmod ${f.mode} ${f.path}`,
+    );
+  });
+  lines.push(...plan.commands, '');
+  return lines.join('\n');
+}
+
+/** Every port a role listens on publicly (for the firewall tests): API on control, data plane on agents. */
+export const PUBLIC_PORTS = { control: [API_PORT], agent: [AGENT_PORT] } as const;

@@ -1,0 +1,140 @@
+/**
+ * Test support for Pulumi's mock runtime: records every resource the program registers (type,
+ * name, inputs with secrets still wrapped), gives cloud resources plausible outputs, and walks
+ * inputs for policies (a secret's plaintext outside a secret, a Kubernetes object's schema).
+ * No Pulumi CLI, no plugin, no network.
+ */
+import * as pulumi from '@pulumi/pulumi';
+
+/** Pulumi's wire marker of a secret value (`runtime/rpc.js` `specialSigKey` / `specialSecretSig`). */
+const SIG_KEY = '4dabf18193072939515e22adb298388d';
+const SECRET_SIG = '1b47061264138c4ac30d75fd1eb44270';
+
+/** One resource as the mock monitor saw it. */
+export interface RecordedResource {
+  readonly type: string;
+  readonly name: string;
+  /** Inputs as sent: a secret appears as `{ [SIG_KEY]: SECRET_SIG, value }`. */
+  readonly inputs: Record<string, unknown>;
+}
+
+/** True when `v` is a wire-format secret. */
+export function isWireSecret(v: unknown): v is { value: unknown } {
+  return typeof v === 'object' && v !== null && (v as Record<string, unknown>)[SIG_KEY] === SECRET_SIG;
+}
+
+/** `v` with every wire-format secret replaced by its value. */
+export function unwrapSecrets(v: unknown): unknown {
+  if (isWireSecret(v)) return unwrapSecrets(v.value);
+  if (Array.isArray(v)) return v.map(unwrapSecrets);
+  if (typeof v === 'object' && v !== null) {
+    return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, unwrapSecrets(x)]));
+  }
+  return v;
+}
+
+/**
+ * Paths under `v` where `needle` occurs in a string that is not inside a secret. Strings that look
+ * like base64 (user data) are also searched decoded.
+ */
+export function plaintextOccurrences(v: unknown, needle: string, path = ''): string[] {
+  if (isWireSecret(v)) return [];
+  if (typeof v === 'string') {
+    if (v.includes(needle)) return [path];
+    if (/^[A-Za-z0-9+/=\s]{16,}$/.test(v) && Buffer.from(v, 'base64').toString('utf8').includes(needle))
+      return [`${path} (base64)`];
+    return [];
+  }
+  if (Array.isArray(v)) return v.flatMap((x, i) => plaintextOccurrences(x, needle, `${path}[${i}]`));
+  if (typeof v === 'object' && v !== null)
+    return Object.entries(v).flatMap(([k, x]) => plaintextOccurrences(x, needle, path ? `${path}.${k}` : k));
+  return [];
+}
+
+/** A small number derived from a name, so fake addresses are the same in every render. */
+function nameNumber(name: string): number {
+  let h = 0;
+  for (const c of name) h = (h * 31 + c.charCodeAt(0)) >>> 0;
+  return (h % 250) + 1;
+}
+
+/** Fake outputs for resource types whose real outputs the program reads. */
+function fakeState(type: string, name: string, inputs: Record<string, unknown>): Record<string, unknown> {
+  const n = nameNumber(name);
+  switch (type) {
+    case 'linode:index/instance:Instance':
+      return { ...inputs, ipv4s: [`203.0.113.${n % 250}`], privateIpAddress: `192.168.130.${n % 250}` };
+    case 'linode:index/lkeCluster:LkeCluster':
+      return {
+        ...inputs,
+        kubeconfig: Buffer.from(`apiVersion: v1\nkind: Config\nclusters: []\n# ${name}\n`).toString('base64'),
+        pools: ((inputs['pools'] as Record<string, unknown>[] | undefined) ?? []).map((p, i) => ({
+          ...p,
+          id: 100 + i,
+          nodes: Array.from({ length: Number(p['count'] ?? 1) }, (_, j) => ({
+            id: `node-${i}-${j}`,
+            instanceId: 5000 + i * 100 + j,
+            status: 'ready',
+          })),
+        })),
+      };
+    case 'linode:index/nodeBalancer:NodeBalancer':
+      return { ...inputs, ipv4: '198.51.100.10', hostname: `nb-${n}.example.invalid` };
+    default:
+      return { ...inputs };
+  }
+}
+
+/**
+ * Installs mocks and returns the list that fills as resources register. Call before constructing
+ * any resource; `config` (full keys such as `space:version`) and `secretKeys` are injected too.
+ */
+export async function installMocks(
+  config: Record<string, string> = {},
+  secretKeys: string[] = [],
+  stack = 'test',
+): Promise<RecordedResource[]> {
+  const recorded: RecordedResource[] = [];
+  pulumi.runtime.setAllConfig(config, secretKeys);
+  await pulumi.runtime.setMocks(
+    {
+      newResource(args: pulumi.runtime.MockResourceArgs): { id: string; state: Record<string, unknown> } {
+        recorded.push({ type: args.type, name: args.name, inputs: args.inputs });
+        const numericId = String(10_000 + recorded.length);
+        return { id: numericId, state: fakeState(args.type, args.name, args.inputs) };
+      },
+      call(args: pulumi.runtime.MockCallArgs): Record<string, unknown> {
+        return args.inputs;
+      },
+    },
+    'space',
+    stack,
+    false,
+  );
+  return recorded;
+}
+
+/** Resolves an Output (under mocks, outside preview). */
+export function resolved<T>(o: pulumi.Input<T>): Promise<T> {
+  return new Promise((resolve) => pulumi.output(o).apply((v) => resolve(v as T)));
+}
+
+/** Whether an Output is marked secret. */
+export function secretness(o: pulumi.Output<unknown>): Promise<boolean> {
+  return pulumi.isSecret(o);
+}
+
+/**
+ * Waits until registrations stop arriving (`recorded` unchanged for 150 ms; at most 10 s):
+ * dynamic resources register only after their provider is serialized, which takes a moment.
+ */
+export async function settle(recorded?: readonly unknown[]): Promise<void> {
+  let last = -1;
+  let stable = 0;
+  for (let i = 0; i < 400 && stable < 6; i++) {
+    await new Promise((r) => setTimeout(r, 25));
+    const n = recorded?.length ?? 0;
+    stable = n === last ? stable + 1 : 0;
+    last = n;
+  }
+}

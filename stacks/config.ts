@@ -1,0 +1,408 @@
+/**
+ * Stack configuration: every `space:*` key declared once (type, default, secret, meaning, clouds),
+ * read from Pulumi config, validated all at once (every problem with its key, in one error thrown
+ * before any resource exists), and frozen. docs/deployment.md has the same table; a test keeps
+ * the two in step.
+ */
+import * as pulumi from '@pulumi/pulumi';
+import { CLOUDS, type Cloud, instanceType } from '../providers/catalogue.ts';
+import { cloudProfiles, type DeployMode, type NodePool, parseNodePools } from '../providers/node-pool.ts';
+import { checkEnvOverrides, DEFAULT_IMAGE_REPOSITORY } from '../providers/runtime-settings.ts';
+
+/** The type of a config value as `pulumi config set` stores it (objects and arrays as JSON). */
+export type KeyType = 'string' | 'boolean' | 'integer' | 'array' | 'object';
+
+/** One declared config key. */
+export interface KeySpec {
+  readonly type: KeyType;
+  /** Default as written in the docs; undefined = required where `required` says, else unset. */
+  readonly default?: string;
+  readonly secret?: boolean;
+  /** Clouds the key applies to (all when absent). */
+  readonly clouds?: readonly Cloud[];
+  readonly doc: string;
+}
+
+/** Every `space:*` key (without the `space:` prefix). */
+export const CONFIG_KEYS = {
+  cloud: { type: 'string', doc: 'Target: `akamai`, `coreweave`, `crusoe` or `kind`. Required.' },
+  mode: {
+    type: 'string',
+    default: 'akamai: `vm`; coreweave, kind: `kubernetes`; crusoe: `vm`',
+    doc: '`kubernetes` (the Kubernetes component on LKE/CKS/kind) or `vm` (cloud-init + systemd).',
+  },
+  version: { type: 'string', doc: 'SPACE version: the tag of the image every service runs. Required.' },
+  imageRepository: {
+    type: 'string',
+    default: DEFAULT_IMAGE_REPOSITORY,
+    doc: 'Image repository (one image, three commands).',
+  },
+  region: {
+    type: 'string',
+    clouds: ['akamai', 'crusoe'],
+    doc: 'Linode region (e.g. `us-ord`) or Crusoe location (e.g. `us-east1-a`). Required there.',
+  },
+  nodePools: {
+    type: 'array',
+    default: 'one pool `default` of the cloud’s default type and driver',
+    doc: 'Node pools: `[{ name, driver, instanceType, count, labels, allowUnverifiedKvm }]` (see "Node pools").',
+  },
+  clientCidrs: {
+    type: 'array',
+    default: '`["0.0.0.0/0"]`',
+    doc: 'Sources allowed to reach the API (8080) and the agents’ data plane (8081). Nothing else is open.',
+  },
+  sshCidrs: {
+    type: 'array',
+    default: '`[]` (SSH closed)',
+    clouds: ['akamai', 'crusoe'],
+    doc: 'Sources allowed to SSH (22) to VMs.',
+  },
+  sshPublicKey: {
+    type: 'string',
+    clouds: ['akamai', 'crusoe'],
+    doc: 'OpenSSH public key installed for root. Required on Crusoe (its API requires one).',
+  },
+  privateCidr: {
+    type: 'string',
+    default: '`10.77.128.0/24`',
+    clouds: ['akamai', 'crusoe'],
+    doc: 'CIDR of the VPC subnet the nodes share (must not overlap the agents’ `SPACE_NETWORK_POOL`).',
+  },
+  controlInstanceType: {
+    type: 'string',
+    default: 'akamai `g6-dedicated-2`, crusoe `c1a.2x`',
+    clouds: ['akamai', 'crusoe'],
+    doc: 'Instance type of the control VM (API + Redis) in `vm` mode.',
+  },
+  gatewayEnabled: {
+    type: 'boolean',
+    default: 'false',
+    doc: 'Deploy the egress gateway (`space-gateway`, issue 3). Off until the image has a gateway.',
+  },
+  apiReplicas: { type: 'integer', default: '2', doc: 'API replicas (HPA minimum) in `kubernetes` mode.' },
+  agentDrainSeconds: {
+    type: 'integer',
+    default: '120',
+    doc: 'Drain budget of an agent, s; the pod grace period is this + 30 s.',
+  },
+  k8sVersion: {
+    type: 'string',
+    default: '`1.33`',
+    clouds: ['akamai'],
+    doc: 'LKE Kubernetes version (`lke` mode).',
+  },
+  kubeconfig: {
+    type: 'string',
+    secret: true,
+    clouds: ['coreweave', 'kind'],
+    doc: 'Kubeconfig of the cluster. Required on CoreWeave; on kind the default kubeconfig is used when unset.',
+  },
+  kubeContext: {
+    type: 'string',
+    default: '`kind-space`',
+    clouds: ['kind'],
+    doc: 'Context of the kubeconfig to use.',
+  },
+  signingKey: {
+    type: 'string',
+    secret: true,
+    doc: 'Ed25519 private key, PKCS#8 PEM (`openssl genpkey -algorithm ed25519`). Required in `kubernetes` mode; `vm` mode makes its own on the control VM.',
+  },
+  redisPassword: {
+    type: 'string',
+    secret: true,
+    doc: 'Password of the in-cluster Redis. Required in `kubernetes` mode unless `redisUrl` is set.',
+  },
+  redisUrl: {
+    type: 'string',
+    secret: true,
+    doc: 'External Redis URL (`kubernetes` mode); then no Redis is deployed.',
+  },
+  redisStorageClass: {
+    type: 'string',
+    doc: 'StorageClass of the Redis volume (default: the cluster’s default).',
+  },
+  apiTlsCertificate: {
+    type: 'string',
+    clouds: ['akamai'],
+    doc: 'PEM certificate for HTTPS on the API NodeBalancer (`vm` mode); with `apiTlsKey`. Unset: plain TCP.',
+  },
+  apiTlsKey: {
+    type: 'string',
+    secret: true,
+    clouds: ['akamai'],
+    doc: 'PEM private key for `apiTlsCertificate`.',
+  },
+  nodeCidrs: {
+    type: 'array',
+    default: 'kind `["172.16.0.0/12"]`, LKE `["192.168.128.0/17"]`',
+    clouds: ['akamai', 'coreweave', 'kind'],
+    doc: 'Node address blocks (`kubernetes` mode): agents use the host network, so Redis admits these. Required on CoreWeave (the CKS VPC host prefix).',
+  },
+  nodeTolerations: {
+    type: 'array',
+    default: 'CoreWeave: `[]`',
+    clouds: ['coreweave'],
+    doc: 'Extra Kubernetes tolerations for the agent pods (e.g. taints of CPU node pools).',
+  },
+  crusoeProjectId: { type: 'string', clouds: ['crusoe'], doc: 'Crusoe project id. Required on Crusoe.' },
+  crusoeVpcNetworkId: {
+    type: 'string',
+    clouds: ['crusoe'],
+    doc: 'Existing Crusoe VPC network the subnet is made in. Required on Crusoe.',
+  },
+  crusoeImage: {
+    type: 'string',
+    default: '`ubuntu22.04:latest`',
+    clouds: ['crusoe'],
+    doc: 'Crusoe VM image (22.04+ for nested virtualisation).',
+  },
+  apiEnv: {
+    type: 'object',
+    default: '`{}`',
+    doc: 'Extra API settings (`SPACE_*` from README.md), e.g. `SPACE_LOG_LEVEL`.',
+  },
+  agentEnv: {
+    type: 'object',
+    default: '`{}`',
+    doc: 'Extra agent settings (`SPACE_*`), e.g. `SPACE_WARM_POOL_SIZE`.',
+  },
+} as const satisfies Record<string, KeySpec>;
+
+/** A declared key name. */
+export type ConfigKey = keyof typeof CONFIG_KEYS;
+
+/** The validated, frozen stack configuration (secrets stay Outputs). */
+export interface StackConfig {
+  readonly cloud: Cloud;
+  readonly mode: DeployMode;
+  readonly version: string;
+  readonly imageRepository: string;
+  readonly region: string;
+  readonly nodePools: readonly NodePool[];
+  readonly clientCidrs: readonly string[];
+  readonly sshCidrs: readonly string[];
+  readonly sshPublicKey: string | undefined;
+  readonly privateCidr: string;
+  readonly controlInstanceType: string;
+  readonly gatewayEnabled: boolean;
+  readonly apiReplicas: number;
+  readonly agentDrainSeconds: number;
+  readonly k8sVersion: string;
+  readonly kubeContext: string | undefined;
+  readonly redisStorageClass: string | undefined;
+  readonly apiTlsCertificate: string | undefined;
+  readonly nodeCidrs: readonly string[];
+  readonly nodeTolerations: readonly Record<string, string>[];
+  readonly crusoeProjectId: string;
+  readonly crusoeVpcNetworkId: string;
+  readonly crusoeImage: string;
+  readonly apiEnv: Readonly<Record<string, string>>;
+  readonly agentEnv: Readonly<Record<string, string>>;
+  /** Secret values, present only when set. */
+  readonly secrets: {
+    readonly signingKey?: pulumi.Output<string>;
+    readonly redisPassword?: pulumi.Output<string>;
+    readonly redisUrl?: pulumi.Output<string>;
+    readonly kubeconfig?: pulumi.Output<string>;
+    readonly apiTlsKey?: pulumi.Output<string>;
+  };
+}
+
+/** Thrown with every configuration problem, one per line. */
+export class StackConfigError extends Error {
+  readonly problems: readonly string[];
+  constructor(problems: string[]) {
+    super(
+      `invalid stack configuration (${problems.length} problem${problems.length > 1 ? 's' : ''}):\n  - ${problems.join('\n  - ')}`,
+    );
+    this.name = 'StackConfigError';
+    this.problems = problems;
+  }
+}
+
+const CIDR = /^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})\/(\d{1,2})$/;
+/** True for an IPv4 CIDR such as `10.0.0.0/16`. */
+export function isCidr(s: unknown): s is string {
+  const m = typeof s === 'string' ? CIDR.exec(s) : null;
+  return !!m && m.slice(1, 5).every((o) => Number(o) <= 255) && Number(m[5]) <= 32;
+}
+
+/** Raw config as strings by key (what Pulumi stores), e.g. from `pulumi.runtime.getConfig`. */
+export type RawConfig = (key: ConfigKey) => string | undefined;
+
+/** Reads the raw `space:*` values from the Pulumi runtime (no secret warning: secrets are re-read as secrets). */
+export const pulumiRawConfig: RawConfig = (key) => pulumi.runtime.getConfig(`space:${key}`);
+
+/**
+ * Parses and validates the whole configuration. `raw` gives each key's stored string; secrets are
+ * wrapped with `pulumi.secret`. Throws {@link StackConfigError} listing every problem.
+ */
+export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
+  const problems: string[] = [];
+  const json = (key: ConfigKey): unknown => {
+    const v = raw(key);
+    if (v === undefined) return undefined;
+    try {
+      return JSON.parse(v);
+    } catch {
+      problems.push(`space:${key}: not valid JSON (${CONFIG_KEYS[key].type} expected)`);
+      return undefined;
+    }
+  };
+  const str = (key: ConfigKey, def?: string) => raw(key) ?? def;
+  const int = (key: ConfigKey, def: number, min: number, max: number) => {
+    const v = raw(key);
+    if (v === undefined) return def;
+    const n = Number(v);
+    if (!Number.isInteger(n) || n < min || n > max)
+      problems.push(`space:${key}: must be an integer from ${min} to ${max} (got "${v}")`);
+    return n;
+  };
+  const bool = (key: ConfigKey, def: boolean) => {
+    const v = raw(key);
+    if (v === undefined) return def;
+    if (v !== 'true' && v !== 'false') problems.push(`space:${key}: must be true or false (got "${v}")`);
+    return v === 'true';
+  };
+  const cidrs = (key: ConfigKey, def: string[]) => {
+    const v = json(key) ?? def;
+    if (!Array.isArray(v) || !v.every(isCidr)) {
+      problems.push(`space:${key}: must be a list of IPv4 CIDRs (got ${JSON.stringify(v)})`);
+      return [];
+    }
+    return v as string[];
+  };
+
+  const cloudRaw = raw('cloud');
+  if (!(CLOUDS as readonly string[]).includes(cloudRaw ?? '')) {
+    throw new StackConfigError([
+      `space:cloud: must be one of ${CLOUDS.join(', ')} (got ${JSON.stringify(cloudRaw)})`,
+    ]);
+  }
+  const cloud = cloudRaw as Cloud;
+  const profile = cloudProfiles[cloud];
+
+  // keys that do not apply to this cloud are mistakes (a stack file copied from another cloud)
+  for (const [key, spec] of Object.entries(CONFIG_KEYS) as [ConfigKey, KeySpec][]) {
+    if (spec.clouds && !spec.clouds.includes(cloud) && raw(key) !== undefined)
+      problems.push(`space:${key}: does not apply to ${cloud} (only ${spec.clouds.join(', ')})`);
+  }
+
+  const mode = (raw('mode') ?? profile.modes[0]) as DeployMode;
+  if (!(profile.modes as readonly string[]).includes(mode))
+    problems.push(`space:mode: ${cloud} supports ${profile.modes.join(', ')} (got "${mode}")`);
+  const version = raw('version');
+  if (!version) problems.push('space:version: required (the image tag, e.g. 0.1.0)');
+  else if (!/^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$/.test(version))
+    problems.push(`space:version: not a valid image tag ("${version}")`);
+  const imageRepository = str('imageRepository', DEFAULT_IMAGE_REPOSITORY)!;
+  if (!/^[a-z0-9.-]+(:\d+)?(\/[a-z0-9._-]+)+$/.test(imageRepository))
+    problems.push(`space:imageRepository: not an image repository ("${imageRepository}")`);
+
+  const region = raw('region') ?? '';
+  if ((cloud === 'akamai' || cloud === 'crusoe') && !region)
+    problems.push('space:region: required on ' + cloud);
+
+  const pools = parseNodePools(cloud, json('nodePools'));
+  problems.push(...pools.problems);
+
+  const clientCidrs = cidrs('clientCidrs', ['0.0.0.0/0']);
+  const sshCidrs = cidrs('sshCidrs', []);
+  const privateCidr = str('privateCidr', '10.77.128.0/24')!;
+  if (!isCidr(privateCidr)) problems.push(`space:privateCidr: not an IPv4 CIDR ("${privateCidr}")`);
+  const sshPublicKey = raw('sshPublicKey');
+  if (
+    sshPublicKey !== undefined &&
+    !/^(ssh-ed25519|ssh-rsa|ecdsa-sha2-\S+) [A-Za-z0-9+/=]+( .*)?$/.test(sshPublicKey)
+  )
+    problems.push('space:sshPublicKey: not an OpenSSH public key');
+  if (cloud === 'crusoe' && !sshPublicKey)
+    problems.push('space:sshPublicKey: required on crusoe (its API requires one)');
+
+  const controlDefault = cloud === 'crusoe' ? 'c1a.2x' : 'g6-dedicated-2';
+  const controlInstanceType = str('controlInstanceType', controlDefault)!;
+  if (mode === 'vm' && !instanceType(cloud, controlInstanceType))
+    problems.push(`space:controlInstanceType: "${controlInstanceType}" is not in the ${cloud} catalogue`);
+
+  const apiEnv = (json('apiEnv') ?? {}) as Record<string, string>;
+  const agentEnv = (json('agentEnv') ?? {}) as Record<string, string>;
+  problems.push(
+    ...checkEnvOverrides('api', apiEnv, 'space:apiEnv'),
+    ...checkEnvOverrides('agent', agentEnv, 'space:agentEnv'),
+  );
+
+  const nodeCidrDefault =
+    cloud === 'kind' ? ['172.16.0.0/12'] : cloud === 'akamai' ? ['192.168.128.0/17'] : [];
+  const nodeCidrs = cidrs('nodeCidrs', nodeCidrDefault);
+  if (cloud === 'coreweave' && nodeCidrs.length === 0)
+    problems.push('space:nodeCidrs: required on coreweave (the host prefix of the CKS VPC)');
+  const nodeTolerations = (json('nodeTolerations') ?? []) as Record<string, string>[];
+  if (!Array.isArray(nodeTolerations) || !nodeTolerations.every((t) => typeof t === 'object' && t !== null))
+    problems.push('space:nodeTolerations: must be a list of toleration objects');
+
+  const has = (k: ConfigKey) => raw(k) !== undefined;
+  if (mode === 'kubernetes') {
+    if (!has('signingKey'))
+      problems.push(
+        'space:signingKey: required in kubernetes mode (pulumi config set --secret space:signingKey -- "$(openssl genpkey -algorithm ed25519)")',
+      );
+    if (!has('redisPassword') && !has('redisUrl'))
+      problems.push('space:redisPassword: required in kubernetes mode unless space:redisUrl is set');
+  } else {
+    for (const k of ['signingKey', 'redisPassword', 'redisUrl'] as const)
+      if (has(k))
+        problems.push(
+          `space:${k}: not used in vm mode (the control VM makes its own keys; Redis runs there)`,
+        );
+  }
+  const signing = raw('signingKey');
+  if (signing !== undefined && !signing.includes('BEGIN PRIVATE KEY'))
+    problems.push(
+      'space:signingKey: must be an Ed25519 PKCS#8 PEM private key ("-----BEGIN PRIVATE KEY-----")',
+    );
+  if (cloud === 'coreweave' && !has('kubeconfig'))
+    problems.push('space:kubeconfig: required on coreweave (see docs/deployment.md)');
+  if (has('apiTlsCertificate') !== has('apiTlsKey'))
+    problems.push('space:apiTlsCertificate and space:apiTlsKey: set both or neither');
+  if (cloud === 'crusoe') {
+    if (!raw('crusoeProjectId')) problems.push('space:crusoeProjectId: required on crusoe');
+    if (!raw('crusoeVpcNetworkId')) problems.push('space:crusoeVpcNetworkId: required on crusoe');
+  }
+
+  const cfg: StackConfig = {
+    cloud,
+    mode,
+    version: version ?? '',
+    imageRepository,
+    region,
+    nodePools: pools.pools,
+    clientCidrs,
+    sshCidrs,
+    sshPublicKey,
+    privateCidr,
+    controlInstanceType,
+    gatewayEnabled: bool('gatewayEnabled', false),
+    apiReplicas: int('apiReplicas', 2, 1, 100),
+    agentDrainSeconds: int('agentDrainSeconds', 120, 10, 3600),
+    k8sVersion: str('k8sVersion', '1.33')!,
+    kubeContext: str('kubeContext', cloud === 'kind' ? 'kind-space' : undefined),
+    redisStorageClass: raw('redisStorageClass'),
+    apiTlsCertificate: raw('apiTlsCertificate'),
+    nodeCidrs,
+    nodeTolerations,
+    crusoeProjectId: raw('crusoeProjectId') ?? '',
+    crusoeVpcNetworkId: raw('crusoeVpcNetworkId') ?? '',
+    crusoeImage: str('crusoeImage', 'ubuntu22.04:latest')!,
+    apiEnv,
+    agentEnv,
+    secrets: Object.fromEntries(
+      (['signingKey', 'redisPassword', 'redisUrl', 'kubeconfig', 'apiTlsKey'] as const)
+        .filter((k) => raw(k) !== undefined)
+        .map((k) => [k, pulumi.secret(raw(k)!)]),
+    ),
+  };
+  if (problems.length) throw new StackConfigError(problems);
+  return Object.freeze(cfg);
+}

@@ -1,0 +1,298 @@
+/**
+ * Every stack file in stacks/ rendered under Pulumi's mock runtime, with policies phrased as the
+ * properties that matter (issue 4): schemas, secrets, firewalls, KVM, upgrades.
+ */
+import { generateKeyPairSync } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import { describe, expect, it } from 'vitest';
+import { parse } from 'yaml';
+import { schemaProblems } from '../providers/testing/k8s-schema.ts';
+import {
+  installMocks,
+  plaintextOccurrences,
+  type RecordedResource,
+  settle,
+  unwrapSecrets,
+} from '../providers/testing/mocks.ts';
+import { CONFIG_KEYS, type ConfigKey, loadStackConfig, StackConfigError } from './config.ts';
+import { run } from './program.ts';
+
+const SIGNING = generateKeyPairSync('ed25519').privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
+const SECRETS = {
+  signingKey: SIGNING,
+  redisPassword: 'redis-pw-3f9c1e7a5b',
+  kubeconfig:
+    'apiVersion: v1\nkind: Config\nusers: [{name: u, user: {token: CW-SECRET-kubeconfig-token-77}}]\n',
+};
+const NEEDLES = [SIGNING.split('\n')[1]!, SECRETS.redisPassword, 'CW-SECRET-kubeconfig-token-77'];
+
+type Raw = Partial<Record<ConfigKey, string>>;
+
+/** The `space:*` values of a stack file as Pulumi stores them (objects as JSON). */
+function stackFile(stack: string): Raw {
+  const doc = parse(readFileSync(new URL(`./Pulumi.${stack}.yaml`, import.meta.url), 'utf8')) as {
+    config: Record<string, unknown>;
+  };
+  return Object.fromEntries(
+    Object.entries(doc.config)
+      .filter(([k]) => k.startsWith('space:'))
+      .map(([k, v]) => [k.slice('space:'.length), typeof v === 'string' ? v : JSON.stringify(v)]),
+  );
+}
+
+/** The secrets an operator sets for `raw` with `pulumi config set --secret`. */
+function withSecrets(raw: Raw): Raw {
+  const out = { ...raw };
+  if ((raw.mode ?? '') === 'kubernetes')
+    Object.assign(out, { signingKey: SECRETS.signingKey, redisPassword: SECRETS.redisPassword });
+  if (raw.cloud === 'coreweave') out.kubeconfig = SECRETS.kubeconfig;
+  return out;
+}
+
+async function render(raw: Raw): Promise<RecordedResource[]> {
+  const recorded = await installMocks();
+  run((k) => raw[k]);
+  await settle(recorded);
+  return recorded;
+}
+
+const VARIANTS: Record<string, Raw> = {
+  akamai: stackFile('akamai'),
+  'akamai-lke': { ...stackFile('akamai'), mode: 'kubernetes' },
+  coreweave: stackFile('coreweave'),
+  crusoe: stackFile('crusoe'),
+  kind: stackFile('kind'),
+};
+
+type Obj = Record<string, unknown>;
+const firewallInbounds = (r: RecordedResource[]) =>
+  r
+    .filter((x) => x.type === 'linode:index/firewall:Firewall')
+    .map(
+      (x) =>
+        unwrapSecrets(x.inputs) as {
+          inboundPolicy: string;
+          inbounds?: { ports?: string; ipv4s: string[]; protocol: string }[];
+        },
+    );
+
+describe.each(Object.entries(VARIANTS))('stack %s under the mock runtime', (_name, base) => {
+  const raw = withSecrets(base);
+
+  it('renders, and every Kubernetes object is valid against the Kubernetes schemas', async () => {
+    const recorded = await render(raw);
+    expect(recorded.length).toBeGreaterThan(3);
+    const k8sObjects = recorded
+      .filter((r) => r.type.startsWith('kubernetes:') && r.type !== 'pulumi:providers:kubernetes')
+      // CoreWeave's NodePool is a custom resource with no public schema here
+      .filter((r) => r.type !== 'kubernetes:compute.coreweave.com/v1alpha1:NodePool')
+      .map((r) => unwrapSecrets(r.inputs) as Obj);
+    expect(k8sObjects.flatMap(schemaProblems)).toEqual([]);
+  });
+
+  it('no secret appears in plaintext in any resource input or user data', async () => {
+    const recorded = await render(raw);
+    const leaks = recorded.flatMap((r) =>
+      NEEDLES.flatMap((n) => plaintextOccurrences(r.inputs, n).map((p) => `${r.type} ${r.name}: ${p}`)),
+    );
+    expect(leaks).toEqual([]);
+  });
+
+  it('firewalls drop inbound by default; Redis is never open beyond the private network', async () => {
+    const recorded = await render(raw);
+    for (const fw of firewallInbounds(recorded)) {
+      expect(fw.inboundPolicy).toBe('DROP');
+      for (const rule of fw.inbounds ?? []) {
+        if (rule.ipv4s.includes('0.0.0.0/0')) expect(['80', '443', '8080', '8081']).toContain(rule.ports);
+        if (rule.ports === '6379') expect(rule.ipv4s).toEqual([raw.privateCidr]);
+        if (rule.ports === '22') expect(rule.ipv4s).not.toContain('0.0.0.0/0');
+      }
+    }
+    for (const r of recorded.filter((x) => x.type === 'pulumi-nodejs:dynamic/crusoe:FirewallRule')) {
+      const i = r.inputs as { sources: string[]; destinationPorts: string[]; direction: string };
+      expect(i.direction).toBe('ingress');
+      if (i.destinationPorts.includes('6379')) expect(i.sources).toEqual([raw.privateCidr]);
+      if (i.sources.includes('0.0.0.0/0'))
+        expect(['8080', '8081']).toEqual(expect.arrayContaining(i.destinationPorts));
+    }
+    for (const r of recorded.filter((x) => x.type === 'kubernetes:core/v1:Service')) {
+      const s = unwrapSecrets(r.inputs) as { metadata: { name: string }; spec: { type: string } };
+      if (s.metadata.name === 'space-redis') expect(s.spec.type).toBe('ClusterIP');
+    }
+  });
+});
+
+describe('cloud-specific policies', () => {
+  it('crusoe: every pool VM asks for nested virtualisation; the control VM does not', async () => {
+    const recorded = await render(withSecrets(VARIANTS['crusoe']!));
+    const vms = recorded.filter((r) => r.type === 'pulumi-nodejs:dynamic/crusoe:Instance');
+    const nested = vms.map((v) => [
+      v.name,
+      (v.inputs as { nestedVirtualization: boolean }).nestedVirtualization,
+    ]);
+    expect(nested.sort()).toEqual([
+      ['space-control', false],
+      ['space-node-default-0', true],
+      ['space-node-default-1', true],
+    ]);
+    expect(recorded.some((r) => r.type === 'pulumi-nodejs:dynamic/crusoe:Subnet')).toBe(true);
+    // the serialized provider captures no credentials
+    for (const v of vms)
+      expect(String(v.inputs['__provider'] ?? '')).not.toMatch(/CRUSOE_SECRET_KEY=|secretKey:/);
+  });
+
+  it('akamai vm: user data is base64 cloud-init and the API sits behind a NodeBalancer', async () => {
+    const recorded = await render(withSecrets(VARIANTS['akamai']!));
+    const vms = recorded.filter((r) => r.type === 'linode:index/instance:Instance');
+    expect(vms).toHaveLength(3);
+    for (const vm of vms) {
+      const ud = Buffer.from(
+        (vm.inputs['metadatas'] as { userData: string }[])[0]!.userData,
+        'base64',
+      ).toString();
+      expect(ud.startsWith('#cloud-config\n')).toBe(true);
+    }
+    expect(recorded.filter((r) => r.type.startsWith('linode:index/nodeBalancer')).map((r) => r.type)).toEqual(
+      [
+        'linode:index/nodeBalancer:NodeBalancer',
+        'linode:index/nodeBalancerConfig:NodeBalancerConfig',
+        'linode:index/nodeBalancerNode:NodeBalancerNode',
+      ],
+    );
+  });
+
+  it('coreweave: one CKS NodePool per pool, labelled for its agent DaemonSet', async () => {
+    const recorded = await render(withSecrets(VARIANTS['coreweave']!));
+    const np = recorded.find((r) => r.type === 'kubernetes:compute.coreweave.com/v1alpha1:NodePool')!;
+    expect((np.inputs['spec'] as Obj)['nodeLabels']).toMatchObject({ 'space.dev/pool': 'default' });
+    const ds = recorded.find((r) => r.name === 'space-agent-default')!;
+    const pod = ((ds.inputs['spec'] as Obj)['template'] as Obj)['spec'] as Obj;
+    expect(pod['nodeSelector']).toEqual({ 'space.dev/pool': 'default' });
+  });
+});
+
+describe('configuration validation', () => {
+  const fails = (raw: Raw) => {
+    try {
+      loadStackConfig((k) => raw[k]);
+    } catch (err) {
+      if (err instanceof StackConfigError) return err.problems;
+      throw err;
+    }
+    return [];
+  };
+
+  it('a VMM driver on a type without verified KVM fails before anything is created, with every problem', () => {
+    const problems = fails({
+      ...VARIANTS['akamai'],
+      nodePools: JSON.stringify([
+        { name: 'a', driver: 'firecracker', instanceType: 'g6-dedicated-4' },
+        { name: 'b', driver: 'gvisor', instanceType: 'g6-nope' },
+      ]),
+      version: '',
+    });
+    expect(problems).toHaveLength(3);
+    expect(problems).toEqual(
+      expect.arrayContaining([
+        expect.stringContaining(
+          'space:nodePools[0]: driver "firecracker" needs KVM but KVM on "g6-dedicated-4" is unverified',
+        ),
+        expect.stringContaining('space:nodePools[1].instanceType: "g6-nope" is not in the akamai catalogue'),
+        expect.stringContaining('space:version: required'),
+      ]),
+    );
+  });
+
+  it('opting in after a probe allows a VMM driver on Linode', () => {
+    const nodePools = JSON.stringify([
+      { name: 'a', driver: 'firecracker', instanceType: 'g6-dedicated-4', allowUnverifiedKvm: true },
+    ]);
+    expect(fails({ ...VARIANTS['akamai'], nodePools })).toEqual([]);
+  });
+
+  it('crusoe refuses Firecracker (Cloud Hypervisor is its only inner hypervisor)', () => {
+    const nodePools = JSON.stringify([{ name: 'a', driver: 'firecracker', instanceType: 'c1a.8x' }]);
+    expect(fails({ ...VARIANTS['crusoe'], nodePools })).toEqual([
+      expect.stringContaining('crusoe cannot run "firecracker"'),
+    ]);
+  });
+
+  it('kubernetes mode needs the signing key and a Redis password; overrides of deployment-owned settings are refused', () => {
+    const problems = fails({
+      ...VARIANTS['kind'],
+      agentEnv: JSON.stringify({ SPACE_DRIVER: 'x', SPACE_NOPE: '1' }),
+    });
+    expect(problems).toEqual(
+      expect.arrayContaining([
+        expect.stringMatching(/^space:signingKey: required/),
+        expect.stringMatching(/^space:redisPassword: required/),
+        'space:agentEnv.SPACE_DRIVER: set by the deployment; cannot be overridden',
+        'space:agentEnv.SPACE_NOPE: not a agent setting (see README.md)',
+      ]),
+    );
+  });
+
+  it('keys of another cloud are refused', () => {
+    expect(fails(withSecrets({ ...VARIANTS['kind'], crusoeProjectId: 'x' }))).toEqual([
+      'space:crusoeProjectId: does not apply to kind (only crusoe)',
+    ]);
+  });
+
+  it('every stack file sets only declared keys, and docs/deployment.md documents every key', () => {
+    const declared = Object.keys(CONFIG_KEYS);
+    for (const raw of Object.values(VARIANTS))
+      for (const k of Object.keys(raw)) expect(declared).toContain(k);
+    const doc = readFileSync(new URL('../docs/deployment.md', import.meta.url), 'utf8');
+    for (const k of declared) expect(doc, `space:${k}`).toContain(`| \`space:${k}\``);
+  });
+});
+
+/** Leaves that differ between two renders, with base64 user data decoded. */
+function differences(a: unknown, b: unknown, path = ''): [string, unknown, unknown][] {
+  if (typeof a === 'string' && typeof b === 'string') {
+    if (a === b) return [];
+    const dec = (s: string) =>
+      /^[A-Za-z0-9+/=]{16,}$/.test(s) ? Buffer.from(s, 'base64').toString('utf8') : s;
+    const [da, db] = [dec(a), dec(b)];
+    if (da !== a || db !== b) {
+      const la = da.split('\n');
+      const lb = db.split('\n');
+      if (la.length !== lb.length) return [[path, da, db]];
+      return la.flatMap((l, i) =>
+        l === lb[i] ? [] : [[`${path}#${i + 1}`, l, lb[i]] as [string, unknown, unknown]],
+      );
+    }
+    return [[path, a, b]];
+  }
+  if (Array.isArray(a) && Array.isArray(b)) {
+    if (a.length !== b.length) return [[path, a, b]];
+    return a.flatMap((x, i) => differences(x, b[i], `${path}[${i}]`));
+  }
+  if (typeof a === 'object' && a && typeof b === 'object' && b) {
+    const keys = new Set([...Object.keys(a), ...Object.keys(b)]);
+    return [...keys]
+      .filter((k) => k !== '__provider')
+      .flatMap((k) => differences((a as Obj)[k], (b as Obj)[k], path ? `${path}.${k}` : k));
+  }
+  return a === b ? [] : [[path, a, b]];
+}
+
+describe.each(Object.entries(VARIANTS))('upgrade of stack %s', (_name, base) => {
+  it('bumping space:version changes only versions and image tags', async () => {
+    const before = await render(withSecrets({ ...base, version: '0.1.0' }));
+    const after = await render(withSecrets({ ...base, version: '0.2.0' }));
+    expect(after.map((r) => `${r.type} ${r.name}`)).toEqual(before.map((r) => `${r.type} ${r.name}`));
+    const changed = before.flatMap((r, i) =>
+      differences(unwrapSecrets(r.inputs), unwrapSecrets(after[i]!.inputs)).map(([p, x, y]) => ({
+        at: `${r.name}.${p}`,
+        x,
+        y,
+      })),
+    );
+    expect(changed.length).toBeGreaterThan(0);
+    for (const c of changed) {
+      expect(typeof c.x, c.at).toBe('string');
+      expect((c.x as string).replaceAll('0.1.0', '0.2.0'), c.at).toBe(c.y);
+    }
+  });
+});
