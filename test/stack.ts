@@ -15,6 +15,9 @@ import { buildTemplate } from '../runtime/agent/templates.ts';
 import { loadApiConfig } from '../runtime/api/config.ts';
 import { type RunningApi, startApi } from '../runtime/api/service.ts';
 import { writeNewKeyPair } from '../runtime/core/tokens.ts';
+import { loadGatewayConfig } from '../runtime/gateway/config.ts';
+import { type RunningGateway, startGateway } from '../runtime/gateway/service.ts';
+import { freePort } from './redis-server.ts';
 
 /** Template cache shared by test runs (a build takes about a minute; reruns reuse it). */
 export const TEST_CACHE_DIR = process.env.SPACE_TEST_CACHE_DIR ?? '/var/lib/space';
@@ -27,6 +30,8 @@ export interface Stack {
   pool: string;
   api: RunningApi;
   agent: RunningAgent;
+  /** The node's egress gateway, when the stack was started with one. */
+  gateway: RunningGateway | null;
   redis: Redis;
   dir: string;
   /** Calls the API; returns status and parsed JSON. */
@@ -97,8 +102,24 @@ export function collect(events: { event: string; data: string }[]): Omit<ExecRes
   return { stdout: Buffer.concat(out), stderr: Buffer.concat(err), exit, events: events.length };
 }
 
-/** Starts the stack. `env` overrides agent/API settings (e.g. SPACE_WARM_POOL_SIZE). */
-export async function startStack(env: Record<string, string> = {}): Promise<Stack> {
+/** Gateway settings for a stack with egress (the attack suite): its upstream resolver and deny set. */
+export interface StackGateway {
+  /** `ip:port` of the DNS server the gateway asks. */
+  upstreamDns: string;
+  /** Comma list of CIDRs the gateway never connects to (the test's upstream subnet stays off it). */
+  denyCidrs: string;
+  /** Extra CA the gateway trusts upstream (the test upstream's CA). */
+  upstreamCaFile?: string;
+  /** Ports the gateway dials upstream (tests use unprivileged ones). */
+  upstreamHttpPort?: number;
+  upstreamTlsPort?: number;
+}
+
+/**
+ * Starts the stack. `env` overrides agent/API settings (e.g. SPACE_WARM_POOL_SIZE); with `gateway`,
+ * the node also runs an egress gateway and its sandboxes' DNS/80/443 go through it.
+ */
+export async function startStack(env: Record<string, string> = {}, gw?: StackGateway): Promise<Stack> {
   await buildTemplate('base', { cacheDir: TEST_CACHE_DIR });
   const dir = await mkdtemp(join(tmpdir(), 'space-stack-'));
   const redisUrl = inject('redisUrl');
@@ -106,7 +127,7 @@ export async function startStack(env: Record<string, string> = {}): Promise<Stac
   await redis.flushall();
   await writeNewKeyPair(join(dir, 'key.pem'), join(dir, 'key.pub.pem'));
   const pool = process.env.SPACE_TEST_POOL ?? `10.${100 + Math.floor(Math.random() * 100)}.0.0/16`;
-  const base = {
+  const base: Record<string, string> = {
     SPACE_REDIS_URL: redisUrl,
     SPACE_LOG_LEVEL: process.env.SPACE_TEST_LOG_LEVEL ?? 'silent',
     SPACE_SIGNING_KEY_FILE: join(dir, 'key.pem'),
@@ -122,6 +143,34 @@ export async function startStack(env: Record<string, string> = {}): Promise<Stac
     SPACE_HEARTBEAT_INTERVAL_MS: '1000',
     ...env,
   };
+  let gateway: RunningGateway | null = null;
+  if (gw) {
+    const ports = [await freePort(), await freePort(), await freePort()];
+    gateway = await startGateway(
+      loadGatewayConfig({
+        SPACE_LOG_LEVEL: base.SPACE_LOG_LEVEL,
+        SPACE_GATEWAY_BIND_HOST: '0.0.0.0',
+        SPACE_GATEWAY_DNS_PORT: String(ports[0]),
+        SPACE_GATEWAY_HTTP_PORT: String(ports[1]),
+        SPACE_GATEWAY_TLS_PORT: String(ports[2]),
+        SPACE_GATEWAY_CONTROL_SOCKET: join(dir, 'gateway.sock'),
+        SPACE_GATEWAY_CA_CERT_FILE: join(dir, 'gateway-ca.crt'),
+        SPACE_GATEWAY_CA_KEY_FILE: join(dir, 'gateway-ca.key'),
+        SPACE_GATEWAY_UPSTREAM_DNS: gw.upstreamDns,
+        SPACE_GATEWAY_DENY_CIDRS: gw.denyCidrs,
+        ...(gw.upstreamCaFile ? { SPACE_GATEWAY_UPSTREAM_CA_FILE: gw.upstreamCaFile } : {}),
+        ...(gw.upstreamHttpPort ? { SPACE_GATEWAY_UPSTREAM_HTTP_PORT: String(gw.upstreamHttpPort) } : {}),
+        ...(gw.upstreamTlsPort ? { SPACE_GATEWAY_UPSTREAM_TLS_PORT: String(gw.upstreamTlsPort) } : {}),
+      }),
+    );
+    Object.assign(base, {
+      SPACE_GATEWAY_CONTROL_SOCKET: gateway.controlSocket,
+      SPACE_GATEWAY_DNS_PORT: String(gateway.dnsPort),
+      SPACE_GATEWAY_HTTP_PORT: String(gateway.httpPort),
+      SPACE_GATEWAY_TLS_PORT: String(gateway.tlsPort),
+      SPACE_TRUSTED_CA_FILE: join(dir, 'gateway-ca.crt'),
+    });
+  }
   const agent = await startAgent(loadAgentConfig(base));
   const api = await startApi(loadApiConfig(base), { bootstrapKeyFile: join(dir, 'api-key') });
   const { readFile } = await import('node:fs/promises');
@@ -146,6 +195,7 @@ export async function startStack(env: Record<string, string> = {}): Promise<Stac
     apiKey,
     redisUrl,
     pool,
+    gateway,
     api,
     agent,
     redis,
@@ -191,6 +241,7 @@ export async function startStack(env: Record<string, string> = {}): Promise<Stac
     async stop() {
       await stack.agent.close();
       await stack.api.close();
+      await stack.gateway?.close();
       redis.disconnect();
       await rm(dir, { recursive: true, force: true });
     },

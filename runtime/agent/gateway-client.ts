@@ -4,7 +4,8 @@
  * policy and credential grants, and forgets it when the sandbox ends.
  */
 import { Client } from 'undici';
-import type { CredentialGrant, EgressPolicy } from '../core/egress.ts';
+import type { CredentialGrant } from '../core/credentials.ts';
+import type { EgressPolicy } from '../core/egress.ts';
 import { errorFromBody, SpaceError } from '../core/errors.ts';
 
 /** Timeout of one control call, ms. */

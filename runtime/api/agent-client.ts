@@ -4,7 +4,8 @@
  * back as the same coded SpaceError, transport failures as NODE_UNAVAILABLE.
  */
 import { request } from 'undici';
-import type { CredentialGrant, EgressPolicy } from '../core/egress.ts';
+import type { CredentialGrant } from '../core/credentials.ts';
+import type { EgressPolicy } from '../core/egress.ts';
 import { errorFromBody, SpaceError } from '../core/errors.ts';
 import { mintDispatchToken, type SigningKey } from '../core/tokens.ts';
 import type { NodeInfo } from '../core/types.ts';

@@ -5,9 +5,9 @@
  * its environment; the node's gateway swaps that placeholder for the value on the way out.
  */
 import type { Redis } from 'ioredis';
-import { type CredentialGrant, normaliseGrant } from '../core/egress.ts';
+import { type CredentialGrant, mintPlaceholder, validateGrants } from '../core/credentials.ts';
+import type { EgressPolicy } from '../core/egress.ts';
 import { SpaceError } from '../core/errors.ts';
-import { newId } from '../core/ids.ts';
 import { keys } from '../core/redis-keys.ts';
 
 /** A credential as the API shows it (no value). */
@@ -36,16 +36,23 @@ export interface SandboxGrant {
   name: string;
   placeholder: string;
   envVar: string;
+  /** The credential's domain patterns when granted. */
+  domains: string[];
+}
+
+/**
+ * The policy with each granted credential's domains added to `allow`: a credential scoped to a
+ * host is what lets its sandbox reach that host (deny entries still win at the gateway).
+ */
+export function allowCredentialHosts(policy: EgressPolicy, grants: readonly SandboxGrant[]): EgressPolicy {
+  const allow = [...policy.allow];
+  for (const d of grants.flatMap((g) => g.domains)) if (!allow.includes(d)) allow.push(d);
+  return { ...policy, allow };
 }
 
 /** Default environment variable for credential `name`: `OPENAI` → `OPENAI`, `gh-token` → `GH_TOKEN`. */
 export function defaultEnvVar(name: string): string {
   return name.toUpperCase().replace(/[^A-Z0-9_]/g, '_');
-}
-
-/** Placeholder tokens have this shape; the gateway refuses any it did not grant to the caller. */
-export function mintPlaceholder(): string {
-  return newId('space_ph', 32);
 }
 
 export class CredentialStore {
@@ -58,15 +65,17 @@ export class CredentialStore {
   async put(name: string, input: CredentialInput): Promise<CredentialView> {
     const header = (input.header ?? 'authorization').toLowerCase();
     const format = input.format ?? 'Bearer {value}';
-    // validates exactly as the gateway will (a throwaway placeholder stands in)
-    const grant = normaliseGrant({
-      name,
-      placeholder: mintPlaceholder(),
-      domains: input.domains,
-      header,
-      format,
-      value: input.value,
-    });
+    // validated exactly as the gateway will validate the grant (a throwaway placeholder stands in)
+    const [grant] = validateGrants([
+      {
+        name,
+        placeholder: mintPlaceholder(),
+        domains: input.domains,
+        header,
+        format,
+        value: input.value,
+      },
+    ]);
     const now = String(Date.now());
     const key = keys.credential(name);
     const createdAt = (await this.#redis.hget(key, 'createdAt')) ?? now;
@@ -74,7 +83,7 @@ export class CredentialStore {
       .multi()
       .hset(key, {
         name,
-        domains: JSON.stringify(grant.domains),
+        domains: JSON.stringify(grant!.domains),
         header,
         format,
         envVar: input.envVar ?? defaultEnvVar(name),
@@ -122,7 +131,12 @@ export class CredentialStore {
     if (missing.length > 0) {
       throw new SpaceError('CREDENTIAL_NOT_FOUND', `no credential named ${missing.join(', ')}`, { missing });
     }
-    return views.map((v) => ({ name: v!.name, placeholder: mintPlaceholder(), envVar: v!.envVar }));
+    return views.map((v) => ({
+      name: v!.name,
+      placeholder: mintPlaceholder(),
+      envVar: v!.envVar,
+      domains: v!.domains,
+    }));
   }
 
   /** The full grants (with values) for a node's gateway; credentials deleted since are skipped. */

@@ -22,6 +22,7 @@ import {
   mkdirSync,
   openSync,
   readFileSync,
+  rmSync,
   writeFileSync,
 } from 'node:fs';
 import { connect, createServer } from 'node:net';
@@ -42,7 +43,13 @@ export const LOCAL_NODE_ID = 'local';
 const HOST = '127.0.0.1';
 
 /** How long each child gets to stop after SIGTERM before SIGKILL, ms. */
-export const STOP_TIMEOUT_MS = { agent: 120_000, api: 15_000, redis: 15_000 } as const;
+export const STOP_TIMEOUT_MS = { agent: 120_000, gateway: 15_000, api: 15_000, redis: 15_000 } as const;
+
+/** The host's first resolver (`/etc/resolv.conf`), as `ip:53`: what the local gateway asks. */
+export function hostResolver(resolvConf: string): string {
+  const m = /^\s*nameserver\s+(\d{1,3}(?:\.\d{1,3}){3})\s*$/m.exec(resolvConf);
+  return `${m?.[1] ?? '127.0.0.1'}:53`;
+}
 
 interface UpOptions {
   apiPort: number;
@@ -387,6 +394,20 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
       SPACE_BOOTSTRAP_API_KEY_FILE: paths.apiKey,
       SPACE_LOG_LEVEL: process.env['SPACE_LOG_LEVEL'] ?? 'info',
     });
+    const gatewaySocket = join(paths.home, 'gateway.sock');
+    const gatewayCa = join(paths.home, 'gateway-ca.crt');
+    rmSync(gatewaySocket, { force: true }); // a stale socket would look ready
+    note('space: starting the egress gateway (sandboxes reach only what their egress policy allows)');
+    start('gateway', node, [fileURLToPath(new URL('../gateway/server.ts', import.meta.url))], {
+      ...baseEnv,
+      SPACE_GATEWAY_CONTROL_SOCKET: gatewaySocket,
+      SPACE_GATEWAY_CA_CERT_FILE: gatewayCa,
+      SPACE_GATEWAY_CA_KEY_FILE: join(paths.home, 'gateway-ca.key'),
+      SPACE_GATEWAY_UPSTREAM_DNS:
+        process.env['SPACE_GATEWAY_UPSTREAM_DNS'] ?? hostResolver(readFileSync('/etc/resolv.conf', 'utf8')),
+      SPACE_LOG_LEVEL: process.env['SPACE_LOG_LEVEL'] ?? 'info',
+    });
+    await guard(until('the gateway', 30_000, async () => existsSync(gatewaySocket), startAbort.signal));
     note(`space: starting the agent on ${agentUrl} (node ${LOCAL_NODE_ID}, gVisor)`);
     start('agent', node, [agentServer], {
       ...baseEnv,
@@ -398,6 +419,8 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
       SPACE_AGENT_STATE_DIR: join(paths.home, 'agent'),
       SPACE_CACHE_DIR: DEFAULT_CACHE_DIR,
       SPACE_AGENT_ON_SHUTDOWN: 'destroy',
+      SPACE_GATEWAY_CONTROL_SOCKET: gatewaySocket,
+      SPACE_TRUSTED_CA_FILE: gatewayCa,
       ...(o.warm !== undefined ? { SPACE_WARM_POOL_SIZE: String(o.warm) } : {}),
       SPACE_LOG_LEVEL: process.env['SPACE_LOG_LEVEL'] ?? 'info',
     });
@@ -447,7 +470,7 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
       println('SPACE is running (Ctrl-C to stop)');
       println(`  API      ${apiUrl}`);
       println(`  API key  ${paths.apiKey}`);
-      println(`  logs     ${join(paths.logs, '{api,agent,redis}.log')}`);
+      println(`  logs     ${join(paths.logs, '{api,agent,gateway,redis}.log')}`);
       println('try: space sandbox create --template base');
     }
     reason = await stopped;
@@ -459,7 +482,7 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
   stopping = true;
   startAbort.abort();
   const byName = (n: string) => children.find((c) => c.name === n);
-  for (const name of ['agent', 'api', 'redis'] as const) {
+  for (const name of ['agent', 'gateway', 'api', 'redis'] as const) {
     const c = byName(name);
     if (!c || c.done) continue;
     note(`space: stopping ${name}…`);

@@ -59,27 +59,6 @@ export interface EgressPolicy {
   cidrs: { cidr: string; ports: number[] }[];
 }
 
-/** Wire schema of a credential granted to a sandbox (registered by the agent over the control socket). */
-export const CredentialGrantSchema = Type.Object(
-  {
-    name: Type.String({ minLength: 1, maxLength: 128 }),
-    /** The token the sandbox holds instead of the value; bound to this sandbox. */
-    placeholder: Type.String({ minLength: 8, maxLength: 512 }),
-    /** Name patterns (same syntax as the policy) the credential may be sent to. */
-    domains: Type.Array(Type.String({ maxLength: 1024 }), { minItems: 1, maxItems: 64 }),
-    /** Header it goes into, e.g. `authorization`. */
-    header: Type.String({ minLength: 1, maxLength: 128, pattern: "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$" }),
-    /** How the value is written, `{value}` is replaced, e.g. `Bearer {value}`. */
-    format: Type.String({ minLength: 1, maxLength: 1024 }),
-    /** The real secret; never logged, never returned. */
-    value: Type.String({ minLength: 1, maxLength: 16384 }),
-  },
-  { additionalProperties: false },
-);
-
-/** A credential granted to one sandbox. `domains` are canonical patterns after {@link normaliseGrant}. */
-export type CredentialGrant = Static<typeof CredentialGrantSchema>;
-
 const LABEL = /^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$/;
 
 /**
@@ -204,33 +183,4 @@ export function normalisePolicy(input: EgressPolicyInput | undefined): EgressPol
     throw new SpaceError('BAD_REQUEST', `egress policy: ${problems.join('; ')}`, { problems });
   }
   return { mode: value.mode ?? 'allow-list', allow, deny, cidrs };
-}
-
-/**
- * Validates a credential grant and canonicalises its domain patterns. Throws `SpaceError('BAD_REQUEST')`
- * on a bad shape or pattern (the message never contains the value). Pure.
- */
-export function normaliseGrant(input: unknown, index = 0): CredentialGrant {
-  if (!Value.Check(CredentialGrantSchema, input)) {
-    const first = Value.Errors(CredentialGrantSchema, input).First();
-    throw new SpaceError(
-      'BAD_REQUEST',
-      `credentials/${index}${first?.path ?? ''}: ${first?.message ?? 'invalid'}`,
-    );
-  }
-  if (input.format.split('{value}').length !== 2) {
-    throw new SpaceError('BAD_REQUEST', `credentials/${index}/format: must contain {value} exactly once`);
-  }
-  const domains: string[] = [];
-  for (const raw of input.domains) {
-    const p = normalisePattern(raw);
-    if (p === null) throw new SpaceError('BAD_REQUEST', `credentials/${index}/domains: bad pattern ${raw}`);
-    domains.push(p);
-  }
-  return { ...input, header: input.header.toLowerCase(), domains };
-}
-
-/** The grants of `grants` whose domains cover canonical `name`. Pure. */
-export function grantsFor(grants: readonly CredentialGrant[], name: string): CredentialGrant[] {
-  return grants.filter((g) => findMatch(name, g.domains) !== undefined);
 }

@@ -4,12 +4,8 @@
  */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
-import {
-  CredentialGrantSchema,
-  EgressPolicySchema,
-  normaliseGrant,
-  normalisePolicy,
-} from '../../core/egress.ts';
+import { CredentialGrantSchema, validateGrants } from '../../core/credentials.ts';
+import { EgressPolicySchema, normalisePolicy } from '../../core/egress.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { verifyDispatchToken } from '../../core/tokens.ts';
 import type { AgentDeps } from '../app.ts';
@@ -49,7 +45,7 @@ export function internalRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         const sb = await deps.sandboxes.create({
           ...req.body,
           egress: normalisePolicy(req.body.egress),
-          credentials: req.body.credentials.map((g, i) => normaliseGrant(g, i)),
+          credentials: validateGrants(req.body.credentials),
         });
         return { instanceId: sb.instance.instanceId, fromWarmPool: sb.fromWarmPool };
       },

@@ -10,6 +10,7 @@ import { F } from '../../core/log-fields.ts';
 import { IDEMPOTENCY_TTL_SEC, keys } from '../../core/redis-keys.ts';
 import type { SandboxState } from '../../core/types.ts';
 import type { ApiDeps } from '../app.ts';
+import { allowCredentialHosts } from '../credential-store.ts';
 import { operationToPublic } from '../operations.ts';
 import { toPublic } from '../sandbox-store.ts';
 import {
@@ -65,8 +66,8 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
           throw new SpaceError('BAD_REQUEST', `timeoutSec must be at most ${deps.config.maxTimeoutSec}`);
         }
         // validate everything before anything is written: bad input loses nothing
-        const egress = normalisePolicy(body.egress);
         const grants = await deps.credentials.grant(body.credentials ?? []);
+        const egress = allowCredentialHosts(normalisePolicy(body.egress), grants);
         const sandboxId = newId('sbx');
         const idemKey = req.headers['idempotency-key'];
         if (idemKey) {
@@ -203,8 +204,8 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         },
       },
       async (req) => {
-        const egress = normalisePolicy(req.body);
         const rec = await deps.requireSandbox(req.params.id);
+        const egress = allowCredentialHosts(normalisePolicy(req.body), rec.grants);
         if (rec.state !== 'running' || !rec.nodeId) {
           throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${rec.id} is ${rec.state}`, {
             state: rec.state,

@@ -1,0 +1,199 @@
+/**
+ * Credential grants: what the agent registers so the gateway can swap a sandbox's placeholder for a
+ * real secret on intercepted TLS (egress.md §0 rule 7, T20). The sandbox only ever holds the
+ * placeholder, `space_ph_` + 32 base32 characters (160 random bits), minted per sandbox and grant.
+ * Pure apart from {@link mintPlaceholder}'s randomness.
+ */
+import { randomBytes } from 'node:crypto';
+import { type Static, Type } from '@sinclair/typebox';
+import { Value } from '@sinclair/typebox/value';
+import { matchesPattern, normaliseName, normalisePattern } from './egress.ts';
+import { SpaceError } from './errors.ts';
+
+/** Prefix of every placeholder; anything in a request that starts with it is treated as one. */
+export const PLACEHOLDER_PREFIX = 'space_ph_';
+/**
+ * Shape a grant's placeholder must have: `space_ph_` + 32 lower-case letters/digits. Covers both
+ * {@link mintPlaceholder} (base32) and the API's current `newId('space_ph', 32)` alphabet.
+ */
+export const PLACEHOLDER_RE = /^space_ph_[a-z0-9]{32}$/;
+/**
+ * Anything that looks like a placeholder, for scanning requests. Deliberately wider than
+ * {@link PLACEHOLDER_RE} (any case, any length, any alphanumerics) so a mangled or foreign token is
+ * still caught and refused instead of being forwarded.
+ */
+export const PLACEHOLDER_SCAN_RE = /space_ph_[a-z0-9]*/gi;
+/** The one marker `format` must contain exactly once. */
+export const VALUE_MARKER = '{value}';
+/** Shortest real value accepted: the gateway masks values in responses, which is meaningless for tiny ones. */
+export const MIN_VALUE_LENGTH = 8;
+
+/**
+ * Headers a grant may not target: framing, routing and hop-by-hop headers the gateway rewrites or
+ * strips itself (a credential there would be dropped or would change how the request is parsed).
+ */
+export const FORBIDDEN_GRANT_HEADERS: ReadonlySet<string> = new Set([
+  'host',
+  'content-length',
+  'transfer-encoding',
+  'connection',
+  'keep-alive',
+  'proxy-connection',
+  'proxy-authenticate',
+  'proxy-authorization',
+  'http2-settings',
+  'te',
+  'trailer',
+  'upgrade',
+  'expect',
+  'accept-encoding',
+]);
+
+const TOKEN = "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$";
+/** Visible ASCII and spaces/tabs inside (RFC 9110 field-value, no obs-text): no CR, LF, NUL or controls. */
+const FIELD_VALUE = /^[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?$/;
+/** Control characters (tab allowed) anywhere in a value. */
+// biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are exactly what is refused
+const CONTROL = /[\u0000-\u0008\u000a-\u001f\u007f]/;
+
+/** Wire schema of a credential grant (the agent's `PUT /v1/sandboxes/:address` body field). */
+export const CredentialGrantSchema = Type.Object(
+  {
+    /** Operator's name of the credential (audit `rule`); never secret. */
+    name: Type.String({ minLength: 1, maxLength: 128, pattern: '^[A-Za-z0-9][A-Za-z0-9._-]*$' }),
+    /** The token the sandbox holds instead of the value; bound to this sandbox. */
+    placeholder: Type.String({ pattern: PLACEHOLDER_RE.source }),
+    /** Name patterns (policy syntax: `api.x.com` or `*.x.com`) the credential may be sent to. */
+    domains: Type.Array(Type.String({ minLength: 1, maxLength: 1024 }), { minItems: 1, maxItems: 64 }),
+    /** Header the value goes into, e.g. `authorization` (an RFC 9110 token). */
+    header: Type.String({ minLength: 1, maxLength: 128, pattern: TOKEN }),
+    /** How the header value is written; `{value}` appears exactly once, e.g. `Bearer {value}`. */
+    format: Type.String({ minLength: VALUE_MARKER.length, maxLength: 1024 }),
+    /** The real secret; never logged, never returned, never part of an error message. */
+    value: Type.String({ minLength: MIN_VALUE_LENGTH, maxLength: 16384 }),
+  },
+  { additionalProperties: false },
+);
+
+/** A credential granted to one sandbox; after {@link validateGrants}: header lower case, domains canonical. */
+export type CredentialGrant = Static<typeof CredentialGrantSchema>;
+
+/** `format` with `{value}` replaced by `value` (split/join: `$&`-style patterns in secrets stay literal). */
+export function applyFormat(format: string, value: string): string {
+  return format.split(VALUE_MARKER).join(value);
+}
+
+/** A fresh placeholder: `space_ph_` + 32 lower-case base32 characters from 20 random bytes. */
+export function mintPlaceholder(): string {
+  const alphabet = 'abcdefghijklmnopqrstuvwxyz234567';
+  const bytes = randomBytes(20);
+  let out = PLACEHOLDER_PREFIX;
+  let bits = 0;
+  let acc = 0;
+  for (const byte of bytes) {
+    acc = (acc << 8) | byte;
+    bits += 8;
+    while (bits >= 5) {
+      bits -= 5;
+      out += alphabet[(acc >> bits) & 31];
+    }
+    acc &= (1 << bits) - 1;
+  }
+  return out;
+}
+
+/** One problem of a grant list, with its property path (`/2/format`). Never contains a value. */
+export interface GrantProblem {
+  path: string;
+  message: string;
+}
+
+function grantProblems(input: unknown, index: number): GrantProblem[] {
+  const base = `/${index}`;
+  if (!Value.Check(CredentialGrantSchema, input)) {
+    // path and message only: TypeBox's error objects also carry the offending value (maybe the secret)
+    return [...Value.Errors(CredentialGrantSchema, input)].map((e) => ({
+      path: `${base}${e.path}`,
+      message: e.message,
+    }));
+  }
+  const problems: GrantProblem[] = [];
+  if (FORBIDDEN_GRANT_HEADERS.has(input.header.toLowerCase())) {
+    problems.push({ path: `${base}/header`, message: 'header is set or stripped by the gateway itself' });
+  }
+  if (input.format.split(VALUE_MARKER).length !== 2) {
+    problems.push({ path: `${base}/format`, message: 'must contain {value} exactly once' });
+  } else if (!FIELD_VALUE.test(applyFormat(input.format, 'x'))) {
+    problems.push({
+      path: `${base}/format`,
+      message: 'not a valid header value (controls, non-ASCII or edge spaces)',
+    });
+  }
+  if (CONTROL.test(input.value) || !FIELD_VALUE.test(applyFormat(input.format, input.value))) {
+    problems.push({ path: `${base}/value`, message: 'not valid inside a header value' });
+  }
+  if (input.value.toLowerCase().includes(PLACEHOLDER_PREFIX)) {
+    problems.push({ path: `${base}/value`, message: `must not contain ${PLACEHOLDER_PREFIX}` });
+  }
+  input.domains.forEach((raw, i) => {
+    if (normalisePattern(raw) === null) {
+      problems.push({ path: `${base}/domains/${i}`, message: `not a host name or *.name pattern: ${raw}` });
+    }
+  });
+  return problems;
+}
+
+/**
+ * Validates a sandbox's grant list all at once and returns it canonical (header lower case, domain
+ * patterns normalised and deduplicated). Also refuses two grants with the same name or placeholder.
+ * Throws one `SpaceError('BAD_REQUEST')` listing every problem by path; no message contains a value.
+ */
+export function validateGrants(input: unknown): CredentialGrant[] {
+  if (!Array.isArray(input)) throw new SpaceError('BAD_REQUEST', 'credentials: must be an array');
+  const problems = input.flatMap((g, i) => grantProblems(g, i));
+  if (problems.length === 0) {
+    const grants = input as CredentialGrant[];
+    const seen = { name: new Set<string>(), placeholder: new Set<string>() };
+    grants.forEach((g, i) => {
+      for (const key of ['name', 'placeholder'] as const) {
+        if (seen[key].has(g[key])) problems.push({ path: `/${i}/${key}`, message: `duplicate ${key}` });
+        seen[key].add(g[key]);
+      }
+    });
+  }
+  if (problems.length > 0) {
+    throw new SpaceError(
+      'BAD_REQUEST',
+      `credentials: ${problems.map((p) => `${p.path} ${p.message}`).join('; ')}`,
+      { problems },
+    );
+  }
+  return (input as CredentialGrant[]).map((g) => ({
+    name: g.name,
+    placeholder: g.placeholder,
+    domains: [...new Set(g.domains.map((d) => normalisePattern(d)!))],
+    header: g.header.toLowerCase(),
+    format: g.format,
+    value: g.value,
+  }));
+}
+
+/**
+ * The grants whose domains cover `sni` (normalised here too, so a raw claim can't slip past a
+ * pattern). An invalid name is covered by nothing. Pure.
+ */
+export function grantsCovering(sni: string, grants: readonly CredentialGrant[]): CredentialGrant[] {
+  const name = normaliseName(sni);
+  if (name === null) return [];
+  return grants.filter((g) =>
+    g.domains.some((d) => {
+      const pattern = normalisePattern(d);
+      return pattern !== null && matchesPattern(name, pattern);
+    }),
+  );
+}
+
+/** A grant without its secret, for listings and logs. */
+export function describeGrant(g: CredentialGrant): Omit<CredentialGrant, 'value' | 'placeholder'> {
+  return { name: g.name, domains: [...g.domains], header: g.header, format: g.format };
+}

@@ -1,0 +1,176 @@
+/** Settings of the egress gateway (env names, defaults with units, docs). */
+import { type ConfigOf, loadConfig, setting } from '../core/config.ts';
+import { DEFAULT_DENY_CIDRS } from './addresses.ts';
+
+export const gatewaySettings = {
+  bindHost: setting.string(
+    'SPACE_GATEWAY_BIND_HOST',
+    'Address the DNS, HTTP and TLS listeners bind (nftables decides who reaches them).',
+    '0.0.0.0',
+  ),
+  dnsPort: setting.int(
+    'SPACE_GATEWAY_DNS_PORT',
+    'DNS port (UDP and TCP); 0 = any free port.',
+    15053,
+    0,
+    65535,
+  ),
+  httpPort: setting.int(
+    'SPACE_GATEWAY_HTTP_PORT',
+    'Transparent HTTP port (TCP 80 is redirected here).',
+    15080,
+    0,
+    65535,
+  ),
+  tlsPort: setting.int(
+    'SPACE_GATEWAY_TLS_PORT',
+    'Transparent TLS port (TCP 443 is redirected here).',
+    15443,
+    0,
+    65535,
+  ),
+  controlSocket: setting.string(
+    'SPACE_GATEWAY_CONTROL_SOCKET',
+    'Unix socket of the control API (mode 0600: only root, i.e. the agent).',
+    '/run/space/gateway.sock',
+  ),
+  metricsPort: setting.int(
+    'SPACE_GATEWAY_METRICS_PORT',
+    'If not 0, also serve /metrics on 127.0.0.1 at this port.',
+    0,
+    0,
+    65535,
+  ),
+  upstreamDns: setting.string(
+    'SPACE_GATEWAY_UPSTREAM_DNS',
+    'The resolver the gateway itself asks, `ip:port` (comma-separated for several).',
+    '1.1.1.1:53',
+  ),
+  upstreamHttpPort: setting.int(
+    'SPACE_GATEWAY_UPSTREAM_HTTP_PORT',
+    'Port dialled upstream for HTTP.',
+    80,
+    1,
+    65535,
+  ),
+  upstreamTlsPort: setting.int(
+    'SPACE_GATEWAY_UPSTREAM_TLS_PORT',
+    'Port dialled upstream for TLS.',
+    443,
+    1,
+    65535,
+  ),
+  denyCidrs: setting.string(
+    'SPACE_GATEWAY_DENY_CIDRS',
+    'Comma-separated CIDRs never dialled nor answered (loopback, link-local, multicast are always added).',
+    DEFAULT_DENY_CIDRS.join(','),
+  ),
+  dnsAnswerTtlSec: setting.int(
+    'SPACE_GATEWAY_DNS_TTL_SEC',
+    'Longest TTL in answers to sandboxes, s.',
+    30,
+    0,
+    86_400,
+  ),
+  resolveCacheMaxSec: setting.int(
+    'SPACE_GATEWAY_RESOLVE_CACHE_SEC',
+    'Longest time an upstream answer is cached (capped by its TTL), s.',
+    30,
+    0,
+    3600,
+  ),
+  resolveTimeoutMs: setting.int(
+    'SPACE_GATEWAY_RESOLVE_TIMEOUT_MS',
+    'Upstream DNS query timeout, ms.',
+    2000,
+    50,
+  ),
+  dnsQueriesPerSec: setting.int(
+    'SPACE_GATEWAY_DNS_QPS',
+    'DNS queries per second one sandbox may make (burst: twice this).',
+    50,
+    1,
+  ),
+  maxConnections: setting.int(
+    'SPACE_GATEWAY_MAX_CONNECTIONS',
+    'Concurrent TCP connections (HTTP, TLS, DNS over TCP) per sandbox.',
+    256,
+    1,
+  ),
+  handshakeTimeoutMs: setting.int(
+    'SPACE_GATEWAY_HANDSHAKE_TIMEOUT_MS',
+    'Deadline to receive a whole ClientHello or HTTP request head, ms.',
+    5000,
+    50,
+  ),
+  idleTimeoutMs: setting.int(
+    'SPACE_GATEWAY_IDLE_TIMEOUT_MS',
+    'A connection with no bytes either way for this long is closed, ms (5 min).',
+    300_000,
+    100,
+  ),
+  dialTimeoutMs: setting.int(
+    'SPACE_GATEWAY_DIAL_TIMEOUT_MS',
+    'Upstream TCP connect timeout, ms.',
+    10_000,
+    50,
+  ),
+  maxConnectionBytes: setting.int(
+    'SPACE_GATEWAY_MAX_CONNECTION_BYTES',
+    'Bytes (both directions) one connection may carry, bytes (4 GiB).',
+    4 * 1024 ** 3,
+    1024,
+  ),
+  maxHelloBytes: setting.int(
+    'SPACE_GATEWAY_MAX_HELLO_BYTES',
+    'Largest ClientHello accepted (all records), bytes (32 KiB).',
+    32 * 1024,
+    512,
+    1024 * 1024,
+  ),
+  maxHeaderBytes: setting.int(
+    'SPACE_GATEWAY_MAX_HEADER_BYTES',
+    'Largest HTTP request head, bytes (32 KiB).',
+    32 * 1024,
+    1024,
+    1024 * 1024,
+  ),
+  maxBodyBytes: setting.int(
+    'SPACE_GATEWAY_MAX_BODY_BYTES',
+    'Largest request body and response body on an intercepted (credential) connection, bytes (100 MiB).',
+    100 * 1024 ** 2,
+    1024,
+  ),
+  caCertFile: setting.string(
+    'SPACE_GATEWAY_CA_CERT_FILE',
+    'PEM certificate of the per-deployment CA that signs intercepted leaves (created with the key if both are absent).',
+    '/var/lib/space/gateway/ca.crt',
+  ),
+  caKeyFile: setting.string(
+    'SPACE_GATEWAY_CA_KEY_FILE',
+    'PEM private key of the per-deployment CA (mode 0600).',
+    '/var/lib/space/gateway/ca.key',
+  ),
+  upstreamCaFile: setting.optionalString(
+    'SPACE_GATEWAY_UPSTREAM_CA_FILE',
+    'Extra PEM CA bundle trusted (with the system CAs) when re-originating intercepted TLS.',
+  ),
+  logLevel: setting.oneOf(
+    'SPACE_LOG_LEVEL',
+    'pino log level.',
+    ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'],
+    'info',
+  ),
+};
+
+export type GatewayConfig = ConfigOf<typeof gatewaySettings>;
+
+/** Reads the gateway settings from the environment; throws ConfigError listing every problem. */
+export function loadGatewayConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig {
+  return loadConfig('gateway', gatewaySettings, env);
+}
+
+/** Every setting at its default (for tests), with `overrides` applied. */
+export function gatewayConfigWith(overrides: Partial<GatewayConfig>): GatewayConfig {
+  return Object.freeze({ ...loadConfig('gateway', gatewaySettings, {}), ...overrides });
+}

@@ -1,0 +1,79 @@
+import { pino } from 'pino';
+import { afterAll, describe, expect, it } from 'vitest';
+import { createGatewayMetrics } from './audit.ts';
+import { buildControlApp } from './control.ts';
+import { Registry } from './registry.ts';
+
+const registry = new Registry({ maxConnections: 10, dnsQueriesPerSec: 10 });
+const app = await buildControlApp({
+  registry,
+  metrics: createGatewayMetrics(),
+  log: pino({ level: 'silent' }),
+});
+afterAll(() => app.close());
+
+const grant = {
+  name: 'gh',
+  placeholder: 'space_ph_abcdefghijklmnopqrstuvwxyz234567',
+  domains: ['API.github.test'],
+  header: 'Authorization',
+  format: 'Bearer {value}',
+  value: 'real-secret-value',
+};
+
+describe('control API', () => {
+  it('registers, replaces, lists (without secrets) and deletes', async () => {
+    let res = await app.inject({
+      method: 'PUT',
+      url: '/v1/sandboxes/10.199.0.2',
+      payload: { sandboxId: 's1', policy: { allow: ['PyPI.org.'] }, credentials: [grant] },
+    });
+    expect(res.statusCode).toBe(200);
+    expect(res.json()).toEqual({ address: '10.199.0.2', sandboxId: 's1', replaced: false, closed: 0 });
+    expect(registry.lookup('10.199.0.2')?.policy.allow).toEqual(['pypi.org']);
+    expect(registry.lookup('10.199.0.2')?.credentials[0]?.domains).toEqual(['api.github.test']);
+
+    res = await app.inject({
+      method: 'PUT',
+      url: '/v1/sandboxes/10.199.0.2',
+      payload: { sandboxId: 's1', policy: {} },
+    });
+    expect(res.json()).toMatchObject({ replaced: true });
+
+    res = await app.inject({ method: 'GET', url: '/v1/sandboxes' });
+    expect(res.json().sandboxes).toHaveLength(1);
+    expect(res.body).not.toContain('real-secret-value');
+
+    expect((await app.inject({ method: 'DELETE', url: '/v1/sandboxes/10.199.0.2' })).statusCode).toBe(204);
+    const gone = await app.inject({ method: 'DELETE', url: '/v1/sandboxes/10.199.0.2' });
+    expect(gone.statusCode).toBe(404);
+    expect(gone.json().error.code).toBe('SANDBOX_NOT_FOUND');
+  });
+
+  it.each([
+    ['a bad address', '/v1/sandboxes/not-an-ip', { sandboxId: 's1', policy: {} }],
+    [
+      'an IP-literal allow entry',
+      '/v1/sandboxes/10.199.0.2',
+      { sandboxId: 's1', policy: { allow: ['1.2.3.4'] } },
+    ],
+    ['an unknown mode', '/v1/sandboxes/10.199.0.2', { sandboxId: 's1', policy: { mode: 'open' } }],
+    ['no sandbox id', '/v1/sandboxes/10.199.0.2', { policy: {} }],
+    [
+      'a grant without {value}',
+      '/v1/sandboxes/10.199.0.2',
+      { sandboxId: 's1', policy: {}, credentials: [{ ...grant, format: 'Bearer' }] },
+    ],
+  ])('refuses %s with BAD_REQUEST (and never echoes a secret)', async (_why, url, payload) => {
+    const res = await app.inject({ method: 'PUT', url, payload });
+    expect(res.statusCode).toBe(400);
+    expect(res.json().error.code).toBe('BAD_REQUEST');
+    expect(res.body).not.toContain('real-secret-value');
+  });
+
+  it('serves Prometheus metrics', async () => {
+    const res = await app.inject({ method: 'GET', url: '/metrics' });
+    expect(res.statusCode).toBe(200);
+    expect(res.body).toContain('space_gateway_decisions_total');
+  });
+});

@@ -1,0 +1,96 @@
+/**
+ * The control API the node agent uses (JSON over HTTP on a Unix socket, mode 0600):
+ *
+ * - `PUT /v1/sandboxes/:address` `{ sandboxId, policy, credentials? }` → 200 `{ address, sandboxId,
+ *   replaced, closed }`: registers or replaces what the sandbox at source address `:address` (IPv4)
+ *   may do; a replacement closes that sandbox's open connections the new policy no longer allows.
+ * - `DELETE /v1/sandboxes/:address` → 204 (404 `SANDBOX_NOT_FOUND` when unknown): forgets it and
+ *   closes its connections.
+ * - `GET /v1/sandboxes` → 200 `{ sandboxes: RegistrationView[] }` (no credential values or placeholders).
+ * - `GET /healthz`, `GET /metrics` (Prometheus).
+ *
+ * Errors use the SPACE wire shape `{ error: { code, message } }` (BAD_REQUEST for a bad body or address).
+ */
+import { isIPv4 } from 'node:net';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import { Type } from '@sinclair/typebox';
+import fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
+import type { Logger } from 'pino';
+import { SpaceError } from '../core/errors.ts';
+import { installErrorHandlers } from '../core/http-errors.ts';
+import { F } from '../core/log-fields.ts';
+import type { GatewayMetrics } from './audit.ts';
+import { CredentialGrantSchema, validateGrants } from './credentials.ts';
+import { EgressPolicySchema, normalisePolicy } from './policy.ts';
+import type { Registry } from './registry.ts';
+
+/** Body of `PUT /v1/sandboxes/:address`. */
+export const RegisterBodySchema = Type.Object(
+  {
+    sandboxId: Type.String({ minLength: 1, maxLength: 128 }),
+    policy: EgressPolicySchema,
+    credentials: Type.Optional(Type.Array(CredentialGrantSchema, { maxItems: 64 })),
+  },
+  { additionalProperties: false },
+);
+
+/** What the control app uses. */
+export interface ControlDeps {
+  registry: Registry;
+  metrics: GatewayMetrics;
+  log: Logger;
+}
+
+const AddressParams = Type.Object({ address: Type.String({ maxLength: 64 }) });
+
+function sandboxAddress(address: string): string {
+  if (!isIPv4(address)) throw new SpaceError('BAD_REQUEST', `not an IPv4 address: ${address}`);
+  return address;
+}
+
+/** Builds the control app (never listens itself). */
+export async function buildControlApp(deps: ControlDeps): Promise<FastifyInstance> {
+  const app = fastify({
+    loggerInstance: deps.log as FastifyBaseLogger,
+    bodyLimit: 1_048_576,
+  }).withTypeProvider<TypeBoxTypeProvider>();
+  installErrorHandlers(app);
+
+  app.get('/healthz', async () => ({ ok: true }));
+  app.get('/metrics', async (_req, reply) =>
+    reply.type(deps.metrics.registry.contentType).send(await deps.metrics.registry.metrics()),
+  );
+  app.get('/v1/sandboxes', async () => ({ sandboxes: deps.registry.list() }));
+
+  app.put(
+    '/v1/sandboxes/:address',
+    { schema: { params: AddressParams, body: RegisterBodySchema } },
+    async (req) => {
+      const address = sandboxAddress(req.params.address);
+      const policy = normalisePolicy(req.body.policy);
+      const credentials = validateGrants(req.body.credentials ?? []);
+      const { replaced, closed } = deps.registry.put(address, {
+        sandboxId: req.body.sandboxId,
+        policy,
+        credentials,
+      });
+      deps.log.info(
+        { [F.sandboxId]: req.body.sandboxId, address, mode: policy.mode, replaced, closed },
+        replaced ? 'sandbox policy replaced' : 'sandbox registered',
+      );
+      return { address, sandboxId: req.body.sandboxId, replaced, closed };
+    },
+  );
+
+  app.delete('/v1/sandboxes/:address', { schema: { params: AddressParams } }, async (req, reply) => {
+    const address = sandboxAddress(req.params.address);
+    const sandboxId = deps.registry.lookup(address)?.sandboxId;
+    if (!deps.registry.delete(address)) {
+      throw new SpaceError('SANDBOX_NOT_FOUND', `no sandbox registered at ${address}`, { address });
+    }
+    deps.log.info({ [F.sandboxId]: sandboxId, address }, 'sandbox unregistered');
+    return reply.status(204).send();
+  });
+
+  return app;
+}
