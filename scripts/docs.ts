@@ -8,6 +8,7 @@ import { agentSettings } from '../runtime/agent/config.ts';
 import { apiSettings } from '../runtime/api/config.ts';
 import { describeConfig, type SettingsSpec } from '../runtime/core/config.ts';
 import { ERROR_CODES } from '../runtime/core/errors.ts';
+import { gatewaySettings } from '../runtime/gateway/config.ts';
 
 /** Settings whose default is read from the host at start (shown as such, not as this machine's value). */
 const HOST_DEFAULTS = new Set(['SPACE_NODE_ID', 'SPACE_NODE_VCPUS', 'SPACE_NODE_MEMORY_MIB']);
@@ -27,27 +28,21 @@ export function configTable(spec: SettingsSpec): string {
 }
 
 /** Every generated block, by marker name. */
-export async function generatedBlocks(): Promise<Record<string, string>> {
-  const blocks: Record<string, string> = {
+export function generatedBlocks(): Record<string, string> {
+  return {
     errors: errorTable(),
     'config-api': configTable(apiSettings),
     'config-agent': configTable(agentSettings),
+    'config-gateway': configTable(gatewaySettings),
   };
-  try {
-    const { gatewaySettings } = await import('../runtime/gateway/config.ts');
-    blocks['config-gateway'] = configTable(gatewaySettings as SettingsSpec);
-  } catch {
-    // no gateway yet
-  }
-  return blocks;
 }
 
 /** `text` with every marked block replaced by its generated content. */
 export function fill(text: string, blocks: Record<string, string>): string {
   let out = text;
   for (const [name, body] of Object.entries(blocks)) {
-    const re = new RegExp(`(<!-- generated:${name} -->\\n)[\\s\\S]*?(\\n<!-- /generated:${name} -->)`);
-    out = out.replace(re, `$1${body}$2`);
+    const re = new RegExp(`(<!-- generated:${name} -->)[\\s\\S]*?(<!-- /generated:${name} -->)`);
+    out = out.replace(re, (_m, open: string, close: string) => `${open}\n${body}\n${close}`);
   }
   return out;
 }
@@ -55,7 +50,7 @@ export function fill(text: string, blocks: Record<string, string>): string {
 if (import.meta.main) {
   const path = new URL('../README.md', import.meta.url);
   const before = readFileSync(path, 'utf8');
-  const after = fill(before, await generatedBlocks());
+  const after = fill(before, generatedBlocks());
   writeFileSync(path, after);
   console.log(after === before ? 'README tables already current' : 'README tables regenerated');
 }
