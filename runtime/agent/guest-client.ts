@@ -35,6 +35,10 @@ export class GuestClient {
         headersTimeout: GUEST_CALL_TIMEOUT_MS,
         bodyTimeout: opts.expect === 'stream' ? 0 : GUEST_CALL_TIMEOUT_MS,
         ...opts,
+        headers: {
+          ...(opts.headers as Record<string, string> | undefined),
+          authorization: `Bearer ${this.endpoint.token}`,
+        },
       });
     } catch (err) {
       if (err instanceof SpaceError) throw err;

@@ -5,6 +5,7 @@
  * a delete leaves a tombstone so a create that arrives late (or is still booting) is refused and
  * its instance destroyed — nothing is left behind on either order.
  */
+import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { mkdir, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -149,6 +150,7 @@ export class SandboxManager {
           vcpus: shape.vcpus,
           memoryMiB: shape.memoryMiB,
           pidsLimit: this.#o.pidsLimit,
+          guestToken: randomBytes(32).toString('hex'),
           network,
         });
       } catch (err) {

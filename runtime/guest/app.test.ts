@@ -15,6 +15,7 @@ beforeAll(async () => {
   const gid = process.getgid!();
   const self = { name: 'user', uid, gid, home, shell: '/bin/sh' };
   app = createGuestApp({
+    token: null,
     user: self,
     root: { ...self, name: 'root', home: '/root' },
     home,

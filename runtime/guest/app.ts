@@ -4,6 +4,7 @@
  * listening; main.ts listens.
  */
 
+import { timingSafeEqual } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { SpaceError } from '../core/errors.ts';
 import type { GuestHealth } from '../core/guest-protocol.ts';
@@ -28,6 +29,12 @@ export interface GuestConfig {
   log?: Logger;
   /** How long a process record stays after its exit frame was delivered (default 60 s; tests). */
   recordTtlMs?: number;
+  /**
+   * Secret the agent sends as `Authorization: Bearer <token>` on every route but /health. Processes
+   * inside the sandbox can reach the daemon too; without the token they cannot start processes
+   * (as root, or as anyone) or touch other commands. null disables the check (in-process tests).
+   */
+  token: string | null;
 }
 
 export interface GuestApp {
@@ -58,11 +65,23 @@ export function createGuestApp(config: GuestConfig): GuestApp {
     log,
   });
 
+  const expected = config.token === null ? null : Buffer.from(`Bearer ${config.token}`);
+  /** Constant-time check of the agent's token. */
+  function authorised(req: IncomingMessage): boolean {
+    if (expected === null) return true;
+    const got = Buffer.from(req.headers.authorization ?? '');
+    return got.length === expected.length && timingSafeEqual(got, expected);
+  }
+
   async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const url = new URL(req.url ?? '/', 'http://guest');
     const method = req.method ?? 'GET';
     const path = url.pathname;
     const query = url.searchParams;
+
+    if (!(path === '/health' && method === 'GET') && !authorised(req)) {
+      throw new SpaceError('UNAUTHENTICATED', 'the guest daemon only serves its node agent');
+    }
 
     if (path === '/health' && method === 'GET') {
       const health: GuestHealth = {

@@ -3,7 +3,7 @@ import { readdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
 import { request as httpRequest } from 'node:http';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { call, type Guest, q, startGuest } from './test-harness.ts';
+import { AUTH, call, type Guest, q, startGuest } from './test-harness.ts';
 
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -99,7 +99,7 @@ describe('guest files: read, write, errors', () => {
         const req = httpRequest(`${g.base}/files?path=${q(target)}`, {
           method: 'PUT',
           agent: false,
-          headers: { 'content-length': '1000000' },
+          headers: { ...AUTH, 'content-length': '1000000' },
         });
         req.on('error', () => resolve());
         req.write(Buffer.alloc(100_000, 1));

@@ -5,7 +5,7 @@
  * (default: the user's home from /etc/passwd, else /home/user), SPACE_GUEST_USER (default `user`).
  */
 
-import { chownSync, mkdirSync } from 'node:fs';
+import { chownSync, mkdirSync, readFileSync, unlinkSync } from 'node:fs';
 import { GUEST_PORT } from '../core/guest-protocol.ts';
 import { createGuestApp } from './app.ts';
 import { errorFields, log } from './log.ts';
@@ -46,7 +46,21 @@ try {
   log('warn', 'cannot create home', { home, ...errorFields(err) });
 }
 
-const app = createGuestApp({ user, root: { ...root, uid: 0, gid: 0 }, home, privileged });
+// The agent's secret arrives as a root-only file that is deleted once read: neither the process
+// environment (readable in /proc) nor the filesystem keeps it for sandbox processes to find.
+const tokenFile = process.env.SPACE_GUEST_TOKEN_FILE || '/opt/space/guest-token';
+let token: string | null = null;
+try {
+  token = readFileSync(tokenFile, 'utf8').trim() || null;
+  unlinkSync(tokenFile);
+} catch (err) {
+  log('warn', 'no guest token: every route is open to anyone who can connect', {
+    tokenFile,
+    ...errorFields(err),
+  });
+}
+
+const app = createGuestApp({ user, root: { ...root, uid: 0, gid: 0 }, home, privileged, token });
 
 process.on('uncaughtException', (err) => log('error', 'uncaught exception', errorFields(err)));
 process.on('unhandledRejection', (err) => log('error', 'unhandled rejection', errorFields(err)));

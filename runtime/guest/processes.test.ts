@@ -4,7 +4,7 @@ import { request as httpRequest } from 'node:http';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { FrameDecoder } from './output.ts';
-import { call, type Guest, q, readOutput, run, startGuest } from './test-harness.ts';
+import { AUTH, call, type Guest, q, readOutput, run, startGuest } from './test-harness.ts';
 
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -241,12 +241,16 @@ describe('guest output backpressure and replay', () => {
   it('a new consumer replaces the old one', async () => {
     const p = await run(g, { cmd: 'echo start; sleep 1; echo end', shell: true });
     const firstEnded = new Promise<string>((resolve) => {
-      const req = httpRequest(`${g.base}/processes/${p.pid}/output`, { agent: false }, (res) => {
-        res.on('data', () => {});
-        res.on('end', () => resolve('end'));
-        res.on('error', () => resolve('cut'));
-        res.on('close', () => resolve('cut'));
-      });
+      const req = httpRequest(
+        `${g.base}/processes/${p.pid}/output`,
+        { agent: false, headers: AUTH },
+        (res) => {
+          res.on('data', () => {});
+          res.on('end', () => resolve('end'));
+          res.on('error', () => resolve('cut'));
+          res.on('close', () => resolve('cut'));
+        },
+      );
       req.on('error', () => resolve('cut'));
       req.end();
     });
@@ -331,5 +335,35 @@ describe('guest users and shutdown', () => {
     await outP;
     await sleep(100);
     expect(alive(p.pid)).toBe(false);
+  });
+});
+
+describe('guest authentication', () => {
+  it('serves only the holder of its token; processes never see the token', async () => {
+    const g = await startGuest();
+    try {
+      const open = (path: string, headers: Record<string, string> = {}) =>
+        new Promise<number>((resolve, reject) => {
+          const req = httpRequest(`${g.base}${path}`, { method: 'POST', agent: false, headers }, (res) => {
+            res.resume();
+            resolve(res.statusCode!);
+          });
+          req.on('error', reject);
+          req.end(JSON.stringify({ cmd: 'id', user: 'root' }));
+        });
+      expect(await open('/processes', { 'content-type': 'application/json' })).toBe(401);
+      expect(
+        await open('/processes', { 'content-type': 'application/json', authorization: 'Bearer wrong' }),
+      ).toBe(401);
+      expect((await call(g, 'GET', '/health')).status).toBe(200);
+      const p = await run(g, {
+        cmd: 'sh',
+        args: ['-c', 'env; cat /proc/$PPID/environ 2>/dev/null | tr "\\0" "\\n"'],
+      });
+      const out = await readOutput(g, p.pid);
+      expect(out.stdout.toString()).not.toContain('guest-test-token');
+    } finally {
+      await g.stop();
+    }
   });
 });

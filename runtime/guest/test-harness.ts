@@ -1,7 +1,7 @@
 /** Test helpers: start the real daemon as a child process and talk HTTP to it. */
 
 import { type ChildProcess, spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { request as httpRequest, type IncomingMessage } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -25,6 +25,11 @@ export interface Guest {
   stop(): Promise<void>;
 }
 
+/** The token test daemons require (see GuestConfig.token). */
+export const TEST_TOKEN = 'guest-test-token';
+/** Request headers carrying it. */
+export const AUTH = { authorization: `Bearer ${TEST_TOKEN}` };
+
 /** Starts `runtime/guest/main.ts` on 127.0.0.1 on a free port with a fresh home directory. */
 const running = new Set<ChildProcess>();
 process.once('exit', () => {
@@ -34,12 +39,15 @@ process.once('exit', () => {
 export async function startGuest(env: Record<string, string> = {}): Promise<Guest> {
   const scratch = env.SPACE_GUEST_HOME ? undefined : mkdtempSync(join(tmpdir(), 'space-guest-'));
   const home = env.SPACE_GUEST_HOME ?? join(scratch!, 'home');
+  const tokenFile = join(mkdtempSync(join(tmpdir(), 'space-guest-token-')), 'token');
+  writeFileSync(tokenFile, TEST_TOKEN, { mode: 0o400 });
   const child = spawn(NODE, [join(here, 'main.ts')], {
     env: {
       ...process.env,
       SPACE_GUEST_HOST: '127.0.0.1',
       SPACE_GUEST_PORT: '0',
       SPACE_GUEST_HOME: home,
+      SPACE_GUEST_TOKEN_FILE: tokenFile,
       ...env,
     },
     stdio: ['ignore', 'inherit', 'pipe'],
@@ -95,7 +103,7 @@ export interface Reply {
 /** One HTTP request; `body` may be a Buffer, a string, or a JSON value. */
 export function call(g: Guest, method: string, path: string, body?: unknown): Promise<Reply> {
   return new Promise((resolve, reject) => {
-    const req = httpRequest(`${g.base}${path}`, { method, agent: false }, (res) => {
+    const req = httpRequest(`${g.base}${path}`, { method, agent: false, headers: AUTH }, (res) => {
       const chunks: Buffer[] = [];
       res.on('data', (c: Buffer) => chunks.push(c));
       res.on('error', reject);
@@ -164,34 +172,38 @@ export function readOutput(
         bytes,
         raw: Buffer.concat(raw),
       });
-    const req = httpRequest(`${g.base}/processes/${pid}/output?offset=${offset}`, { agent: false }, (res) => {
-      if (res.statusCode !== 200) {
-        const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('end', () =>
-          reject(new Error(`output ${res.statusCode}: ${Buffer.concat(chunks).toString()}`)),
-        );
-        return;
-      }
-      res.on('data', (c: Buffer) => {
-        let chunk = c;
-        if (bytes + chunk.length > maxBytes) chunk = chunk.subarray(0, maxBytes - bytes);
-        bytes += chunk.length;
-        raw.push(chunk);
-        for (const f of decoder.push(chunk)) {
-          frames.push(f);
-          if (f.type === 1) out.push(f.payload);
-          else if (f.type === 2) err.push(f.payload);
-          else if (f.type === 3) exit = JSON.parse(f.payload.toString()) as Record<string, unknown>;
+    const req = httpRequest(
+      `${g.base}/processes/${pid}/output?offset=${offset}`,
+      { agent: false, headers: AUTH },
+      (res) => {
+        if (res.statusCode !== 200) {
+          const chunks: Buffer[] = [];
+          res.on('data', (c: Buffer) => chunks.push(c));
+          res.on('end', () =>
+            reject(new Error(`output ${res.statusCode}: ${Buffer.concat(chunks).toString()}`)),
+          );
+          return;
         }
-        if (bytes >= maxBytes) {
-          req.destroy();
-          finish();
-        }
-      });
-      res.on('end', finish);
-      res.on('error', () => finish());
-    });
+        res.on('data', (c: Buffer) => {
+          let chunk = c;
+          if (bytes + chunk.length > maxBytes) chunk = chunk.subarray(0, maxBytes - bytes);
+          bytes += chunk.length;
+          raw.push(chunk);
+          for (const f of decoder.push(chunk)) {
+            frames.push(f);
+            if (f.type === 1) out.push(f.payload);
+            else if (f.type === 2) err.push(f.payload);
+            else if (f.type === 3) exit = JSON.parse(f.payload.toString()) as Record<string, unknown>;
+          }
+          if (bytes >= maxBytes) {
+            req.destroy();
+            finish();
+          }
+        });
+        res.on('end', finish);
+        res.on('error', () => finish());
+      },
+    );
     req.on('error', (e) => (bytes >= maxBytes ? undefined : reject(e)));
     req.end();
   });

@@ -15,6 +15,8 @@ export type DriverName = 'gvisor' | 'firecracker' | 'cloud-hypervisor' | 'qemu';
 export interface GuestEndpoint {
   host: string;
   port: number;
+  /** Secret the guest daemon requires (`Authorization: Bearer`), so sandbox processes can't drive it. */
+  token: string;
 }
 
 /** The network made for one instance by `network.ts` before the driver starts it. */
@@ -45,6 +47,8 @@ export interface InstanceSpec {
   memoryMiB: number;
   /** Max processes/threads in the sandbox. */
   pidsLimit: number;
+  /** Secret handed to the guest daemon at boot (its environment, never a file in the sandbox). */
+  guestToken: string;
   network: SandboxNetwork;
 }
 

@@ -53,6 +53,7 @@ async function newSpec(memoryMiB = 256): Promise<InstanceSpec> {
   networks.set(instanceId, network);
   return {
     instanceId,
+    guestToken: 'test-guest-token',
     template: 'base',
     templateRootfs: rootfs,
     vcpus: 0.5,
@@ -121,7 +122,11 @@ describe('GvisorDriver (real runsc, ptrace)', () => {
     const spec = await newSpec(300);
     const info = await driver.create(spec);
     expect(info).toMatchObject({ instanceId: spec.instanceId, state: 'running' });
-    expect(info.guest).toEqual({ host: spec.network.sandboxAddress, port: GUEST_PORT });
+    expect(info.guest).toEqual({
+      host: spec.network.sandboxAddress,
+      port: GUEST_PORT,
+      token: spec.guestToken,
+    });
     expect(await httpStatus(info.guest.host, GUEST_PORT, '/health', 2000)).toBe(200);
 
     const mem = join('/sys/fs/cgroup/memory/space', spec.instanceId, 'memory.limit_in_bytes');
@@ -202,20 +207,4 @@ describe('GvisorDriver (real runsc, ptrace)', () => {
     },
     120_000,
   );
-
-  it('measures create() over 5 runs', async () => {
-    const ms: number[] = [];
-    for (let i = 0; i < 5; i++) {
-      const spec = await newSpec();
-      const t = performance.now();
-      await driver.create(spec);
-      ms.push(performance.now() - t);
-      await cleanup(driver, spec.instanceId);
-    }
-    const sorted = [...ms].sort((a, b) => a - b);
-    console.log(
-      `gvisor create() ms: ${ms.map((m) => m.toFixed(0)).join(', ')}; median ${sorted[2]!.toFixed(0)}`,
-    );
-    expect(sorted[2]).toBeLessThan(10_000);
-  }, 120_000);
 });

@@ -13,6 +13,7 @@ import {
 
 const spec: InstanceSpec = {
   instanceId: 'i-abc',
+  guestToken: 'tok',
   template: 'base',
   templateRootfs: '/cache/base/rootfs',
   vcpus: 1.5,

@@ -409,7 +409,7 @@ export class GvisorDriver implements Driver {
       instanceId: p.spec.instanceId,
       template: p.spec.template,
       state,
-      guest: { host: p.spec.network.sandboxAddress, port: GUEST_PORT },
+      guest: { host: p.spec.network.sandboxAddress, port: GUEST_PORT, token: p.spec.guestToken },
       network: p.spec.network,
       createdAt: p.createdAt,
     };
@@ -445,6 +445,8 @@ export class GvisorDriver implements Driver {
     await mkdir(join(rootfs, 'opt/space/runtime'), { recursive: true });
     await mkdir(join(rootfs, 'opt/space/bin'), { recursive: true });
     for (const f of ['node', 'tini']) await writeFile(join(rootfs, 'opt/space/bin', f), '', { flag: 'a' });
+    // the guest daemon's secret: a root-only file it deletes once read (see runtime/guest/main.ts)
+    await writeFile(join(rootfs, 'opt/space/guest-token'), spec.guestToken, { mode: 0o400 });
     // DNS goes to the host end (nftables hands it to the node's gateway whatever address is used)
     await writeFile(join(rootfs, 'etc/resolv.conf'), `nameserver ${spec.network.hostAddress}\n`);
     if (this.cfg.trustedCaFile) {
