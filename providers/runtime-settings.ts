@@ -1,12 +1,14 @@
 /**
  * What both deployment components (Kubernetes, systemd) agree on: ports, paths, the image, the
  * service commands and the environment of each service. Names and defaults follow the runtime's
- * own config declarations (`runtime/api/config.ts`, `runtime/agent/config.ts`), which the
- * `apiEnv`/`agentEnv` overrides are checked against.
+ * own config declarations (`runtime/{api,agent,gateway}/config.ts`), which the
+ * `apiEnv`/`agentEnv`/`gatewayEnv` overrides are checked against.
  */
 
 import { agentSettings } from '../runtime/agent/config.ts';
+import { HOST_IF_PREFIX } from '../runtime/agent/firewall.ts';
 import { apiSettings } from '../runtime/api/config.ts';
+import { gatewaySettings } from '../runtime/gateway/config.ts';
 import type { NodePool } from './node-pool.ts';
 
 /** TCP port of the API (`SPACE_API_PORT`). */
@@ -28,6 +30,26 @@ export const AGENT_STATE_DIR = '/var/lib/space/agent';
 export const CACHE_DIR = '/var/lib/space';
 /** Where the API writes its bootstrap API key when none exists. */
 export const BOOTSTRAP_API_KEY_FILE = '/var/lib/space/api/api-key';
+
+/**
+ * Host directory the gateway and the agent of a node share: the gateway's control socket lives
+ * there (mode 0600, so both run as root). A host path in both modes (hostPath / a VM directory).
+ */
+export const GATEWAY_RUN_DIR = '/run/space';
+/** The gateway's control socket: `SPACE_GATEWAY_CONTROL_SOCKET`, the same path on both sides. */
+export const GATEWAY_CONTROL_SOCKET = `${GATEWAY_RUN_DIR}/gateway.sock`;
+/**
+ * The gateway's listening ports (host network, bound on 0.0.0.0). The agent redirects sandbox DNS,
+ * TCP 80 and TCP 443 to these; a host firewall ({@link gatewayGuardRuleset}) closes them to anything
+ * but sandbox interfaces.
+ */
+export const GATEWAY_PORTS = { dns: 15053, http: 15080, tls: 15443 } as const;
+/** Where the per-deployment CA is: cert + key for the gateway, only the cert for the agent. */
+export const GATEWAY_CA_DIR = '/etc/space/gateway-ca';
+/** PEM certificate of the gateway CA (public: sandboxes trust it through `SPACE_TRUSTED_CA_FILE`). */
+export const GATEWAY_CA_CERT_FILE = `${GATEWAY_CA_DIR}/ca.crt`;
+/** PEM private key of the gateway CA (mode 0600/0400, root only, gateway only). */
+export const GATEWAY_CA_KEY_FILE = `${GATEWAY_CA_DIR}/ca.key`;
 
 /** The three services of the one image, with the command each runs (working directory /opt/space). */
 export const SERVICE_COMMANDS = {
@@ -63,19 +85,35 @@ export const DEPLOYMENT_OWNED = [
   'SPACE_CACHE_DIR',
   'SPACE_DRIVER',
   'SPACE_AGENT_ON_SHUTDOWN',
+  // gateway ↔ agent wiring: both sides must agree, so neither may change them alone
+  'SPACE_GATEWAY_BIND_HOST',
+  'SPACE_GATEWAY_CONTROL_SOCKET',
+  'SPACE_GATEWAY_DNS_PORT',
+  'SPACE_GATEWAY_HTTP_PORT',
+  'SPACE_GATEWAY_TLS_PORT',
+  'SPACE_GATEWAY_CA_CERT_FILE',
+  'SPACE_GATEWAY_CA_KEY_FILE',
+  'SPACE_TRUSTED_CA_FILE',
 ] as const;
+
+/** Settings with their own stack config key: an override in `gatewayEnv` is refused, naming the key. */
+export const OWN_KEY: Readonly<Record<string, string>> = {
+  SPACE_GATEWAY_UPSTREAM_DNS: 'space:gatewayUpstreamDns',
+  SPACE_GATEWAY_DENY_CIDRS: 'space:gatewayDenyCidrs',
+};
 
 /** Env names the runtime declares, per service (from its config modules). */
 export const KNOWN_ENV = {
   api: new Set(Object.values(apiSettings).map((s) => s.env)),
   agent: new Set(Object.values(agentSettings).map((s) => s.env)),
+  gateway: new Set(Object.values(gatewaySettings).map((s) => s.env)),
 } as const;
 
 /**
  * Checks operator overrides (`space:apiEnv`, `space:agentEnv`): every key must be a setting the
  * service declares and not one the deployment owns; values must be strings. Returns problems.
  */
-export function checkEnvOverrides(service: 'api' | 'agent', env: unknown, path: string): string[] {
+export function checkEnvOverrides(service: keyof typeof KNOWN_ENV, env: unknown, path: string): string[] {
   if (env === undefined) return [];
   if (typeof env !== 'object' || env === null || Array.isArray(env)) return [`${path}: must be an object`];
   const problems: string[] = [];
@@ -83,6 +121,7 @@ export function checkEnvOverrides(service: 'api' | 'agent', env: unknown, path: 
     if (!KNOWN_ENV[service].has(k)) problems.push(`${path}.${k}: not a ${service} setting (see README.md)`);
     else if ((DEPLOYMENT_OWNED as readonly string[]).includes(k))
       problems.push(`${path}.${k}: set by the deployment; cannot be overridden`);
+    else if (OWN_KEY[k]) problems.push(`${path}.${k}: set it with ${OWN_KEY[k]}`);
     if (typeof v !== 'string') problems.push(`${path}.${k}: must be a string`);
   }
   return problems;
@@ -102,16 +141,82 @@ export function apiEnvironment(overrides: Readonly<Record<string, string>> = {})
   };
 }
 
+/** How the node's egress gateway is deployed (`space:gateway*`). */
+export interface GatewayOptions {
+  /** Run a gateway beside every agent. False: agents get no control socket = no egress at all. */
+  readonly enabled: boolean;
+  /** `SPACE_GATEWAY_UPSTREAM_DNS` as a list of `ip:port`. Default: the gateway's own. */
+  readonly upstreamDns?: readonly string[];
+  /** `SPACE_GATEWAY_DENY_CIDRS` as a list. Default: the gateway's own. */
+  readonly denyCidrs?: readonly string[];
+  /** Extra gateway settings (`space:gatewayEnv`, checked by the stack config). */
+  readonly env?: Readonly<Record<string, string>>;
+}
+
+/** Non-secret environment of the gateway (the CA files are provided by each component). */
+export function gatewayEnvironment(g: GatewayOptions): Record<string, string> {
+  return {
+    ...g.env,
+    ...(g.upstreamDns?.length ? { SPACE_GATEWAY_UPSTREAM_DNS: g.upstreamDns.join(',') } : {}),
+    ...(g.denyCidrs?.length ? { SPACE_GATEWAY_DENY_CIDRS: g.denyCidrs.join(',') } : {}),
+    SPACE_GATEWAY_BIND_HOST: '0.0.0.0',
+    SPACE_GATEWAY_DNS_PORT: String(GATEWAY_PORTS.dns),
+    SPACE_GATEWAY_HTTP_PORT: String(GATEWAY_PORTS.http),
+    SPACE_GATEWAY_TLS_PORT: String(GATEWAY_PORTS.tls),
+    SPACE_GATEWAY_CONTROL_SOCKET: GATEWAY_CONTROL_SOCKET,
+    SPACE_GATEWAY_CA_CERT_FILE: GATEWAY_CA_CERT_FILE,
+    SPACE_GATEWAY_CA_KEY_FILE: GATEWAY_CA_KEY_FILE,
+  };
+}
+
+/**
+ * Host firewall of an agent node (nftables table `inet space_gateway_guard`, idempotent `nft -f`
+ * script): the gateway listens on 0.0.0.0 in the host network, so its ports are dropped unless the
+ * packet came in on loopback or a sandbox interface (`spv*`, where the agent's nftables redirects
+ * sandbox DNS/HTTP/TLS to them). Other chains still apply to what this one lets through. Pure.
+ */
+export function gatewayGuardRuleset(): string {
+  const t = 'inet space_gateway_guard';
+  const { dns, http, tls } = GATEWAY_PORTS;
+  return [
+    '# rendered by providers/runtime-settings.ts (gatewayGuardRuleset): gateway ports only from sandboxes',
+    `table ${t}`,
+    `delete table ${t}`,
+    `table ${t} {`,
+    '  chain input {',
+    '    type filter hook input priority -10; policy accept;',
+    '    iifname "lo" accept',
+    `    iifname "${HOST_IF_PREFIX}*" accept`,
+    `    tcp dport { ${dns}, ${http}, ${tls} } counter drop`,
+    `    udp dport ${dns} counter drop`,
+    '  }',
+    '}',
+    '',
+  ].join('\n');
+}
+
 /**
  * Non-secret environment of the agent of `pool`. `SPACE_NODE_ID` and `SPACE_AGENT_URL` depend on
- * the node and are set by each component (downward API / a boot-time script).
+ * the node and are set by each component (downward API / a boot-time script). With the gateway,
+ * the agent gets its control socket, ports and CA certificate; without, none of them: sandboxes
+ * then have no egress at all.
  */
 export function agentEnvironment(
   pool: NodePool,
   overrides: Readonly<Record<string, string>> = {},
+  gateway: Pick<GatewayOptions, 'enabled'> = { enabled: false },
 ): Record<string, string> {
   return {
     ...overrides,
+    ...(gateway.enabled
+      ? {
+          SPACE_GATEWAY_CONTROL_SOCKET: GATEWAY_CONTROL_SOCKET,
+          SPACE_GATEWAY_DNS_PORT: String(GATEWAY_PORTS.dns),
+          SPACE_GATEWAY_HTTP_PORT: String(GATEWAY_PORTS.http),
+          SPACE_GATEWAY_TLS_PORT: String(GATEWAY_PORTS.tls),
+          SPACE_TRUSTED_CA_FILE: GATEWAY_CA_CERT_FILE,
+        }
+      : {}),
     SPACE_AGENT_HOST: '0.0.0.0',
     SPACE_AGENT_PORT: String(AGENT_PORT),
     SPACE_VERIFY_KEY_FILE: VERIFY_KEY_FILE,

@@ -4,10 +4,14 @@
  * before any resource exists), and frozen. docs/deployment.md has the same table; a test keeps
  * the two in step.
  */
+import { isIP } from 'node:net';
 import * as pulumi from '@pulumi/pulumi';
 import { CLOUDS, type Cloud, instanceType } from '../providers/catalogue.ts';
 import { cloudProfiles, type DeployMode, type NodePool, parseNodePools } from '../providers/node-pool.ts';
 import { checkEnvOverrides, DEFAULT_IMAGE_REPOSITORY } from '../providers/runtime-settings.ts';
+import { agentSettings } from '../runtime/agent/config.ts';
+import { buildDenySet, type Cidr, parseCidr } from '../runtime/gateway/addresses.ts';
+import { caFromPem } from '../runtime/gateway/ca.ts';
 
 /** The type of a config value as `pulumi config set` stores it (objects and arrays as JSON). */
 export type KeyType = 'string' | 'boolean' | 'integer' | 'array' | 'object';
@@ -77,8 +81,34 @@ export const CONFIG_KEYS = {
   },
   gatewayEnabled: {
     type: 'boolean',
-    default: 'false',
-    doc: 'Deploy the egress gateway (`space-gateway`, issue 3). Off until the image has a gateway.',
+    default: 'true',
+    doc: 'Run the egress gateway beside every agent. `false`: agents get no gateway socket, so sandboxes have **no network egress at all**.',
+  },
+  gatewayCaCertificate: {
+    type: 'string',
+    clouds: ['akamai', 'coreweave', 'kind'],
+    doc: 'PEM certificate of the per-deployment CA (ECDSA P-256, CA:TRUE) the gateway signs intercepted leaves with; sandboxes trust it. Required in `kubernetes` mode with the gateway (see "Gateway CA"); `vm` mode makes one per node.',
+  },
+  gatewayCaKey: {
+    type: 'string',
+    secret: true,
+    clouds: ['akamai', 'coreweave', 'kind'],
+    doc: 'PEM private key of `gatewayCaCertificate`; only the gateway pods mount it.',
+  },
+  gatewayUpstreamDns: {
+    type: 'array',
+    default: 'the gateway’s (`["1.1.1.1:53"]`)',
+    doc: 'Resolvers the gateway itself asks, `ip:port` each (`SPACE_GATEWAY_UPSTREAM_DNS`).',
+  },
+  gatewayDenyCidrs: {
+    type: 'array',
+    default: 'the gateway’s (RFC 1918, CGNAT, ULA, documentation ranges…)',
+    doc: 'CIDRs the gateway never dials nor answers (`SPACE_GATEWAY_DENY_CIDRS`; loopback, link-local and multicast are always added). Must cover the nodes’ network and the sandbox pool.',
+  },
+  gatewayEnv: {
+    type: 'object',
+    default: '`{}`',
+    doc: 'Extra gateway settings (`SPACE_GATEWAY_*`, `SPACE_LOG_LEVEL`), e.g. `SPACE_GATEWAY_DNS_QPS`.',
   },
   apiReplicas: { type: 'integer', default: '2', doc: 'API replicas (HPA minimum) in `kubernetes` mode.' },
   agentDrainSeconds: {
@@ -187,6 +217,13 @@ export interface StackConfig {
   readonly privateCidr: string;
   readonly controlInstanceType: string;
   readonly gatewayEnabled: boolean;
+  /** The CA certificate (kubernetes mode with the gateway). */
+  readonly gatewayCaCertificate: string | undefined;
+  /** Empty: the gateway's own default. */
+  readonly gatewayUpstreamDns: readonly string[];
+  /** Empty: the gateway's own default. */
+  readonly gatewayDenyCidrs: readonly string[];
+  readonly gatewayEnv: Readonly<Record<string, string>>;
   readonly apiReplicas: number;
   readonly agentDrainSeconds: number;
   readonly k8sVersion: string;
@@ -207,6 +244,7 @@ export interface StackConfig {
     readonly redisUrl?: pulumi.Output<string>;
     readonly kubeconfig?: pulumi.Output<string>;
     readonly apiTlsKey?: pulumi.Output<string>;
+    readonly gatewayCaKey?: pulumi.Output<string>;
   };
 }
 
@@ -227,6 +265,33 @@ const CIDR = /^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})\/(\d{1,2})$/;
 export function isCidr(s: unknown): s is string {
   const m = typeof s === 'string' ? CIDR.exec(s) : null;
   return !!m && m.slice(1, 5).every((o) => Number(o) <= 255) && Number(m[5]) <= 32;
+}
+
+/** True for `ip:port` (IPv4) or `[ipv6]:port`, what `SPACE_GATEWAY_UPSTREAM_DNS` takes. */
+export function isResolver(s: unknown): s is string {
+  if (typeof s !== 'string') return false;
+  const m = /^(?:(\d{1,3}(?:\.\d{1,3}){3})|\[([0-9A-Fa-f:.]+)\]):(\d{1,5})$/.exec(s);
+  if (!m || Number(m[3]) < 1 || Number(m[3]) > 65535) return false;
+  return m[1] !== undefined ? isIP(m[1]) === 4 : isIP(m[2]!) === 6;
+}
+
+/** True for an IPv4 or IPv6 CIDR the gateway accepts. */
+export function isAnyCidr(s: unknown): s is string {
+  if (typeof s !== 'string') return false;
+  try {
+    parseCidr(s);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** True when CIDR `outer` contains all of `inner`. */
+function covers(outer: Cidr, inner: Cidr): boolean {
+  if (outer.family !== inner.family || outer.prefix > inner.prefix) return false;
+  const bits = BigInt(outer.family === 4 ? 32 : 128);
+  const shift = bits - BigInt(outer.prefix);
+  return inner.network >> shift === outer.network >> shift;
 }
 
 /** Raw config as strings by key (what Pulumi stores), e.g. from `pulumi.runtime.getConfig`. */
@@ -328,9 +393,11 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
 
   const apiEnv = (json('apiEnv') ?? {}) as Record<string, string>;
   const agentEnv = (json('agentEnv') ?? {}) as Record<string, string>;
+  const gatewayEnv = (json('gatewayEnv') ?? {}) as Record<string, string>;
   problems.push(
     ...checkEnvOverrides('api', apiEnv, 'space:apiEnv'),
     ...checkEnvOverrides('agent', agentEnv, 'space:agentEnv'),
+    ...checkEnvOverrides('gateway', gatewayEnv, 'space:gatewayEnv'),
   );
 
   const nodeCidrDefault =
@@ -343,6 +410,49 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
     problems.push('space:nodeTolerations: must be a list of toleration objects');
 
   const has = (k: ConfigKey) => raw(k) !== undefined;
+  const gatewayEnabled = bool('gatewayEnabled', true);
+  const gatewayUpstreamDns = (json('gatewayUpstreamDns') ?? []) as string[];
+  if (!Array.isArray(gatewayUpstreamDns) || !gatewayUpstreamDns.every(isResolver))
+    problems.push(
+      `space:gatewayUpstreamDns: must be a list of "ip:port" (IPv6: "[addr]:port") (got ${JSON.stringify(gatewayUpstreamDns)})`,
+    );
+  const gatewayDenyCidrs = (json('gatewayDenyCidrs') ?? []) as string[];
+  if (!Array.isArray(gatewayDenyCidrs) || !gatewayDenyCidrs.every(isAnyCidr)) {
+    problems.push(
+      `space:gatewayDenyCidrs: must be a list of IPv4/IPv6 CIDRs (got ${JSON.stringify(gatewayDenyCidrs)})`,
+    );
+  } else if (gatewayDenyCidrs.length) {
+    // the gateway must never be a way into the deployment's own networks (Redis, agents, sandboxes)
+    const deny = buildDenySet(gatewayDenyCidrs);
+    const own = [
+      ...(mode === 'vm' ? [privateCidr] : nodeCidrs),
+      agentEnv['SPACE_NETWORK_POOL'] ?? String(agentSettings.networkPool.default),
+    ].filter(isCidr);
+    for (const c of own)
+      if (!deny.some((d) => covers(d, parseCidr(c))))
+        problems.push(
+          `space:gatewayDenyCidrs: must cover ${c} (the deployment's own network; sandboxes must not reach it)`,
+        );
+  }
+  if (mode === 'kubernetes' && gatewayEnabled) {
+    if (!has('gatewayCaCertificate') || !has('gatewayCaKey'))
+      problems.push(
+        'space:gatewayCaCertificate and space:gatewayCaKey: required in kubernetes mode with the gateway (docs/deployment.md "Gateway CA")',
+      );
+    else {
+      try {
+        caFromPem(raw('gatewayCaCertificate')!, raw('gatewayCaKey')!);
+      } catch (err) {
+        problems.push(`space:gatewayCaCertificate/gatewayCaKey: ${(err as Error).message}`);
+      }
+    }
+  } else if (mode === 'vm') {
+    for (const k of ['gatewayCaCertificate', 'gatewayCaKey'] as const)
+      if (has(k))
+        problems.push(
+          `space:${k}: not used in vm mode (each node's gateway makes its CA on the node; the key never leaves it)`,
+        );
+  }
   if (mode === 'kubernetes') {
     if (!has('signingKey'))
       problems.push(
@@ -383,7 +493,11 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
     sshPublicKey,
     privateCidr,
     controlInstanceType,
-    gatewayEnabled: bool('gatewayEnabled', false),
+    gatewayEnabled,
+    gatewayCaCertificate: raw('gatewayCaCertificate'),
+    gatewayUpstreamDns: Array.isArray(gatewayUpstreamDns) ? gatewayUpstreamDns : [],
+    gatewayDenyCidrs: Array.isArray(gatewayDenyCidrs) ? gatewayDenyCidrs : [],
+    gatewayEnv,
     apiReplicas: int('apiReplicas', 2, 1, 100),
     agentDrainSeconds: int('agentDrainSeconds', 120, 10, 3600),
     k8sVersion: str('k8sVersion', '1.33')!,
@@ -398,7 +512,7 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
     apiEnv,
     agentEnv,
     secrets: Object.fromEntries(
-      (['signingKey', 'redisPassword', 'redisUrl', 'kubeconfig', 'apiTlsKey'] as const)
+      (['signingKey', 'redisPassword', 'redisUrl', 'kubeconfig', 'apiTlsKey', 'gatewayCaKey'] as const)
         .filter((k) => raw(k) !== undefined)
         .map((k) => [k, pulumi.secret(raw(k)!)]),
     ),

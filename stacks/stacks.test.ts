@@ -6,6 +6,7 @@ import { generateKeyPairSync } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
+import { GATEWAY_PORTS } from '../providers/runtime-settings.ts';
 import { schemaProblems } from '../providers/testing/k8s-schema.ts';
 import {
   installMocks,
@@ -14,9 +15,11 @@ import {
   settle,
   unwrapSecrets,
 } from '../providers/testing/mocks.ts';
+import { generateCaPem } from '../runtime/gateway/ca.ts';
 import { CONFIG_KEYS, type ConfigKey, loadStackConfig, StackConfigError } from './config.ts';
 import { run } from './program.ts';
 
+const CA = await generateCaPem();
 const SIGNING = generateKeyPairSync('ed25519').privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
 const SECRETS = {
   signingKey: SIGNING,
@@ -24,7 +27,12 @@ const SECRETS = {
   kubeconfig:
     'apiVersion: v1\nkind: Config\nusers: [{name: u, user: {token: CW-SECRET-kubeconfig-token-77}}]\n',
 };
-const NEEDLES = [SIGNING.split('\n')[1]!, SECRETS.redisPassword, 'CW-SECRET-kubeconfig-token-77'];
+const NEEDLES = [
+  SIGNING.split('\n')[1]!,
+  SECRETS.redisPassword,
+  'CW-SECRET-kubeconfig-token-77',
+  CA.keyPem.split('\n')[1]!,
+];
 
 type Raw = Partial<Record<ConfigKey, string>>;
 
@@ -44,7 +52,12 @@ function stackFile(stack: string): Raw {
 function withSecrets(raw: Raw): Raw {
   const out = { ...raw };
   if ((raw.mode ?? '') === 'kubernetes')
-    Object.assign(out, { signingKey: SECRETS.signingKey, redisPassword: SECRETS.redisPassword });
+    Object.assign(out, {
+      signingKey: SECRETS.signingKey,
+      redisPassword: SECRETS.redisPassword,
+      gatewayCaCertificate: CA.certPem,
+      gatewayCaKey: CA.keyPem,
+    });
   if (raw.cloud === 'coreweave') out.kubeconfig = SECRETS.kubeconfig;
   return out;
 }
@@ -119,6 +132,108 @@ describe.each(Object.entries(VARIANTS))('stack %s under the mock runtime', (_nam
       const s = unwrapSecrets(r.inputs) as { metadata: { name: string }; spec: { type: string } };
       if (s.metadata.name === 'space-redis') expect(s.spec.type).toBe('ClusterIP');
     }
+  });
+});
+
+const GATEWAY_PORT_LIST: number[] = Object.values(GATEWAY_PORTS);
+/** True when a firewall `ports` field (`"80"`, `"80,443"`, `"30000-32767"`, absent = all) covers `port`. */
+function portsCover(ports: string | undefined, port: number): boolean {
+  if (ports === undefined || ports === '') return true;
+  return ports.split(',').some((p) => {
+    const [lo, hi = lo] = p.trim().split('-').map(Number) as [number, number?];
+    return port >= lo! && port <= hi!;
+  });
+}
+/** True for a CIDR inside RFC 1918 space (a private network, never the internet). */
+function isPrivateCidr(cidr: string): boolean {
+  const [ip, bits] = cidr.split('/') as [string, string];
+  const [a, b] = ip.split('.').map(Number) as [number, number];
+  const n = Number(bits);
+  return (
+    (a === 10 && n >= 8) || (a === 172 && b >= 16 && b < 32 && n >= 12) || (a === 192 && b === 168 && n >= 16)
+  );
+}
+/** Decoded user data / startup script of every VM, by resource name. */
+function vmScripts(recorded: RecordedResource[]): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const r of recorded) {
+    if (r.type === 'linode:index/instance:Instance')
+      out[r.name] = Buffer.from(
+        (r.inputs['metadatas'] as { userData: string }[])[0]!.userData,
+        'base64',
+      ).toString();
+    if (r.type === 'pulumi-nodejs:dynamic/crusoe:Instance') out[r.name] = String(r.inputs['startupScript']);
+  }
+  return out;
+}
+const podSpecOf = (r: RecordedResource) =>
+  (((unwrapSecrets(r.inputs) as Obj)['spec'] as Obj)['template'] as Obj)['spec'] as Obj;
+const componentOf = (r: RecordedResource) =>
+  (((unwrapSecrets(r.inputs) as Obj)['metadata'] as Obj)['labels'] as Record<string, string>)[
+    'app.kubernetes.io/component'
+  ];
+
+describe.each(Object.entries(VARIANTS))('egress gateway of stack %s', (_name, base) => {
+  const raw = withSecrets(base);
+
+  it('the gateway is on by default and runs on every agent node, sharing its control socket', async () => {
+    const { gatewayEnabled: _g, ...noKey } = raw;
+    const recorded = await render(noKey);
+    const vms = vmScripts(recorded);
+    const nodes = Object.entries(vms).filter(([name]) => name.startsWith('space-node-'));
+    for (const [name, script] of nodes) {
+      expect(script, name).toContain('/etc/systemd/system/space-gateway.service');
+      expect(script, name).toContain('SPACE_GATEWAY_CONTROL_SOCKET=/run/space/gateway.sock');
+    }
+    expect(vms['space-control'] ?? '').not.toContain('space-gateway');
+    const ds = recorded.filter((r) => r.type === 'kubernetes:apps/v1:DaemonSet');
+    const agents = ds.filter((r) => componentOf(r) === 'agent');
+    const gateways = ds.filter((r) => componentOf(r) === 'gateway');
+    expect(nodes.length + agents.length).toBeGreaterThan(0);
+    for (const a of agents) {
+      const g = gateways.find(
+        (x) => JSON.stringify(podSpecOf(x)['nodeSelector']) === JSON.stringify(podSpecOf(a)['nodeSelector']),
+      );
+      expect(g, a.name).toBeDefined();
+      expect(podSpecOf(g!)['tolerations']).toEqual(podSpecOf(a)['tolerations']);
+    }
+  });
+
+  it('no gateway port is open to the internet: cloud firewalls never admit them from outside the private network, and every node closes them on the host', async () => {
+    const recorded = await render(raw);
+    for (const fw of firewallInbounds(recorded))
+      for (const rule of fw.inbounds ?? [])
+        if (GATEWAY_PORT_LIST.some((p) => portsCover(rule.ports, p)))
+          expect(rule.ipv4s.every(isPrivateCidr), `${JSON.stringify(rule)}`).toBe(true);
+    for (const r of recorded.filter((x) => x.type === 'pulumi-nodejs:dynamic/crusoe:FirewallRule')) {
+      const i = r.inputs as { sources: string[]; destinationPorts: string[] };
+      if (i.destinationPorts.some((p) => GATEWAY_PORT_LIST.some((g) => portsCover(p, g))))
+        expect(i.sources.every(isPrivateCidr)).toBe(true);
+    }
+    // the host firewall: VMs apply it at boot; gateway pods install it before the gateway starts
+    for (const [name, script] of Object.entries(vmScripts(recorded)).filter(([n]) =>
+      n.startsWith('space-node-'),
+    )) {
+      expect(script, name).toContain('tcp dport { 15053, 15080, 15443 } counter drop');
+      expect(script, name).toContain('ExecStart=/usr/sbin/nft -f /etc/space/gateway-guard.nft');
+    }
+    for (const g of recorded.filter(
+      (r) => r.type === 'kubernetes:apps/v1:DaemonSet' && componentOf(r) === 'gateway',
+    )) {
+      const init = (podSpecOf(g)['initContainers'] as Obj[])[0]!;
+      expect(init['command']).toEqual(['nft', '-f', '/etc/space/nft/guard.nft']);
+      for (const c of podSpecOf(g)['containers'] as Obj[]) expect(c['ports']).toBeUndefined();
+    }
+  });
+
+  it('gatewayEnabled false: no gateway anywhere, and agents get no control socket', async () => {
+    const { gatewayCaCertificate: _c, gatewayCaKey: _k, ...rest } = raw;
+    const recorded = await render({ ...rest, gatewayEnabled: 'false' });
+    const text =
+      JSON.stringify(recorded.map((r) => unwrapSecrets(r.inputs))) +
+      Object.values(vmScripts(recorded)).join('\n');
+    expect(text).not.toContain('SPACE_GATEWAY_CONTROL_SOCKET');
+    expect(text).not.toContain('space-gateway');
   });
 });
 
@@ -230,6 +345,60 @@ describe('configuration validation', () => {
         'space:agentEnv.SPACE_NOPE: not a agent setting (see README.md)',
       ]),
     );
+  });
+
+  it('kubernetes mode with the gateway needs a valid CA; vm mode refuses one (each node makes its own)', () => {
+    const { gatewayCaCertificate: _c, gatewayCaKey: _k, ...noCa } = withSecrets(VARIANTS['kind']!);
+    expect(fails(noCa)).toEqual([
+      expect.stringMatching(/^space:gatewayCaCertificate and space:gatewayCaKey: required/),
+    ]);
+    expect(fails({ ...noCa, gatewayEnabled: 'false' })).toEqual([]);
+    const other = generateKeyPairSync('ec', { namedCurve: 'P-256' }).privateKey.export({
+      type: 'pkcs8',
+      format: 'pem',
+    });
+    expect(fails({ ...noCa, gatewayCaCertificate: CA.certPem, gatewayCaKey: other.toString() })).toEqual([
+      'space:gatewayCaCertificate/gatewayCaKey: deployment CA key does not match its certificate',
+    ]);
+    expect(
+      fails({ ...VARIANTS['akamai'], gatewayCaCertificate: CA.certPem, gatewayCaKey: CA.keyPem }),
+    ).toEqual([
+      expect.stringMatching(/^space:gatewayCaCertificate: not used in vm mode/),
+      expect.stringMatching(/^space:gatewayCaKey: not used in vm mode/),
+    ]);
+  });
+
+  it('gateway settings are checked: resolvers, deny CIDRs that still cover the deployment, gatewayEnv', () => {
+    expect(
+      fails({
+        ...VARIANTS['crusoe'],
+        gatewayUpstreamDns: JSON.stringify(['10.77.128.2:53', '[2606:4700:4700::1111]:53']),
+        gatewayDenyCidrs: JSON.stringify(['10.0.0.0/8', 'fc00::/7']),
+        gatewayEnv: JSON.stringify({ SPACE_GATEWAY_DNS_QPS: '20' }),
+      }),
+    ).toEqual([]);
+    expect(
+      fails({
+        ...VARIANTS['crusoe'],
+        gatewayUpstreamDns: JSON.stringify(['1.1.1.1']),
+        gatewayDenyCidrs: JSON.stringify(['192.168.0.0/16']),
+        gatewayEnv: JSON.stringify({
+          SPACE_GATEWAY_TLS_PORT: '443',
+          SPACE_GATEWAY_UPSTREAM_DNS: '8.8.8.8:53',
+          SPACE_NODE_ID: 'x',
+        }),
+      }),
+    ).toEqual([
+      'space:gatewayEnv.SPACE_GATEWAY_TLS_PORT: set by the deployment; cannot be overridden',
+      'space:gatewayEnv.SPACE_GATEWAY_UPSTREAM_DNS: set it with space:gatewayUpstreamDns',
+      'space:gatewayEnv.SPACE_NODE_ID: not a gateway setting (see README.md)',
+      expect.stringMatching(/^space:gatewayUpstreamDns: must be a list of "ip:port"/),
+      "space:gatewayDenyCidrs: must cover 10.77.128.0/24 (the deployment's own network; sandboxes must not reach it)",
+      "space:gatewayDenyCidrs: must cover 10.77.0.0/16 (the deployment's own network; sandboxes must not reach it)",
+    ]);
+    expect(
+      fails({ ...VARIANTS['crusoe'], agentEnv: JSON.stringify({ SPACE_GATEWAY_CONTROL_SOCKET: '' }) }),
+    ).toEqual(['space:agentEnv.SPACE_GATEWAY_CONTROL_SOCKET: set by the deployment; cannot be overridden']);
   });
 
   it('keys of another cloud are refused', () => {

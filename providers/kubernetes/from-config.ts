@@ -31,6 +31,12 @@ export function runtimeArgsFromConfig(cfg: StackConfig, extra: Partial<RuntimeAr
     apiReplicas: cfg.apiReplicas,
     agentDrainSeconds: cfg.agentDrainSeconds,
     gatewayEnabled: cfg.gatewayEnabled,
+    ...(cfg.gatewayEnabled && cfg.gatewayCaCertificate && cfg.secrets.gatewayCaKey
+      ? { gatewayCa: { certificate: cfg.gatewayCaCertificate, key: cfg.secrets.gatewayCaKey } }
+      : {}),
+    ...(cfg.gatewayUpstreamDns.length ? { gatewayUpstreamDns: cfg.gatewayUpstreamDns } : {}),
+    ...(cfg.gatewayDenyCidrs.length ? { gatewayDenyCidrs: cfg.gatewayDenyCidrs } : {}),
+    gatewayEnv: cfg.gatewayEnv,
     nodeCidrs: cfg.nodeCidrs,
     agentTolerations: cfg.nodeTolerations as readonly k8s.types.input.core.v1.Toleration[],
     apiEnv: cfg.apiEnv,

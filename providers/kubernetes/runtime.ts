@@ -2,15 +2,17 @@
  * `space:kubernetes:Runtime` — the whole SPACE runtime on one Kubernetes cluster: namespace, Redis
  * (StatefulSet with a volume, or an external URL), the API (Deployment, Service, HPA, PDB), one
  * agent DaemonSet per node pool (privileged, host network and PID, `/dev/kvm` only for VMM
- * drivers), the gateway DaemonSet (off until issue 3 lands), NetworkPolicies, and the keys as
- * Secret/ConfigMap. Used on LKE, CoreWeave CKS and kind.
+ * drivers), beside each agent pool a gateway DaemonSet on the same nodes (host network; the agent
+ * reaches it through the shared host directory `/run/space`; the CA key in a Secret only it mounts;
+ * an init container closes its ports to everything but sandbox interfaces), NetworkPolicies, and
+ * the keys as Secret/ConfigMap. Used on LKE, CoreWeave CKS and kind.
  *
  * `renderRuntimeObjects` is pure: it returns every object as data (typed with the Kubernetes input
  * types, so a misspelt field fails to compile). The component only turns each into a resource.
  */
 import * as k8s from '@pulumi/kubernetes';
 import * as pulumi from '@pulumi/pulumi';
-import { isVmmDriver, NODE_LABEL, type NodePool, POOL_LABEL } from '../node-pool.ts';
+import { isVmmDriver, type NodePool, POOL_LABEL } from '../node-pool.ts';
 import {
   AGENT_PORT,
   API_PORT,
@@ -18,6 +20,11 @@ import {
   apiEnvironment,
   CACHE_DIR,
   DEFAULT_IMAGE_REPOSITORY,
+  GATEWAY_CA_DIR,
+  GATEWAY_CONTROL_SOCKET,
+  GATEWAY_RUN_DIR,
+  gatewayEnvironment,
+  gatewayGuardRuleset,
   imageRef,
   KEY_DIR,
   REDIS_PORT,
@@ -71,8 +78,23 @@ export interface RuntimeArgs {
   readonly apiNodePort?: number;
   /** Seconds an agent may take to stop (its drain budget). Grace period = this + 30 s. Default 120. */
   readonly agentDrainSeconds?: number;
-  /** Deploy the `space-gateway` DaemonSet (issue 3; the image has no gateway yet). Default false. */
+  /**
+   * Deploy the egress gateway (`space-gateway-<pool>` DaemonSets) beside the agents. Default true.
+   * False: agents get no `SPACE_GATEWAY_CONTROL_SOCKET`, so sandboxes have no egress at all.
+   */
   readonly gatewayEnabled?: boolean;
+  /**
+   * The per-deployment CA (ECDSA P-256, `cA=true`) the gateway signs intercepted leaves with:
+   * PEM certificate (public; given to the agents as `SPACE_TRUSTED_CA_FILE`) and PEM private key
+   * (a Pulumi secret; only in the Secret the gateway mounts). Required when the gateway is enabled.
+   */
+  readonly gatewayCa?: { readonly certificate: Input<string>; readonly key: Input<string> };
+  /** The gateway's upstream resolvers, `ip:port` each. Default: the gateway's own (`1.1.1.1:53`). */
+  readonly gatewayUpstreamDns?: readonly string[];
+  /** CIDRs the gateway never dials nor answers. Default: the gateway's own (private ranges…). */
+  readonly gatewayDenyCidrs?: readonly string[];
+  /** Extra gateway settings (`SPACE_GATEWAY_*`, checked by the stack config). Default none. */
+  readonly gatewayEnv?: Readonly<Record<string, string>>;
   /**
    * CIDRs agent traffic comes from. Agents use the host network, so NetworkPolicy pod selectors do
    * not match them: Redis admits these address blocks besides the API pods. Default none.
@@ -90,6 +112,8 @@ export interface RuntimeArgs {
 export interface RenderedObject {
   readonly role: string;
   readonly object: { readonly apiVersion: string; readonly kind: string } & Record<string, unknown>;
+  /** Roles this object is applied after (Pulumi `dependsOn`; e.g. an agent after its node's gateway). */
+  readonly after?: readonly string[];
 }
 
 const COMPONENT_LABEL = 'app.kubernetes.io/component';
@@ -109,7 +133,7 @@ export function runtimeDefaults(a: RuntimeArgs) {
     apiMaxReplicas: Math.max(a.apiMaxReplicas ?? 10, a.apiReplicas ?? 2),
     apiServiceType: a.apiServiceType ?? 'LoadBalancer',
     agentDrainSeconds: a.agentDrainSeconds ?? 120,
-    gatewayEnabled: a.gatewayEnabled ?? false,
+    gatewayEnabled: a.gatewayEnabled ?? true,
     nodeCidrs: a.nodeCidrs ?? [],
   };
 }
@@ -132,8 +156,8 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
   const version = { 'app.kubernetes.io/version': a.version };
   const out: RenderedObject[] = [];
   // typed objects go in (excess properties fail to compile); plain data comes out
-  const add = (role: string, object: object) =>
-    out.push({ role, object: object as unknown as RenderedObject['object'] });
+  const add = (role: string, object: object, after?: string[]) =>
+    out.push({ role, object: object as unknown as RenderedObject['object'], ...(after ? { after } : {}) });
 
   const namespace: k8s.types.input.core.v1.Namespace = {
     apiVersion: 'v1',
@@ -175,6 +199,34 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
     data: { 'verify.pem': a.verifyKey },
   };
   add('verify-key', verify);
+
+  if (d.gatewayEnabled) {
+    if (!a.gatewayCa) throw new Error('gatewayCa is required when the gateway is enabled');
+    // the CA key: only the gateway pods mount this Secret
+    const caSecret: k8s.types.input.core.v1.Secret = {
+      apiVersion: 'v1',
+      kind: 'Secret',
+      metadata: { name: 'space-gateway-ca', namespace: ns, labels: labels('gateway') },
+      type: 'Opaque',
+      stringData: { 'ca.crt': a.gatewayCa.certificate, 'ca.key': a.gatewayCa.key },
+    };
+    add('gateway-ca', caSecret);
+    // the CA certificate (public): the agents add it to every sandbox's trust store
+    const caCert: k8s.types.input.core.v1.ConfigMap = {
+      apiVersion: 'v1',
+      kind: 'ConfigMap',
+      metadata: { name: 'space-gateway-ca-cert', namespace: ns, labels: labels('agent') },
+      data: { 'ca.crt': a.gatewayCa.certificate },
+    };
+    add('gateway-ca-cert', caCert);
+    const guard: k8s.types.input.core.v1.ConfigMap = {
+      apiVersion: 'v1',
+      kind: 'ConfigMap',
+      metadata: { name: 'space-gateway-guard', namespace: ns, labels: labels('gateway') },
+      data: { 'guard.nft': gatewayGuardRuleset() },
+    };
+    add('gateway-guard', guard);
+  }
 
   const redisUrl =
     a.redis.mode === 'external'
@@ -370,9 +422,16 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
     { key: POOL_LABEL, operator: 'Exists', effect: 'NoSchedule' },
     ...(a.agentTolerations ?? []),
   ];
-  for (const pool of a.nodePools) add(`agent-${pool.name}`, agentDaemonSet(a, pool, image, tolerations));
-
-  if (d.gatewayEnabled) add('gateway', gatewayDaemonSet(a, image, tolerations));
+  // the gateway of each pool first: on a version bump the agents roll only after their gateways
+  // (a restarted gateway forgets registrations; an agent re-registers its sandboxes when it starts)
+  for (const pool of a.nodePools) {
+    if (d.gatewayEnabled) add(`gateway-${pool.name}`, gatewayDaemonSet(a, pool, image, tolerations));
+    add(
+      `agent-${pool.name}`,
+      agentDaemonSet(a, pool, image, tolerations),
+      d.gatewayEnabled ? [`gateway-${pool.name}`] : undefined,
+    );
+  }
 
   // ---- network policies
   const deny: k8s.types.input.networking.v1.NetworkPolicy = {
@@ -469,7 +528,7 @@ function agentDaemonSet(
                 { name: 'SPACE_NODE_ID', valueFrom: { fieldRef: { fieldPath: 'spec.nodeName' } } },
                 { name: 'NODE_IP', valueFrom: { fieldRef: { fieldPath: 'status.hostIP' } } },
                 { name: 'SPACE_AGENT_URL', value: `http://$(NODE_IP):${AGENT_PORT}` },
-                ...env(agentEnvironment(pool, a.agentEnv)),
+                ...env(agentEnvironment(pool, a.agentEnv, { enabled: d.gatewayEnabled })),
                 redisUrlEnv,
               ],
               ports: [{ name: 'data-plane', containerPort: AGENT_PORT, hostPort: AGENT_PORT }],
@@ -497,6 +556,12 @@ function agentDaemonSet(
                 { name: 'modules', mountPath: '/lib/modules', readOnly: true },
                 { name: 'tun', mountPath: '/dev/net/tun' },
                 ...(vmm ? [{ name: 'kvm', mountPath: '/dev/kvm' }] : []),
+                ...(d.gatewayEnabled
+                  ? [
+                      { name: 'gateway-run', mountPath: GATEWAY_RUN_DIR },
+                      { name: 'gateway-ca-cert', mountPath: GATEWAY_CA_DIR, readOnly: true },
+                    ]
+                  : []),
               ],
             },
           ],
@@ -508,6 +573,12 @@ function agentDaemonSet(
             hostPath('modules', '/lib/modules', 'Directory'),
             hostPath('tun', '/dev/net/tun', 'CharDevice'),
             ...(vmm ? [hostPath('kvm', '/dev/kvm', 'CharDevice')] : []),
+            ...(d.gatewayEnabled
+              ? [
+                  hostPath('gateway-run', GATEWAY_RUN_DIR, 'DirectoryOrCreate'),
+                  { name: 'gateway-ca-cert', configMap: { name: 'space-gateway-ca-cert' } },
+                ]
+              : []),
           ],
         },
       },
@@ -515,48 +586,90 @@ function agentDaemonSet(
   };
 }
 
+/**
+ * The gateway of `pool`: on exactly the agent's nodes (same selector and tolerations), host network,
+ * root (its 0600 control socket in the host directory it shares with the agent), no capabilities.
+ * An init container (NET_ADMIN) first installs the host firewall that closes its ports to anything
+ * but sandbox interfaces: NetworkPolicies do not apply to host-network pods.
+ */
 function gatewayDaemonSet(
   a: RuntimeArgs,
+  pool: NodePool,
   image: string,
   tolerations: k8s.types.input.core.v1.Toleration[],
 ): k8s.types.input.apps.v1.DaemonSet {
   const d = runtimeDefaults(a);
-  const sel = labels('gateway');
+  const sel = labels('gateway', { [POOL_LABEL]: pool.name });
+  const version = { 'app.kubernetes.io/version': a.version };
   return {
     apiVersion: 'apps/v1',
     kind: 'DaemonSet',
-    metadata: {
-      name: 'space-gateway',
-      namespace: d.namespace,
-      labels: { ...sel, 'app.kubernetes.io/version': a.version },
-    },
+    metadata: { name: `space-gateway-${pool.name}`, namespace: d.namespace, labels: { ...sel, ...version } },
     spec: {
       selector: { matchLabels: sel },
       updateStrategy: { type: 'RollingUpdate', rollingUpdate: { maxUnavailable: 1, maxSurge: 0 } },
+      minReadySeconds: 5,
       template: {
-        metadata: { labels: { ...sel, 'app.kubernetes.io/version': a.version } },
+        metadata: { labels: { ...sel, ...version } },
         spec: {
           serviceAccountName: 'space-gateway',
           automountServiceAccountToken: false,
-          nodeSelector: { [NODE_LABEL]: 'true' },
+          nodeSelector: { [POOL_LABEL]: pool.name },
           tolerations,
           priorityClassName: 'system-node-critical',
+          // sandbox traffic reaches it through the node's nftables redirect
           hostNetwork: true,
           dnsPolicy: 'ClusterFirstWithHostNet',
           terminationGracePeriodSeconds: 30,
+          initContainers: [
+            {
+              name: 'host-firewall',
+              image,
+              command: ['nft', '-f', '/etc/space/nft/guard.nft'],
+              resources: { requests: { cpu: '10m', memory: '16Mi' }, limits: { memory: '64Mi' } },
+              securityContext: {
+                runAsUser: 0,
+                allowPrivilegeEscalation: false,
+                readOnlyRootFilesystem: true,
+                capabilities: { drop: ['ALL'], add: ['NET_ADMIN'] },
+              },
+              volumeMounts: [{ name: 'guard', mountPath: '/etc/space/nft', readOnly: true }],
+            },
+          ],
           containers: [
             {
               name: 'gateway',
               image,
               command: [...SERVICE_COMMANDS.gateway],
-              env: env({ SPACE_LOG_LEVEL: 'info' }),
+              env: env(
+                gatewayEnvironment({
+                  enabled: true,
+                  ...(a.gatewayUpstreamDns ? { upstreamDns: a.gatewayUpstreamDns } : {}),
+                  ...(a.gatewayDenyCidrs ? { denyCidrs: a.gatewayDenyCidrs } : {}),
+                  ...(a.gatewayEnv ? { env: a.gatewayEnv } : {}),
+                }),
+              ),
+              // no ports declared: nothing outside the node may reach them (see the init container)
+              readinessProbe: { exec: { command: ['test', '-S', GATEWAY_CONTROL_SOCKET] }, periodSeconds: 5 },
               resources: { requests: { cpu: '250m', memory: '256Mi' }, limits: { memory: '1Gi' } },
-              // transparent proxy + DNS for sandboxes: network admin, no devices, not privileged
+              // root for the 0600 control socket the (root) agent uses; needs no capability
               securityContext: {
+                runAsUser: 0,
                 allowPrivilegeEscalation: false,
-                capabilities: { drop: ['ALL'], add: ['NET_ADMIN', 'NET_BIND_SERVICE', 'NET_RAW'] },
+                readOnlyRootFilesystem: true,
+                capabilities: { drop: ['ALL'] },
               },
+              volumeMounts: [
+                { name: 'gateway-run', mountPath: GATEWAY_RUN_DIR },
+                { name: 'gateway-ca', mountPath: GATEWAY_CA_DIR, readOnly: true },
+              ],
             },
+          ],
+          volumes: [
+            { name: 'gateway-run', hostPath: { path: GATEWAY_RUN_DIR, type: 'DirectoryOrCreate' } },
+            // the CA key: mode 0400 (the gateway refuses a key readable by group or others)
+            { name: 'gateway-ca', secret: { secretName: 'space-gateway-ca', defaultMode: 0o400 } },
+            { name: 'guard', configMap: { name: 'space-gateway-guard' } },
           ],
         },
       },
@@ -615,13 +728,13 @@ export function createRuntime(
 ): Record<string, pulumi.CustomResource> {
   const created: Record<string, pulumi.CustomResource> = {};
   let namespace: pulumi.CustomResource | undefined;
-  for (const { role, object } of renderRuntimeObjects(args)) {
+  for (const { role, object, after } of renderRuntimeObjects(args)) {
     const Ctor = RESOURCE_CLASSES[object.kind as keyof typeof RESOURCE_CLASSES] as ResourceCtor | undefined;
     if (!Ctor) throw new pulumi.ResourceError(`no resource class for kind ${object.kind}`, parent);
     const { apiVersion: _v, kind: _k, ...body } = object;
     const r = new Ctor(`${name}-${role}`, body, {
       parent,
-      dependsOn: namespace ? [namespace] : [],
+      dependsOn: [...(namespace ? [namespace] : []), ...(after ?? []).map((r) => created[r]!)],
       // the Secret's data must not show in plain text in the state or the CLI
       ...(object.kind === 'Secret' ? { additionalSecretOutputs: ['data', 'stringData'] } : {}),
     });

@@ -1,8 +1,18 @@
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
+import { agentSettings } from '../../runtime/agent/config.ts';
+import { gatewaySettings } from '../../runtime/gateway/config.ts';
 import type { NodePool } from '../node-pool.ts';
-import { agentPlan, controlPlan, toCloudConfig, toShellScript } from './cloud-init.ts';
+import { GATEWAY_PORTS, gatewayGuardRuleset } from '../runtime-settings.ts';
+import {
+  agentPlan,
+  controlPlan,
+  NODE_LOCAL_PORTS,
+  toCloudConfig,
+  toShellScript,
+  type VmPlan,
+} from './cloud-init.ts';
 
 const pool: NodePool = {
   name: 'default',
@@ -18,8 +28,16 @@ const common = {
   privateCidr: '10.10.0.0/24',
 };
 const control = (version = '0.1.0') => controlPlan({ ...common, version });
-const agent = (version = '0.1.0', gatewayEnabled = false) =>
+const agent = (version = '0.1.0', gatewayEnabled = true) =>
   agentPlan({ ...common, version, pool, controlAddress: '10.10.0.2', gatewayEnabled });
+const file = (plan: VmPlan, path: string) => plan.files.find((f) => f.path === path)?.content;
+const envOf = (text: string) =>
+  Object.fromEntries(
+    text
+      .trim()
+      .split('\n')
+      .map((l) => l.split('=', 2) as [string, string]),
+  );
 
 describe('cloud-init for the systemd (vm) mode', () => {
   it('control user data (snapshot)', () => {
@@ -61,9 +79,106 @@ describe('cloud-init for the systemd (vm) mode', () => {
     expect(env).toContain('SPACE_REDIS_URL=redis://10.10.0.2:6379\n');
   });
 
-  it('the gateway unit exists only when enabled', () => {
-    expect(agent().files.some((f) => f.path.endsWith('space-gateway.service'))).toBe(false);
-    expect(agent('0.1.0', true).files.some((f) => f.path.endsWith('space-gateway.service'))).toBe(true);
+  it('the gateway runs beside the agent by default; without it the agent gets no control socket (no egress at all)', () => {
+    const on = agentPlan({ ...common, pool, controlAddress: '10.10.0.2' });
+    expect(on.files.some((f) => f.path.endsWith('space-gateway.service'))).toBe(true);
+    expect(on.commands.at(-1)).toContain(
+      'space-gateway-guard.service space-gateway.service space-agent.service',
+    );
+    const off = agent('0.1.0', false);
+    expect(off.files.some((f) => f.path.includes('gateway'))).toBe(false);
+    const env = file(off, '/etc/space/space-agent.env')!;
+    expect(env).not.toMatch(/SPACE_GATEWAY|SPACE_TRUSTED_CA_FILE/);
+    expect(file(off, '/etc/systemd/system/space-agent.service')).not.toContain('gateway');
+  });
+
+  it('gateway and agent share /run/space and the control socket path, and agree on the ports', () => {
+    const p = agent();
+    const ae = envOf(file(p, '/etc/space/space-agent.env')!);
+    const ge = envOf(file(p, '/etc/space/space-gateway.env')!);
+    expect(ae['SPACE_GATEWAY_CONTROL_SOCKET']).toBe('/run/space/gateway.sock');
+    expect(ge['SPACE_GATEWAY_CONTROL_SOCKET']).toBe(ae['SPACE_GATEWAY_CONTROL_SOCKET']);
+    for (const k of ['DNS', 'HTTP', 'TLS'])
+      expect(ge[`SPACE_GATEWAY_${k}_PORT`], k).toBe(ae[`SPACE_GATEWAY_${k}_PORT`]);
+    expect(ge['SPACE_GATEWAY_TLS_PORT']).toBe(String(GATEWAY_PORTS.tls));
+    for (const k of Object.keys(ae))
+      expect(
+        Object.values(agentSettings).map((s) => s.env),
+        k,
+      ).toContain(k);
+    for (const k of Object.keys(ge))
+      expect(
+        Object.values(gatewaySettings).map((s) => s.env),
+        k,
+      ).toContain(k);
+    for (const unit of ['space-agent', 'space-gateway'])
+      expect(file(p, `/etc/systemd/system/${unit}.service`), unit).toContain('-v /run/space:/run/space ');
+    const agentUnit = file(p, '/etc/systemd/system/space-agent.service')!;
+    // a restarted gateway restarts the agent, which re-registers its sandboxes; it waits for the socket
+    expect(agentUnit).toContain('PartOf=space-gateway.service');
+    expect(agentUnit).toContain(
+      'until [ -S /run/space/gateway.sock ] && [ -s /etc/space/gateway-ca/ca.crt ]',
+    );
+    expect(file(p, '/usr/local/sbin/space-upgrade')).toContain('systemctl restart space-gateway space-agent');
+  });
+
+  it('the CA is made on the node and its key stays with the gateway: the agent mounts only the certificate', () => {
+    const p = agent();
+    const ge = envOf(file(p, '/etc/space/space-gateway.env')!);
+    const ae = envOf(file(p, '/etc/space/space-agent.env')!);
+    expect(ae['SPACE_TRUSTED_CA_FILE']).toBe(ge['SPACE_GATEWAY_CA_CERT_FILE']);
+    expect(ge['SPACE_GATEWAY_CA_KEY_FILE']).toBe('/etc/space/gateway-ca/ca.key');
+    const gatewayUnit = file(p, '/etc/systemd/system/space-gateway.service')!;
+    expect(gatewayUnit).toContain('-v /etc/space/gateway-ca:/etc/space/gateway-ca ');
+    expect(gatewayUnit).toContain('ExecStartPre=/bin/mkdir -p -m 0700 /run/space /etc/space/gateway-ca');
+    expect(gatewayUnit).toContain('--cap-drop all');
+    const agentUnit = file(p, '/etc/systemd/system/space-agent.service')!;
+    expect(agentUnit).toContain('-v /etc/space/gateway-ca/ca.crt:/etc/space/gateway-ca/ca.crt:ro');
+    expect(agentUnit).not.toMatch(/-v \/etc\/space\/gateway-ca:|ca\.key/);
+    expect(toCloudConfig(p)).not.toMatch(/BEGIN (EC |ENCRYPTED )?PRIVATE KEY/);
+  });
+
+  it('gateway ports are closed to everything but sandbox interfaces, at every boot, before the gateway', () => {
+    const p = agent();
+    expect(file(p, '/etc/space/gateway-guard.nft')).toBe(gatewayGuardRuleset());
+    const guardUnit = file(p, '/etc/systemd/system/space-gateway-guard.service')!;
+    expect(guardUnit).toContain('ExecStart=/usr/sbin/nft -f /etc/space/gateway-guard.nft');
+    expect(guardUnit).toContain('Before=space-gateway.service');
+    expect(guardUnit).toContain('WantedBy=multi-user.target');
+    expect(file(p, '/etc/systemd/system/space-gateway.service')).toContain(
+      'Requires=space-gateway-guard.service',
+    );
+    const nft = gatewayGuardRuleset();
+    expect(nft).toContain(`tcp dport { ${NODE_LOCAL_PORTS.join(', ')} } counter drop`);
+    expect(nft).toContain(`udp dport ${GATEWAY_PORTS.dns} counter drop`);
+    expect(nft.indexOf('iifname "spv*" accept')).toBeLessThan(nft.indexOf('drop'));
+  });
+
+  it.skipIf(spawnSync('nft', ['--version']).status !== 0 || process.getuid?.() !== 0)(
+    'the host firewall ruleset is accepted by nft -c',
+    () => {
+      execFileSync('nft', ['-c', '-f', '-'], { input: gatewayGuardRuleset() });
+    },
+  );
+
+  it('operator gateway settings reach the gateway environment', () => {
+    const p = agentPlan({
+      ...common,
+      pool,
+      controlAddress: '10.10.0.2',
+      gatewayUpstreamDns: ['10.10.0.1:53'],
+      gatewayDenyCidrs: ['10.0.0.0/8'],
+      gatewayEnv: { SPACE_LOG_LEVEL: 'debug' },
+    });
+    const ge = envOf(file(p, '/etc/space/space-gateway.env')!);
+    expect(ge).toMatchObject({
+      SPACE_GATEWAY_UPSTREAM_DNS: '10.10.0.1:53',
+      SPACE_GATEWAY_DENY_CIDRS: '10.0.0.0/8',
+      SPACE_LOG_LEVEL: 'debug',
+    });
+    expect(
+      envOf(file(agent(), '/etc/space/space-gateway.env')!)['SPACE_GATEWAY_UPSTREAM_DNS'],
+    ).toBeUndefined();
   });
 
   it('the shell-script form is valid POSIX sh', () => {
@@ -76,6 +191,7 @@ describe('cloud-init for the systemd (vm) mode', () => {
     for (const [a, b] of [
       [toCloudConfig(control('0.1.0')), toCloudConfig(control('0.2.0'))],
       [toCloudConfig(agent('0.1.0')), toCloudConfig(agent('0.2.0'))],
+      [toCloudConfig(agent('0.1.0', false)), toCloudConfig(agent('0.2.0', false))],
     ] as const) {
       const la = a!.split('\n');
       const lb = b!.split('\n');

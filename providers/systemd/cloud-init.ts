@@ -2,15 +2,23 @@
  * The "without Kubernetes" path: what a plain VM needs to run SPACE as systemd units, rendered as
  * cloud-init (`#cloud-config`, Linode metadata) or as a shell script (Crusoe `startup_script`).
  *
- * Two roles: `control` (Redis + API) and `agent` (one per pool node; gateway when enabled). Each
- * service runs the one image (`space:imageRepository:space:version`) under podman with the same
- * environment as in Kubernetes (`runtime-settings.ts`).
+ * Two roles: `control` (Redis + API) and `agent` (one per pool node, with its egress gateway unless
+ * disabled). Each service runs the one image (`space:imageRepository:space:version`) under podman
+ * with the same environment as in Kubernetes (`runtime-settings.ts`).
  *
  * Nothing secret is ever rendered here: user data is readable by anyone who can read the instance's
  * metadata. The control VM makes its own Ed25519 key pair at first boot (the private key never
  * leaves it) and publishes the public key in Redis, where agents read it; Redis listens on the
  * private network only, closed to everything but the VPC by the cloud firewall and by nftables on
  * the control VM. The API writes the first API key to `BOOTSTRAP_API_KEY_FILE` on the control VM.
+ *
+ * The gateway's CA is generated on each agent VM, by the gateway at its first start (ECDSA P-256,
+ * key mode 0600 in a 0700 root directory): a CA key cannot travel in user data, and the only
+ * channel from the control VM is Redis, which has no password on the private network. So in vm
+ * mode the "per-deployment" CA is per node: a sandbox only ever talks to its own node's gateway and
+ * trusts that node's certificate (the agent mounts only `ca.crt`); a leaked key exposes one node.
+ * The gateway's ports are closed to everything but sandbox interfaces by an nftables table applied
+ * at every boot before the gateway starts.
  */
 import { stringify } from 'yaml';
 import type { NodePool } from '../node-pool.ts';
@@ -21,6 +29,13 @@ import {
   agentEnvironment,
   apiEnvironment,
   CACHE_DIR,
+  GATEWAY_CA_CERT_FILE,
+  GATEWAY_CA_DIR,
+  GATEWAY_CONTROL_SOCKET,
+  GATEWAY_PORTS,
+  GATEWAY_RUN_DIR,
+  gatewayEnvironment,
+  gatewayGuardRuleset,
   imageRef,
   KEY_DIR,
   REDIS_PORT,
@@ -68,8 +83,17 @@ export interface AgentArgs extends VmCommonArgs {
   readonly pool: NodePool;
   /** Private address of the control VM (Redis, verify key). */
   readonly controlAddress: string;
-  /** Deploy the `space-gateway` unit (issue 3). Default false. */
+  /**
+   * Run the `space-gateway` unit beside the agent. Default true. False: the agent gets no
+   * `SPACE_GATEWAY_CONTROL_SOCKET`, so its sandboxes have no egress at all.
+   */
   readonly gatewayEnabled?: boolean;
+  /** The gateway's upstream resolvers, `ip:port`. Default: the gateway's own. */
+  readonly gatewayUpstreamDns?: readonly string[];
+  /** CIDRs the gateway never dials nor answers. Default: the gateway's own. */
+  readonly gatewayDenyCidrs?: readonly string[];
+  /** Extra gateway settings. Default none. */
+  readonly gatewayEnv?: Readonly<Record<string, string>>;
   /** Extra agent settings. Default none. */
   readonly agentEnv?: Readonly<Record<string, string>>;
 }
@@ -99,6 +123,7 @@ function unit(
   command: readonly string[],
   podmanArgs: string[],
   extra: string[] = [],
+  serviceExtra: string[] = [],
 ): VmFile {
   return {
     path: `/etc/systemd/system/${name}.service`,
@@ -112,6 +137,7 @@ function unit(
       '',
       '[Service]',
       'EnvironmentFile=/etc/space/image.env',
+      ...serviceExtra,
       `ExecStartPre=-/usr/bin/podman rm -f ${name}`,
       `ExecStart=/usr/bin/podman run --rm --name ${name} --network host ${podmanArgs.join(' ')} --env-file /etc/space/${name}.env \${SPACE_IMAGE} ${command.join(' ')}`,
       `ExecStop=/usr/bin/podman stop --time 150 ${name}`,
@@ -141,7 +167,7 @@ function upgradeScript(a: VmCommonArgs, units: string[]): VmFile {
       `img="${a.imageRepository}:$v"`,
       'podman pull "$img"',
       'printf "SPACE_IMAGE=%s\\n" "$img" > /etc/space/image.env',
-      ...units.map((u) => `systemctl restart ${u}`),
+      `systemctl restart ${units.join(' ')}`,
       '',
     ].join('\n'),
   };
@@ -242,11 +268,13 @@ export function controlPlan(a: ControlArgs): VmPlan {
 
 /** An agent VM of `pool`: the verify key from the control VM, then the agent (and gateway). */
 export function agentPlan(a: AgentArgs): VmPlan {
+  const gw = a.gatewayEnabled ?? true;
   const env = {
-    ...agentEnvironment(a.pool, a.agentEnv),
+    ...agentEnvironment(a.pool, a.agentEnv, { enabled: gw }),
     SPACE_REDIS_URL: `redis://${a.controlAddress}:${REDIS_PORT}`,
   };
-  const units = ['space-agent', ...(a.gatewayEnabled ? ['space-gateway'] : [])];
+  // the gateway first: restarting it restarts the agent too (PartOf), which re-registers its sandboxes
+  const units = [...(gw ? ['space-gateway'] : []), 'space-agent'];
   const agentMounts = [
     `-v ${KEY_DIR}:${KEY_DIR}:ro`,
     `-v ${CACHE_DIR}:${CACHE_DIR}`,
@@ -258,6 +286,13 @@ export function agentPlan(a: AgentArgs): VmPlan {
     '--pid host',
     '--cgroupns host',
     '--cgroups disabled',
+    ...(gw
+      ? [
+          `-v ${GATEWAY_RUN_DIR}:${GATEWAY_RUN_DIR}`,
+          // the CA certificate only: the key stays in the gateway's directory
+          `-v ${GATEWAY_CA_CERT_FILE}:${GATEWAY_CA_CERT_FILE}:ro`,
+        ]
+      : []),
   ];
   return {
     packages: ['podman', 'redis-tools', 'nftables'],
@@ -303,32 +338,89 @@ export function agentPlan(a: AgentArgs): VmPlan {
         `SPACE node agent (pool ${a.pool.name}, driver ${a.pool.driver})`,
         SERVICE_COMMANDS.agent,
         [...agentMounts, '--env-file /etc/space/space-agent.node.env'],
-        ['After=space-node-env.service', 'Requires=space-node-env.service'],
+        [
+          'After=space-node-env.service',
+          'Requires=space-node-env.service',
+          ...(gw
+            ? ['After=space-gateway.service', 'Wants=space-gateway.service', 'PartOf=space-gateway.service']
+            : []),
+        ],
+        gw
+          ? [
+              // re-adoption registers every sandbox with the gateway: wait until it answers
+              `ExecStartPre=/bin/sh -c 'until [ -S ${GATEWAY_CONTROL_SOCKET} ] && [ -s ${GATEWAY_CA_CERT_FILE} ]; do sleep 1; done'`,
+            ]
+          : [],
       ),
-      ...(a.gatewayEnabled
-        ? [
-            {
-              path: '/etc/space/space-gateway.env',
-              mode: '0644',
-              content: envFile({ SPACE_LOG_LEVEL: 'info' }),
-            },
-            unit('space-gateway', 'SPACE egress gateway', SERVICE_COMMANDS.gateway, [
-              '--cap-add NET_ADMIN',
-              '--cap-add NET_RAW',
-            ]),
-          ]
-        : []),
+      ...(gw ? gatewayFiles(a) : []),
       upgradeScript(a, units),
     ],
     commands: [
       `mkdir -p ${KEY_DIR} ${AGENT_STATE_DIR} /var/run/netns`,
+      ...(gw ? [`mkdir -p -m 0700 ${GATEWAY_RUN_DIR} ${GATEWAY_CA_DIR}`] : []),
       'modprobe tun || true',
       ...(a.pool.driver === 'gvisor' ? [] : ['modprobe kvm_intel || modprobe kvm_amd || true']),
       'podman pull "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"',
       'systemctl daemon-reload',
-      `systemctl enable --now space-node-env.service ${units.map((u) => `${u}.service`).join(' ')}`,
+      `systemctl enable --now space-node-env.service ${[...(gw ? ['space-gateway-guard'] : []), ...units].map((u) => `${u}.service`).join(' ')}`,
     ],
   };
+}
+
+/**
+ * The gateway of an agent VM: its environment, the host firewall closing its ports (applied at
+ * every boot, before the gateway), and its unit (root, no capabilities; the CA is made on first
+ * start in `GATEWAY_CA_DIR`, which only it mounts read-write).
+ */
+function gatewayFiles(a: AgentArgs): VmFile[] {
+  const mkdirs = `ExecStartPre=/bin/mkdir -p -m 0700 ${GATEWAY_RUN_DIR} ${GATEWAY_CA_DIR}`;
+  return [
+    {
+      path: '/etc/space/space-gateway.env',
+      mode: '0644',
+      content: envFile(
+        gatewayEnvironment({
+          enabled: true,
+          ...(a.gatewayUpstreamDns ? { upstreamDns: a.gatewayUpstreamDns } : {}),
+          ...(a.gatewayDenyCidrs ? { denyCidrs: a.gatewayDenyCidrs } : {}),
+          ...(a.gatewayEnv ? { env: a.gatewayEnv } : {}),
+        }),
+      ),
+    },
+    { path: '/etc/space/gateway-guard.nft', mode: '0644', content: gatewayGuardRuleset() },
+    {
+      path: '/etc/systemd/system/space-gateway-guard.service',
+      mode: '0644',
+      content: [
+        '[Unit]',
+        'Description=SPACE gateway ports: only from sandbox interfaces',
+        // nothing listens on these ports before the gateway starts
+        'Before=space-gateway.service',
+        '',
+        '[Service]',
+        'Type=oneshot',
+        'RemainAfterExit=yes',
+        'ExecStart=/usr/sbin/nft -f /etc/space/gateway-guard.nft',
+        '',
+        '[Install]',
+        'WantedBy=multi-user.target',
+        '',
+      ].join('\n'),
+    },
+    unit(
+      'space-gateway',
+      'SPACE egress gateway',
+      SERVICE_COMMANDS.gateway,
+      [
+        `-v ${GATEWAY_RUN_DIR}:${GATEWAY_RUN_DIR}`,
+        `-v ${GATEWAY_CA_DIR}:${GATEWAY_CA_DIR}`,
+        '--cap-drop all',
+        '--security-opt no-new-privileges',
+      ],
+      ['After=space-gateway-guard.service', 'Requires=space-gateway-guard.service'],
+      [mkdirs],
+    ),
+  ];
 }
 
 /** The plan as cloud-init user data (`#cloud-config` YAML). */
@@ -375,3 +467,6 @@ export function toShellScript(plan: VmPlan): string {
 
 /** Every port a role listens on publicly (for the firewall tests): API on control, data plane on agents. */
 export const PUBLIC_PORTS = { control: [API_PORT], agent: [AGENT_PORT] } as const;
+
+/** Ports an agent VM listens on that only its sandboxes may reach (the gateway's). */
+export const NODE_LOCAL_PORTS = Object.values(GATEWAY_PORTS);
