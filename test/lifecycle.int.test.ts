@@ -228,6 +228,44 @@ describe('lifecycle', () => {
     expect(out.exit.exitCode).toBe(0);
   });
 
+  it('a sandbox that dies on its own is noticed: streams end, the record says crashed, resources return', async () => {
+    const id = await s.createSandbox();
+    const running = await s.call<{ stream: { url: string; token: string } }>(
+      'POST',
+      `/v1/sandboxes/${id}/commands`,
+      {
+        cmd: 'sleep',
+        args: ['300'],
+      },
+    );
+    const events = (await import('./stack.ts')).readEvents(
+      running.body.stream.url,
+      running.body.stream.token,
+    );
+    // what the kernel's OOM killer (or gVisor failing to make a thread) does to a sandbox
+    const inst = s.agent.sandboxes.get(id).instance.instanceId;
+    const { execFile } = await import('node:child_process');
+    await new Promise((r) => execFile('pkill', ['-KILL', '-f', `runsc-sandbox.*${inst}`], r));
+    const ended = (await import('./stack.ts')).collect(await events);
+    expect(ended.exit.exitCode).toBeNull();
+    expect(ended.exit.error).toBeTruthy();
+    const rec = await waitFor(
+      'the crash to be recorded',
+      async () => {
+        const r = await s.call<{ state: string; killReason: string; endMessage: string }>(
+          'GET',
+          `/v1/sandboxes/${id}`,
+        );
+        return r.body.state === 'killed' ? r.body : undefined;
+      },
+      30_000,
+    );
+    expect(rec.killReason).toBe('crashed');
+    expect(rec.endMessage).toMatch(/stopped on its own/);
+    const node = await s.call<{ nodes: { sandboxes: number }[] }>('GET', '/v1/nodes');
+    expect(node.body.nodes[0]!.sandboxes).toBe(0);
+  });
+
   it('a sandbox its node no longer runs is marked killed (node_lost) and its reservation released', async () => {
     const id = await s.createSandbox();
     const cfg = loadAgentConfig(agentEnv(s));

@@ -7,6 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createParser } from 'eventsource-parser';
 import { Redis } from 'ioredis';
+import type { Logger } from 'pino';
 import { request } from 'undici';
 import { inject } from 'vitest';
 import { loadAgentConfig } from '../runtime/agent/config.ts';
@@ -113,6 +114,10 @@ export interface StackGateway {
   /** Ports the gateway dials upstream (tests use unprivileged ones). */
   upstreamHttpPort?: number;
   upstreamTlsPort?: number;
+  /** Logger of the gateway (e.g. to collect its `egress allow|deny` audit lines); default per SPACE_LOG_LEVEL. */
+  log?: Logger;
+  /** Further `SPACE_GATEWAY_*` settings (limits, timeouts). */
+  env?: Record<string, string>;
 }
 
 /**
@@ -126,7 +131,8 @@ export async function startStack(env: Record<string, string> = {}, gw?: StackGat
   const redis = new Redis(redisUrl);
   await redis.flushall();
   await writeNewKeyPair(join(dir, 'key.pem'), join(dir, 'key.pub.pem'));
-  const pool = process.env.SPACE_TEST_POOL ?? `10.${100 + Math.floor(Math.random() * 100)}.0.0/16`;
+  // 10.100–10.197: 10.198/16 and 10.199/16 hold the test upstreams of the attack suite and the gateway test
+  const pool = process.env.SPACE_TEST_POOL ?? `10.${100 + Math.floor(Math.random() * 98)}.0.0/16`;
   const base: Record<string, string> = {
     SPACE_REDIS_URL: redisUrl,
     SPACE_LOG_LEVEL: process.env.SPACE_TEST_LOG_LEVEL ?? 'silent',
@@ -161,7 +167,9 @@ export async function startStack(env: Record<string, string> = {}, gw?: StackGat
         ...(gw.upstreamCaFile ? { SPACE_GATEWAY_UPSTREAM_CA_FILE: gw.upstreamCaFile } : {}),
         ...(gw.upstreamHttpPort ? { SPACE_GATEWAY_UPSTREAM_HTTP_PORT: String(gw.upstreamHttpPort) } : {}),
         ...(gw.upstreamTlsPort ? { SPACE_GATEWAY_UPSTREAM_TLS_PORT: String(gw.upstreamTlsPort) } : {}),
+        ...gw.env,
       }),
+      gw.log ? { log: gw.log } : {},
     );
     Object.assign(base, {
       SPACE_GATEWAY_CONTROL_SOCKET: gateway.controlSocket,

@@ -55,6 +55,12 @@ export const agentSettings = {
     '10.77.0.0/16',
   ),
   createConcurrency: setting.int('SPACE_CREATE_CONCURRENCY', 'Instances booted at once.', 4, 1, 64),
+  watchdogMs: setting.int(
+    'SPACE_WATCHDOG_INTERVAL_MS',
+    'How often the agent checks its sandboxes are alive and re-registers them with the gateway, ms.',
+    5000,
+    100,
+  ),
   heartbeatMs: setting.int('SPACE_HEARTBEAT_INTERVAL_MS', 'Heartbeat interval, ms.', 5000, 100),
   maxUploadBytes: setting.int(
     'SPACE_MAX_UPLOAD_BYTES',

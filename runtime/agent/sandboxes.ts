@@ -427,6 +427,45 @@ export class SandboxManager {
     this.#sandboxes.clear();
   }
 
+  /**
+   * One watchdog pass: a sandbox whose instance stopped on its own (out of memory, a fork bomb
+   * exhausting pids, a kernel failure) is torn down here — its streams end with an exit event at
+   * once — and reported through `onCrash` so the control plane records why it ended. Every live
+   * sandbox is registered with the gateway again, which restores egress after a gateway restart
+   * (registration is idempotent). Returns the ids found crashed.
+   */
+  async watch(onCrash: (id: string, message: string) => Promise<void>): Promise<string[]> {
+    const states = new Map((await this.#o.driver.list()).map((i) => [i.instanceId, i.state]));
+    const crashed: string[] = [];
+    for (const sb of this.list()) {
+      const state = states.get(sb.instance.instanceId);
+      if (state === 'running' || state === 'paused') {
+        await this.#o.gateway
+          ?.register(sb.instance.network.sandboxAddress, {
+            sandboxId: sb.id,
+            policy: sb.egress,
+            credentials: sb.credentials,
+          })
+          .catch((err: unknown) =>
+            this.#o.log.warn({ err, [F.sandboxId]: sb.id }, 'gateway re-registration failed'),
+          );
+        continue;
+      }
+      if (this.#creating.has(sb.id)) continue;
+      crashed.push(sb.id);
+      this.#o.log.warn(
+        { [F.sandboxId]: sb.id, [F.instanceId]: sb.instance.instanceId },
+        'sandbox stopped on its own',
+      );
+      await onCrash(
+        sb.id,
+        'the sandbox stopped on its own (out of memory or processes, or its kernel failed)',
+      );
+      await this.delete(sb.id);
+    }
+    return crashed;
+  }
+
   /** Refuses new creates from now on (shutdown). */
   stopAccepting(): void {
     this.#closing = true;

@@ -134,12 +134,25 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     }),
   });
   await registry.start(config.heartbeatMs);
+  // watchdog: notice sandboxes that died on their own, and keep the gateway's registrations current
+  let watching: Promise<unknown> | null = null;
+  const watchdog = setInterval(() => {
+    if (watching) return;
+    watching = sandboxes
+      .watch(async (id, message) => {
+        await redis.hset(keys.nodeEnded(config.nodeId), id, message);
+      })
+      .catch((err: unknown) => log.error({ err }, 'watchdog pass failed'))
+      .finally(() => (watching = null));
+  }, config.watchdogMs);
   log.info({ port, templates: ready }, 'agent ready');
 
   let closing: Promise<void> | null = null;
   const close = (signal = 'close', onShutdown = config.onShutdown) => {
     closing ??= (async () => {
       log.info({ signal, onShutdown }, 'agent stopping');
+      clearInterval(watchdog);
+      await watching;
       // deregistering is a courtesy (the alive key expires anyway): never let a dead Redis hold up shutdown
       await Promise.race([registry.stop(true), new Promise((r) => setTimeout(r, 2000))]).catch(
         (err: unknown) => log.warn({ err }, 'deregistration failed'),

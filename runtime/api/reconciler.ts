@@ -37,11 +37,12 @@ export class Reconciler {
     const lost: string[] = [];
     const requeued: string[] = [];
     for (const node of await redis.smembers(keys.nodeIndex())) {
-      const [alive, inventoryAt, placed, inventory] = await Promise.all([
+      const [alive, inventoryAt, placed, inventory, ended] = await Promise.all([
         redis.exists(keys.nodeAlive(node)),
         redis.hget(keys.node(node), 'inventoryAt'),
         redis.smembers(keys.nodeSandboxes(node)),
         redis.smembers(keys.nodeInventory(node)),
+        redis.hgetall(keys.nodeEnded(node)),
       ]);
       const running = new Set(inventory);
       for (const id of placed) {
@@ -53,7 +54,25 @@ export class Reconciler {
           requeued.push(id);
           continue;
         }
-        if (!LIVE.has(rec.state)) continue;
+        if (!LIVE.has(rec.state)) {
+          if (ended[id]) await redis.hdel(keys.nodeEnded(node), id);
+          continue;
+        }
+        const crash = ended[id];
+        if (crash) {
+          // the node saw it die (out of memory, pids, kernel failure): record that, not "node lost"
+          const moved = await this.#sandboxes.transition(id, 'killing', {
+            killReason: 'crashed',
+            endMessage: crash,
+          });
+          if (moved.ok) {
+            await this.#operations.enqueue('sandbox.delete', id, { reason: 'crashed' });
+            this.#log.warn({ [F.sandboxId]: id, [F.nodeId]: node }, 'sandbox crashed');
+            lost.push(id);
+          }
+          await redis.hdel(keys.nodeEnded(node), id);
+          continue;
+        }
         const gone =
           alive === 0 ||
           (!running.has(id) && inventoryAt !== null && updated < Number(inventoryAt) - INVENTORY_GRACE_MS);

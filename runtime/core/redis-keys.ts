@@ -50,6 +50,8 @@ export const keys = {
   nodeWarm: (id: string) => `${KEY_PREFIX}node:${id}:warm`,
   /** Set: sandbox ids the node's agent reported running at its last heartbeat (`inventoryAt` in the node hash). */
   nodeInventory: (id: string) => `${KEY_PREFIX}node:${id}:inventory`,
+  /** Hash: sandbox id → why the node saw it end on its own (e.g. it crashed); read by reconciliation. */
+  nodeEnded: (id: string) => `${KEY_PREFIX}node:${id}:ended`,
   /** Set: sandbox ids placed on the node (reconciliation). */
   nodeSandboxes: (id: string) => `${KEY_PREFIX}node:${id}:sandboxes`,
 } as const;

