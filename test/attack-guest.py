@@ -68,8 +68,10 @@ def a_tls(p):
 
 
 def a_http(p):
-    """Raw bytes p.req to ip:port (TCP); returns what came back."""
+    """Raw bytes p.req to ip:port (TCP); returns what came back. `{PAD}` in p.req becomes p.pad bytes."""
     ip = p['ip']
+    if p.get('pad'):
+        p['req'] = p['req'].replace('{PAD}', 'a' * p['pad'])
     if p.get('resolve'):
         ip = socket.getaddrinfo(ip, p['port'], socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
     try:

@@ -778,7 +778,26 @@ async function placeholderOf(id: string): Promise<string> {
 async function addressOf(id: string): Promise<string> {
   const out = await batch('setup', id, [atk('setup', 'myaddr', 'own address', 'myaddr', { ip: W.good })]);
   rows.pop(); // not an attack
-  return String(out.get('myaddr')?.addr);
+  const addr = String(out.get('myaddr')?.addr);
+  await forwardingOn(addr);
+  return addr;
+}
+
+/**
+ * Turns IPv4 forwarding on for the host interface of the sandbox at `addr`. The agent leaves
+ * forwarding as the host has it (off here), and with it off the kernel drops every forwarded packet
+ * before nftables is even asked — which would make E5 pass for the wrong reason and CIDR rules inert.
+ * With it on, only the `inet space` rules stand between a sandbox and the world (the worst case).
+ */
+async function forwardingOn(addr: string): Promise<void> {
+  const hostEnd = addr.replace(/\d+$/, (d) => String(Number(d) - 1));
+  const links = JSON.parse(await sh('ip', ['-j', '-4', 'addr', 'show'])) as {
+    ifname: string;
+    addr_info?: { local?: string }[];
+  }[];
+  const link = links.find((l) => l.addr_info?.some((a) => a.local === hostEnd));
+  expect(link, `host interface of ${addr}`).toBeDefined();
+  await writeFile(`/proc/sys/net/ipv4/conf/${link!.ifname}/forwarding`, '1');
 }
 
 describe('egress attack suite', () => {
@@ -932,6 +951,7 @@ describe('egress attack suite', () => {
     ];
     const ids = await Promise.all(variants.map(([, o]) => sandbox({ egress: POLICY, ...o })));
     try {
+      await Promise.all(ids.map((id) => addressOf(id)));
       for (const [i, [label]] of variants.entries()) {
         await forgeHosts(ids[i]!);
         await batch(label, ids[i]!, coreAttacks(false));
@@ -1351,7 +1371,7 @@ describe('egress attack suite', () => {
       atk('T15', 'icmp-evil', 'ICMP echo (1 KB pattern) to evil', 'icmp', { ip: W.evil }),
       atk('T15', 'icmp-internal', 'ICMP echo to the internal server', 'icmp', { ip: W.internal }),
       atk('T15', 'icmp-host', 'ICMP echo to the host end', 'icmp', { ip: W.host }, (o) =>
-        JSON.stringify(o.r).includes('reply') ? `host answered: ${JSON.stringify(o.r)}` : null,
+        JSON.stringify(o.r).includes('"reply from') ? `host answered: ${JSON.stringify(o.r)}` : null,
       ),
       atk(
         'T18',
@@ -1443,7 +1463,7 @@ describe('egress attack suite', () => {
         noConnect,
       ),
       atk('T19', 'peer-icmp', 'ICMP to sandbox B', 'icmp', { ip: addrB }, (o) =>
-        JSON.stringify(o.r).includes('reply') ? 'B answered' : null,
+        JSON.stringify(o.r).includes('"reply from') ? 'B answered' : null,
       ),
     ];
     await batch('A', A, attempts, { timeoutMs: 90_000, parallel: true });
@@ -1719,7 +1739,8 @@ describe('egress attack suite', () => {
           {
             ip: W.good,
             port: 80,
-            req: `GET /t24-huge HTTP/1.1\r\nHost: pkg.allowed.test\r\nX-Pad: ${'a'.repeat(1 << 20)}\r\n\r\n`,
+            req: `GET /t24-huge HTTP/1.1\r\nHost: pkg.allowed.test\r\nX-Pad: {PAD}\r\n\r\n`,
+            pad: 1 << 20,
           },
           (o) => (body(o).includes('good http') ? 'served' : null),
         ),

@@ -43,7 +43,7 @@ describe('runtime cases', () => {
   const q = (p: string) => `?path=${encodeURIComponent(p)}`;
 
   beforeAll(async () => {
-    s = await startStack();
+    s = await startStack({ SPACE_SANDBOX_DISK_MIB: '1024' });
     id = await s.createSandbox({ timeoutSec: 1800, memoryMiB: 1024 });
     files = await s.token(id);
   });
@@ -251,6 +251,27 @@ describe('runtime cases', () => {
     const out = collect(await events);
     expect(out.exit.exitCode).toBe(0);
     expect(sha(out.stdout)).toBe(sha(data));
+  });
+
+  it('a sandbox that fills its disk gets ENOSPC, not the host', async () => {
+    const { statfs } = await import('node:fs/promises');
+    const hostFree = async () => {
+      const st = await statfs(s.dir);
+      return st.bavail * st.bsize;
+    };
+    const before = await hostFree();
+    const r = await s.exec(id, {
+      cmd: 'sh',
+      args: [
+        '-c',
+        'dd if=/dev/zero of=/home/user/fill bs=1M count=2048 2>&1; echo "dd=$?"; rm -f /home/user/fill',
+      ],
+    });
+    const out = r.stdout.toString();
+    expect(out).toMatch(/No space left on device/);
+    expect(out).not.toContain('dd=0');
+    // the writes stayed inside the sandbox's own 1 GiB disk image (sparse: freed again with the file)
+    expect(before - (await hostFree())).toBeLessThan(1.5 * 1024 ** 3);
   });
 
   it('r7-timeouts-kill-the-whole-tree: a command timeout leaves no process of the command behind', async () => {

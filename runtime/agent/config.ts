@@ -49,6 +49,12 @@ export const agentSettings = {
   ),
   maxSandboxes: setting.int('SPACE_MAX_SANDBOXES', 'Most sandboxes on this node.', 128, 1, 16384),
   pidsLimit: setting.int('SPACE_SANDBOX_PIDS_LIMIT', 'Max processes/threads per sandbox.', 1024, 16),
+  diskMiB: setting.int(
+    'SPACE_SANDBOX_DISK_MIB',
+    'Writable disk of each sandbox (a sparse ext4 image of its own), MiB.',
+    4096,
+    64,
+  ),
   networkPool: setting.string(
     'SPACE_NETWORK_POOL',
     'IPv4 pool for sandbox links (a /30 each).',

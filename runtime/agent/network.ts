@@ -302,6 +302,12 @@ export class SandboxNetworks {
       if (slot !== undefined) this.used.delete(slot);
       removed.push(netns);
     }
+    // per-sandbox nftables chains whose interface no longer exists at all (an agent killed mid-way):
+    // nobody's sandbox, whatever its pool
+    const live = new Set((await listAllLinks()).map((l) => l.ifname));
+    for (const hostIf of await listSandboxChainInterfaces()) {
+      if (!live.has(hostIf)) await removeSandboxRules(hostIf);
+    }
     if (removed.length) this.log('network sweep removed', { removed });
     return removed;
   }
@@ -323,6 +329,23 @@ export class SandboxNetworks {
     await shIgnoreMissing('ip', ['link', 'del', net.hostIf]);
     await shIgnoreMissing('ip', ['netns', 'del', net.netns]);
   }
+}
+
+/** Every link name on the host. */
+async function listAllLinks(): Promise<{ ifname: string }[]> {
+  return JSON.parse((await sh('ip', ['-j', 'link', 'show'])) || '[]') as { ifname: string }[];
+}
+
+/** Host interfaces that have per-sandbox chains in the table (`raw_spv…` etc.). */
+async function listSandboxChainInterfaces(): Promise<string[]> {
+  const out = await sh('nft', ['-j', 'list', 'chains', 'inet']).catch(() => '{"nftables":[]}');
+  const items = (JSON.parse(out) as { nftables: { chain?: { table: string; name: string } }[] }).nftables;
+  const names = new Set<string>();
+  for (const i of items) {
+    const m = i.chain?.table === NFT_TABLE ? /^(?:raw|nat|in|fwd)_(spv[a-z0-9]+)$/.exec(i.chain.name) : null;
+    if (m) names.add(m[1]!);
+  }
+  return [...names];
 }
 
 /** `spv*` links on the host with their first IPv4 address. */

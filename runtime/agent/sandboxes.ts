@@ -89,6 +89,8 @@ export interface SandboxManagerOptions {
   /** Rootfs of a template on this node; throws TEMPLATE_NOT_FOUND / TEMPLATE_NOT_READY. */
   templateRootfs: (template: string) => Promise<string>;
   pidsLimit: number;
+  /** Writable disk per sandbox, MiB. */
+  diskMiB: number;
   createConcurrency: number;
   spoolLimitBytes: number;
   /** The node's egress gateway; null: sandboxes get no egress at all. */
@@ -150,6 +152,7 @@ export class SandboxManager {
           vcpus: shape.vcpus,
           memoryMiB: shape.memoryMiB,
           pidsLimit: this.#o.pidsLimit,
+          diskMiB: this.#o.diskMiB,
           guestToken: randomBytes(32).toString('hex'),
           network,
         });
@@ -233,6 +236,11 @@ export class SandboxManager {
         egress: req.egress,
         credentials: req.credentials,
       };
+      // The policy must be in force before the sandbox is visible as created: its CIDR rules and its
+      // gateway registration (DNS/80/443 of an unregistered source are refused). Without this a new
+      // sandbox had no egress until a PATCH or the watchdog's next pass, and CIDR rules never applied
+      // (found by test/attacks.int.test.ts).
+      await this.#applyEgress(req.sandboxId, inst, req.egress, req.credentials);
       this.#sandboxes.set(sb.id, sb);
       log.info({ [F.instanceId]: inst.instanceId, fromWarmPool }, 'sandbox created');
       return sb;

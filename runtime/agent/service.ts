@@ -84,6 +84,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     networks,
     templateRootfs: (t) => resolveTemplate(t, config.cacheDir),
     pidsLimit: config.pidsLimit,
+    diskMiB: config.diskMiB,
     createConcurrency: config.createConcurrency,
     spoolLimitBytes: config.spoolLimitBytes,
     gateway,

@@ -65,6 +65,23 @@ export class Spool {
     return this.#closed;
   }
 
+  /**
+   * Whether `offset` is where a frame starts (0, the end, or just past a frame): the only valid
+   * resume points. Walks the frame headers from the start (reads 5 bytes per frame).
+   */
+  async isBoundary(offset: number): Promise<boolean> {
+    if (offset === 0 || offset === this.#size) return true;
+    if (offset > this.#size) return false;
+    const head = Buffer.alloc(FRAME_HEADER_BYTES);
+    let pos = 0;
+    while (pos < offset) {
+      const { bytesRead } = await this.#fh.read(head, 0, FRAME_HEADER_BYTES, pos);
+      if (bytesRead < FRAME_HEADER_BYTES) return false;
+      pos += FRAME_HEADER_BYTES + head.readUInt32BE(1);
+    }
+    return pos === offset;
+  }
+
   /** Appends whole frames (already encoded); readers are woken once the bytes are written. */
   append(bytes: Buffer): Promise<void> {
     this.#writing = this.#writing.then(async () => {

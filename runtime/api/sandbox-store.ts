@@ -5,6 +5,7 @@
  */
 
 import type { EgressPolicy } from '../core/egress.ts';
+import { SpaceError } from '../core/errors.ts';
 import { KEY_PREFIX, KILLED_SANDBOX_TTL_SEC, keys } from '../core/redis-keys.ts';
 import {
   describeKillReason,
@@ -134,8 +135,11 @@ export class SandboxStore {
     let skipId: string | null = null;
     if (opts.cursor) {
       const [score, id] = Buffer.from(opts.cursor, 'base64url').toString('utf8').split(':');
-      max = score ?? '+inf';
-      skipId = id ?? null;
+      if (!score || !/^\d{1,16}$/.test(score) || !id) {
+        throw new SpaceError('BAD_REQUEST', 'cursor is not one this API returned');
+      }
+      max = score;
+      skipId = id;
     }
     const batch = Math.max(opts.limit * 2, 50);
     let offset = 0;

@@ -25,6 +25,25 @@ export const REDACT_PATHS = [
   '*.env',
 ];
 
+/** `url` with the value of any `token` query parameter replaced (session tokens may ride there). */
+export function redactUrl(url: string): string {
+  return url.replace(/([?&]token=)[^&#]*/gi, '$1[redacted]');
+}
+
+/** Request serializer: method, redacted URL, remote address — never headers or bodies. */
+function requestSerializer(req: {
+  method?: string;
+  url?: string;
+  ip?: string;
+  socket?: { remoteAddress?: string };
+}) {
+  return {
+    method: req.method,
+    url: redactUrl(req.url ?? ''),
+    remoteAddress: req.ip ?? req.socket?.remoteAddress,
+  };
+}
+
 /**
  * The root logger of a service: JSON lines on stdout, `service` on every line, tokens and
  * authorization headers redacted. `level` is a pino level (`info`, `debug`, `silent`, …).
@@ -34,6 +53,7 @@ export function createLogger(service: string, level: string, extra: LoggerOption
     level,
     base: { service },
     redact: { paths: REDACT_PATHS, censor: '[redacted]' },
+    serializers: { req: requestSerializer, err: pino.stdSerializers.err },
     ...extra,
   });
 }

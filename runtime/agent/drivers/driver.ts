@@ -45,6 +45,8 @@ export interface InstanceSpec {
   vcpus: number;
   /** Memory limit in MiB. */
   memoryMiB: number;
+  /** Size of the sandbox's writable disk (its own filesystem), MiB. */
+  diskMiB: number;
   /** Max processes/threads in the sandbox. */
   pidsLimit: number;
   /** Secret handed to the guest daemon at boot (its environment, never a file in the sandbox). */

@@ -54,6 +54,7 @@ async function newSpec(memoryMiB = 256): Promise<InstanceSpec> {
   return {
     instanceId,
     guestToken: 'test-guest-token',
+    diskMiB: 512,
     template: 'base',
     templateRootfs: rootfs,
     vcpus: 0.5,

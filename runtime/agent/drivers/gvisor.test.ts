@@ -14,6 +14,7 @@ import {
 const spec: InstanceSpec = {
   instanceId: 'i-abc',
   guestToken: 'tok',
+  diskMiB: 512,
   template: 'base',
   templateRootfs: '/cache/base/rootfs',
   vcpus: 1.5,

@@ -368,6 +368,7 @@ export class GvisorDriver implements Driver {
     await run(this.cfg.runscBinary, runscCmdArgs(g, ['kill'], instanceId, ['KILL'])).catch(() => {});
     await run(this.cfg.runscBinary, runscCmdArgs(g, ['delete', '--force'], instanceId)).catch(() => {});
     await unmountIfMounted(join(dir, 'rootfs'));
+    await unmountIfMounted(join(dir, 'disk')); // the loop device is freed with it (autoclear)
     await rm(dir, { recursive: true, force: true }).catch((err) => {
       throw new SpaceError('DRIVER_FAILED', `cannot remove ${dir}: ${err}`, { instanceId }, { cause: err });
     });
@@ -425,14 +426,18 @@ export class GvisorDriver implements Driver {
 
   /** Overlay mount + mount points + config.json in `dir`. */
   private async prepareBundle(spec: InstanceSpec, dir: string): Promise<void> {
-    const [upper, work, rootfs] = ['upper', 'work', 'rootfs'].map((d) => join(dir, d)) as [
-      string,
-      string,
-      string,
-    ];
+    // The writable layer lives on a filesystem of its own, an ext4 image of spec.diskMiB: a sandbox
+    // that fills its disk gets ENOSPC instead of filling the host's.
+    const disk = join(dir, 'disk');
+    const image = join(dir, 'disk.img');
     await Promise.all(
-      [upper, work, rootfs, join(dir, 'logs'), this.cfg.runscRoot].map((d) => mkdir(d, { recursive: true })),
+      [disk, join(dir, 'logs'), this.cfg.runscRoot].map((d) => mkdir(d, { recursive: true })),
     );
+    await sh('truncate', ['-s', `${spec.diskMiB}M`, image]);
+    await sh('mkfs.ext4', ['-q', '-F', '-O', '^has_journal', '-E', 'lazy_itable_init=1', image]);
+    await sh('mount', ['-o', 'loop,nodev,nosuid', image, disk]);
+    const [upper, work, rootfs] = [join(disk, 'upper'), join(disk, 'work'), join(dir, 'rootfs')];
+    await Promise.all([upper, work, rootfs].map((d) => mkdir(d, { recursive: true })));
     await sh('mount', [
       '-t',
       'overlay',

@@ -4,7 +4,7 @@
  * mkdir, remove). Tokens go in `Authorization: Bearer` or `?token=`; a token for another sandbox,
  * another session of this sandbox, or without the route's scope is refused.
  */
-import { Transform } from 'node:stream';
+import { type Readable, Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
@@ -97,13 +97,11 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         const sb = await authorise(req, req.params.id, 'commands');
         const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
         if (cmd.exit) throw new SpaceError('PROCESS_EXITED', 'the command has exited');
-        const body = req.body;
-        const data = Buffer.isBuffer(body)
-          ? body
-          : typeof body === 'string'
-            ? Buffer.from(body)
-            : (body as NodeJS.ReadableStream);
-        await sb.guest.writeStdin(cmd.pid, data as Buffer);
+        const body = req.body as NodeJS.ReadableStream | undefined;
+        if (!body || typeof (body as { pipe?: unknown }).pipe !== 'function') {
+          throw new SpaceError('BAD_REQUEST', 'send stdin bytes with Content-Type: application/octet-stream');
+        }
+        await sb.guest.writeStdin(cmd.pid, body as unknown as Readable);
         return reply.status(204).send();
       },
     );

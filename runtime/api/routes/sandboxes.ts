@@ -61,6 +61,18 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
             known: [...templates].sort(),
           });
         }
+        const nodes = (await deps.nodes.list()).filter((n) => n.alive && n.schedulable);
+        const vcpus = body.vcpus ?? 1;
+        const memoryMiB = body.memoryMiB ?? 512;
+        if (nodes.length > 0 && !nodes.some((n) => n.vcpus >= vcpus && n.memoryMiB >= memoryMiB)) {
+          // no node could ever hold it: say so now rather than through a failed operation
+          const largest = nodes.reduce((a, n) => (n.memoryMiB > a.memoryMiB ? n : a));
+          throw new SpaceError(
+            'NODE_CAPACITY_EXHAUSTED',
+            `no node is large enough for ${vcpus} vCPU / ${memoryMiB} MiB (largest: ${largest.vcpus} vCPU / ${largest.memoryMiB} MiB)`,
+            { vcpus, memoryMiB },
+          );
+        }
         const timeoutSec = body.timeoutSec ?? deps.config.defaultTimeoutSec;
         if (timeoutSec > deps.config.maxTimeoutSec) {
           throw new SpaceError('BAD_REQUEST', `timeoutSec must be at most ${deps.config.maxTimeoutSec}`);
@@ -187,7 +199,13 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
       },
       async (req, reply) => {
         const rec = await deps.requireSandbox(req.params.id);
+        // a repeated DELETE answers with the operation already under way (or done)
+        const prior = await deps.redis.hget(keys.sandbox(rec.id), 'deleteOperationId');
+        const priorOp = prior ? await deps.operations.get(prior) : null;
+        if (priorOp && priorOp.state !== 'failed')
+          return reply.status(202).send({ operation: operationToPublic(priorOp) });
         const op = await deps.operations.enqueue('sandbox.delete', rec.id, { reason: 'request' });
+        await deps.redis.hset(keys.sandbox(rec.id), 'deleteOperationId', op.id);
         return reply.status(202).send({ operation: operationToPublic(op) });
       },
     );
