@@ -471,7 +471,7 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
       println(`  API      ${apiUrl}`);
       println(`  API key  ${paths.apiKey}`);
       println(`  logs     ${join(paths.logs, '{api,agent,gateway,redis}.log')}`);
-      println('try: space sandbox create --template base');
+      println('try: npx space sandbox create --template base');
     }
     reason = await stopped;
   } catch (err) {
