@@ -291,7 +291,7 @@ def a_env(p):
 def a_myaddr(p):
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.connect((p['ip'], 9))
-    return {'stage': 'done', 'addr': s.getsockname()[0]}
+    return {'stage': 'done', 'addr': s.getsockname()[0], 'now': time.time()}
 
 
 def a_slowloris(p):

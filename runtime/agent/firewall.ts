@@ -13,7 +13,9 @@
  * - `input`: replies to connections the host opened; new connections only to the gateway ports
  *   (per-sandbox chain via `input_map`); everything else from a sandbox is dropped.
  * - `forward`: only the sandbox's policy CIDR rules (`forward_map`), masqueraded in `nat_post`;
- *   everything else to or from a sandbox is dropped (other sandboxes, the LAN, metadata…).
+ *   everything else to or from a sandbox is dropped (other sandboxes, the LAN, metadata…). The
+ *   per-sandbox chain drops new connections into any sandbox interface and to 169.254.0.0/16
+ *   before its CIDR accepts, so no policy CIDR opens those.
  *
  * Each sandbox's chains are named after its host interface (`raw_<if>`, `nat_<if>`, `in_<if>`,
  * `fwd_<if>`) and are removed with their map elements on release.
@@ -103,9 +105,19 @@ export function sandboxRuleset(o: {
 }
 
 function cidrRules(hostIf: string, allows: CidrAllow[]): string[] {
-  return allows
-    .filter((a) => a.ports.length > 0)
-    .map((a) => `add rule ${T} fwd_${hostIf} ip daddr ${a.cidr} tcp dport { ${a.ports.join(', ')} } accept`);
+  return [
+    // A CIDR rule's accept is final, so these drops must come first — and live in this sandbox's own
+    // chain, not the shared base chain, which agents of other versions on the host rewrite. Without
+    // them a CIDR covering the sandbox pool reached another sandbox, and one naming 169.254.169.254
+    // reached the metadata address (found by test/attacks.int.test.ts, T18/T19).
+    `add rule ${T} fwd_${hostIf} oifname "${HOST_IF_PREFIX}*" counter drop`,
+    `add rule ${T} fwd_${hostIf} ip daddr 169.254.0.0/16 counter drop`,
+    ...allows
+      .filter((a) => a.ports.length > 0)
+      .map(
+        (a) => `add rule ${T} fwd_${hostIf} ip daddr ${a.cidr} tcp dport { ${a.ports.join(', ')} } accept`,
+      ),
+  ];
 }
 
 /** Script that replaces one sandbox's CIDR rules (policy update). Pure. */

@@ -11,7 +11,7 @@
  * the pool after an agent restart and {@link SandboxNetworks.sweep} removes leftovers.
  */
 import { execFile } from 'node:child_process';
-import { readdir, writeFile } from 'node:fs/promises';
+import { readdir, stat, writeFile } from 'node:fs/promises';
 import { promisify } from 'node:util';
 import { SpaceError } from '../core/errors.ts';
 import type { SandboxNetwork } from './drivers/driver.ts';
@@ -215,6 +215,9 @@ export class SandboxNetworks {
       await sh('ip', ['netns', 'add', netns]);
       await sh('ip', ['link', 'add', hostIf, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', netns]);
       await disableIpv6(hostIf);
+      // packets from the sandbox may be forwarded (only its policy's CIDR rules let any through:
+      // nftables drops the rest); replies also need forwarding on the uplink, the operator's call
+      await writeFile(`/proc/sys/net/ipv4/conf/${hostIf}/forwarding`, '1').catch(() => {});
       await sh('ip', ['addr', 'add', `${net.hostAddress}/30`, 'dev', hostIf]);
       await sh('ip', ['link', 'set', hostIf, 'up']);
       await sh('ip', ['-n', netns, 'addr', 'add', `${net.sandboxAddress}/30`, 'dev', 'eth0']);
@@ -281,6 +284,9 @@ export class SandboxNetworks {
    */
   async sweep(keep: Iterable<string>): Promise<string[]> {
     const keepSet = new Set(keep);
+    // chains are listed before links: a sandbox allocated in between has its link by the time
+    // links are listed, so its fresh chains are never taken for a vanished interface's
+    const chainIfs = await listSandboxChainInterfaces();
     const links = await listHostLinks();
     const foreign = new Set<string>();
     for (const l of links) {
@@ -297,6 +303,8 @@ export class SandboxNetworks {
       if (keepSet.has(netns) || foreign.has(netns)) continue;
       const hostIf = `${HOST_IF_PREFIX}${netns.slice(NETNS_PREFIX.length)}`;
       const link = links.find((l) => l.ifname === hostIf);
+      // without a link, it may be another agent's allocation in progress (netns made, veth not yet)
+      if (!link && (await isYoung(`/var/run/netns/${netns}`))) continue;
       await this.remove({ netns, hostIf, hostAddress: '', sandboxAddress: '', prefixLength: 30 });
       const slot = link?.address ? slotOfHostAddress(this.pool, link.address) : undefined;
       if (slot !== undefined) this.used.delete(slot);
@@ -305,7 +313,7 @@ export class SandboxNetworks {
     // per-sandbox nftables chains whose interface no longer exists at all (an agent killed mid-way):
     // nobody's sandbox, whatever its pool
     const live = new Set((await listAllLinks()).map((l) => l.ifname));
-    for (const hostIf of await listSandboxChainInterfaces()) {
+    for (const hostIf of chainIfs) {
       if (!live.has(hostIf)) await removeSandboxRules(hostIf);
     }
     if (removed.length) this.log('network sweep removed', { removed });
@@ -329,6 +337,15 @@ export class SandboxNetworks {
     await shIgnoreMissing('ip', ['link', 'del', net.hostIf]);
     await shIgnoreMissing('ip', ['netns', 'del', net.netns]);
   }
+}
+
+/** Namespaces younger than this are left to whoever is making them (ms). */
+const SWEEP_MIN_AGE_MS = 60_000;
+
+/** Whether `path` was made less than {@link SWEEP_MIN_AGE_MS} ago (false when it is gone). */
+async function isYoung(path: string): Promise<boolean> {
+  const st = await stat(path).catch(() => null);
+  return st !== null && Date.now() - st.mtimeMs < SWEEP_MIN_AGE_MS;
 }
 
 /** Every link name on the host. */

@@ -51,6 +51,15 @@ export function internalRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       },
     );
 
+    app.put(
+      '/internal/v1/sandboxes/:id/egress',
+      { schema: { params: Type.Object({ id: Sid }), body: EgressPolicySchema } },
+      async (req, reply) => {
+        await deps.sandboxes.updateEgress(req.params.id, normalisePolicy(req.body));
+        return reply.status(204).send();
+      },
+    );
+
     app.delete(
       '/internal/v1/sandboxes/:id',
       { schema: { params: Type.Object({ id: Sid }) } },
