@@ -1562,8 +1562,27 @@ describe('egress attack suite', () => {
 
   it('T20/T22: placeholder replay, wrong host, plain HTTP, reflection; duplicate Authorization and smuggling', async () => {
     const auth = (ph: string) => `Authorization: Bearer ${ph}`;
+    // a placeholder outlives nothing: D's, replayed by B after D has ended
+    const D = await s.createSandbox({ timeoutSec: 120, egress: POLICY, credentials: ['cred-api'] });
+    const phD = await placeholderOf(D);
+    const del = await s.call<{ operation: { id: string } }>('DELETE', `/v1/sandboxes/${D}`);
+    expect(
+      (await s.call<{ state: string }>('GET', `/v1/operations/${del.body.operation.id}?waitMs=30000`)).body
+        .state,
+    ).toBe('succeeded');
     const mark = hits.length;
     await batch('B', B, [
+      atk(
+        'T20',
+        'replay-after-end',
+        'B sends the placeholder of a sandbox that has ended',
+        'tls',
+        tls(W.cred, 'api.cred.test', {
+          verify: true,
+          req: get('/refuse-ended', 'api.cred.test', [auth(phD)]),
+        }),
+        status(403),
+      ),
       atk(
         'T20',
         'replay-from-b',

@@ -353,7 +353,17 @@ export class SandboxManager {
         continue;
       }
       const inst = instances.get(rec.instance.instanceId);
-      if (!inst || inst.state === 'stopped') {
+      const answers = async (i: InstanceInfo) => {
+        const g = new GuestClient(i.guest);
+        const ok = await g.health().then(
+          () => true,
+          () => false,
+        );
+        await g.close();
+        return ok;
+      };
+      // a `runsc state` that failed reads as stopped: trust a guest that still answers
+      if (!inst || (inst.state === 'stopped' && !(await answers(inst)))) {
         lost.push(id);
         await rm(join(root, id), { recursive: true, force: true });
         continue;
@@ -460,6 +470,15 @@ export class SandboxManager {
         continue;
       }
       if (this.#creating.has(sb.id)) continue;
+      // the driver's view can be wrong under load (a `runsc state` that timed out reads as
+      // stopped): a sandbox whose guest still answers is alive, whatever the driver said
+      if (
+        await sb.guest.health().then(
+          () => true,
+          () => false,
+        )
+      )
+        continue;
       crashed.push(sb.id);
       this.#o.log.warn(
         { [F.sandboxId]: sb.id, [F.instanceId]: sb.instance.instanceId },
