@@ -4,8 +4,9 @@
  * outside the deny set is returned. The address the sandbox connected to is never an input (T01).
  */
 import { isIP } from 'node:net';
-import type { DenyReason } from './audit.ts';
+import type { Audit, Decision, DenyReason } from './audit.ts';
 import { decideName, type EgressPolicy, normaliseName } from './policy.ts';
+import { canonicalAddress, type Registration, type Registry } from './registry.ts';
 import type { UpstreamResolver } from './resolver.ts';
 
 /** Outcome of {@link decideClaim}. */
@@ -52,4 +53,33 @@ export async function resolveForDial(resolver: UpstreamResolver, name: string): 
   } catch {
     return { ok: false, reason: 'resolution-failed', address: null };
   }
+}
+
+/**
+ * Who is calling: the registration of the socket's source address, with the decision record the
+ * proxy fills in as it learns the name. An unregistered source is denied (audited) and destroyed;
+ * then the result is null.
+ */
+export function identifySource(
+  deps: { registry: Registry; audit: Audit; upstreamPort: number },
+  socket: import('node:net').Socket,
+  protocol: Decision['protocol'],
+): { reg: Registration; decision: Decision } | null {
+  const source = canonicalAddress(socket.remoteAddress) ?? String(socket.remoteAddress);
+  const reg = deps.registry.lookup(source);
+  const decision: Decision = {
+    protocol,
+    source,
+    sandboxId: reg?.sandboxId ?? null,
+    name: null,
+    address: null,
+    port: deps.upstreamPort,
+    rule: null,
+  };
+  if (!reg) {
+    deps.audit.deny({ ...decision, reason: 'unregistered-source' });
+    socket.destroy();
+    return null;
+  }
+  return { reg, decision };
 }

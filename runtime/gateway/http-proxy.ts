@@ -15,42 +15,14 @@ import {
 } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Decision, DenyReason } from './audit.ts';
-import { decideClaim, resolveForDial } from './decide.ts';
-import { canonicalAddress, type Registration, type TrackedConnection } from './registry.ts';
+import { decideClaim, identifySource, resolveForDial } from './decide.ts';
+import { stripHopByHop } from './http-headers.ts';
+import type { Registration, TrackedConnection } from './registry.ts';
 import type { ProxyDeps } from './tls-proxy.ts';
 
 /** Headers that describe one hop and are never forwarded (RFC 9110 §7.6.1, plus proxy-*). */
-const HOP_BY_HOP = new Set([
-  'connection',
-  'keep-alive',
-  'proxy-connection',
-  'proxy-authenticate',
-  'proxy-authorization',
-  'te',
-  'trailer',
-  'transfer-encoding',
-  'upgrade',
-]);
 
-/**
- * `rawHeaders` (flat `[name, value, …]`) without hop-by-hop headers and without every header the
- * `Connection` header names. Pure.
- */
-export function stripHopByHop(rawHeaders: readonly string[]): string[] {
-  const named = new Set<string>();
-  for (let i = 0; i + 1 < rawHeaders.length; i += 2) {
-    if (rawHeaders[i]!.toLowerCase() === 'connection') {
-      for (const t of rawHeaders[i + 1]!.split(',')) named.add(t.trim().toLowerCase());
-    }
-  }
-  const out: string[] = [];
-  for (let i = 0; i + 1 < rawHeaders.length; i += 2) {
-    const name = rawHeaders[i]!.toLowerCase();
-    if (HOP_BY_HOP.has(name) || named.has(name)) continue;
-    out.push(rawHeaders[i]!, rawHeaders[i + 1]!);
-  }
-  return out;
-}
+export { stripHopByHop };
 
 /** Result of {@link targetOf}: the claimed host and the origin-form path, or why the request is refused. */
 export type RequestTarget = { ok: true; host: string; path: string } | { ok: false; reason: DenyReason };
@@ -123,22 +95,9 @@ export function createHttpProxy(deps: ProxyDeps): Server {
 
   server.on('connection', (socket: Socket) => {
     socket.on('error', () => {});
-    const source = canonicalAddress(socket.remoteAddress) ?? String(socket.remoteAddress);
-    const reg = registry.lookup(source);
-    const decision: Decision = {
-      protocol: 'http',
-      source,
-      sandboxId: reg?.sandboxId ?? null,
-      name: null,
-      address: null,
-      port: deps.upstreamPort,
-      rule: null,
-    };
-    if (!reg) {
-      audit.deny({ ...decision, reason: 'unregistered-source' });
-      socket.destroy();
-      return;
-    }
+    const caller = identifySource(deps, socket, 'http');
+    if (!caller) return;
+    const { reg, decision } = caller;
     let closed = false;
     const conn: TrackedConnection = {
       protocol: 'http',

@@ -32,6 +32,7 @@ import { normaliseName } from '../core/egress.ts';
 import { F } from '../core/log-fields.ts';
 import type { DeploymentCa, Leaf } from './ca.ts';
 import { applyFormat, type CredentialGrant, grantsCovering, PLACEHOLDER_SCAN_RE } from './credentials.ts';
+import { HOP_BY_HOP, stripHopByHop } from './http-headers.ts';
 
 /** Limits applied to one intercepted connection. */
 export interface InterceptLimits {
@@ -110,18 +111,7 @@ export type PreparedRequest =
   | { ok: false; status: number; reason: InterceptDenyReason };
 
 /** Hop-by-hop headers (RFC 9110 §7.6.1 plus the usual non-standard ones): never forwarded. */
-const HOP_BY_HOP: ReadonlySet<string> = new Set([
-  'connection',
-  'keep-alive',
-  'proxy-connection',
-  'proxy-authenticate',
-  'proxy-authorization',
-  'te',
-  'trailer',
-  'transfer-encoding',
-  'upgrade',
-  'http2-settings',
-]);
+
 /** Headers the gateway writes itself on the upstream request. */
 const REWRITTEN: ReadonlySet<string> = new Set(['host', 'content-length', 'expect', 'accept-encoding']);
 /** Methods that are refused: CONNECT tunnels past inspection; TRACE/TRACK echo the injected header. */
@@ -270,19 +260,7 @@ function maskText(text: string, secrets: readonly string[]): string {
  * masked. Alternating names and values. Pure.
  */
 export function responseHeaders(rawHeaders: readonly string[], secrets: readonly string[]): string[] {
-  const dropped = new Set<string>();
-  for (let i = 0; i + 1 < rawHeaders.length; i += 2) {
-    if (rawHeaders[i]!.toLowerCase() === 'connection') {
-      for (const t of rawHeaders[i + 1]!.split(',')) dropped.add(t.trim().toLowerCase());
-    }
-  }
-  const out: string[] = [];
-  for (let i = 0; i + 1 < rawHeaders.length; i += 2) {
-    const lower = rawHeaders[i]!.toLowerCase();
-    if (HOP_BY_HOP.has(lower) || dropped.has(lower)) continue;
-    out.push(rawHeaders[i]!, maskText(rawHeaders[i + 1]!, secrets));
-  }
-  return out;
+  return stripHopByHop(rawHeaders).map((v, i) => (i % 2 === 1 ? maskText(v, secrets) : v));
 }
 
 class TooLarge extends Error {}

@@ -7,15 +7,15 @@
  */
 import { connect, createServer, type Server, type Socket } from 'node:net';
 import type { Logger } from 'pino';
-import type { Audit, Decision, DenyReason } from './audit.ts';
+import type { Audit, DenyReason } from './audit.ts';
 import type { DeploymentCa } from './ca.ts';
 import { parseClientHello } from './client-hello.ts';
 import { grantsCovering } from './credentials.ts';
-import { decideClaim, resolveForDial } from './decide.ts';
+import { decideClaim, identifySource, resolveForDial } from './decide.ts';
 import { interceptTls } from './intercept.ts';
 import { type ConnectionLimits, guardSockets } from './limits.ts';
 import { decideName } from './policy.ts';
-import { canonicalAddress, type Registry, type TrackedConnection } from './registry.ts';
+import type { Registry, TrackedConnection } from './registry.ts';
 import type { UpstreamResolver } from './resolver.ts';
 
 /** What the TLS and HTTP proxies need. */
@@ -54,22 +54,9 @@ export function createTlsProxy(deps: TlsProxyDeps): Server {
 function handle(deps: TlsProxyDeps, client: Socket): void {
   const { registry, audit, limits } = deps;
   client.on('error', () => {});
-  const source = canonicalAddress(client.remoteAddress) ?? String(client.remoteAddress);
-  const reg = registry.lookup(source);
-  const decision: Decision = {
-    protocol: 'tls',
-    source,
-    sandboxId: reg?.sandboxId ?? null,
-    name: null,
-    address: null,
-    port: deps.upstreamPort,
-    rule: null,
-  };
-  if (!reg) {
-    audit.deny({ ...decision, reason: 'unregistered-source' });
-    client.destroy();
-    return;
-  }
+  const caller = identifySource(deps, client, 'tls');
+  if (!caller) return;
+  const { reg, decision } = caller;
   let upstream: Socket | null = null;
   let closed = false;
   const conn: TrackedConnection = {
@@ -156,7 +143,7 @@ function handle(deps: TlsProxyDeps, client: Socket): void {
         sandboxId: reg!.sandboxId,
         sni: claim.name,
         grants: reg!.credentials, // all of them: a foreign or misplaced placeholder must be recognised
-        log: deps.log.child({ component: 'intercept', source }),
+        log: deps.log.child({ component: 'intercept', source: decision.source }),
         limits: {
           handshakeTimeoutMs: limits.handshakeTimeoutMs,
           idleTimeoutMs: limits.idleTimeoutMs,
