@@ -90,16 +90,19 @@ export class NodeRegistry {
     }, intervalMs);
   }
 
-  /** Stops beating; with `deregister`, the node is marked unschedulable and not alive at once. */
+  /**
+   * Stops beating and marks the node unschedulable (drained: no new sandboxes). With `deregister`
+   * (the node's sandboxes are being destroyed) it also stops counting as alive at once; without it
+   * (a restart that keeps its sandboxes) the alive key simply expires, and the control plane
+   * waits its node-lost grace before giving up on the sandboxes, so the next agent re-adopts them.
+   */
   async stop(deregister: boolean): Promise<void> {
     if (this.#timer) clearInterval(this.#timer);
-    if (deregister) {
-      await this.#redis
-        .multi()
-        .hset(keys.node(this.#reg.id), 'schedulable', '0')
-        .del(keys.nodeAlive(this.#reg.id))
-        .del(keys.nodeWarm(this.#reg.id))
-        .exec();
-    }
+    const m = this.#redis
+      .multi()
+      .hset(keys.node(this.#reg.id), 'schedulable', '0')
+      .del(keys.nodeWarm(this.#reg.id));
+    if (deregister) m.del(keys.nodeAlive(this.#reg.id));
+    await m.exec();
   }
 }

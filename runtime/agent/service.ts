@@ -155,9 +155,10 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       clearInterval(watchdog);
       await watching;
       // deregistering is a courtesy (the alive key expires anyway): never let a dead Redis hold up shutdown
-      await Promise.race([registry.stop(true), new Promise((r) => setTimeout(r, 2000))]).catch(
-        (err: unknown) => log.warn({ err }, 'deregistration failed'),
-      );
+      await Promise.race([
+        registry.stop(onShutdown === 'destroy'),
+        new Promise((r) => setTimeout(r, 2000)),
+      ]).catch((err: unknown) => log.warn({ err }, 'deregistration failed'));
       sandboxes.stopAccepting();
       await warm.drain();
       if (onShutdown === 'destroy') await sandboxes.destroyAll();

@@ -1,7 +1,8 @@
 /**
  * Reconciliation of sandbox records with what nodes really run. Every pass:
- * - a live sandbox placed on a node that stopped heartbeating, or missing from its node's
- *   inventory although it was live well before that inventory was taken, is lost: it moves to
+ * - a live sandbox placed on a node that stopped heartbeating more than {@link NODE_LOST_GRACE_MS}
+ *   ago, or missing from its alive node's inventory although it was live well before that
+ *   inventory was taken, is lost: it moves to
  *   `killing` (reason `node_lost`) and gets a delete operation that releases its reservation;
  * - a sandbox stuck in `killing` with no progress for {@link STUCK_KILLING_MS} gets its delete
  *   operation queued again (deletes are idempotent), so a crash between claim and enqueue can't
@@ -15,6 +16,11 @@ import type { SandboxStore } from './sandbox-store.ts';
 
 /** Clock skew allowed between API and agent hosts when comparing inventory times (ms). */
 export const INVENTORY_GRACE_MS = 5_000;
+/**
+ * A node that stopped heartbeating is given this long to come back (an agent restart or rolling
+ * upgrade re-adopts its sandboxes) before its sandboxes are declared lost (ms).
+ */
+export const NODE_LOST_GRACE_MS = 120_000;
 /** A sandbox in `killing` this long without an update gets its delete queued again (ms). */
 export const STUCK_KILLING_MS = 60_000;
 
@@ -37,13 +43,15 @@ export class Reconciler {
     const lost: string[] = [];
     const requeued: string[] = [];
     for (const node of await redis.smembers(keys.nodeIndex())) {
-      const [alive, inventoryAt, placed, inventory, ended] = await Promise.all([
+      const [alive, inventoryAt, placed, inventory, ended, heartbeatAt] = await Promise.all([
         redis.exists(keys.nodeAlive(node)),
         redis.hget(keys.node(node), 'inventoryAt'),
         redis.smembers(keys.nodeSandboxes(node)),
         redis.smembers(keys.nodeInventory(node)),
         redis.hgetall(keys.nodeEnded(node)),
+        redis.hget(keys.node(node), 'heartbeatAt'),
       ]);
+      const deadFor = alive === 1 ? 0 : now - Number(heartbeatAt ?? 0);
       const running = new Set(inventory);
       for (const id of placed) {
         const rec = await this.#sandboxes.get(id);
@@ -74,8 +82,11 @@ export class Reconciler {
           continue;
         }
         const gone =
-          alive === 0 ||
-          (!running.has(id) && inventoryAt !== null && updated < Number(inventoryAt) - INVENTORY_GRACE_MS);
+          deadFor > NODE_LOST_GRACE_MS ||
+          (alive === 1 &&
+            !running.has(id) &&
+            inventoryAt !== null &&
+            updated < Number(inventoryAt) - INVENTORY_GRACE_MS);
         if (!gone) continue;
         const moved = await this.#sandboxes.markKilling(id, 'node_lost');
         if (!moved.ok) continue;

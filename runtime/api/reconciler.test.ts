@@ -1,0 +1,86 @@
+/** Reconciler against a real Redis: restarts within the grace keep sandboxes; dead nodes and missing ones lose them. */
+import { Redis } from 'ioredis';
+import pino from 'pino';
+import { afterAll, beforeEach, describe, expect, inject, it } from 'vitest';
+import { normalisePolicy } from '../core/egress.ts';
+import { keys } from '../core/redis-keys.ts';
+import { OperationStore } from './operations.ts';
+import { NODE_LOST_GRACE_MS, Reconciler } from './reconciler.ts';
+import { withScripts } from './redis-scripts.ts';
+import { SandboxStore } from './sandbox-store.ts';
+
+const redis = withScripts(new Redis(inject('redisUrl'), { db: 4 }));
+const sandboxes = new SandboxStore(redis);
+const reconciler = new Reconciler(sandboxes, new OperationStore(redis), pino({ level: 'silent' }));
+afterAll(() => redis.disconnect());
+beforeEach(async () => {
+  await redis.flushdb();
+});
+
+async function runningOn(node: string, id: string, at: number) {
+  await redis
+    .multi()
+    .sadd(keys.nodeIndex(), node)
+    .hset(keys.node(node), {
+      id: node,
+      schedulable: '1',
+      vcpusMilli: '8000',
+      memoryMiB: '8192',
+      maxSandboxes: '10',
+      usedVcpusMilli: '0',
+      usedMemoryMiB: '0',
+      sandboxes: '0',
+    })
+    .set(keys.nodeAlive(node), '1')
+    .exec();
+  const rec = await sandboxes.create(
+    {
+      id,
+      template: 'base',
+      vcpus: 1,
+      memoryMiB: 512,
+      timeoutSec: 3600,
+      metadata: {},
+      env: {},
+      sessionId: 'ses_aaaaaaaaaaaaaaaaaaaa',
+      egress: normalisePolicy(undefined),
+      grants: [],
+    },
+    at,
+  );
+  await sandboxes.place(rec);
+  await sandboxes.transition(id, 'running', {}, at);
+}
+
+describe('Reconciler', () => {
+  it('keeps the sandboxes of a node that restarts within the grace, and declares them lost after it', async () => {
+    const t0 = Date.now() - 10 * 60_000;
+    await runningOn('n1', 'sbx_recon0000000000001', t0);
+    await redis.del(keys.nodeAlive('n1'));
+    await redis.hset(keys.node('n1'), 'heartbeatAt', String(Date.now() - 10_000));
+    expect(await reconciler.pass()).toEqual({ lost: [], requeued: [] });
+    expect((await sandboxes.get('sbx_recon0000000000001'))?.state).toBe('running');
+    await redis.hset(keys.node('n1'), 'heartbeatAt', String(Date.now() - NODE_LOST_GRACE_MS - 1000));
+    expect((await reconciler.pass()).lost).toEqual(['sbx_recon0000000000001']);
+    expect(await sandboxes.get('sbx_recon0000000000001')).toMatchObject({
+      state: 'killing',
+      killReason: 'node_lost',
+    });
+  });
+
+  it('declares lost a sandbox an alive node stopped reporting, and records a crash the node saw', async () => {
+    const t0 = Date.now() - 10 * 60_000;
+    await runningOn('n2', 'sbx_recon0000000000002', t0);
+    await runningOn('n2', 'sbx_recon0000000000003', t0);
+    await runningOn('n2', 'sbx_recon0000000000004', t0);
+    await redis.hset(keys.node('n2'), { inventoryAt: String(Date.now()), heartbeatAt: String(Date.now()) });
+    await redis.sadd(keys.nodeInventory('n2'), 'sbx_recon0000000000002');
+    await redis.hset(keys.nodeEnded('n2'), 'sbx_recon0000000000004', 'it ran out of memory');
+    const { lost } = await reconciler.pass();
+    expect(lost.sort()).toEqual(['sbx_recon0000000000003', 'sbx_recon0000000000004']);
+    expect((await sandboxes.get('sbx_recon0000000000002'))?.state).toBe('running');
+    expect(await sandboxes.get('sbx_recon0000000000003')).toMatchObject({ killReason: 'node_lost' });
+    expect(await sandboxes.get('sbx_recon0000000000004')).toMatchObject({ killReason: 'crashed' });
+    expect(await redis.hlen(keys.nodeEnded('n2'))).toBe(0);
+  });
+});
