@@ -303,8 +303,10 @@ export class SandboxNetworks {
       if (keepSet.has(netns) || foreign.has(netns)) continue;
       const hostIf = `${HOST_IF_PREFIX}${netns.slice(NETNS_PREFIX.length)}`;
       const link = links.find((l) => l.ifname === hostIf);
-      // without a link, it may be another agent's allocation in progress (netns made, veth not yet)
-      if (!link && (await isYoung(`/var/run/netns/${netns}`))) continue;
+      // unless its address shows it is ours, a young namespace may be another agent's allocation
+      // in progress (netns made, veth not yet, or veth without its address yet)
+      const ours = link?.address !== undefined && slotOfHostAddress(this.pool, link.address) !== undefined;
+      if (!ours && (await isYoung(`/var/run/netns/${netns}`))) continue;
       await this.remove({ netns, hostIf, hostAddress: '', sandboxAddress: '', prefixLength: 30 });
       const slot = link?.address ? slotOfHostAddress(this.pool, link.address) : undefined;
       if (slot !== undefined) this.used.delete(slot);
