@@ -1,4 +1,4 @@
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -151,5 +151,6 @@ describe('up', () => {
     writeFileSync(f, 'old 1\nold 2\nnew 1\nnew 2\nnew 3\n');
     expect(logTail(f, from, 2)).toEqual(['new 2', 'new 3']);
     expect(logTail(f, from)).toEqual(['new 1', 'new 2', 'new 3']);
+    rmSync(dir, { recursive: true, force: true });
   });
 });

@@ -1,13 +1,14 @@
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { DEFAULT_API_URL, localPaths, resolveEndpoint, spaceHome } from './local.ts';
 import { CliError } from './output.ts';
 
 describe('resolveEndpoint', () => {
   const home = mkdtempSync(join(tmpdir(), 'space-home-'));
   const env = { SPACE_HOME: home };
+  afterAll(() => rmSync(home, { recursive: true, force: true }));
 
   it('needs a key from somewhere', () => {
     expect(() => resolveEndpoint({}, env)).toThrowError(CliError);

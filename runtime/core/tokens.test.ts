@@ -1,4 +1,4 @@
-import { mkdtemp } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -15,11 +15,15 @@ import {
 
 async function keys(name = 'k') {
   const dir = await mkdtemp(join(tmpdir(), 'space-tokens-'));
-  await writeNewKeyPair(join(dir, `${name}.pem`), join(dir, `${name}.pub.pem`));
-  return {
-    sign: await loadSigningKey(join(dir, `${name}.pem`)),
-    verify: await loadVerifyKey(join(dir, `${name}.pub.pem`)),
-  };
+  try {
+    await writeNewKeyPair(join(dir, `${name}.pem`), join(dir, `${name}.pub.pem`));
+    return {
+      sign: await loadSigningKey(join(dir, `${name}.pem`)),
+      verify: await loadVerifyKey(join(dir, `${name}.pub.pem`)),
+    };
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
 }
 
 const codeOf = async (p: Promise<unknown>) => {

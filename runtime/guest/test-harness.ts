@@ -39,7 +39,8 @@ process.once('exit', () => {
 export async function startGuest(env: Record<string, string> = {}): Promise<Guest> {
   const scratch = env.SPACE_GUEST_HOME ? undefined : mkdtempSync(join(tmpdir(), 'space-guest-'));
   const home = env.SPACE_GUEST_HOME ?? join(scratch!, 'home');
-  const tokenFile = join(mkdtempSync(join(tmpdir(), 'space-guest-token-')), 'token');
+  const tokenDir = mkdtempSync(join(tmpdir(), 'space-guest-token-'));
+  const tokenFile = join(tokenDir, 'token');
   writeFileSync(tokenFile, TEST_TOKEN, { mode: 0o400 });
   const child = spawn(NODE, [join(here, 'main.ts')], {
     env: {
@@ -55,6 +56,7 @@ export async function startGuest(env: Record<string, string> = {}): Promise<Gues
   running.add(child);
   child.once('exit', () => {
     running.delete(child);
+    rmSync(tokenDir, { recursive: true, force: true });
     if (scratch) rmSync(scratch, { recursive: true, force: true });
   });
   const logs: Record<string, unknown>[] = [];
