@@ -32,6 +32,17 @@ describe('bad input', () => {
     expect([extra.status, code(extra.body)]).toEqual([400, 'BAD_REQUEST']);
     const tooLong = await s.call('POST', '/v1/sandboxes', { template: 'base', timeoutSec: 10_000_000 });
     expect([tooLong.status, code(tooLong.body)]).toEqual([400, 'BAD_REQUEST']);
+    // bodies are checked strictly: no quiet casts, no silently dropped fields
+    for (const bad of [
+      { template: 5 },
+      { template: 'base', vcpus: '1' },
+      { template: 'base', env: { X: 5 } },
+      { template: 'base', env: { 'A B': 'x' } },
+      { template: 'base', metadata: { team: 7 } },
+    ]) {
+      const r = await s.call('POST', '/v1/sandboxes', bad);
+      expect([r.status, code(r.body)], JSON.stringify(bad)).toEqual([400, 'BAD_REQUEST']);
+    }
     const huge = await s.call('POST', '/v1/sandboxes', {
       template: 'base',
       metadata: { big: 'x'.repeat(2_000_000) },

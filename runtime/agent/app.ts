@@ -9,6 +9,7 @@ import type { Logger } from 'pino';
 import { Gauge, Registry } from 'prom-client';
 import { installErrorHandlers } from '../core/http-errors.ts';
 import type { VerifyKey } from '../core/tokens.ts';
+import { installValidators } from '../core/validation.ts';
 import type { AgentConfig } from './config.ts';
 import { dataPlaneRoutes } from './routes/data-plane.ts';
 import { internalRoutes } from './routes/internal.ts';
@@ -35,6 +36,7 @@ export async function buildAgentApp(deps: AgentDeps): Promise<FastifyInstance> {
     forceCloseConnections: true,
   }).withTypeProvider<TypeBoxTypeProvider>();
   installErrorHandlers(app);
+  installValidators(app);
 
   const registry = new Registry();
   new Gauge({

@@ -11,6 +11,7 @@ import type { Logger } from 'pino';
 import { SpaceError } from '../core/errors.ts';
 import { installErrorHandlers } from '../core/http-errors.ts';
 import type { SigningKey } from '../core/tokens.ts';
+import { installValidators } from '../core/validation.ts';
 import { AgentClient } from './agent-client.ts';
 import { authenticate } from './api-keys.ts';
 import type { ApiConfig } from './config.ts';
@@ -97,9 +98,9 @@ export async function buildApp(deps: ApiDeps): Promise<FastifyInstance> {
   const app = fastify({
     loggerInstance: deps.log as FastifyBaseLogger,
     bodyLimit: deps.config.bodyLimitBytes,
-    ajv: { customOptions: { removeAdditional: false, coerceTypes: 'array', useDefaults: true } },
   }).withTypeProvider<TypeBoxTypeProvider>();
   installErrorHandlers(app);
+  installValidators(app);
   await app.register(swagger, {
     openapi: {
       info: {

@@ -32,17 +32,17 @@ export const ErrorSchema = Type.Object(
 
 export const IdParams = Type.Object({ id: Type.String({ pattern: ID_PATTERN }) });
 
+// Record keys are patterns (patternProperties); `additionalProperties: false` makes a key that
+// does not match an error instead of an unchecked extra property.
 const Metadata = Type.Record(
-  Type.String({ minLength: 1, maxLength: 64 }),
+  Type.String({ pattern: '^[^\\u0000-\\u001f]{1,64}$' }),
   Type.String({ maxLength: LIMITS.metadataValueBytes }),
-  {
-    maxProperties: LIMITS.metadataKeys,
-  },
+  { maxProperties: LIMITS.metadataKeys, additionalProperties: false },
 );
 const EnvVars = Type.Record(
   Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]{0,127}$' }),
   Type.String({ maxLength: LIMITS.envValueBytes }),
-  { maxProperties: LIMITS.envKeys },
+  { maxProperties: LIMITS.envKeys, additionalProperties: false },
 );
 
 /** Credential names: lower-case letters, digits, `-`, `_`. */

@@ -10,7 +10,9 @@ import { SpaceError } from '../../core/errors.ts';
 import { verifyDispatchToken } from '../../core/tokens.ts';
 import type { AgentDeps } from '../app.ts';
 
-const EnvVars = Type.Record(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' }), Type.String());
+const EnvVars = Type.Record(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' }), Type.String(), {
+  additionalProperties: false,
+});
 const Sid = Type.String({ pattern: '^[a-z]{1,8}_[a-z0-9]{8,40}$' });
 
 export function internalRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
