@@ -32,6 +32,7 @@ import { promisify } from 'node:util';
 import { pino } from 'pino';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { DEFAULT_DENY_CIDRS } from '../runtime/gateway/addresses.ts';
 import type { WorldConfig } from './attack-world.ts';
 import { collect, leftovers, readEvents, type Stack, startStack } from './stack.ts';
 
@@ -80,7 +81,7 @@ const RECORDS: Record<string, string> = {
   'evil.test': W.evil,
   '*.evil.test': W.evil,
 };
-/** The gateway's deny set: every private range except the world's /24, plus the internal /24. */
+/** The gateway's deny set: its defaults, with 10/8 carved around the world's /24 (the internal /24 stays denied). */
 const DENY = [
   '10.0.0.0/9',
   '10.128.0.0/10',
@@ -92,15 +93,8 @@ const DENY = [
   '10.208.0.0/12',
   '10.224.0.0/11',
   `10.198.${N + 1}.0/24`,
-  '100.64.0.0/10',
-  '172.16.0.0/12',
-  '192.0.0.0/24',
-  '192.0.2.0/24',
-  '192.168.0.0/16',
-  '198.18.0.0/15',
-  '198.51.100.0/24',
-  '203.0.113.0/24',
-  'fc00::/7',
+  // the gateway's own defaults, less the 10/8 that the lines above carve up
+  ...DEFAULT_DENY_CIDRS.filter((c) => c !== '10.0.0.0/8'),
 ];
 
 /** 10.198.0.0/16 minus 10.198.<n>.0/24 (the world) as CIDRs. */

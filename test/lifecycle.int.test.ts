@@ -2,12 +2,13 @@
  * Lifecycle: bursts of creates (R8), lifetime and kill races (R9), warm pool, operations that
  * survive an API restart, sandboxes that survive an agent restart, and nothing left behind.
  */
+import { execFile } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadAgentConfig } from '../runtime/agent/config.ts';
 import { startAgent } from '../runtime/agent/service.ts';
 import { loadApiConfig } from '../runtime/api/config.ts';
 import { startApi } from '../runtime/api/service.ts';
-import { leftovers, type Stack, startStack } from './stack.ts';
+import { collect, leftovers, readEvents, type Stack, startStack } from './stack.ts';
 
 /** Size of the R8 burst (the case says 100; SPACE_TEST_BURST lowers it on small machines). */
 const BURST = Number(process.env.SPACE_TEST_BURST ?? 100);
@@ -224,7 +225,6 @@ describe('lifecycle', () => {
     const r = await s.exec(id, { cmd: 'cat', args: ['/home/user/kept'] });
     expect(r.stdout.toString()).toBe('kept\n');
     // the command that ran across the restart still streams all of its output
-    const { collect, readEvents } = await import('./stack.ts');
     const out = collect(await readEvents(running.body.stream.url, running.body.stream.token));
     expect(out.stdout.toString()).toBe('before\nafter\n');
     expect(out.exit.exitCode).toBe(0);
@@ -243,15 +243,11 @@ describe('lifecycle', () => {
         args: ['300'],
       },
     );
-    const events = (await import('./stack.ts')).readEvents(
-      running.body.stream.url,
-      running.body.stream.token,
-    );
+    const events = readEvents(running.body.stream.url, running.body.stream.token);
     // what the kernel's OOM killer (or gVisor failing to make a thread) does to a sandbox
     const inst = s.agent.sandboxes.get(id).instance.instanceId;
-    const { execFile } = await import('node:child_process');
     await new Promise((r) => execFile('pkill', ['-KILL', '-f', `runsc-sandbox.*${inst}`], r));
-    const ended = (await import('./stack.ts')).collect(await events);
+    const ended = collect(await events);
     expect(ended.exit.exitCode).toBeNull();
     expect(ended.exit.error).toBeTruthy();
     const rec = await waitFor(

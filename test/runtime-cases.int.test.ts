@@ -2,7 +2,8 @@
  * The runtime cases of shared/cases/runtime.md (R1–R7), each against the real stack.
  * R8 and R9 live in lifecycle.int.test.ts.
  */
-import { createHash } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
+import { connect } from 'node:net';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { collect, leftovers, readEvents, type Stack, startStack } from './stack.ts';
@@ -173,7 +174,6 @@ describe('runtime cases', () => {
   });
 
   it('r5-large-and-interrupted-uploads: 1 MiB and 256 MiB round-trip; an aborted upload leaves the old file', async () => {
-    const { randomBytes } = await import('node:crypto');
     for (const size of [1024 * 1024, 256 * 1024 * 1024]) {
       const data = randomBytes(size);
       const put = await dp('PUT', `/files${q(`/home/user/big-${size}`)}`, data, {
@@ -189,7 +189,6 @@ describe('runtime cases', () => {
       'content-type': 'application/octet-stream',
     });
     // abort mid-upload: declare 8 MiB, send 1 MiB, then cut the connection
-    const { connect } = await import('node:net');
     const u = new URL(`${files.url}/files${q(path)}`);
     const sock = connect(Number(u.port), u.hostname);
     await new Promise((r) => sock.once('connect', r));
@@ -230,7 +229,6 @@ describe('runtime cases', () => {
     expect(late.statusCode).toBe(409);
     expect(((await late.body.json()) as { error: { code: string } }).error.code).toBe('PROCESS_EXITED');
 
-    const { randomBytes } = await import('node:crypto');
     const data = randomBytes(10 * 1000 * 1000);
     const cat = await start({ cmd: 'cat', stdin: true });
     const events = readEvents(cat.stream.url, cat.stream.token);

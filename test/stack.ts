@@ -2,9 +2,11 @@
  * A whole single-node SPACE in the test process: real Redis (from global setup), the API and a
  * node agent with the real gVisor driver, network namespaces and nftables. Used by the int tests.
  */
-import { mkdtemp, rm } from 'node:fs/promises';
+import { execFile } from 'node:child_process';
+import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { promisify } from 'node:util';
 import { createParser } from 'eventsource-parser';
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
@@ -19,6 +21,8 @@ import { writeNewKeyPair } from '../runtime/core/tokens.ts';
 import { loadGatewayConfig } from '../runtime/gateway/config.ts';
 import { type RunningGateway, startGateway } from '../runtime/gateway/service.ts';
 import { freePort } from './redis-server.ts';
+
+const run = promisify(execFile);
 
 /** Template cache shared by test runs (a build takes about a minute; reruns reuse it). */
 export const TEST_CACHE_DIR = process.env.SPACE_TEST_CACHE_DIR ?? '/var/lib/space';
@@ -181,7 +185,6 @@ export async function startStack(env: Record<string, string> = {}, gw?: StackGat
   }
   const agent = await startAgent(loadAgentConfig(base));
   const api = await startApi(loadApiConfig(base), { bootstrapKeyFile: join(dir, 'api-key') });
-  const { readFile } = await import('node:fs/promises');
   const apiKey = (await readFile(join(dir, 'api-key'), 'utf8')).trim();
 
   const call: Stack['call'] = async (method, path, body, headers = {}) => {
@@ -266,10 +269,6 @@ export async function leftovers(
 ): Promise<{ links: string[]; runsc: string[]; cgroups: string[] }> {
   const stackDir = stack.dir;
   const prefix = `${stack.pool.split('.').slice(0, 2).join('.')}.`;
-  const { execFile } = await import('node:child_process');
-  const { promisify } = await import('node:util');
-  const { readdir } = await import('node:fs/promises');
-  const run = promisify(execFile);
   const addrs = JSON.parse((await run('ip', ['-j', '-4', 'addr', 'show'])).stdout) as {
     ifname: string;
     addr_info?: { local?: string }[];

@@ -59,6 +59,19 @@ export interface LocalSandbox {
   credentials: CredentialGrant[];
 }
 
+/** Whether an instance's guest daemon answers /health (the ground truth of "alive"). */
+async function guestAnswers(inst: InstanceInfo): Promise<boolean> {
+  const g = new GuestClient(inst.guest);
+  try {
+    await g.health();
+    return true;
+  } catch {
+    return false;
+  } finally {
+    await g.close();
+  }
+}
+
 /** Tombstones older than this are forgotten (ms): far longer than any create can take. */
 const TOMBSTONE_TTL_MS = 24 * 3600 * 1000;
 
@@ -353,17 +366,8 @@ export class SandboxManager {
         continue;
       }
       const inst = instances.get(rec.instance.instanceId);
-      const answers = async (i: InstanceInfo) => {
-        const g = new GuestClient(i.guest);
-        const ok = await g.health().then(
-          () => true,
-          () => false,
-        );
-        await g.close();
-        return ok;
-      };
       // a `runsc state` that failed reads as stopped: trust a guest that still answers
-      if (!inst || (inst.state === 'stopped' && !(await answers(inst)))) {
+      if (!inst || (inst.state === 'stopped' && !(await guestAnswers(inst)))) {
         lost.push(id);
         await rm(join(root, id), { recursive: true, force: true });
         continue;

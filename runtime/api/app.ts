@@ -81,7 +81,7 @@ export function createApiDeps(o: {
     agents: new AgentClient(o.signingKey, o.config.dispatchTimeoutMs),
     credentials: new CredentialStore(redis),
     metrics: createApiMetrics(),
-    templates: () => readyTemplates(nodes),
+    templates: async () => readyTemplates(await nodes.list()),
     async requireSandbox(id) {
       const rec = await sandboxes.get(id);
       if (!rec) throw new SpaceError('SANDBOX_NOT_FOUND', `no sandbox ${id}`, { sandboxId: id });

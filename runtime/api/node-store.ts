@@ -32,6 +32,7 @@ export class NodeStore {
       schedulable: h.schedulable === '1',
       heartbeatAt: new Date(Number(h.heartbeatAt ?? 0)).toISOString(),
       alive: alive === 1,
+      templates: (h.templates ?? '').split(',').filter(Boolean),
     };
   }
 
@@ -49,13 +50,7 @@ export class NodeStore {
   }
 }
 
-/** Templates ready on at least one alive node (agents list them in their registration). */
-export async function readyTemplates(store: NodeStore): Promise<Set<string>> {
-  const out = new Set<string>();
-  for (const id of await store.redis.smembers(keys.nodeIndex())) {
-    if ((await store.redis.exists(keys.nodeAlive(id))) !== 1) continue;
-    const list = await store.redis.hget(keys.node(id), 'templates');
-    for (const t of (list ?? '').split(',')) if (t) out.add(t);
-  }
-  return out;
+/** Templates ready on at least one alive node (agents list them in their registration). Pure. */
+export function readyTemplates(nodes: readonly NodeInfo[]): Set<string> {
+  return new Set(nodes.filter((n) => n.alive).flatMap((n) => n.templates));
 }

@@ -141,4 +141,6 @@ export interface NodeInfo {
   /** ISO time of the last heartbeat. */
   heartbeatAt: string;
   alive: boolean;
+  /** Templates built and ready on the node. */
+  templates: string[];
 }

@@ -46,6 +46,14 @@ export type DenyReason =
   | 'idle-timeout'
   | 'byte-limit';
 
+/** Reasons an already-allowed connection is cut that are worth an `egress close` audit line. */
+export const AUDITED_CLOSES: ReadonlySet<DenyReason> = new Set([
+  'policy-changed',
+  'sandbox-removed',
+  'idle-timeout',
+  'byte-limit',
+]);
+
 /** One decision: what was asked, by whom, and what decided it. */
 export interface Decision {
   protocol: Protocol;

@@ -14,7 +14,7 @@ import {
   type ServerResponse,
 } from 'node:http';
 import type { Socket } from 'node:net';
-import type { Decision, DenyReason } from './audit.ts';
+import { AUDITED_CLOSES, type Decision, type DenyReason } from './audit.ts';
 import { decideClaim, identifySource, resolveForDial } from './decide.ts';
 import { stripHopByHop } from './http-headers.ts';
 import type { Registration, TrackedConnection } from './registry.ts';
@@ -106,12 +106,7 @@ export function createHttpProxy(deps: ProxyDeps): Server {
       close(reason) {
         if (closed) return;
         closed = true;
-        if (
-          reason === 'policy-changed' ||
-          reason === 'sandbox-removed' ||
-          reason === 'idle-timeout' ||
-          reason === 'byte-limit'
-        ) {
+        if (AUDITED_CLOSES.has(reason)) {
           audit.closed({ ...decision, name: conn.name, reason });
         }
         socket.destroy();

@@ -7,7 +7,7 @@
  */
 import { connect, createServer, type Server, type Socket } from 'node:net';
 import type { Logger } from 'pino';
-import type { Audit, DenyReason } from './audit.ts';
+import { AUDITED_CLOSES, type Audit, type DenyReason } from './audit.ts';
 import type { DeploymentCa } from './ca.ts';
 import { parseClientHello } from './client-hello.ts';
 import { grantsCovering } from './credentials.ts';
@@ -66,12 +66,7 @@ function handle(deps: TlsProxyDeps, client: Socket): void {
     close(reason) {
       if (closed) return;
       closed = true;
-      if (
-        reason === 'policy-changed' ||
-        reason === 'sandbox-removed' ||
-        reason === 'idle-timeout' ||
-        reason === 'byte-limit'
-      ) {
+      if (AUDITED_CLOSES.has(reason)) {
         audit.closed({ ...decision, reason });
       }
       client.destroy();

@@ -382,17 +382,36 @@ export class GvisorDriver implements Driver {
    */
   async list(): Promise<InstanceInfo[]> {
     const ids = await readdir(join(this.cfg.stateDir, 'instances')).catch(() => [] as string[]);
+    // one `runsc list` for every container (the watchdog calls this every few seconds); one
+    // `runsc state` per instance only when the list itself fails
+    const statuses = await this.runscStatuses();
     const out: InstanceInfo[] = [];
     for (const id of ids) {
       const p = await readFile(join(this.instanceDir(id), 'instance.json'), 'utf8').catch(() => undefined);
       if (!p) continue;
       const persisted = JSON.parse(p) as PersistedInstance;
-      out.push(this.info(persisted, mapRunscStatus(await this.runscStatus(id))));
+      const status = statuses ? statuses.get(id) : await this.runscStatus(id);
+      out.push(this.info(persisted, mapRunscStatus(status)));
     }
     return out;
   }
 
   /** runsc's status string for a container, or undefined when unknown. */
+  /** Status of every container under the runsc root (`runsc list`), or null when runsc fails. */
+  async runscStatuses(): Promise<Map<string, string> | null> {
+    try {
+      const { stdout } = await run(this.cfg.runscBinary, [
+        `--root=${this.cfg.runscRoot}`,
+        'list',
+        '--format=json',
+      ]);
+      const states = (JSON.parse(stdout) as { id: string; status: string }[] | null) ?? [];
+      return new Map(states.map((st) => [st.id, st.status]));
+    } catch {
+      return null;
+    }
+  }
+
   async runscStatus(instanceId: string): Promise<string | undefined> {
     try {
       const { stdout } = await run(

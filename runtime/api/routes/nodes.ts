@@ -18,6 +18,7 @@ const NodeSchema = Type.Object({
   schedulable: Type.Boolean(),
   heartbeatAt: Type.String(),
   alive: Type.Boolean(),
+  templates: Type.Array(Type.String()),
 });
 
 export function nodeRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {

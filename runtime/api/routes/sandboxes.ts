@@ -11,6 +11,7 @@ import { IDEMPOTENCY_TTL_SEC, keys } from '../../core/redis-keys.ts';
 import type { SandboxState } from '../../core/types.ts';
 import type { ApiDeps } from '../app.ts';
 import { allowCredentialHosts } from '../credential-store.ts';
+import { readyTemplates } from '../node-store.ts';
 import { operationToPublic } from '../operations.ts';
 import { toPublic } from '../sandbox-store.ts';
 import {
@@ -54,14 +55,15 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
       },
       async (req, reply) => {
         const body = req.body;
-        const templates = await deps.templates();
+        const all = await deps.nodes.list();
+        const templates = readyTemplates(all);
         if (!templates.has(body.template)) {
           throw new SpaceError('TEMPLATE_NOT_FOUND', `no template "${body.template}" on any available node`, {
             template: body.template,
             known: [...templates].sort(),
           });
         }
-        const nodes = (await deps.nodes.list()).filter((n) => n.alive && n.schedulable);
+        const nodes = all.filter((n) => n.alive && n.schedulable);
         const vcpus = body.vcpus ?? 1;
         const memoryMiB = body.memoryMiB ?? 512;
         if (nodes.length > 0 && !nodes.some((n) => n.vcpus >= vcpus && n.memoryMiB >= memoryMiB)) {
