@@ -1,6 +1,7 @@
 /** Settings of the node agent (env names, defaults with units, docs). */
 import { cpus, hostname, totalmem } from 'node:os';
 import { type ConfigOf, loadConfig, setting } from '../core/config.ts';
+import { DRIVER_NAMES } from '../core/drivers.ts';
 
 export const agentSettings = {
   nodeId: setting.string('SPACE_NODE_ID', 'Node id (default: the host name).', hostname()),
@@ -22,7 +23,37 @@ export const agentSettings = {
     '/var/lib/space/agent',
   ),
   cacheDir: setting.string('SPACE_CACHE_DIR', 'Template build cache.', '/var/lib/space'),
-  driver: setting.oneOf('SPACE_DRIVER', 'VM driver of this node.', ['gvisor'] as const, 'gvisor'),
+  driver: setting.oneOf(
+    'SPACE_DRIVER',
+    'VM driver of this node (`auto`: a VMM driver when KVM is usable and its binary is present, else gvisor).',
+    ['auto', ...DRIVER_NAMES] as const,
+    'auto',
+  ),
+  gvisorPlatform: setting.oneOf(
+    'SPACE_GVISOR_PLATFORM',
+    'runsc platform of the gvisor driver.',
+    ['ptrace', 'systrap'] as const,
+    'ptrace',
+  ),
+  runscBinary: setting.string('SPACE_RUNSC_BINARY', 'runsc binary (gvisor driver).', 'runsc'),
+  qemuBinary: setting.string('SPACE_QEMU_BINARY', 'QEMU binary (qemu driver).', 'qemu-system-x86_64'),
+  firecrackerBinary: setting.string(
+    'SPACE_FIRECRACKER_BINARY',
+    'Firecracker binary (firecracker driver).',
+    '/usr/local/bin/firecracker',
+  ),
+  jailerBinary: setting.string('SPACE_JAILER_BINARY', 'Firecracker jailer binary.', '/usr/local/bin/jailer'),
+  cloudHypervisorBinary: setting.string(
+    'SPACE_CLOUD_HYPERVISOR_BINARY',
+    'Cloud Hypervisor binary (cloud-hypervisor driver).',
+    '/usr/local/bin/cloud-hypervisor',
+  ),
+  kvm: setting.oneOf(
+    'SPACE_KVM',
+    '`auto`: use KVM when a test boot under it succeeds; `off`: never (QEMU falls back to software emulation).',
+    ['auto', 'off'] as const,
+    'auto',
+  ),
   warmTemplates: setting.optionalString(
     'SPACE_WARM_TEMPLATES',
     'Comma list of templates to keep warm (default: base).',

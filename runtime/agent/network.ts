@@ -14,7 +14,7 @@ import { execFile } from 'node:child_process';
 import { readdir, stat, writeFile } from 'node:fs/promises';
 import { promisify } from 'node:util';
 import { SpaceError } from '../core/errors.ts';
-import type { SandboxNetwork } from './drivers/driver.ts';
+import { GUEST_NET, type SandboxNetwork, type TapAttachment } from './drivers/driver.ts';
 import {
   baseRuleset,
   type CidrAllow,
@@ -235,6 +235,37 @@ export class SandboxNetworks {
     return net;
   }
 
+  /**
+   * Gives a VM a tap inside the sandbox's namespace (VM drivers; gVisor uses the veth end itself).
+   * The guest always has {@link GUEST_NET}'s addresses; the namespace forwards between them and the
+   * sandbox's own address, so the host, its egress rules and the gateway see exactly what they see
+   * for a gVisor sandbox, and a snapshot restores into any namespace:
+   * - everything arriving for `sandboxAddress` (the agent's guest link, exposed ports) goes to the guest;
+   * - the guest's traffic leaves with `sandboxAddress` as its source; any other source is dropped;
+   * - DNS sent to the tap's address goes to the host end (where nftables hands it to the gateway);
+   * - nothing from the guest reaches the namespace itself.
+   * @returns the tap (name, the guest NIC's MAC). @throws SpaceError DRIVER_FAILED (partial state is
+   *   removed with the namespace on release).
+   */
+  async attachTap(net: SandboxNetwork): Promise<TapAttachment> {
+    const ns = net.netns;
+    const tap = GUEST_NET.tapName;
+    await sh('ip', ['-n', ns, 'tuntap', 'add', 'dev', tap, 'mode', 'tap']);
+    await sh('ip', [
+      '-n',
+      ns,
+      'addr',
+      'add',
+      `${GUEST_NET.gatewayAddress}/${GUEST_NET.prefixLength}`,
+      'dev',
+      tap,
+    ]);
+    await sh('ip', ['-n', ns, 'link', 'set', tap, 'up']);
+    await sh('ip', ['netns', 'exec', ns, 'sysctl', '-qw', 'net.ipv4.ip_forward=1']);
+    await sh('ip', ['netns', 'exec', ns, 'nft', '-f', '-'], tapRuleset(net));
+    return { name: tap, guestMac: GUEST_NET.guestMac };
+  }
+
   /** Replaces the sandbox's direct CIDR rules (egress policy update). @throws DRIVER_FAILED. */
   async setCidrAllows(net: SandboxNetwork, allows: CidrAllow[]): Promise<void> {
     await sh('nft', ['-f', '-'], cidrUpdateRuleset(net.hostIf, allows));
@@ -339,6 +370,37 @@ export class SandboxNetworks {
     await shIgnoreMissing('ip', ['link', 'del', net.hostIf]);
     await shIgnoreMissing('ip', ['netns', 'del', net.netns]);
   }
+}
+
+/**
+ * The nftables script (table `ip space_vm`, inside the sandbox's namespace) that joins a VM's tap to
+ * the namespace's veth end: see {@link SandboxNetworks.attachTap}. Pure.
+ */
+export function tapRuleset(net: Pick<SandboxNetwork, 'sandboxAddress' | 'hostAddress'>): string {
+  const g = GUEST_NET;
+  return [
+    'table ip space_vm {',
+    '  chain pre {',
+    '    type nat hook prerouting priority dstnat; policy accept;',
+    `    iifname "eth0" ip daddr ${net.sandboxAddress} dnat to ${g.guestAddress}`,
+    `    iifname "${g.tapName}" ip daddr ${g.gatewayAddress} meta l4proto { tcp, udp } th dport 53 dnat to ${net.hostAddress}`,
+    '  }',
+    '  chain fwd {',
+    '    type filter hook forward priority 0; policy drop;',
+    `    iifname "${g.tapName}" oifname "eth0" ip saddr ${g.guestAddress} accept`,
+    `    iifname "eth0" oifname "${g.tapName}" ip daddr ${g.guestAddress} accept`,
+    '  }',
+    '  chain in {',
+    '    type filter hook input priority 0; policy accept;',
+    `    iifname "${g.tapName}" drop`,
+    '  }',
+    '  chain post {',
+    '    type nat hook postrouting priority srcnat; policy accept;',
+    `    oifname "eth0" ip saddr ${g.guestAddress} snat to ${net.sandboxAddress}`,
+    '  }',
+    '}',
+    '',
+  ].join('\n');
 }
 
 /** Namespaces younger than this are left to whoever is making them (ms). */

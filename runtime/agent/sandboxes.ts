@@ -16,7 +16,7 @@ import { SpaceError } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
 import { type Command, DETACH, resumePump, type StartCommand, startCommand } from './commands.ts';
-import type { Driver, InstanceInfo } from './drivers/driver.ts';
+import type { Driver, InstanceInfo, TemplateImage } from './drivers/driver.ts';
 import type { GatewayClient } from './gateway-client.ts';
 import { GuestClient } from './guest-client.ts';
 import type { SandboxNetworks } from './network.ts';
@@ -99,8 +99,8 @@ export interface SandboxManagerOptions {
   stateDir: string;
   driver: Driver;
   networks: SandboxNetworks;
-  /** Rootfs of a template on this node; throws TEMPLATE_NOT_FOUND / TEMPLATE_NOT_READY. */
-  templateRootfs: (template: string) => Promise<string>;
+  /** The image the driver boots for a template; throws TEMPLATE_NOT_FOUND / TEMPLATE_NOT_READY. */
+  templateImage: (template: string) => Promise<TemplateImage>;
   pidsLimit: number;
   /** Writable disk per sandbox, MiB. */
   diskMiB: number;
@@ -153,15 +153,17 @@ export class SandboxManager {
 
   /** Boots one instance (network + driver); undoes the network if the driver fails. */
   async boot(template: string, shape: { vcpus: number; memoryMiB: number }): Promise<InstanceInfo> {
-    const rootfs = await this.#o.templateRootfs(template);
+    const image = await this.#o.templateImage(template);
     return this.#boots.run(async () => {
       const instanceId = newId('i', 12);
       const network = await this.#o.networks.allocate(instanceId);
       try {
+        if (this.#o.driver.capabilities.network === 'tap')
+          network.tap = await this.#o.networks.attachTap(network);
         return await this.#o.driver.create({
           instanceId,
           template,
-          templateRootfs: rootfs,
+          image,
           vcpus: shape.vcpus,
           memoryMiB: shape.memoryMiB,
           pidsLimit: this.#o.pidsLimit,

@@ -5,15 +5,16 @@
  * SPACE_AGENT_ON_SHUTDOWN=destroy — destroys its sandboxes; by default they keep running and
  * the next agent re-adopts them.
  */
-import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
 import { createLogger } from '../core/log-fields.ts';
 import { keys } from '../core/redis-keys.ts';
 import { loadVerifyKey } from '../core/tokens.ts';
 import { buildAgentApp } from './app.ts';
 import { type AgentConfig, warmTemplates } from './config.ts';
-import { GvisorDriver } from './drivers/gvisor.ts';
+import type { TemplateImage } from './drivers/driver.ts';
+import { chooseDriver, createDriver } from './drivers/index.ts';
 import { GatewayClient } from './gateway-client.ts';
+import { defaultGuestLayerInputs, directoryImage } from './images.ts';
 import { SandboxNetworks } from './network.ts';
 import { NodeRegistry } from './registry.ts';
 import { SandboxManager } from './sandboxes.ts';
@@ -48,14 +49,31 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   const verifyKey = await loadVerifyKey(config.verifyKeyFile);
 
   const driverLog = log.child({ component: 'driver' });
-  const driver = new GvisorDriver({
-    stateDir: `${config.stateDir}/driver`,
-    runtimeDir: fileURLToPath(new URL('../', import.meta.url)),
-    nodeBinary: process.execPath,
-    trustedCaFile: config.trustedCaFile || undefined,
-    log: (msg, fields) => driverLog.info(fields ?? {}, msg),
-  });
+  const choice = await chooseDriver(config);
+  const driver = createDriver(
+    choice.driver,
+    config,
+    {
+      stateDir: `${config.stateDir}/driver`,
+      trustedCaFile: config.trustedCaFile || undefined,
+      log: (msg, fields) => driverLog.info(fields ?? {}, msg),
+    },
+    choice.kvm,
+  );
   await driver.preflight();
+  log.info({ driver: driver.name, kvm: choice.kvm, why: choice.reason }, 'driver chosen');
+  const guestInputs = defaultGuestLayerInputs();
+  const images = new Map<string, Promise<TemplateImage>>();
+  /** The image of a template for this driver, made once per agent process. */
+  const templateImage = (t: string): Promise<TemplateImage> => {
+    let p = images.get(t);
+    if (!p) {
+      p = directoryImage(t, config.cacheDir, guestInputs);
+      p.catch(() => images.delete(t));
+      images.set(t, p);
+    }
+    return p;
+  };
   const netLog = log.child({ component: 'network' });
   const gateway = config.gatewaySocket ? new GatewayClient(config.gatewaySocket) : null;
   const networks = new SandboxNetworks({
@@ -82,7 +100,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     stateDir: config.stateDir,
     driver,
     networks,
-    templateRootfs: (t) => resolveTemplate(t, config.cacheDir),
+    templateImage,
     pidsLimit: config.pidsLimit,
     diskMiB: config.diskMiB,
     createConcurrency: config.createConcurrency,

@@ -82,6 +82,16 @@ export const ERROR_CODES = {
     retryable: false,
     doc: 'The node’s driver cannot snapshot sandboxes.',
   },
+  SHAPE_UNSUPPORTED: {
+    status: 400,
+    retryable: false,
+    doc: 'No node’s driver can run this vCPU/memory shape (e.g. Firecracker takes 1 or an even number of vCPUs).',
+  },
+  INSTANCE_LOST: {
+    status: 410,
+    retryable: false,
+    doc: 'The sandbox’s VM (or its VMM process) is gone from its node.',
+  },
   GUEST_UNAVAILABLE: {
     status: 502,
     retryable: true,

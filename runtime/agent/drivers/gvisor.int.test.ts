@@ -7,9 +7,10 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SpaceError } from '../../core/errors.ts';
 import { GUEST_PORT } from '../../core/guest-protocol.ts';
+import { directoryImage } from '../images.ts';
 import { SandboxNetworks } from '../network.ts';
 import { buildTemplate } from '../templates.ts';
-import type { InstanceSpec, SandboxNetwork } from './driver.ts';
+import type { InstanceSpec, SandboxNetwork, TemplateImage } from './driver.ts';
 import { type GvisorConfig, GvisorDriver, httpStatus } from './gvisor.ts';
 
 /** Template cache shared with templates.int.test.ts (persists between runs). */
@@ -32,7 +33,7 @@ const STAND_IN_GUEST = [
 ];
 
 let stateDir = '';
-let rootfs = '';
+let image: TemplateImage;
 let driver: GvisorDriver;
 const networks = new Map<string, SandboxNetwork>();
 let seq = 0;
@@ -40,8 +41,6 @@ let seq = 0;
 function config(extra: Partial<GvisorConfig> = {}): GvisorConfig {
   return {
     stateDir,
-    runtimeDir: RUNTIME_DIR,
-    nodeBinary: NODE_24,
     guestArgv: STAND_IN_GUEST,
     ...extra,
   };
@@ -56,7 +55,7 @@ async function newSpec(memoryMiB = 256): Promise<InstanceSpec> {
     guestToken: 'test-guest-token',
     diskMiB: 512,
     template: 'base',
-    templateRootfs: rootfs,
+    image,
     vcpus: 0.5,
     memoryMiB,
     pidsLimit: 128,
@@ -107,7 +106,8 @@ async function leftovers(id: string, netns: string): Promise<string[]> {
 }
 
 beforeAll(async () => {
-  rootfs = (await buildTemplate('base', { cacheDir: CACHE })).rootfs;
+  await buildTemplate('base', { cacheDir: CACHE });
+  image = await directoryImage('base', CACHE, { nodeBinary: NODE_24, tiniBinary: '/usr/bin/tini-static' });
   stateDir = await mkdtemp(join(tmpdir(), 'space-gvisor-'));
   driver = new GvisorDriver(config());
   await driver.preflight();
@@ -187,7 +187,7 @@ describe('GvisorDriver (real runsc, ptrace)', () => {
       expect(result.code).toBe('SNAPSHOT_UNSUPPORTED');
       console.log(`experimental snapshot: SNAPSHOT_UNSUPPORTED — ${result.message}`);
     } else {
-      expect(result).toEqual({ instanceId: spec.instanceId, path: dir });
+      expect(result).toMatchObject({ instanceId: spec.instanceId, path: dir, driver: 'gvisor' });
       console.log(`experimental snapshot: ok, files ${(await readdir(dir)).join(', ')}`);
     }
     await cleanup(driver, spec.instanceId);

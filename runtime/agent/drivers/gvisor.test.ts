@@ -16,7 +16,7 @@ const spec: InstanceSpec = {
   guestToken: 'tok',
   diskMiB: 512,
   template: 'base',
-  templateRootfs: '/cache/base/rootfs',
+  image: { template: 'base', digest: 'd', lowerDirs: ['/cache/guest/layer', '/cache/base/rootfs'] },
   vcpus: 1.5,
   memoryMiB: 512,
   pidsLimit: 100,
@@ -57,13 +57,10 @@ describe('gvisor pure helpers', () => {
     expect(run.args.join(' ')).toMatch(/mount -t tmpfs .* \/proc\/sys\/net && exec "\$@"/);
   });
 
-  it('builds the OCI spec with limits, netns path and read-only binds', () => {
+  it('builds the OCI spec with limits and netns path, and mounts nothing from the host', () => {
     const oci = buildOciSpec({
       spec,
       rootPath: '/s/rootfs',
-      runtimeDir: '/repo/runtime',
-      nodeBinary: '/bin/node24',
-      tiniBinary: '/usr/bin/tini-static',
       guestArgv: ['/opt/space/bin/tini', '--', 'x'],
     }) as {
       process: { args: string[]; user: { uid: number } };
@@ -91,16 +88,16 @@ describe('gvisor pure helpers', () => {
       memory: { limit: 512 * 1024 * 1024 },
       pids: { limit: 100 },
     });
-    const node = oci.mounts.find((m) => m.destination === '/opt/space/bin/node');
-    expect(node?.source).toBe('/bin/node24');
-    expect(node?.options).toContain('ro');
-    expect(oci.mounts.find((m) => m.destination === '/opt/space/runtime')?.options).toContain('ro');
-    expect(oci.mounts.some((m) => m.destination === '/tmp')).toBe(false);
+    // only kernel filesystems: no bind mount of any host path
+    expect(oci.mounts.map((m) => m.source).sort()).toEqual(['devpts', 'proc', 'shm', 'sysfs', 'tmpfs']);
+    expect(oci.mounts.some((m) => (m as { type?: string }).type === 'bind')).toBe(false);
   });
 
   it('overlay options, status mapping, checkpoint error', () => {
-    expect(overlayOptions('/l', '/u', '/w')).toBe('lowerdir=/l,upperdir=/u,workdir=/w');
-    expect(() => overlayOptions('/l,x', '/u', '/w')).toThrow();
+    expect(overlayOptions(['/g', '/l'], '/u', '/w')).toBe('lowerdir=/g:/l,upperdir=/u,workdir=/w');
+    expect(() => overlayOptions(['/l,x'], '/u', '/w')).toThrow();
+    expect(() => overlayOptions(['/l:x'], '/u', '/w')).toThrow();
+    expect(() => overlayOptions([], '/u', '/w')).toThrow();
     expect(mapRunscStatus('running')).toBe('running');
     expect(mapRunscStatus('paused')).toBe('paused');
     expect(mapRunscStatus(undefined)).toBe('stopped');

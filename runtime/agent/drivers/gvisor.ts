@@ -5,14 +5,15 @@
  * Per instance, under `<stateDir>/instances/<id>/`:
  * ```
  * instance.json   persisted {@link PersistedInstance} (spec + createdAt), for re-adoption
- * upper/ work/    overlayfs upper and work dirs (the sandbox's writes)
- * rootfs/         overlay mount point (lower = template rootfs), the container's writable root
+ * disk.img disk/  the sandbox's own ext4 disk (upper/ and work/ of the overlay: its writes)
+ * rootfs/         overlay mount point (lowers = the image's guest layer over the template tree)
  * config.json     OCI bundle spec (the instance dir is the bundle)
  * console.log     the guest's stdout/stderr
  * logs/           runsc --debug-log files (boot, gofer, run …) for failure diagnosis
  * ```
- * runsc state lives in `runscRoot` (default `<stateDir>/runsc`). Always `--platform=ptrace` (KVM hangs
- * on these machines; see machine-notes).
+ * runsc state lives in `runscRoot` (default `<stateDir>/runsc`). Platform `ptrace` by default (KVM hangs
+ * on these machines; see machine-notes). Nothing from the host is mounted into the sandbox: the guest
+ * daemon, its Node and tini come from the image's guest layer (`images.ts`).
  */
 import { execFile, spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -22,7 +23,17 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { SpaceError } from '../../core/errors.ts';
 import { GUEST_PORT } from '../../core/guest-protocol.ts';
-import type { Driver, InstanceInfo, InstanceSpec, SnapshotRef } from './driver.ts';
+import { GUEST_ARGV, GUEST_PATHS } from '../images.ts';
+import {
+  CleanupStack,
+  type Driver,
+  type DriverCapabilities,
+  type InstanceInfo,
+  type InstanceSpec,
+  type InstanceStats,
+  type RestoreSpec,
+  type SnapshotRef,
+} from './driver.ts';
 
 const run = promisify(execFile);
 
@@ -34,13 +45,9 @@ export interface GvisorConfig {
   runscRoot?: string;
   /** runsc binary (default `runsc` on PATH). */
   runscBinary?: string;
-  /** Host folder mounted read-only at /opt/space/runtime (the repo's runtime/ folder). */
-  runtimeDir: string;
-  /** Host Node 24 binary mounted read-only at /opt/space/bin/node (use process.execPath). */
-  nodeBinary: string;
-  /** Host tini mounted at /opt/space/bin/tini (default /usr/bin/tini-static). */
-  tiniBinary?: string;
-  /** The guest's argv (default {@link DEFAULT_GUEST_ARGV}). */
+  /** runsc `--platform` (default `ptrace`). */
+  platform?: 'ptrace' | 'systrap';
+  /** The guest's argv (default {@link DEFAULT_GUEST_ARGV}, from the image's guest layer). */
   guestArgv?: string[];
   /** How long create() waits for the guest's /health, ms (default 30 000). */
   healthTimeoutMs?: number;
@@ -57,13 +64,8 @@ export interface GvisorConfig {
   log?: (msg: string, fields?: Record<string, unknown>) => void;
 }
 
-/** The guest daemon under tini, from the read-only runtime mount. */
-export const DEFAULT_GUEST_ARGV = [
-  '/opt/space/bin/tini',
-  '--',
-  '/opt/space/bin/node',
-  '/opt/space/runtime/guest/main.ts',
-];
+/** The guest daemon under tini, from the image's guest layer. */
+export const DEFAULT_GUEST_ARGV = GUEST_ARGV;
 
 /** What instance.json holds. */
 export interface PersistedInstance {
@@ -98,9 +100,6 @@ export interface OciInputs {
   spec: InstanceSpec;
   /** Absolute path of the merged overlay (container root). */
   rootPath: string;
-  runtimeDir: string;
-  nodeBinary: string;
-  tiniBinary: string;
   guestArgv: string[];
 }
 
@@ -110,12 +109,6 @@ export interface OciInputs {
  */
 export function buildOciSpec(i: OciInputs): Record<string, unknown> {
   const { spec } = i;
-  const ro = (source: string, destination: string) => ({
-    destination,
-    type: 'bind',
-    source,
-    options: ['rbind', 'ro', 'nosuid', 'nodev'],
-  });
   return {
     ociVersion: '1.0.2',
     process: {
@@ -140,9 +133,6 @@ export function buildOciSpec(i: OciInputs): Record<string, unknown> {
       { destination: '/dev/pts', type: 'devpts', source: 'devpts', options: ['nosuid', 'noexec'] },
       { destination: '/dev/shm', type: 'tmpfs', source: 'shm', options: ['nosuid', 'noexec', 'nodev'] },
       { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] },
-      ro(i.runtimeDir, '/opt/space/runtime'),
-      ro(i.nodeBinary, '/opt/space/bin/node'),
-      ro(i.tiniBinary, '/opt/space/bin/tini'),
     ],
     linux: {
       cgroupsPath: `/space/${spec.instanceId}`,
@@ -163,10 +153,15 @@ export function buildOciSpec(i: OciInputs): Record<string, unknown> {
 }
 
 /** Global runsc flags common to every call. Pure. */
-export function runscGlobalArgs(o: { root: string; debugLogDir?: string; debug?: boolean }): string[] {
+export function runscGlobalArgs(o: {
+  root: string;
+  platform?: string;
+  debugLogDir?: string;
+  debug?: boolean;
+}): string[] {
   return [
     `--root=${o.root}`,
-    '--platform=ptrace',
+    `--platform=${o.platform ?? 'ptrace'}`,
     ...(o.debugLogDir
       ? [`--debug-log=${o.debugLogDir.endsWith('/') ? o.debugLogDir : `${o.debugLogDir}/`}`]
       : []),
@@ -219,10 +214,12 @@ export function runscCheckpointArgs(global: string[], id: string, imagePath: str
   return [...global, 'checkpoint', '--leave-running', `--image-path=${imagePath}`, id];
 }
 
-/** Overlay mount options for a lower (read-only) dir and upper/work dirs. Pure. */
-export function overlayOptions(lower: string, upper: string, work: string): string {
-  for (const p of [lower, upper, work]) if (/[,:]/.test(p)) throw new Error(`overlay path has , or : — ${p}`);
-  return `lowerdir=${lower},upperdir=${upper},workdir=${work}`;
+/** Overlay mount options for read-only lowers (topmost first) and upper/work dirs. Pure. */
+export function overlayOptions(lowers: string[], upper: string, work: string): string {
+  if (!lowers.length) throw new Error('overlay needs at least one lower dir');
+  for (const p of [...lowers, upper, work])
+    if (/[,:]/.test(p)) throw new Error(`overlay path has , or : — ${p}`);
+  return `lowerdir=${lowers.join(':')},upperdir=${upper},workdir=${work}`;
 }
 
 /** The useful part of runsc checkpoint's (huge, Go-dump) error output, ≤ 300 chars. Pure. */
@@ -243,6 +240,18 @@ const ID_RE = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/;
 /** gVisor implementation of {@link Driver}. */
 export class GvisorDriver implements Driver {
   readonly name = 'gvisor' as const;
+  /** Snapshot/restore stay off until runsc can checkpoint a sandbox with live TCP endpoints. */
+  readonly capabilities: DriverCapabilities = {
+    pause: true,
+    snapshot: false,
+    restore: false,
+    memoryStats: true,
+    balloon: false,
+    guestLinks: ['tcp'],
+    network: 'veth',
+    rootfs: 'directory',
+    ownKernel: false,
+  };
   private readonly cfg: Required<Omit<GvisorConfig, 'log' | 'trustedCaFile'>> &
     Pick<GvisorConfig, 'log' | 'trustedCaFile'>;
 
@@ -251,7 +260,7 @@ export class GvisorDriver implements Driver {
       ...config,
       runscRoot: config.runscRoot ?? join(config.stateDir, 'runsc'),
       runscBinary: config.runscBinary ?? 'runsc',
-      tiniBinary: config.tiniBinary ?? '/usr/bin/tini-static',
+      platform: config.platform ?? 'ptrace',
       guestArgv: config.guestArgv ?? DEFAULT_GUEST_ARGV,
       healthTimeoutMs: config.healthTimeoutMs ?? 30_000,
       debug: config.debug ?? false,
@@ -259,16 +268,13 @@ export class GvisorDriver implements Driver {
     };
   }
 
-  /** Checks runsc, tini, node, runtimeDir, root. @throws SpaceError DRIVER_FAILED listing what is missing. */
+  /** Checks root and runsc. @throws SpaceError DRIVER_FAILED listing what is missing. */
   async preflight(): Promise<void> {
     const missing: string[] = [];
     if (process.getuid?.() !== 0) missing.push('must run as root');
     await run(this.cfg.runscBinary, ['--version']).catch(() =>
       missing.push(`${this.cfg.runscBinary} (apt: runsc)`),
     );
-    for (const p of [this.cfg.tiniBinary, this.cfg.nodeBinary, this.cfg.runtimeDir]) {
-      if (!existsSync(p)) missing.push(p);
-    }
     if (missing.length) {
       throw new SpaceError('DRIVER_FAILED', `gvisor preflight failed: ${missing.join('; ')}`, { missing });
     }
@@ -291,6 +297,8 @@ export class GvisorDriver implements Driver {
     if (existsSync(dir))
       throw new SpaceError('DRIVER_FAILED', `instance ${id} already exists`, { instanceId: id });
     const createdAt = Date.now();
+    const undo = new CleanupStack();
+    undo.push('instance', () => this.destroy(id));
     try {
       await this.prepareBundle(spec, dir);
       await writeFile(
@@ -304,9 +312,8 @@ export class GvisorDriver implements Driver {
       });
     } catch (err) {
       const diag = await this.diagnostics(dir);
-      await this.destroy(id).catch((e) =>
-        this.cfg.log?.('cleanup after failed create failed', { id, err: String(e) }),
-      );
+      const left = await undo.unwind();
+      if (left.length) this.cfg.log?.('cleanup after failed create failed', { id, left });
       throw new SpaceError(
         'DRIVER_FAILED',
         `gvisor create ${id} failed: ${(err as Error).message}${diag ? `\n${diag}` : ''}`,
@@ -316,6 +323,42 @@ export class GvisorDriver implements Driver {
     }
     this.cfg.log?.('instance created', { id, ms: Date.now() - createdAt });
     return this.info({ spec, createdAt }, 'running');
+  }
+
+  /** @throws SpaceError SNAPSHOT_UNSUPPORTED: this driver cannot restore (see {@link capabilities}). */
+  async restore(snapshot: SnapshotRef, spec: RestoreSpec): Promise<InstanceInfo> {
+    throw new SpaceError(
+      'SNAPSHOT_UNSUPPORTED',
+      'the gvisor driver cannot restore snapshots with this runsc',
+      {
+        instanceId: spec.instanceId,
+        snapshot: snapshot.path,
+      },
+    );
+  }
+
+  /**
+   * Re-attaches to a listed instance (gVisor keeps no connection: knowing it runs is enough).
+   * @throws SpaceError INSTANCE_LOST when runsc no longer knows it and its guest does not answer.
+   */
+  async adopt(instanceId: string): Promise<InstanceInfo> {
+    const inst = (await this.list()).find((i) => i.instanceId === instanceId);
+    if (!inst) throw new SpaceError('INSTANCE_LOST', `instance ${instanceId} is gone`, { instanceId });
+    return inst;
+  }
+
+  /** Memory charged to the instance's cgroup (v1 `memory.usage_in_bytes`). @throws DRIVER_FAILED. */
+  async stats(instanceId: string): Promise<InstanceStats> {
+    const file = join('/sys/fs/cgroup/memory/space', instanceId, 'memory.usage_in_bytes');
+    const text = await readFile(file, 'utf8').catch((err: unknown) => {
+      throw new SpaceError(
+        'DRIVER_FAILED',
+        `no memory cgroup for ${instanceId}`,
+        { instanceId },
+        { cause: err },
+      );
+    });
+    return { memoryBytes: Number(text.trim()) };
   }
 
   /** Freezes the sandbox (`runsc pause`). @throws DRIVER_FAILED. */
@@ -355,7 +398,32 @@ export class GvisorDriver implements Driver {
         { cause: err },
       );
     }
-    return { instanceId, path: dir };
+    const ref: SnapshotRef = {
+      driver: 'gvisor',
+      instanceId,
+      template: '',
+      imageDigest: '',
+      path: dir,
+      vcpus: 0,
+      memoryMiB: 0,
+      diskMiB: 0,
+      guestToken: '',
+      createdAt: Date.now(),
+    };
+    const p = await readFile(join(this.instanceDir(instanceId), 'instance.json'), 'utf8').catch(() => '');
+    if (p) {
+      const { spec } = JSON.parse(p) as PersistedInstance;
+      Object.assign(ref, {
+        template: spec.template,
+        imageDigest: spec.image.digest,
+        vcpus: spec.vcpus,
+        memoryMiB: spec.memoryMiB,
+        diskMiB: spec.diskMiB,
+        guestToken: spec.guestToken,
+      });
+    }
+    await writeFile(join(dir, 'snapshot.json'), JSON.stringify(ref), { mode: 0o600 });
+    return ref;
   }
 
   /**
@@ -432,12 +500,15 @@ export class GvisorDriver implements Driver {
       guest: { host: p.spec.network.sandboxAddress, port: GUEST_PORT, token: p.spec.guestToken },
       network: p.spec.network,
       createdAt: p.createdAt,
+      vcpus: p.spec.vcpus,
+      memoryMiB: p.spec.memoryMiB,
     };
   }
 
   private globalArgs(instanceId: string): string[] {
     return runscGlobalArgs({
       root: this.cfg.runscRoot,
+      platform: this.cfg.platform,
       debugLogDir: join(this.instanceDir(instanceId), 'logs'),
       debug: this.cfg.debug,
     });
@@ -462,15 +533,12 @@ export class GvisorDriver implements Driver {
       'overlay',
       'overlay',
       '-o',
-      overlayOptions(spec.templateRootfs, upper, work),
+      overlayOptions(spec.image.lowerDirs, upper, work),
       rootfs,
     ]);
-    // Mount points for the read-only binds (gVisor needs the destinations to exist).
-    await mkdir(join(rootfs, 'opt/space/runtime'), { recursive: true });
-    await mkdir(join(rootfs, 'opt/space/bin'), { recursive: true });
-    for (const f of ['node', 'tini']) await writeFile(join(rootfs, 'opt/space/bin', f), '', { flag: 'a' });
-    // the guest daemon's secret: a root-only file it deletes once read (see runtime/guest/main.ts)
-    await writeFile(join(rootfs, 'opt/space/guest-token'), spec.guestToken, { mode: 0o400 });
+    // the guest daemon's secret: a root-only file on the sandbox's own disk, deleted once read
+    // (see runtime/guest/main.ts)
+    await writeFile(join(rootfs, GUEST_PATHS.token.slice(1)), spec.guestToken, { mode: 0o400 });
     // DNS goes to the host end (nftables hands it to the node's gateway whatever address is used)
     await writeFile(join(rootfs, 'etc/resolv.conf'), `nameserver ${spec.network.hostAddress}\n`);
     if (this.cfg.trustedCaFile) {
@@ -482,9 +550,6 @@ export class GvisorDriver implements Driver {
     const oci = buildOciSpec({
       spec,
       rootPath: rootfs,
-      runtimeDir: this.cfg.runtimeDir,
-      nodeBinary: this.cfg.nodeBinary,
-      tiniBinary: this.cfg.tiniBinary,
       guestArgv: this.cfg.guestArgv,
     });
     await writeFile(join(dir, 'config.json'), JSON.stringify(oci, null, 2));

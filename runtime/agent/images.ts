@@ -1,0 +1,178 @@
+/**
+ * Guest images: what a driver boots for a template. A built template (`templates.ts`, a Debian tree
+ * from debootstrap) is paired with the *guest layer* — the guest daemon's source, the Node runtime
+ * it runs on and tini as PID 1, under `/opt/space` — so a sandbox's root filesystem holds everything
+ * the guest needs and nothing is mounted from the host.
+ *
+ * Cache layout (per node, content-addressed, rebuilt only when an input changes):
+ * ```
+ * <cacheDir>/guest/<digest>/layer/opt/space/bin/{node,tini}
+ * <cacheDir>/guest/<digest>/layer/opt/space/runtime/{guest,core}/…   only the guest's own imports
+ * <cacheDir>/guest/<digest>/complete
+ * ```
+ * The guest layer's digest covers the bytes of every file in it, so a changed guest daemon or a new
+ * Node gives a new layer without rebuilding the (slow, debootstrap) template.
+ */
+import { createHash, randomBytes } from 'node:crypto';
+import { createReadStream, existsSync } from 'node:fs';
+import { chmod, copyFile, mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { dirname, join, relative, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { SpaceError } from '../core/errors.ts';
+import type { TemplateImage } from './drivers/driver.ts';
+import { loadTemplateDefinition, resolveTemplate } from './templates.ts';
+
+/** Bump when the guest layer's layout changes. */
+export const GUEST_LAYER_VERSION = 'space-guest-layer/1';
+
+/** The repository's `runtime/` folder (the guest's sources are taken from here). */
+export const RUNTIME_DIR = fileURLToPath(new URL('../', import.meta.url));
+
+/** Where the guest layer puts things inside the sandbox. */
+export const GUEST_PATHS = {
+  node: '/opt/space/bin/node',
+  tini: '/opt/space/bin/tini',
+  main: '/opt/space/runtime/guest/main.ts',
+  /** The per-instance secret (root-only, deleted by the guest once read). */
+  token: '/opt/space/guest-token',
+} as const;
+
+/** The guest daemon's argv as every driver starts it (tini as PID 1 of the sandbox's processes). */
+export const GUEST_ARGV = [GUEST_PATHS.tini, '--', GUEST_PATHS.node, GUEST_PATHS.main];
+
+/** Inputs of the guest layer. */
+export interface GuestLayerInputs {
+  /** Node ≥ 24 binary copied into the guest (default: the agent's own). */
+  nodeBinary: string;
+  /** Statically linked tini (default /usr/bin/tini-static). */
+  tiniBinary: string;
+  /** The guest's entry module (default `<RUNTIME_DIR>/guest/main.ts`). */
+  entry?: string;
+}
+
+/** Default {@link GuestLayerInputs}: this process's Node and Debian's tini-static. */
+export function defaultGuestLayerInputs(): GuestLayerInputs {
+  return { nodeBinary: process.execPath, tiniBinary: '/usr/bin/tini-static' };
+}
+
+const IMPORT_RE = /(?:^|\n)\s*(?:import|export)\b[^'"]*?from\s*['"](\.{1,2}\/[^'"]+)['"]/g;
+
+/**
+ * The guest's source files: `entry` and every module it reaches through relative imports
+ * (type-only imports included: Node's type stripping still resolves nothing for them, but they
+ * are tiny and keep the set easy to reason about). Absolute paths, sorted.
+ * @throws Error when an imported file does not exist.
+ */
+export async function guestSources(entry = join(RUNTIME_DIR, 'guest', 'main.ts')): Promise<string[]> {
+  const seen = new Set<string>();
+  const queue = [resolve(entry)];
+  while (queue.length) {
+    const file = queue.pop()!;
+    if (seen.has(file)) continue;
+    if (!existsSync(file)) throw new Error(`guest source ${file} is missing`);
+    seen.add(file);
+    const text = await readFile(file, 'utf8');
+    for (const m of text.matchAll(IMPORT_RE)) queue.push(resolve(dirname(file), m[1]!));
+  }
+  return [...seen].sort();
+}
+
+async function fileDigest(path: string): Promise<string> {
+  const h = createHash('sha256');
+  for await (const chunk of createReadStream(path)) h.update(chunk as Buffer);
+  return h.digest('hex');
+}
+
+const digests = new Map<string, Promise<string>>();
+
+/**
+ * Digest of a guest layer: builder version + each file's layout path and content hash. Hashing the
+ * Node binary (~120 MiB) costs ~0.3 s, so it is done once per process and set of inputs (an agent
+ * picks up a changed guest at its next start).
+ */
+export function guestLayerDigest(inputs: GuestLayerInputs): Promise<string> {
+  const key = JSON.stringify(inputs);
+  let p = digests.get(key);
+  if (!p) {
+    p = (async () => {
+      const h = createHash('sha256').update(GUEST_LAYER_VERSION);
+      for (const [dest, src] of await layerFiles(inputs)) h.update(`\n${dest}\n${await fileDigest(src)}`);
+      return h.digest('hex');
+    })();
+    p.catch(() => digests.delete(key));
+    digests.set(key, p);
+  }
+  return p;
+}
+
+/** `[path inside the sandbox, host source]` pairs of the layer. */
+async function layerFiles(inputs: GuestLayerInputs): Promise<[string, string][]> {
+  const sources = await guestSources(inputs.entry);
+  const root = resolve(RUNTIME_DIR);
+  return [
+    [GUEST_PATHS.node, inputs.nodeBinary],
+    [GUEST_PATHS.tini, inputs.tiniBinary],
+    ...sources.map((s): [string, string] => [`/opt/space/runtime/${relative(root, s)}`, s]),
+  ];
+}
+
+const layerBuilds = new Map<string, Promise<string>>();
+
+/**
+ * The guest layer directory for `inputs` (built once per digest; concurrent callers share a build).
+ * @returns absolute path of the layer's root (to stack over a template's rootfs).
+ * @throws SpaceError DRIVER_FAILED when a source file (Node, tini, guest module) is missing.
+ */
+export async function buildGuestLayer(cacheDir: string, inputs: GuestLayerInputs): Promise<string> {
+  for (const p of [inputs.nodeBinary, inputs.tiniBinary]) {
+    if (!existsSync(p))
+      throw new SpaceError('DRIVER_FAILED', `guest layer input ${p} is missing`, { path: p });
+  }
+  const digest = await guestLayerDigest(inputs);
+  const dir = join(cacheDir, 'guest', digest);
+  if (existsSync(join(dir, 'complete'))) return join(dir, 'layer');
+  let p = layerBuilds.get(dir);
+  if (!p) {
+    p = (async () => {
+      const tmp = `${dir}.tmp-${process.pid}-${randomBytes(4).toString('hex')}`;
+      try {
+        for (const [dest, src] of await layerFiles(inputs)) {
+          const to = join(tmp, 'layer', dest);
+          await mkdir(dirname(to), { recursive: true });
+          await copyFile(src, to);
+          await chmod(to, dest.startsWith('/opt/space/bin/') ? 0o755 : 0o644);
+        }
+        await writeFile(join(tmp, 'complete'), JSON.stringify({ digest, builtAt: new Date().toISOString() }));
+        await rm(dir, { recursive: true, force: true });
+        await rename(tmp, dir);
+        return join(dir, 'layer');
+      } catch (err) {
+        await rm(tmp, { recursive: true, force: true });
+        throw err;
+      }
+    })().finally(() => layerBuilds.delete(dir));
+    layerBuilds.set(dir, p);
+  }
+  return p;
+}
+
+/** Hex SHA-256 of a template image made from a template digest and a guest layer digest. Pure. */
+export function imageDigest(templateDigest: string, guestDigest: string, extra = ''): string {
+  return createHash('sha256').update(`${templateDigest}\n${guestDigest}\n${extra}`).digest('hex');
+}
+
+/**
+ * A template as a directory-rootfs driver (gVisor) boots it: guest layer over the template tree.
+ * @throws SpaceError TEMPLATE_NOT_FOUND / TEMPLATE_NOT_READY (template), DRIVER_FAILED (guest layer).
+ */
+export async function directoryImage(
+  template: string,
+  cacheDir: string,
+  inputs: GuestLayerInputs,
+): Promise<TemplateImage> {
+  const rootfs = await resolveTemplate(template, cacheDir);
+  const { digest: tDigest } = await loadTemplateDefinition(template);
+  const layer = await buildGuestLayer(cacheDir, inputs);
+  const gDigest = dirname(layer).split('/').pop()!;
+  return { template, digest: imageDigest(tDigest, gDigest), lowerDirs: [layer, rootfs] };
+}
