@@ -16,6 +16,7 @@ export interface SpaceScripts {
     template: string,
     vcpusMilli: string,
     memoryMiB: string,
+    drivers: string,
   ): Promise<[string, number | string]>;
   spaceRelease(sandboxKey: string, prefix: string): Promise<number>;
   spaceExpire(

@@ -30,12 +30,13 @@ const make = (id: string, now: number, metadata: Record<string, string> = {}) =>
     now,
   );
 
-async function addNode(id: string, vcpus: number, memoryMiB: number, warm = 0) {
+async function addNode(id: string, vcpus: number, memoryMiB: number, warm = 0, driver = 'gvisor') {
   await redis
     .multi()
     .sadd(keys.nodeIndex(), id)
     .hset(keys.node(id), {
       id,
+      driver,
       schedulable: '1',
       vcpusMilli: String(vcpus * 1000),
       memoryMiB: String(memoryMiB),
@@ -121,6 +122,19 @@ describe('SandboxStore', () => {
       nodeId: null,
       reason: 'no_nodes',
     });
+  });
+
+  it('places only on nodes whose driver can run the shape (Firecracker: 1 or an even number of vCPUs)', async () => {
+    await addNode('fc-node', 16, 8192, 1, 'firecracker');
+    await addNode('gv-node', 16, 8192, 0, 'gvisor');
+    const three = { ...(await make('sbx_shape00000000000001', 1)), vcpus: 3 };
+    // the warm slot on the Firecracker node does not win: 3 vCPUs cannot run there
+    expect(await store.place(three)).toEqual({ nodeId: 'gv-node', fromWarm: false });
+    const two = { ...(await make('sbx_shape00000000000002', 1)), vcpus: 2 };
+    expect(await store.place(two)).toEqual({ nodeId: 'fc-node', fromWarm: true });
+    await redis.del(keys.nodeAlive('gv-node'));
+    const half = { ...(await make('sbx_shape00000000000003', 1)), vcpus: 0.5 };
+    expect(await store.place(half)).toEqual({ nodeId: null, reason: 'full' });
   });
 
   it('expires each sandbox once, queues its delete, and loses races with extension cleanly', async () => {

@@ -4,6 +4,7 @@
  * scripts in `scripts/`; nothing here does read-modify-write from Node.
  */
 
+import { acceptingDrivers } from '../core/drivers.ts';
 import type { EgressPolicy } from '../core/egress.ts';
 import { SpaceError } from '../core/errors.ts';
 import { KEY_PREFIX, KILLED_SANDBOX_TTL_SEC, keys } from '../core/redis-keys.ts';
@@ -228,6 +229,7 @@ export class SandboxStore {
       rec.template,
       String(Math.round(rec.vcpus * 1000)),
       String(rec.memoryMiB),
+      acceptingDrivers(rec).join(','),
     );
     if (!node) return { nodeId: null, reason: String(extra) };
     return { nodeId: node, fromWarm: Number(extra) === 1 };

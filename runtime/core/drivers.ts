@@ -91,6 +91,11 @@ export function shapeProblem(driver: DriverName, shape: SandboxShape): string | 
   return null;
 }
 
+/** The drivers that can run `shape` (in {@link DRIVER_NAMES} order). Pure. */
+export function acceptingDrivers(shape: SandboxShape): DriverName[] {
+  return DRIVER_NAMES.filter((d) => shapeProblem(d, shape) === null);
+}
+
 /** True when `value` names a known driver. */
 export function isDriverName(value: unknown): value is DriverName {
   return typeof value === 'string' && (DRIVER_NAMES as readonly string[]).includes(value);

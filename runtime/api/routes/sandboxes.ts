@@ -3,6 +3,7 @@ import { createHash } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
+import { isDriverName, shapeProblem } from '../../core/drivers.ts';
 import { EgressPolicySchema, normalisePolicy } from '../../core/egress.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { newId } from '../../core/ids.ts';
@@ -74,6 +75,21 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
             `no node is large enough for ${vcpus} vCPU / ${memoryMiB} MiB (largest: ${largest.vcpus} vCPU / ${largest.memoryMiB} MiB)`,
             { vcpus, memoryMiB },
           );
+        }
+        const able = nodes.filter((n) => n.templates.includes(body.template));
+        const problems = able.flatMap((n) => {
+          const why = isDriverName(n.driver)
+            ? shapeProblem(n.driver, { vcpus, memoryMiB })
+            : `unknown driver ${n.driver}`;
+          return why ? [why] : [];
+        });
+        if (able.length > 0 && problems.length === able.length) {
+          // every node that could hold the template runs a driver that cannot run this shape
+          throw new SpaceError('SHAPE_UNSUPPORTED', [...new Set(problems)].join('; '), {
+            vcpus,
+            memoryMiB,
+            drivers: [...new Set(able.map((n) => n.driver))].sort(),
+          });
         }
         const timeoutSec = body.timeoutSec ?? deps.config.defaultTimeoutSec;
         if (timeoutSec > deps.config.maxTimeoutSec) {
