@@ -78,6 +78,14 @@ export class GuestClient {
   health(): Promise<GuestHealth> {
     return this.#json('GET', '/health');
   }
+  /**
+   * Replaces the guest's secret with `token` (authorised by the current one); later calls through
+   * this client fail until a new client is made with the new token.
+   */
+  rotateToken(token: string): Promise<void> {
+    return this.#json('POST', '/token', { token });
+  }
+
   init(env: Record<string, string>): Promise<void> {
     return this.#json('POST', '/init', { env });
   }

@@ -12,6 +12,10 @@ export interface Registration {
   id: string;
   url: string;
   driver: string;
+  /** What the driver can do (`pause`, `snapshot`, `restore`, …) and `kvm` when KVM is usable. */
+  capabilities: string[];
+  /** The API ↔ agent contract version it speaks (core/agent-protocol.ts). */
+  protocol: number;
   version: string;
   vcpus: number;
   memoryMiB: number;
@@ -60,6 +64,8 @@ export class NodeRegistry {
         id: r.id,
         url: r.url,
         driver: r.driver,
+        capabilities: r.capabilities.join(','),
+        protocol: String(r.protocol),
         version: r.version,
         vcpusMilli: String(Math.round(r.vcpus * 1000)),
         memoryMiB: String(r.memoryMiB),

@@ -16,7 +16,7 @@ import { SpaceError } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
 import { type Command, DETACH, resumePump, type StartCommand, startCommand } from './commands.ts';
-import type { Driver, InstanceInfo, TemplateImage } from './drivers/driver.ts';
+import type { Driver, InstanceInfo, SnapshotRef, TemplateImage } from './drivers/driver.ts';
 import type { GatewayClient } from './gateway-client.ts';
 import { GuestClient } from './guest-client.ts';
 import type { SandboxNetworks } from './network.ts';
@@ -36,10 +36,15 @@ export interface CreateSandbox {
   credentials: CredentialGrant[];
 }
 
+/** How a sandbox's instance came to be: a warm-pool claim, a snapshot restore, or a cold boot. */
+export type InstanceSource = 'warm' | 'snapshot' | 'boot';
+
 /** On-disk record of a sandbox on this node (`<stateDir>/sandboxes/<id>/sandbox.json`). */
 interface SandboxFile {
   req: CreateSandbox;
   instance: InstanceInfo;
+  /** Absent in records written before snapshots existed (then `fromWarmPool` says). */
+  source?: InstanceSource;
   fromWarmPool: boolean;
   createdAt: number;
 }
@@ -51,7 +56,7 @@ export interface LocalSandbox {
   template: string;
   instance: InstanceInfo;
   guest: GuestClient;
-  fromWarmPool: boolean;
+  source: InstanceSource;
   commands: Map<string, Command>;
   /** Open data-plane streams (bounded by config). */
   streams: number;
@@ -118,6 +123,7 @@ export class SandboxManager {
   readonly #sandboxes = new Map<string, LocalSandbox>();
   readonly #creating = new Map<string, Promise<LocalSandbox>>();
   readonly #tombstones = new Map<string, number>();
+  readonly #snapshots = new Map<string, SnapshotRef>();
   readonly #boots: Semaphore;
   #warm: WarmPool | null = null;
   #closing = false;
@@ -151,16 +157,49 @@ export class SandboxManager {
     return sb;
   }
 
-  /** Boots one instance (network + driver); undoes the network if the driver fails. */
+  /**
+   * Makes one instance (network + driver): restored from the template's snapshot when there is one
+   * of this shape, booted otherwise. Undoes the network if the driver fails.
+   */
   async boot(template: string, shape: { vcpus: number; memoryMiB: number }): Promise<InstanceInfo> {
+    return (await this.#make(template, shape)).inst;
+  }
+
+  async #make(
+    template: string,
+    shape: { vcpus: number; memoryMiB: number },
+  ): Promise<{ inst: InstanceInfo; source: 'snapshot' | 'boot' }> {
     const image = await this.#o.templateImage(template);
+    const snap = this.#snapshots.get(template);
+    const restoreFrom =
+      snap !== undefined &&
+      snap.imageDigest === image.digest &&
+      snap.vcpus === shape.vcpus &&
+      snap.memoryMiB === shape.memoryMiB &&
+      snap.diskMiB === this.#o.diskMiB
+        ? snap
+        : null;
     return this.#boots.run(async () => {
       const instanceId = newId('i', 12);
+      const guestToken = randomBytes(32).toString('hex');
       const network = await this.#o.networks.allocate(instanceId);
       try {
-        if (this.#o.driver.capabilities.network === 'tap')
+        if (this.#o.driver.capabilities.network === 'tap') {
           network.tap = await this.#o.networks.attachTap(network);
-        return await this.#o.driver.create({
+        }
+        if (restoreFrom) {
+          const inst = await this.#o.driver.restore(restoreFrom, {
+            instanceId,
+            template,
+            image,
+            pidsLimit: this.#o.pidsLimit,
+            guestToken,
+            network,
+          });
+          await this.#rekey(inst, restoreFrom.guestToken, guestToken);
+          return { inst, source: 'snapshot' as const };
+        }
+        const inst = await this.#o.driver.create({
           instanceId,
           template,
           image,
@@ -168,14 +207,83 @@ export class SandboxManager {
           memoryMiB: shape.memoryMiB,
           pidsLimit: this.#o.pidsLimit,
           diskMiB: this.#o.diskMiB,
-          guestToken: randomBytes(32).toString('hex'),
+          guestToken,
           network,
         });
+        return { inst, source: 'boot' as const };
       } catch (err) {
         await this.#o.networks.release(network).catch(() => {});
         throw err;
       }
     });
+  }
+
+  /**
+   * A restored guest still holds the snapshot's secret: replace it with this instance's own.
+   * Destroys the instance when that fails.
+   */
+  async #rekey(inst: InstanceInfo, snapshotToken: string, token: string): Promise<void> {
+    const old = new GuestClient({ ...inst.guest, token: snapshotToken });
+    try {
+      await old.rotateToken(token);
+    } catch (err) {
+      await this.#o.driver.destroy(inst.instanceId).catch(() => {});
+      throw err;
+    } finally {
+      await old.close();
+    }
+  }
+
+  /**
+   * Makes the template's snapshot on this node when the driver can snapshot and restore: boots one
+   * instance of `shape`, snapshots it once its guest answers, and throws the instance away. Later
+   * cold creates of that shape restore from it instead of booting. Reuses a snapshot left on disk by
+   * an earlier agent when it was taken from the same image. Returns null when the driver cannot.
+   * @throws SpaceError DRIVER_FAILED / SNAPSHOT_UNSUPPORTED when making it fails (nothing is left).
+   */
+  async prepareSnapshot(
+    template: string,
+    shape: { vcpus: number; memoryMiB: number },
+  ): Promise<SnapshotRef | null> {
+    const caps = this.#o.driver.capabilities;
+    if (!caps.snapshot || !caps.restore) return null;
+    const image = await this.#o.templateImage(template);
+    const dir = join(
+      this.#o.stateDir,
+      'snapshots',
+      template,
+      image.digest,
+      `${shape.vcpus}x${shape.memoryMiB}x${this.#o.diskMiB}`,
+    );
+    const saved = await readFile(join(dir, 'snapshot.json'), 'utf8').catch(() => null);
+    if (saved) {
+      const ref = JSON.parse(saved) as SnapshotRef;
+      if (ref.driver === this.#o.driver.name) {
+        this.#snapshots.set(template, ref);
+        return ref;
+      }
+    }
+    await rm(dir, { recursive: true, force: true });
+    this.#snapshots.delete(template);
+    const { inst } = await this.#make(template, shape);
+    try {
+      const ref = await this.#o.driver.snapshot(inst.instanceId, dir);
+      this.#snapshots.set(template, ref);
+      this.#o.log.info({ [F.templateId]: template, path: dir }, 'template snapshot made');
+      return ref;
+    } catch (err) {
+      await rm(dir, { recursive: true, force: true });
+      throw err;
+    } finally {
+      await this.discard(inst).catch((e: unknown) =>
+        this.#o.log.warn({ err: e }, 'discarding the snapshot source instance failed'),
+      );
+    }
+  }
+
+  /** The template snapshots this node restores from (template → snapshot). */
+  snapshots(): ReadonlyMap<string, SnapshotRef> {
+    return this.#snapshots;
   }
 
   /** Destroys an instance and frees its network. Idempotent. */
@@ -206,7 +314,7 @@ export class SandboxManager {
     const log = this.#o.log.child({ [F.sandboxId]: req.sandboxId });
     const shape = { vcpus: req.vcpus, memoryMiB: req.memoryMiB };
     let inst = this.#warm?.claim(req.template, shape) ?? null;
-    let fromWarmPool = inst !== null;
+    let source: InstanceSource = 'warm';
     let guest: GuestClient | null = null;
     try {
       if (inst) {
@@ -219,11 +327,12 @@ export class SandboxManager {
           await this.discard(inst).catch(() => {});
           inst = null;
           guest = null;
-          fromWarmPool = false;
         }
       }
       if (!inst) {
-        inst = await this.boot(req.template, shape);
+        const made = await this.#make(req.template, shape);
+        inst = made.inst;
+        source = made.source;
         guest = new GuestClient(inst.guest);
       }
       await guest!.init(req.env);
@@ -232,7 +341,8 @@ export class SandboxManager {
       const file: SandboxFile = {
         req: { ...req, env: {} },
         instance: inst,
-        fromWarmPool,
+        source,
+        fromWarmPool: source === 'warm',
         createdAt: Date.now(),
       };
       await writeFile(join(dir, 'sandbox.json'), JSON.stringify(file));
@@ -245,7 +355,7 @@ export class SandboxManager {
         template: req.template,
         instance: inst,
         guest: guest!,
-        fromWarmPool,
+        source,
         commands: new Map(),
         streams: 0,
         egress: req.egress,
@@ -257,7 +367,7 @@ export class SandboxManager {
       // (found by test/attacks.int.test.ts).
       await this.#applyEgress(req.sandboxId, inst, req.egress, req.credentials);
       this.#sandboxes.set(sb.id, sb);
-      log.info({ [F.instanceId]: inst.instanceId, fromWarmPool }, 'sandbox created');
+      log.info({ [F.instanceId]: inst.instanceId, source }, 'sandbox created');
       return sb;
     } catch (err) {
       await guest?.close();
@@ -367,10 +477,19 @@ export class SandboxManager {
         await rm(join(root, id), { recursive: true, force: true });
         continue;
       }
-      const inst = instances.get(rec.instance.instanceId);
-      // a `runsc state` that failed reads as stopped: trust a guest that still answers
-      if (!inst || (inst.state === 'stopped' && !(await guestAnswers(inst)))) {
+      const listed = instances.get(rec.instance.instanceId);
+      // a `runsc state` that failed reads as stopped: trust a guest that still answers; then
+      // re-attach to the instance (a VMM's API socket)
+      const inst =
+        listed && (listed.state !== 'stopped' || (await guestAnswers(listed)))
+          ? await this.#o.driver.adopt(listed.instanceId).catch(() => null)
+          : null;
+      if (!inst) {
         lost.push(id);
+        if (listed) {
+          instances.delete(listed.instanceId);
+          await this.discard(listed).catch(() => {});
+        }
         await rm(join(root, id), { recursive: true, force: true });
         continue;
       }
@@ -381,7 +500,7 @@ export class SandboxManager {
         template: rec.req.template,
         instance: inst,
         guest: new GuestClient(inst.guest),
-        fromWarmPool: rec.fromWarmPool,
+        source: rec.source ?? (rec.fromWarmPool ? 'warm' : 'boot'),
         commands: new Map(),
         streams: 0,
         egress: rec.req.egress,

@@ -6,6 +6,7 @@
  * the next agent re-adopts them.
  */
 import { Redis } from 'ioredis';
+import { AGENT_PROTOCOL_VERSION } from '../core/agent-protocol.ts';
 import { createLogger } from '../core/log-fields.ts';
 import { keys } from '../core/redis-keys.ts';
 import { loadVerifyKey } from '../core/tokens.ts';
@@ -109,7 +110,15 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     baseEnv: config.trustedCaFile ? { NODE_EXTRA_CA_CERTS: '/etc/ssl/certs/ca-certificates.crt' } : {},
     log,
   });
-  const { adopted } = await sandboxes.adopt();
+  const { adopted, lost } = await sandboxes.adopt();
+  // a sandbox whose VM died while no agent watched: the control plane records why it ended
+  for (const id of lost) {
+    await redis.hset(
+      keys.nodeEnded(config.nodeId),
+      id,
+      'its VM stopped while the node agent was down (crashed, killed or the node rebooted)',
+    );
+  }
   // reconcile with the state of record: a sandbox the control plane ended while this agent was
   // down (or never finished creating) must not keep running here
   for (const id of adopted) {
@@ -128,7 +137,17 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     log: log.child({ component: 'warm-pool' }),
   });
   sandboxes.setWarmPool(warm);
-  warm.refill();
+  // template snapshots first (drivers that can restore), so warm slots and cold creates restore
+  // from them instead of booting; the agent serves meanwhile
+  const snapshotsMade = (async () => {
+    for (const t of warmTemplates(config).filter((x) => ready.includes(x))) {
+      await sandboxes
+        .prepareSnapshot(t, { vcpus: config.warmVcpus, memoryMiB: config.warmMemoryMiB })
+        .catch((err: unknown) =>
+          log.warn({ err, 'template.id': t }, 'template snapshot failed; creates boot'),
+        );
+    }
+  })().finally(() => warm.refill());
 
   const app = await buildAgentApp({ config, log, verifyKey, sandboxes, warm });
   await app.listen({ host: config.host, port: config.port });
@@ -140,6 +159,13 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       id: config.nodeId,
       url: config.advertiseUrl || `http://${config.host}:${port}`,
       driver: driver.name,
+      capabilities: [
+        ...Object.entries(driver.capabilities)
+          .filter(([, v]) => v === true)
+          .map(([k]) => k),
+        ...(choice.kvm ? ['kvm'] : []),
+      ],
+      protocol: AGENT_PROTOCOL_VERSION,
       version: AGENT_VERSION,
       vcpus: config.vcpus,
       memoryMiB: config.memoryMiB,
@@ -172,6 +198,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       log.info({ signal, onShutdown }, 'agent stopping');
       clearInterval(watchdog);
       await watching;
+      await snapshotsMade;
       // deregistering is a courtesy (the alive key expires anyway): never let a dead Redis hold up shutdown
       await Promise.race([
         registry.stop(onShutdown === 'destroy'),

@@ -4,40 +4,20 @@
  * back as the same coded SpaceError, transport failures as NODE_UNAVAILABLE.
  */
 import { request } from 'undici';
-import type { CredentialGrant } from '../core/credentials.ts';
+import {
+  AGENT_ROUTES,
+  type AgentCommandRequest,
+  type AgentCommandResponse,
+  type AgentCreateRequest,
+  type AgentCreateResponse,
+  agentPath,
+} from '../core/agent-protocol.ts';
 import type { EgressPolicy } from '../core/egress.ts';
 import { errorFromBody, SpaceError } from '../core/errors.ts';
 import { mintDispatchToken, type SigningKey } from '../core/tokens.ts';
 import type { NodeInfo } from '../core/types.ts';
 
-/** Body of the agent's create route. */
-export interface AgentCreateRequest {
-  sandboxId: string;
-  sessionId: string;
-  template: string;
-  vcpus: number;
-  memoryMiB: number;
-  env: Record<string, string>;
-  /** Epoch ms; the agent's backstop for the lifetime. */
-  expiresAtMs: number;
-  egress: EgressPolicy;
-  /** Credentials with their values, for the node's gateway only. */
-  credentials: CredentialGrant[];
-}
-
-/** Body of the agent's command-start route. */
-export interface AgentCommandRequest {
-  commandId: string;
-  cmd: string;
-  args: string[];
-  shell: boolean;
-  env: Record<string, string>;
-  cwd?: string;
-  user: 'user' | 'root';
-  /** `true`: keep stdin open; a string: write it then close; absent/false: /dev/null. */
-  stdin?: boolean | string;
-  timeoutMs?: number;
-}
+export type { AgentCommandRequest, AgentCreateRequest };
 
 export class AgentClient {
   readonly #key: SigningKey;
@@ -79,36 +59,21 @@ export class AgentClient {
 
   /** Creates (or returns the existing) instance for a sandbox; idempotent per sandbox id. */
   createSandbox(node: NodeInfo, req: AgentCreateRequest) {
-    return this.#call<{ instanceId: string; fromWarmPool: boolean }>(
-      node,
-      'POST',
-      '/internal/v1/sandboxes',
-      req,
-    );
+    return this.#call<AgentCreateResponse>(node, 'POST', AGENT_ROUTES.sandboxes, req);
   }
 
   /** Destroys a sandbox and remembers its id so a late create is refused; idempotent. */
   deleteSandbox(node: Pick<NodeInfo, 'id' | 'url'>, sandboxId: string) {
-    return this.#call<void>(node, 'DELETE', `/internal/v1/sandboxes/${encodeURIComponent(sandboxId)}`);
+    return this.#call<void>(node, 'DELETE', agentPath(AGENT_ROUTES.sandbox, sandboxId));
   }
 
   /** Replaces a sandbox's egress policy on its node (gateway + packet rules). */
   updateEgress(node: NodeInfo, sandboxId: string, egress: EgressPolicy) {
-    return this.#call<void>(
-      node,
-      'PUT',
-      `/internal/v1/sandboxes/${encodeURIComponent(sandboxId)}/egress`,
-      egress,
-    );
+    return this.#call<void>(node, 'PUT', agentPath(AGENT_ROUTES.egress, sandboxId), egress);
   }
 
   /** Starts a command in the sandbox's guest; the output is then read over the data plane. */
   startCommand(node: NodeInfo, sandboxId: string, req: AgentCommandRequest) {
-    return this.#call<{ commandId: string; pid: number }>(
-      node,
-      'POST',
-      `/internal/v1/sandboxes/${encodeURIComponent(sandboxId)}/commands`,
-      req,
-    );
+    return this.#call<AgentCommandResponse>(node, 'POST', agentPath(AGENT_ROUTES.commands, sandboxId), req);
   }
 }

@@ -71,7 +71,11 @@ async function create(d: LifecycleDeps, op: OperationRecord): Promise<void> {
       egress: rec.egress,
       credentials: await d.credentials.resolve(rec.grants),
     });
-    const moved = await d.sandboxes.transition(id, 'running', { fromWarmPool: out.fromWarmPool ? '1' : '0' });
+    const createdFrom = out.source ?? (out.fromWarmPool ? 'warm' : 'boot');
+    const moved = await d.sandboxes.transition(id, 'running', {
+      fromWarmPool: out.fromWarmPool ? '1' : '0',
+      createdFrom,
+    });
     if (!moved.ok) {
       // deleted while we were creating: the delete operation owns the teardown, but the agent
       // may have finished after it; destroy again (idempotent) so nothing is left behind
@@ -80,7 +84,7 @@ async function create(d: LifecycleDeps, op: OperationRecord): Promise<void> {
         sandboxId: id,
       });
     }
-    log.info({ [F.nodeId]: node.id, fromWarmPool: out.fromWarmPool }, 'sandbox running');
+    log.info({ [F.nodeId]: node.id, createdFrom }, 'sandbox running');
   } catch (err) {
     const e =
       err instanceof SpaceError ? err : new SpaceError('INTERNAL', 'create failed', {}, { cause: err });

@@ -21,6 +21,7 @@ export class NodeStore {
       id: h.id,
       url: h.url ?? '',
       driver: h.driver ?? '',
+      capabilities: (h.capabilities ?? '').split(',').filter(Boolean),
       version: h.version ?? '',
       vcpus: Number(h.vcpusMilli ?? 0) / 1000,
       memoryMiB: Number(h.memoryMiB ?? 0),

@@ -23,6 +23,7 @@ async function runningOn(node: string, id: string, at: number) {
     .sadd(keys.nodeIndex(), node)
     .hset(keys.node(node), {
       id: node,
+      driver: 'gvisor',
       schedulable: '1',
       vcpusMilli: '8000',
       memoryMiB: '8192',

@@ -61,6 +61,10 @@ function fromHash(h: Record<string, string>): SandboxRecord | null {
     env: JSON.parse(h.env ?? '{}') as Record<string, string>,
     nodeId: h.nodeId || null,
     fromWarmPool: h.fromWarmPool === '1',
+    createdFrom:
+      h.createdFrom === 'warm' || h.createdFrom === 'snapshot' || h.createdFrom === 'boot'
+        ? h.createdFrom
+        : null,
     sessionId: h.sessionId ?? '',
     createdAt: iso(h.createdAt) ?? '',
     updatedAt: iso(h.updatedAt) ?? '',

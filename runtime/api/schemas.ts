@@ -108,6 +108,12 @@ export const SandboxSchema = Type.Object(
     metadata: Type.Record(Type.String(), Type.String()),
     nodeId: Type.Union([Type.String(), Type.Null()]),
     fromWarmPool: Type.Boolean(),
+    createdFrom: Type.Union([
+      Type.Literal('warm'),
+      Type.Literal('snapshot'),
+      Type.Literal('boot'),
+      Type.Null(),
+    ]),
     sessionId: Type.String(),
     createdAt: Type.String({ format: 'date-time' }),
     updatedAt: Type.String({ format: 'date-time' }),

@@ -183,6 +183,7 @@ export interface Sandbox {
   metadata: Record<string, string>;
   nodeId: string | null;
   fromWarmPool: boolean;
+  createdFrom?: 'warm' | 'snapshot' | 'boot' | null;
   sessionId: string;
   createdAt: string;
   updatedAt: string;

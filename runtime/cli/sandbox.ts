@@ -92,7 +92,7 @@ function printSandbox(s: Sandbox): void {
     ['vcpus', String(s.vcpus)],
     ['memory', `${s.memoryMiB} MiB`],
     ['node', s.nodeId ?? '-'],
-    ['warm pool', s.fromWarmPool ? 'yes' : 'no'],
+    ['created from', s.createdFrom ?? (s.fromWarmPool ? 'warm' : '-')],
     ['created', `${s.createdAt} (${formatRelative(s.createdAt)})`],
     ['expires', `${s.expiresAt} (${formatRelative(s.expiresAt)})`],
   ];

@@ -8,6 +8,7 @@
  * | method | path | body → answer |
  * |---|---|---|
  * | GET | /health | → {@link GuestHealth} |
+ * | POST | /token | `{ token }` → 204 (replaces the agent's secret; a restored snapshot's guest gets its own) |
  * | POST | /init | {@link GuestInit} → 204 (sandbox-wide env defaults, set at claim time) |
  * | POST | /processes | {@link ProcessStartRequest} → 201 {@link ProcessInfo} |
  * | GET | /processes | → `{ processes: ProcessInfo[] }` |

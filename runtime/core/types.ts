@@ -83,6 +83,8 @@ export interface Sandbox {
   nodeId: string | null;
   /** Whether creation claimed a warm-pool slot. */
   fromWarmPool: boolean;
+  /** How its instance came to be: a warm-pool claim, a snapshot restore or a cold boot (null before). */
+  createdFrom: 'warm' | 'snapshot' | 'boot' | null;
   /** Current session id (bound into session tokens). */
   sessionId: string;
   /** ISO 8601 times. */
@@ -125,6 +127,8 @@ export interface NodeInfo {
   /** Base URL of the agent: internal routes and the data plane. */
   url: string;
   driver: string;
+  /** What the node's driver can do (`pause`, `snapshot`, `restore`, …; `kvm` when KVM is usable). */
+  capabilities: string[];
   version: string;
   /** Capacity totals. */
   vcpus: number;

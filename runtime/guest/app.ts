@@ -65,7 +65,7 @@ export function createGuestApp(config: GuestConfig): GuestApp {
     log,
   });
 
-  const expected = config.token === null ? null : Buffer.from(`Bearer ${config.token}`);
+  let expected = config.token === null ? null : Buffer.from(`Bearer ${config.token}`);
   /** Constant-time check of the agent's token. */
   function authorised(req: IncomingMessage): boolean {
     if (expected === null) return true;
@@ -90,6 +90,17 @@ export function createGuestApp(config: GuestConfig): GuestApp {
         uptimeMs: Math.round(performance.now() - startedAt),
       };
       return sendJson(res, 200, health);
+    }
+    if (path === '/token' && method === 'POST') {
+      // a sandbox restored from a snapshot wakes up holding the snapshot's token: its agent
+      // replaces it (authorised by the old one) before anything else talks to the guest
+      const body = await readJson(req);
+      const next = isObject(body) ? body.token : undefined;
+      if (typeof next !== 'string' || !/^[A-Za-z0-9_-]{32,256}$/.test(next)) {
+        throw new SpaceError('BAD_REQUEST', 'token must be 32–256 characters of [A-Za-z0-9_-]');
+      }
+      expected = Buffer.from(`Bearer ${next}`);
+      return sendNoContent(res);
     }
     if (path === '/init' && method === 'POST') {
       processes.init(await readJson(req));

@@ -366,4 +366,35 @@ describe('guest authentication', () => {
       await g.stop();
     }
   });
+
+  it('rotates its token: the old one stops working, the new one works, a bad one is refused', async () => {
+    const g = await startGuest();
+    try {
+      const post = (path: string, auth: string, body: unknown) =>
+        new Promise<number>((resolve, reject) => {
+          const req = httpRequest(
+            `${g.base}${path}`,
+            {
+              method: 'POST',
+              agent: false,
+              headers: { 'content-type': 'application/json', authorization: auth },
+            },
+            (res) => {
+              res.resume();
+              resolve(res.statusCode!);
+            },
+          );
+          req.on('error', reject);
+          req.end(JSON.stringify(body));
+        });
+      const fresh = 'b'.repeat(64);
+      expect(await post('/token', 'Bearer nope', { token: fresh })).toBe(401);
+      expect(await post('/token', AUTH.authorization, { token: 'short' })).toBe(400);
+      expect(await post('/token', AUTH.authorization, { token: fresh })).toBe(204);
+      expect(await post('/init', AUTH.authorization, { env: {} })).toBe(401);
+      expect(await post('/init', `Bearer ${fresh}`, { env: {} })).toBe(204);
+    } finally {
+      await g.stop();
+    }
+  });
 });

@@ -7,6 +7,7 @@ const NodeSchema = Type.Object({
   id: Type.String(),
   url: Type.String(),
   driver: Type.String(),
+  capabilities: Type.Array(Type.String()),
   version: Type.String(),
   vcpus: Type.Number(),
   memoryMiB: Type.Number(),

@@ -1,0 +1,107 @@
+/**
+ * The API ↔ agent dispatch contract, declared once and used by both ends: the API's client
+ * (`api/agent-client.ts`) types its bodies from these schemas and the agent's internal routes
+ * (`agent/routes/internal.ts`) validate with them.
+ *
+ * Transport: HTTP/1.1 JSON to the agent's internal routes, each call carrying a dispatch token
+ * (EdDSA JWS for that node, `core/tokens.ts`). Errors use the core error body.
+ *
+ * | method | path | body → answer |
+ * |---|---|---|
+ * | POST | /internal/v1/sandboxes | {@link AgentCreateRequest} → {@link AgentCreateResponse} (idempotent per sandbox id) |
+ * | DELETE | /internal/v1/sandboxes/:id | → 204 (idempotent; a late create is refused afterwards) |
+ * | PUT | /internal/v1/sandboxes/:id/egress | EgressPolicy → 204 |
+ * | POST | /internal/v1/sandboxes/:id/commands | {@link AgentCommandRequest} → 201 {@link AgentCommandResponse} |
+ * | GET | /internal/v1/sandboxes | → `{ sandboxes: AgentSandboxSummary[] }` |
+ *
+ * Mixed versions (one release apart) must interoperate, so changes are additive: a new field is
+ * optional, and an agent ignores fields it does not know (request objects here allow additional
+ * properties; the agent never reads them). Removing or re-typing a field takes two releases.
+ */
+import { type Static, Type } from '@sinclair/typebox';
+import { CredentialGrantSchema } from './credentials.ts';
+import { EgressPolicySchema } from './egress.ts';
+
+/** Version of this contract, sent by agents in their registration. */
+export const AGENT_PROTOCOL_VERSION = 2;
+
+/** Environment variables: POSIX names to strings. */
+export const EnvVarsSchema = Type.Record(
+  Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' }),
+  Type.String(),
+  {
+    additionalProperties: false,
+  },
+);
+
+/** Platform ids (`sbx_…`, `ses_…`, `cmd_…`). */
+export const PlatformIdSchema = Type.String({ pattern: '^[a-z]{1,8}_[a-z0-9]{8,40}$' });
+
+/** Body of POST /internal/v1/sandboxes. */
+export const AgentCreateRequestSchema = Type.Object({
+  sandboxId: PlatformIdSchema,
+  sessionId: PlatformIdSchema,
+  template: Type.String({ pattern: '^[a-z0-9][a-z0-9-]{0,62}$' }),
+  /** vCPUs; the node's driver may refuse a shape it cannot run (SHAPE_UNSUPPORTED). */
+  vcpus: Type.Number({ minimum: 0.25 }),
+  /** MiB. */
+  memoryMiB: Type.Integer({ minimum: 128 }),
+  env: EnvVarsSchema,
+  /** Epoch ms; the agent's backstop for the lifetime. */
+  expiresAtMs: Type.Integer(),
+  egress: EgressPolicySchema,
+  /** Credentials with their values, for the node's gateway only. */
+  credentials: Type.Array(CredentialGrantSchema, { maxItems: 32 }),
+});
+export type AgentCreateRequest = Static<typeof AgentCreateRequestSchema>;
+
+/** Answer of POST /internal/v1/sandboxes. */
+export const AgentCreateResponseSchema = Type.Object({
+  instanceId: Type.String(),
+  /** How the instance came to be: a warm-pool claim, a snapshot restore or a cold boot. */
+  fromWarmPool: Type.Boolean(),
+  source: Type.Optional(Type.Union([Type.Literal('warm'), Type.Literal('snapshot'), Type.Literal('boot')])),
+});
+export type AgentCreateResponse = Static<typeof AgentCreateResponseSchema>;
+
+/** Body of POST /internal/v1/sandboxes/:id/commands. */
+export const AgentCommandRequestSchema = Type.Object({
+  commandId: PlatformIdSchema,
+  cmd: Type.String({ minLength: 1 }),
+  args: Type.Array(Type.String()),
+  shell: Type.Boolean(),
+  env: EnvVarsSchema,
+  cwd: Type.Optional(Type.String()),
+  user: Type.Union([Type.Literal('user'), Type.Literal('root')]),
+  /** `true`: keep stdin open; a string: write it then close; absent/false: /dev/null. */
+  stdin: Type.Optional(Type.Union([Type.Boolean(), Type.String()])),
+  /** ms. */
+  timeoutMs: Type.Optional(Type.Integer({ minimum: 1 })),
+});
+export type AgentCommandRequest = Static<typeof AgentCommandRequestSchema>;
+
+/** Answer of POST /internal/v1/sandboxes/:id/commands. */
+export const AgentCommandResponseSchema = Type.Object({ commandId: Type.String(), pid: Type.Integer() });
+export type AgentCommandResponse = Static<typeof AgentCommandResponseSchema>;
+
+/** One row of GET /internal/v1/sandboxes. */
+export const AgentSandboxSummarySchema = Type.Object({
+  id: Type.String(),
+  instanceId: Type.String(),
+  template: Type.String(),
+  commands: Type.Integer(),
+});
+export type AgentSandboxSummary = Static<typeof AgentSandboxSummarySchema>;
+
+/** Route patterns of the internal routes (the agent registers these; `:id` is a sandbox id). */
+export const AGENT_ROUTES = {
+  sandboxes: '/internal/v1/sandboxes',
+  sandbox: '/internal/v1/sandboxes/:id',
+  egress: '/internal/v1/sandboxes/:id/egress',
+  commands: '/internal/v1/sandboxes/:id/commands',
+} as const;
+
+/** The path of `route` for sandbox `id` (the API's client builds URLs with this). Pure. */
+export function agentPath(route: (typeof AGENT_ROUTES)[keyof typeof AGENT_ROUTES], id = ''): string {
+  return route.replace(':id', encodeURIComponent(id));
+}
