@@ -5,6 +5,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { Command, CommanderError } from 'commander';
+import { registerDoctor } from './doctor.ts';
 import { registerExec } from './exec.ts';
 import { registerFiles } from './files.ts';
 import { registerOps } from './ops.ts';
@@ -72,6 +73,7 @@ Examples:
   registerFiles(program);
   registerOps(program);
   registerTemplate(program);
+  registerDoctor(program);
   return program;
 }
 
