@@ -293,4 +293,28 @@ describe('runtime cases', () => {
     });
     expect(check.stdout.toString()).toBe('a-present\n0\n');
   });
+
+  it('a sandbox sees no host path and no platform source: nothing bind-mounted, only the guest under /opt/space', async () => {
+    const r = await s.exec(id, {
+      cmd: 'sh',
+      args: ['-c', 'cat /proc/mounts; echo ---; ls /opt/space/runtime; echo ---; ls /opt/space/runtime/core'],
+      user: 'root',
+    });
+    const [mounts, top, core] = r.stdout.toString().split('---\n');
+    // the platform's tree and the host's Node were bind-mounted here once; now nothing from the host is
+    expect(mounts).not.toMatch(/\/opt\/space/);
+    expect(mounts).not.toMatch(/\/work\/|\/var\/lib\/space|node_modules/);
+    expect(top!.trim().split('\n').sort()).toEqual(['core', 'guest']);
+    // only what the guest imports: no API, agent or gateway code, no token or key handling
+    expect(core!.trim().split('\n').sort()).toEqual(['errors.ts', 'guest-protocol.ts']);
+    const src = await s.exec(id, {
+      cmd: 'sh',
+      args: [
+        '-c',
+        'ls -R /opt/space | grep -cE "(agent|api|gateway|tokens)"; test -e /opt/space/guest-token && echo token-left',
+      ],
+      user: 'root',
+    });
+    expect(src.stdout.toString()).toBe('0\n');
+  });
 });
