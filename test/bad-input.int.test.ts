@@ -243,4 +243,24 @@ describe('bad input', () => {
     expect(metrics).toContain('space_api_requests_total');
     expect((await request(`${s.apiUrl}/readyz`)).statusCode).toBe(200);
   });
+
+  it('r18-bodiless-requests: a request with no body is accepted whatever its Content-Type', async () => {
+    const id = await s.createSandbox();
+    const send = (method: 'DELETE' | 'POST' | 'GET', path: string, type: string) =>
+      request(`${s.apiUrl}${path}`, {
+        method,
+        headers: { authorization: `Bearer ${s.apiKey}`, 'content-type': type },
+      }).then(async (r) => ({
+        status: r.statusCode,
+        body: (await r.body.json()) as Record<string, unknown>,
+      }));
+    expect((await send('GET', `/v1/sandboxes/${id}`, 'application/json')).status).toBe(200);
+    const del = await send('DELETE', `/v1/sandboxes/${id}`, 'application/json');
+    expect(del.status).toBe(202);
+    expect(del.body).toHaveProperty('operation');
+    expect((await send('DELETE', `/v1/sandboxes/${id}`, 'text/plain; charset=utf-8')).status).toBe(202);
+    // a route that needs a body still says so, with a stable code
+    const create = await send('POST', '/v1/sandboxes', 'application/json');
+    expect([create.status, code(create.body)]).toEqual([400, 'BAD_REQUEST']);
+  });
 });

@@ -7,7 +7,7 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
 import { Gauge, Registry } from 'prom-client';
-import { installErrorHandlers } from '../core/http-errors.ts';
+import { acceptEmptyBodies, installErrorHandlers } from '../core/http-errors.ts';
 import type { VerifyKey } from '../core/tokens.ts';
 import { installValidators } from '../core/validation.ts';
 import type { AgentConfig } from './config.ts';
@@ -36,6 +36,7 @@ export async function buildAgentApp(deps: AgentDeps): Promise<FastifyInstance> {
     forceCloseConnections: true,
   }).withTypeProvider<TypeBoxTypeProvider>();
   installErrorHandlers(app);
+  acceptEmptyBodies(app);
   installValidators(app);
 
   const registry = new Registry();

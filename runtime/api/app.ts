@@ -9,7 +9,7 @@ import fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { SpaceError } from '../core/errors.ts';
-import { installErrorHandlers } from '../core/http-errors.ts';
+import { acceptEmptyBodies, installErrorHandlers } from '../core/http-errors.ts';
 import type { SigningKey } from '../core/tokens.ts';
 import { installValidators } from '../core/validation.ts';
 import { AgentClient } from './agent-client.ts';
@@ -100,6 +100,7 @@ export async function buildApp(deps: ApiDeps): Promise<FastifyInstance> {
     bodyLimit: deps.config.bodyLimitBytes,
   }).withTypeProvider<TypeBoxTypeProvider>();
   installErrorHandlers(app);
+  acceptEmptyBodies(app);
   installValidators(app);
   await app.register(swagger, {
     openapi: {

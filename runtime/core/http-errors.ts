@@ -40,3 +40,23 @@ export function installErrorHandlers(app: FastifyInstance): void {
     void reply.status(404).send(new SpaceError('NOT_FOUND', `no route ${req.method} ${req.url}`).toBody());
   });
 }
+
+/**
+ * Treats a request with an empty body as bodiless whatever its `Content-Type` (R18): many
+ * generated HTTP clients send `Content-Type: application/json` on every request, a `DELETE` too.
+ * A request whose body is empty (`Content-Length: 0`, or neither that nor `Transfer-Encoding`)
+ * loses its content type before Fastify picks a body parser, so routes without a body accept it
+ * and routes that need one answer with their schema's BAD_REQUEST. `application/octet-stream`
+ * keeps its type: zero bytes there is a real body (an empty file upload, an empty stdin write).
+ */
+export function acceptEmptyBodies(app: FastifyInstance): void {
+  app.addHook('onRequest', async (req) => {
+    const h = req.headers;
+    const type = h['content-type'];
+    if (type === undefined || type.toLowerCase().startsWith('application/octet-stream')) return;
+    const empty =
+      h['content-length'] === '0' ||
+      (h['content-length'] === undefined && h['transfer-encoding'] === undefined);
+    if (empty) delete h['content-type'];
+  });
+}
