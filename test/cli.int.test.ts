@@ -77,6 +77,33 @@ describe('space CLI against `space up`', () => {
     ).catch((err: { code: number; stdout: string }) => err);
     expect(exec).toMatchObject({ code: 3, stdout: 'hello\n' });
 
+    // r16-cli-exit-codes: the CLI's own failures exit 125, never a code the command could return
+    const fail = (args: string[], extra: NodeJS.ProcessEnv = {}) =>
+      run(process.execPath, [SPACE, ...args], { env: { ...env, ...extra } }).then(
+        () => ({ code: 0, stderr: '' }),
+        (e: { code: number; stderr: string }) => e,
+      );
+    const unknown = await fail(['exec', 'sbx_doesnotexist0000000000', '--', 'true']);
+    expect([unknown.code, unknown.stderr]).toEqual([125, expect.stringMatching(/SANDBOX_NOT_FOUND/)]);
+    const badKey = await fail(['exec', sandbox.id, '--', 'true'], { SPACE_API_KEY: 'space_wrong' });
+    expect([badKey.code, badKey.stderr]).toEqual([125, expect.stringMatching(/UNAUTHENTICATED/)]);
+    const down = await fail(['--api-url', 'http://127.0.0.1:9', 'exec', sandbox.id, '--', 'true']);
+    expect(down.code).toBe(125);
+    const badFlag = await fail(['exec', '--no-such-flag', sandbox.id, '--', 'true']);
+    expect(badFlag.code).toBe(125);
+
+    // r17-json-keeps-bytes: --json carries bytes that are not UTF-8 exactly
+    const raw = await run(
+      process.execPath,
+      [SPACE, '--json', 'exec', sandbox.id, '--', 'printf', '\\377\\376A'],
+      {
+        env,
+      },
+    );
+    const j = JSON.parse(raw.stdout) as { stdout: string; stdoutEncoding: string; exitCode: number };
+    expect(j.stdoutEncoding).toBe('base64');
+    expect([...Buffer.from(j.stdout, 'base64')]).toEqual([0xff, 0xfe, 0x41]);
+
     const listed = JSON.parse(
       (await run(process.execPath, [SPACE, 'sandbox', 'ls', '--json'], { env })).stdout,
     ) as {

@@ -88,7 +88,11 @@ export function registerExec(program: Command): void {
       'after',
       `
 Output bytes go to stdout/stderr unchanged. Ctrl-C sends SIGINT to the command; a second Ctrl-C exits.
-With --json, prints one object at the end: { commandId, exitCode, signal, timedOut, stdout, stderr }.
+With --json, prints one object at the end: { commandId, exitCode, signal, timedOut, stdout,
+stdoutEncoding, stderr, stderrEncoding }: each stream as text ("utf8") when its bytes are valid
+UTF-8, else as "base64" — the bytes are always exactly what the command wrote.
+Exit status: the command's own; 124 timeout; 128+n killed by signal n; 125 the CLI itself failed
+(bad flags, API unreachable, key refused, unknown sandbox).
 
 Examples:
   space exec sbx_123 -- sh -c 'echo hello; exit 3'      # prints hello, exits 3
@@ -170,12 +174,25 @@ async function runExec(cmd: Command, id: string, words: string[], o: ExecOptions
       signal: exit.signal,
       timedOut: exit.timedOut,
       ...(exit.error ? { error: exit.error } : {}),
-      stdout: Buffer.concat(out).toString('utf8'),
-      stderr: Buffer.concat(err).toString('utf8'),
+      ...exactText('stdout', Buffer.concat(out)),
+      ...exactText('stderr', Buffer.concat(err)),
     });
   } else if (exit.timedOut && process.stderr.isTTY) {
     // (a start failure's message already arrived on stderr from the guest)
     note(`space: the command timed out${o.timeout ? ` after ${o.timeout} ms` : ''}`);
   }
   return exitCodeOf(exit);
+}
+
+/**
+ * `{ <name>: text, <name>Encoding: 'utf8' }` when `bytes` are valid UTF-8 (decoding and encoding
+ * again gives the same bytes), else `{ <name>: base64, <name>Encoding: 'base64' }` (R17). Pure.
+ */
+export function exactText<N extends string>(name: N, bytes: Buffer): Record<N | `${N}Encoding`, string> {
+  const text = bytes.toString('utf8');
+  const exact = Buffer.from(text, 'utf8').equals(bytes);
+  return {
+    [name]: exact ? text : bytes.toString('base64'),
+    [`${name}Encoding`]: exact ? 'utf8' : 'base64',
+  } as Record<N | `${N}Encoding`, string>;
 }

@@ -23,7 +23,7 @@ describe('parseKeyValue', () => {
       try {
         parseKeyValue(bad);
       } catch (err) {
-        expect((err as CliError).exitCode).toBe(2);
+        expect((err as CliError).exitCode).toBe(125);
       }
     }
   });
@@ -48,7 +48,8 @@ describe('exitCodeOf', () => {
     expect(exitCodeOf({ exitCode: 127, signal: null, timedOut: false, error: 'x: command not found' })).toBe(
       127,
     );
-    expect(exitCodeOf({ exitCode: null, signal: null, timedOut: false })).toBe(1);
+    // no exit code and no signal: the CLI could not tell, which is its own failure, never a 1
+    expect(exitCodeOf({ exitCode: null, signal: null, timedOut: false })).toBe(125);
   });
 });
 
@@ -85,5 +86,20 @@ describe('formatting', () => {
     expect(new CliError('X', 'y', { details: { a: 1 } }).toBody()).toEqual({
       error: { code: 'X', message: 'y', details: { a: 1 } },
     });
+  });
+});
+
+describe('exec --json bytes (R17)', () => {
+  it('keeps valid UTF-8 as text and carries anything else as base64, byte for byte', async () => {
+    const { exactText } = await import('./exec.ts');
+    expect(exactText('stdout', Buffer.from('héllo\n'))).toEqual({
+      stdout: 'héllo\n',
+      stdoutEncoding: 'utf8',
+    });
+    const raw = Buffer.from([0xff, 0xfe, 0x41]);
+    const enc = exactText('stdout', raw);
+    expect(enc).toEqual({ stdout: '//5B', stdoutEncoding: 'base64' });
+    expect(Buffer.from(enc.stdout, 'base64').equals(raw)).toBe(true);
+    expect(exactText('stderr', Buffer.alloc(0))).toEqual({ stderr: '', stderrEncoding: 'utf8' });
   });
 });

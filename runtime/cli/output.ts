@@ -4,10 +4,18 @@
  */
 import { constants } from 'node:os';
 
+/**
+ * Exit codes the CLI keeps for itself, so they never pass for a command's own (R16). As with
+ * `docker run`: 125 when the CLI failed (bad flags, an unreachable API, a refused key, an unknown
+ * sandbox — the message on stderr says which), 126 when the command could not be invoked, 127 when
+ * it was not found. Every other code of `space exec` is the command's own; 124 a timeout; 128+n a
+ * signal.
+ */
+export const EXIT_CLI_FAILED = 125;
 /** Exit code of a usage error (bad flags or arguments). */
-export const EXIT_USAGE = 2;
-/** Exit code of every other error. */
-export const EXIT_ERROR = 1;
+export const EXIT_USAGE = EXIT_CLI_FAILED;
+/** Exit code of every other error of the CLI itself. */
+export const EXIT_ERROR = EXIT_CLI_FAILED;
 
 /**
  * An error the CLI reports as `error CODE: message` (or as `{ error: { code, message, details } }`
@@ -182,8 +190,10 @@ export interface CommandExit {
 }
 
 /**
- * The CLI's exit code for a finished command, as a shell would report it:
- * timed out → 124; exit code → itself; killed by a signal → 128 + its number; otherwise 1.
+ * The CLI's exit code for a finished command, as a shell would report it: timed out → 124; exit
+ * code → itself (the guest reports a command it could not start as 127, not found, or 126, not
+ * runnable, as shells do); killed by a signal → 128 + its number; anything else →
+ * {@link EXIT_CLI_FAILED}.
  */
 export function exitCodeOf(e: CommandExit): number {
   if (e.timedOut) return 124;
