@@ -1,6 +1,7 @@
 import { createHash, randomBytes } from 'node:crypto';
-import { readFileSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { request as httpRequest } from 'node:http';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { FrameDecoder } from './output.ts';
@@ -322,6 +323,27 @@ describe('guest users and shutdown', () => {
       const owner = await run(u, { cmd: 'stat', args: ['-c', '%u', 'new', 'new/dir/owned.txt'] });
       expect((await readOutput(u, owner.pid)).stdout.toString()).toBe('65534\n65534\n');
     } finally {
+      await u.stop();
+    }
+  });
+
+  it('r15-cwd-with-the-users-rights: a directory the user cannot enter is refused before the command starts', async () => {
+    const u = await startGuest({ SPACE_GUEST_USER: 'nobody' });
+    const locked = mkdtempSync(join(tmpdir(), 'space-r15-'));
+    try {
+      chmodSync(locked, 0o700); // root's, like /root
+      const p = await run(u, { cmd: 'pwd', cwd: locked });
+      const out = await readOutput(u, p.pid);
+      expect(out.stdout.toString()).toBe('');
+      expect(out.exit).toMatchObject({ exitCode: 126, error: expect.stringMatching(/permission denied/) });
+      // root may, and so may the user where the bits allow
+      const r = await run(u, { cmd: 'pwd', cwd: locked, user: 'root' });
+      expect((await readOutput(u, r.pid)).stdout.toString()).toBe(`${locked}\n`);
+      chmodSync(locked, 0o711);
+      const ok = await run(u, { cmd: 'pwd', cwd: locked });
+      expect((await readOutput(u, ok.pid)).stdout.toString()).toBe(`${locked}\n`);
+    } finally {
+      rmSync(locked, { recursive: true, force: true });
       await u.stop();
     }
   });

@@ -116,7 +116,14 @@ function parseStart(body: unknown, home: string): StartSpec {
 function spawnFailure(cmd: string, code: string | undefined, what: 'cmd' | 'cwd'): [number, string] {
   const exitCode = code === 'ENOENT' ? 127 : 126;
   if (what === 'cwd') {
-    const why = code === 'ENOENT' ? 'no such directory' : code === 'ENOTDIR' ? 'not a directory' : code;
+    const why =
+      code === 'ENOENT'
+        ? 'no such directory'
+        : code === 'ENOTDIR'
+          ? 'not a directory'
+          : code === 'EACCES'
+            ? 'permission denied'
+            : code;
     return [exitCode, `cannot use working directory ${cmd}: ${why}`];
   }
   if (code === 'ENOENT') return [exitCode, `${cmd}: command not found`];
@@ -426,10 +433,14 @@ export class ProcessManager {
       ...this.#sandboxEnv,
       ...spec.env,
     };
-    const cwdError = await stat(spec.cwd).then(
-      (s) => (s.isDirectory() ? undefined : 'ENOTDIR'),
-      (err: NodeJS.ErrnoException) => err.code ?? 'EACCES',
-    );
+    const cwdError =
+      (await stat(spec.cwd).then(
+        (s) => (s.isDirectory() ? undefined : 'ENOTDIR'),
+        (err: NodeJS.ErrnoException) => err.code ?? 'EACCES',
+      )) ??
+      // the child changes directory before it drops to the user's ids: check with the user's
+      // rights, or `cwd: /root` would start as `user` and fail on everything after (R15)
+      (this.#opts.canSwitchUser && who.uid !== 0 && !(await canEnter(spec.cwd, who)) ? 'EACCES' : undefined);
     if (cwdError) return this.#failed(spec, ...spawnFailure(spec.cwd, cwdError, 'cwd'));
 
     const file = spec.shell ? '/bin/sh' : spec.cmd;
@@ -480,5 +491,22 @@ export class ProcessManager {
   #drop(p: ManagedProcess): void {
     if (this.#processes.get(p.pid) === p) this.#processes.delete(p.pid);
     p.dispose();
+  }
+}
+
+/**
+ * Whether `who` may enter directory `dir`: search (x) permission on it and on every directory
+ * above it, judged from the mode bits as the kernel does for owner, group and others (primary
+ * group only; POSIX ACLs are not consulted).
+ */
+export async function canEnter(dir: string, who: Pick<Identity, 'uid' | 'gid'>): Promise<boolean> {
+  let path = posix.resolve(dir);
+  for (;;) {
+    const st = await stat(path).catch(() => null);
+    if (!st) return false;
+    const bit = st.uid === who.uid ? 0o100 : st.gid === who.gid ? 0o010 : 0o001;
+    if ((st.mode & bit) === 0) return false;
+    if (path === '/') return true;
+    path = posix.dirname(path);
   }
 }

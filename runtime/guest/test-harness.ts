@@ -1,7 +1,7 @@
 /** Test helpers: start the real daemon as a child process and talk HTTP to it. */
 
 import { type ChildProcess, spawn } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { request as httpRequest, type IncomingMessage } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -38,6 +38,8 @@ process.once('exit', () => {
 
 export async function startGuest(env: Record<string, string> = {}): Promise<Guest> {
   const scratch = env.SPACE_GUEST_HOME ? undefined : mkdtempSync(join(tmpdir(), 'space-guest-'));
+  // like /home in a sandbox: the user must be able to pass through to its home
+  if (scratch) chmodSync(scratch, 0o755);
   const home = env.SPACE_GUEST_HOME ?? join(scratch!, 'home');
   const tokenDir = mkdtempSync(join(tmpdir(), 'space-guest-token-'));
   const tokenFile = join(tokenDir, 'token');
