@@ -200,7 +200,9 @@ export interface Driver {
   create(spec: InstanceSpec): Promise<InstanceInfo>;
   /**
    * Starts a new instance from `snapshot` with `spec`'s id and network; resolves when the guest
-   * answers (with the snapshot's guest token: the caller rotates it). Undoes all on failure.
+   * answers /health. The guest inside still holds `snapshot.guestToken`; the driver records and
+   * returns `spec.guestToken` (in `guest.token`, and in its own state for adopt), and the caller
+   * rotates the guest to it at once (guest `POST /token`). Undoes all on failure.
    */
   restore(snapshot: SnapshotRef, spec: RestoreSpec): Promise<InstanceInfo>;
   pause(instanceId: string): Promise<void>;
