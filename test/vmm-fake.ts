@@ -24,7 +24,12 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import { basename, dirname, join, normalize } from 'node:path';
 import { Ajv, type ValidateFunction } from 'ajv';
 import { parse } from 'yaml';
-import { GUEST_NET, type InstanceSpec, type TemplateImage } from '../runtime/agent/drivers/driver.ts';
+import {
+  GUEST_NET,
+  type InstanceSpec,
+  type RestoreSpec,
+  type TemplateImage,
+} from '../runtime/agent/drivers/driver.ts';
 import type { VmmLauncher } from '../runtime/agent/drivers/vmm-common.ts';
 
 export const SPECS_DIR = '/work/shared/specs';
@@ -137,7 +142,7 @@ class Reject extends Error {
 }
 
 /** Base of the two fakes: socket server, spec lookup, body validation, recording. */
-abstract class FakeVmm {
+export abstract class FakeVmm {
   readonly calls: SeenCall[] = [];
   readonly violations: string[] = [];
   faults: InjectedFault[] = [];
@@ -508,6 +513,21 @@ function registry<F extends FakeVmm>(): FakeRegistry<F> {
   return r;
 }
 
+/** Wraps a launcher so the first VMM it starts answers `fault` once (later launches are untouched). */
+export function faultOnFirstLaunch<F extends FakeVmm>(
+  launcher: VmmLauncher,
+  reg: FakeRegistry<F>,
+  fault: InjectedFault,
+): VmmLauncher {
+  let injected = false;
+  return async (l) => {
+    const r = await launcher(l);
+    if (!injected) [...reg.fakes.values()].at(-1)!.faults.push(fault);
+    injected = true;
+    return r;
+  };
+}
+
 /**
  * Stands in for the jailer: from the real argv, the chroot `<--chroot-base-dir>/<basename of
  * --exec-file>/<--id>/root`, the API socket (`--api-sock` after `--`, inside the chroot), and the pid
@@ -605,4 +625,10 @@ export function testSpec(instanceId: string, netns: string, image: TemplateImage
       tap: { name: GUEST_NET.tapName, guestMac: GUEST_NET.guestMac },
     },
   };
+}
+
+/** What a restore into a new instance on namespace `netns` gets (a new token the driver must not use yet). */
+export function testRestoreSpec(instanceId: string, netns: string, image: TemplateImage): RestoreSpec {
+  const { vcpus: _v, memoryMiB: _m, diskMiB: _d, ...rest } = testSpec(instanceId, netns, image);
+  return { ...rest, guestToken: 'new-token' };
 }

@@ -7,7 +7,9 @@ import {
   cloudHypervisorLauncher,
   cloudHypervisorSpec,
   FakeCloudHypervisor,
+  faultOnFirstLaunch,
   testImage,
+  testRestoreSpec,
   testSpec,
 } from '../../../test/vmm-fake.ts';
 import {
@@ -16,7 +18,6 @@ import {
   CloudHypervisorDriver,
   chCommand,
   chVmConfig,
-  mapChState,
   prefixToMask,
 } from './cloud-hypervisor.ts';
 import type { TemplateImage } from './driver.ts';
@@ -46,7 +47,6 @@ describe('cloud-hypervisor pure parts', () => {
       { id: 'net0', tap: 'tap0', mac: '06:00:ac:1f:00:02', ip: '172.31.0.1', mask: '255.255.255.252' },
     ]);
     expect(prefixToMask(24)).toBe('255.255.255.0');
-    expect(mapChState('Created')).toBe('stopped');
   });
 
   it('runs the VMM in the netns and a private mount namespace with vm/ on the fixed path', () => {
@@ -148,14 +148,7 @@ describe('CloudHypervisorDriver against the spec-checked fake', () => {
       expect(existsSync(join(snapDir, f))).toBe(true);
     expect(JSON.parse(readFileSync(join(snapDir, 'snapshot.json'), 'utf8'))).toEqual(ref);
 
-    const restored = await driver.restore(ref, {
-      instanceId: 'i-two',
-      template: 'base',
-      image,
-      pidsLimit: 100,
-      guestToken: 'new',
-      network: testSpec('i-two', 'sp-2', image).network,
-    });
+    const restored = await driver.restore(ref, testRestoreSpec('i-two', 'sp-2', image));
     expect(restored).toMatchObject({ instanceId: 'i-two', state: 'running' });
     const fake2 = fakeOf('i-two');
     // the snapshot's disk path resolved to i-two's own copy through its bind mount
@@ -191,17 +184,12 @@ describe('CloudHypervisorDriver against the spec-checked fake', () => {
   });
 
   it('a VMM error answer becomes DRIVER_FAILED with its text, and the unwind removes all it made', async () => {
-    const orig = fakes.launcher;
-    fakes.launcher = async (l) => {
-      const r = await orig(l);
-      [...fakes.reg.fakes.values()].at(-1)!.faults.push({
-        method: 'PUT',
-        path: `${CH_API}/vm.boot`,
-        status: 500,
-        message: 'Error booting VM: InvalidPayload',
-      });
-      return r;
-    };
+    fakes.launcher = faultOnFirstLaunch(fakes.launcher, fakes.reg, {
+      method: 'PUT',
+      path: `${CH_API}/vm.boot`,
+      status: 500,
+      message: 'Error booting VM: InvalidPayload',
+    });
     driver = make();
     const err = await driver.create(testSpec('i-bad', 'sp-1', image)).catch((e: unknown) => e);
     expect(err).toMatchObject({ code: 'DRIVER_FAILED' });

@@ -32,8 +32,10 @@ import { makeInstanceDisk, vmKernelCmdline } from './vm-common.ts';
 import {
   apiCall,
   copyDisk,
+  mapVmmState,
   type PersistedVm,
   type PreparedVmm,
+  VMM_CAPABILITIES,
   VmmDriver,
   type VmmDriverConfig,
 } from './vmm-common.ts';
@@ -135,27 +137,10 @@ export function chCommand(i: ChCommandInputs): { cmd: string; args: string[] } {
   };
 }
 
-/** Maps `VmInfo.state` (`VmState`) to the driver's. Pure. */
-export function mapChState(state: string | undefined): 'running' | 'paused' | 'stopped' {
-  if (state === 'Running') return 'running';
-  if (state === 'Paused') return 'paused';
-  return 'stopped';
-}
-
 /** Cloud Hypervisor implementation of the driver seam. */
 export class CloudHypervisorDriver extends VmmDriver {
   readonly name = 'cloud-hypervisor' as const;
-  readonly capabilities: DriverCapabilities = {
-    pause: true,
-    snapshot: true,
-    restore: true,
-    memoryStats: true,
-    balloon: false,
-    guestLinks: ['tcp', 'vsock'],
-    network: 'tap',
-    rootfs: 'ext4',
-    ownKernel: true,
-  };
+  readonly capabilities: DriverCapabilities = VMM_CAPABILITIES;
   protected readonly vmm = 'cloud-hypervisor';
   protected readonly probePath = `${CH_API}/vmm.ping`;
   private readonly binary: string;
@@ -261,7 +246,7 @@ export class CloudHypervisorDriver extends VmmDriver {
       undefined,
       2000,
     );
-    return mapChState(info?.state);
+    return mapVmmState(info?.state);
   }
 
   protected diskPath(p: PersistedVm): string {

@@ -7,9 +7,11 @@ import {
   argAfter,
   type FakeFirecracker,
   type FakeRegistry,
+  faultOnFirstLaunch,
   firecrackerLauncher,
   firecrackerSpec,
   testImage,
+  testRestoreSpec,
   testSpec,
 } from '../../../test/vmm-fake.ts';
 import type { TemplateImage } from './driver.ts';
@@ -19,7 +21,6 @@ import {
   JAIL_FILES,
   jailerArgs,
   jailPaths,
-  mapFirecrackerState,
   VMM_OVERHEAD_MIB,
 } from './firecracker.ts';
 import { pidAlive } from './vmm-common.ts';
@@ -90,8 +91,6 @@ describe('jailer command line and chroot layout (reference/firecracker.md §6)',
       for (const [k, val] of Object.entries(body as object))
         if (k.endsWith('_path') || k === 'path_on_host') expect(val).not.toMatch(/^\//);
     }
-    expect(mapFirecrackerState('Paused')).toBe('paused');
-    expect(mapFirecrackerState('Not started')).toBe('stopped');
   });
 });
 
@@ -188,14 +187,7 @@ describe('FirecrackerDriver against the spec-checked fake', () => {
     expect(statSync(join(snapDir, 'memory')).gid).toBe(100_000);
     expect(JSON.parse(readFileSync(join(snapDir, 'snapshot.json'), 'utf8'))).toEqual(ref);
 
-    const restored = await driver.restore(ref, {
-      instanceId: 'i-two',
-      template: 'base',
-      image,
-      pidsLimit: 100,
-      guestToken: 'new-token',
-      network: testSpec('i-two', 'sp-2', image).network,
-    });
+    const restored = await driver.restore(ref, testRestoreSpec('i-two', 'sp-2', image));
     expect(restored).toMatchObject({ instanceId: 'i-two', state: 'running', vcpus: 2 });
     expect(restored.guest.token).toBe('token-of-i-one'); // the snapshot's; the caller rotates it
     const fake2 = fakeOf(fakes.reg, 'i-two');
@@ -242,20 +234,12 @@ describe('FirecrackerDriver against the spec-checked fake', () => {
   });
 
   it('a 400 {fault_message} becomes DRIVER_FAILED with that message, and everything made is undone', async () => {
-    const orig = fakes.launcher;
-    let injected = false;
-    fakes.launcher = async (l) => {
-      const r = await orig(l);
-      if (injected) return r;
-      injected = true;
-      [...fakes.reg.fakes.values()].at(-1)!.faults.push({
-        method: 'PUT',
-        path: '/boot-source',
-        status: 400,
-        message: 'Invalid kernel path: no such file',
-      });
-      return r;
-    };
+    fakes.launcher = faultOnFirstLaunch(fakes.launcher, fakes.reg, {
+      method: 'PUT',
+      path: '/boot-source',
+      status: 400,
+      message: 'Invalid kernel path: no such file',
+    });
     driver = make();
     const err = await driver.create(testSpec('i-bad', 'sp-1', image)).catch((e: unknown) => e);
     expect(err).toMatchObject({ code: 'DRIVER_FAILED' });
@@ -349,5 +333,33 @@ describe('the Firecracker fake itself holds the contract', () => {
     expect((await put('PUT', '/snapshot/create', snap)).text).toContain('paused');
     expect((await put('PATCH', '/vm', { state: 'Frozen' })).status).toBe(400); // not in the enum
     expect(fake.violations.length).toBe(6);
+  });
+});
+
+describe('createDriver', () => {
+  it('builds both VMM drivers from the node configuration', async () => {
+    const { createDriver } = await import('./index.ts');
+    const { CloudHypervisorDriver } = await import('./cloud-hypervisor.ts');
+    const c = {
+      driver: 'auto' as const,
+      kvm: 'auto' as const,
+      gvisorPlatform: 'ptrace' as const,
+      runscBinary: 'runsc',
+      qemuBinary: 'qemu-system-x86_64',
+      firecrackerBinary: '/opt/fc/firecracker',
+      jailerBinary: '/opt/fc/jailer',
+      cloudHypervisorBinary: '/opt/ch/cloud-hypervisor',
+    };
+    const fc = createDriver('firecracker', c, { stateDir: '/s' }, true);
+    expect(fc).toBeInstanceOf(FirecrackerDriver);
+    expect(fc.capabilities).toMatchObject({
+      snapshot: true,
+      restore: true,
+      network: 'tap',
+      guestLinks: ['tcp', 'vsock'],
+    });
+    expect(createDriver('cloud-hypervisor', c, { stateDir: '/s' }, true)).toBeInstanceOf(
+      CloudHypervisorDriver,
+    );
   });
 });

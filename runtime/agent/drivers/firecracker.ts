@@ -39,8 +39,10 @@ import {
   apiCall,
   copyDisk,
   linkOrCopy,
+  mapVmmState,
   type PersistedVm,
   type PreparedVmm,
+  VMM_CAPABILITIES,
   VmmDriver,
   type VmmDriverConfig,
 } from './vmm-common.ts';
@@ -233,27 +235,10 @@ export function snapshotLoadBody(): Record<string, unknown> {
   };
 }
 
-/** Maps `GET /` `state` (definitions `InstanceInfo`) to the driver's. Pure. */
-export function mapFirecrackerState(state: string | undefined): 'running' | 'paused' | 'stopped' {
-  if (state === 'Running') return 'running';
-  if (state === 'Paused') return 'paused';
-  return 'stopped';
-}
-
 /** Firecracker (+ jailer) implementation of the driver seam. */
 export class FirecrackerDriver extends VmmDriver {
   readonly name = 'firecracker' as const;
-  readonly capabilities: DriverCapabilities = {
-    pause: true,
-    snapshot: true,
-    restore: true,
-    memoryStats: true,
-    balloon: false,
-    guestLinks: ['tcp', 'vsock'],
-    network: 'tap',
-    rootfs: 'ext4',
-    ownKernel: true,
-  };
+  readonly capabilities: DriverCapabilities = VMM_CAPABILITIES;
   protected readonly vmm = 'firecracker';
   protected readonly probePath = '/';
   private readonly fc: Required<Omit<FirecrackerConfig, keyof VmmDriverConfig>>;
@@ -439,7 +424,7 @@ export class FirecrackerDriver extends VmmDriver {
 
   protected async vmState(p: PersistedVm): Promise<'running' | 'paused' | 'stopped'> {
     const info = await apiCall<{ state?: string }>(this.vmm, p.apiSocket, 'GET', '/', undefined, 2000);
-    return mapFirecrackerState(info?.state);
+    return mapVmmState(info?.state);
   }
 
   protected diskPath(p: PersistedVm): string {

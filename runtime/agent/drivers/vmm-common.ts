@@ -290,6 +290,34 @@ export interface PreparedVmm {
   extra?: PersistedVm['extra'];
 }
 
+/**
+ * What both VMM drivers can do. Guest links: `tcp` first, the one used (the guest daemon over the tap,
+ * as with every driver); `vsock` is offered by both VMMs but no device is attached, because Node cannot
+ * listen on AF_VSOCK and each VMM bridges vsock to a Unix socket with its own handshake. No balloon yet.
+ */
+export const VMM_CAPABILITIES: Readonly<DriverCapabilities> = {
+  pause: true,
+  snapshot: true,
+  restore: true,
+  memoryStats: true,
+  balloon: false,
+  guestLinks: ['tcp', 'vsock'],
+  network: 'tap',
+  rootfs: 'ext4',
+  ownKernel: true,
+};
+
+/**
+ * Maps a VMM's state word to the driver's: both name them `Running` and `Paused` (Firecracker's
+ * definitions `InstanceInfo.state`; Cloud Hypervisor's `VmState`); anything else (`Not started`,
+ * `Created`, `Shutdown`, `BreakPoint`) is not a usable instance. Pure.
+ */
+export function mapVmmState(state: string | undefined): 'running' | 'paused' | 'stopped' {
+  if (state === 'Running') return 'running';
+  if (state === 'Paused') return 'paused';
+  return 'stopped';
+}
+
 /** Longest Unix socket path Linux accepts (`sun_path` is 108 bytes with its NUL). */
 export const MAX_SOCKET_PATH = 107;
 
