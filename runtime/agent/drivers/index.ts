@@ -9,7 +9,9 @@ import type { DriverName } from '../../core/drivers.ts';
 import { SpaceError } from '../../core/errors.ts';
 import type { AgentConfig } from '../config.ts';
 import { probeKvm } from '../kvm.ts';
+import { CloudHypervisorDriver } from './cloud-hypervisor.ts';
 import type { Driver } from './driver.ts';
+import { FirecrackerDriver } from './firecracker.ts';
 import { GvisorDriver } from './gvisor.ts';
 
 /** What building a driver needs beyond configuration. */
@@ -93,9 +95,20 @@ export function createDriver(name: DriverName, c: DriverConfig, deps: DriverDeps
         trustedCaFile: deps.trustedCaFile,
         log: deps.log,
       });
-    case 'qemu':
     case 'firecracker':
+      return new FirecrackerDriver({
+        stateDir: deps.stateDir,
+        firecrackerBinary: c.firecrackerBinary,
+        jailerBinary: c.jailerBinary,
+        log: deps.log,
+      });
     case 'cloud-hypervisor':
+      return new CloudHypervisorDriver({
+        stateDir: deps.stateDir,
+        cloudHypervisorBinary: c.cloudHypervisorBinary,
+        log: deps.log,
+      });
+    case 'qemu':
       throw new SpaceError('DRIVER_FAILED', `the ${name} driver is not part of this build (kvm: ${kvm})`, {
         driver: name,
       });
