@@ -189,7 +189,9 @@ describe('FirecrackerDriver against the spec-checked fake', () => {
 
     const restored = await driver.restore(ref, testRestoreSpec('i-two', 'sp-2', image));
     expect(restored).toMatchObject({ instanceId: 'i-two', state: 'running', vcpus: 2 });
-    expect(restored.guest.token).toBe('token-of-i-one'); // the snapshot's; the caller rotates it
+    // the new instance's own token, recorded for adopt; the guest inside holds the snapshot's
+    // ('token-of-i-one') until the caller rotates it
+    expect(restored.guest.token).toBe('new-token');
     const fake2 = fakeOf(fakes.reg, 'i-two');
     expect(fake2.violations).toEqual([]);
     expect(fake2.calls.map((c) => `${c.method} ${c.path} ${c.status}`)).toEqual([

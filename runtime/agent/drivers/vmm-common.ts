@@ -447,7 +447,8 @@ export abstract class VmmDriver implements Driver {
       vcpus: snapshot.vcpus,
       memoryMiB: snapshot.memoryMiB,
       diskMiB: snapshot.diskMiB,
-      guestToken: snapshot.guestToken,
+      // recorded for adopt and returned; the guest holds the snapshot's until the caller rotates it
+      guestToken: r.guestToken,
     };
     this.checkSpec(spec);
     return this.start(
