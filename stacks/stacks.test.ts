@@ -15,6 +15,9 @@ import {
   settle,
   unwrapSecrets,
 } from '../providers/testing/mocks.ts';
+import { loadAgentConfig } from '../runtime/agent/config.ts';
+import { createDriver } from '../runtime/agent/drivers/index.ts';
+import type { DriverName } from '../runtime/core/drivers.ts';
 import { generateCaPem } from '../runtime/gateway/ca.ts';
 import { CONFIG_KEYS, type ConfigKey, loadStackConfig, StackConfigError } from './config.ts';
 import { run } from './program.ts';
@@ -462,6 +465,49 @@ describe.each(Object.entries(VARIANTS))('upgrade of stack %s', (_name, base) => 
     for (const c of changed) {
       expect(typeof c.x, c.at).toBe('string');
       expect((c.x as string).replaceAll('0.1.0', '0.2.0'), c.at).toBe(c.y);
+    }
+  });
+});
+
+/** The driver each stack file selects for its pools. */
+const STACK_DRIVERS: Record<string, string> = {
+  akamai: 'gvisor',
+  'akamai-lke': 'gvisor',
+  coreweave: 'firecracker',
+  crusoe: 'cloud-hypervisor',
+  kind: 'gvisor',
+};
+
+describe.each(Object.entries(VARIANTS))('agents of stack %s accept their driver', (name, base) => {
+  it('every rendered agent names a driver the agent loads and builds', async () => {
+    const recorded = await render(withSecrets(base));
+    const drivers = new Set<string>();
+    for (const script of Object.values(vmScripts(recorded))) {
+      for (const m of script.matchAll(/SPACE_DRIVER=([a-z-]+)/g)) drivers.add(m[1]!);
+    }
+    for (const ds of recorded.filter(
+      (r) => r.type === 'kubernetes:apps/v1:DaemonSet' && componentOf(r) === 'agent',
+    )) {
+      const containers = podSpecOf(ds)['containers'] as { env?: { name: string; value?: string }[] }[];
+      for (const c of containers)
+        for (const e of c.env ?? []) if (e.name === 'SPACE_DRIVER') drivers.add(e.value!);
+    }
+    expect([...drivers]).toEqual([STACK_DRIVERS[name]]);
+    for (const driver of drivers) {
+      // the agent's own config loader and driver factory, as at its boot (KVM given: these pools
+      // are placed on KVM-capable types; a node without it is refused at boot by chooseDriver)
+      const config = loadAgentConfig({
+        SPACE_DRIVER: driver,
+        SPACE_VERIFY_KEY_FILE: '/etc/space/verify.pem',
+      });
+      expect(config.driver).toBe(driver);
+      const built = createDriver(
+        config.driver as DriverName,
+        config,
+        { stateDir: '/var/lib/space/agent/driver' },
+        true,
+      );
+      expect(built.name).toBe(driver);
     }
   });
 });
