@@ -161,18 +161,57 @@ export function imageDigest(templateDigest: string, guestDigest: string, extra =
   return createHash('sha256').update(`${templateDigest}\n${guestDigest}\n${extra}`).digest('hex');
 }
 
+/** Where Debian keeps the system trust bundle. */
+const TRUST_BUNDLE = 'etc/ssl/certs/ca-certificates.crt';
+
 /**
- * A template as a directory-rootfs driver (gVisor) boots it: guest layer over the template tree.
- * @throws SpaceError TEMPLATE_NOT_FOUND / TEMPLATE_NOT_READY (template), DRIVER_FAILED (guest layer).
+ * A one-file layer holding the template's system trust bundle with `caFile` appended (the
+ * gateway's per-deployment CA, for credential interception), so every driver's sandboxes trust it
+ * from their image. Content-addressed by the resulting bundle.
+ * @returns the layer directory and its digest.
+ */
+export async function buildTrustLayer(
+  cacheDir: string,
+  rootfs: string,
+  caFile: string,
+): Promise<{ dir: string; digest: string }> {
+  const base = await readFile(join(rootfs, TRUST_BUNDLE), 'utf8').catch(() => '');
+  const ca = await readFile(caFile, 'utf8').catch((err: unknown) => {
+    throw new SpaceError('DRIVER_FAILED', `cannot read the trusted CA ${caFile}: ${err}`, { path: caFile });
+  });
+  const bundle = `${base.trimEnd()}\n${ca.trim()}\n`;
+  const digest = createHash('sha256').update(bundle).digest('hex');
+  const dir = join(cacheDir, 'trust', digest);
+  if (!existsSync(join(dir, 'complete'))) {
+    const tmp = `${dir}.tmp-${process.pid}-${randomBytes(4).toString('hex')}`;
+    await mkdir(join(tmp, 'layer', dirname(TRUST_BUNDLE)), { recursive: true });
+    await writeFile(join(tmp, 'layer', TRUST_BUNDLE), bundle, { mode: 0o644 });
+    await writeFile(join(tmp, 'complete'), digest);
+    await rm(dir, { recursive: true, force: true });
+    await rename(tmp, dir);
+  }
+  return { dir: join(dir, 'layer'), digest };
+}
+
+/**
+ * A template as a directory-rootfs driver (gVisor) boots it, and the input of every VM image: the
+ * guest layer over an optional trust layer (`trustedCaFile`) over the template tree.
+ * @throws SpaceError TEMPLATE_NOT_FOUND / TEMPLATE_NOT_READY (template), DRIVER_FAILED (guest layer, CA).
  */
 export async function directoryImage(
   template: string,
   cacheDir: string,
   inputs: GuestLayerInputs,
+  trustedCaFile?: string,
 ): Promise<TemplateImage> {
   const rootfs = await resolveTemplate(template, cacheDir);
   const { digest: tDigest } = await loadTemplateDefinition(template);
   const layer = await buildGuestLayer(cacheDir, inputs);
   const gDigest = dirname(layer).split('/').pop()!;
-  return { template, digest: imageDigest(tDigest, gDigest), lowerDirs: [layer, rootfs] };
+  const trust = trustedCaFile ? await buildTrustLayer(cacheDir, rootfs, trustedCaFile) : null;
+  return {
+    template,
+    digest: imageDigest(tDigest, gDigest, trust?.digest ?? ''),
+    lowerDirs: trust ? [layer, trust.dir, rootfs] : [layer, rootfs],
+  };
 }

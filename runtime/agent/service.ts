@@ -56,7 +56,6 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     config,
     {
       stateDir: `${config.stateDir}/driver`,
-      trustedCaFile: config.trustedCaFile || undefined,
       log: (msg, fields) => driverLog.info(fields ?? {}, msg),
     },
     choice.kvm,
@@ -69,7 +68,8 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   const templateImage = (t: string): Promise<TemplateImage> => {
     let p = images.get(t);
     if (!p) {
-      p = directoryImage(t, config.cacheDir, guestInputs);
+      // the gateway's per-deployment CA is part of the image (a trust layer), for every driver
+      p = directoryImage(t, config.cacheDir, guestInputs, config.trustedCaFile || undefined);
       p.catch(() => images.delete(t));
       images.set(t, p);
     }

@@ -57,8 +57,6 @@ export interface GvisorConfig {
    * agent's last request) and the failed checkpoint leaves the container stopped.
    */
   experimentalSnapshots?: boolean;
-  /** PEM CA certificate added to every sandbox's system trust store (the gateway's per-deployment CA). */
-  trustedCaFile?: string;
   /** Pass `--debug` to runsc (verbose logs in logs/). Default false. */
   debug?: boolean;
   log?: (msg: string, fields?: Record<string, unknown>) => void;
@@ -252,8 +250,7 @@ export class GvisorDriver implements Driver {
     rootfs: 'directory',
     ownKernel: false,
   };
-  private readonly cfg: Required<Omit<GvisorConfig, 'log' | 'trustedCaFile'>> &
-    Pick<GvisorConfig, 'log' | 'trustedCaFile'>;
+  private readonly cfg: Required<Omit<GvisorConfig, 'log'>> & Pick<GvisorConfig, 'log'>;
 
   constructor(config: GvisorConfig) {
     this.cfg = {
@@ -541,12 +538,6 @@ export class GvisorDriver implements Driver {
     await writeFile(join(rootfs, GUEST_PATHS.token.slice(1)), spec.guestToken, { mode: 0o400 });
     // DNS goes to the host end (nftables hands it to the node's gateway whatever address is used)
     await writeFile(join(rootfs, 'etc/resolv.conf'), `nameserver ${spec.network.hostAddress}\n`);
-    if (this.cfg.trustedCaFile) {
-      // the gateway's per-deployment CA (credential interception) joins the system trust store
-      const bundle = join(rootfs, 'etc/ssl/certs/ca-certificates.crt');
-      await mkdir(join(rootfs, 'etc/ssl/certs'), { recursive: true });
-      await appendFile(bundle, `\n${await readFile(this.cfg.trustedCaFile, 'utf8')}`);
-    }
     const oci = buildOciSpec({
       spec,
       rootPath: rootfs,

@@ -18,8 +18,6 @@ import { GvisorDriver } from './gvisor.ts';
 export interface DriverDeps {
   /** Driver state root (instances, sockets). */
   stateDir: string;
-  /** PEM CA added to every sandbox's trust store. */
-  trustedCaFile?: string;
   log?: (msg: string, fields?: Record<string, unknown>) => void;
 }
 
@@ -92,7 +90,6 @@ export function createDriver(name: DriverName, c: DriverConfig, deps: DriverDeps
         stateDir: deps.stateDir,
         runscBinary: c.runscBinary,
         platform: c.gvisorPlatform,
-        trustedCaFile: deps.trustedCaFile,
         log: deps.log,
       });
     case 'firecracker':
