@@ -317,4 +317,21 @@ describe('runtime cases', () => {
     });
     expect(src.stdout.toString()).toBe('0\n');
   });
+
+  it('r10-download-matches-its-headers: a symlink downloads as its whole target; stat says what will come', async () => {
+    const made = await s.exec(id, {
+      cmd: 'sh',
+      args: ['-c', 'head -c 1000000 /dev/urandom > big.bin && ln -sf big.bin big.lnk && sha256sum big.bin'],
+    });
+    expect(made.exit.exitCode).toBe(0);
+    const want = made.stdout.toString().split(' ')[0];
+    for (const name of ['big.lnk', 'big.bin']) {
+      const r = await dp('GET', `/files${q(`/home/user/${name}`)}`);
+      expect(r.status).toBe(200);
+      expect(r.buf.length).toBe(1_000_000);
+      expect(sha(r.buf)).toBe(want);
+    }
+    const st = await dp('GET', `/fs/stat${q('/home/user/big.lnk')}`);
+    expect(st.json()).toMatchObject({ type: 'symlink', target: { type: 'file', size: 1_000_000 } });
+  });
 });

@@ -127,15 +127,26 @@ export class GuestClient {
   async remove(path: string, recursive: boolean): Promise<void> {
     await this.#json('DELETE', `/fs?path=${encodeURIComponent(path)}${recursive ? '&recursive=1' : ''}`);
   }
-  /** Streams a file out of the sandbox. */
-  async readFile(path: string, signal?: AbortSignal): Promise<Readable> {
+  /**
+   * Streams a file out of the sandbox (symlinks followed, within the path policy).
+   * @returns the body and its exact length in bytes, as the guest promised it (`Content-Length`).
+   */
+  async readFile(path: string, signal?: AbortSignal): Promise<{ body: Readable; size: number }> {
     const res = await this.request({
       method: 'GET',
       path: `/files?path=${encodeURIComponent(path)}`,
       expect: 'stream',
       signal,
     });
-    return res.body;
+    const size = Number(res.headers['content-length']);
+    if (!Number.isSafeInteger(size) || size < 0) {
+      res.body.destroy();
+      throw new SpaceError(
+        'GUEST_UNAVAILABLE',
+        'the guest answered a download without a valid Content-Length',
+      );
+    }
+    return { body: res.body, size };
   }
   /** Streams `data` into a file (atomic on the guest side); an aborted body leaves no partial file. */
   writeFile(path: string, data: Readable, signal?: AbortSignal): Promise<FileStat> {

@@ -113,4 +113,9 @@ export interface FileStat {
   mode: number;
   /** Epoch ms. */
   mtimeMs: number;
+  /**
+   * For a symlink: what it resolves to (and so what a download of it sends), or null when it
+   * dangles or points where files cannot be read.
+   */
+  target?: { path: string; type: 'file' | 'dir' | 'symlink' | 'other'; size: number } | null;
 }

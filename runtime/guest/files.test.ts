@@ -168,3 +168,79 @@ describe('guest files: read, write, errors', () => {
     expect([gone.status, code(gone)]).toEqual([404, 'FILE_NOT_FOUND']);
   });
 });
+
+describe('r10-download-matches-its-headers', () => {
+  /** GETs on one keep-alive connection; each answer's declared length and the bytes that came. */
+  async function getAll(paths: string[], between?: (i: number) => Promise<void>) {
+    const { Agent } = await import('node:http');
+    const agent = new Agent({ keepAlive: true, maxSockets: 1 });
+    const out: { status: number; declared: number; body: Buffer }[] = [];
+    try {
+      for (const [i, p] of paths.entries()) {
+        out.push(
+          await new Promise((resolve, reject) => {
+            const req = httpRequest(`${g.base}/files?path=${q(p)}`, { agent, headers: AUTH }, (res) => {
+              const chunks: Buffer[] = [];
+              let first = true;
+              res.on('data', (c: Buffer) => {
+                chunks.push(c);
+                if (first && between) {
+                  first = false;
+                  res.pause();
+                  void between(i).then(() => res.resume());
+                }
+              });
+              res.on('end', () =>
+                resolve({
+                  status: res.statusCode!,
+                  declared: Number(res.headers['content-length']),
+                  body: Buffer.concat(chunks),
+                }),
+              );
+              res.on('error', reject);
+            });
+            req.on('error', reject);
+            req.end();
+          }),
+        );
+      }
+    } finally {
+      agent.destroy();
+    }
+    return out;
+  }
+
+  it('a symlink downloads as its target, exactly; stat of the link says so', async () => {
+    const data = randomBytes(1_000_000);
+    writeFileSync(join(g.home, 'big.bin'), data);
+    symlinkSync('big.bin', join(g.home, 'big.lnk'));
+    const [a, b] = await getAll(['big.lnk', 'big.bin']);
+    for (const r of [a!, b!]) {
+      expect(r.status).toBe(200);
+      expect(r.declared).toBe(1_000_000);
+      expect(r.body.length).toBe(1_000_000);
+      expect(sha(r.body)).toBe(sha(data));
+    }
+    const st = (await call(g, 'GET', `/fs/stat?path=${q('big.lnk')}`)).json() as {
+      type: string;
+      target: { type: string; size: number };
+    };
+    expect(st.type).toBe('symlink');
+    expect(st.target).toMatchObject({ type: 'file', size: 1_000_000 });
+  });
+
+  it('a file that grows during its download sends exactly the declared bytes; the connection stays usable', async () => {
+    const path = join(g.home, 'growing.bin');
+    const start = randomBytes(4 * 1024 * 1024);
+    writeFileSync(path, start);
+    const [grown, next] = await getAll(['growing.bin', 'big.bin'], async (i) => {
+      if (i === 0) writeFileSync(path, randomBytes(2 * 1024 * 1024), { flag: 'a' });
+    });
+    expect(grown!.declared).toBe(start.length);
+    expect(grown!.body.length).toBe(start.length);
+    expect(sha(grown!.body)).toBe(sha(start));
+    // the next answer on the same connection is whole, not the tail of the previous file
+    expect(next!.body.length).toBe(1_000_000);
+    expect(next!.declared).toBe(1_000_000);
+  });
+});

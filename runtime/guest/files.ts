@@ -9,6 +9,7 @@ import type { Stats } from 'node:fs';
 import { chown, lstat, mkdir, open, readdir, rename, rm, rmdir, stat, unlink } from 'node:fs/promises';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { posix } from 'node:path';
+import { Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { SpaceError } from '../core/errors.ts';
 import type { FileStat } from '../core/guest-protocol.ts';
@@ -145,6 +146,7 @@ export class Files {
     const path = this.#path(query);
     const real = await realTarget(path, true);
     let fh: Awaited<ReturnType<typeof open>>;
+    let size: number;
     try {
       fh = await open(real, 'r');
     } catch (err) {
@@ -154,14 +156,35 @@ export class Files {
       const st = await fh.stat();
       if (st.isDirectory()) throw new SpaceError('FILE_CONFLICT', `${path} is a directory`, { path });
       if (!st.isFile()) throw new SpaceError('FILE_CONFLICT', `${path} is not a regular file`, { path });
-      res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': st.size });
+      size = st.size;
+      res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': size });
     } catch (err) {
       await fh.close();
       throw err;
     }
-    const stream = fh.createReadStream({ autoClose: true });
+    if (size === 0) {
+      await fh.close();
+      res.end();
+      return;
+    }
+    // exactly the bytes the header promised (R10): a file that grows meanwhile is cut at its
+    // size then; one that shrinks ends the connection, never a short body on a live connection
+    const stream = fh.createReadStream({ autoClose: true, start: 0, end: size - 1 });
+    let sent = 0;
+    const exact = new Transform({
+      transform(chunk: Buffer, _enc, done) {
+        sent += chunk.length;
+        done(null, chunk);
+      },
+      flush(done) {
+        // failing here destroys the response instead of ending it short
+        done(
+          sent === size ? null : new Error(`the file shrank during the download (${sent} of ${size} bytes)`),
+        );
+      },
+    });
     try {
-      await pipeline(stream, res);
+      await pipeline(stream, exact, res);
     } catch (err) {
       // The reader went away (or the file shrank): the connection is cut; nothing more to say.
       this.#opts.log('debug', 'file read ended early', { path, ...errorFields(err) });
@@ -222,15 +245,32 @@ export class Files {
     sendJson(res, 200, toFileStat(path, await stat(real)));
   }
 
-  /** GET /fs/stat (does not follow a final symlink). */
+  /**
+   * GET /fs/stat (does not follow a final symlink; a symlink's `target` says what it resolves to,
+   * so what a download of it would send).
+   */
   async stat(query: URLSearchParams): Promise<FileStat> {
     const path = this.#path(query);
     const real = await realTarget(path, false);
+    let st: Stats;
     try {
-      return toFileStat(path, await lstat(real));
+      st = await lstat(real);
     } catch (err) {
       throw fsError(err, path, 'read');
     }
+    const out = toFileStat(path, st);
+    if (out.type === 'symlink') {
+      out.target = await realTarget(path, true)
+        .then(
+          async (t) => {
+            const ts = await stat(t);
+            return { path: t, type: typeOf(ts), size: ts.size };
+          },
+          () => null,
+        )
+        .catch(() => null);
+    }
+    return out;
   }
 
   /** GET /fs/list: entries sorted by name. */
