@@ -334,4 +334,28 @@ describe('runtime cases', () => {
     const st = await dp('GET', `/fs/stat${q('/home/user/big.lnk')}`);
     expect(st.json()).toMatchObject({ type: 'symlink', target: { type: 'file', size: 1_000_000 } });
   });
+
+  it('r12-background-servers-outlive-their-exec: `&` and `nohup … &` servers answer from a later exec', async () => {
+    for (const start of [
+      'cd /tmp && python3 -m http.server 8000 &',
+      'cd /tmp && nohup python3 -m http.server 8001 &',
+    ]) {
+      const r = await s.exec(id, { cmd: 'sh', args: ['-c', start] });
+      expect(r.exit.exitCode).toBe(0);
+    }
+    const probe = [
+      'import time, urllib.request',
+      'for port in (8000, 8001):',
+      // http.server does a reverse lookup of its address before it listens, which waits out the
+      // resolver's timeouts in a stack without a gateway (DNS goes unanswered): allow 40 s
+      '    for _ in range(400):',
+      '        try:',
+      '            print(port, urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).status); break',
+      '        except OSError: time.sleep(0.1)',
+      '    else: print(port, "down")',
+    ].join('\n');
+    const r = await s.exec(id, { cmd: 'python3', args: ['-c', probe], timeoutMs: 90_000 });
+    expect(r.stdout.toString()).toBe('8000 200\n8001 200\n');
+    await s.exec(id, { cmd: 'sh', args: ['-c', 'pkill -f "http.server 800"'], user: 'root' });
+  }, 120_000);
 });

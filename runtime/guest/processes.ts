@@ -22,10 +22,11 @@ import type { Identity } from './users.ts';
 
 /**
  * After the group leader exits, how long (ms, counted only while its pipes are being read) the guest
- * waits for the pipes to close. Children that still hold them (`sh -c 'sleep 300 & echo hi'`) would
- * otherwise keep the output stream open forever, so after this grace the rest of the group is
- * SIGKILLed; if the pipes are still open another grace later (held by something that left the group),
- * the guest closes its ends and ends the stream anyway.
+ * waits for the pipes to close. Children that still hold them (`sh -c 'python3 -m http.server &'`)
+ * are background processes: after this grace the command is over — its stream ends with the
+ * leader's exit — and they keep running (R12). Their later output is read and discarded, so they
+ * never block on a full pipe or die of a broken one. They end with the sandbox, or when they exit;
+ * a timeout or signal that hits the command *while it runs* still reaches its whole group.
  */
 export const LEADER_EXIT_GRACE_MS = 100;
 /** How long a record stays after its exit frame was fully delivered. */
@@ -151,7 +152,8 @@ export class ManagedProcess {
   #timedOut = false;
   #timeoutTimer: NodeJS.Timeout | undefined;
   #graceTimer: NodeJS.Timeout | undefined;
-  #graceStage = 0;
+  /** The leader exited and background processes hold the pipes: the command is over (R12). */
+  #backgrounded = false;
   #retentionTimer: NodeJS.Timeout | undefined;
   readonly #forget: (p: ManagedProcess) => void;
 
@@ -212,6 +214,7 @@ export class ManagedProcess {
       this.#pipes.push(pipe);
       this.#openPipes++;
       pipe.on('data', (data: Buffer) => {
+        if (this.#backgrounded) return; // the command is over: background output goes nowhere
         if (frame === 'stdout') this.output.stdout(data);
         else this.output.stderr(data);
       });
@@ -314,10 +317,15 @@ export class ManagedProcess {
     else stdin.destroy();
   }
 
-  /** Kills the group, closes the pipes and cuts any consumer (shutdown, forgetting, pid reuse). */
-  dispose(kill = true): void {
-    if (kill && this.active) this.killGroup('SIGKILL');
-    for (const pipe of this.#pipes) pipe.destroy();
+  /**
+   * Kills the group, closes the pipes and cuts any consumer (forgetting, pid reuse). Background
+   * processes of a command that is over are left running with their pipes drained, unless `force`
+   * (the guest shutting down).
+   */
+  dispose(kill = true, force = false): void {
+    const keepBackground = this.#backgrounded && !force;
+    if (kill && this.active && !keepBackground) this.killGroup('SIGKILL');
+    if (!keepBackground) for (const pipe of this.#pipes) pipe.destroy();
     this.#stdin?.destroy();
     if (this.#timeoutTimer) clearTimeout(this.#timeoutTimer);
     if (this.#graceTimer) clearTimeout(this.#graceTimer);
@@ -326,6 +334,7 @@ export class ManagedProcess {
   }
 
   #setReading(on: boolean): void {
+    if (this.#backgrounded) return; // always drained
     for (const pipe of this.#pipes) {
       if (on) pipe.resume();
       else pipe.pause();
@@ -357,13 +366,10 @@ export class ManagedProcess {
     this.#graceTimer = setTimeout(() => {
       this.#graceTimer = undefined;
       if (this.#openPipes === 0) return;
-      if (this.#graceStage === 0) {
-        this.#graceStage = 1;
-        this.killGroup('SIGKILL');
-        this.#armGrace();
-      } else {
-        for (const pipe of this.#pipes) pipe.destroy();
-      }
+      this.#backgrounded = true;
+      for (const pipe of this.#pipes) pipe.resume();
+      this.#retain(UNREAD_RECORD_TTL_MS);
+      this.output.finish(this.exit!);
     }, LEADER_EXIT_GRACE_MS);
   }
 
@@ -474,9 +480,9 @@ export class ProcessManager {
     return p;
   }
 
-  /** Kills every process group and cuts every consumer. */
+  /** Kills every process group (background ones too) and cuts every consumer. */
   shutdown(): void {
-    for (const p of this.#processes.values()) p.dispose();
+    for (const p of this.#processes.values()) p.dispose(true, true);
   }
 
   #failed(spec: StartSpec, exitCode: number, message: string): ManagedProcess {
