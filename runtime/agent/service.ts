@@ -17,6 +17,7 @@ import { GatewayClient } from './gateway-client.ts';
 import { SandboxNetworks } from './network.ts';
 import { NodeRegistry } from './registry.ts';
 import { SandboxManager } from './sandboxes.ts';
+import { scrubCredentialValues } from './state-scrub.ts';
 import { listTemplateDefinitions, resolveTemplate } from './templates.ts';
 import { WarmPool } from './warm-pool.ts';
 
@@ -91,6 +92,9 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     baseEnv: config.trustedCaFile ? { NODE_EXTRA_CA_CERTS: '/etc/ssl/certs/ca-certificates.crt' } : {},
     log,
   });
+  // values written by earlier versions leave the state files before anything reads them again
+  const scrubbed = await scrubCredentialValues(`${config.stateDir}/sandboxes`);
+  if (scrubbed > 0) log.info({ files: scrubbed }, 'credential values removed from sandbox state files');
   const { adopted } = await sandboxes.adopt();
   // reconcile with the state of record: a sandbox the control plane ended while this agent was
   // down (or never finished creating) must not keep running here
