@@ -236,6 +236,16 @@ function request(lines: string[], body = ''): string {
   return `${lines.join('\r\n')}\r\n\r\n${body}`;
 }
 
+/** One request to NAME carrying this sandbox's placeholder in the granted header, then close. */
+function withPlaceholder(path: string, method = 'GET'): string {
+  return request([
+    `${method} ${path} HTTP/1.1`,
+    `Host: ${NAME}`,
+    `Authorization: Bearer ${grant.placeholder}`,
+    'Connection: close',
+  ]);
+}
+
 function statuses(text: string): number[] {
   return [...text.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map((m) => Number(m[1]));
 }
@@ -297,14 +307,7 @@ describe('interceptTls', () => {
   });
 
   it('never hands the real value back: echoing headers, status text and body are masked', async () => {
-    const r = await exchange(
-      request([
-        'GET /echo HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    const r = await exchange(withPlaceholder('/echo'));
     expect(statuses(r.text)).toEqual([200]);
     expect(headerValues(upstream.seen[0]!.rawHeaders, 'authorization')).toEqual([`Bearer ${REAL}`]);
     expect(r.text).not.toContain(REAL);
@@ -316,14 +319,7 @@ describe('interceptTls', () => {
   });
 
   it('E10: masks the value in a header name and in base64, hex and case-folded forms of the body', async () => {
-    const r = await exchange(
-      request([
-        'GET /reflect HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    const r = await exchange(withPlaceholder('/reflect'));
     expect(statuses(r.text)).toEqual([200]);
     expect(headerValues(upstream.seen[0]!.rawHeaders, 'authorization')).toEqual([`Bearer ${REAL}`]);
     const lower = r.text.toLowerCase();
@@ -343,14 +339,7 @@ describe('interceptTls', () => {
     const raw: Buffer[] = [];
     const r = await exchange((s) => {
       s.on('data', (d: Buffer) => raw.push(d));
-      s.write(
-        request([
-          'GET /reflect-gz HTTP/1.1',
-          `Host: ${NAME}`,
-          `Authorization: Bearer ${grant.placeholder}`,
-          'Connection: close',
-        ]),
-      );
+      s.write(withPlaceholder('/reflect-gz'));
     });
     expect(statuses(r.text)).toEqual([200]);
     const all = Buffer.concat(raw);
@@ -360,14 +349,7 @@ describe('interceptTls', () => {
 
   it('E9: a revoked credential is not injected: its placeholder goes out untouched', async () => {
     ctx = { ...baseCtx(), credentials: staticCredentialSource([secretOf(otherGrant, OTHER_REAL)]) };
-    const r = await exchange(
-      request([
-        'GET / HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    const r = await exchange(withPlaceholder('/'));
     expect(statuses(r.text)).toEqual([401]); // the upstream's own answer to a worthless token
     expect(headerValues(upstream.seen[0]!.rawHeaders, 'authorization')).toEqual([
       `Bearer ${grant.placeholder}`,
@@ -377,14 +359,7 @@ describe('interceptTls', () => {
   it('E9: a credential deleted and registered again (another generation) does not reach the old grant', async () => {
     const regranted = { ...grant, generation: 'g0' };
     ctx = { ...baseCtx(), grants: [regranted, otherGrant] };
-    await exchange(
-      request([
-        'GET / HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    await exchange(withPlaceholder('/'));
     expect(headerValues(upstream.seen[0]!.rawHeaders, 'authorization')).toEqual([
       `Bearer ${grant.placeholder}`,
     ]);
@@ -415,14 +390,7 @@ describe('interceptTls', () => {
         },
       },
     };
-    const r = await exchange(
-      request([
-        'GET / HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    const r = await exchange(withPlaceholder('/'));
     expect(statuses(r.text)).toEqual([503]);
     expect(upstream.seen).toEqual([]);
     await denied('credential-unavailable');
@@ -447,36 +415,15 @@ describe('interceptTls', () => {
     }
     expect(upstream.seen).toEqual([]);
     await denied('credential-scope');
-    const ok = await exchange(
-      request([
-        'GET /v1/models HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    const ok = await exchange(withPlaceholder('/v1/models'));
     expect(statuses(ok.text)).toEqual([200]);
   });
 
   it('E11: a control character in the upstream status line ends that exchange with a 502, and the next one is served', async () => {
-    const bad = await exchange(
-      request([
-        'GET /bad-status HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    const bad = await exchange(withPlaceholder('/bad-status'));
     expect(statuses(bad.text)).toEqual([502]);
     await denied('malformed-response');
-    const next = await exchange(
-      request([
-        'GET / HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    const next = await exchange(withPlaceholder('/'));
     expect(statuses(next.text)).toEqual([200]);
   });
 
@@ -523,14 +470,7 @@ describe('interceptTls', () => {
 
   it('refuses a placeholder of another sandbox (replay from sandbox B) and any unknown placeholder', async () => {
     ctx = { ...baseCtx(), sandboxId: 'sbx_b', grants: [{ ...grant, placeholder: mintPlaceholder() }] };
-    const replay = await exchange(
-      request([
-        'GET / HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    const replay = await exchange(withPlaceholder('/'));
     expect(statuses(replay.text)).toEqual([403]);
     ctx = baseCtx();
     const unknown = await exchange(
@@ -609,24 +549,10 @@ describe('interceptTls', () => {
 
   it('refuses an upstream whose certificate is untrusted or for another name: 502, nothing sent', async () => {
     ctx = { ...baseCtx(), upstreamPort: rogue.port };
-    const r = await exchange(
-      request([
-        'GET / HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    const r = await exchange(withPlaceholder('/'));
     expect(statuses(r.text)).toEqual([502]);
     ctx = { ...baseCtx(), upstreamPort: wrongName.port };
-    const w = await exchange(
-      request([
-        'GET / HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    const w = await exchange(withPlaceholder('/'));
     expect(statuses(w.text)).toEqual([502]);
     expect(rogue.seen).toHaveLength(0);
     expect(wrongName.seen).toHaveLength(0);
@@ -770,37 +696,16 @@ describe('interceptTls', () => {
         throw new Error('resolved to a denied address');
       },
     };
-    const r = await exchange(
-      request([
-        'GET / HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    const r = await exchange(withPlaceholder('/'));
     expect(statuses(r.text)).toEqual([502]);
     expect(upstream.seen).toHaveLength(0);
     await denied('resolution-failed');
   });
 
   it('never writes a real value to the log', async () => {
-    await exchange(
-      request([
-        'GET /echo HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    await exchange(withPlaceholder('/echo'));
     ctx = { ...baseCtx(), upstreamPort: rogue.port };
-    await exchange(
-      request([
-        'GET / HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    await exchange(withPlaceholder('/'));
     expect(logLines.length).toBeGreaterThan(0);
     for (const line of logLines) {
       expect(line).not.toContain(REAL);
