@@ -107,6 +107,15 @@ async function startUpstream(ca: DeploymentCa, certName: string): Promise<Upstre
             hexUpper: Buffer.from(value).toString('hex').toUpperCase(),
           }),
         );
+      } else if (req.url === '/reflect-gz-split') {
+        // the gzip magic cut into single bytes, each its own TLS record, a moment apart
+        const gz = gzipSync(`echo ${String(req.headers.authorization)}`);
+        res.setHeader('content-length', gz.length);
+        res.write(gz.subarray(0, 1));
+        setTimeout(() => {
+          res.write(gz.subarray(1, 2));
+          setTimeout(() => res.end(gz.subarray(2)), 20);
+        }, 20);
       } else if (req.url === '/reflect-gz') {
         res.end(gzipSync(`echo ${String(req.headers.authorization)}`)); // gzip without a label
       } else if (req.url === '/bad-status') {
@@ -335,17 +344,20 @@ describe('interceptTls', () => {
     expect(Object.keys(body)).toHaveLength(6); // the body still parses: masking keeps lengths
   });
 
-  it('E10: a gzip body without a label is unpacked, masked and packed again', async () => {
-    const raw: Buffer[] = [];
-    const r = await exchange((s) => {
-      s.on('data', (d: Buffer) => raw.push(d));
-      s.write(withPlaceholder('/reflect-gz'));
-    });
-    expect(statuses(r.text)).toEqual([200]);
-    const all = Buffer.concat(raw);
-    const unpacked = gunzipSync(all.subarray(all.indexOf('\r\n\r\n') + 4)).toString();
-    expect(unpacked).toBe(`echo Bearer ${'*'.repeat(REAL.length)}`);
-  });
+  it.each(['/reflect-gz', '/reflect-gz-split'])(
+    'E10: a gzip body without a label (%s) is unpacked, masked and packed again',
+    async (path) => {
+      const raw: Buffer[] = [];
+      const r = await exchange((s) => {
+        s.on('data', (d: Buffer) => raw.push(d));
+        s.write(withPlaceholder(path));
+      });
+      expect(statuses(r.text)).toEqual([200]);
+      const all = Buffer.concat(raw);
+      const unpacked = gunzipSync(all.subarray(all.indexOf('\r\n\r\n') + 4)).toString();
+      expect(unpacked).toBe(`echo Bearer ${'*'.repeat(REAL.length)}`);
+    },
+  );
 
   it('E9: a revoked credential is not injected: its placeholder goes out untouched', async () => {
     ctx = { ...baseCtx(), credentials: staticCredentialSource([secretOf(otherGrant, OTHER_REAL)]) };

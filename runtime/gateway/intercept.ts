@@ -615,28 +615,46 @@ function serveHttp(
       ures.once('error', () => {
         if (!abandoned) fail('malformed-response');
       });
-      ures.once('readable', () => {
-        const first = ures.read(3) as Buffer | null;
-        if (first) ures.unshift(first);
-        if (!first || !looksGzipped(first)) {
+      // read until 3 bytes (or the end) have arrived: a gzip magic split across records must not
+      // slip past (an upstream chooses how its body is cut)
+      const head: Buffer[] = [];
+      let headBytes = 0;
+      let decided = false;
+      const onHeadData = (c: Buffer) => {
+        head.push(c);
+        headBytes += c.length;
+        if (headBytes >= 3) decide(false);
+      };
+      const onHeadEnd = () => decide(true);
+      const decide = (ended: boolean): void => {
+        if (decided || abandoned) return;
+        decided = true;
+        ures.off('data', onHeadData);
+        ures.off('end', onHeadEnd);
+        ures.pause();
+        idle();
+        const first = Buffer.concat(head);
+        if (!looksGzipped(first)) {
           writeHead(safe.headers);
-          pipeline(ures, new SecretMask(needles, limits.maxBodyBytes, idle), res, (err) => {
+          const mask = new SecretMask(needles, limits.maxBodyBytes, idle);
+          const done = (err: NodeJS.ErrnoException | null) => {
             if (!err) return;
             if (err instanceof TooLarge) audit('close', { reason: 'response-too-large', address, method });
             abandoned = true;
             res.destroy();
-          });
+          };
+          if (ended) {
+            mask.end(first);
+            pipeline(mask, res, done);
+          } else {
+            mask.write(first);
+            pipeline(ures, mask, res, done);
+          }
           return;
         }
-        const chunks: Buffer[] = [];
-        let size = 0;
-        ures.on('data', (c: Buffer) => {
-          size += c.length;
-          idle();
-          if (size > limits.maxBodyBytes) return fail('response-too-large');
-          chunks.push(c);
-        });
-        ures.once('end', () => {
+        const chunks: Buffer[] = [first];
+        let size = first.length;
+        const finish = () => {
           if (abandoned) return;
           let out: Buffer;
           try {
@@ -649,8 +667,19 @@ function serveHttp(
           );
           writeHead([...headers, 'content-length', String(out.length)]);
           res.end(out);
+        };
+        if (ended) return finish();
+        ures.on('data', (c: Buffer) => {
+          size += c.length;
+          idle();
+          if (size > limits.maxBodyBytes) return fail('response-too-large');
+          chunks.push(c);
         });
-      });
+        ures.once('end', finish);
+        ures.resume();
+      };
+      ures.on('data', onHeadData);
+      ures.once('end', onHeadEnd);
     });
   }
 }
