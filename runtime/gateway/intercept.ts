@@ -668,7 +668,10 @@ function serveHttp(
           writeHead([...headers, 'content-length', String(out.length)]);
           res.end(out);
         };
-        if (ended) return finish();
+        if (ended) {
+          finish();
+          return;
+        }
         ures.on('data', (c: Buffer) => {
           size += c.length;
           idle();
