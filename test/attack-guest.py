@@ -383,6 +383,28 @@ def a_latency(p):
     return {'stage': 'done', 'median_ms': ts[len(ts) // 2] if ts else None, 'ok': len(ts), 'fails': fails}
 
 
+def a_flood(p):
+    """One sandbox's flood (E11): p.dns A queries for p.name sent without waiting, then p.conns TCP
+    connections to ip:port opened back to back and held p.secs. Bounded by its counts and timeouts."""
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for _ in range(p['dns']):
+        try:
+            u.sendto(dns_query(p['name'], 'A'), (p['ip'], 53))
+        except Exception:
+            pass
+    u.close()
+    conns, failed = [], 0
+    for _ in range(p['conns']):
+        try:
+            conns.append(tcp_connect(p['ip'], p['port'], 1.0))
+        except Exception:
+            failed += 1
+    time.sleep(p['secs'])
+    for c in conns:
+        c.close()
+    return {'stage': 'done', 'opened': len(conns), 'failed': failed}
+
+
 def a_listen(p):
     """Listens on TCP/UDP p.port for p.secs and appends every hit to p.log (T19 far side)."""
     import select

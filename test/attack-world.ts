@@ -16,6 +16,7 @@ import { createServer as createHttp, type IncomingMessage, type ServerResponse }
 import { createServer as createHttps } from 'node:https';
 import { createServer as createTcp, type Socket } from 'node:net';
 import type { TLSSocket } from 'node:tls';
+import { gzipSync } from 'node:zlib';
 import dnsPacket from 'dns-packet';
 
 /** Config passed as argv[2]. */
@@ -25,7 +26,10 @@ export interface WorldConfig {
   dnsAddress: string;
   certFile: string;
   keyFile: string;
-  /** A records of the authoritative server (name → IPv4); `*.x` entries match any name below x. */
+  /**
+   * A records of the authoritative server (name → IPv4); `*.x` entries match any name below x; a
+   * value `cname:<target>` makes the name a CNAME of target (E8).
+   */
   records: Record<string, string>;
   /** The value the credential upstream expects after `Bearer `. */
   credValue: string;
@@ -59,9 +63,15 @@ function answer(records: Record<string, string>, msg: Buffer, role: string, via:
   if (!question) return null;
   const name = question.name.toLowerCase();
   hit({ role, kind: 'dns', via, name, type: question.type });
-  const address = role === 'dns' ? lookup(records, name) : '10.198.0.66';
   const answers: dnsPacket.Answer[] = [];
-  if (address && question.type === 'A')
+  let address = role === 'dns' ? lookup(records, name) : '10.198.0.66';
+  if (address?.startsWith('cname:')) {
+    const target = address.slice('cname:'.length);
+    answers.push({ type: 'CNAME', name: question.name, ttl: 60, data: target });
+    address = question.type === 'A' ? lookup(records, target) : undefined;
+    if (address) answers.push({ type: 'A', name: target, ttl: 60, data: address });
+    address ??= target;
+  } else if (address && question.type === 'A')
     answers.push({ type: 'A', name: question.name, ttl: 60, data: address });
   if (address && question.type === 'TXT')
     answers.push({ type: 'TXT', name: question.name, ttl: 60, data: `txt-${role}` });
@@ -114,14 +124,18 @@ async function main(): Promise<void> {
     const handler = (kind: string, port: number) => (req: IncomingMessage, res: ServerResponse) => {
       const sni = (req.socket as TLSSocket).servername ?? null;
       const auths: string[] = [];
+      const hosts: string[] = [];
       for (let i = 0; i + 1 < req.rawHeaders.length; i += 2) {
-        if (req.rawHeaders[i]!.toLowerCase() === 'authorization') auths.push(req.rawHeaders[i + 1]!);
+        const n = req.rawHeaders[i]!.toLowerCase();
+        if (n === 'authorization') auths.push(req.rawHeaders[i + 1]!);
+        if (n === 'host') hosts.push(req.rawHeaders[i + 1]!);
       }
       hit({
         role,
         kind,
         port,
         host: req.headers.host ?? null,
+        hosts,
         sni,
         url: req.url,
         method: req.method,
@@ -133,8 +147,39 @@ async function main(): Promise<void> {
         body += d.length;
       });
       req.on('end', () => {
+        if (req.url?.includes('e11-bad')) {
+          // E11: a malformed response head (node:http refuses to write these, so raw bytes)
+          req.socket.end(
+            req.url.endsWith('e11-badheader')
+              ? 'HTTP/1.1 200 OK\r\nX-A\x01: b\r\ncontent-length: 2\r\n\r\nhi'
+              : 'HTTP/1.1 200 O\x01K\r\ncontent-length: 2\r\n\r\nhi',
+          );
+          return;
+        }
         if (role === 'cred') {
           const ok = auths.length === 1 && auths[0] === `Bearer ${cfg.credValue}`;
+          const value = (auths[0] ?? '').replace(/^Bearer /, '');
+          // E10: endpoints that hand the received value back in other forms
+          if (req.url === '/echo-name') {
+            res.writeHead(200, { [`x-${value}`]: '1' }).end('named');
+            return;
+          }
+          if (req.url === '/echo-b64') {
+            res.end(
+              `b64=${Buffer.from(value).toString('base64')} b64url1=${Buffer.from(`a${value}`).toString('base64url')} b64x2=${Buffer.from(`ab${value}`).toString('base64')}`,
+            );
+            return;
+          }
+          if (req.url === '/echo-hex') {
+            res.end(
+              `hex=${Buffer.from(value).toString('hex')} HEX=${Buffer.from(value).toString('hex').toUpperCase()} UP=${value.toUpperCase()}`,
+            );
+            return;
+          }
+          if (req.url === '/echo-gz') {
+            res.end(gzipSync(`gz ${value}`)); // gzip without a Content-Encoding label
+            return;
+          }
           if (req.url?.startsWith('/echo')) {
             res.writeHead(200, { 'content-type': 'text/plain' });
             res.end(`cred echo auths=${JSON.stringify(auths)} headers=${JSON.stringify(req.rawHeaders)}`);

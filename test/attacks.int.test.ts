@@ -29,6 +29,7 @@ import { join } from 'node:path';
 import { connect as tlsConnect } from 'node:tls';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
+import { gunzipSync } from 'node:zlib';
 import { pino } from 'pino';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -51,7 +52,17 @@ const W = {
   dns: `${NET}.53`,
   internal: `10.198.${N + 1}.10`,
   meta: '169.254.169.254',
+  /** E7: an address the host (node) gains after the gateway started, on the world link. */
+  node: `${NET}.100`,
+  /** E7: a "load balancer in front of the cluster", given to the gateway as a node CIDR. */
+  lb: `${NET}.97`,
 };
+/** E7: how often the gateway re-reads the node's addresses in this run, ms. */
+const NODE_REFRESH_MS = 500;
+/** E9: the gateway's credential cache time in this run (its default), ms. */
+const CREDENTIAL_CACHE_MS = 2000;
+/** Every attempt the suite makes (asserted, so a silently skipped attack shows). */
+const EXPECTED_ATTEMPTS = 229;
 const RT_TABLE = String(19_800 + N);
 const REAL = `sk-real-${randomBytes(20).toString('hex')}`;
 const HANDSHAKE_MS = 2000;
@@ -64,8 +75,15 @@ const ALLOWED = [
   'rebind.allowed.test',
   'meta.allowed.test',
   'loop.allowed.test',
+  'node.allowed.test',
+  'node2.allowed.test',
+  'lb.allowed.test',
 ];
 const POLICY = { allow: ALLOWED };
+/** E8: names an allow-all sandbox makes the gateway ask about (the denied one, to deny its addresses). */
+const UPSTREAM_OK_E8 = new Set(['alias.test', 'cname.test', 'evil.test', 'cdn.evil.test']);
+/** E8 phase (host clock): while it lasts, the allow-all sandbox's upstream names are expected. */
+const e8Window = { from: Number.POSITIVE_INFINITY, to: Number.POSITIVE_INFINITY };
 /** Names the gateway may ever ask its upstream about (the policies' names + the credential host). */
 const UPSTREAM_OK = new Set([...ALLOWED, 'api.cred.test']);
 const RECORDS: Record<string, string> = {
@@ -78,6 +96,11 @@ const RECORDS: Record<string, string> = {
   'rebind.allowed.test': W.internal, // T04: allowed names resolving into the deny set
   'meta.allowed.test': W.meta,
   'loop.allowed.test': '127.0.0.1',
+  'node.allowed.test': W.host, // E7: the node's own address on this link (not in the configured deny set)
+  'node2.allowed.test': W.node, // E7: an address the node gains later
+  'lb.allowed.test': W.lb, // E7: a cluster address given as config
+  'alias.test': W.evil, // E8: a second name for the denied evil.test
+  'cname.test': 'cname:cdn.evil.test', // E8: a CNAME chain through a denied pattern
   'evil.test': W.evil,
   '*.evil.test': W.evil,
 };
@@ -199,6 +222,7 @@ async function makeWorld(): Promise<void> {
     `${W.dns}/24`,
     `${W.internal}/24`,
     `${W.meta}/32`,
+    `${W.lb}/24`,
   ])
     await sh('ip', ['-n', NS, 'addr', 'add', a, 'dev', NS_IF]);
   await sh('ip', ['-n', NS, 'link', 'set', NS_IF, 'up']);
@@ -238,7 +262,7 @@ async function counters(): Promise<Record<string, number>> {
 
 async function startWorld(): Promise<void> {
   const cfg: WorldConfig = {
-    roles: { good: W.good, evil: W.evil, cred: W.cred, internal: W.internal, meta: W.meta },
+    roles: { good: W.good, evil: W.evil, cred: W.cred, internal: W.internal, meta: W.meta, lb: W.lb },
     dnsAddress: W.dns,
     certFile: join(tmp, 'leaf.crt'),
     keyFile: join(tmp, 'leaf.key'),
@@ -296,6 +320,19 @@ async function startCanary(): Promise<void> {
     tcp.close();
     udp.close();
   });
+}
+
+/** E7: listeners on the node's own `address` at the ports the gateway dials; any connection is an escape. */
+async function startNodeServices(address: string): Promise<void> {
+  for (const port of [80, 443]) {
+    const srv: Server = createNetServer((c) => {
+      canary.push({ proto: `node ${address}:${port}`, from: String(c.remoteAddress) });
+      c.destroy();
+    });
+    srv.listen(port, address);
+    await once(srv, 'listening');
+    cleanups.push(async () => srv.close());
+  }
 }
 
 /** The host's own (non-sandbox, non-test) addresses: where a hairpin to host services would go. */
@@ -373,16 +410,18 @@ const atk = (
 
 /** A far-side hit that must never happen (whoever caused it). */
 function forbidden(h: Hit): string | null {
-  if (h.role === 'evil' || h.role === 'internal' || h.role === 'meta')
+  if (h.role === 'evil' || h.role === 'internal' || h.role === 'meta' || h.role === 'lb')
     return `${h.role} received ${h.kind}${h.port ? `:${h.port}` : ''}${h.name ? ` ${h.name}` : ''}`;
-  if (h.role === 'dns' && !UPSTREAM_OK.has(String(h.name))) return `upstream DNS asked ${h.name} (${h.type})`;
+  const e8 = h.t >= e8Window.from && h.t <= e8Window.to && UPSTREAM_OK_E8.has(String(h.name));
+  if (h.role === 'dns' && !UPSTREAM_OK.has(String(h.name)) && !e8)
+    return `upstream DNS asked ${h.name} (${h.type})`;
   if (h.role === 'good') {
     if (h.kind === 'udp') return `good received UDP :${h.port}`;
     if ((h.kind === 'tcp' || h.kind === 'tcp-data') && ![80, 443, 8443].includes(h.port ?? 0))
       return `good received TCP :${h.port}`;
     if (h.port === 8443 && !direct8443) return 'good:8443 reached without a CIDR rule';
     if (h.kind === 'http' || h.kind === 'https') {
-      for (const n of [h.host, h.sni]) {
+      for (const n of [h.host, h.sni, ...((h.hosts as string[] | undefined) ?? [])]) {
         if (n == null || h.url === '/e3-residual' || h.port === 8443) continue;
         const name = String(n)
           .toLowerCase()
@@ -560,6 +599,35 @@ const notServed =
     noForbiddenBody(o, far) ?? (body(o).includes(marker) ? `served: ${body(o).slice(0, 80)}` : null);
 const noReal: Judge = (o) =>
   JSON.stringify(o).includes(REAL) ? 'the real credential reached the sandbox' : null;
+/** Further real values of the E9/E10 credentials (grepped in all sandbox output at the end). */
+const CANARIES: string[] = [];
+
+/**
+ * E10: `value` in any form the gateway promises to recognise — as is, any case, hex, base64/base64url
+ * at each alignment — in what the sandbox received, also inside a gzip body.
+ */
+function noRealAnyForm(o: Out, value: string): string | null {
+  const v = Buffer.from(value);
+  const forms = [value.toLowerCase(), v.toString('hex')];
+  for (let k = 0; k < 3; k++) {
+    const enc = Buffer.concat([Buffer.alloc(k), v]).toString('base64');
+    const mid = enc.slice(Math.ceil((8 * k) / 6), Math.floor((8 * (k + v.length)) / 6));
+    forms.push(mid.toLowerCase(), mid.replace(/\+/g, '-').replace(/\//g, '_').toLowerCase());
+  }
+  const texts = [JSON.stringify(o)];
+  const raw = Buffer.from(body(o), 'latin1');
+  const at = raw.indexOf('\r\n\r\n');
+  if (at >= 0 && raw[at + 4] === 0x1f && raw[at + 5] === 0x8b) {
+    try {
+      texts.push(gunzipSync(raw.subarray(at + 4)).toString('latin1'));
+    } catch {
+      texts.push('(gzip body did not unpack)');
+    }
+  }
+  for (const t of texts.map((x) => x.toLowerCase()))
+    for (const f of forms) if (t.includes(f)) return `the real value came back (form ${forms.indexOf(f)})`;
+  return null;
+}
 
 // ---------- attack sets ----------
 
@@ -826,7 +894,7 @@ describe('egress attack suite', () => {
       },
     );
     s = await startStack(
-      {},
+      { SPACE_WATCHDOG_INTERVAL_MS: '1000' },
       {
         upstreamDns: `${W.dns}:53`,
         denyCidrs: DENY.join(','),
@@ -838,6 +906,9 @@ describe('egress attack suite', () => {
           SPACE_GATEWAY_DNS_QPS: '1000',
           SPACE_GATEWAY_RESOLVE_TIMEOUT_MS: '1000',
           SPACE_GATEWAY_DIAL_TIMEOUT_MS: '2000',
+          SPACE_GATEWAY_NODE_CIDRS: `${W.lb}/32`,
+          SPACE_GATEWAY_NODE_REFRESH_MS: String(NODE_REFRESH_MS),
+          SPACE_GATEWAY_CREDENTIAL_CACHE_MS: String(CREDENTIAL_CACHE_MS),
         },
       },
     );
@@ -1881,6 +1952,444 @@ describe('egress attack suite', () => {
     }
   });
 
+  it('E6: one request, two names — duplicate Host, folding, ambiguous framing, HTTP/2 — refused on every request', async () => {
+    const two = (a: string, b: string, path: string) =>
+      `GET ${path} HTTP/1.1\r\nHost: ${a}\r\nHost: ${b}\r\nConnection: close\r\n\r\n`;
+    await batch('A', A, [
+      atk(
+        'E6',
+        'e6-two-hosts',
+        'Host allowed, then Host forbidden (same address serves both)',
+        'http',
+        { ip: W.good, port: 80, req: two('pkg.allowed.test', 'evil.shared.test', '/e6a') },
+        status(400),
+      ),
+      atk(
+        'E6',
+        'e6-two-hosts-rev',
+        'Host forbidden, then Host allowed',
+        'http',
+        { ip: W.good, port: 80, req: two('evil.shared.test', 'pkg.allowed.test', '/e6b') },
+        status(400),
+      ),
+      atk(
+        'E6',
+        'e6-keepalive',
+        'a clean first request, then two Hosts on the same connection',
+        'http',
+        {
+          ip: W.good,
+          port: 80,
+          req: 'GET /e6c HTTP/1.1\r\nHost: pkg.allowed.test\r\n\r\n',
+          req2: two('pkg.allowed.test', 'evil.shared.test', '/e6d'),
+        },
+        (o, far) =>
+          noForbiddenBody(o, far) ??
+          (/\|\|HTTP\/1\.1 400/.test(body(o)) || !body(o).includes('||HTTP/1.1 200')
+            ? null
+            : `second request served: ${body(o).slice(0, 120)}`),
+      ),
+      atk(
+        'E6',
+        'e6-fold',
+        'Host continued on a folded line',
+        'http',
+        {
+          ip: W.good,
+          port: 80,
+          req: 'GET /e6e HTTP/1.1\r\nHost: pkg.allowed.test\r\n evil.shared.test\r\nConnection: close\r\n\r\n',
+        },
+        status(400),
+      ),
+      atk(
+        'E6',
+        'e6-cl-te',
+        'CL+TE with a smuggled request for the forbidden name',
+        'http',
+        {
+          ip: W.good,
+          port: 80,
+          req: 'POST /e6f HTTP/1.1\r\nHost: pkg.allowed.test\r\nContent-Length: 56\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /e6g HTTP/1.1\r\nHost: evil.shared.test\r\n\r\n',
+        },
+        status(400),
+      ),
+      atk(
+        'E6',
+        'e6-te-gzip',
+        'Transfer-Encoding: gzip, chunked',
+        'http',
+        {
+          ip: W.good,
+          port: 80,
+          req: 'POST /e6h HTTP/1.1\r\nHost: pkg.allowed.test\r\nTransfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n0\r\n\r\n',
+        },
+        status(400),
+      ),
+      atk(
+        'E6',
+        'e6-h2-prior',
+        'HTTP/2 prior knowledge on :80 (no :authority is ever read)',
+        'http',
+        { ip: W.good, port: 80, req: 'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n' },
+        refused,
+      ),
+      atk(
+        'E6',
+        'e6-h2c-upgrade',
+        'Upgrade: h2c to the allowed name',
+        'http',
+        {
+          ip: W.good,
+          port: 80,
+          req: 'GET /e6i HTTP/1.1\r\nHost: pkg.allowed.test\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n',
+        },
+        (o, far) => noForbiddenBody(o, far) ?? (/^HTTP\/1\.1 101/.test(body(o)) ? 'upgraded to h2c' : null),
+      ),
+      atk(
+        'E6',
+        'e6-intercepted',
+        'intercepted TLS: Host api.cred.test, then Host evil.test',
+        'tls',
+        tls(W.cred, 'api.cred.test', {
+          verify: true,
+          req: two('api.cred.test', 'evil.test', '/refuse-e6').replace(
+            'Connection: close\r\n',
+            `Authorization: Bearer ${phA}\r\nConnection: close\r\n`,
+          ),
+        }),
+        status(400),
+      ),
+    ]);
+  });
+
+  it("E7: the node's own addresses (interfaces, gained later, cluster config) are never dialled nor answered", async () => {
+    await sh('ip', ['addr', 'add', `${W.node}/32`, 'dev', HOST_IF]);
+    cleanups.push(() => run('ip', ['addr', 'del', `${W.node}/32`, 'dev', HOST_IF]));
+    await startNodeServices(W.host);
+    await startNodeServices(W.node);
+    await sleep(3 * NODE_REFRESH_MS); // the gateway re-reads the node's addresses every NODE_REFRESH_MS
+    const noAnswer: Judge = (o) =>
+      o.stage === 'reply' && Number(o.answers) > 0 ? `DNS answered ${o.answers} address(es)` : null;
+    const list: Attempt[] = [];
+    for (const [name, what] of [
+      ['node.allowed.test', "the node's address on this link"],
+      ['node2.allowed.test', 'an address the node gained after the gateway started'],
+      ['lb.allowed.test', 'a load balancer address from the cluster config'],
+    ] as const) {
+      const tag = name.split('.')[0];
+      list.push(
+        atk('E7', `e7-${tag}-dns`, `DNS ${name} (${what})`, 'dns', { ip: W.host, name }, noAnswer),
+        atk(
+          'E7',
+          `e7-${tag}-http`,
+          `HTTP Host ${name}`,
+          'http',
+          { ip: W.good, port: 80, req: get(`/e7-${tag}`, name) },
+          status(403),
+        ),
+        atk(
+          'E7',
+          `e7-${tag}-tls`,
+          `TLS SNI ${name}`,
+          'tls',
+          tls(W.good, name, { path: `/e7-${tag}` }),
+          refused,
+        ),
+      );
+    }
+    await batch('A', A, list);
+    expect(
+      audit.filter((l) => l.reason === 'resolved-to-denied-address' && String(l.name).startsWith('node2'))
+        .length,
+    ).toBeGreaterThan(0);
+  });
+
+  it('E8: in allow-all mode a denied name holds by address and through CNAME chains', async () => {
+    const C = await sandbox({ egress: { mode: 'allow-all', deny: ['evil.test', '*.evil.test'] } });
+    try {
+      await addressOf(C);
+      e8Window.from = Date.now();
+      const noAnswer: Judge = (o) =>
+        o.stage === 'reply' && Number(o.answers) > 0 ? `DNS answered ${o.answers} address(es)` : null;
+      const out = await batch('C (allow-all)', C, [
+        atk('E8', 'e8-pos', 'allow-all still reaches an allowed name', 'http', {
+          ip: W.good,
+          port: 80,
+          req: get('/e8-pos', 'good.allowed.test'),
+        }),
+        atk(
+          'E8',
+          'e8-alias-http',
+          'HTTP Host alias.test (A record = the denied server)',
+          'http',
+          { ip: W.good, port: 80, req: get('/e8a', 'alias.test') },
+          status(403),
+        ),
+        atk(
+          'E8',
+          'e8-alias-tls',
+          'TLS SNI alias.test',
+          'tls',
+          tls(W.good, 'alias.test', { path: '/e8b' }),
+          refused,
+        ),
+        atk('E8', 'e8-alias-dns', 'DNS alias.test', 'dns', { ip: W.host, name: 'alias.test' }, noAnswer),
+        atk(
+          'E8',
+          'e8-cname-http',
+          'HTTP Host cname.test (CNAME to cdn.evil.test)',
+          'http',
+          { ip: W.good, port: 80, req: get('/e8c', 'cname.test') },
+          status(403),
+        ),
+        atk('E8', 'e8-cname-dns', 'DNS cname.test', 'dns', { ip: W.host, name: 'cname.test' }, noAnswer),
+      ]);
+      const pos = rows.findIndex((r) => r.id === 'e8-pos');
+      expect(rows[pos]!.verdict).toBe('blocked'); // no far-side alarm
+      rows.splice(pos, 1); // a positive check, not an attack
+      expect(body(out.get('e8-pos')!)).toContain('good http host=good.allowed.test');
+    } finally {
+      e8Window.to = Date.now() + 1000;
+      await s.call('DELETE', `/v1/sandboxes/${C}`);
+    }
+  });
+
+  it('E10: reflected values are masked in every form the gateway recognises; method/path limits keep the value from echo endpoints', async () => {
+    const V = `sk-scoped-${randomBytes(16).toString('hex')}`;
+    CANARIES.push(V);
+    expect(
+      (
+        await s.call('PUT', '/v1/credentials/cred-scoped', {
+          domains: ['api.cred.test'],
+          value: V,
+          methods: ['GET'],
+          paths: ['/ok*'],
+        })
+      ).status,
+    ).toBe(200);
+    const F = await sandbox({ egress: POLICY, credentials: ['cred-scoped'] });
+    try {
+      const r = await s.exec(F, { cmd: 'printenv', args: ['CRED_SCOPED'] });
+      const phF = r.stdout.toString().trim();
+      const auth = (ph: string) => `Authorization: Bearer ${ph}`;
+      const echo = (path: string) =>
+        atk(
+          'E10',
+          `e10${path.replace('/', '-')}`,
+          `credential host reflects the value: ${path}`,
+          'tls',
+          tls(W.cred, 'api.cred.test', { verify: true, req: get(path, 'api.cred.test', [auth(phA)]) }),
+          (o) =>
+            noRealAnyForm(o, REAL) ??
+            (/^HTTP\/1\.1 200/.test(body(o)) ? null : `invalid: not served: ${body(o).slice(0, 80)}`),
+        );
+      await batch('A', A, ['/echo-name', '/echo-b64', '/echo-hex', '/echo-gz'].map(echo));
+      // the positive check (last in the batch) may fall in a refused attempt's time window
+      const valueSent = (far: Hit[]) =>
+        far.filter(
+          (h) => h.role === 'cred' && h.url !== '/ok-scoped' && (h.auths ?? []).some((a) => a.includes(V)),
+        );
+      const scoped = (id: string, what: string, req: string): Attempt =>
+        atk(
+          'E10',
+          id,
+          what,
+          'tls',
+          tls(W.cred, 'api.cred.test', { verify: true, req }),
+          (o, far) =>
+            noRealAnyForm(o, V) ??
+            (valueSent(far).length > 0
+              ? `value sent to ${valueSent(far)
+                  .map((h) => `${h.method} ${h.url}`)
+                  .join(', ')}`
+              : null),
+        );
+      const mark = hits.length;
+      await batch('F (scoped credential)', F, [
+        scoped(
+          'e10-scope-path',
+          'GET /echo with a credential limited to /ok*',
+          get('/echo', 'api.cred.test', [auth(phF)]),
+        ),
+        scoped(
+          'e10-scope-method',
+          'POST /ok-x with a credential limited to GET',
+          `POST /ok-x HTTP/1.1\r\nHost: api.cred.test\r\n${auth(phF)}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n`,
+        ),
+        scoped(
+          'e10-scope-encoded',
+          'GET /ok%2f..%2fecho (encoded separators)',
+          get('/ok%2f..%2fecho', 'api.cred.test', [auth(phF)]),
+        ),
+        atk(
+          'E10',
+          'e10-scope-ok',
+          'GET /ok-scoped (allowed)',
+          'tls',
+          tls(W.cred, 'api.cred.test', {
+            verify: true,
+            req: get('/ok-scoped', 'api.cred.test', [auth(phF)]),
+          }),
+        ),
+      ]);
+      const pos = rows.findIndex((x) => x.id === 'e10-scope-ok');
+      expect(rows[pos]!.verdict).toBe('blocked');
+      rows.splice(pos, 1); // a positive check, not an attack
+      const seen = hits.slice(mark).filter((h) => h.role === 'cred' && h.kind === 'https');
+      expect(seen.map((h) => [h.url, h.auths])).toEqual([['/ok-scoped', [`Bearer ${V}`]]]);
+    } finally {
+      await s.call('DELETE', `/v1/sandboxes/${F}`);
+      await s.call('DELETE', '/v1/credentials/cred-scoped');
+    }
+  });
+
+  it("E11: malformed upstream heads end one exchange, never the gateway; one sandbox's flood leaves another served", async () => {
+    const auth = `Authorization: Bearer ${phA}`;
+    await batch('A', A, [
+      atk(
+        'E11',
+        'e11-http-status',
+        'allowed upstream answers `200 O\\x01K`',
+        'http',
+        { ip: W.good, port: 80, req: get('/e11-badstatus', 'pkg.allowed.test') },
+        status(502),
+      ),
+      atk(
+        'E11',
+        'e11-http-header',
+        'allowed upstream answers a header name with a control character',
+        'http',
+        { ip: W.good, port: 80, req: get('/e11-badheader', 'pkg.allowed.test') },
+        status(502),
+      ),
+      atk(
+        'E11',
+        'e11-cred-status',
+        'credential host answers `200 O\\x01K`',
+        'tls',
+        tls(W.cred, 'api.cred.test', {
+          verify: true,
+          req: get('/ok-e11-badstatus', 'api.cred.test', [auth]),
+        }),
+        status(502),
+      ),
+      atk(
+        'E11',
+        'e11-still-up',
+        'the next request is served (the gateway did not go down)',
+        'http',
+        { ip: W.good, port: 80, req: get('/after-e11', 'pkg.allowed.test') },
+        (o) =>
+          body(o).includes('good http host=pkg.allowed.test')
+            ? null
+            : `gateway did not serve: ${body(o).slice(0, 80)}`,
+      ),
+    ]);
+    const [, outB] = await Promise.all([
+      batch('A', A, [
+        atk(
+          'E11',
+          'e11-flood',
+          `A floods: 3000 DNS queries and ${MAX_CONNS * 3} new TLS connections`,
+          'flood',
+          { ip: W.good, name: 'pkg.allowed.test', dns: 3000, conns: MAX_CONNS * 3, port: 443, secs: 3 },
+        ),
+      ]),
+      (async () => {
+        await sleep(1500);
+        return batch('B (served during A’s flood)', B, [
+          atk(
+            'E11',
+            'e11-served-during',
+            'B: DNS and 5 HTTPS requests during A’s flood',
+            'latency',
+            { ip: W.good, port: 443, name: 'good.allowed.test', n: 5 },
+            (o) => (o.ok === 5 ? null : `B starved: ${JSON.stringify(o)}`),
+          ),
+        ]);
+      })(),
+    ]);
+    expect(outB.get('e11-served-during')).toMatchObject({ ok: 5 });
+    expect(audit.some((l) => l.reason === 'malformed-response')).toBe(true);
+  });
+
+  it('E9: revocation and rotation reach the gateway within its cache time, survive a gateway restart (which orphans no sandbox); the placeholder then goes out as is', async () => {
+    const [V1, V2, V3] = [1, 2, 3].map((i) => `sk-rev${i}-${randomBytes(16).toString('hex')}`);
+    CANARIES.push(V1!, V2!, V3!);
+    const put = (value: string) =>
+      s.call('PUT', '/v1/credentials/cred-rev', { domains: ['api.cred.test'], value });
+    expect((await put(V1!)).status).toBe(200);
+    const E = await sandbox({ egress: POLICY, credentials: ['cred-rev'] });
+    try {
+      const phE = (await s.exec(E, { cmd: 'printenv', args: ['CRED_REV'] })).stdout.toString().trim();
+      expect(phE).toMatch(/^space_ph_/);
+      const seenAt = (far: Hit[], url: string) =>
+        far.filter((h) => h.role === 'cred' && h.url === url).flatMap((h) => h.auths ?? []);
+      const ask = (id: string, what: string, expected: string) =>
+        batch('E', E, [
+          atk(
+            'E9',
+            id,
+            what,
+            'tls',
+            tls(W.cred, 'api.cred.test', {
+              verify: true,
+              req: get(`/${id}`, 'api.cred.test', [`Authorization: Bearer ${phE}`]),
+            }),
+            (o, far) => {
+              const seen = seenAt(far, `/${id}`);
+              if (JSON.stringify(o).match(/sk-rev\d-/)) return 'a real value reached the sandbox';
+              return JSON.stringify(seen) === JSON.stringify([expected])
+                ? null
+                : `upstream saw ${JSON.stringify(seen)}, expected ${expected.slice(0, 12)}…`;
+            },
+          ),
+        ]);
+      await ask('e9-before', 'before: the value is injected', `Bearer ${V1}`);
+      expect(rows.pop()).toMatchObject({ verdict: 'blocked' }); // positive check
+      expect((await put(V2!)).status).toBe(200);
+      await sleep(CREDENTIAL_CACHE_MS + 500);
+      await ask('e9-rotated', 'after rotation: the new value', `Bearer ${V2}`);
+      expect(rows.pop()).toMatchObject({ verdict: 'blocked' }); // positive check
+      expect((await s.call('DELETE', '/v1/credentials/cred-rev')).status).toBe(204);
+      await sleep(CREDENTIAL_CACHE_MS + 500);
+      await ask(
+        'e9-revoked',
+        `${CREDENTIAL_CACHE_MS + 500} ms after DELETE: the placeholder goes out as is`,
+        `Bearer ${phE}`,
+      );
+      // a gateway restart: every sandbox is registered again by the agent, revocation still holds
+      const before = s
+        .gateway!.deps.registry.list()
+        .map((r) => r.sandboxId)
+        .sort();
+      await s.restartGateway();
+      for (let i = 0; i < 40 && s.gateway!.deps.registry.size < before.length; i++) await sleep(250);
+      const after = s
+        .gateway!.deps.registry.list()
+        .map((r) => r.sandboxId)
+        .sort();
+      rows.push({
+        t: 'E11',
+        id: 'e11-restart-orphans',
+        sandbox: '-',
+        verdict: JSON.stringify(after) === JSON.stringify(before) ? 'blocked' : 'escaped',
+        note: `registered before restart ${before.length}, after ${after.length}`,
+      });
+      await ask('e9-after-restart', 'after a gateway restart: still revoked', `Bearer ${phE}`);
+      expect((await put(V3!)).status).toBe(200); // the same name registered again: a new generation
+      await sleep(CREDENTIAL_CACHE_MS + 500);
+      await ask(
+        'e9-recreated',
+        'a credential re-created under the same name does not reach the old grant',
+        `Bearer ${phE}`,
+      );
+    } finally {
+      await s.call('DELETE', `/v1/sandboxes/${E}`);
+      await s.call('DELETE', '/v1/credentials/cred-rev');
+    }
+  });
+
   it('prints N attempts, M blocked, K escaped — and nothing escaped', async () => {
     await sleep(300);
     // the whole run, once more: the forbidden servers and the upstream DNS server
@@ -1892,6 +2401,14 @@ describe('egress attack suite', () => {
         sandbox: '-',
         verdict: 'escaped',
         note: stray.map((x) => x.why).join('; '),
+      });
+    for (const v of CANARIES.filter((c) => allOutput.includes(c)))
+      rows.push({
+        t: 'E9/E10',
+        id: 'other-value-in-sandbox',
+        sandbox: '-',
+        verdict: 'escaped',
+        note: `sandbox output contained the real value ${v.slice(0, 10)}…`,
       });
     if (allOutput.includes(REAL))
       rows.push({
@@ -1919,5 +2436,6 @@ describe('egress attack suite', () => {
     expect(world?.exitCode).toBeNull();
     expect(rows.filter((r) => r.verdict !== 'blocked' && r.verdict !== 'residual')).toEqual([]);
     expect(k).toBe(0);
+    expect(n).toBe(EXPECTED_ATTEMPTS);
   });
 });

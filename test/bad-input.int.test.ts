@@ -1,5 +1,5 @@
 /** Bad input gets a clear coded 4xx and changes nothing. */
-import { readFile } from 'node:fs/promises';
+import { readFile, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -215,6 +215,11 @@ describe('bad input', () => {
     );
     expect(rec.body.credentials).toEqual([{ name: 'model-api', envVar: 'MODEL_API' }]);
     expect(JSON.stringify(rec.body)).not.toContain(secret);
+    // the node's state file for the sandbox holds the grant, never the value (the gateway fetches it)
+    const stateFile = join(s.dir, 'agent', 'sandboxes', id, 'sandbox.json');
+    expect(await readFile(stateFile, 'utf8')).toContain('model-api');
+    expect(await readFile(stateFile, 'utf8')).not.toContain(secret);
+    expect((await stat(stateFile)).mode & 0o777).toBe(0o600);
     const inside = await s.exec(id, {
       cmd: 'sh',
       args: [

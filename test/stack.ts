@@ -37,6 +37,8 @@ export interface Stack {
   agent: RunningAgent;
   /** The node's egress gateway, when the stack was started with one. */
   gateway: RunningGateway | null;
+  /** Stops the gateway and starts it again with the same config (ports, socket, CA); throws without one. */
+  restartGateway(): Promise<void>;
   redis: Redis;
   dir: string;
   /** Calls the API; returns status and parsed JSON. */
@@ -154,27 +156,28 @@ export async function startStack(env: Record<string, string> = {}, gw?: StackGat
     ...env,
   };
   let gateway: RunningGateway | null = null;
+  let restart: (() => Promise<RunningGateway>) | null = null;
   if (gw) {
     const ports = [await freePort(), await freePort(), await freePort()];
-    gateway = await startGateway(
-      loadGatewayConfig({
-        SPACE_LOG_LEVEL: base.SPACE_LOG_LEVEL,
-        SPACE_GATEWAY_BIND_HOST: '0.0.0.0',
-        SPACE_GATEWAY_DNS_PORT: String(ports[0]),
-        SPACE_GATEWAY_HTTP_PORT: String(ports[1]),
-        SPACE_GATEWAY_TLS_PORT: String(ports[2]),
-        SPACE_GATEWAY_CONTROL_SOCKET: join(dir, 'gateway.sock'),
-        SPACE_GATEWAY_CA_CERT_FILE: join(dir, 'gateway-ca.crt'),
-        SPACE_GATEWAY_CA_KEY_FILE: join(dir, 'gateway-ca.key'),
-        SPACE_GATEWAY_UPSTREAM_DNS: gw.upstreamDns,
-        SPACE_GATEWAY_DENY_CIDRS: gw.denyCidrs,
-        ...(gw.upstreamCaFile ? { SPACE_GATEWAY_UPSTREAM_CA_FILE: gw.upstreamCaFile } : {}),
-        ...(gw.upstreamHttpPort ? { SPACE_GATEWAY_UPSTREAM_HTTP_PORT: String(gw.upstreamHttpPort) } : {}),
-        ...(gw.upstreamTlsPort ? { SPACE_GATEWAY_UPSTREAM_TLS_PORT: String(gw.upstreamTlsPort) } : {}),
-        ...gw.env,
-      }),
-      gw.log ? { log: gw.log } : {},
-    );
+    const gwConfig = loadGatewayConfig({
+      SPACE_LOG_LEVEL: base.SPACE_LOG_LEVEL,
+      SPACE_REDIS_URL: redisUrl,
+      SPACE_GATEWAY_BIND_HOST: '0.0.0.0',
+      SPACE_GATEWAY_DNS_PORT: String(ports[0]),
+      SPACE_GATEWAY_HTTP_PORT: String(ports[1]),
+      SPACE_GATEWAY_TLS_PORT: String(ports[2]),
+      SPACE_GATEWAY_CONTROL_SOCKET: join(dir, 'gateway.sock'),
+      SPACE_GATEWAY_CA_CERT_FILE: join(dir, 'gateway-ca.crt'),
+      SPACE_GATEWAY_CA_KEY_FILE: join(dir, 'gateway-ca.key'),
+      SPACE_GATEWAY_UPSTREAM_DNS: gw.upstreamDns,
+      SPACE_GATEWAY_DENY_CIDRS: gw.denyCidrs,
+      ...(gw.upstreamCaFile ? { SPACE_GATEWAY_UPSTREAM_CA_FILE: gw.upstreamCaFile } : {}),
+      ...(gw.upstreamHttpPort ? { SPACE_GATEWAY_UPSTREAM_HTTP_PORT: String(gw.upstreamHttpPort) } : {}),
+      ...(gw.upstreamTlsPort ? { SPACE_GATEWAY_UPSTREAM_TLS_PORT: String(gw.upstreamTlsPort) } : {}),
+      ...gw.env,
+    });
+    restart = () => startGateway(gwConfig, gw.log ? { log: gw.log } : {});
+    gateway = await restart();
     Object.assign(base, {
       SPACE_GATEWAY_CONTROL_SOCKET: gateway.controlSocket,
       SPACE_GATEWAY_DNS_PORT: String(gateway.dnsPort),
@@ -212,6 +215,11 @@ export async function startStack(env: Record<string, string> = {}, gw?: StackGat
     redis,
     dir,
     call,
+    async restartGateway() {
+      if (!stack.gateway || !restart) throw new Error('this stack has no gateway');
+      await stack.gateway.close('restart');
+      stack.gateway = await restart();
+    },
     async createSandbox(body = {}) {
       const res = await call<{ sandbox: { id: string }; operation: { id: string } }>(
         'POST',

@@ -641,14 +641,19 @@ function gatewayDaemonSet(
               name: 'gateway',
               image,
               command: [...SERVICE_COMMANDS.gateway],
-              env: env(
-                gatewayEnvironment({
-                  enabled: true,
-                  ...(a.gatewayUpstreamDns ? { upstreamDns: a.gatewayUpstreamDns } : {}),
-                  ...(a.gatewayDenyCidrs ? { denyCidrs: a.gatewayDenyCidrs } : {}),
-                  ...(a.gatewayEnv ? { env: a.gatewayEnv } : {}),
+              // Redis: the gateway reads credential values itself; the node CIDRs join its deny set (E7)
+              env: [
+                ...env({
+                  ...(d.nodeCidrs.length > 0 ? { SPACE_GATEWAY_NODE_CIDRS: d.nodeCidrs.join(',') } : {}),
+                  ...gatewayEnvironment({
+                    enabled: true,
+                    ...(a.gatewayUpstreamDns ? { upstreamDns: a.gatewayUpstreamDns } : {}),
+                    ...(a.gatewayDenyCidrs ? { denyCidrs: a.gatewayDenyCidrs } : {}),
+                    ...(a.gatewayEnv ? { env: a.gatewayEnv } : {}),
+                  }),
                 }),
-              ),
+                redisUrlEnv,
+              ],
               // no ports declared: nothing outside the node may reach them (see the init container)
               readinessProbe: { exec: { command: ['test', '-S', GATEWAY_CONTROL_SOCKET] }, periodSeconds: 5 },
               resources: { requests: { cpu: '250m', memory: '256Mi' }, limits: { memory: '1Gi' } },

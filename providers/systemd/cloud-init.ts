@@ -378,14 +378,16 @@ function gatewayFiles(a: AgentArgs): VmFile[] {
     {
       path: '/etc/space/space-gateway.env',
       mode: '0644',
-      content: envFile(
-        gatewayEnvironment({
+      content: envFile({
+        ...gatewayEnvironment({
           enabled: true,
           ...(a.gatewayUpstreamDns ? { upstreamDns: a.gatewayUpstreamDns } : {}),
           ...(a.gatewayDenyCidrs ? { denyCidrs: a.gatewayDenyCidrs } : {}),
           ...(a.gatewayEnv ? { env: a.gatewayEnv } : {}),
         }),
-      ),
+        // the gateway reads credential values from the state of record itself (as the agent does)
+        SPACE_REDIS_URL: `redis://${a.controlAddress}:${REDIS_PORT}`,
+      }),
     },
     { path: '/etc/space/gateway-guard.nft', mode: '0644', content: gatewayGuardRuleset() },
     {

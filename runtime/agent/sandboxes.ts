@@ -345,7 +345,7 @@ export class SandboxManager {
         fromWarmPool: source === 'warm',
         createdAt: Date.now(),
       };
-      await writeFile(join(dir, 'sandbox.json'), JSON.stringify(file));
+      await writeFile(join(dir, 'sandbox.json'), JSON.stringify(file), { mode: 0o600 });
       if (this.#tombstones.has(req.sandboxId)) {
         throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox ${req.sandboxId} was deleted while being created`);
       }

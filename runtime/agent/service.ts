@@ -19,6 +19,7 @@ import { defaultGuestLayerInputs, directoryImage } from './images.ts';
 import { SandboxNetworks } from './network.ts';
 import { NodeRegistry } from './registry.ts';
 import { SandboxManager } from './sandboxes.ts';
+import { scrubCredentialValues } from './state-scrub.ts';
 import { listTemplateDefinitions, resolveTemplate } from './templates.ts';
 import { WarmPool } from './warm-pool.ts';
 
@@ -110,6 +111,9 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     baseEnv: config.trustedCaFile ? { NODE_EXTRA_CA_CERTS: '/etc/ssl/certs/ca-certificates.crt' } : {},
     log,
   });
+  // values written by earlier versions leave the state files before anything reads them again
+  const scrubbed = await scrubCredentialValues(`${config.stateDir}/sandboxes`);
+  if (scrubbed > 0) log.info({ files: scrubbed }, 'credential values removed from sandbox state files');
   const { adopted, lost } = await sandboxes.adopt();
   // a sandbox whose VM died while no agent watched: the control plane records why it ended
   for (const id of lost) {

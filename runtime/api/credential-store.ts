@@ -4,8 +4,17 @@
  * sandbox. A sandbox created with credential names gets, per credential, a placeholder token in
  * its environment; the node's gateway swaps that placeholder for the value on the way out.
  */
+
+import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
-import { type CredentialGrant, mintPlaceholder, validateGrants } from '../core/credentials.ts';
+import {
+  type CredentialGrant,
+  credentialFromHash,
+  limitProblems,
+  mintPlaceholder,
+  validateGrants,
+  valueProblems,
+} from '../core/credentials.ts';
 import type { EgressPolicy } from '../core/egress.ts';
 import { SpaceError } from '../core/errors.ts';
 import { keys } from '../core/redis-keys.ts';
@@ -18,6 +27,10 @@ export interface CredentialView {
   format: string;
   /** Environment variable that carries the placeholder in sandboxes. */
   envVar: string;
+  /** Methods the value is sent with (null: any). */
+  methods: string[] | null;
+  /** Path patterns the value is sent to (null: any). */
+  paths: string[] | null;
   createdAt: string;
   updatedAt: string;
 }
@@ -29,6 +42,8 @@ export interface CredentialInput {
   format?: string;
   envVar?: string;
   value: string;
+  methods?: string[];
+  paths?: string[];
 }
 
 /** A credential granted to one sandbox: the placeholder only (the value stays in Redis). */
@@ -38,6 +53,8 @@ export interface SandboxGrant {
   envVar: string;
   /** The credential's domain patterns when granted. */
   domains: string[];
+  /** The credential's generation when granted (absent in records written before generations). */
+  generation?: string;
 }
 
 /**
@@ -61,36 +78,46 @@ export class CredentialStore {
     this.#redis = redis;
   }
 
-  /** Registers or replaces `name`. Throws BAD_REQUEST for bad domains/header/format. */
+  /**
+   * Registers or replaces (rotates) `name`. A replacement keeps the generation, so sandboxes granted
+   * it get the new value from their gateway within its cache time; a delete ends the generation.
+   * Throws BAD_REQUEST for bad domains/header/format/value/methods/paths (every problem at once).
+   */
   async put(name: string, input: CredentialInput): Promise<CredentialView> {
     const header = (input.header ?? 'authorization').toLowerCase();
     const format = input.format ?? 'Bearer {value}';
-    // validated exactly as the gateway will validate the grant (a throwaway placeholder stands in)
+    const problems = [...valueProblems(format, input.value), ...limitProblems(input.methods, input.paths)];
+    if (problems.length > 0) {
+      throw new SpaceError(
+        'BAD_REQUEST',
+        `credential: ${problems.map((p) => `${p.path} ${p.message}`).join('; ')}`,
+        { problems },
+      );
+    }
+    // the grant fields are validated exactly as the gateway will (a throwaway placeholder stands in)
     const [grant] = validateGrants([
-      {
-        name,
-        placeholder: mintPlaceholder(),
-        domains: input.domains,
-        header,
-        format,
-        value: input.value,
-      },
+      { name, placeholder: mintPlaceholder(), domains: input.domains, header, format },
     ]);
     const now = String(Date.now());
     const key = keys.credential(name);
-    const createdAt = (await this.#redis.hget(key, 'createdAt')) ?? now;
+    const [createdAt, generation] = await this.#redis.hmget(key, 'createdAt', 'generation');
+    const fields: Record<string, string> = {
+      name,
+      generation: generation ?? randomBytes(12).toString('hex'),
+      domains: JSON.stringify(grant!.domains),
+      header,
+      format,
+      envVar: input.envVar ?? defaultEnvVar(name),
+      value: input.value,
+      createdAt: createdAt ?? now,
+      updatedAt: now,
+    };
+    if (input.methods) fields.methods = JSON.stringify(input.methods);
+    if (input.paths) fields.paths = JSON.stringify(input.paths);
     await this.#redis
       .multi()
-      .hset(key, {
-        name,
-        domains: JSON.stringify(grant!.domains),
-        header,
-        format,
-        envVar: input.envVar ?? defaultEnvVar(name),
-        value: input.value,
-        createdAt,
-        updatedAt: now,
-      })
+      .hdel(key, 'methods', 'paths')
+      .hset(key, fields)
       .sadd(keys.credentialIndex(), name)
       .exec();
     return (await this.view(name))!;
@@ -105,6 +132,8 @@ export class CredentialStore {
       header: h.header ?? 'authorization',
       format: h.format ?? 'Bearer {value}',
       envVar: h.envVar ?? defaultEnvVar(h.name),
+      methods: h.methods ? (JSON.parse(h.methods) as string[]) : null,
+      paths: h.paths ? (JSON.parse(h.paths) as string[]) : null,
       createdAt: new Date(Number(h.createdAt)).toISOString(),
       updatedAt: new Date(Number(h.updatedAt)).toISOString(),
     };
@@ -126,32 +155,36 @@ export class CredentialStore {
 
   /** Mints one placeholder per named credential. Throws CREDENTIAL_NOT_FOUND naming every unknown one. */
   async grant(names: readonly string[]): Promise<SandboxGrant[]> {
-    const views = await Promise.all(names.map((n) => this.view(n)));
-    const missing = names.filter((_, i) => !views[i]);
+    const hashes = await Promise.all(names.map((n) => this.#redis.hgetall(keys.credential(n))));
+    const missing = names.filter((_, i) => !hashes[i]!.name);
     if (missing.length > 0) {
       throw new SpaceError('CREDENTIAL_NOT_FOUND', `no credential named ${missing.join(', ')}`, { missing });
     }
-    return views.map((v) => ({
-      name: v!.name,
+    return hashes.map((h) => ({
+      name: h.name!,
       placeholder: mintPlaceholder(),
-      envVar: v!.envVar,
-      domains: v!.domains,
+      envVar: h.envVar ?? defaultEnvVar(h.name!),
+      domains: JSON.parse(h.domains ?? '[]') as string[],
+      ...(h.generation ? { generation: h.generation } : {}),
     }));
   }
 
-  /** The full grants (with values) for a node's gateway; credentials deleted since are skipped. */
+  /**
+   * The grants (never values) a node's agent registers with its gateway; credentials deleted since
+   * are skipped. The gateway fetches each value itself when a request needs it.
+   */
   async resolve(grants: readonly SandboxGrant[]): Promise<CredentialGrant[]> {
     const out: CredentialGrant[] = [];
     for (const g of grants) {
-      const h = await this.#redis.hgetall(keys.credential(g.name));
-      if (!h.name || !h.value) continue;
+      const c = credentialFromHash(await this.#redis.hgetall(keys.credential(g.name)));
+      if (!c || (g.generation !== undefined && c.generation !== g.generation)) continue;
       out.push({
         name: g.name,
         placeholder: g.placeholder,
-        domains: JSON.parse(h.domains ?? '[]') as string[],
-        header: h.header ?? 'authorization',
-        format: h.format ?? 'Bearer {value}',
-        value: h.value,
+        domains: c.domains,
+        header: c.header,
+        format: c.format,
+        generation: c.generation,
       });
     }
     return out;

@@ -57,6 +57,21 @@ export const CredentialBody = Type.Object(
     ),
     envVar: Type.Optional(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]{0,127}$' })),
     value: Type.String({ minLength: 1, maxLength: 16_384, description: 'Write-only.' }),
+    methods: Type.Optional(
+      Type.Array(Type.String({ minLength: 1, maxLength: 32 }), {
+        maxItems: 16,
+        uniqueItems: true,
+        description: 'Only requests with these methods get the value (e.g. `["GET","POST"]`); default any.',
+      }),
+    ),
+    paths: Type.Optional(
+      Type.Array(Type.String({ minLength: 1, maxLength: 1024 }), {
+        maxItems: 64,
+        uniqueItems: true,
+        description:
+          'Only requests to these paths get the value: `/v1/models` exact, `/v1/chat/*` prefix; default any.',
+      }),
+    ),
   },
   { additionalProperties: false },
 );
@@ -67,6 +82,8 @@ export const CredentialSchema = Type.Object({
   header: Type.String(),
   format: Type.String(),
   envVar: Type.String(),
+  methods: Type.Union([Type.Array(Type.String()), Type.Null()]),
+  paths: Type.Union([Type.Array(Type.String()), Type.Null()]),
   createdAt: Type.String({ format: 'date-time' }),
   updatedAt: Type.String({ format: 'date-time' }),
 });

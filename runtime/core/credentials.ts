@@ -5,7 +5,7 @@
  * Pure apart from {@link mintPlaceholder}'s randomness.
  */
 import { randomBytes } from 'node:crypto';
-import { type Static, Type } from '@sinclair/typebox';
+import { Type } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
 import { matchesPattern, normaliseName, normalisePattern } from './egress.ts';
 import { SpaceError } from './errors.ts';
@@ -56,7 +56,13 @@ const FIELD_VALUE = /^[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?$/;
 // biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are exactly what is refused
 const CONTROL = /[\u0000-\u0008\u000a-\u001f\u007f]/;
 
-/** Wire schema of a credential grant (the agent's `PUT /v1/sandboxes/:address` body field). */
+/**
+ * Wire schema of a credential grant (the agent's `PUT /v1/sandboxes/:address` body field and the
+ * API→agent create body): which credential a sandbox holds and under which placeholder — never the
+ * value. The gateway fetches the value (and the credential's current domains, header, format,
+ * method/path limits) from the state of record when a request needs it, so revocation and rotation
+ * reach it without any agent state changing.
+ */
 export const CredentialGrantSchema = Type.Object(
   {
     /** Operator's name of the credential (audit `rule`); never secret. */
@@ -69,14 +75,86 @@ export const CredentialGrantSchema = Type.Object(
     header: Type.String({ minLength: 1, maxLength: 128, pattern: TOKEN }),
     /** How the header value is written; `{value}` appears exactly once, e.g. `Bearer {value}`. */
     format: Type.String({ minLength: VALUE_MARKER.length, maxLength: 1024 }),
-    /** The real secret; never logged, never returned, never part of an error message. */
-    value: Type.String({ minLength: MIN_VALUE_LENGTH, maxLength: 16384 }),
+    /**
+     * The credential's generation when granted: a credential deleted and registered again under the
+     * same name is a new generation, which this grant does not reach. Absent from N-1 senders.
+     */
+    generation: Type.Optional(Type.String({ minLength: 1, maxLength: 64 })),
+    /** Sent by N-1 agents and APIs; accepted and dropped at once (values never travel to agents now). */
+    value: Type.Optional(Type.String({ maxLength: 16384 })),
   },
   { additionalProperties: false },
 );
 
-/** A credential granted to one sandbox; after {@link validateGrants}: header lower case, domains canonical. */
-export type CredentialGrant = Static<typeof CredentialGrantSchema>;
+/** A credential granted to one sandbox, as {@link validateGrants} returns it: no value, header lower case. */
+export interface CredentialGrant {
+  name: string;
+  placeholder: string;
+  /** Canonical domain patterns. */
+  domains: string[];
+  header: string;
+  format: string;
+  generation?: string;
+}
+
+/**
+ * A credential as the state of record holds it (Redis hash `credential:<name>`): what the gateway
+ * fetches when a request needs the value. `methods`/`paths` null = no limit.
+ */
+export interface CredentialSecret {
+  name: string;
+  generation: string;
+  domains: string[];
+  header: string;
+  format: string;
+  value: string;
+  /** Upper-case methods the value may be sent with, or null for any. */
+  methods: string[] | null;
+  /** Path patterns (`/v1/x` exact, `/v1/*` prefix) the value may be sent to, or null for any. */
+  paths: string[] | null;
+}
+
+/** Methods a credential may be limited to (RFC 9110 token, upper case). */
+export const METHOD_RE = /^[A-Z][A-Z-]{0,31}$/;
+/** A path pattern: starts with `/`, visible ASCII without `?`, `#`, `%`, `\`, `*` only as the last character. */
+export const PATH_PATTERN_RE = /^\/[\x21-\x22\x24\x26-\x29\x2b-\x3e\x40-\x5b\x5d-\x7e]*\*?$/;
+
+/**
+ * The credential in a Redis hash (fields `name`, `generation`, `domains` JSON, `header`, `format`,
+ * `value`, `methods`/`paths` JSON or absent), or null when the hash is empty or incomplete (deleted:
+ * revoked). A hash written before generations existed reads as generation `legacy`. Pure.
+ */
+export function credentialFromHash(h: Record<string, string>): CredentialSecret | null {
+  if (!h.name || !h.value) return null;
+  const list = (text: string | undefined): string[] | null => {
+    if (!text) return null;
+    const v = JSON.parse(text) as unknown;
+    return Array.isArray(v) ? v.map(String) : null;
+  };
+  return {
+    name: h.name,
+    generation: h.generation ?? 'legacy',
+    domains: list(h.domains) ?? [],
+    header: (h.header ?? 'authorization').toLowerCase(),
+    format: h.format ?? 'Bearer {value}',
+    value: h.value,
+    methods: list(h.methods),
+    paths: list(h.paths),
+  };
+}
+
+/**
+ * Whether `secret` may be sent with `method` to `path` (origin-form, query ignored). With a path
+ * list, a path holding percent-encoded `/`, `\` or `.` (which a server may decode into another
+ * route) or any `\` is never allowed. Pure.
+ */
+export function credentialAllows(secret: CredentialSecret, method: string, path: string): boolean {
+  if (secret.methods !== null && !secret.methods.includes(method.toUpperCase())) return false;
+  if (secret.paths === null) return true;
+  const bare = path.split('?', 1)[0]!;
+  if (/%2f|%5c|%2e|\\/i.test(bare)) return false;
+  return secret.paths.some((p) => (p.endsWith('*') ? bare.startsWith(p.slice(0, -1)) : bare === p));
+}
 
 /** `format` with `{value}` replaced by `value` (split/join: `$&`-style patterns in secrets stay literal). */
 export function applyFormat(format: string, value: string): string {
@@ -129,16 +207,49 @@ function grantProblems(input: unknown, index: number): GrantProblem[] {
       message: 'not a valid header value (controls, non-ASCII or edge spaces)',
     });
   }
-  if (CONTROL.test(input.value) || !FIELD_VALUE.test(applyFormat(input.format, input.value))) {
-    problems.push({ path: `${base}/value`, message: 'not valid inside a header value' });
-  }
-  if (input.value.toLowerCase().includes(PLACEHOLDER_PREFIX)) {
-    problems.push({ path: `${base}/value`, message: `must not contain ${PLACEHOLDER_PREFIX}` });
-  }
   input.domains.forEach((raw, i) => {
     if (normalisePattern(raw) === null) {
       problems.push({ path: `${base}/domains/${i}`, message: `not a host name or *.name pattern: ${raw}` });
     }
+  });
+  return problems;
+}
+
+/**
+ * Problems of a credential's value under `format` (checked when an operator registers it), each
+ * with a path under `base`. Never contains the value. Pure.
+ */
+export function valueProblems(format: string, value: string, base = ''): GrantProblem[] {
+  const problems: GrantProblem[] = [];
+  if (value.length < MIN_VALUE_LENGTH)
+    problems.push({ path: `${base}/value`, message: `shorter than ${MIN_VALUE_LENGTH} characters` });
+  if (CONTROL.test(value) || !FIELD_VALUE.test(applyFormat(format, value))) {
+    problems.push({ path: `${base}/value`, message: 'not valid inside a header value' });
+  }
+  if (value.toLowerCase().includes(PLACEHOLDER_PREFIX)) {
+    problems.push({ path: `${base}/value`, message: `must not contain ${PLACEHOLDER_PREFIX}` });
+  }
+  return problems;
+}
+
+/** Problems of optional method and path limits (see {@link CredentialSecret}). Pure. */
+export function limitProblems(
+  methods: readonly string[] | undefined,
+  paths: readonly string[] | undefined,
+): GrantProblem[] {
+  const problems: GrantProblem[] = [];
+  (methods ?? []).forEach((m, i) => {
+    if (!METHOD_RE.test(m))
+      problems.push({ path: `/methods/${i}`, message: 'not an upper-case method name' });
+    else if (['CONNECT', 'TRACE', 'TRACK'].includes(m))
+      problems.push({ path: `/methods/${i}`, message: `${m} is never forwarded` });
+  });
+  (paths ?? []).forEach((p, i) => {
+    if (!PATH_PATTERN_RE.test(p) || p.split('/').some((seg) => seg === '.' || seg === '..'))
+      problems.push({
+        path: `/paths/${i}`,
+        message: 'must start with /, hold no ? # % \\ or dot segments, and use * only at the end',
+      });
   });
   return problems;
 }
@@ -168,13 +279,14 @@ export function validateGrants(input: unknown): CredentialGrant[] {
       { problems },
     );
   }
-  return (input as CredentialGrant[]).map((g) => ({
+  // a value sent by an N-1 peer is dropped here: it never reaches agent state or gateway memory
+  return (input as (CredentialGrant & { value?: string })[]).map((g) => ({
     name: g.name,
     placeholder: g.placeholder,
     domains: [...new Set(g.domains.map((d) => normalisePattern(d)!))],
     header: g.header.toLowerCase(),
     format: g.format,
-    value: g.value,
+    ...(g.generation === undefined ? {} : { generation: g.generation }),
   }));
 }
 
@@ -194,6 +306,6 @@ export function grantsCovering(sni: string, grants: readonly CredentialGrant[]):
 }
 
 /** A grant without its secret, for listings and logs. */
-export function describeGrant(g: CredentialGrant): Omit<CredentialGrant, 'value' | 'placeholder'> {
+export function describeGrant(g: CredentialGrant): Omit<CredentialGrant, 'placeholder' | 'generation'> {
   return { name: g.name, domains: [...g.domains], header: g.header, format: g.format };
 }

@@ -6,11 +6,12 @@ import type { Server as HttpServer } from 'node:http';
 import type { Server } from 'node:net';
 import type { FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
-import { buildDenySet, type DenySet } from './addresses.ts';
 import { type Audit, createAudit } from './audit.ts';
 import type { DeploymentCa } from './ca.ts';
 import type { GatewayConfig } from './config.ts';
 import { buildControlApp } from './control.ts';
+import type { CredentialSource } from './credential-source.ts';
+import { LiveDenySet, splitCidrList } from './deny-set.ts';
 import { createDnsServer, type DnsServer } from './dns-server.ts';
 import { createHttpProxy } from './http-proxy.ts';
 import type { ConnectionLimits } from './limits.ts';
@@ -25,10 +26,14 @@ export interface GatewayDeps {
   registry: Registry;
   resolver: UpstreamResolver;
   audit: Audit;
-  denySet: DenySet;
+  /** The configured deny set plus the node's own addresses (`start()` keeps it current). */
+  denySet: LiveDenySet;
   limits: ConnectionLimits;
-  /** The deployment CA and extra upstream CAs for credential interception; absent = refused. */
-  intercept?: { ca: DeploymentCa; upstreamCa: Buffer[] };
+  /**
+   * The deployment CA, extra upstream CAs and the credential values' source for credential
+   * interception; absent = refused.
+   */
+  intercept?: { ca: DeploymentCa; upstreamCa: Buffer[]; credentials: CredentialSource };
 }
 
 /** The built (not yet listening) servers. */
@@ -48,7 +53,13 @@ export function createGatewayDeps(
   log: Logger,
   intercept?: GatewayDeps['intercept'],
 ): GatewayDeps {
-  const denySet = buildDenySet(config.denyCidrs.split(','));
+  const denySet = new LiveDenySet({
+    configured: splitCidrList(config.denyCidrs),
+    nodeCidrs: splitCidrList(config.nodeCidrs),
+    nodeCidrsFile: config.nodeCidrsFile,
+    refreshMs: config.nodeRefreshMs,
+    log,
+  });
   return {
     config,
     log,
@@ -57,6 +68,8 @@ export function createGatewayDeps(
     registry: new Registry({
       maxConnections: config.maxConnections,
       dnsQueriesPerSec: config.dnsQueriesPerSec,
+      newConnectionsPerSec: config.newConnectionsPerSec,
+      maxHandshakes: config.maxHandshakes,
     }),
     resolver: createResolver({
       servers: config.upstreamDns.split(',').map((s) => s.trim()),

@@ -44,7 +44,14 @@ export type DenyReason =
   | 'policy-changed'
   | 'sandbox-removed'
   | 'idle-timeout'
-  | 'byte-limit';
+  | 'byte-limit'
+  | 'duplicate-host'
+  | 'ambiguous-framing'
+  | 'malformed-response'
+  | 'connection-rate'
+  | 'handshake-limit'
+  | 'cname-denied'
+  | 'denied-name-address';
 
 /** Reasons an already-allowed connection is cut that are worth an `egress close` audit line. */
 export const AUDITED_CLOSES: ReadonlySet<DenyReason> = new Set([

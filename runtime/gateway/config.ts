@@ -155,6 +155,46 @@ export const gatewaySettings = {
     'SPACE_GATEWAY_UPSTREAM_CA_FILE',
     'Extra PEM CA bundle trusted (with the system CAs) when re-originating intercepted TLS.',
   ),
+  redisUrl: setting.string(
+    'SPACE_REDIS_URL',
+    'Redis URL of the state of record: credential values are read from it when a request needs them.',
+    'redis://127.0.0.1:6379',
+  ),
+  credentialCacheMs: setting.int(
+    'SPACE_GATEWAY_CREDENTIAL_CACHE_MS',
+    'Longest time a credential read (value or "revoked") is reused, ms: the bound on how late a revocation or rotation lands.',
+    2000,
+    0,
+    60_000,
+  ),
+  nodeCidrs: setting.string(
+    'SPACE_GATEWAY_NODE_CIDRS',
+    "Comma-separated addresses/CIDRs of the node and its cluster (node IPs, pod and service ranges, load balancers), denied on top of the node's own interface addresses.",
+    '',
+  ),
+  nodeCidrsFile: setting.string(
+    'SPACE_GATEWAY_NODE_CIDRS_FILE',
+    'If set, a file of further node/cluster CIDRs (comma or newline separated), re-read at every refresh so a deployment can keep it current.',
+    '',
+  ),
+  nodeRefreshMs: setting.int(
+    'SPACE_GATEWAY_NODE_REFRESH_MS',
+    "How often the node's interface addresses and the node CIDRs file are read again, ms.",
+    5000,
+    100,
+  ),
+  newConnectionsPerSec: setting.int(
+    'SPACE_GATEWAY_NEW_CONNECTIONS_PER_SEC',
+    'New TCP connections per second one sandbox may open through the gateway (burst: twice this).',
+    100,
+    1,
+  ),
+  maxHandshakes: setting.int(
+    'SPACE_GATEWAY_MAX_HANDSHAKES',
+    'Connections per sandbox that may be in their TLS/HTTP handshake (before a name is decided) at once.',
+    32,
+    1,
+  ),
   logLevel: setting.oneOf(
     'SPACE_LOG_LEVEL',
     'pino log level.',

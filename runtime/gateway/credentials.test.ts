@@ -1,8 +1,12 @@
 import { describe, expect, it } from 'vitest';
+import { limitProblems, valueProblems } from '../core/credentials.ts';
 import { SpaceError } from '../core/errors.ts';
 import {
   applyFormat,
   type CredentialGrant,
+  type CredentialSecret,
+  credentialAllows,
+  credentialFromHash,
   describeGrant,
   grantsCovering,
   mintPlaceholder,
@@ -12,14 +16,13 @@ import {
 
 const SECRET = 'sk-live-SECRET-0123456789';
 
-function good(over: Partial<CredentialGrant> = {}): CredentialGrant {
+function good(over: Partial<CredentialGrant> & { value?: string } = {}): CredentialGrant {
   return {
     name: 'openai',
     placeholder: mintPlaceholder(),
     domains: ['api.openai.com'],
     header: 'Authorization',
     format: 'Bearer {value}',
-    value: SECRET,
     ...over,
   };
 }
@@ -59,15 +62,22 @@ describe('validateGrants', () => {
     });
   });
 
-  it('reports every problem at once, by path, without the value', () => {
+  it('drops a value an N-1 peer still sends: grants never carry one onwards', () => {
+    const [out] = validateGrants([good({ value: SECRET, generation: 'g1' })]);
+    expect(out).not.toHaveProperty('value');
+    expect(out).toMatchObject({ generation: 'g1' });
+    expect(JSON.stringify(out)).not.toContain(SECRET);
+  });
+
+  it('reports every problem at once, by path', () => {
     const err = problemsOf([
       good({ format: 'Bearer' }),
       good({ format: '{value} {value}' }),
       good({ header: 'host' }),
       good({ header: 'bad header' }),
       good({ domains: ['10.0.0.1', '*', 'a..b'] }),
-      good({ value: `${SECRET}\r\nX-Injected: 1` }),
-      good({ value: 'short' }),
+      good({ name: 'x5' }),
+      good({ name: 'x6' }),
       good({ placeholder: 'space_ph_tooshort' }),
       good({ format: 'Bearer\n{value}' }),
     ]);
@@ -81,15 +91,11 @@ describe('validateGrants', () => {
         '/4/domains/0',
         '/4/domains/1',
         '/4/domains/2',
-        '/5/value',
-        '/6/value',
         '/7/placeholder',
         '/8/format',
       ]),
     );
     expect(err.code).toBe('BAD_REQUEST');
-    expect(JSON.stringify(err.toBody())).not.toContain(SECRET);
-    expect(err.message).not.toContain(SECRET);
   });
 
   it('refuses duplicate names and placeholders, extra fields and non-arrays', () => {
@@ -100,9 +106,63 @@ describe('validateGrants', () => {
     expect(problemsOf([{ ...good(), extra: 1 }]).message).toMatch(/\/0/);
     expect(problemsOf({}).message).toMatch(/array/);
   });
+});
 
-  it('refuses a value that contains a placeholder prefix', () => {
-    expect(problemsOf([good({ value: 'xx-space_ph_abc-yy' })]).message).toMatch(/\/0\/value/);
+describe('valueProblems / limitProblems (checked when an operator registers a credential)', () => {
+  it('refuses header-breaking, short and placeholder-like values, never echoing them', () => {
+    for (const v of [`${SECRET}\r\nX-Injected: 1`, 'q7z', 'xx-space_ph_abc-yy']) {
+      const p = valueProblems('Bearer {value}', v);
+      expect(p.map((x) => x.path)).toContain('/value');
+      expect(JSON.stringify(p)).not.toContain(v);
+    }
+    expect(valueProblems('Bearer {value}', SECRET)).toEqual([]);
+  });
+
+  it('accepts methods and path patterns; refuses bad ones by index', () => {
+    expect(limitProblems(['GET', 'POST'], ['/v1/models', '/v1/chat/*'])).toEqual([]);
+    expect(
+      limitProblems(['get', 'TRACE'], ['v1', '/a/*/b', '/a?b', '/a/../b', '/a%2fb']).map((p) => p.path),
+    ).toEqual(['/methods/0', '/methods/1', '/paths/0', '/paths/1', '/paths/2', '/paths/3', '/paths/4']);
+  });
+});
+
+describe('credentialFromHash / credentialAllows', () => {
+  const secret = (over: Partial<CredentialSecret> = {}): CredentialSecret => ({
+    name: 'c',
+    generation: 'g',
+    domains: ['api.x.test'],
+    header: 'authorization',
+    format: 'Bearer {value}',
+    value: SECRET,
+    methods: null,
+    paths: null,
+    ...over,
+  });
+
+  it('reads the API hash; an empty or valueless hash is revoked (null)', () => {
+    expect(credentialFromHash({})).toBeNull();
+    expect(credentialFromHash({ name: 'c' })).toBeNull();
+    expect(
+      credentialFromHash({
+        name: 'c',
+        value: SECRET,
+        domains: '["api.x.test"]',
+        header: 'Authorization',
+        methods: '["GET"]',
+      }),
+    ).toEqual(secret({ generation: 'legacy', methods: ['GET'] }));
+  });
+
+  it('limits methods and paths; encoded separators never pass a path list', () => {
+    const s = secret({ methods: ['GET'], paths: ['/v1/models', '/v1/chat/*'] });
+    expect(credentialAllows(s, 'get', '/v1/models?x=1')).toBe(true);
+    expect(credentialAllows(s, 'GET', '/v1/chat/completions')).toBe(true);
+    expect(credentialAllows(s, 'POST', '/v1/models')).toBe(false);
+    expect(credentialAllows(s, 'GET', '/echo')).toBe(false);
+    expect(credentialAllows(s, 'GET', '/v1/models/extra')).toBe(false);
+    expect(credentialAllows(s, 'GET', '/v1/chat/%2e%2e/echo')).toBe(false);
+    expect(credentialAllows(s, 'GET', '/v1/chat%2f..%2fecho')).toBe(false);
+    expect(credentialAllows(secret(), 'DELETE', '/anything')).toBe(true);
   });
 });
 

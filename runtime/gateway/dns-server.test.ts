@@ -47,7 +47,7 @@ const query = (name: string, type: dnsPacket.RecordType = 'A', id = 7) =>
 const decode = (b: Buffer | null) => dnsPacket.decode(b!) as dnsPacket.DecodedPacket & { rcode: string };
 
 describe('answerQuery', () => {
-  const allowed = { allowed: ['93.184.216.34'], denied: [], ttlSec: 300 };
+  const allowed = { allowed: ['93.184.216.34'], denied: [], ttlSec: 300, chain: [] };
 
   it('answers an allowed A query from the upstream, TTL capped', async () => {
     const { deps, asked } = setup({ 'pkg.allowed.test': allowed });
@@ -55,7 +55,35 @@ describe('answerQuery', () => {
     expect(r.rcode).toBe('NOERROR');
     expect(r.id).toBe(7);
     expect(r.answers).toMatchObject([{ type: 'A', data: '93.184.216.34', ttl: 30 }]);
-    expect(asked).toEqual(['pkg.allowed.test']);
+    // the exact deny entry is resolved too: its addresses are denied (E8)
+    expect(asked).toEqual(['pkg.allowed.test', 'bad.allowed.test']);
+  });
+
+  it("E8: a name resolving to a denied name's address gets no address", async () => {
+    const { deps } = setup({
+      'pkg.allowed.test': { allowed: ['93.184.216.34', '198.51.100.7'], denied: [], ttlSec: 30, chain: [] },
+      'rebind.allowed.test': { allowed: ['198.51.100.7'], denied: [], ttlSec: 30, chain: [] },
+      'bad.allowed.test': { allowed: ['198.51.100.7'], denied: [], ttlSec: 30, chain: [] },
+    });
+    const some = decode(await answerQuery(deps, '10.199.0.2', query('pkg.allowed.test')));
+    expect(some.answers).toMatchObject([{ data: '93.184.216.34' }]);
+    const none = decode(await answerQuery(deps, '10.199.0.2', query('rebind.allowed.test')));
+    expect(none.rcode).toBe('NOERROR');
+    expect(none.answers).toEqual([]);
+  });
+
+  it('E8: a name whose CNAME chain passes through a denied name gets no address', async () => {
+    const { deps } = setup({
+      'pkg.allowed.test': {
+        allowed: ['93.184.216.34'],
+        denied: [],
+        ttlSec: 30,
+        chain: ['cdn.x.test', 'bad.allowed.test'],
+      },
+      'bad.allowed.test': { allowed: ['203.0.113.9'], denied: [], ttlSec: 30, chain: [] },
+    });
+    const r = decode(await answerQuery(deps, '10.199.0.2', query('pkg.allowed.test')));
+    expect(r.answers).toEqual([]);
   });
 
   it('answers AAAA of an allowed name with an empty NOERROR, without asking upstream', async () => {
@@ -86,7 +114,9 @@ describe('answerQuery', () => {
   });
 
   it('answers nothing for a name resolving into the deny set (T04)', async () => {
-    const { deps } = setup({ 'rebind.allowed.test': { allowed: [], denied: ['127.0.0.1'], ttlSec: 1 } });
+    const { deps } = setup({
+      'rebind.allowed.test': { allowed: [], denied: ['127.0.0.1'], ttlSec: 1, chain: [] },
+    });
     const r = decode(await answerQuery(deps, '10.199.0.2', query('rebind.allowed.test')));
     expect(r.rcode).toBe('NOERROR');
     expect(r.answers).toEqual([]);
@@ -125,6 +155,6 @@ describe('answerQuery', () => {
       junk[12 + (i % (junk.length - 12))] = (i * 37) & 255;
       await answerQuery(deps, '10.199.0.2', junk);
     }
-    expect(asked.every((n) => n === 'pkg.allowed.test')).toBe(true);
+    expect(asked.every((n) => n === 'pkg.allowed.test' || n === 'bad.allowed.test')).toBe(true);
   });
 });

@@ -9,7 +9,7 @@ import { createSocket, type Socket as UdpSocket } from 'node:dgram';
 import { createServer, type Server, type Socket } from 'node:net';
 import dnsPacket, { type Answer, type DecodedPacket, type Question } from 'dns-packet';
 import type { Audit, Decision, DenyReason } from './audit.ts';
-import { decideClaim } from './decide.ts';
+import { decideClaim, resolveForSandbox } from './decide.ts';
 import { MAX_NAME_BYTES } from './policy.ts';
 import { canonicalAddress, type Registry, type TrackedConnection } from './registry.ts';
 import type { UpstreamResolver } from './resolver.ts';
@@ -128,15 +128,16 @@ export async function answerQuery(
     return respond(q, question, RCODE.REFUSED);
   }
   try {
-    const r = await deps.resolver.resolve(claim.name);
+    // the same screening as dialling: deny set, denied names' addresses, CNAME chains (E7, E8)
+    const r = await resolveForSandbox(deps.resolver, reg.policy, claim.name);
     const ttl = Math.min(deps.answerTtlSec, r.ttlSec);
     const answers: Answer[] = r.allowed
       .slice(0, MAX_ANSWERS)
       .map((address) => ({ type: 'A', name: question.name, class: 'IN', ttl, data: address }));
-    if (answers.length === 0 && r.denied.length > 0) {
-      // rebinding: the name points into the deny set; the sandbox gets no address at all
-      deny('resolved-to-denied-address');
-      d.address = r.denied[0]!;
+    if (answers.length === 0 && r.reason !== null) {
+      // rebinding, the node's own address, a denied name's address: the sandbox gets no address at all
+      d.address = r.denied[0] ?? null;
+      deny(r.reason);
       return respond(q, question, RCODE.NOERROR);
     }
     deps.audit.allow({ ...d, address: r.allowed[0] ?? null });
@@ -214,8 +215,9 @@ function handleTcp(deps: DnsDeps, socket: Socket): void {
     intercepted: false,
     close: () => socket.destroy(),
   };
-  if (!deps.registry.admit(reg, conn)) {
-    deps.audit.deny({ ...base, reason: 'connection-limit' });
+  const admitted = deps.registry.admit(reg, conn);
+  if (admitted !== true) {
+    deps.audit.deny({ ...base, reason: admitted });
     socket.destroy();
     return;
   }

@@ -19,8 +19,10 @@ import { connect as tlsConnect } from 'node:tls';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import dnsPacket from 'dns-packet';
+import { Redis } from 'ioredis';
 import { pino } from 'pino';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { keys } from '../core/redis-keys.ts';
 import { gatewayConfigWith } from './config.ts';
 import type { RunningGateway } from './service.ts';
 import { startGateway } from './service.ts';
@@ -211,6 +213,7 @@ beforeAll(async () => {
       dialTimeoutMs: 2000,
       resolveTimeoutMs: 1000,
       dnsQueriesPerSec: 1000,
+      redisUrl: inject('redisUrl'),
     }),
     { log },
   );
@@ -520,7 +523,10 @@ describe('gateway against real upstreams', () => {
       });
       expect(await tlsGet('pkg.allowed.test')).toMatchObject({ ok: false });
       expect(await dnsQuery('pkg.allowed.test')).toMatchObject({ rcode: 'REFUSED' });
-      expect(await tlsGet('other.allowed.test')).toMatchObject({ ok: true });
+      // E8: a denied name's addresses are denied too, so its neighbour on the same address goes with it
+      expect(await tlsGet('other.allowed.test')).toMatchObject({ ok: false });
+      expect(await dnsQuery('other.allowed.test')).toEqual({ rcode: 'NOERROR', answers: [] });
+      expect(denied('denied-name-address', 'other.allowed.test')).toBe(true);
       await control('PUT', `/v1/sandboxes/${A}`, {
         sandboxId: 'sbx-a',
         policy: { mode: 'allow-all', deny: ['forbidden.test', '*.evil.test'] },
@@ -556,8 +562,15 @@ describe('gateway against real upstreams', () => {
     expect(await dnsQuery('pkg.allowed.test', 'TXT')).toMatchObject({ rcode: 'REFUSED' });
     const upstreamNames = hits.filter((h) => h.role === 'dns').map((h) => h.name);
     expect(upstreamNames.filter((n) => String(n).includes('evil'))).toEqual([]);
+    // forbidden.test: an exact deny entry of an earlier policy, resolved by the gateway to deny its addresses (E8)
     expect(new Set(upstreamNames)).toEqual(
-      new Set(['pkg.allowed.test', 'other.allowed.test', 'good.shared.test', 'rebind.allowed.test']),
+      new Set([
+        'pkg.allowed.test',
+        'other.allowed.test',
+        'good.shared.test',
+        'rebind.allowed.test',
+        'forbidden.test',
+      ]),
     );
   });
 
@@ -665,8 +678,16 @@ describe('gateway against real upstreams', () => {
       domains: ['pkg.allowed.test'],
       header: 'authorization',
       format: 'Bearer {value}',
-      value: 'real-secret-value-1',
     };
+    // the value lives in the state of record only; the gateway fetches it when the request needs it
+    const redis = new Redis(inject('redisUrl'));
+    await redis.hset(keys.credential('pkg-token'), {
+      name: 'pkg-token',
+      domains: '["pkg.allowed.test"]',
+      header: 'authorization',
+      format: 'Bearer {value}',
+      value: 'real-secret-value-1',
+    });
     await control('PUT', '/v1/sandboxes/127.0.0.5', {
       sandboxId: 'sbx-c',
       policy: POLICY,
@@ -715,6 +736,8 @@ describe('gateway against real upstreams', () => {
       expect(JSON.stringify(audit)).not.toContain('real-secret-value-1');
     } finally {
       await control('DELETE', '/v1/sandboxes/127.0.0.5');
+      await redis.del(keys.credential('pkg-token'));
+      redis.disconnect();
     }
   });
 

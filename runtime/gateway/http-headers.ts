@@ -33,3 +33,62 @@ export function stripHopByHop(rawHeaders: readonly string[]): string[] {
   }
   return out;
 }
+
+/** Why a request head is refused by {@link requestHeadProblem} (both are audit reasons). */
+export type HeadProblem = 'duplicate-host' | 'ambiguous-framing';
+
+/**
+ * Checks what `node:http` lets through but a server behind the gateway might read differently
+ * (E6, T22): more than one Host header; Transfer-Encoding other than exactly one `chunked`;
+ * Transfer-Encoding together with Content-Length; more than one Content-Length or one that is not
+ * plain digits. (node:http's strict parser already refuses obs-fold line folding, bare CR/LF and
+ * CL+TE; this is the second wall, applied to every request of a keep-alive connection.) Zero Host
+ * headers is the caller's `missing-host`. Returns null when the head is unambiguous. Pure.
+ */
+export function requestHeadProblem(rawHeaders: readonly string[]): HeadProblem | null {
+  let hosts = 0;
+  const te: string[] = [];
+  const cl: string[] = [];
+  for (let i = 0; i + 1 < rawHeaders.length; i += 2) {
+    const name = rawHeaders[i]!.toLowerCase();
+    if (name === 'host') hosts++;
+    else if (name === 'transfer-encoding') te.push(rawHeaders[i + 1]!);
+    else if (name === 'content-length') cl.push(rawHeaders[i + 1]!);
+  }
+  if (hosts > 1) return 'duplicate-host';
+  if (te.length > 0 && (te.length !== 1 || te[0]!.trim().toLowerCase() !== 'chunked' || cl.length > 0))
+    return 'ambiguous-framing';
+  if (cl.length > 1 || (cl.length === 1 && !/^\d{1,15}$/.test(cl[0]!.trim()))) return 'ambiguous-framing';
+  return null;
+}
+
+/** A response head that can be written to the client as is, or null when it can't. */
+export interface SafeResponseHead {
+  statusMessage: string;
+  headers: string[];
+}
+
+/** Visible ASCII, spaces and tabs: what a reason phrase or header value may carry when re-sent. */
+const UNSAFE_TEXT = /[^\t\x20-\x7e\x80-\xff]/;
+const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
+
+/**
+ * Validates an upstream response head before it is re-sent (E11): a reason phrase or header value
+ * with control characters, or a header name that is not a token, would make `writeHead` throw
+ * (which used to take the whole process down). Returns the head to write, or null: the caller then
+ * ends that one exchange with a 502. Pure.
+ */
+export function safeResponseHead(
+  statusCode: number | undefined,
+  statusMessage: string | undefined,
+  rawHeaders: readonly string[],
+): SafeResponseHead | null {
+  if (statusCode === undefined || !Number.isInteger(statusCode) || statusCode < 100 || statusCode > 999)
+    return null;
+  const message = statusMessage ?? '';
+  if (UNSAFE_TEXT.test(message)) return null;
+  for (let i = 0; i + 1 < rawHeaders.length; i += 2) {
+    if (!TOKEN.test(rawHeaders[i]!) || UNSAFE_TEXT.test(rawHeaders[i + 1]!)) return null;
+  }
+  return { statusMessage: message, headers: [...rawHeaders] };
+}

@@ -16,7 +16,7 @@ import {
 import type { Socket } from 'node:net';
 import { AUDITED_CLOSES, type Decision, type DenyReason } from './audit.ts';
 import { decideClaim, identifySource, resolveForDial } from './decide.ts';
-import { stripHopByHop } from './http-headers.ts';
+import { requestHeadProblem, safeResponseHead, stripHopByHop } from './http-headers.ts';
 import type { Registration, TrackedConnection } from './registry.ts';
 import type { ProxyDeps } from './tls-proxy.ts';
 
@@ -112,8 +112,9 @@ export function createHttpProxy(deps: ProxyDeps): Server {
         socket.destroy();
       },
     };
-    if (!registry.admit(reg, conn)) {
-      audit.deny({ ...decision, reason: 'connection-limit' });
+    const admitted = registry.admit(reg, conn);
+    if (admitted !== true) {
+      audit.deny({ ...decision, reason: admitted });
       socket.destroy();
       return;
     }
@@ -195,6 +196,9 @@ export function createHttpProxy(deps: ProxyDeps): Server {
     // the registration object is replaced in place; a deleted one has closed this socket already
     const { reg } = state;
     const d: Decision = { ...state.decision };
+    // two Host headers (E6) or ambiguous framing: refused before anything is decided on either
+    const problem = requestHeadProblem(req.rawHeaders);
+    if (problem) return refuse(state, res, d, problem, 400);
     const t = targetOf(req.headers.host, req.url ?? '');
     if (!t.ok) return refuse(state, res, d, t.reason);
     const claim = decideClaim(reg.policy, t.host);
@@ -202,7 +206,7 @@ export function createHttpProxy(deps: ProxyDeps): Server {
     d.rule = claim.rule;
     if (!claim.allowed) return refuse(state, res, d, claim.reason);
     state.conn.name = claim.name;
-    const target = await resolveForDial(deps.resolver, claim.name);
+    const target = await resolveForDial(deps.resolver, reg.policy, claim.name);
     d.address = target.address;
     if (!target.ok)
       return refuse(state, res, d, target.reason, target.reason === 'resolution-failed' ? 502 : 403);
@@ -228,10 +232,17 @@ export function createHttpProxy(deps: ProxyDeps): Server {
     });
     up.on('response', (upRes) => {
       up.setTimeout(0);
-      upRes.on('data', (chunk: Buffer) => state.account(chunk.length));
-      res.writeHead(upRes.statusCode ?? 502, upRes.statusMessage, stripHopByHop(upRes.rawHeaders));
-      upRes.pipe(res);
       upRes.on('error', () => res.destroy());
+      // a head writeHead would throw on (E11: `200 O\x01K`) ends this exchange, never the process
+      const head = safeResponseHead(upRes.statusCode, upRes.statusMessage, stripHopByHop(upRes.rawHeaders));
+      if (!head) {
+        upRes.destroy();
+        up.destroy();
+        return refuse(state, res, d, 'malformed-response', 502);
+      }
+      upRes.on('data', (chunk: Buffer) => state.account(chunk.length));
+      res.writeHead(upRes.statusCode!, head.statusMessage, head.headers);
+      upRes.pipe(res);
     });
     res.on('close', () => {
       if (!res.writableFinished) up.destroy();

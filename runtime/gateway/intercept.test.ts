@@ -7,12 +7,14 @@
 import https from 'node:https';
 import net, { type AddressInfo } from 'node:net';
 import tls from 'node:tls';
-import { gzipSync } from 'node:zlib';
+import { gunzipSync, gzipSync } from 'node:zlib';
 import { pino } from 'pino';
 import { afterAll, beforeAll, beforeEach, describe, expect, it, vi } from 'vitest';
 import { caFromPem, type DeploymentCa, generateCaPem } from './ca.ts';
-import { type CredentialGrant, mintPlaceholder } from './credentials.ts';
-import { type InterceptContext, interceptTls, prepareRequest, SecretMask } from './intercept.ts';
+import { type CredentialSource, staticCredentialSource } from './credential-source.ts';
+import { type CredentialGrant, type CredentialSecret, mintPlaceholder } from './credentials.ts';
+import { type InterceptContext, interceptTls, prepareRequest } from './intercept.ts';
+import { needlesFor, SecretMask } from './reflection.ts';
 
 const NAME = 'api.test.local';
 const REAL = 'sk-REAL-7f3a9c1e5b2d4f60';
@@ -24,7 +26,6 @@ const grant: CredentialGrant = {
   domains: [NAME],
   header: 'authorization',
   format: 'Bearer {value}',
-  value: REAL,
 };
 /** Granted to the same sandbox, but for another host. */
 const otherGrant: CredentialGrant = {
@@ -33,8 +34,27 @@ const otherGrant: CredentialGrant = {
   domains: ['*.other.test.local'],
   header: 'x-api-key',
   format: '{value}',
-  value: OTHER_REAL,
 };
+
+/** The live secret of `g` as the state of record would hold it. */
+function secretOf(g: CredentialGrant, value: string, over: Partial<CredentialSecret> = {}): CredentialSecret {
+  return {
+    name: g.name,
+    generation: 'g1',
+    domains: g.domains,
+    header: g.header,
+    format: g.format,
+    value,
+    methods: null,
+    paths: null,
+    ...over,
+  };
+}
+const LIVE: CredentialSource = staticCredentialSource([
+  secretOf(grant, REAL),
+  secretOf(otherGrant, OTHER_REAL),
+]);
+const liveMap = new Map([[grant.name, secretOf(grant, REAL)]]);
 
 interface Seen {
   method: string;
@@ -73,6 +93,34 @@ async function startUpstream(ca: DeploymentCa, certName: string): Promise<Upstre
         res.setHeader('content-type', 'application/json');
         res.statusMessage = `OK ${req.headers.authorization}`;
         res.end(JSON.stringify({ headers: req.headers, padding: 'x'.repeat(3000) }));
+      } else if (req.url === '/reflect') {
+        // E10: the value comes back as a header name and encoded in the body
+        const value = String(req.headers.authorization).slice('Bearer '.length);
+        res.setHeader(`x-${value}`, '1');
+        res.end(
+          JSON.stringify({
+            upper: value.toUpperCase(),
+            b64: Buffer.from(value).toString('base64'),
+            b64url: Buffer.from(`a${value}`).toString('base64url'),
+            b64two: Buffer.from(`ab${value}`).toString('base64'),
+            hex: Buffer.from(value).toString('hex'),
+            hexUpper: Buffer.from(value).toString('hex').toUpperCase(),
+          }),
+        );
+      } else if (req.url === '/reflect-gz-split') {
+        // the gzip magic cut into single bytes, each its own TLS record, a moment apart
+        const gz = gzipSync(`echo ${String(req.headers.authorization)}`);
+        res.setHeader('content-length', gz.length);
+        res.write(gz.subarray(0, 1));
+        setTimeout(() => {
+          res.write(gz.subarray(1, 2));
+          setTimeout(() => res.end(gz.subarray(2)), 20);
+        }, 20);
+      } else if (req.url === '/reflect-gz') {
+        res.end(gzipSync(`echo ${String(req.headers.authorization)}`)); // gzip without a label
+      } else if (req.url === '/bad-status') {
+        // E11: a control character in the status line (node:http would refuse to write it)
+        req.socket.end('HTTP/1.1 200 O\x01K\r\ncontent-length: 2\r\n\r\nhi');
       } else if (req.url === '/gzip') {
         res.setHeader('content-encoding', 'gzip');
         res.end(gzipSync(String(req.headers.authorization)));
@@ -109,6 +157,7 @@ function baseCtx(): InterceptContext {
     sandboxId: 'sbx_a',
     sni: NAME,
     grants: [grant, otherGrant],
+    credentials: LIVE,
     resolve: async () => '127.0.0.1',
     log,
     limits: { handshakeTimeoutMs: 3000, idleTimeoutMs: 5000, maxHeaderBytes: 16 * 1024, maxBodyBytes: 4096 },
@@ -196,6 +245,16 @@ function request(lines: string[], body = ''): string {
   return `${lines.join('\r\n')}\r\n\r\n${body}`;
 }
 
+/** One request to NAME carrying this sandbox's placeholder in the granted header, then close. */
+function withPlaceholder(path: string, method = 'GET'): string {
+  return request([
+    `${method} ${path} HTTP/1.1`,
+    `Host: ${NAME}`,
+    `Authorization: Bearer ${grant.placeholder}`,
+    'Connection: close',
+  ]);
+}
+
 function statuses(text: string): number[] {
   return [...text.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map((m) => Number(m[1]));
 }
@@ -257,22 +316,127 @@ describe('interceptTls', () => {
   });
 
   it('never hands the real value back: echoing headers, status text and body are masked', async () => {
-    const r = await exchange(
-      request([
-        'GET /echo HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    const r = await exchange(withPlaceholder('/echo'));
     expect(statuses(r.text)).toEqual([200]);
     expect(headerValues(upstream.seen[0]!.rawHeaders, 'authorization')).toEqual([`Bearer ${REAL}`]);
     expect(r.text).not.toContain(REAL);
-    expect(r.text).toMatch(/x-echo: Bearer \[redacted\]/i);
+    expect(r.text).toMatch(new RegExp(`x-echo: Bearer \\*{${REAL.length}}`, 'i'));
     expect(r.text).toContain(`"authorization":"Bearer ${'*'.repeat(REAL.length)}"`);
     // masking keeps the length: the body still parses as the upstream's JSON
     const body = r.text.slice(r.text.indexOf('\r\n\r\n') + 4);
     expect(JSON.parse(body).padding).toHaveLength(3000);
+  });
+
+  it('E10: masks the value in a header name and in base64, hex and case-folded forms of the body', async () => {
+    const r = await exchange(withPlaceholder('/reflect'));
+    expect(statuses(r.text)).toEqual([200]);
+    expect(headerValues(upstream.seen[0]!.rawHeaders, 'authorization')).toEqual([`Bearer ${REAL}`]);
+    const lower = r.text.toLowerCase();
+    for (const form of [
+      REAL.toLowerCase(),
+      Buffer.from(REAL).toString('hex'),
+      Buffer.from(REAL).toString('base64').slice(0, -4),
+      Buffer.from(`a${REAL}`).toString('base64url').slice(4, -4),
+      Buffer.from(`ab${REAL}`).toString('base64').slice(4, -4),
+    ])
+      expect(lower).not.toContain(form.toLowerCase());
+    const body = JSON.parse(r.text.slice(r.text.indexOf('\r\n\r\n') + 4)) as Record<string, string>;
+    expect(Object.keys(body)).toHaveLength(6); // the body still parses: masking keeps lengths
+  });
+
+  it.each(['/reflect-gz', '/reflect-gz-split'])(
+    'E10: a gzip body without a label (%s) is unpacked, masked and packed again',
+    async (path) => {
+      const raw: Buffer[] = [];
+      const r = await exchange((s) => {
+        s.on('data', (d: Buffer) => raw.push(d));
+        s.write(withPlaceholder(path));
+      });
+      expect(statuses(r.text)).toEqual([200]);
+      const all = Buffer.concat(raw);
+      const unpacked = gunzipSync(all.subarray(all.indexOf('\r\n\r\n') + 4)).toString();
+      expect(unpacked).toBe(`echo Bearer ${'*'.repeat(REAL.length)}`);
+    },
+  );
+
+  it('E9: a revoked credential is not injected: its placeholder goes out untouched', async () => {
+    ctx = { ...baseCtx(), credentials: staticCredentialSource([secretOf(otherGrant, OTHER_REAL)]) };
+    const r = await exchange(withPlaceholder('/'));
+    expect(statuses(r.text)).toEqual([401]); // the upstream's own answer to a worthless token
+    expect(headerValues(upstream.seen[0]!.rawHeaders, 'authorization')).toEqual([
+      `Bearer ${grant.placeholder}`,
+    ]);
+  });
+
+  it('E9: a credential deleted and registered again (another generation) does not reach the old grant', async () => {
+    const regranted = { ...grant, generation: 'g0' };
+    ctx = { ...baseCtx(), grants: [regranted, otherGrant] };
+    await exchange(withPlaceholder('/'));
+    expect(headerValues(upstream.seen[0]!.rawHeaders, 'authorization')).toEqual([
+      `Bearer ${grant.placeholder}`,
+    ]);
+  });
+
+  it('rotation: the current value is injected, read per request', async () => {
+    const values = [REAL, 'rotated-value-0001'];
+    let i = 0;
+    ctx = {
+      ...baseCtx(),
+      credentials: { fetch: (g) => staticCredentialSource([secretOf(grant, values[i++]!)]).fetch(g) },
+    };
+    const get = (extra: string[] = []) =>
+      request(['GET / HTTP/1.1', `Host: ${NAME}`, `Authorization: Bearer ${grant.placeholder}`, ...extra]);
+    await exchange(get() + get(['Connection: close']));
+    expect(upstream.seen.map((x) => headerValues(x.rawHeaders, 'authorization')[0])).toEqual([
+      `Bearer ${REAL}`,
+      'Bearer rotated-value-0001',
+    ]);
+  });
+
+  it('refuses (503) when the values cannot be read: nothing is sent upstream', async () => {
+    ctx = {
+      ...baseCtx(),
+      credentials: {
+        fetch: async () => {
+          throw new Error('store down');
+        },
+      },
+    };
+    const r = await exchange(withPlaceholder('/'));
+    expect(statuses(r.text)).toEqual([503]);
+    expect(upstream.seen).toEqual([]);
+    await denied('credential-unavailable');
+  });
+
+  it('method and path limits: the value is never sent elsewhere (refused, upstream sees nothing)', async () => {
+    ctx = {
+      ...baseCtx(),
+      credentials: staticCredentialSource([secretOf(grant, REAL, { methods: ['GET'], paths: ['/v1/*'] })]),
+    };
+    for (const line of ['GET /echo HTTP/1.1', 'POST /v1/x HTTP/1.1', 'GET /v1%2f..%2fecho HTTP/1.1']) {
+      const r = await exchange(
+        request([
+          line,
+          `Host: ${NAME}`,
+          `Authorization: Bearer ${grant.placeholder}`,
+          'Content-Length: 0',
+          'Connection: close',
+        ]),
+      );
+      expect(statuses(r.text), line).toEqual([403]);
+    }
+    expect(upstream.seen).toEqual([]);
+    await denied('credential-scope');
+    const ok = await exchange(withPlaceholder('/v1/models'));
+    expect(statuses(ok.text)).toEqual([200]);
+  });
+
+  it('E11: a control character in the upstream status line ends that exchange with a 502, and the next one is served', async () => {
+    const bad = await exchange(withPlaceholder('/bad-status'));
+    expect(statuses(bad.text)).toEqual([502]);
+    await denied('malformed-response');
+    const next = await exchange(withPlaceholder('/'));
+    expect(statuses(next.text)).toEqual([200]);
   });
 
   it('refuses a Host that differs from the SNI, and the upstream sees nothing', async () => {
@@ -296,7 +460,7 @@ describe('interceptTls', () => {
     );
     expect(statuses(abs.text)).toEqual([421]);
     const twoHosts = await exchange(request(['GET / HTTP/1.1', `Host: ${NAME}`, 'Host: evil.test.local']));
-    expect(statuses(twoHosts.text)).toEqual([421]);
+    expect(statuses(twoHosts.text)).toEqual([400]); // E6: refused before either Host is looked at
     const noHost = await exchange(request(['GET / HTTP/1.0', `Authorization: Bearer ${grant.placeholder}`]));
     expect(statuses(noHost.text)).toEqual([421]);
     expect(upstream.seen).toHaveLength(0);
@@ -318,14 +482,7 @@ describe('interceptTls', () => {
 
   it('refuses a placeholder of another sandbox (replay from sandbox B) and any unknown placeholder', async () => {
     ctx = { ...baseCtx(), sandboxId: 'sbx_b', grants: [{ ...grant, placeholder: mintPlaceholder() }] };
-    const replay = await exchange(
-      request([
-        'GET / HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    const replay = await exchange(withPlaceholder('/'));
     expect(statuses(replay.text)).toEqual([403]);
     ctx = baseCtx();
     const unknown = await exchange(
@@ -404,24 +561,10 @@ describe('interceptTls', () => {
 
   it('refuses an upstream whose certificate is untrusted or for another name: 502, nothing sent', async () => {
     ctx = { ...baseCtx(), upstreamPort: rogue.port };
-    const r = await exchange(
-      request([
-        'GET / HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    const r = await exchange(withPlaceholder('/'));
     expect(statuses(r.text)).toEqual([502]);
     ctx = { ...baseCtx(), upstreamPort: wrongName.port };
-    const w = await exchange(
-      request([
-        'GET / HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    const w = await exchange(withPlaceholder('/'));
     expect(statuses(w.text)).toEqual([502]);
     expect(rogue.seen).toHaveLength(0);
     expect(wrongName.seen).toHaveLength(0);
@@ -565,37 +708,16 @@ describe('interceptTls', () => {
         throw new Error('resolved to a denied address');
       },
     };
-    const r = await exchange(
-      request([
-        'GET / HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    const r = await exchange(withPlaceholder('/'));
     expect(statuses(r.text)).toEqual([502]);
     expect(upstream.seen).toHaveLength(0);
     await denied('resolution-failed');
   });
 
   it('never writes a real value to the log', async () => {
-    await exchange(
-      request([
-        'GET /echo HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    await exchange(withPlaceholder('/echo'));
     ctx = { ...baseCtx(), upstreamPort: rogue.port };
-    await exchange(
-      request([
-        'GET / HTTP/1.1',
-        `Host: ${NAME}`,
-        `Authorization: Bearer ${grant.placeholder}`,
-        'Connection: close',
-      ]),
-    );
+    await exchange(withPlaceholder('/'));
     expect(logLines.length).toBeGreaterThan(0);
     for (const line of logLines) {
       expect(line).not.toContain(REAL);
@@ -608,13 +730,13 @@ describe('prepareRequest', () => {
   const head = (url: string, headers: string[], method = 'GET') => ({ method, url, rawHeaders: headers });
 
   it('accepts absolute-form for the SNI and sends origin-form', () => {
-    const p = prepareRequest(head(`https://${NAME}:443?x=1`, ['Host', NAME]), NAME, [grant], 100);
+    const p = prepareRequest(head(`https://${NAME}:443?x=1`, ['Host', NAME]), NAME, [grant], liveMap, 100);
     expect(p).toMatchObject({ ok: true, path: '/?x=1', injected: [] });
   });
 
   it('refuses http:// absolute-form, fragments and backslashes', () => {
     for (const url of [`http://${NAME}/`, '/a#b', '/a\\..\\b', 'relative']) {
-      expect(prepareRequest(head(url, ['Host', NAME]), NAME, [grant], 100).ok, url).toBe(false);
+      expect(prepareRequest(head(url, ['Host', NAME]), NAME, [grant], liveMap, 100).ok, url).toBe(false);
     }
   });
 
@@ -631,6 +753,7 @@ describe('prepareRequest', () => {
       ]),
       NAME,
       [grant, second],
+      new Map([...liveMap, ['api2', secretOf(second, 'second-REAL-value')]]),
       100,
     );
     expect(p).toEqual({ ok: false, status: 403, reason: 'ambiguous-credential' });
@@ -641,6 +764,7 @@ describe('prepareRequest', () => {
       head('/', ['Host', NAME, 'Authorization', 'Bearer own-token']),
       NAME,
       [grant],
+      liveMap,
       100,
     );
     expect(p.ok && p.headers).toEqual([
@@ -658,7 +782,7 @@ describe('SecretMask', () => {
   it('masks a secret split across chunks at every position, keeping the length', async () => {
     const text = `before ${REAL} middle ${REAL}${REAL} after`;
     for (let cut = 1; cut < text.length; cut++) {
-      const m = new SecretMask([REAL, 'unused-secret'], 10_000);
+      const m = new SecretMask(needlesFor([REAL, 'unused-secret']), 10_000);
       const out: Buffer[] = [];
       m.on('data', (d: Buffer) => out.push(d));
       const ended = new Promise((r) => m.on('end', r));

@@ -25,14 +25,24 @@
 import http from 'node:http';
 import https from 'node:https';
 import type net from 'node:net';
-import { pipeline, Transform, type TransformCallback } from 'node:stream';
+import { pipeline } from 'node:stream';
 import tls from 'node:tls';
+import { gunzipSync, gzipSync } from 'node:zlib';
 import type { Logger } from 'pino';
 import { normaliseName } from '../core/egress.ts';
 import { F } from '../core/log-fields.ts';
 import type { DeploymentCa, Leaf } from './ca.ts';
-import { applyFormat, type CredentialGrant, grantsCovering, PLACEHOLDER_SCAN_RE } from './credentials.ts';
-import { HOP_BY_HOP, stripHopByHop } from './http-headers.ts';
+import type { CredentialSource } from './credential-source.ts';
+import {
+  applyFormat,
+  type CredentialGrant,
+  type CredentialSecret,
+  credentialAllows,
+  grantsCovering,
+  PLACEHOLDER_SCAN_RE,
+} from './credentials.ts';
+import { HOP_BY_HOP, requestHeadProblem, safeResponseHead, stripHopByHop } from './http-headers.ts';
+import { maskBuffer, maskText, type Needles, needlesFor, SecretMask, TooLarge } from './reflection.ts';
 
 /** Limits applied to one intercepted connection. */
 export interface InterceptLimits {
@@ -51,8 +61,10 @@ export interface InterceptContext {
   sandboxId: string;
   /** Canonical name from the ClientHello, already allowed and covered by a grant. */
   sni: string;
-  /** Every credential granted to this sandbox (not only those covering `sni`). */
+  /** Every credential granted to this sandbox (not only those covering `sni`); no values. */
   grants: CredentialGrant[];
+  /** Where the values are fetched, per request (revocation and rotation land within its cache time). */
+  credentials: CredentialSource;
   /** An IPv4 the gateway resolved itself for `name` and checked against its deny set; rejects otherwise. */
   resolve: (name: string) => Promise<string>;
   log: Logger;
@@ -85,7 +97,12 @@ export type InterceptDenyReason =
   | 'upstream-certificate'
   | 'upstream-unreachable'
   | 'upstream-encoding'
-  | 'response-too-large';
+  | 'response-too-large'
+  | 'duplicate-host'
+  | 'ambiguous-framing'
+  | 'malformed-response'
+  | 'credential-unavailable'
+  | 'credential-scope';
 
 /** The parts of a parsed request head that {@link prepareRequest} looks at. */
 export interface RequestHead {
@@ -139,15 +156,19 @@ function placeholdersIn(text: string): string[] {
 }
 
 /**
- * Checks one request head and builds what goes upstream: Host == SNI, unambiguous framing within
- * `maxBodyBytes`, hop-by-hop headers stripped, placeholders of this sandbox replaced in their
- * grant's header (every copy of that header dropped, one written), anything else placeholder-shaped
- * refused. Pure.
+ * Checks one request head and builds what goes upstream: exactly one Host and it names the SNI,
+ * unambiguous framing within `maxBodyBytes`, hop-by-hop headers stripped, placeholders of this
+ * sandbox replaced in their credential's header (every copy of that header dropped, one written),
+ * anything else placeholder-shaped refused. `live` holds the current secret of each grant that is
+ * not revoked (by grant name): a revoked grant's placeholder is forwarded untouched (it is worth
+ * nothing any more); a live one used with a method or path its credential is not limited to is
+ * refused (`credential-scope`), so echo-like endpoints are never sent the value. Pure.
  */
 export function prepareRequest(
   head: RequestHead,
   sni: string,
   grants: readonly CredentialGrant[],
+  live: ReadonlyMap<string, CredentialSecret>,
   maxBodyBytes: number,
 ): PreparedRequest {
   const method = head.method.toUpperCase();
@@ -170,6 +191,9 @@ export function prepareRequest(
   }
   if (path.includes('#') || path.includes('\\') || hasDotSegment(path)) return refusal(400, 'bad-target');
 
+  // two Host headers (E6) and ambiguous framing: the same rules as the plain HTTP path
+  const problem = requestHeadProblem(head.rawHeaders);
+  if (problem) return refusal(400, problem);
   const pairs: [name: string, value: string][] = [];
   for (let i = 0; i + 1 < head.rawHeaders.length; i += 2) {
     pairs.push([head.rawHeaders[i]!, head.rawHeaders[i + 1]!]);
@@ -179,15 +203,10 @@ export function prepareRequest(
   const hosts = named('host');
   if (hosts.length !== 1 || !authorityMatches(hosts[0]!, sni)) return refusal(421, 'host-sni-mismatch');
 
-  // framing (node:http already refuses CL+TE, duplicate CL and a non-final chunked; this is the belt)
   const te = named('transfer-encoding');
   const cl = named('content-length');
-  if (te.length > 0 && (te.length !== 1 || te[0]!.trim().toLowerCase() !== 'chunked' || cl.length > 0)) {
-    return refusal(400, 'malformed-http');
-  }
   let contentLength: number | null = null;
-  if (cl.length > 0) {
-    if (cl.length !== 1 || !/^\d{1,15}$/.test(cl[0]!.trim())) return refusal(400, 'malformed-http');
+  if (cl.length === 1) {
     contentLength = Number(cl[0]!.trim());
     if (contentLength > maxBodyBytes) return refusal(413, 'body-too-large');
   }
@@ -214,22 +233,30 @@ export function prepareRequest(
     return !HOP_BY_HOP.has(lower) && !REWRITTEN.has(lower) && !dropped.has(lower);
   });
 
-  // substitution: exactly `format(placeholder)` in the grant's header → that header becomes format(value)
-  const chosen = new Map<string, CredentialGrant>();
-  for (const g of covering) {
-    const expected = applyFormat(g.format, g.placeholder);
-    if (!forwarded.some(([k, v]) => k.toLowerCase() === g.header && v === expected)) continue;
-    if (chosen.has(g.header)) return refusal(403, 'ambiguous-credential');
-    chosen.set(g.header, g);
+  // substitution: exactly `format(placeholder)` in the credential's header → format(value); the
+  // header, format and domains are the credential's current ones (rotation lands at once)
+  const active = covering.flatMap((g) => {
+    const secret = live.get(g.name);
+    return secret && grantsCovering(sni, [{ ...g, domains: secret.domains }]).length > 0
+      ? [{ grant: g, secret }]
+      : [];
+  });
+  const chosen = new Map<string, { grant: CredentialGrant; secret: CredentialSecret }>();
+  for (const a of active) {
+    const expected = applyFormat(a.secret.format, a.grant.placeholder);
+    if (!forwarded.some(([k, v]) => k.toLowerCase() === a.secret.header && v === expected)) continue;
+    if (chosen.has(a.secret.header)) return refusal(403, 'ambiguous-credential');
+    if (!credentialAllows(a.secret, method, path)) return refusal(403, 'credential-scope');
+    chosen.set(a.secret.header, a);
   }
   forwarded = forwarded.filter(([k]) => !chosen.has(k.toLowerCase()));
-  if (
-    forwarded.some((pair) => pair.some((s) => placeholdersIn(s).length > 0)) ||
-    placeholdersIn(path).length > 0
-  ) {
+  // a live placeholder anywhere else is refused; a revoked one goes out as it is
+  const livePlaceholders = new Set(active.map((a) => a.grant.placeholder));
+  const misplaced = (text: string) => placeholdersIn(text).some((t) => livePlaceholders.has(t.toLowerCase()));
+  if (forwarded.some((pair) => pair.some(misplaced)) || misplaced(path)) {
     return refusal(403, 'placeholder-misplaced');
   }
-  for (const [header, g] of chosen) forwarded.push([header, applyFormat(g.format, g.value)]);
+  for (const [header, a] of chosen) forwarded.push([header, applyFormat(a.secret.format, a.secret.value)]);
 
   const headers: string[] = ['host', sni];
   for (const [k, v] of forwarded) headers.push(k, v);
@@ -242,78 +269,32 @@ export function prepareRequest(
     ok: true,
     path,
     headers,
-    injected: [...chosen.values()].map((g) => g.name),
+    injected: [...chosen.values()].map((a) => a.grant.name),
     contentLength,
     chunked,
   };
 }
 
-/** Replaces every occurrence of a secret in `text` (header values, status text). */
-function maskText(text: string, secrets: readonly string[]): string {
-  let out = text;
-  for (const s of secrets) if (out.includes(s)) out = out.split(s).join('[redacted]');
-  return out;
-}
-
 /**
  * Response headers to send to the client: hop-by-hop and Connection-named ones dropped, secrets
- * masked. Alternating names and values. Pure.
+ * masked in names and values (an echo endpoint may reflect a value as a header name, E10). Pure.
  */
-export function responseHeaders(rawHeaders: readonly string[], secrets: readonly string[]): string[] {
-  return stripHopByHop(rawHeaders).map((v, i) => (i % 2 === 1 ? maskText(v, secrets) : v));
+export function responseHeaders(rawHeaders: readonly string[], needles: Needles): string[] {
+  return stripHopByHop(rawHeaders).map((v) => maskText(v, needles));
 }
 
-class TooLarge extends Error {}
+/** True when `chunk` starts like a gzip member (magic 1f 8b, method 8). */
+function looksGzipped(chunk: Buffer): boolean {
+  return chunk.length >= 3 && chunk[0] === 0x1f && chunk[1] === 0x8b && chunk[2] === 0x08;
+}
 
 /**
- * Streams bytes through, overwriting every occurrence of any secret with `*` of the same length
- * (so Content-Length stays right), including occurrences split across chunks: the last
- * `longest - 1` bytes are held back until more data (or the end) arrives. Fails with
- * {@link TooLarge} past `maxBytes`.
+ * A gzip body sent without a Content-Encoding label (E10): decompressed (within `maxBytes`), masked,
+ * compressed again when anything was found. Throws when it does not decompress or is too large.
  */
-export class SecretMask extends Transform {
-  private readonly secrets: Buffer[];
-  private readonly keep: number;
-  private readonly maxBytes: number;
-  private readonly onProgress: () => void;
-  private carry: Buffer = Buffer.alloc(0);
-  private seen = 0;
-
-  constructor(secrets: readonly string[], maxBytes: number, onProgress: () => void = () => {}) {
-    super();
-    this.secrets = secrets.filter((s) => s.length > 0).map((s) => Buffer.from(s));
-    this.keep = Math.max(0, ...this.secrets.map((s) => s.length - 1));
-    this.maxBytes = maxBytes;
-    this.onProgress = onProgress;
-  }
-
-  override _transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback): void {
-    this.seen += chunk.length;
-    this.onProgress();
-    if (this.seen > this.maxBytes) {
-      cb(new TooLarge('response body over the limit'));
-      return;
-    }
-    const buf = this.carry.length > 0 ? Buffer.concat([this.carry, chunk]) : chunk;
-    this.mask(buf);
-    const emit = Math.max(0, buf.length - this.keep);
-    this.carry = Buffer.from(buf.subarray(emit));
-    cb(null, emit > 0 ? buf.subarray(0, emit) : undefined);
-  }
-
-  override _flush(cb: TransformCallback): void {
-    cb(null, this.carry.length > 0 ? this.carry : undefined);
-  }
-
-  private mask(buf: Buffer): void {
-    for (const s of this.secrets) {
-      let at = buf.indexOf(s);
-      while (at !== -1) {
-        buf.fill(0x2a, at, at + s.length);
-        at = buf.indexOf(s, at + s.length);
-      }
-    }
-  }
+export function maskGzipBody(body: Buffer, needles: Needles, maxBytes: number): Buffer {
+  const plain = gunzipSync(body, { maxOutputLength: maxBytes });
+  return maskBuffer(plain, needles) > 0 ? gzipSync(plain) : body;
 }
 
 /** OpenSSL / Node codes of a failed upstream certificate verification. */
@@ -445,7 +426,6 @@ function serveHttp(
   deadline: (ms: number, reason: InterceptDenyReason) => void,
 ): void {
   const { limits } = ctx;
-  const secrets = ctx.grants.map((g) => g.value);
   const ca = [...tls.rootCertificates, ...(ctx.upstreamCa ?? []).map((b) => b.toString())];
   // one upstream connection per client connection: requests on it are sequential anyway
   const agent = new https.Agent({ keepAlive: true, maxSockets: 1 });
@@ -515,10 +495,22 @@ function serveHttp(
 
   async function forward(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
     const method = req.method ?? 'GET';
+    // values are fetched per request (cached briefly by the source): revocation and rotation land
+    // on open keep-alive connections too
+    let live: Map<string, CredentialSecret>;
+    try {
+      live = await ctx.credentials.fetch(ctx.grants);
+    } catch {
+      return refuse(res, 503, 'credential-unavailable', { method });
+    }
+    if (res.destroyed) return;
+    // every live value of this sandbox is masked in what comes back, not only the one injected
+    const needles = needlesFor([...live.values()].map((c) => c.value));
     const prepared = prepareRequest(
       { method, url: req.url ?? '', rawHeaders: req.rawHeaders },
       ctx.sni,
       ctx.grants,
+      live,
       limits.maxBodyBytes,
     );
     if (!prepared.ok) return refuse(res, prepared.status, prepared.reason, { method });
@@ -604,17 +596,93 @@ function serveHttp(
       };
       if (!bodyless && encoding !== 'identity') return fail('upstream-encoding');
       if (!bodyless && length > limits.maxBodyBytes) return fail('response-too-large');
-      res.writeHead(
-        status,
-        maskText(ures.statusMessage ?? '', secrets),
-        responseHeaders(ures.rawHeaders, secrets),
+      // a head writeHead would throw on (E11) ends this exchange with a 502, never the process
+      const safe = safeResponseHead(
+        ures.statusCode,
+        ures.statusMessage,
+        responseHeaders(ures.rawHeaders, needles),
       );
-      pipeline(ures, new SecretMask(secrets, limits.maxBodyBytes, idle), res, (err) => {
-        if (!err) return;
-        if (err instanceof TooLarge) audit('close', { reason: 'response-too-large', address, method });
-        abandoned = true;
-        res.destroy();
+      if (!safe) return fail('malformed-response');
+      const writeHead = (headers: string[]) =>
+        res.writeHead(status, maskText(safe.statusMessage, needles), headers);
+      if (bodyless) {
+        writeHead(safe.headers);
+        res.end();
+        ures.resume();
+        return;
+      }
+      // the first bytes decide: a gzip body without a label is read whole, unpacked and masked
+      ures.once('error', () => {
+        if (!abandoned) fail('malformed-response');
       });
+      // read until 3 bytes (or the end) have arrived: a gzip magic split across records must not
+      // slip past (an upstream chooses how its body is cut)
+      const head: Buffer[] = [];
+      let headBytes = 0;
+      let decided = false;
+      const onHeadData = (c: Buffer) => {
+        head.push(c);
+        headBytes += c.length;
+        if (headBytes >= 3) decide(false);
+      };
+      const onHeadEnd = () => decide(true);
+      const decide = (ended: boolean): void => {
+        if (decided || abandoned) return;
+        decided = true;
+        ures.off('data', onHeadData);
+        ures.off('end', onHeadEnd);
+        ures.pause();
+        idle();
+        const first = Buffer.concat(head);
+        if (!looksGzipped(first)) {
+          writeHead(safe.headers);
+          const mask = new SecretMask(needles, limits.maxBodyBytes, idle);
+          const done = (err: NodeJS.ErrnoException | null) => {
+            if (!err) return;
+            if (err instanceof TooLarge) audit('close', { reason: 'response-too-large', address, method });
+            abandoned = true;
+            res.destroy();
+          };
+          if (ended) {
+            mask.end(first);
+            pipeline(mask, res, done);
+          } else {
+            mask.write(first);
+            pipeline(ures, mask, res, done);
+          }
+          return;
+        }
+        const chunks: Buffer[] = [first];
+        let size = first.length;
+        const finish = () => {
+          if (abandoned) return;
+          let out: Buffer;
+          try {
+            out = maskGzipBody(Buffer.concat(chunks), needles, limits.maxBodyBytes);
+          } catch {
+            return fail('upstream-encoding');
+          }
+          const headers = safe.headers.filter(
+            (_, i, all) => all[i - (i % 2)]!.toLowerCase() !== 'content-length',
+          );
+          writeHead([...headers, 'content-length', String(out.length)]);
+          res.end(out);
+        };
+        if (ended) {
+          finish();
+          return;
+        }
+        ures.on('data', (c: Buffer) => {
+          size += c.length;
+          idle();
+          if (size > limits.maxBodyBytes) return fail('response-too-large');
+          chunks.push(c);
+        });
+        ures.once('end', finish);
+        ures.resume();
+      };
+      ures.on('data', onHeadData);
+      ures.once('end', onHeadEnd);
     });
   }
 }

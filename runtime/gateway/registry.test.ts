@@ -101,7 +101,7 @@ describe('Registry', () => {
     const c1 = conn(null);
     expect(r.admit(one, c1)).toBe(true);
     expect(r.admit(one, conn(null))).toBe(true);
-    expect(r.admit(one, conn(null))).toBe(false);
+    expect(r.admit(one, conn(null))).toBe('connection-limit');
     expect(r.admit(two, conn(null))).toBe(true);
     r.release(one, c1);
     expect(r.admit(one, conn(null))).toBe(true);

@@ -34,6 +34,10 @@ export interface Registration extends RegistrationInput {
   readonly address: string;
   readonly conns: Set<TrackedConnection>;
   dnsBucket: TokenBucket;
+  /** New connections of this sandbox (one token each). */
+  connectBucket: TokenBucket;
+  /** Connections of this sandbox still in their handshake (see {@link Registry.beginHandshake}). */
+  handshakes: number;
   /** Registration time, ms since epoch. */
   updatedAt: number;
 }
@@ -71,6 +75,10 @@ export interface RegistryOptions {
   maxConnections: number;
   /** DNS queries per second per sandbox (burst: twice this). */
   dnsQueriesPerSec: number;
+  /** New connections per second per sandbox (burst: twice this). Default: unlimited. */
+  newConnectionsPerSec?: number;
+  /** Connections per sandbox in their handshake at once. Default: unlimited. */
+  maxHandshakes?: number;
   now?: () => number;
 }
 
@@ -105,6 +113,8 @@ export class Registry {
         ...input,
         conns: new Set(),
         dnsBucket: this.bucket(),
+        connectBucket: this.connectBucket(),
+        handshakes: 0,
         updatedAt: now,
       });
       return { replaced: false, closed: 0 };
@@ -121,7 +131,10 @@ export class Registry {
     existing.policy = input.policy;
     existing.credentials = input.credentials;
     existing.updatedAt = now;
-    if (!sameSandbox) existing.dnsBucket = this.bucket();
+    if (!sameSandbox) {
+      existing.dnsBucket = this.bucket();
+      existing.connectBucket = this.connectBucket();
+    }
     return { replaced: true, closed };
   }
 
@@ -153,11 +166,31 @@ export class Registry {
     return this.byAddress.size;
   }
 
-  /** Takes a connection slot of `reg`; false when the sandbox is at its cap (the caller refuses). */
-  admit(reg: Registration, conn: TrackedConnection): boolean {
-    if (reg.conns.size >= this.opts.maxConnections) return false;
+  /**
+   * Takes a connection slot of `reg`: true, or why not (the caller refuses and audits): the
+   * sandbox is at its concurrent cap, or opens new connections faster than its rate. Per sandbox,
+   * so one sandbox's flood leaves every other sandbox's slots and tokens alone.
+   */
+  admit(reg: Registration, conn: TrackedConnection): true | 'connection-limit' | 'connection-rate' {
+    if (reg.conns.size >= this.opts.maxConnections) return 'connection-limit';
+    if (!reg.connectBucket.take()) return 'connection-rate';
     reg.conns.add(conn);
     return true;
+  }
+
+  /**
+   * Takes a handshake slot (TLS ClientHello / interception handshake in progress); false when the
+   * sandbox has `maxHandshakes` under way. Give it back with {@link endHandshake} exactly once.
+   */
+  beginHandshake(reg: Registration): boolean {
+    if (reg.handshakes >= (this.opts.maxHandshakes ?? Number.POSITIVE_INFINITY)) return false;
+    reg.handshakes++;
+    return true;
+  }
+
+  /** Gives a handshake slot back. */
+  endHandshake(reg: Registration): void {
+    reg.handshakes = Math.max(0, reg.handshakes - 1);
   }
 
   /** Gives the slot back (idempotent; harmless after the registration was replaced or deleted). */
@@ -171,6 +204,11 @@ export class Registry {
       for (const c of [...reg.conns]) c.close('sandbox-removed');
       reg.conns.clear();
     }
+  }
+
+  private connectBucket(): TokenBucket {
+    const rate = this.opts.newConnectionsPerSec ?? Number.POSITIVE_INFINITY;
+    return new TokenBucket(rate, rate * 2, this.opts.now);
   }
 
   private bucket(): TokenBucket {

@@ -5,7 +5,7 @@
  * connection. Only A records: the gateway dials IPv4 only.
  */
 import { Resolver } from 'node:dns/promises';
-import { type DenySet, deniedBy } from './addresses.ts';
+import type { DenyCheck } from './deny-set.ts';
 
 /** What a name resolved to, split by the deny set. */
 export interface Resolution {
@@ -15,13 +15,16 @@ export interface Resolution {
   denied: string[];
   /** Smallest TTL of the records, s (0 when there were none). */
   ttlSec: number;
+  /** The CNAME targets between the name and its addresses, in order (empty when none). */
+  chain: string[];
 }
 
 /** Options of {@link createResolver}. */
 export interface ResolverOptions {
   /** Upstream servers, `ip:port` each. */
   servers: string[];
-  denySet: DenySet;
+  /** Consulted at every `resolve()` (not when caching): a deny set that changes applies at once. */
+  denySet: DenyCheck;
   /** Query timeout, ms (c-ares tries twice). */
   timeoutMs: number;
   /** Longest time a result is cached, s (further capped by its TTL; 0 disables the cache). */
@@ -51,11 +54,31 @@ export function createResolver(opts: ResolverOptions): UpstreamResolver {
   resolver.setServers(opts.servers);
   const now = opts.now ?? Date.now;
   const maxEntries = opts.maxEntries ?? 10_000;
-  const cache = new Map<string, { expires: number; value: Resolution }>();
-  const inflight = new Map<string, Promise<Resolution>>();
+  const cache = new Map<string, { expires: number; value: Raw }>();
+  const inflight = new Map<string, Promise<Raw>>();
+  type Raw = { addresses: string[]; ttlSec: number; chain: string[] };
 
-  async function query(name: string): Promise<Resolution> {
+  /** The CNAME chain below `name` (at most 8 links; a failed lookup ends it). */
+  async function cnames(name: string): Promise<string[]> {
+    const chain: string[] = [];
+    let cur = name;
+    for (let i = 0; i < 8; i++) {
+      const next = await resolver.resolveCname(`${cur}.`).then(
+        (r) => r[0]?.toLowerCase().replace(/\.$/, ''),
+        () => undefined,
+      );
+      if (!next || chain.includes(next)) break;
+      chain.push(next);
+      cur = next;
+    }
+    return chain;
+  }
+
+  async function query(name: string): Promise<Raw> {
     let records: { address: string; ttl: number }[];
+    // the chain is asked for beside the addresses: a name whose chain passes through a denied name
+    // is refused by the caller (E8)
+    const chain = cnames(name);
     try {
       // the trailing dot makes the name absolute: no search domains are appended
       records = await resolver.resolve4(`${name}.`, { ttl: true });
@@ -64,24 +87,27 @@ export function createResolver(opts: ResolverOptions): UpstreamResolver {
       if (code === 'ENOTFOUND' || code === 'ENODATA') records = [];
       else throw err;
     }
+    const ttlSec = records.length === 0 ? 0 : Math.min(...records.map((r) => r.ttl));
+    return { addresses: records.map((r) => r.address), ttlSec, chain: await chain };
+  }
+
+  function split(raw: Raw): Resolution {
     const allowed: string[] = [];
     const denied: string[] = [];
-    for (const r of records)
-      (deniedBy(r.address, opts.denySet) === undefined ? allowed : denied).push(r.address);
-    const ttlSec = records.length === 0 ? 0 : Math.min(...records.map((r) => r.ttl));
-    return { allowed, denied, ttlSec };
+    for (const a of raw.addresses) (opts.denySet.deniedBy(a) === undefined ? allowed : denied).push(a);
+    return { allowed, denied, ttlSec: raw.ttlSec, chain: raw.chain };
   }
 
   return {
     resolve(name) {
       const hit = cache.get(name);
-      if (hit && hit.expires > now()) return Promise.resolve(hit.value);
+      if (hit && hit.expires > now()) return Promise.resolve(split(hit.value));
       const pending = inflight.get(name);
-      if (pending) return pending;
+      if (pending) return pending.then(split);
       const p = query(name)
         .then((value) => {
           const sec =
-            value.allowed.length + value.denied.length === 0
+            value.addresses.length === 0
               ? Math.min(NEGATIVE_CACHE_SEC, opts.cacheMaxSec)
               : Math.min(value.ttlSec, opts.cacheMaxSec);
           if (sec > 0) {
@@ -93,7 +119,7 @@ export function createResolver(opts: ResolverOptions): UpstreamResolver {
         })
         .finally(() => inflight.delete(name));
       inflight.set(name, p);
-      return p;
+      return p.then(split);
     },
     clear() {
       cache.clear();

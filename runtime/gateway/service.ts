@@ -7,11 +7,13 @@ import { mkdir, readFile, rm } from 'node:fs/promises';
 import { createServer as createHttpServer, type Server as HttpServer } from 'node:http';
 import type { Server } from 'node:net';
 import { dirname } from 'node:path';
+import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { createLogger } from '../core/log-fields.ts';
 import { buildGateway, createGatewayDeps, type GatewayDeps } from './app.ts';
 import { loadOrCreateCa } from './ca.ts';
 import type { GatewayConfig } from './config.ts';
+import { redisCredentialSource } from './credential-source.ts';
 
 /** A started gateway: the ports it bound (useful with port 0) and `close()`. */
 export interface RunningGateway {
@@ -43,7 +45,24 @@ export async function startGateway(
   const log = opts.log ?? createLogger('gateway', config.logLevel);
   const ca = await loadOrCreateCa(config.caCertFile, config.caKeyFile);
   const upstreamCa = config.upstreamCaFile ? [await readFile(config.upstreamCaFile)] : [];
-  const deps = createGatewayDeps(config, log, { ca, upstreamCa });
+  // credential values are read from the state of record when a request needs them (never kept)
+  const redis = new Redis(config.redisUrl, {
+    lazyConnect: true,
+    maxRetriesPerRequest: 1,
+    enableOfflineQueue: false,
+  });
+  redis.on('error', (err) => log.warn({ err: err.message }, 'credential store unreachable'));
+  const credentials = redisCredentialSource(redis, { ttlMs: config.credentialCacheMs });
+  const deps = createGatewayDeps(config, log, { ca, upstreamCa, credentials });
+  await deps.denySet.start();
+  await redis
+    .connect()
+    .catch((err: unknown) =>
+      log.warn(
+        { err },
+        'credential store unreachable at start; credential requests are refused until it answers',
+      ),
+    );
   const servers = await buildGateway(deps);
 
   const dnsPort = await servers.dns.listen(config.bindHost, config.dnsPort);
@@ -104,6 +123,8 @@ export async function startGateway(
         await servers.control.close();
         if (metricsServer) await closeServer(metricsServer);
         await rm(config.controlSocket, { force: true });
+        deps.denySet.stop();
+        redis.disconnect();
         log.info('gateway stopped');
       })();
       return closing;

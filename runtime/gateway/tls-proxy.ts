@@ -10,6 +10,7 @@ import type { Logger } from 'pino';
 import { AUDITED_CLOSES, type Audit, type DenyReason } from './audit.ts';
 import type { DeploymentCa } from './ca.ts';
 import { parseClientHello } from './client-hello.ts';
+import type { CredentialSource } from './credential-source.ts';
 import { grantsCovering } from './credentials.ts';
 import { decideClaim, identifySource, resolveForDial } from './decide.ts';
 import { interceptTls } from './intercept.ts';
@@ -32,7 +33,7 @@ export interface ProxyDeps {
 /** What the TLS proxy needs on top of {@link ProxyDeps} to intercept credential hosts. */
 export interface TlsProxyDeps extends ProxyDeps {
   /** Absent: credential hosts are refused (`credential-interception-unavailable`), never spliced. */
-  intercept?: { ca: DeploymentCa; upstreamCa: Buffer[] };
+  intercept?: { ca: DeploymentCa; upstreamCa: Buffer[]; credentials: CredentialSource };
 }
 
 /** Error thrown by the intercept context's `resolve` when a name may not be dialled. */
@@ -73,14 +74,30 @@ function handle(deps: TlsProxyDeps, client: Socket): void {
       upstream?.destroy();
     },
   };
-  if (!registry.admit(reg, conn)) {
-    audit.deny({ ...decision, reason: 'connection-limit' });
+  const admitted = registry.admit(reg, conn);
+  if (admitted !== true) {
+    audit.deny({ ...decision, reason: admitted });
     client.destroy();
     return;
   }
+  // a handshake slot until the hello is read and decided: one sandbox trickling or flooding hellos
+  // holds at most `maxHandshakes` of them, its own
+  if (!registry.beginHandshake(reg)) {
+    registry.release(reg, conn);
+    audit.deny({ ...decision, reason: 'handshake-limit' });
+    client.destroy();
+    return;
+  }
+  let handshaking = true;
+  const handshakeDone = () => {
+    if (!handshaking) return;
+    handshaking = false;
+    registry.endHandshake(reg);
+  };
   audit.metrics.connections.inc({ protocol: 'tls' });
   client.once('close', () => {
     closed = true;
+    handshakeDone();
     registry.release(reg, conn);
     audit.metrics.connections.dec({ protocol: 'tls' });
     upstream?.destroy();
@@ -111,6 +128,7 @@ function handle(deps: TlsProxyDeps, client: Socket): void {
       return;
     }
     clearTimeout(deadline);
+    handshakeDone();
     client.off('data', onData);
     client.pause();
     if (r.status === 'error') return deny(r.reason);
@@ -148,17 +166,18 @@ function handle(deps: TlsProxyDeps, client: Socket): void {
         upstreamPort: deps.upstreamPort,
         upstreamCa: deps.intercept.upstreamCa,
         ca: deps.intercept.ca,
+        credentials: deps.intercept.credentials,
         resolve: async (name) => {
           const d = decideName(reg!.policy, name);
           if (!d.allowed) throw new EgressDenied(d.reason, `${name} is not allowed`);
-          const t = await resolveForDial(deps.resolver, name);
+          const t = await resolveForDial(deps.resolver, reg!.policy, name);
           if (!t.ok) throw new EgressDenied(t.reason, `${name} cannot be dialled`);
           return t.address;
         },
       });
       return;
     }
-    const target = await resolveForDial(deps.resolver, claim.name);
+    const target = await resolveForDial(deps.resolver, reg!.policy, claim.name);
     if (closed) return;
     decision.address = target.address;
     if (!target.ok) return deny(target.reason);
