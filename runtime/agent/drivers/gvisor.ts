@@ -17,7 +17,7 @@
  */
 import { execFile, spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { appendFile, mkdir, open, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
+import { mkdir, open, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
 import { request } from 'node:http';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
