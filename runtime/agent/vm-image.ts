@@ -337,7 +337,7 @@ for m in ${modules.join(' ')}; do insmod "/lib/modules/$m.ko" || die "insmod $m"
 rootdev=$(arg space.rootfs); disk=$(arg space.disk); ip=$(arg space.ip); gw=$(arg space.gw)
 n=0
 while [ ! -b "$rootdev" ] || [ ! -b "$disk" ]; do
-  n=$((n + 1)); [ $n -gt 1000 ] && die "no $rootdev or $disk"; usleep 10000
+  n=$((n + 1)); [ $n -gt 100 ] && die "no $rootdev or $disk"; usleep 100000
 done
 mkdir -p /mnt/lower /mnt/disk /newroot
 mount -t ext4 -o ro "$rootdev" /mnt/lower || die "mount $rootdev"
