@@ -13,12 +13,15 @@ import { buildAgentApp } from './app.ts';
 import { type AgentConfig, warmTemplates } from './config.ts';
 import type { TemplateImage } from './drivers/driver.ts';
 import { chooseDriver, createDriver } from './drivers/index.ts';
+import { qemuKvmBootTest } from './drivers/qemu.ts';
 import { GatewayClient } from './gateway-client.ts';
 import { defaultGuestLayerInputs, directoryImage } from './images.ts';
+import { setKvmBootTest } from './kvm.ts';
 import { SandboxNetworks } from './network.ts';
 import { NodeRegistry } from './registry.ts';
 import { SandboxManager } from './sandboxes.ts';
 import { listTemplateDefinitions, resolveTemplate } from './templates.ts';
+import { vmImage } from './vm-image.ts';
 import { WarmPool } from './warm-pool.ts';
 
 /** Version the agent reports (package version). */
@@ -49,6 +52,8 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   const verifyKey = await loadVerifyKey(config.verifyKeyFile);
 
   const driverLog = log.child({ component: 'driver' });
+  // KVM counts as usable only when a guest boots under it (a nested /dev/kvm can open and still hang)
+  setKvmBootTest(qemuKvmBootTest({ cacheDir: config.cacheDir, qemuBinary: config.qemuBinary }));
   const choice = await chooseDriver(config);
   const driver = createDriver(
     choice.driver,
@@ -68,7 +73,10 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   const templateImage = (t: string): Promise<TemplateImage> => {
     let p = images.get(t);
     if (!p) {
-      p = directoryImage(t, config.cacheDir, guestInputs);
+      p =
+        driver.capabilities.rootfs === 'ext4'
+          ? vmImage(t, config.cacheDir, guestInputs, { progress: (m) => log.info({ 'template.id': t }, m) })
+          : directoryImage(t, config.cacheDir, guestInputs);
       p.catch(() => images.delete(t));
       images.set(t, p);
     }

@@ -11,6 +11,7 @@ import type { AgentConfig } from '../config.ts';
 import { probeKvm } from '../kvm.ts';
 import type { Driver } from './driver.ts';
 import { GvisorDriver } from './gvisor.ts';
+import { QemuDriver } from './qemu.ts';
 
 /** What building a driver needs beyond configuration. */
 export interface DriverDeps {
@@ -94,6 +95,8 @@ export function createDriver(name: DriverName, c: DriverConfig, deps: DriverDeps
         log: deps.log,
       });
     case 'qemu':
+      // runs without KVM too (software emulation): `kvm` only picks the accelerator
+      return new QemuDriver({ stateDir: deps.stateDir, qemuBinary: c.qemuBinary, kvm, log: deps.log });
     case 'firecracker':
     case 'cloud-hypervisor':
       throw new SpaceError('DRIVER_FAILED', `the ${name} driver is not part of this build (kvm: ${kvm})`, {
