@@ -605,7 +605,7 @@ async function waitMigration(q: Qmp, what: string, timeoutMs: number): Promise<v
 /** Result of {@link probeBoot}. */
 export interface ProbeBootResult {
   ok: boolean;
-  /** Wall time from spawn to the marker (or to the failure), ms. */
+  /** Wall time from spawn until QEMU exited after the marker (includes the guest's reboot), or to the failure, ms. */
   ms: number;
   /** Tail of the console output. */
   output: string;
