@@ -4,7 +4,9 @@
 # Must run as root when something is missing (exits 1 with a message otherwise).
 set -euo pipefail
 
-PACKAGES=(runsc redis-server nftables iproute2 debootstrap busybox-static tini e2fsprogs util-linux ca-certificates)
+# qemu-system-x86: the qemu driver (microVMs; software emulation without KVM). cpio, gzip, lz4: VM
+# initrd and the ELF kernel extracted from Debian's cloud kernel (vm-image.ts).
+PACKAGES=(runsc redis-server nftables iproute2 debootstrap busybox-static tini e2fsprogs util-linux ca-certificates qemu-system-x86 cpio gzip lz4 xz-utils zstd)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

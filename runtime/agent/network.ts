@@ -251,6 +251,7 @@ export class SandboxNetworks {
     const ns = net.netns;
     const tap = GUEST_NET.tapName;
     await sh('ip', ['-n', ns, 'tuntap', 'add', 'dev', tap, 'mode', 'tap']);
+    await sh('ip', ['-n', ns, 'link', 'set', tap, 'address', GUEST_NET.gatewayMac]);
     await sh('ip', [
       '-n',
       ns,
@@ -385,12 +386,12 @@ export function tapRuleset(net: Pick<SandboxNetwork, 'sandboxAddress' | 'hostAdd
     `    iifname "eth0" ip daddr ${net.sandboxAddress} dnat to ${g.guestAddress}`,
     `    iifname "${g.tapName}" ip daddr ${g.gatewayAddress} meta l4proto { tcp, udp } th dport 53 dnat to ${net.hostAddress}`,
     '  }',
-    '  chain fwd {',
+    '  chain vm_forward {',
     '    type filter hook forward priority 0; policy drop;',
     `    iifname "${g.tapName}" oifname "eth0" ip saddr ${g.guestAddress} accept`,
     `    iifname "eth0" oifname "${g.tapName}" ip daddr ${g.guestAddress} accept`,
     '  }',
-    '  chain in {',
+    '  chain vm_input {',
     '    type filter hook input priority 0; policy accept;',
     `    iifname "${g.tapName}" drop`,
     '  }',

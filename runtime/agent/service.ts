@@ -14,13 +14,16 @@ import { buildAgentApp } from './app.ts';
 import { type AgentConfig, warmTemplates } from './config.ts';
 import type { TemplateImage } from './drivers/driver.ts';
 import { chooseDriver, createDriver } from './drivers/index.ts';
+import { qemuKvmBootTest } from './drivers/qemu.ts';
 import { GatewayClient } from './gateway-client.ts';
 import { defaultGuestLayerInputs, directoryImage } from './images.ts';
+import { setKvmBootTest } from './kvm.ts';
 import { SandboxNetworks } from './network.ts';
 import { NodeRegistry } from './registry.ts';
 import { SandboxManager } from './sandboxes.ts';
 import { scrubCredentialValues } from './state-scrub.ts';
 import { listTemplateDefinitions, resolveTemplate } from './templates.ts';
+import { vmImage } from './vm-image.ts';
 import { WarmPool } from './warm-pool.ts';
 
 /** Version the agent reports (package version). */
@@ -51,6 +54,8 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   const verifyKey = await loadVerifyKey(config.verifyKeyFile);
 
   const driverLog = log.child({ component: 'driver' });
+  // KVM counts as usable only when a guest boots under it (a nested /dev/kvm can open and still hang)
+  setKvmBootTest(qemuKvmBootTest({ cacheDir: config.cacheDir, qemuBinary: config.qemuBinary }));
   const choice = await chooseDriver(config);
   const driver = createDriver(
     choice.driver,
@@ -70,7 +75,14 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     let p = images.get(t);
     if (!p) {
       // the gateway's per-deployment CA is part of the image (a trust layer), for every driver
-      p = directoryImage(t, config.cacheDir, guestInputs, config.trustedCaFile || undefined);
+      const ca = config.trustedCaFile || undefined;
+      p =
+        driver.capabilities.rootfs === 'ext4'
+          ? vmImage(t, config.cacheDir, guestInputs, {
+              trustedCaFile: ca,
+              progress: (m) => log.info({ 'template.id': t }, m),
+            })
+          : directoryImage(t, config.cacheDir, guestInputs, ca);
       p.catch(() => images.delete(t));
       images.set(t, p);
     }

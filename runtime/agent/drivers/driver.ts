@@ -99,6 +99,11 @@ export const GUEST_NET = {
   guestAddress: '172.31.0.2',
   prefixLength: 30,
   guestMac: '06:00:ac:1f:00:02',
+  /**
+   * MAC of the namespace's end of the tap. Fixed so a restored guest, whose ARP cache still holds
+   * the old tap's address, reaches its gateway at once (a tap drops frames not addressed to it).
+   */
+  gatewayMac: '06:00:ac:1f:00:01',
 } as const;
 
 /**

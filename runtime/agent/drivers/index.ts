@@ -13,6 +13,7 @@ import { CloudHypervisorDriver } from './cloud-hypervisor.ts';
 import type { Driver } from './driver.ts';
 import { FirecrackerDriver } from './firecracker.ts';
 import { GvisorDriver } from './gvisor.ts';
+import { QemuDriver } from './qemu.ts';
 
 /** What building a driver needs beyond configuration. */
 export interface DriverDeps {
@@ -106,9 +107,8 @@ export function createDriver(name: DriverName, c: DriverConfig, deps: DriverDeps
         log: deps.log,
       });
     case 'qemu':
-      throw new SpaceError('DRIVER_FAILED', `the ${name} driver is not part of this build (kvm: ${kvm})`, {
-        driver: name,
-      });
+      // runs without KVM too (software emulation): `kvm` only picks the accelerator
+      return new QemuDriver({ stateDir: deps.stateDir, qemuBinary: c.qemuBinary, kvm, log: deps.log });
     default: {
       const never: never = name;
       throw new Error(`unknown driver ${String(never)}`);
