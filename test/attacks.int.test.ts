@@ -956,7 +956,7 @@ describe('egress attack suite', () => {
     try {
       if (s) {
         await s.stop();
-        expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [] });
+        expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [], vmms: [] });
       }
     } finally {
       for (const c of cleanups.reverse()) await c().catch(() => {});

@@ -17,7 +17,7 @@ describe('bad input', () => {
   afterAll(async () => {
     if (!s) return;
     await s.stop();
-    expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [] });
+    expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [], vmms: [] });
   });
 
   const code = (body: unknown) => (body as { error: { code: string } }).error.code;

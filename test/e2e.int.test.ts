@@ -10,7 +10,7 @@ describe('create → exec → stream → files → delete', () => {
   afterAll(async () => {
     if (!s) return;
     await s.stop();
-    expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [] });
+    expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [], vmms: [] });
   });
 
   it('runs a command and reports its output and exit code', async () => {

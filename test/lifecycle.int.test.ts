@@ -8,40 +8,14 @@ import { loadAgentConfig } from '../runtime/agent/config.ts';
 import { startAgent } from '../runtime/agent/service.ts';
 import { loadApiConfig } from '../runtime/api/config.ts';
 import { startApi } from '../runtime/api/service.ts';
-import { collect, leftovers, readEvents, type Stack, startStack } from './stack.ts';
+import { agentEnv, collect, leftovers, readEvents, type Stack, startStack, waitFor } from './stack.ts';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** Size of the R8 burst (the case says 100; SPACE_TEST_BURST lowers it on small machines). */
 const BURST = Number(process.env.SPACE_TEST_BURST ?? 100);
 
 /** Settings of a replacement agent for the stack `s` (same node id, port, state, pool). */
-function agentEnv(s: Stack): Record<string, string> {
-  return {
-    SPACE_REDIS_URL: s.redisUrl,
-    SPACE_VERIFY_KEY_FILE: `${s.dir}/key.pub.pem`,
-    SPACE_AGENT_PORT: new URL(s.agent.url).port,
-    SPACE_NODE_ID: 'test-node',
-    SPACE_AGENT_STATE_DIR: `${s.dir}/agent`,
-    SPACE_CACHE_DIR: process.env.SPACE_TEST_CACHE_DIR ?? '/var/lib/space',
-    SPACE_NETWORK_POOL: s.pool,
-    SPACE_AGENT_ON_SHUTDOWN: 'destroy',
-    SPACE_WARM_POOL_SIZE: '0',
-    SPACE_HEARTBEAT_INTERVAL_MS: '1000',
-    SPACE_LOG_LEVEL: 'silent',
-  };
-}
-
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-async function waitFor<T>(what: string, fn: () => Promise<T | undefined>, timeoutMs = 30_000): Promise<T> {
-  const end = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn();
-    if (v !== undefined) return v;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await sleep(100);
-  }
-}
-
 describe('lifecycle', () => {
   let s: Stack;
   beforeAll(async () => {
@@ -50,7 +24,7 @@ describe('lifecycle', () => {
   afterAll(async () => {
     if (!s) return;
     await s.stop();
-    expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [] });
+    expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [], vmms: [] });
   });
 
   it(`r8-bursts-of-creates: ${BURST} concurrent creates give ${BURST} distinct usable sandboxes`, async () => {
@@ -294,7 +268,7 @@ describe('warm pool', () => {
   afterAll(async () => {
     if (!s) return;
     await s.stop();
-    expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [] });
+    expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [], vmms: [] });
   });
 
   it('claims a warm slot for a default-shaped create and refills the pool', async () => {

@@ -51,7 +51,7 @@ describe('runtime cases', () => {
   afterAll(async () => {
     if (!s) return;
     await s.stop();
-    expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [] });
+    expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [], vmms: [] });
   });
 
   it('r1-two-readers-one-drops: every line reaches the reader that stays; a late reader replays; memory bounded', async () => {

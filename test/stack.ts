@@ -274,7 +274,7 @@ export async function startStack(env: Record<string, string> = {}, gw?: StackGat
  */
 export async function leftovers(
   stack: Pick<Stack, 'dir' | 'pool'>,
-): Promise<{ links: string[]; runsc: string[]; cgroups: string[] }> {
+): Promise<{ links: string[]; runsc: string[]; cgroups: string[]; vmms: string[] }> {
   const stackDir = stack.dir;
   const prefix = `${stack.pool.split('.').slice(0, 2).join('.')}.`;
   const addrs = JSON.parse((await run('ip', ['-j', '-4', 'addr', 'show'])).stdout) as {
@@ -296,5 +296,46 @@ export async function leftovers(
     );
     cgroups.push(...ids.filter((i) => instances.includes(i)));
   }
-  return { links, runsc, cgroups };
+  // VMM processes (qemu, firecracker, cloud-hypervisor) whose command line names this stack's dir
+  const vmms = (
+    await run('pgrep', ['-f', `(qemu-system|firecracker|cloud-hypervisor).*${stackDir}`]).catch(() => ({
+      stdout: '',
+    }))
+  ).stdout
+    .split('\n')
+    .filter(Boolean);
+  return { links, runsc, cgroups, vmms };
+}
+
+/** Agent settings that restart `s`'s agent as it was (plus `extra`). */
+export function agentEnv(s: Stack, extra: Record<string, string> = {}): Record<string, string> {
+  return {
+    SPACE_REDIS_URL: s.redisUrl,
+    SPACE_VERIFY_KEY_FILE: `${s.dir}/key.pub.pem`,
+    SPACE_AGENT_PORT: new URL(s.agent.url).port,
+    SPACE_NODE_ID: 'test-node',
+    SPACE_AGENT_STATE_DIR: `${s.dir}/agent`,
+    SPACE_CACHE_DIR: TEST_CACHE_DIR,
+    SPACE_NETWORK_POOL: s.pool,
+    SPACE_AGENT_ON_SHUTDOWN: 'destroy',
+    SPACE_WARM_POOL_SIZE: '0',
+    SPACE_HEARTBEAT_INTERVAL_MS: '1000',
+    SPACE_LOG_LEVEL: 'silent',
+    ...extra,
+  };
+}
+
+/** Polls `fn` every 100 ms until it returns a value; throws after `timeoutMs`. */
+export async function waitFor<T>(
+  what: string,
+  fn: () => Promise<T | undefined>,
+  timeoutMs = 30_000,
+): Promise<T> {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn();
+    if (v !== undefined) return v;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
 }

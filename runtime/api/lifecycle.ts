@@ -33,7 +33,8 @@ async function teardown(d: LifecycleDeps, id: string, reason: KillReason, messag
     // a dead node's sandboxes died with it; its agent sweeps leftovers when it comes back
   }
   await d.sandboxes.release(id);
-  await d.sandboxes.markKilled(id, reason, message);
+  // keep what was said when it started ending (a crash the node described), else the reason's text
+  await d.sandboxes.markKilled(id, reason, message ?? rec.endMessage ?? undefined);
 }
 
 async function create(d: LifecycleDeps, op: OperationRecord): Promise<void> {

@@ -236,10 +236,15 @@ describe('QemuDriver (real microVMs under TCG)', () => {
       template: 'base',
       image,
       pidsLimit: 256,
-      guestToken: ref.guestToken,
+      guestToken: `token-${rid}`,
       network: rnet,
     });
     console.log(`qemu restore (to guest /health): ${(performance.now() - t).toFixed(0)} ms`);
+    // the guest woke up with the snapshot's token; the driver recorded the new one: rotate to it
+    expect(restored.guest.token).toBe(`token-${rid}`);
+    const old = new GuestClient({ ...restored.guest, token: ref.guestToken });
+    await old.rotateToken(`token-${rid}`);
+    await old.close();
     expect(restored.guest.host).toBe(rnet.sandboxAddress);
     expect(restored.guest.host).not.toBe(spec.network.sandboxAddress);
     const rc = client(restored);

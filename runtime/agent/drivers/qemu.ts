@@ -274,7 +274,8 @@ export class QemuDriver implements Driver {
       vcpus: snapshot.vcpus,
       memoryMiB: snapshot.memoryMiB,
       diskMiB: snapshot.diskMiB,
-      guestToken: snapshot.guestToken,
+      // recorded for adopt and returned; the guest holds the snapshot's until the caller rotates it
+      guestToken: spec.guestToken,
     };
     const { dir, undo } = await this.begin(full);
     const createdAt = Date.now();
