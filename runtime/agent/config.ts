@@ -2,6 +2,7 @@
 import { cpus, hostname, totalmem } from 'node:os';
 import { type ConfigOf, loadConfig, setting } from '../core/config.ts';
 import { DRIVER_NAMES } from '../core/drivers.ts';
+import { DEFAULT_GVISOR_PLATFORM } from './drivers/gvisor-platform.ts';
 
 export const agentSettings = {
   nodeId: setting.string('SPACE_NODE_ID', 'Node id (default: the host name).', hostname()),
@@ -31,9 +32,9 @@ export const agentSettings = {
   ),
   gvisorPlatform: setting.oneOf(
     'SPACE_GVISOR_PLATFORM',
-    'runsc platform of the gvisor driver.',
+    'runsc platform of the gvisor driver (default from measurements: see runtime/agent/drivers/gvisor-platform.ts).',
     ['ptrace', 'systrap'] as const,
-    'ptrace',
+    DEFAULT_GVISOR_PLATFORM,
   ),
   runscBinary: setting.string('SPACE_RUNSC_BINARY', 'runsc binary (gvisor driver).', 'runsc'),
   qemuBinary: setting.string('SPACE_QEMU_BINARY', 'QEMU binary (qemu driver).', 'qemu-system-x86_64'),

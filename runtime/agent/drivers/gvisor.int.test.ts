@@ -1,10 +1,13 @@
-import { existsSync, readFileSync } from 'node:fs';
+import { execFile } from 'node:child_process';
+import { cpSync, existsSync, readdirSync, readFileSync, statSync, truncateSync } from 'node:fs';
 import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { formatFigures, measureGvisor } from '../../../benchmarks/gvisor-lib.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { GUEST_PORT } from '../../core/guest-protocol.ts';
 import { directoryImage } from '../images.ts';
@@ -12,6 +15,7 @@ import { SandboxNetworks } from '../network.ts';
 import { buildTemplate } from '../templates.ts';
 import type { InstanceSpec, SandboxNetwork, TemplateImage } from './driver.ts';
 import { type GvisorConfig, GvisorDriver, httpStatus } from './gvisor.ts';
+import { DEFAULT_GVISOR_PLATFORM } from './gvisor-platform.ts';
 
 /** Template cache shared with templates.int.test.ts (persists between runs). */
 const CACHE = process.env['SPACE_TEST_CACHE'] ?? '/var/lib/space-test';
@@ -91,6 +95,67 @@ function probe(host: string, ms: number): Promise<'data' | 'timeout' | 'error'> 
   });
 }
 
+/** Output of `sh -c script` run inside the instance (`runsc exec`). */
+async function runscExec(id: string, script: string): Promise<string> {
+  const { stdout } = await promisify(execFile)('runsc', [
+    `--root=${join(stateDir, 'runsc')}`,
+    'exec',
+    id,
+    '/bin/sh',
+    '-c',
+    script,
+  ]);
+  return stdout;
+}
+
+/** An IPv4 address as /proc/net/route prints it (little-endian hex, upper case). */
+function hexAddress(ip: string): string {
+  return ip
+    .split('.')
+    .reverse()
+    .map((o) => Number(o).toString(16).padStart(2, '0'))
+    .join('')
+    .toUpperCase();
+}
+
+/**
+ * An open HTTP/1.1 keep-alive connection to the guest after one /health exchange; `closed` settles
+ * with 'reset' or 'closed' once the connection ends (or 'open' after 5 s).
+ */
+async function keepAliveConnection(host: string): Promise<{ closed: Promise<string> }> {
+  const s = connect(GUEST_PORT, host);
+  await new Promise<void>((resolve, reject) => {
+    s.once('error', reject);
+    s.once('connect', () => s.write('GET /health HTTP/1.1\r\nHost: g\r\nConnection: keep-alive\r\n\r\n'));
+    s.once('data', () => resolve());
+  });
+  const closed = new Promise<string>((resolve) => {
+    const t = setTimeout(() => {
+      s.destroy();
+      resolve('open');
+    }, 5000);
+    s.on('error', (e: NodeJS.ErrnoException) => {
+      clearTimeout(t);
+      resolve(e.code === 'ECONNRESET' ? 'reset' : e.message);
+    });
+    s.on('close', () => {
+      clearTimeout(t);
+      resolve('closed');
+    });
+  });
+  return { closed };
+}
+
+/** Instance dirs, mounts under the state dir and runsc containers, for before/after comparisons. */
+function listState(): string[] {
+  const dirs = existsSync(join(stateDir, 'instances')) ? readdirSync(join(stateDir, 'instances')) : [];
+  const mounts = readFileSync('/proc/self/mountinfo', 'utf8')
+    .split('\n')
+    .map((l) => l.split(' ')[4] ?? '')
+    .filter((m) => m.startsWith(stateDir));
+  return [...dirs.map((d) => `dir ${d}`), ...mounts.map((m) => `mount ${m}`)].sort();
+}
+
 /** Everything the driver could leave behind for `id` (empty when clean). */
 async function leftovers(id: string, netns: string): Promise<string[]> {
   const out: string[] = [];
@@ -118,7 +183,7 @@ afterAll(async () => {
   if (stateDir) await rm(stateDir, { recursive: true, force: true });
 }, 120_000);
 
-describe('GvisorDriver (real runsc, ptrace)', () => {
+describe(`GvisorDriver (real runsc, ${DEFAULT_GVISOR_PLATFORM})`, () => {
   it('creates, serves TCP, pauses, resumes, applies limits and destroys without leftovers', async () => {
     const spec = await newSpec(300);
     const info = await driver.create(spec);
@@ -173,25 +238,155 @@ describe('GvisorDriver (real runsc, ptrace)', () => {
     expect(await leftovers(spec.instanceId, n.netns)).toEqual([]);
   }, 60_000);
 
-  it('snapshot: SNAPSHOT_UNSUPPORTED by default (instance untouched); the experimental path reports why', async () => {
-    const spec = await newSpec();
-    await driver.create(spec);
-    const err = await driver.snapshot(spec.instanceId, join(stateDir, 'snap')).catch((e: unknown) => e);
-    expect((err as SpaceError).code).toBe('SNAPSHOT_UNSUPPORTED');
+  it('snapshot → restore into a new instance: its disk, its own new address, the snapshot token; the source keeps running', async () => {
+    const real = new GvisorDriver(config({ guestArgv: undefined }));
+    const spec = await newSpec(384);
+    await real.create(spec);
+    await runscExec(spec.instanceId, 'echo written-before-snapshot > /tmp/before.txt');
+
+    const dir = join(stateDir, 'snap-a');
+    const ref = await real.snapshot(spec.instanceId, dir);
+    expect(ref).toMatchObject({
+      driver: 'gvisor',
+      instanceId: spec.instanceId,
+      template: 'base',
+      imageDigest: image.digest,
+      path: dir,
+      vcpus: spec.vcpus,
+      memoryMiB: 384,
+      diskMiB: spec.diskMiB,
+      guestToken: spec.guestToken,
+    });
+    expect(JSON.parse(readFileSync(join(dir, 'snapshot.json'), 'utf8'))).toEqual(ref);
+    expect((statSync(join(dir, 'snapshot.json')).mode & 0o777).toString(8)).toBe('600');
+    // the source is running again, unchanged
+    expect((await real.list()).find((i) => i.instanceId === spec.instanceId)?.state).toBe('running');
+    expect(await httpStatus(spec.network.sandboxAddress, GUEST_PORT, '/health', 2000)).toBe(200);
+    await runscExec(spec.instanceId, 'echo written-after-snapshot > /tmp/after.txt');
+
+    const { vcpus: _v, memoryMiB: _m, diskMiB: _d, ...rest } = await newSpec();
+    const restoreSpec = { ...rest, guestToken: 'a-token-the-snapshot-does-not-hold' };
+    const info = await real.restore(ref, restoreSpec);
+    expect(info).toMatchObject({
+      instanceId: restoreSpec.instanceId,
+      state: 'running',
+      memoryMiB: 384,
+      guest: { host: restoreSpec.network.sandboxAddress, port: GUEST_PORT, token: spec.guestToken },
+    });
+    expect(restoreSpec.network.sandboxAddress).not.toBe(spec.network.sandboxAddress);
+    // the restored guest answers at its new address with the snapshot's token, and has the file
+    const read = await fetch(
+      `http://${info.guest.host}:${GUEST_PORT}/files?path=${encodeURIComponent('/tmp/before.txt')}`,
+      { headers: { authorization: `Bearer ${info.guest.token}` } },
+    );
+    expect(read.status).toBe(200);
+    expect(await read.text()).toBe('written-before-snapshot\n');
+    expect(await runscExec(restoreSpec.instanceId, 'cat /tmp/after.txt 2>&1 || true')).toMatch(
+      /No such file/,
+    );
+    // gVisor's netstack took the new namespace's address and route
+    expect(await runscExec(restoreSpec.instanceId, 'cat /proc/net/route')).toContain(
+      hexAddress(restoreSpec.network.hostAddress),
+    );
+    const mem = join('/sys/fs/cgroup/memory/space', restoreSpec.instanceId, 'memory.limit_in_bytes');
+    expect(Number(readFileSync(mem, 'utf8'))).toBe(384 * 1024 * 1024);
+
+    // pause/resume work on the restored instance, and the source is unaffected
+    await real.pause(restoreSpec.instanceId);
+    expect(await probe(info.guest.host, 1500)).toBe('timeout');
+    await real.resume(restoreSpec.instanceId);
+    expect(await probe(info.guest.host, 3000)).toBe('data');
     expect(await httpStatus(spec.network.sandboxAddress, GUEST_PORT, '/health', 2000)).toBe(200);
 
-    const experimental = new GvisorDriver(config({ experimentalSnapshots: true }));
-    const dir = join(stateDir, 'snap2');
-    const result = await experimental.snapshot(spec.instanceId, dir).catch((e: unknown) => e);
-    if (result instanceof SpaceError) {
-      expect(result.code).toBe('SNAPSHOT_UNSUPPORTED');
-      console.log(`experimental snapshot: SNAPSHOT_UNSUPPORTED — ${result.message}`);
-    } else {
-      expect(result).toMatchObject({ instanceId: spec.instanceId, path: dir, driver: 'gvisor' });
-      console.log(`experimental snapshot: ok, files ${(await readdir(dir)).join(', ')}`);
+    // pausing to disk: snapshot the (paused) source, destroy it, restore it later into a new network
+    await real.pause(spec.instanceId);
+    const refB = await real.snapshot(spec.instanceId, join(stateDir, 'snap-b'));
+    const { vcpus: _v2, memoryMiB: _m2, diskMiB: _d2, ...again } = await newSpec();
+    await cleanup(real, spec.instanceId);
+    await real.restore(refB, again);
+    expect(await runscExec(again.instanceId, 'cat /tmp/after.txt')).toBe('written-after-snapshot\n');
+
+    for (const id of [restoreSpec.instanceId, again.instanceId]) {
+      const n = networks.get(id)!;
+      await cleanup(real, id);
+      expect(await leftovers(id, n.netns)).toEqual([]);
     }
+  }, 180_000);
+
+  it('a checkpoint resets the connections the host holds to the guest (--net-disconnect-ok)', async () => {
+    const spec = await newSpec();
+    await driver.create(spec);
+    const kept = await keepAliveConnection(spec.network.sandboxAddress);
+    await driver.snapshot(spec.instanceId, join(stateDir, 'snap-kept'));
+    expect(await kept.closed).toMatch(/reset|closed/);
+    expect(await httpStatus(spec.network.sandboxAddress, GUEST_PORT, '/health', 2000)).toBe(200);
     await cleanup(driver, spec.instanceId);
   }, 120_000);
+
+  it('snapshot of a paused instance leaves it paused; a bad target dir or a stopped instance fails cleanly', async () => {
+    const spec = await newSpec();
+    await driver.create(spec);
+    await driver.pause(spec.instanceId);
+    const dir = join(stateDir, 'snap-paused');
+    await driver.snapshot(spec.instanceId, dir);
+    expect((await driver.list()).find((i) => i.instanceId === spec.instanceId)?.state).toBe('paused');
+    await driver.resume(spec.instanceId);
+    expect(await probe(spec.network.sandboxAddress, 3000)).toBe('data');
+
+    const exists = await driver.snapshot(spec.instanceId, dir).catch((e: unknown) => e);
+    expect((exists as SpaceError).code).toBe('DRIVER_FAILED');
+    expect(existsSync(join(dir, 'snapshot.json'))).toBe(true); // someone else's dir is not removed
+    const gone = await driver.snapshot('i-gvtnothere', join(stateDir, 'snap-none')).catch((e: unknown) => e);
+    expect((gone as SpaceError).code).toBe('DRIVER_FAILED');
+    expect(existsSync(join(stateDir, 'snap-none'))).toBe(false);
+    await cleanup(driver, spec.instanceId);
+  }, 120_000);
+
+  it('a failed restore undoes exactly what it made (network and snapshot untouched)', async () => {
+    const spec = await newSpec();
+    await driver.create(spec);
+    const dir = join(stateDir, 'snap-c');
+    const ref = await driver.snapshot(spec.instanceId, dir);
+    await cleanup(driver, spec.instanceId);
+
+    // another image's snapshot: refused before anything is made
+    const { vcpus: _a, memoryMiB: _b, diskMiB: _c, ...rs } = await newSpec();
+    const wrong = await driver.restore({ ...ref, imageDigest: 'f'.repeat(64) }, rs).catch((e: unknown) => e);
+    expect((wrong as SpaceError).code).toBe('DRIVER_FAILED');
+    expect(await leftovers(rs.instanceId, 'not-a-netns')).toEqual([]);
+
+    // a corrupt checkpoint image: runsc restore fails after disk, mounts and bundle were made
+    const bad = join(stateDir, 'snap-c-bad');
+    cpSync(dir, bad, { recursive: true });
+    truncateSync(join(bad, 'checkpoint.img'), 4096);
+    const before = listState();
+    const err = await driver.restore({ ...ref, path: bad }, rs).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(SpaceError);
+    expect((err as SpaceError).code).toBe('DRIVER_FAILED');
+    expect((err as SpaceError).message).toMatch(/restore/);
+    expect(await leftovers(rs.instanceId, 'not-a-netns')).toEqual([]);
+    expect(listState()).toEqual(before);
+    expect(existsSync(`/var/run/netns/${rs.network.netns}`)).toBe(true); // the caller's to release
+    expect(readdirSync(bad).sort()).toEqual(readdirSync(dir).sort());
+
+    // the good snapshot still restores into the same id and network afterwards
+    await driver.restore(ref, rs);
+    expect(await httpStatus(rs.network.sandboxAddress, GUEST_PORT, '/health', 2000)).toBe(200);
+    await cleanup(driver, rs.instanceId);
+  }, 120_000);
+
+  it('measures cold create, snapshot-restore create and pause/resume beside the runsc floor (printed)', async () => {
+    const f = await measureGvisor({
+      platform: DEFAULT_GVISOR_PLATFORM,
+      runs: 3,
+      stateDir: join(stateDir, 'measure'),
+      image,
+      nets,
+      idPrefix: 'gvm',
+    });
+    console.log(`gvisor lifecycle, medians of ${f.runs} (ms):\n${formatFigures([f])}`);
+    expect(f.restoreCreate).toHaveLength(3);
+  }, 300_000);
 
   it.skipIf(!existsSync(join(RUNTIME_DIR, 'guest/main.ts')))(
     'boots the real guest daemon (default guestArgv: tini + node 24 + runtime/guest/main.ts)',

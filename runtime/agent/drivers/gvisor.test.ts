@@ -3,13 +3,18 @@ import type { InstanceSpec } from './driver.ts';
 import {
   buildOciSpec,
   checkpointFailureReason,
+  GvisorDriver,
+  MIN_RUNSC_RELEASE,
   mapRunscStatus,
   overlayOptions,
   runscCheckpointArgs,
   runscCmdArgs,
   runscGlobalArgs,
+  runscRelease,
+  runscRestoreCommand,
   runscRunCommand,
 } from './gvisor.ts';
+import { DEFAULT_GVISOR_PLATFORM } from './gvisor-platform.ts';
 
 const spec: InstanceSpec = {
   instanceId: 'i-abc',
@@ -31,11 +36,19 @@ const spec: InstanceSpec = {
 
 describe('gvisor pure helpers', () => {
   it('builds runsc argv', () => {
-    const g = runscGlobalArgs({ root: '/r', debugLogDir: '/d/logs' });
-    expect(g).toEqual(['--root=/r', '--platform=ptrace', '--debug-log=/d/logs/']);
-    expect(runscGlobalArgs({ root: '/r', debug: true })).toEqual([
+    const g = runscGlobalArgs({ root: '/r', platform: 'ptrace', debugLogDir: '/d/logs' });
+    expect(g).toEqual([
       '--root=/r',
       '--platform=ptrace',
+      '--net-disconnect-ok',
+      '--overlay2=none',
+      '--debug-log=/d/logs/',
+    ]);
+    expect(runscGlobalArgs({ root: '/r', debug: true })).toEqual([
+      '--root=/r',
+      `--platform=${DEFAULT_GVISOR_PLATFORM}`,
+      '--net-disconnect-ok',
+      '--overlay2=none',
       '--debug',
     ]);
     expect(runscCmdArgs(['--root=/r'], ['kill'], 'i-1', ['KILL'])).toEqual([
@@ -44,17 +57,49 @@ describe('gvisor pure helpers', () => {
       'i-1',
       'KILL',
     ]);
-    expect(runscCheckpointArgs(['--root=/r'], 'i-1', '/s')).toEqual([
+    expect(runscCheckpointArgs(['--root=/r'], 'i-1', '/s', 'none')).toEqual([
       '--root=/r',
       'checkpoint',
       '--leave-running',
       '--image-path=/s',
+      '--compression=none',
       'i-1',
     ]);
+    const restore = runscRestoreCommand('runsc', ['--root=/r'], '/b', '/snap', 'i-2');
+    expect(restore.cmd).toBe('unshare');
+    expect(restore.args.slice(-7)).toEqual([
+      'runsc',
+      '--root=/r',
+      'restore',
+      '--detach',
+      '--bundle=/b',
+      '--image-path=/snap',
+      'i-2',
+    ]);
+    expect(restore.args.join(' ')).toMatch(/mount -t tmpfs .* \/proc\/sys\/net && exec "\$@"/);
     const run = runscRunCommand('runsc', ['--root=/r'], '/b', 'i-1');
     expect(run.cmd).toBe('unshare');
     expect(run.args.slice(-6)).toEqual(['runsc', '--root=/r', 'run', '--detach', '--bundle=/b', 'i-1']);
     expect(run.args.join(' ')).toMatch(/mount -t tmpfs .* \/proc\/sys\/net && exec "\$@"/);
+  });
+
+  it('advertises snapshot/restore only when configured to', () => {
+    expect(new GvisorDriver({ stateDir: '/x' }).capabilities).toMatchObject({
+      snapshot: false,
+      restore: false,
+    });
+    expect(new GvisorDriver({ stateDir: '/x', snapshots: true }).capabilities).toMatchObject({
+      snapshot: true,
+      restore: true,
+    });
+    expect(new GvisorDriver({ stateDir: '/x' }).capabilities.snapshot).toBe(false);
+  });
+
+  it('reads the runsc release date from --version output', () => {
+    expect(runscRelease('runsc version 0.0~20240729.0\nspec: 1.2.0\n')).toBe(20240729);
+    expect(runscRelease('runsc version release-20250512.0\nspec: 1.1.0\n')).toBe(20250512);
+    expect(runscRelease('runsc version 0.0~20221219.0\n')! < MIN_RUNSC_RELEASE).toBe(true);
+    expect(runscRelease('something else')).toBeUndefined();
   });
 
   it('builds the OCI spec with limits and netns path, and mounts nothing from the host', () => {

@@ -11,9 +11,22 @@
  * console.log     the guest's stdout/stderr
  * logs/           runsc --debug-log files (boot, gofer, run …) for failure diagnosis
  * ```
- * runsc state lives in `runscRoot` (default `<stateDir>/runsc`). Platform `ptrace` by default (KVM hangs
- * on these machines; see machine-notes). Nothing from the host is mounted into the sandbox: the guest
- * daemon, its Node and tini come from the image's guest layer (`images.ts`).
+ * A snapshot directory (see {@link GvisorDriver.snapshot}):
+ * ```
+ * checkpoint.img  runsc checkpoint image (the sentry's memory and kernel state, netstack included)
+ * disk.img        copy of the instance's disk.img taken while it was paused for the checkpoint
+ * snapshot.json   the {@link SnapshotRef}, mode 0600 (it holds the guest token inside the snapshot)
+ * ```
+ * runsc state lives in `runscRoot` (default `<stateDir>/runsc`). Needs runsc 2024-07-29 or later
+ * ({@link MIN_RUNSC_RELEASE}: checkpoint with live TCP endpoints, systrap). The platform is
+ * {@link DEFAULT_GVISOR_PLATFORM} by default (KVM hangs on these machines; see machine-notes). Nothing
+ * from the host is mounted into the sandbox: the guest daemon, its Node and tini come from the image's
+ * guest layer (`images.ts`).
+ *
+ * Network on restore: runsc (2024-07-29, checked) rebuilds the sandbox's NICs, addresses and routes
+ * from the namespace it is restored into, so a restored instance simply has its new network's
+ * address; no fixed inner address is needed. The snapshot's `/etc/resolv.conf` still names the old
+ * host end, which is harmless: nftables hands DNS to the gateway whatever address it was sent to.
  */
 import { execFile, spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -32,8 +45,10 @@ import {
   type InstanceSpec,
   type InstanceStats,
   type RestoreSpec,
+  type SandboxNetwork,
   type SnapshotRef,
 } from './driver.ts';
+import { DEFAULT_GVISOR_PLATFORM } from './gvisor-platform.ts';
 
 const run = promisify(execFile);
 
@@ -45,18 +60,23 @@ export interface GvisorConfig {
   runscRoot?: string;
   /** runsc binary (default `runsc` on PATH). */
   runscBinary?: string;
-  /** runsc `--platform` (default `ptrace`). */
+  /** runsc `--platform` (default {@link DEFAULT_GVISOR_PLATFORM}). */
   platform?: 'ptrace' | 'systrap';
   /** The guest's argv (default {@link DEFAULT_GUEST_ARGV}, from the image's guest layer). */
   guestArgv?: string[];
   /** How long create() waits for the guest's /health, ms (default 30 000). */
   healthTimeoutMs?: number;
   /**
-   * Try `runsc checkpoint` in snapshot() (default false: throw SNAPSHOT_UNSUPPORTED at once). With runsc
-   * 2022-12 and gVisor's netstack a checkpoint fails whenever a TCP endpoint exists (even TIME_WAIT from the
-   * agent's last request) and the failed checkpoint leaves the container stopped.
+   * Advertise snapshot/restore in {@link GvisorDriver.capabilities} (default false). The methods work
+   * either way; the flag says whether the agent may rely on them. Off by default because restores
+   * were seen to come up unreachable in some test runs (see README, Known limits).
    */
-  experimentalSnapshots?: boolean;
+  snapshots?: boolean;
+  /**
+   * `runsc checkpoint --compression` (default `none`: a larger image, but restore maps it without
+   * inflating it first; see benchmarks/gvisor-platforms.ts for the figures).
+   */
+  checkpointCompression?: 'none' | 'flate-best-speed';
   /** Pass `--debug` to runsc (verbose logs in logs/). Default false. */
   debug?: boolean;
   log?: (msg: string, fields?: Record<string, unknown>) => void;
@@ -150,7 +170,28 @@ export function buildOciSpec(i: OciInputs): Record<string, unknown> {
   };
 }
 
-/** Global runsc flags common to every call. Pure. */
+/** Oldest runsc release the driver accepts (yyyymmdd): checkpoint with live TCP endpoints, systrap. */
+export const MIN_RUNSC_RELEASE = 20240729;
+
+/**
+ * Release date (yyyymmdd) in `runsc --version` output: Debian's `runsc version 0.0~20240729.0` or
+ * upstream's `runsc version release-20240729.0`; undefined when none is found. Pure.
+ */
+export function runscRelease(versionOutput: string): number | undefined {
+  const m = /runsc version \S*?(20\d{6})/.exec(versionOutput);
+  return m ? Number(m[1]) : undefined;
+}
+
+/**
+ * Global runsc flags common to every call. Pure.
+ * - `--net-disconnect-ok`: a checkpoint resets the sandbox's connected TCP endpoints (the agent's
+ *   keep-alive link to the guest daemon, anything in TIME_WAIT) instead of refusing to save them.
+ *   Both ends see a reset; the agent's guest client reconnects on its next request.
+ * - `--overlay2=none`: the sandbox writes straight to its overlay on its own ext4 disk, as with runsc
+ *   2022-12. runsc's default (`root:self`) would keep writes in a sparse memory file inside the
+ *   rootfs, which turns a full disk into a sentry error instead of ENOSPC and hides the writes from
+ *   the disk copy a snapshot takes.
+ */
 export function runscGlobalArgs(o: {
   root: string;
   platform?: string;
@@ -159,7 +200,9 @@ export function runscGlobalArgs(o: {
 }): string[] {
   return [
     `--root=${o.root}`,
-    `--platform=${o.platform ?? 'ptrace'}`,
+    `--platform=${o.platform ?? DEFAULT_GVISOR_PLATFORM}`,
+    '--net-disconnect-ok',
+    '--overlay2=none',
     ...(o.debugLogDir
       ? [`--debug-log=${o.debugLogDir.endsWith('/') ? o.debugLogDir : `${o.debugLogDir}/`}`]
       : []),
@@ -169,18 +212,53 @@ export function runscGlobalArgs(o: {
 
 /**
  * Command + argv that starts the container: `runsc … run --detach` in a private mount namespace where
- * `/proc/sys/net` is hidden under an empty tmpfs.
- *
- * Why: runsc 2022-12 decides "am I in the root network namespace?" by testing whether
- * `/proc/sys/net/core/rmem_default` exists, which newer kernels (6.x here) expose in every namespace, so it
- * refuses to take over the prepared namespace ("cannot run with network enabled in root network
- * namespace"). Hiding `/proc/sys/net` (hiding only `core` does not survive the setns) for runsc only makes the check answer correctly. Pure.
+ * `/proc/sys/net` is hidden under an empty tmpfs. See {@link runscStartCommand}. Pure.
  */
 export function runscRunCommand(
   runsc: string,
   global: string[],
   bundle: string,
   id: string,
+): { cmd: string; args: string[] } {
+  return runscStartCommand(runsc, global, ['run', '--detach', `--bundle=${bundle}`, id]);
+}
+
+/**
+ * Command + argv that restores the container from a checkpoint image directory:
+ * `runsc … restore --detach --bundle=<bundle> --image-path=<image> <id>`, wrapped as in
+ * {@link runscStartCommand}. Pure.
+ */
+export function runscRestoreCommand(
+  runsc: string,
+  global: string[],
+  bundle: string,
+  imagePath: string,
+  id: string,
+): { cmd: string; args: string[] } {
+  return runscStartCommand(runsc, global, [
+    'restore',
+    '--detach',
+    `--bundle=${bundle}`,
+    `--image-path=${imagePath}`,
+    id,
+  ]);
+}
+
+/**
+ * Wraps a runsc subcommand that starts a sandbox (`run`, `restore`) in a private mount namespace
+ * where `/proc/sys/net` is hidden under an empty tmpfs.
+ *
+ * Why: runsc decides "am I in the root network namespace?" by testing whether
+ * `/proc/sys/net/core/rmem_default` exists, which newer kernels (6.x here) expose in every namespace,
+ * so it refuses to take over the prepared namespace ("cannot run with network enabled in root network
+ * namespace"). Still so in 2024-07-29 (checked: `runsc restore` fails that way without the wrapper).
+ * Hiding `/proc/sys/net` (hiding only `core` does not survive the setns) for runsc only makes the
+ * check answer correctly. Pure.
+ */
+export function runscStartCommand(
+  runsc: string,
+  global: string[],
+  sub: string[],
 ): { cmd: string; args: string[] } {
   return {
     cmd: 'unshare',
@@ -194,10 +272,7 @@ export function runscRunCommand(
       'sh',
       runsc,
       ...global,
-      'run',
-      '--detach',
-      `--bundle=${bundle}`,
-      id,
+      ...sub,
     ],
   };
 }
@@ -207,9 +282,21 @@ export function runscCmdArgs(global: string[], cmd: string[], id: string, extra:
   return [...global, ...cmd, id, ...extra];
 }
 
-/** argv of `runsc checkpoint --leave-running --image-path=<dir>`. Pure. */
-export function runscCheckpointArgs(global: string[], id: string, imagePath: string): string[] {
-  return [...global, 'checkpoint', '--leave-running', `--image-path=${imagePath}`, id];
+/** argv of `runsc checkpoint --leave-running --image-path=<dir> [--compression=…]`. Pure. */
+export function runscCheckpointArgs(
+  global: string[],
+  id: string,
+  imagePath: string,
+  compression?: string,
+): string[] {
+  return [
+    ...global,
+    'checkpoint',
+    '--leave-running',
+    `--image-path=${imagePath}`,
+    ...(compression ? [`--compression=${compression}`] : []),
+    id,
+  ];
 }
 
 /** Overlay mount options for read-only lowers (topmost first) and upper/work dirs. Pure. */
@@ -238,7 +325,6 @@ const ID_RE = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/;
 /** gVisor implementation of {@link Driver}. */
 export class GvisorDriver implements Driver {
   readonly name = 'gvisor' as const;
-  /** Snapshot/restore stay off until runsc can checkpoint a sandbox with live TCP endpoints. */
   readonly capabilities: DriverCapabilities = {
     pause: true,
     snapshot: false,
@@ -253,25 +339,42 @@ export class GvisorDriver implements Driver {
   private readonly cfg: Required<Omit<GvisorConfig, 'log'>> & Pick<GvisorConfig, 'log'>;
 
   constructor(config: GvisorConfig) {
+    this.capabilities.snapshot = this.capabilities.restore = config.snapshots ?? false;
     this.cfg = {
       ...config,
       runscRoot: config.runscRoot ?? join(config.stateDir, 'runsc'),
       runscBinary: config.runscBinary ?? 'runsc',
-      platform: config.platform ?? 'ptrace',
+      platform: config.platform ?? DEFAULT_GVISOR_PLATFORM,
       guestArgv: config.guestArgv ?? DEFAULT_GUEST_ARGV,
       healthTimeoutMs: config.healthTimeoutMs ?? 30_000,
       debug: config.debug ?? false,
-      experimentalSnapshots: config.experimentalSnapshots ?? false,
+      checkpointCompression: config.checkpointCompression ?? 'none',
+      snapshots: config.snapshots ?? false,
     };
   }
 
-  /** Checks root and runsc. @throws SpaceError DRIVER_FAILED listing what is missing. */
+  /**
+   * Checks root and runsc (present, release ≥ {@link MIN_RUNSC_RELEASE}).
+   * @throws SpaceError DRIVER_FAILED listing what is missing.
+   */
   async preflight(): Promise<void> {
     const missing: string[] = [];
     if (process.getuid?.() !== 0) missing.push('must run as root');
-    await run(this.cfg.runscBinary, ['--version']).catch(() =>
-      missing.push(`${this.cfg.runscBinary} (apt: runsc)`),
+    const version = await run(this.cfg.runscBinary, ['--version']).then(
+      (r) => r.stdout,
+      () => undefined,
     );
+    if (version === undefined) {
+      missing.push(`${this.cfg.runscBinary} (install: scripts/host-deps.sh)`);
+    } else {
+      const release = runscRelease(version);
+      if (release === undefined || release < MIN_RUNSC_RELEASE) {
+        missing.push(
+          `${this.cfg.runscBinary} release ${release ?? 'unknown'} is older than ${MIN_RUNSC_RELEASE} ` +
+            '(no checkpoint with live TCP endpoints, no systrap; install: scripts/host-deps.sh)',
+        );
+      }
+    }
     if (missing.length) {
       throw new SpaceError('DRIVER_FAILED', `gvisor preflight failed: ${missing.join('; ')}`, { missing });
     }
@@ -295,6 +398,7 @@ export class GvisorDriver implements Driver {
       throw new SpaceError('DRIVER_FAILED', `instance ${id} already exists`, { instanceId: id });
     const createdAt = Date.now();
     const undo = new CleanupStack();
+    undo.push('namespace address', () => giveBackAddress(spec.network));
     undo.push('instance', () => this.destroy(id));
     try {
       await this.prepareBundle(spec, dir);
@@ -302,7 +406,7 @@ export class GvisorDriver implements Driver {
         join(dir, 'instance.json'),
         JSON.stringify({ spec, createdAt } satisfies PersistedInstance),
       );
-      await this.runContainer(id, dir);
+      await this.startContainer(dir, runscRunCommand(this.cfg.runscBinary, this.globalArgs(id), dir, id));
       await waitForHealth(spec.network.sandboxAddress, this.cfg.healthTimeoutMs, async () => {
         const status = await this.runscStatus(id);
         return status === 'running' || status === 'created';
@@ -322,16 +426,67 @@ export class GvisorDriver implements Driver {
     return this.info({ spec, createdAt }, 'running');
   }
 
-  /** @throws SpaceError SNAPSHOT_UNSUPPORTED: this driver cannot restore (see {@link capabilities}). */
+  /**
+   * Starts a new instance from a snapshot written by {@link snapshot}: a new instance dir with a copy of
+   * the snapshot's disk, the same image lowers, a bundle naming `spec`'s network namespace, then
+   * `runsc restore`; resolves when the guest answers /health at `spec.network.sandboxAddress`.
+   * vCPUs, memory and disk size are the snapshot's; the guest token is the snapshot's (the caller
+   * rotates it), and so is `info.guest.token`.
+   * @throws SpaceError DRIVER_FAILED when the snapshot is another driver's or another image's, or
+   *   when anything fails (then everything this call made is undone; the network is the caller's).
+   */
   async restore(snapshot: SnapshotRef, spec: RestoreSpec): Promise<InstanceInfo> {
-    throw new SpaceError(
-      'SNAPSHOT_UNSUPPORTED',
-      'the gvisor driver cannot restore snapshots with this runsc',
-      {
-        instanceId: spec.instanceId,
-        snapshot: snapshot.path,
-      },
-    );
+    const id = spec.instanceId;
+    if (!ID_RE.test(id)) throw new SpaceError('DRIVER_FAILED', `bad instance id ${id}`, { instanceId: id });
+    if (snapshot.driver !== 'gvisor' || snapshot.imageDigest !== spec.image.digest) {
+      throw new SpaceError(
+        'DRIVER_FAILED',
+        `snapshot ${snapshot.path} (${snapshot.driver}, image ${snapshot.imageDigest.slice(0, 12)}) ` +
+          `cannot be restored by gvisor on image ${spec.image.digest.slice(0, 12)}`,
+        { instanceId: id, snapshot: snapshot.path },
+      );
+    }
+    const dir = this.instanceDir(id);
+    if (existsSync(dir))
+      throw new SpaceError('DRIVER_FAILED', `instance ${id} already exists`, { instanceId: id });
+    const full: InstanceSpec = {
+      ...spec,
+      guestToken: snapshot.guestToken,
+      vcpus: snapshot.vcpus,
+      memoryMiB: snapshot.memoryMiB,
+      diskMiB: snapshot.diskMiB,
+    };
+    const createdAt = Date.now();
+    const undo = new CleanupStack();
+    undo.push('namespace address', () => giveBackAddress(spec.network));
+    undo.push('instance', () => this.destroy(id));
+    try {
+      await this.prepareBundle(full, dir, join(snapshot.path, 'disk.img'));
+      await writeFile(
+        join(dir, 'instance.json'),
+        JSON.stringify({ spec: full, createdAt } satisfies PersistedInstance),
+      );
+      await this.startContainer(
+        dir,
+        runscRestoreCommand(this.cfg.runscBinary, this.globalArgs(id), dir, snapshot.path, id),
+      );
+      await waitForHealth(full.network.sandboxAddress, this.cfg.healthTimeoutMs, async () => {
+        const status = await this.runscStatus(id);
+        return status === 'running' || status === 'created';
+      });
+    } catch (err) {
+      const diag = await this.diagnostics(dir);
+      const left = await undo.unwind();
+      if (left.length) this.cfg.log?.('cleanup after failed restore failed', { id, left });
+      throw new SpaceError(
+        'DRIVER_FAILED',
+        `gvisor restore ${id} from ${snapshot.path} failed: ${(err as Error).message}${diag ? `\n${diag}` : ''}`,
+        { instanceId: id, snapshot: snapshot.path },
+        { cause: err },
+      );
+    }
+    this.cfg.log?.('instance restored', { id, from: snapshot.instanceId, ms: Date.now() - createdAt });
+    return this.info({ spec: full, createdAt }, 'running');
   }
 
   /**
@@ -369,58 +524,73 @@ export class GvisorDriver implements Driver {
   }
 
   /**
-   * `runsc checkpoint --leave-running` into `dir`, only with `experimentalSnapshots` (see there).
-   * @throws SpaceError SNAPSHOT_UNSUPPORTED when disabled or when runsc cannot checkpoint this container
-   *   (then the container may be left stopped — runsc's behaviour).
+   * Writes a snapshot of the instance into `dir` (created; must not exist): the sandbox is paused (if
+   * running), `runsc checkpoint --leave-running` writes checkpoint.img, the disk is flushed and copied
+   * to disk.img, and the sandbox is resumed (a paused one stays paused). Connected TCP endpoints in the
+   * sandbox are reset by the checkpoint (`--net-disconnect-ok`): callers should expect their keep-alive
+   * connections to the guest to be gone. Takes ~0.5–1 s for an idle sandbox (mostly the checkpoint).
+   * @returns the {@link SnapshotRef}, also written to `dir/snapshot.json` (mode 0600).
+   * @throws SpaceError DRIVER_FAILED when the instance is unknown or not live, or a step fails;
+   *   SNAPSHOT_UNSUPPORTED when runsc refuses to save the sandbox's state (message: runsc's reason).
+   *   On failure `dir` is removed and the instance is left in the state it was in.
    */
   async snapshot(instanceId: string, dir: string): Promise<SnapshotRef> {
-    if (!this.cfg.experimentalSnapshots) {
-      throw new SpaceError(
-        'SNAPSHOT_UNSUPPORTED',
-        'the gvisor driver cannot snapshot: runsc checkpoint rejects sandboxes with TCP endpoints',
-        { instanceId },
-      );
-    }
-    await mkdir(dir, { recursive: true });
-    try {
-      await run(this.cfg.runscBinary, runscCheckpointArgs(this.globalArgs(instanceId), instanceId, dir), {
-        timeout: 60_000,
+    const persisted = await this.readPersisted(instanceId);
+    const status = await this.runscStatus(instanceId);
+    const state = mapRunscStatus(status);
+    if (!persisted || state === 'stopped') {
+      throw new SpaceError('DRIVER_FAILED', `instance ${instanceId} is not live (${status ?? 'unknown'})`, {
+        instanceId,
       });
-    } catch (err) {
-      const e = err as { stderr?: string; message: string };
-      throw new SpaceError(
-        'SNAPSHOT_UNSUPPORTED',
-        `runsc checkpoint failed: ${checkpointFailureReason(e.stderr || e.message)}`,
-        { instanceId },
-        { cause: err },
-      );
     }
-    const ref: SnapshotRef = {
-      driver: 'gvisor',
-      instanceId,
-      template: '',
-      imageDigest: '',
-      path: dir,
-      vcpus: 0,
-      memoryMiB: 0,
-      diskMiB: 0,
-      guestToken: '',
-      createdAt: Date.now(),
-    };
-    const p = await readFile(join(this.instanceDir(instanceId), 'instance.json'), 'utf8').catch(() => '');
-    if (p) {
-      const { spec } = JSON.parse(p) as PersistedInstance;
-      Object.assign(ref, {
+    if (existsSync(dir)) throw new SpaceError('DRIVER_FAILED', `${dir} already exists`, { instanceId });
+    const { spec } = persisted;
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    const wasRunning = state === 'running';
+    try {
+      if (wasRunning) await this.pause(instanceId);
+      try {
+        await run(
+          this.cfg.runscBinary,
+          runscCheckpointArgs(this.globalArgs(instanceId), instanceId, dir, this.cfg.checkpointCompression),
+          { timeout: 120_000, maxBuffer: 16 * 1024 * 1024 },
+        ).catch((err: { stderr?: string; message: string }) => {
+          const reason = checkpointFailureReason(err.stderr || err.message);
+          throw /save rejected/.test(reason)
+            ? new SpaceError('SNAPSHOT_UNSUPPORTED', `runsc checkpoint: ${reason}`, { instanceId })
+            : new Error(`runsc checkpoint: ${reason}`);
+        });
+        // the sandbox is paused: flush its disk's filesystem into disk.img, then copy it
+        const instDir = this.instanceDir(instanceId);
+        await sh('sync', ['-f', join(instDir, 'disk')]);
+        await sh('cp', ['--sparse=always', join(instDir, 'disk.img'), join(dir, 'disk.img')]);
+      } finally {
+        if (wasRunning) await this.resume(instanceId);
+      }
+      const ref: SnapshotRef = {
+        driver: 'gvisor',
+        instanceId,
         template: spec.template,
         imageDigest: spec.image.digest,
+        path: dir,
         vcpus: spec.vcpus,
         memoryMiB: spec.memoryMiB,
         diskMiB: spec.diskMiB,
         guestToken: spec.guestToken,
-      });
+        createdAt: Date.now(),
+      };
+      await writeFile(join(dir, 'snapshot.json'), JSON.stringify(ref), { mode: 0o600 });
+      return ref;
+    } catch (err) {
+      await rm(dir, { recursive: true, force: true }).catch(() => {});
+      if (err instanceof SpaceError) throw err;
+      throw new SpaceError(
+        'DRIVER_FAILED',
+        `gvisor snapshot ${instanceId}: ${(err as Error).message}`,
+        { instanceId },
+        { cause: err },
+      );
     }
-    await writeFile(join(dir, 'snapshot.json'), JSON.stringify(ref), { mode: 0o600 });
-    return ref;
   }
 
   /**
@@ -511,8 +681,11 @@ export class GvisorDriver implements Driver {
     });
   }
 
-  /** Overlay mount + mount points + config.json in `dir`. */
-  private async prepareBundle(spec: InstanceSpec, dir: string): Promise<void> {
+  /**
+   * Overlay mount + mount points + config.json in `dir`. With `fromDisk` (a snapshot's disk.img) the
+   * disk is a copy of it and the rootfs is left exactly as the snapshot had it (token, resolv.conf).
+   */
+  private async prepareBundle(spec: InstanceSpec, dir: string, fromDisk?: string): Promise<void> {
     // The writable layer lives on a filesystem of its own, an ext4 image of spec.diskMiB: a sandbox
     // that fills its disk gets ENOSPC instead of filling the host's.
     const disk = join(dir, 'disk');
@@ -520,8 +693,12 @@ export class GvisorDriver implements Driver {
     await Promise.all(
       [disk, join(dir, 'logs'), this.cfg.runscRoot].map((d) => mkdir(d, { recursive: true })),
     );
-    await sh('truncate', ['-s', `${spec.diskMiB}M`, image]);
-    await sh('mkfs.ext4', ['-q', '-F', '-O', '^has_journal', '-E', 'lazy_itable_init=1', image]);
+    if (fromDisk) {
+      await sh('cp', ['--sparse=always', fromDisk, image]);
+    } else {
+      await sh('truncate', ['-s', `${spec.diskMiB}M`, image]);
+      await sh('mkfs.ext4', ['-q', '-F', '-O', '^has_journal', '-E', 'lazy_itable_init=1', image]);
+    }
     await sh('mount', ['-o', 'loop,nodev,nosuid', image, disk]);
     const [upper, work, rootfs] = [join(disk, 'upper'), join(disk, 'work'), join(dir, 'rootfs')];
     await Promise.all([upper, work, rootfs].map((d) => mkdir(d, { recursive: true })));
@@ -533,11 +710,7 @@ export class GvisorDriver implements Driver {
       overlayOptions(spec.image.lowerDirs, upper, work),
       rootfs,
     ]);
-    // the guest daemon's secret: a root-only file on the sandbox's own disk, deleted once read
-    // (see runtime/guest/main.ts)
-    await writeFile(join(rootfs, GUEST_PATHS.token.slice(1)), spec.guestToken, { mode: 0o400 });
-    // DNS goes to the host end (nftables hands it to the node's gateway whatever address is used)
-    await writeFile(join(rootfs, 'etc/resolv.conf'), `nameserver ${spec.network.hostAddress}\n`);
+    if (!fromDisk) await this.seedRootfs(spec, rootfs);
     const oci = buildOciSpec({
       spec,
       rootPath: rootfs,
@@ -546,10 +719,28 @@ export class GvisorDriver implements Driver {
     await writeFile(join(dir, 'config.json'), JSON.stringify(oci, null, 2));
   }
 
-  /** `runsc run --detach` with the guest's stdio going to console.log. */
-  private async runContainer(id: string, dir: string): Promise<void> {
+  /** Writes the guest token and resolv.conf into a fresh rootfs (the trusted CA is in the image). */
+  private async seedRootfs(spec: InstanceSpec, rootfs: string): Promise<void> {
+    // the guest daemon's secret: a root-only file on the sandbox's own disk, deleted once read
+    // (see runtime/guest/main.ts)
+    await writeFile(join(rootfs, GUEST_PATHS.token.slice(1)), spec.guestToken, { mode: 0o400 });
+    // DNS goes to the host end (nftables hands it to the node's gateway whatever address is used)
+    await writeFile(join(rootfs, 'etc/resolv.conf'), `nameserver ${spec.network.hostAddress}\n`);
+  }
+
+  /** instance.json of an instance, or undefined when it has none. */
+  private async readPersisted(instanceId: string): Promise<PersistedInstance | undefined> {
+    const p = await readFile(join(this.instanceDir(instanceId), 'instance.json'), 'utf8').catch(() => '');
+    return p ? (JSON.parse(p) as PersistedInstance) : undefined;
+  }
+
+  /**
+   * Runs a detaching runsc start command (`run`/`restore`, see {@link runscStartCommand}) with the
+   * guest's stdio going to `dir/console.log`. Rejects when it exits non-zero.
+   */
+  private async startContainer(dir: string, command: { cmd: string; args: string[] }): Promise<void> {
     const console = await open(join(dir, 'console.log'), 'a');
-    const { cmd, args } = runscRunCommand(this.cfg.runscBinary, this.globalArgs(id), dir, id);
+    const { cmd, args } = command;
     try {
       await new Promise<void>((resolve, reject) => {
         const child = spawn(cmd, args, {
@@ -557,7 +748,9 @@ export class GvisorDriver implements Driver {
         });
         child.on('error', reject);
         child.on('close', (code) =>
-          code === 0 ? resolve() : reject(new Error(`runsc run exited with ${code}`)),
+          code === 0
+            ? resolve()
+            : reject(new Error(`runsc ${args.includes('restore') ? 'restore' : 'run'} exited with ${code}`)),
         );
       });
     } finally {
@@ -647,6 +840,18 @@ export function httpStatus(host: string, port: number, path: string, timeoutMs: 
     req.on('error', reject);
     req.end();
   });
+}
+
+/**
+ * Puts the sandbox's address and default route back on the namespace's `eth0`. runsc moves them into
+ * its own network stack when it starts (removing them from the kernel interface), so after a failed
+ * start the namespace would be left without them and the next start on it would have no IPv4 address.
+ * Idempotent (`replace`). @throws Error when `ip` fails.
+ */
+export async function giveBackAddress(net: SandboxNetwork): Promise<void> {
+  const ns = net.netns;
+  await sh('ip', ['-n', ns, 'addr', 'replace', `${net.sandboxAddress}/${net.prefixLength}`, 'dev', 'eth0']);
+  await sh('ip', ['-n', ns, 'route', 'replace', 'default', 'via', net.hostAddress]);
 }
 
 async function unmountIfMounted(path: string): Promise<void> {
