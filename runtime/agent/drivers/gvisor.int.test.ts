@@ -375,18 +375,24 @@ describe(`GvisorDriver (real runsc, ${DEFAULT_GVISOR_PLATFORM})`, () => {
     await cleanup(driver, rs.instanceId);
   }, 120_000);
 
-  it('measures cold create, snapshot-restore create and pause/resume beside the runsc floor (printed)', async () => {
-    const f = await measureGvisor({
-      platform: DEFAULT_GVISOR_PLATFORM,
-      runs: 3,
-      stateDir: join(stateDir, 'measure'),
-      image,
-      nets,
-      idPrefix: 'gvm',
-    });
-    console.log(`gvisor lifecycle, medians of ${f.runs} (ms):\n${formatFigures([f])}`);
-    expect(f.restoreCreate).toHaveLength(3);
-  }, 300_000);
+  // a measurement, not a check: `npm run bench:gvisor` prints the same figures for both platforms;
+  // SPACE_TEST_MEASURE=1 runs it here too (it takes ~50 s)
+  it.skipIf(!process.env.SPACE_TEST_MEASURE)(
+    'measures cold create, snapshot-restore create and pause/resume beside the runsc floor (printed)',
+    async () => {
+      const f = await measureGvisor({
+        platform: DEFAULT_GVISOR_PLATFORM,
+        runs: 3,
+        stateDir: join(stateDir, 'measure'),
+        image,
+        nets,
+        idPrefix: 'gvm',
+      });
+      console.log(`gvisor lifecycle, medians of ${f.runs} (ms):\n${formatFigures([f])}`);
+      expect(f.restoreCreate).toHaveLength(3);
+    },
+    300_000,
+  );
 
   it.skipIf(!existsSync(join(RUNTIME_DIR, 'guest/main.ts')))(
     'boots the real guest daemon (default guestArgv: tini + node 24 + runtime/guest/main.ts)',

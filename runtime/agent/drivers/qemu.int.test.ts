@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { connect } from 'node:net';
@@ -230,20 +231,21 @@ describe('QemuDriver (real microVMs under TCG)', () => {
     // restore into a new instance with a new namespace and address
     const rid = `i-qt${process.pid % 1000}${(seq++).toString(36)}`;
     const rnet = await newNetwork(rid);
+    const newToken = randomBytes(32).toString('hex');
     t = performance.now();
     const restored = await driver.restore(ref, {
       instanceId: rid,
       template: 'base',
       image,
       pidsLimit: 256,
-      guestToken: `token-${rid}`,
+      guestToken: newToken,
       network: rnet,
     });
     console.log(`qemu restore (to guest /health): ${(performance.now() - t).toFixed(0)} ms`);
     // the guest woke up with the snapshot's token; the driver recorded the new one: rotate to it
-    expect(restored.guest.token).toBe(`token-${rid}`);
+    expect(restored.guest.token).toBe(newToken);
     const old = new GuestClient({ ...restored.guest, token: ref.guestToken });
-    await old.rotateToken(`token-${rid}`);
+    await old.rotateToken(newToken);
     await old.close();
     expect(restored.guest.host).toBe(rnet.sandboxAddress);
     expect(restored.guest.host).not.toBe(spec.network.sandboxAddress);
