@@ -23,6 +23,7 @@
  * never reused.
  */
 import type { DriverName } from '../../core/drivers.ts';
+import { GUEST_PORT } from '../../core/guest-protocol.ts';
 
 export type { DriverName };
 
@@ -182,6 +183,28 @@ export interface SnapshotRef {
 
 /** What {@link Driver.restore} needs beyond the snapshot: a new identity and network. */
 export type RestoreSpec = Omit<InstanceSpec, 'vcpus' | 'memoryMiB' | 'diskMiB'>;
+
+/**
+ * The {@link InstanceInfo} of an instance made from `spec` (what every driver persists per
+ * instance) in `state`; the guest is reached at the sandbox's address on {@link GUEST_PORT}. Pure.
+ */
+export function instanceInfo(
+  p: { spec: InstanceSpec; createdAt: number; pid?: number },
+  state: InstanceInfo['state'],
+  vcpus = p.spec.vcpus,
+): InstanceInfo {
+  return {
+    instanceId: p.spec.instanceId,
+    template: p.spec.template,
+    state,
+    guest: { host: p.spec.network.sandboxAddress, port: GUEST_PORT, token: p.spec.guestToken },
+    network: p.spec.network,
+    createdAt: p.createdAt,
+    vcpus,
+    memoryMiB: p.spec.memoryMiB,
+    ...(p.pid !== undefined ? { pid: p.pid } : {}),
+  };
+}
 
 /** Resource use of one instance. */
 export interface InstanceStats {

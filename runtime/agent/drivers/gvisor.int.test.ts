@@ -8,6 +8,7 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { formatFigures, measureGvisor } from '../../../benchmarks/gvisor-lib.ts';
+import { probe } from '../../../test/guest-probe.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { GUEST_PORT } from '../../core/guest-protocol.ts';
 import { directoryImage } from '../images.ts';
@@ -72,27 +73,6 @@ async function cleanup(d: GvisorDriver, id: string): Promise<void> {
   const n = networks.get(id);
   if (n) await nets.release(n).catch(() => {});
   networks.delete(id);
-}
-
-/** Resolves 'data' when the guest answered within `ms`, 'timeout' when it hung. */
-function probe(host: string, ms: number): Promise<'data' | 'timeout' | 'error'> {
-  return new Promise((resolve) => {
-    const s = connect(GUEST_PORT, host);
-    const t = setTimeout(() => {
-      s.destroy();
-      resolve('timeout');
-    }, ms);
-    s.on('connect', () => s.write('GET /health HTTP/1.0\r\n\r\n'));
-    s.on('data', () => {
-      clearTimeout(t);
-      s.destroy();
-      resolve('data');
-    });
-    s.on('error', () => {
-      clearTimeout(t);
-      resolve('error');
-    });
-  });
 }
 
 /** Output of `sh -c script` run inside the instance (`runsc exec`). */

@@ -44,6 +44,7 @@ import {
   type InstanceInfo,
   type InstanceSpec,
   type InstanceStats,
+  instanceInfo,
   type RestoreSpec,
   type SandboxNetwork,
   type SnapshotRef,
@@ -423,7 +424,7 @@ export class GvisorDriver implements Driver {
       );
     }
     this.cfg.log?.('instance created', { id, ms: Date.now() - createdAt });
-    return this.info({ spec, createdAt }, 'running');
+    return instanceInfo({ spec, createdAt }, 'running');
   }
 
   /**
@@ -486,7 +487,7 @@ export class GvisorDriver implements Driver {
       );
     }
     this.cfg.log?.('instance restored', { id, from: snapshot.instanceId, ms: Date.now() - createdAt });
-    return this.info({ spec: full, createdAt }, 'running');
+    return instanceInfo({ spec: full, createdAt }, 'running');
   }
 
   /**
@@ -626,7 +627,7 @@ export class GvisorDriver implements Driver {
       if (!p) continue;
       const persisted = JSON.parse(p) as PersistedInstance;
       const status = statuses ? statuses.get(id) : await this.runscStatus(id);
-      out.push(this.info(persisted, mapRunscStatus(status)));
+      out.push(instanceInfo(persisted, mapRunscStatus(status)));
     }
     return out;
   }
@@ -657,19 +658,6 @@ export class GvisorDriver implements Driver {
     } catch {
       return undefined;
     }
-  }
-
-  private info(p: PersistedInstance, state: InstanceInfo['state']): InstanceInfo {
-    return {
-      instanceId: p.spec.instanceId,
-      template: p.spec.template,
-      state,
-      guest: { host: p.spec.network.sandboxAddress, port: GUEST_PORT, token: p.spec.guestToken },
-      network: p.spec.network,
-      createdAt: p.createdAt,
-      vcpus: p.spec.vcpus,
-      memoryMiB: p.spec.memoryMiB,
-    };
   }
 
   private globalArgs(instanceId: string): string[] {

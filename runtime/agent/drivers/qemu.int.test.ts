@@ -1,12 +1,12 @@
 import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { mkdtemp, readdir, rm } from 'node:fs/promises';
-import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { probe } from '../../../test/guest-probe.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { FRAME_EXIT, FRAME_HEADER_BYTES, FRAME_STDOUT, GUEST_PORT } from '../../core/guest-protocol.ts';
 import { GuestClient } from '../guest-client.ts';
@@ -90,27 +90,6 @@ async function readText(c: GuestClient, path: string): Promise<string> {
   let out = '';
   for await (const d of body) out += (d as Buffer).toString();
   return out;
-}
-
-/** Resolves 'data' when the guest answered within `ms`, 'timeout' when it hung. */
-function probe(host: string, ms: number): Promise<'data' | 'timeout' | 'error'> {
-  return new Promise((resolve) => {
-    const s = connect(GUEST_PORT, host);
-    const t = setTimeout(() => {
-      s.destroy();
-      resolve('timeout');
-    }, ms);
-    s.on('connect', () => s.write('GET /health HTTP/1.0\r\n\r\n'));
-    s.on('data', () => {
-      clearTimeout(t);
-      s.destroy();
-      resolve('data');
-    });
-    s.on('error', () => {
-      clearTimeout(t);
-      resolve('error');
-    });
-  });
 }
 
 /** QEMU processes whose argv names `id`'s instance dir. */

@@ -28,7 +28,6 @@ import { chmod, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { SpaceError } from '../../core/errors.ts';
-import { GUEST_PORT } from '../../core/guest-protocol.ts';
 import type { KvmBootTest } from '../kvm.ts';
 import { BOOT_MARKER, guestInitrd, guestKernel, shQuote } from '../vm-image.ts';
 import {
@@ -39,6 +38,7 @@ import {
   type InstanceInfo,
   type InstanceSpec,
   type InstanceStats,
+  instanceInfo,
   type RestoreSpec,
   type SnapshotRef,
 } from './driver.ts';
@@ -573,17 +573,9 @@ export class QemuDriver implements Driver {
       await new Promise((r) => setTimeout(r, 50));
   }
 
+  /** QEMU runs whole vCPUs: a fraction asked of the seam rounds up. */
   private info(p: PersistedQemuInstance, state: InstanceInfo['state']): InstanceInfo {
-    return {
-      instanceId: p.spec.instanceId,
-      template: p.spec.template,
-      state,
-      guest: { host: p.spec.network.sandboxAddress, port: GUEST_PORT, token: p.spec.guestToken },
-      network: p.spec.network,
-      createdAt: p.createdAt,
-      vcpus: Math.max(1, Math.ceil(p.spec.vcpus)),
-      memoryMiB: p.spec.memoryMiB,
-    };
+    return instanceInfo(p, state, Math.max(1, Math.ceil(p.spec.vcpus)));
   }
 }
 

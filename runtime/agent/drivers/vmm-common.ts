@@ -28,6 +28,7 @@ import {
   type InstanceInfo,
   type InstanceSpec,
   type InstanceStats,
+  instanceInfo,
   type RestoreSpec,
   type SnapshotRef,
 } from './driver.ts';
@@ -506,7 +507,7 @@ export abstract class VmmDriver implements Driver {
       await this.waitForGuest(spec.network.sandboxAddress, this.healthTimeoutMs, alive);
       undo.release();
       this.log?.(`instance ${what}d`, { id, ms: Date.now() - createdAt });
-      return this.info(p, 'running');
+      return instanceInfo(p, 'running');
     } catch (err) {
       const diag = await this.consoleTail(id);
       const left = await undo.unwind();
@@ -616,7 +617,7 @@ export abstract class VmmDriver implements Driver {
   /** Instances with an `instance.json`; state from the VMM (`stopped` when its process or API is gone). */
   async list(): Promise<InstanceInfo[]> {
     const out: InstanceInfo[] = [];
-    for (const p of await this.records()) out.push(this.info(p, await this.liveState(p)));
+    for (const p of await this.records()) out.push(instanceInfo(p, await this.liveState(p)));
     return out;
   }
 
@@ -641,7 +642,7 @@ export abstract class VmmDriver implements Driver {
     if (!p || state === 'stopped') {
       throw new SpaceError('INSTANCE_LOST', `instance ${instanceId}'s ${this.vmm} is gone`, { instanceId });
     }
-    return this.info(p, state);
+    return instanceInfo(p, state);
   }
 
   /** Host memory of the VMM process (`VmRSS`), bytes. @throws DRIVER_FAILED. */
@@ -663,20 +664,6 @@ export abstract class VmmDriver implements Driver {
   private async liveState(p: PersistedVm): Promise<InstanceInfo['state']> {
     if (!pidAlive(p.pid)) return 'stopped';
     return this.vmState(p).catch(() => 'stopped' as const);
-  }
-
-  private info(p: PersistedVm, state: InstanceInfo['state']): InstanceInfo {
-    return {
-      instanceId: p.spec.instanceId,
-      template: p.spec.template,
-      state,
-      guest: { host: p.spec.network.sandboxAddress, port: GUEST_PORT, token: p.spec.guestToken },
-      network: p.spec.network,
-      createdAt: p.createdAt,
-      vcpus: p.spec.vcpus,
-      memoryMiB: p.spec.memoryMiB,
-      pid: p.pid,
-    };
   }
 
   /** Last lines of the instance's console (VMM stdout/stderr), for error messages. */
