@@ -1,6 +1,6 @@
 /**
  * Test support: loopback stand-ins for the Firecracker and Cloud Hypervisor API servers, checked against
- * the projects' own API descriptions (`/work/shared/specs/*.yaml`, loaded at test time).
+ * the projects' own API descriptions (`../shared/specs/*.yaml` beside the repository, loaded at test time).
  *
  * Each fake listens on the Unix socket the driver connects to and, for every request:
  * - finds the operation in the spec's `paths` (unknown path or method → error, as the VMMs answer);
@@ -22,6 +22,7 @@ import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { mkdir, rm } from 'node:fs/promises';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { basename, dirname, join, normalize } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { Ajv, type ValidateFunction } from 'ajv';
 import { parse } from 'yaml';
 import {
@@ -32,7 +33,12 @@ import {
 } from '../runtime/agent/drivers/driver.ts';
 import type { VmmLauncher } from '../runtime/agent/drivers/vmm-common.ts';
 
-export const SPECS_DIR = '/work/shared/specs';
+/**
+ * The VMMs' API descriptions: `shared/specs/` beside the repository (where the team's workspace and
+ * CI put it), or `SPACE_SPECS_DIR`.
+ */
+export const SPECS_DIR =
+  process.env.SPACE_SPECS_DIR ?? fileURLToPath(new URL('../../shared/specs/', import.meta.url));
 
 type Json = Record<string, unknown>;
 
