@@ -3,6 +3,8 @@
  * survive an API restart, sandboxes that survive an agent restart, and nothing left behind.
  */
 import { execFile } from 'node:child_process';
+import { readdir, rm } from 'node:fs/promises';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadAgentConfig } from '../runtime/agent/config.ts';
 import { startAgent } from '../runtime/agent/service.ts';
@@ -258,6 +260,29 @@ describe('lifecycle', () => {
     const node = await s.call<{ nodes: { sandboxes: number }[] }>('GET', '/v1/nodes');
     expect(node.body.nodes[0]!.sandboxes).toBe(0);
   });
+
+  it('template snapshot: creates restore from it; one that cannot be restored falls back to a boot', async () => {
+    const snap = await waitFor(
+      'the template snapshot',
+      async () => s.agent.sandboxes.snapshots().get('base'),
+      120_000,
+    );
+    const a = await s.createSandbox({ vcpus: snap.vcpus, memoryMiB: snap.memoryMiB });
+    expect((await s.call<{ createdFrom: string }>('GET', `/v1/sandboxes/${a}`)).body.createdFrom).toBe(
+      'snapshot',
+    );
+    expect((await s.exec(a, { cmd: 'echo', args: ['restored'] })).stdout.toString()).toBe('restored\n');
+    // break the snapshot (its checkpoint image goes; the record and disk stay): creates still work
+    for (const f of await readdir(snap.path)) {
+      if (f !== 'snapshot.json' && f !== 'disk.img')
+        await rm(join(snap.path, f), { recursive: true, force: true });
+    }
+    const b = await s.createSandbox({ vcpus: snap.vcpus, memoryMiB: snap.memoryMiB });
+    expect((await s.call<{ createdFrom: string }>('GET', `/v1/sandboxes/${b}`)).body.createdFrom).toBe(
+      'boot',
+    );
+    expect((await s.exec(b, { cmd: 'echo', args: ['booted'] })).stdout.toString()).toBe('booted\n');
+  }, 240_000);
 });
 
 describe('warm pool', () => {

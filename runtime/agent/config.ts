@@ -36,6 +36,12 @@ export const agentSettings = {
     ['ptrace', 'systrap'] as const,
     DEFAULT_GVISOR_PLATFORM,
   ),
+  gvisorSnapshots: setting.oneOf(
+    'SPACE_GVISOR_SNAPSHOTS',
+    '`on`: the gvisor driver snapshots each warm template once and creates restore from it (a restore that fails falls back to a boot); `off`: always boot.',
+    ['on', 'off'] as const,
+    'on',
+  ),
   runscBinary: setting.string('SPACE_RUNSC_BINARY', 'runsc binary (gvisor driver).', 'runsc'),
   qemuBinary: setting.string('SPACE_QEMU_BINARY', 'QEMU binary (qemu driver).', 'qemu-system-x86_64'),
   firecrackerBinary: setting.string(

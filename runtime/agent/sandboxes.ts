@@ -16,7 +16,7 @@ import { SpaceError } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
 import { type Command, DETACH, resumePump, type StartCommand, startCommand } from './commands.ts';
-import type { Driver, InstanceInfo, SnapshotRef, TemplateImage } from './drivers/driver.ts';
+import type { Driver, InstanceInfo, SandboxNetwork, SnapshotRef, TemplateImage } from './drivers/driver.ts';
 import type { GatewayClient } from './gateway-client.ts';
 import { GuestClient } from './guest-client.ts';
 import type { SandboxNetworks } from './network.ts';
@@ -180,42 +180,81 @@ export class SandboxManager {
         ? snap
         : null;
     return this.#boots.run(async () => {
-      const instanceId = newId('i', 12);
-      const guestToken = randomBytes(32).toString('hex');
-      const network = await this.#o.networks.allocate(instanceId);
-      try {
-        if (this.#o.driver.capabilities.network === 'tap') {
-          network.tap = await this.#o.networks.attachTap(network);
+      if (restoreFrom) {
+        try {
+          return {
+            inst: await this.#one(template, (spec) => this.#restore(restoreFrom, spec)),
+            source: 'snapshot',
+          };
+        } catch (err) {
+          // a restore that fails costs time, never the create: boot instead (fresh id and network)
+          this.#o.log.warn(
+            { err, [F.templateId]: template, snapshot: restoreFrom.path },
+            'snapshot restore failed; booting instead',
+          );
         }
-        if (restoreFrom) {
-          const inst = await this.#o.driver.restore(restoreFrom, {
-            instanceId,
-            template,
-            image,
-            pidsLimit: this.#o.pidsLimit,
-            guestToken,
-            network,
-          });
-          await this.#rekey(inst, restoreFrom.guestToken, guestToken);
-          return { inst, source: 'snapshot' as const };
-        }
-        const inst = await this.#o.driver.create({
-          instanceId,
-          template,
+      }
+      const inst = await this.#one(template, (spec) =>
+        this.#o.driver.create({
+          ...spec,
           image,
           vcpus: shape.vcpus,
           memoryMiB: shape.memoryMiB,
-          pidsLimit: this.#o.pidsLimit,
           diskMiB: this.#o.diskMiB,
-          guestToken,
-          network,
-        });
-        return { inst, source: 'boot' as const };
-      } catch (err) {
-        await this.#o.networks.release(network).catch(() => {});
-        throw err;
-      }
+        }),
+      );
+      return { inst, source: 'boot' as const };
     });
+  }
+
+  /**
+   * One instance with a new id, secret and network (a tap for VM drivers), made by `make`; the
+   * network is released when `make` fails.
+   */
+  async #one(
+    template: string,
+    make: (spec: {
+      instanceId: string;
+      template: string;
+      pidsLimit: number;
+      guestToken: string;
+      network: SandboxNetwork;
+    }) => Promise<InstanceInfo>,
+  ): Promise<InstanceInfo> {
+    const instanceId = newId('i', 12);
+    const network = await this.#o.networks.allocate(instanceId);
+    try {
+      if (this.#o.driver.capabilities.network === 'tap') {
+        network.tap = await this.#o.networks.attachTap(network);
+      }
+      return await make({
+        instanceId,
+        template,
+        pidsLimit: this.#o.pidsLimit,
+        guestToken: randomBytes(32).toString('hex'),
+        network,
+      });
+    } catch (err) {
+      await this.#o.networks.release(network).catch(() => {});
+      throw err;
+    }
+  }
+
+  /** Restores `snap` as a new instance and rotates its guest to the new instance's own secret. */
+  async #restore(
+    snap: SnapshotRef,
+    spec: {
+      instanceId: string;
+      template: string;
+      pidsLimit: number;
+      guestToken: string;
+      network: SandboxNetwork;
+    },
+  ): Promise<InstanceInfo> {
+    const image = await this.#o.templateImage(spec.template);
+    const inst = await this.#o.driver.restore(snap, { ...spec, image });
+    await this.#rekey(inst, snap.guestToken, spec.guestToken);
+    return inst;
   }
 
   /**

@@ -346,6 +346,7 @@ describe('createDriver', () => {
       driver: 'auto' as const,
       kvm: 'auto' as const,
       gvisorPlatform: 'ptrace' as const,
+      gvisorSnapshots: 'off' as const,
       runscBinary: 'runsc',
       qemuBinary: 'qemu-system-x86_64',
       firecrackerBinary: '/opt/fc/firecracker',

@@ -1,4 +1,5 @@
 import { execFile } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { cpSync, existsSync, readdirSync, readFileSync, statSync, truncateSync } from 'node:fs';
 import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { connect } from 'node:net';
@@ -11,6 +12,7 @@ import { formatFigures, measureGvisor } from '../../../benchmarks/gvisor-lib.ts'
 import { probe } from '../../../test/guest-probe.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { GUEST_PORT } from '../../core/guest-protocol.ts';
+import { GuestClient } from '../guest-client.ts';
 import { directoryImage } from '../images.ts';
 import { SandboxNetworks } from '../network.ts';
 import { buildTemplate } from '../templates.ts';
@@ -245,16 +247,20 @@ describe(`GvisorDriver (real runsc, ${DEFAULT_GVISOR_PLATFORM})`, () => {
     await runscExec(spec.instanceId, 'echo written-after-snapshot > /tmp/after.txt');
 
     const { vcpus: _v, memoryMiB: _m, diskMiB: _d, ...rest } = await newSpec();
-    const restoreSpec = { ...rest, guestToken: 'a-token-the-snapshot-does-not-hold' };
+    const restoreSpec = { ...rest, guestToken: randomBytes(32).toString('hex') };
     const info = await real.restore(ref, restoreSpec);
     expect(info).toMatchObject({
       instanceId: restoreSpec.instanceId,
       state: 'running',
       memoryMiB: 384,
-      guest: { host: restoreSpec.network.sandboxAddress, port: GUEST_PORT, token: spec.guestToken },
+      guest: { host: restoreSpec.network.sandboxAddress, port: GUEST_PORT, token: restoreSpec.guestToken },
     });
+    // the guest woke up with the snapshot's token: rotate it to the one the driver recorded
+    const old = new GuestClient({ ...info.guest, token: spec.guestToken });
+    await old.rotateToken(restoreSpec.guestToken);
+    await old.close();
     expect(restoreSpec.network.sandboxAddress).not.toBe(spec.network.sandboxAddress);
-    // the restored guest answers at its new address with the snapshot's token, and has the file
+    // the restored guest answers at its new address with its new token, and has the file
     const read = await fetch(
       `http://${info.guest.host}:${GUEST_PORT}/files?path=${encodeURIComponent('/tmp/before.txt')}`,
       { headers: { authorization: `Bearer ${info.guest.token}` } },

@@ -68,9 +68,11 @@ export interface GvisorConfig {
   /** How long create() waits for the guest's /health, ms (default 30 000). */
   healthTimeoutMs?: number;
   /**
-   * Advertise snapshot/restore in {@link GvisorDriver.capabilities} (default false). The methods work
-   * either way; the flag says whether the agent may rely on them. Off by default because restores
-   * were seen to come up unreachable in some test runs (see README, Known limits).
+   * Advertise snapshot/restore in {@link GvisorDriver.capabilities} (default false; the agent turns
+   * it on with SPACE_GVISOR_SNAPSHOTS). The methods work either way; the flag says whether the agent
+   * may rely on them. Restores of sandboxes that had a host connection open at the checkpoint were
+   * seen to come up unreachable (see README, Known limits); template snapshots have none, and the
+   * agent boots instead when a restore fails.
    */
   snapshots?: boolean;
   /**
@@ -451,8 +453,9 @@ export class GvisorDriver implements Driver {
     if (existsSync(dir))
       throw new SpaceError('DRIVER_FAILED', `instance ${id} already exists`, { instanceId: id });
     const full: InstanceSpec = {
+      // the new token is recorded (adopt, the returned info); the guest holds the snapshot's until
+      // the caller rotates it
       ...spec,
-      guestToken: snapshot.guestToken,
       vcpus: snapshot.vcpus,
       memoryMiB: snapshot.memoryMiB,
       diskMiB: snapshot.diskMiB,

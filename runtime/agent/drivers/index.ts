@@ -34,6 +34,7 @@ type DriverConfig = Pick<
   | 'driver'
   | 'kvm'
   | 'gvisorPlatform'
+  | 'gvisorSnapshots'
   | 'runscBinary'
   | 'qemuBinary'
   | 'firecrackerBinary'
@@ -42,7 +43,9 @@ type DriverConfig = Pick<
 >;
 
 /** VMM drivers in the order `auto` prefers them, with the binary each needs. */
-function vmmCandidates(c: DriverConfig): [DriverName, string][] {
+function vmmCandidates(
+  c: Pick<DriverConfig, 'firecrackerBinary' | 'cloudHypervisorBinary'>,
+): [DriverName, string][] {
   return [
     ['firecracker', c.firecrackerBinary],
     ['cloud-hypervisor', c.cloudHypervisorBinary],
@@ -53,7 +56,7 @@ function vmmCandidates(c: DriverConfig): [DriverName, string][] {
  * Resolves `SPACE_DRIVER` (possibly `auto`) to a driver name.
  * @throws SpaceError DRIVER_FAILED when a driver that needs KVM is named and KVM is not usable.
  */
-export async function chooseDriver(c: DriverConfig): Promise<DriverChoice> {
+export async function chooseDriver(c: Omit<DriverConfig, 'gvisorSnapshots'>): Promise<DriverChoice> {
   const kvm = c.kvm === 'off' ? { usable: false, reason: 'SPACE_KVM=off' } : await probeKvm();
   if (c.driver !== 'auto') {
     if ((c.driver === 'firecracker' || c.driver === 'cloud-hypervisor') && !kvm.usable) {
@@ -91,6 +94,7 @@ export function createDriver(name: DriverName, c: DriverConfig, deps: DriverDeps
         stateDir: deps.stateDir,
         runscBinary: c.runscBinary,
         platform: c.gvisorPlatform,
+        snapshots: c.gvisorSnapshots === 'on',
         log: deps.log,
       });
     case 'firecracker':
