@@ -18,7 +18,8 @@ import type {
   SnapshotRef,
   TemplateImage,
 } from '../runtime/agent/drivers/driver.ts';
-import { GvisorDriver, waitForHealth } from '../runtime/agent/drivers/gvisor.ts';
+import { waitForHealth } from '../runtime/agent/drivers/guest-health.ts';
+import { GvisorDriver } from '../runtime/agent/drivers/gvisor.ts';
 import type { SandboxNetworks } from '../runtime/agent/network.ts';
 
 const run = promisify(execFile);

@@ -17,7 +17,8 @@ import { directoryImage } from '../images.ts';
 import { SandboxNetworks } from '../network.ts';
 import { buildTemplate } from '../templates.ts';
 import type { InstanceSpec, SandboxNetwork, TemplateImage } from './driver.ts';
-import { type GvisorConfig, GvisorDriver, httpStatus } from './gvisor.ts';
+import { httpStatus } from './guest-health.ts';
+import { type GvisorConfig, GvisorDriver } from './gvisor.ts';
 import { DEFAULT_GVISOR_PLATFORM } from './gvisor-platform.ts';
 
 /** Template cache shared with templates.int.test.ts (persists between runs). */

@@ -42,7 +42,7 @@ import {
   type RestoreSpec,
   type SnapshotRef,
 } from './driver.ts';
-import { waitForHealth } from './gvisor.ts';
+import { waitForHealth } from './guest-health.ts';
 import { type Qmp, withQmp } from './qmp.ts';
 import { makeInstanceDisk, vmKernelCmdline } from './vm-common.ts';
 

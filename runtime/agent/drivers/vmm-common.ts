@@ -32,7 +32,7 @@ import {
   type RestoreSpec,
   type SnapshotRef,
 } from './driver.ts';
-import { waitForHealth } from './gvisor.ts';
+import { waitForHealth } from './guest-health.ts';
 
 const run = promisify(execFile);
 
