@@ -104,6 +104,27 @@ describe('space CLI against `space up`', () => {
     expect(j.stdoutEncoding).toBe('base64');
     expect([...Buffer.from(j.stdout, 'base64')]).toEqual([0xff, 0xfe, 0x41]);
 
+    // a reader that goes away (`| head -1`) is a broken pipe for the command in the sandbox too
+    const piped = await run(
+      'sh',
+      ['-c', `"${process.execPath}" "${SPACE}" exec ${sandbox.id} -- yes | head -1`],
+      {
+        env,
+      },
+    );
+    expect(piped.stdout).toBe('y\n');
+    let left = '';
+    for (let i = 0; i < 50; i++) {
+      left = (
+        await run(process.execPath, [SPACE, 'exec', sandbox.id, '--', 'sh', '-c', 'pgrep -x yes || true'], {
+          env,
+        })
+      ).stdout;
+      if (left === '') break;
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    expect(left).toBe('');
+
     const listed = JSON.parse(
       (await run(process.execPath, [SPACE, 'sandbox', 'ls', '--json'], { env })).stdout,
     ) as {

@@ -662,11 +662,20 @@ export class SandboxManager {
     this.#closing = true;
   }
 
-  /** Destroys every sandbox, including those still being created (local stack shutdown). */
+  /**
+   * Destroys every sandbox, including those still being created, and then every instance the
+   * driver still has that no sandbox owns (local stack shutdown): nothing of this node is left.
+   */
   async destroyAll(): Promise<void> {
     this.stopAccepting();
     const ids = new Set([...this.#sandboxes.keys(), ...this.#creating.keys()]);
     await Promise.allSettled([...ids].map((id) => this.delete(id)));
+    const owned = new Set(this.list().map((sb) => sb.instance.instanceId));
+    const strays = (await this.#o.driver.list().catch(() => [] as InstanceInfo[])).filter(
+      (i) => !owned.has(i.instanceId),
+    );
+    await Promise.allSettled(strays.map((i) => this.discard(i)));
+    if (strays.length) this.#o.log.info({ instances: strays.length }, 'unowned instances destroyed');
   }
 
   /** Disk bytes used by a sandbox's spools (for metrics). */

@@ -13,6 +13,7 @@ import {
   collectKeyValue,
   exitCodeOf,
   note,
+  onStdoutGone,
   parsePositiveInt,
   printJson,
   usageError,
@@ -136,6 +137,10 @@ async function runExec(cmd: Command, id: string, words: string[], o: ExecOptions
   const onSigterm = () => forward('SIGTERM');
   process.on('SIGINT', onSigint);
   process.on('SIGTERM', onSigterm);
+  // `space exec … | head -1`: the command gets the broken pipe too, as it would locally
+  const offPipe = onStdoutGone(() =>
+    dp.call('POST', '/signal', { body: { signal: 'SIGPIPE' } }).catch(() => undefined),
+  );
 
   const stdin = o.interactive ? pumpStdin(dp, stop.signal) : Promise.resolve();
   const out: Buffer[] = [];
@@ -166,6 +171,9 @@ async function runExec(cmd: Command, id: string, words: string[], o: ExecOptions
     if (o.interactive) process.stdin.destroy();
   }
   await stdin;
+  // (kept until here: a write that fails on a broken pipe leaves through the loop above, and the
+  // CLI then still tells the command)
+  offPipe();
   if (!exit) throw new CliError('STREAM_DROPPED', 'the event stream ended without an exit event');
   if (json) {
     printJson({

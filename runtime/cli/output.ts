@@ -73,6 +73,30 @@ export function reportError(err: unknown, json: boolean): number {
   return e.exitCode;
 }
 
+const stdoutGone: (() => Promise<unknown>)[] = [];
+
+/**
+ * Registers what to do when the reader of stdout goes away (EPIPE), before the CLI exits with 141
+ * as a shell would report SIGPIPE: `space exec … | head -1` passes the broken pipe on to the
+ * command in the sandbox instead of leaving it running.
+ * @returns a function that unregisters it.
+ */
+export function onStdoutGone(fn: () => Promise<unknown>): () => void {
+  stdoutGone.push(fn);
+  return () => {
+    const i = stdoutGone.indexOf(fn);
+    if (i >= 0) stdoutGone.splice(i, 1);
+  };
+}
+
+/** Runs what {@link onStdoutGone} registered, for at most `timeoutMs` (never throws). */
+export async function runStdoutGone(timeoutMs = 3000): Promise<void> {
+  await Promise.race([
+    Promise.allSettled(stdoutGone.map((fn) => fn())),
+    new Promise((r) => setTimeout(r, timeoutMs).unref()),
+  ]);
+}
+
 /** Writes one JSON document (pretty, one trailing newline) to stdout. */
 export function printJson(value: unknown): void {
   process.stdout.write(`${JSON.stringify(value, null, 2)}\n`);

@@ -9,7 +9,7 @@ import { registerDoctor } from './doctor.ts';
 import { registerExec } from './exec.ts';
 import { registerFiles } from './files.ts';
 import { registerOps } from './ops.ts';
-import { EXIT_USAGE, reportError } from './output.ts';
+import { EXIT_USAGE, reportError, runStdoutGone } from './output.ts';
 import { registerSandbox } from './sandbox.ts';
 import { registerTemplate } from './template.ts';
 import { registerUp } from './up.ts';
@@ -81,8 +81,9 @@ Examples:
 export async function main(argv: string[] = process.argv): Promise<never> {
   const json = wantsJson(argv.slice(2));
   process.stdout.on('error', (err: NodeJS.ErrnoException) => {
-    if (err.code === 'EPIPE') process.exit(141); // reader went away, like a shell's SIGPIPE
-    throw err;
+    // reader went away, like a shell's SIGPIPE: tell a running command first (exec), then leave
+    if (err.code === 'EPIPE') void runStdoutGone().then(() => process.exit(141));
+    else throw err;
   });
   let code = 0;
   try {
@@ -91,6 +92,9 @@ export async function main(argv: string[] = process.argv): Promise<never> {
   } catch (err) {
     if (err instanceof CommanderError) {
       code = ['commander.helpDisplayed', 'commander.version'].includes(err.code) ? 0 : EXIT_USAGE;
+    } else if ((err as NodeJS.ErrnoException).code === 'EPIPE') {
+      await runStdoutGone(); // a write saw the broken pipe first: same as the stdout listener
+      code = 141;
     } else {
       code = reportError(err, json);
     }

@@ -4,7 +4,7 @@
  *
  * Start: prerequisites → free ports → `$SPACE_HOME` + key pair → template `base` → Redis → API and
  * agent → both `/readyz` → an alive node in `GET /v1/nodes` → `local.json` → "ready" on stdout.
- * Stop (Ctrl-C / SIGTERM): agent first (it destroys its sandboxes), then the API, then Redis, each with
+ * Stop (Ctrl-C / SIGTERM / SIGHUP): agent first (it destroys its sandboxes), then the API, then Redis, each with
  * a timeout and a SIGKILL fallback; exit 0. A child that dies on its own stops the rest: exit 1 with
  * the tail of its log. Children run in their own process groups so a terminal Ctrl-C reaches only us
  * and the stop order holds.
@@ -303,7 +303,11 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
         details: { ports: busy },
         hint: running
           ? `another \`space up\` seems to be running (pid ${prior.pid}); stop it first`
-          : 'stop what uses them, or pick others with --api-port / --agent-port',
+          : prior
+            ? `a \`space up\` (pid ${prior.pid}) ended without stopping its services; stop them (the agent first: ` +
+              `pkill -TERM -f runtime/agent/server.ts, then runtime/api/ and runtime/gateway/, then redis-server), ` +
+              'or pick other ports with --api-port / --agent-port'
+            : 'stop what uses them, or pick others with --api-port / --agent-port',
       },
     );
   }
@@ -318,6 +322,7 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
   const baseEnv: NodeJS.ProcessEnv = { ...process.env, PATH: searchPath(process.env['PATH']) };
   const children: Child[] = [];
   const log = (name: string) => join(paths.logs, `${name}.log`);
+  let driverName = 'unknown';
 
   // stop reasons: a signal, or a child exiting on its own
   let stopping = false;
@@ -335,8 +340,12 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
   };
   const onInt = () => onSignal('SIGINT');
   const onTerm = () => onSignal('SIGTERM');
+  // a closed terminal or a dropped SSH session stops the stack too (the services run in their
+  // own sessions, so nothing else would)
+  const onHup = () => onSignal('SIGHUP');
   process.on('SIGINT', onInt);
   process.on('SIGTERM', onTerm);
+  process.on('SIGHUP', onHup);
   const lastResort = () => {
     for (const c of children) if (!c.done) c.proc.kill('SIGTERM');
   };
@@ -408,7 +417,9 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
       SPACE_LOG_LEVEL: process.env['SPACE_LOG_LEVEL'] ?? 'info',
     });
     await guard(until('the gateway', 30_000, async () => existsSync(gatewaySocket), startAbort.signal));
-    note(`space: starting the agent on ${agentUrl} (node ${LOCAL_NODE_ID}, gVisor)`);
+    note(
+      `space: starting the agent on ${agentUrl} (node ${LOCAL_NODE_ID}, driver ${process.env['SPACE_DRIVER'] || 'auto'})`,
+    );
     start('agent', node, [agentServer], {
       ...baseEnv,
       SPACE_NODE_ID: LOCAL_NODE_ID,
@@ -438,8 +449,13 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
         60_000,
         async () => {
           try {
-            const { nodes } = await api.json<{ nodes: { id: string; alive: boolean }[] }>('GET', '/v1/nodes');
-            return nodes.some((n) => n.id === LOCAL_NODE_ID && n.alive);
+            const { nodes } = await api.json<{ nodes: { id: string; alive: boolean; driver: string }[] }>(
+              'GET',
+              '/v1/nodes',
+            );
+            const me = nodes.find((n) => n.id === LOCAL_NODE_ID && n.alive);
+            if (me) driverName = me.driver;
+            return me !== undefined;
           } catch (err) {
             if (err instanceof CliError && err.code === 'UNAUTHENTICATED') {
               throw new CliError(
@@ -469,6 +485,7 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
     else {
       println('SPACE is running (Ctrl-C to stop)');
       println(`  API      ${apiUrl}`);
+      println(`  driver   ${driverName} (npx space doctor tells why)`);
       println(`  API key  ${paths.apiKey}`);
       println(`  logs     ${join(paths.logs, '{api,agent,gateway,redis}.log')}`);
       println('try: npx space sandbox create --template base');
@@ -491,6 +508,7 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
   process.off('exit', lastResort);
   process.off('SIGINT', onInt);
   process.off('SIGTERM', onTerm);
+  process.off('SIGHUP', onHup);
 
   if (reason?.kind === 'died') {
     const { child, how } = reason;
