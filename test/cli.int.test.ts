@@ -125,6 +125,21 @@ describe('space CLI against `space up`', () => {
     }
     expect(left).toBe('');
 
+    // a sandbox that ends under a running command: the CLI says so instead of a bare 137
+    const doomed = JSON.parse(
+      (await run(process.execPath, [SPACE, 'sandbox', 'create', '--template', 'base', '--json'], { env }))
+        .stdout,
+    ) as { id: string };
+    const long = run(process.execPath, [SPACE, 'exec', doomed.id, '--', 'sleep', '60'], { env }).then(
+      () => ({ code: 0, stderr: '' }),
+      (e: { code: number; stderr: string }) => e,
+    );
+    await new Promise((r) => setTimeout(r, 1500));
+    await run(process.execPath, [SPACE, 'sandbox', 'rm', doomed.id], { env });
+    const ended = await long;
+    expect(ended.code).toBe(137);
+    expect(ended.stderr).toMatch(/the sandbox ended/);
+
     const listed = JSON.parse(
       (await run(process.execPath, [SPACE, 'sandbox', 'ls', '--json'], { env })).stdout,
     ) as {

@@ -188,6 +188,9 @@ async function runExec(cmd: Command, id: string, words: string[], o: ExecOptions
   } else if (exit.timedOut && process.stderr.isTTY) {
     // (a start failure's message already arrived on stderr from the guest)
     note(`space: the command timed out${o.timeout ? ` after ${o.timeout} ms` : ''}`);
+  } else if (exit.error && exit.exitCode === null) {
+    // the sandbox ended under the command (a crash, a delete): say so, not just 137
+    note(`space: ${exit.error} (space sandbox get ${id} says why)`);
   }
   return exitCodeOf(exit);
 }
