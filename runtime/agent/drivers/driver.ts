@@ -123,6 +123,9 @@ export interface TemplateImage {
   kernel?: { bzImage: string; vmlinux?: string; initrd: string; version: string };
 }
 
+/** Instance ids a directory-per-instance driver accepts (they name directories and containers). */
+export const INSTANCE_ID_RE = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/;
+
 /** What the driver needs to make an instance. */
 export interface InstanceSpec {
   /** Driver-unique id, `i-<random>`; also names the runsc container / VM. */

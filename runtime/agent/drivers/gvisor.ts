@@ -39,6 +39,7 @@ import {
   CleanupStack,
   type Driver,
   type DriverCapabilities,
+  INSTANCE_ID_RE,
   type InstanceInfo,
   type InstanceSpec,
   type InstanceStats,
@@ -322,8 +323,6 @@ export function mapRunscStatus(status: string | undefined): InstanceInfo['state'
   return 'stopped';
 }
 
-const ID_RE = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/;
-
 /** gVisor implementation of {@link Driver}. */
 export class GvisorDriver implements Driver {
   readonly name = 'gvisor' as const;
@@ -394,7 +393,8 @@ export class GvisorDriver implements Driver {
    */
   async create(spec: InstanceSpec): Promise<InstanceInfo> {
     const id = spec.instanceId;
-    if (!ID_RE.test(id)) throw new SpaceError('DRIVER_FAILED', `bad instance id ${id}`, { instanceId: id });
+    if (!INSTANCE_ID_RE.test(id))
+      throw new SpaceError('DRIVER_FAILED', `bad instance id ${id}`, { instanceId: id });
     const dir = this.instanceDir(id);
     if (existsSync(dir))
       throw new SpaceError('DRIVER_FAILED', `instance ${id} already exists`, { instanceId: id });
@@ -439,7 +439,8 @@ export class GvisorDriver implements Driver {
    */
   async restore(snapshot: SnapshotRef, spec: RestoreSpec): Promise<InstanceInfo> {
     const id = spec.instanceId;
-    if (!ID_RE.test(id)) throw new SpaceError('DRIVER_FAILED', `bad instance id ${id}`, { instanceId: id });
+    if (!INSTANCE_ID_RE.test(id))
+      throw new SpaceError('DRIVER_FAILED', `bad instance id ${id}`, { instanceId: id });
     if (snapshot.driver !== 'gvisor' || snapshot.imageDigest !== spec.image.digest) {
       throw new SpaceError(
         'DRIVER_FAILED',
@@ -497,9 +498,10 @@ export class GvisorDriver implements Driver {
    * @throws SpaceError INSTANCE_LOST when runsc no longer knows it and its guest does not answer.
    */
   async adopt(instanceId: string): Promise<InstanceInfo> {
-    const inst = (await this.list()).find((i) => i.instanceId === instanceId);
-    if (!inst) throw new SpaceError('INSTANCE_LOST', `instance ${instanceId} is gone`, { instanceId });
-    return inst;
+    // this instance's record and state only: the agent calls this once per sandbox after a list()
+    const persisted = await this.readPersisted(instanceId);
+    if (!persisted) throw new SpaceError('INSTANCE_LOST', `instance ${instanceId} is gone`, { instanceId });
+    return instanceInfo(persisted, mapRunscStatus(await this.runscStatus(instanceId)));
   }
 
   /** Memory charged to the instance's cgroup (v1 `memory.usage_in_bytes`). @throws DRIVER_FAILED. */

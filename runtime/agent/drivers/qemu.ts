@@ -35,6 +35,7 @@ import {
   type Driver,
   type DriverCapabilities,
   GUEST_NET,
+  INSTANCE_ID_RE,
   type InstanceInfo,
   type InstanceSpec,
   type InstanceStats,
@@ -178,8 +179,6 @@ export function mapQmpStatus(status: string | undefined): InstanceInfo['state'] 
     return 'stopped';
   return 'paused'; // paused, postmigrate, prelaunch, inmigrate, finish-migrate, suspended …
 }
-
-const ID_RE = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/;
 
 /** Memory file and disk copy names inside a snapshot directory. */
 export const SNAPSHOT_FILES = { memory: 'memory.bin', disk: 'disk.img', ref: 'snapshot.json' } as const;
@@ -429,7 +428,8 @@ export class QemuDriver implements Driver {
 
   private async begin(spec: InstanceSpec): Promise<{ dir: string; undo: CleanupStack }> {
     const id = spec.instanceId;
-    if (!ID_RE.test(id)) throw new SpaceError('DRIVER_FAILED', `bad instance id ${id}`, { instanceId: id });
+    if (!INSTANCE_ID_RE.test(id))
+      throw new SpaceError('DRIVER_FAILED', `bad instance id ${id}`, { instanceId: id });
     if (!spec.image.rootfsImage || !spec.image.kernel) {
       throw new SpaceError(
         'DRIVER_FAILED',
