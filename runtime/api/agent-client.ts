@@ -10,6 +10,10 @@ import {
   type AgentCommandResponse,
   type AgentCreateRequest,
   type AgentCreateResponse,
+  type AgentPauseRequest,
+  type AgentPauseResponse,
+  type AgentResumeRequest,
+  type AgentResumeResponse,
   agentPath,
 } from '../core/agent-protocol.ts';
 import type { EgressPolicy } from '../core/egress.ts';
@@ -75,5 +79,18 @@ export class AgentClient {
   /** Starts a command in the sandbox's guest; the output is then read over the data plane. */
   startCommand(node: NodeInfo, sandboxId: string, req: AgentCommandRequest) {
     return this.#call<AgentCommandResponse>(node, 'POST', agentPath(AGENT_ROUTES.commands, sandboxId), req);
+  }
+
+  /** Freezes or hibernates a sandbox on its node; idempotent (a paused sandbox answers as paused). */
+  pauseSandbox(node: NodeInfo, sandboxId: string, req: AgentPauseRequest) {
+    return this.#call<AgentPauseResponse>(node, 'POST', agentPath(AGENT_ROUTES.pause, sandboxId), req);
+  }
+
+  /**
+   * Thaws a frozen sandbox on its node, or restores a hibernated one there (`req.restore`);
+   * idempotent (a running sandbox answers as resumed).
+   */
+  resumeSandbox(node: NodeInfo, sandboxId: string, req: AgentResumeRequest) {
+    return this.#call<AgentResumeResponse>(node, 'POST', agentPath(AGENT_ROUTES.resume, sandboxId), req);
   }
 }

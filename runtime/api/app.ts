@@ -28,6 +28,7 @@ import { credentialRoutes } from './routes/credentials.ts';
 import { nodeRoutes } from './routes/nodes.ts';
 import { operationRoutes } from './routes/operations.ts';
 import { sandboxRoutes } from './routes/sandboxes.ts';
+import { usageRoutes } from './routes/usage.ts';
 import { type SandboxRecord, SandboxStore } from './sandbox-store.ts';
 import { ErrorSchema, OperationSchema, SandboxSchema } from './schemas.ts';
 
@@ -147,6 +148,7 @@ export async function buildApp(deps: ApiDeps): Promise<FastifyInstance> {
   await app.register(commandRoutes(deps));
   await app.register(nodeRoutes(deps));
   await app.register(credentialRoutes(deps));
+  await app.register(usageRoutes(deps));
   return app;
 }
 
@@ -161,6 +163,11 @@ export function createApiRuntime(deps: ApiDeps, workerConnection: Redis) {
       nodes: deps.nodes,
       agents: deps.agents,
       log: deps.log,
+      pause: {
+        mode: deps.config.pauseMode,
+        hibernateAbovePercent: deps.config.hibernateAbovePercent,
+        retentionSec: deps.config.pausedRetentionSec,
+      },
     }),
     log: deps.log.child({ component: 'worker' }),
     concurrency: deps.config.workerConcurrency,

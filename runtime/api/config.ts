@@ -56,6 +56,41 @@ export const apiSettings = {
     60_000,
     100,
   ),
+  defaultAutoPauseSec: setting.int(
+    'SPACE_DEFAULT_AUTO_PAUSE_SEC',
+    'Idle seconds before a sandbox is paused when its create names none (0: never), s.',
+    300,
+    0,
+  ),
+  pausedRetentionSec: setting.int(
+    'SPACE_PAUSED_RETENTION_SEC',
+    'How long a paused sandbox is kept before it is killed (reason `retention`), s (7 days).',
+    604_800,
+    1,
+  ),
+  pauseMode: setting.oneOf(
+    'SPACE_PAUSE_MODE',
+    'How a pause that names no mode (and every auto-pause) holds a sandbox: `frozen` (in memory), `hibernated` (snapshot to disk, capacity freed) or `auto` (hibernated when the node can snapshot and its reserved memory is above SPACE_HIBERNATE_ABOVE_PERCENT, else frozen).',
+    ['auto', 'frozen', 'hibernated'],
+    'auto',
+  ),
+  hibernateAbovePercent: setting.int(
+    'SPACE_HIBERNATE_ABOVE_PERCENT',
+    'With SPACE_PAUSE_MODE=auto: reserved memory share of the node (%) above which pauses hibernate.',
+    70,
+    0,
+    100,
+  ),
+  resumeTimeoutMs: setting.int(
+    'SPACE_RESUME_TIMEOUT_MS',
+    'How long a command on a paused sandbox waits for it to resume, ms.',
+    60_000,
+    100,
+  ),
+  publicDataPlaneUrl: setting.optionalString(
+    'SPACE_ROUTER_URL',
+    'Public base URL of the router; data-plane URLs handed to clients point there. Empty: the node agent’s own URL.',
+  ),
   reaperIntervalMs: setting.int(
     'SPACE_REAPER_INTERVAL_MS',
     'How often expired sandboxes are collected, ms.',

@@ -1,19 +1,33 @@
 /**
- * The operation handlers that change sandboxes: create (place → dispatch → running) and delete
- * (killing → destroy on the node → release → killed). Both are idempotent, so a reclaimed
- * operation can run again; every failure leaves nothing half-made (the instance is destroyed on
- * the node and the reservation released).
+ * The operation handlers that change sandboxes: create (place → dispatch → running), delete
+ * (killing → destroy on the node → release → killed), pause (pausing → freeze or hibernate on the
+ * node → paused) and resume (resuming → thaw, or place + restore → running). All are idempotent,
+ * so a reclaimed operation can run again; every failure leaves nothing half-made (the instance is
+ * destroyed on the node and the reservation released, or a pause/resume that failed returns the
+ * sandbox to the state it came from).
  */
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import { SpaceError } from '../core/errors.ts';
 import { F } from '../core/log-fields.ts';
-import type { OperationKind } from '../core/types.ts';
+import type { NodeInfo, OperationKind, PauseMode, SandboxState } from '../core/types.ts';
 import { KILL_REASONS, type KillReason } from '../core/types.ts';
+import { reportUsage, type UsageState } from '../core/usage.ts';
 import type { AgentClient } from './agent-client.ts';
 import type { CredentialStore } from './credential-store.ts';
 import type { NodeStore } from './node-store.ts';
 import type { OperationHandler, OperationRecord } from './operations.ts';
-import type { SandboxStore } from './sandbox-store.ts';
+import type { SandboxRecord, SandboxStore } from './sandbox-store.ts';
+
+/** Pause policy (from the API config). */
+export interface PausePolicy {
+  /** Mode of a pause that names none, and of every auto-pause. */
+  mode: 'auto' | PauseMode;
+  /** With `auto`: the node's reserved memory share (%) above which pauses hibernate. */
+  hibernateAbovePercent: number;
+  /** How long a paused sandbox is kept, s. */
+  retentionSec: number;
+}
 
 export interface LifecycleDeps {
   sandboxes: SandboxStore;
@@ -21,6 +35,37 @@ export interface LifecycleDeps {
   nodes: NodeStore;
   agents: AgentClient;
   log: Logger;
+  pause: PausePolicy;
+}
+
+/** How long a pause or resume waits for the other one, already under way, to settle (ms). */
+const SETTLE_WAIT_MS = 120_000;
+
+/** Records the sandbox's activity state change (metering); a Redis failure only logs. */
+async function meter(d: LifecycleDeps, rec: SandboxRecord, state: UsageState | 'ended', onlyIf?: UsageState) {
+  await reportUsage(
+    d.sandboxes.redis,
+    rec.id,
+    state,
+    {
+      vcpus: rec.vcpus,
+      memoryMiB: rec.memoryMiB,
+      template: rec.template,
+      apiKey: rec.apiKey,
+      autoPauseSec: rec.autoPauseSec,
+    },
+    onlyIf,
+  ).catch((err: unknown) => d.log.warn({ err, [F.sandboxId]: rec.id }, 'usage report failed'));
+}
+
+/** Waits (bounded) until the sandbox leaves `transient`; returns the record then. */
+async function settle(d: LifecycleDeps, id: string, transient: SandboxState): Promise<SandboxRecord | null> {
+  const until = Date.now() + SETTLE_WAIT_MS;
+  for (;;) {
+    const rec = await d.sandboxes.get(id);
+    if (!rec || rec.state !== transient || Date.now() > until) return rec;
+    await sleep(50);
+  }
 }
 
 /** Destroys what exists of a sandbox and records it killed; safe to repeat. */
@@ -35,6 +80,7 @@ async function teardown(d: LifecycleDeps, id: string, reason: KillReason, messag
   await d.sandboxes.release(id);
   // keep what was said when it started ending (a crash the node described), else the reason's text
   await d.sandboxes.markKilled(id, reason, message ?? rec.endMessage ?? undefined);
+  await meter(d, rec, 'ended');
 }
 
 async function create(d: LifecycleDeps, op: OperationRecord): Promise<void> {
@@ -86,6 +132,7 @@ async function create(d: LifecycleDeps, op: OperationRecord): Promise<void> {
       });
     }
     log.info({ [F.nodeId]: node.id, createdFrom }, 'sandbox running');
+    await meter(d, rec, 'idle', undefined);
   } catch (err) {
     const e =
       err instanceof SpaceError ? err : new SpaceError('INTERNAL', 'create failed', {}, { cause: err });
@@ -112,10 +159,176 @@ async function remove(d: LifecycleDeps, op: OperationRecord): Promise<void> {
   d.log.info({ [F.sandboxId]: id, reason }, 'sandbox killed');
 }
 
+/**
+ * The mode a pause gets: the one asked for, else the policy's; `auto` hibernates when the node's
+ * driver can snapshot and restore and its reserved memory is above the threshold. A node that
+ * cannot snapshot only freezes. Pure.
+ */
+export function choosePauseMode(
+  asked: string | undefined,
+  node: Pick<NodeInfo, 'capabilities' | 'memoryMiB' | 'usedMemoryMiB'>,
+  policy: PausePolicy,
+): PauseMode {
+  const canHibernate = node.capabilities.includes('snapshot') && node.capabilities.includes('restore');
+  const want = asked === 'frozen' || asked === 'hibernated' ? asked : policy.mode;
+  if (want === 'frozen') return 'frozen';
+  if (want === 'hibernated') {
+    if (!canHibernate) {
+      throw new SpaceError('SNAPSHOT_UNSUPPORTED', 'the sandbox’s node cannot hibernate sandboxes (no snapshots)');
+    }
+    return 'hibernated';
+  }
+  const share = node.memoryMiB > 0 ? (100 * node.usedMemoryMiB) / node.memoryMiB : 0;
+  return canHibernate && share > policy.hibernateAbovePercent ? 'hibernated' : 'frozen';
+}
+
+async function pause(d: LifecycleDeps, op: OperationRecord): Promise<void> {
+  const id = op.target;
+  const log = d.log.child({ [F.sandboxId]: id, [F.operationId]: op.id });
+  let rec = await d.sandboxes.get(id);
+  if (rec?.state === 'resuming') rec = await settle(d, id, 'resuming');
+  if (!rec) throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox ${id} vanished`);
+  if (rec.state === 'paused') {
+    // already paused (or a previous run of this operation got this far): finish its bookkeeping
+    if (rec.pause?.mode === 'hibernated' && rec.nodeId) await d.sandboxes.unplace(id);
+    return;
+  }
+  if (rec.state !== 'running' && rec.state !== 'pausing') {
+    throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${rec.state}; it cannot be paused`, {
+      sandboxId: id,
+      state: rec.state,
+    });
+  }
+  const node = await d.nodes.requireAlive(rec.nodeId ?? '');
+  const mode = choosePauseMode(op.args.mode, node, d.pause);
+  const reason = op.args.reason === 'idle' ? 'idle' : 'request';
+  if (rec.state === 'running') {
+    const moved = await d.sandboxes.transition(id, 'pausing', {
+      pauseMode: mode,
+      pauseReason: reason,
+      retentionMs: String(d.pause.retentionSec * 1000),
+    });
+    if (!moved.ok) {
+      throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${moved.current}; it cannot be paused`, {
+        sandboxId: id,
+        state: moved.current,
+      });
+    }
+  }
+  const started = Date.now();
+  let out: Awaited<ReturnType<AgentClient['pauseSandbox']>>;
+  try {
+    out = await d.agents.pauseSandbox(node, id, { mode });
+  } catch (err) {
+    await d.sandboxes.transition(id, 'running');
+    throw err;
+  }
+  const fields: Record<string, string> = { pauseMode: out.mode };
+  if (out.hibernation) {
+    fields.hibernateStore = out.hibernation.store;
+    fields.hibernatePath = out.hibernation.path;
+  }
+  const moved = await d.sandboxes.transition(id, 'paused', fields);
+  if (!moved.ok) {
+    // deleted meanwhile: its delete operation destroys what the node holds
+    throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} was deleted while being paused`, {
+      sandboxId: id,
+    });
+  }
+  if (out.mode === 'hibernated') await d.sandboxes.unplace(id);
+  await meter(d, rec, 'paused');
+  log.info({ mode: out.mode, reason, [F.durationMs]: Date.now() - started }, 'sandbox paused');
+}
+
+async function resume(d: LifecycleDeps, op: OperationRecord): Promise<void> {
+  const id = op.target;
+  const log = d.log.child({ [F.sandboxId]: id, [F.operationId]: op.id });
+  let rec = await d.sandboxes.get(id);
+  if (rec?.state === 'pausing') rec = await settle(d, id, 'pausing');
+  if (!rec) throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox ${id} vanished`);
+  if (rec.state === 'running') return;
+  if (rec.state !== 'paused' && rec.state !== 'resuming') {
+    throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${rec.state}; it cannot be resumed`, {
+      sandboxId: id,
+      state: rec.state,
+    });
+  }
+  if (rec.state === 'paused') {
+    const moved = await d.sandboxes.transition(id, 'resuming');
+    if (!moved.ok) {
+      throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${moved.current}`, {
+        sandboxId: id,
+        state: moved.current,
+      });
+    }
+  }
+  const started = Date.now();
+  const hib = rec.pause?.mode === 'hibernated' ? rec.hibernation : null;
+  let nodeId = rec.nodeId;
+  try {
+    if (hib) {
+      const placed = await d.sandboxes.place(rec, hib.store);
+      if (placed.nodeId === null) {
+        throw new SpaceError('NODE_CAPACITY_EXHAUSTED', 'no node that reads its snapshot has room for the sandbox', {
+          sandboxId: id,
+          store: hib.store,
+        });
+      }
+      nodeId = placed.nodeId;
+      const node = await d.nodes.requireAlive(nodeId);
+      const cur = (await d.sandboxes.get(id)) ?? rec;
+      await d.agents.resumeSandbox(node, id, {
+        restore: {
+          sandboxId: id,
+          sessionId: cur.sessionId,
+          template: cur.template,
+          vcpus: cur.vcpus,
+          memoryMiB: cur.memoryMiB,
+          env: cur.env,
+          expiresAtMs: Date.now() + (cur.pause?.timeLeftSec ?? cur.timeoutSec) * 1000,
+          egress: cur.egress,
+          credentials: await d.credentials.resolve(cur.grants),
+          hibernation: hib,
+        },
+      });
+    } else {
+      const node = await d.nodes.requireAlive(rec.nodeId ?? '');
+      await d.agents.resumeSandbox(node, id, {});
+    }
+  } catch (err) {
+    const e = err instanceof SpaceError ? err : new SpaceError('INTERNAL', 'resume failed', {}, { cause: err });
+    if (!hib && (e.code === 'SANDBOX_NOT_FOUND' || e.code === 'INSTANCE_LOST')) {
+      // the frozen instance is gone from its node: the sandbox cannot come back
+      if ((await d.sandboxes.markKilling(id, 'crashed')).ok) {
+        await teardown(d, id, 'crashed', `its instance was gone when it was resumed: ${e.message}`).catch(
+          (cleanupErr: unknown) => log.error({ err: cleanupErr }, 'cleanup after failed resume failed'),
+        );
+      }
+      throw e;
+    }
+    if (hib) await d.sandboxes.unplace(id);
+    await d.sandboxes.transition(id, 'paused');
+    throw e;
+  }
+  const moved = await d.sandboxes.transition(id, 'running');
+  if (!moved.ok) {
+    throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} was deleted while being resumed`, {
+      sandboxId: id,
+    });
+  }
+  await meter(d, rec, 'idle', 'paused');
+  log.info(
+    { mode: rec.pause?.mode, [F.nodeId]: nodeId, [F.durationMs]: Date.now() - started },
+    'sandbox resumed',
+  );
+}
+
 /** The handler table of the operation worker. */
 export function lifecycleHandlers(d: LifecycleDeps): Record<OperationKind, OperationHandler> {
   return {
     'sandbox.create': (op) => create(d, op),
     'sandbox.delete': (op) => remove(d, op),
+    'sandbox.pause': (op) => pause(d, op),
+    'sandbox.resume': (op) => resume(d, op),
   };
 }

@@ -1,11 +1,14 @@
 /**
  * Lifetime enforcement: every interval, claim sandboxes past their deadline (expire.lua moves
- * each to killing and queues its delete operation atomically), and every
- * {@link RECONCILE_INTERVAL_MS} run the reconciler. Any API replica may run it; the scripts make
- * double claims impossible.
+ * each to killing and queues its delete operation atomically), pause sandboxes whose idle timer
+ * ran out (`autoPauseSec`), and every {@link RECONCILE_INTERVAL_MS} run the reconciler. Any API
+ * replica may run it; the scripts make double claims impossible.
  */
 import type { Logger } from 'pino';
+import { SpaceError } from '../core/errors.ts';
+import { requestLifecycle } from '../core/lifecycle-requests.ts';
 import { F } from '../core/log-fields.ts';
+import { keys } from '../core/redis-keys.ts';
 import type { Reconciler } from './reconciler.ts';
 import type { SandboxStore } from './sandbox-store.ts';
 
@@ -39,12 +42,33 @@ export class Reaper {
     try {
       const ids = await this.#store.claimExpired();
       for (const id of ids) this.#log.info({ [F.sandboxId]: id }, 'sandbox lifetime reached');
+      await this.#autoPause();
       if (this.#reconciler && Date.now() - this.#lastReconcile >= RECONCILE_INTERVAL_MS) {
         this.#lastReconcile = Date.now();
         await this.#reconciler.pass();
       }
     } catch (err) {
       this.#log.error({ err }, 'expiry sweep failed');
+    }
+  }
+
+  /**
+   * Pauses sandboxes idle past their `autoPauseSec` (the agents and the API put them on the
+   * `autopause` timer when they turn idle). Whoever removes an entry first owns it; a sandbox that
+   * turned active, or is no longer running, is left alone.
+   */
+  async #autoPause(now = Date.now(), limit = 100): Promise<void> {
+    const redis = this.#store.redis;
+    const due = await redis.zrangebyscore(keys.autoPause(), '-inf', now, 'LIMIT', 0, limit);
+    for (const id of due) {
+      if ((await redis.zrem(keys.autoPause(), id)) !== 1) continue;
+      if ((await redis.hget(keys.sandbox(id), 'state')) !== 'running') continue;
+      try {
+        const asked = await requestLifecycle(redis, 'sandbox.pause', id, { reason: 'idle' });
+        this.#log.info({ [F.sandboxId]: id, [F.operationId]: asked.operationId }, 'sandbox idle: pausing');
+      } catch (err) {
+        if (!(err instanceof SpaceError)) throw err;
+      }
     }
   }
 

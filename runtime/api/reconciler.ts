@@ -66,6 +66,9 @@ export class Reconciler {
           if (ended[id]) await redis.hdel(keys.nodeEnded(node), id);
           continue;
         }
+        // a pause or resume under way owns the sandbox (a hibernating node forgets it before the
+        // record says paused); the operation ends it in a settled state
+        if (rec.state === 'pausing' || rec.state === 'resuming') continue;
         const crash = ended[id];
         if (crash) {
           // the node saw it die (out of memory, pids, kernel failure): record that, not "node lost"

@@ -17,6 +17,7 @@ export interface SpaceScripts {
     vcpusMilli: string,
     memoryMiB: string,
     drivers: string,
+    hibernateStore: string,
   ): Promise<[string, number | string]>;
   spaceRelease(sandboxKey: string, prefix: string): Promise<number>;
   spaceExpire(

@@ -28,6 +28,10 @@ export interface SandboxRecord extends Omit<Sandbox, 'credentials'> {
   egress: EgressPolicy;
   /** Credentials granted (placeholders only). */
   grants: SandboxGrant[];
+  /** Name of the API key that created it ('' for records made before keys were recorded). */
+  apiKey: string;
+  /** Where a hibernated sandbox's snapshot is (null unless hibernated). */
+  hibernation: { store: string; path: string } | null;
 }
 
 /** Fields written at creation. */
@@ -42,6 +46,10 @@ export interface NewSandbox {
   sessionId: string;
   egress: EgressPolicy;
   grants: SandboxGrant[];
+  /** Idle seconds before auto-pause (0 or absent: never). */
+  autoPauseSec?: number;
+  /** Name of the API key that asked for it. */
+  apiKey?: string;
 }
 
 const iso = (ms: string | number | undefined) =>
@@ -57,6 +65,18 @@ function fromHash(h: Record<string, string>): SandboxRecord | null {
     vcpus: Number(h.vcpus),
     memoryMiB: Number(h.memoryMiB),
     timeoutSec: Number(h.timeoutSec),
+    autoPauseSec: Number(h.autoPauseSec ?? 0),
+    pause:
+      h.pauseMode === 'frozen' || h.pauseMode === 'hibernated'
+        ? {
+            mode: h.pauseMode,
+            reason: h.pauseReason === 'idle' ? 'idle' : 'request',
+            pausedAt: iso(h.pausedAtMs) ?? '',
+            timeLeftSec: Math.max(0, Math.round(Number(h.timeLeftMs ?? 0) / 1000)),
+          }
+        : null,
+    apiKey: h.apiKey ?? '',
+    hibernation: h.hibernateStore ? { store: h.hibernateStore, path: h.hibernatePath ?? '' } : null,
     metadata: JSON.parse(h.metadata ?? '{}') as Record<string, string>,
     env: JSON.parse(h.env ?? '{}') as Record<string, string>,
     nodeId: h.nodeId || null,
@@ -80,7 +100,7 @@ function fromHash(h: Record<string, string>): SandboxRecord | null {
 
 /** The public JSON of a record (drops env and internal fields). */
 export function toPublic(r: SandboxRecord): Sandbox {
-  const { env: _env, expiresAtMs: _deadline, grants, ...pub } = r;
+  const { env: _env, expiresAtMs: _deadline, grants, apiKey: _key, hibernation: _h, ...pub } = r;
   return { ...pub, credentials: grants.map((g) => ({ name: g.name, envVar: g.envVar })) };
 }
 
@@ -104,6 +124,8 @@ export class SandboxStore {
         vcpus: String(s.vcpus),
         memoryMiB: String(s.memoryMiB),
         timeoutSec: String(s.timeoutSec),
+        autoPauseSec: String(s.autoPauseSec ?? 0),
+        apiKey: s.apiKey ?? '',
         metadata: JSON.stringify(s.metadata),
         env: JSON.stringify(s.env),
         sessionId: s.sessionId,
@@ -221,9 +243,13 @@ export class SandboxStore {
     );
   }
 
-  /** Reserves room on a node (see place.lua). */
+  /**
+   * Reserves room on a node (see place.lua); with `store`, only on a node reading that hibernation
+   * store (resuming a hibernated sandbox).
+   */
   async place(
     rec: SandboxRecord,
+    store = '',
   ): Promise<{ nodeId: string; fromWarm: boolean } | { nodeId: null; reason: string }> {
     const [node, extra] = await this.redis.spacePlace(
       keys.nodeIndex(),
@@ -234,9 +260,19 @@ export class SandboxStore {
       String(Math.round(rec.vcpus * 1000)),
       String(rec.memoryMiB),
       acceptingDrivers(rec).join(','),
+      store,
     );
     if (!node) return { nodeId: null, reason: String(extra) };
     return { nodeId: node, fromWarm: Number(extra) === 1 };
+  }
+
+  /**
+   * After a hibernation: returns the reservation and forgets the node, so a resume places the
+   * sandbox afresh. Idempotent.
+   */
+  async unplace(id: string): Promise<void> {
+    await this.release(id);
+    await this.redis.hset(keys.sandbox(id), { nodeId: '', released: '0', fromWarmPool: '0' });
   }
 
   /** Returns the sandbox's reservation to its node (once). */

@@ -2,7 +2,15 @@
 import { type Static, Type } from '@sinclair/typebox';
 import { EgressPolicySchema } from '../core/egress.ts';
 import { ID_PATTERN } from '../core/ids.ts';
-import { KILL_REASONS, OPERATION_KINDS, OPERATION_STATES, SANDBOX_STATES } from '../core/types.ts';
+import {
+  KILL_REASONS,
+  OPERATION_KINDS,
+  OPERATION_STATES,
+  PAUSE_MODES,
+  PAUSE_REASONS,
+  SANDBOX_STATES,
+} from '../core/types.ts';
+import { USAGE_STATES } from '../core/usage.ts';
 
 /** Limits on client input (documented in the README). */
 export const LIMITS = {
@@ -16,8 +24,11 @@ export const LIMITS = {
   maxCommandTimeoutMs: 24 * 3600 * 1000,
 } as const;
 
-const literalUnion = <T extends string>(values: readonly T[]) =>
-  Type.Union(values.map((v) => Type.Literal(v)));
+const literalUnion = <T extends string>(values: readonly T[], opts: { description?: string } = {}) =>
+  Type.Union(
+    values.map((v) => Type.Literal(v)),
+    opts,
+  );
 
 export const ErrorSchema = Type.Object(
   {
@@ -98,7 +109,19 @@ export const CreateSandboxBody = Type.Object(
     memoryMiB: Type.Optional(
       Type.Integer({ minimum: 128, maximum: 262_144, default: 512, description: 'MiB.' }),
     ),
-    timeoutSec: Type.Optional(Type.Integer({ minimum: 1, description: 'Lifetime, s; default from config.' })),
+    timeoutSec: Type.Optional(
+      Type.Integer({
+        minimum: 1,
+        description: 'Running lifetime, s (paused time does not count); default from config.',
+      }),
+    ),
+    autoPauseSec: Type.Optional(
+      Type.Integer({
+        minimum: 0,
+        maximum: 7 * 86_400,
+        description: 'Pause the sandbox after this many idle seconds (0: never); default from config.',
+      }),
+    ),
     metadata: Type.Optional(Metadata),
     env: Type.Optional(EnvVars),
     egress: Type.Optional(EgressPolicySchema),
@@ -122,6 +145,16 @@ export const SandboxSchema = Type.Object(
     vcpus: Type.Number(),
     memoryMiB: Type.Integer(),
     timeoutSec: Type.Integer(),
+    autoPauseSec: Type.Integer(),
+    pause: Type.Union([
+      Type.Object({
+        mode: literalUnion(PAUSE_MODES),
+        reason: literalUnion(PAUSE_REASONS),
+        pausedAt: Type.String({ format: 'date-time' }),
+        timeLeftSec: Type.Integer({ description: 'Running lifetime left, s.' }),
+      }),
+      Type.Null(),
+    ]),
     metadata: Type.Record(Type.String(), Type.String()),
     nodeId: Type.Union([Type.String(), Type.Null()]),
     fromWarmPool: Type.Boolean(),
@@ -245,3 +278,58 @@ export const TokenBody = Type.Object(
   },
   { additionalProperties: false },
 );
+
+export const PauseBody = Type.Object(
+  {
+    mode: Type.Optional(
+      literalUnion(['auto', ...PAUSE_MODES] as const, {
+        description:
+          '`frozen`: kept in memory, instant resume. `hibernated`: snapshot to disk, capacity freed. `auto` (default): the platform’s policy.',
+      }),
+    ),
+  },
+  { additionalProperties: false },
+);
+
+const PerState = Type.Object(
+  Object.fromEntries(USAGE_STATES.map((s) => [s, Type.Number()])) as Record<
+    (typeof USAGE_STATES)[number],
+    ReturnType<typeof Type.Number>
+  >,
+);
+
+/** Usage of one sandbox (or one group): seconds per state, and vCPU- and GiB-seconds per state. */
+export const UsageFigures = Type.Object({
+  seconds: PerState,
+  vcpuSeconds: PerState,
+  gibSeconds: PerState,
+});
+
+export const SandboxUsageSchema = Type.Object({
+  sandboxId: Type.String(),
+  template: Type.String(),
+  startedAt: Type.Union([Type.String({ format: 'date-time' }), Type.Null()]),
+  endedAt: Type.Union([Type.String({ format: 'date-time' }), Type.Null()]),
+  /** Current activity state (null once ended). */
+  state: Type.Union([literalUnion(USAGE_STATES), Type.Null()]),
+  ...UsageFigures.properties,
+});
+
+export const UsageQuery = Type.Object(
+  {
+    from: Type.Optional(Type.String({ format: 'date-time', description: 'Start (inclusive); default 24 h ago.' })),
+    to: Type.Optional(Type.String({ format: 'date-time', description: 'End (exclusive); default now.' })),
+    groupBy: Type.Optional(literalUnion(['sandbox', 'apiKey', 'template'] as const)),
+  },
+  { additionalProperties: false },
+);
+
+export const UsageReportSchema = Type.Object({
+  from: Type.String({ format: 'date-time' }),
+  to: Type.String({ format: 'date-time' }),
+  groupBy: Type.String(),
+  /** Closed time is kept in one-minute buckets: `from`/`to` are rounded out to whole minutes. */
+  resolutionSec: Type.Integer(),
+  groups: Type.Array(Type.Object({ key: Type.String(), ...UsageFigures.properties })),
+  total: UsageFigures,
+});

@@ -13,6 +13,8 @@
  * | PUT | /internal/v1/sandboxes/:id/egress | EgressPolicy → 204 |
  * | POST | /internal/v1/sandboxes/:id/commands | {@link AgentCommandRequest} → 201 {@link AgentCommandResponse} |
  * | GET | /internal/v1/sandboxes | → `{ sandboxes: AgentSandboxSummary[] }` |
+ * | POST | /internal/v1/sandboxes/:id/pause | {@link AgentPauseRequest} → {@link AgentPauseResponse} (idempotent) |
+ * | POST | /internal/v1/sandboxes/:id/resume | {@link AgentResumeRequest} → {@link AgentResumeResponse} (idempotent) |
  *
  * Mixed versions (one release apart) must interoperate, so changes are additive: a new field is
  * optional, and an agent ignores fields it does not know (request objects here allow additional
@@ -23,7 +25,7 @@ import { CredentialGrantSchema } from './credentials.ts';
 import { EgressPolicySchema } from './egress.ts';
 
 /** Version of this contract, sent by agents in their registration. */
-export const AGENT_PROTOCOL_VERSION = 2;
+export const AGENT_PROTOCOL_VERSION = 3;
 
 /** Environment variables: POSIX names to strings. */
 export const EnvVarsSchema = Type.Record(
@@ -93,12 +95,56 @@ export const AgentSandboxSummarySchema = Type.Object({
 });
 export type AgentSandboxSummary = Static<typeof AgentSandboxSummarySchema>;
 
+/** Body of POST /internal/v1/sandboxes/:id/pause. */
+export const AgentPauseRequestSchema = Type.Object({
+  /**
+   * `frozen`: the driver freezes the instance in memory. `hibernated`: the agent snapshots it into
+   * its hibernation store (with the sandbox's command spools), destroys the instance and forgets
+   * the sandbox; any node reading the same store can resume it.
+   */
+  mode: Type.Union([Type.Literal('frozen'), Type.Literal('hibernated')]),
+});
+export type AgentPauseRequest = Static<typeof AgentPauseRequestSchema>;
+
+/** Answer of POST /internal/v1/sandboxes/:id/pause. */
+export const AgentPauseResponseSchema = Type.Object({
+  mode: Type.Union([Type.Literal('frozen'), Type.Literal('hibernated')]),
+  /** Hibernated: the snapshot's folder in the node's hibernation store (`store`). */
+  hibernation: Type.Optional(Type.Object({ store: Type.String(), path: Type.String() })),
+});
+export type AgentPauseResponse = Static<typeof AgentPauseResponseSchema>;
+
+/**
+ * Body of POST /internal/v1/sandboxes/:id/resume. Empty for a frozen sandbox (the node that froze
+ * it thaws it). For a hibernated one, everything a create carries plus where its snapshot is: the
+ * node restores it as a new instance, so the API may place it on any node of the same store.
+ */
+export const AgentResumeRequestSchema = Type.Object({
+  restore: Type.Optional(
+    Type.Intersect([
+      AgentCreateRequestSchema,
+      Type.Object({ hibernation: Type.Object({ store: Type.String(), path: Type.String() }) }),
+    ]),
+  ),
+});
+export type AgentResumeRequest = Static<typeof AgentResumeRequestSchema>;
+
+/** Answer of POST /internal/v1/sandboxes/:id/resume. */
+export const AgentResumeResponseSchema = Type.Object({
+  instanceId: Type.String(),
+  /** `thawed`: a frozen instance resumed; `restored`: a hibernated one restored from its snapshot. */
+  how: Type.Union([Type.Literal('thawed'), Type.Literal('restored')]),
+});
+export type AgentResumeResponse = Static<typeof AgentResumeResponseSchema>;
+
 /** Route patterns of the internal routes (the agent registers these; `:id` is a sandbox id). */
 export const AGENT_ROUTES = {
   sandboxes: '/internal/v1/sandboxes',
   sandbox: '/internal/v1/sandboxes/:id',
   egress: '/internal/v1/sandboxes/:id/egress',
   commands: '/internal/v1/sandboxes/:id/commands',
+  pause: '/internal/v1/sandboxes/:id/pause',
+  resume: '/internal/v1/sandboxes/:id/resume',
 } as const;
 
 /** The path of `route` for sandbox `id` (the API's client builds URLs with this). Pure. */

@@ -40,6 +40,11 @@ export const ERROR_CODES = {
   NOT_FOUND: { status: 404, retryable: false, doc: 'No such route.' },
   SANDBOX_NOT_FOUND: { status: 404, retryable: false, doc: 'No sandbox with this id (or it was deleted).' },
   SANDBOX_NOT_RUNNING: { status: 409, retryable: true, doc: 'The sandbox is not in the running state.' },
+  SANDBOX_PAUSED: {
+    status: 409,
+    retryable: true,
+    doc: 'The sandbox is paused; resume it (the router and `POST …/commands` resume it themselves) and retry.',
+  },
   OPERATION_NOT_FOUND: { status: 404, retryable: false, doc: 'No operation with this id.' },
   COMMAND_NOT_FOUND: { status: 404, retryable: false, doc: 'No command with this id in the sandbox.' },
   PROCESS_EXITED: { status: 409, retryable: false, doc: 'The command has exited or closed its stdin.' },

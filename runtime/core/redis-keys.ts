@@ -18,6 +18,8 @@ export const IDEMPOTENCY_TTL_SEC = 24 * 3600;
 export const OPERATION_TTL_SEC = 7 * 24 * 3600;
 /** How long a killed sandbox's record is kept (s): a week, so clients can read why it ended. */
 export const KILLED_SANDBOX_TTL_SEC = 7 * 24 * 3600;
+/** How long usage data (minute buckets, per-sandbox totals after the end) is kept (s): 35 days. */
+export const USAGE_RETENTION_SEC = 35 * 24 * 3600;
 
 export const keys = {
   /** Hash: one sandbox record (fields of `Sandbox`, metadata/env as JSON). */
@@ -54,6 +56,16 @@ export const keys = {
   nodeEnded: (id: string) => `${KEY_PREFIX}node:${id}:ended`,
   /** Set: sandbox ids placed on the node (reconciliation). */
   nodeSandboxes: (id: string) => `${KEY_PREFIX}node:${id}:sandboxes`,
+  /** Hash: a sandbox's open activity interval (`state` active|idle|paused, `since` ms, Redis clock). */
+  usageOpen: (id: string) => `${KEY_PREFIX}usage:open:${id}`,
+  /** Set: sandbox ids with an open activity interval. */
+  usageOpenIndex: () => `${KEY_PREFIX}usage:open`,
+  /** Hash: a sandbox's usage totals (`activeMs`, `idleMs`, `pausedMs`) and dimensions. */
+  usageSandbox: (id: string) => `${KEY_PREFIX}usage:sandbox:${id}`,
+  /** Hash: one minute's usage, field `<sandboxId>|<state>` → ms (minute = epoch ms / 60000). */
+  usageMinute: (minute: number) => `${KEY_PREFIX}usage:m:${minute}`,
+  /** Sorted set: idle running sandboxes, score = when the idle timer pauses them (ms). */
+  autoPause: () => `${KEY_PREFIX}autopause`,
 } as const;
 
 /** Consumer group of {@link keys.operationQueue}. */

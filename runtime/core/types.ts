@@ -44,6 +44,7 @@ export const KILL_REASONS = [
   'crashed',
   'node_lost',
   'node_drained',
+  'retention',
 ] as const;
 export type KillReason = (typeof KILL_REASONS)[number];
 
@@ -62,12 +63,26 @@ export function describeKillReason(reason: KillReason): string {
       return 'its node stopped heartbeating';
     case 'node_drained':
       return 'its node was drained';
+    case 'retention':
+      return 'it stayed paused longer than the paused retention (pausedRetentionSec)';
     default: {
       const never: never = reason;
       return never;
     }
   }
 }
+
+/**
+ * How a paused sandbox is held: *frozen* keeps its memory on its node (instant resume, capacity
+ * still reserved); *hibernated* writes a snapshot to disk and frees the memory and the node's
+ * capacity (resume restores the snapshot, on any node that can read it).
+ */
+export const PAUSE_MODES = ['frozen', 'hibernated'] as const;
+export type PauseMode = (typeof PAUSE_MODES)[number];
+
+/** What asked for a pause: a client, or the idle timer (`autoPauseSec`). */
+export const PAUSE_REASONS = ['request', 'idle'] as const;
+export type PauseReason = (typeof PAUSE_REASONS)[number];
 
 /** The public sandbox record (API JSON). */
 export interface Sandbox {
@@ -76,8 +91,21 @@ export interface Sandbox {
   state: SandboxState;
   vcpus: number;
   memoryMiB: number;
-  /** Lifetime from creation or the last timeout change, seconds. */
+  /**
+   * Running lifetime, seconds, from creation or the last timeout change. Only running time counts:
+   * a paused sandbox's clock stops (see {@link Sandbox.pause}).
+   */
   timeoutSec: number;
+  /** Idle seconds after which the platform pauses the sandbox (0: never). */
+  autoPauseSec: number;
+  /** Set while paused (or pausing/resuming after a pause): how and since when, ISO 8601. */
+  pause: {
+    mode: PauseMode;
+    reason: PauseReason;
+    pausedAt: string;
+    /** Running lifetime left when it was paused, seconds. */
+    timeLeftSec: number;
+  } | null;
   metadata: Record<string, string>;
   /** Node holding it, once placed. */
   nodeId: string | null;
@@ -90,7 +118,10 @@ export interface Sandbox {
   /** ISO 8601 times. */
   createdAt: string;
   updatedAt: string;
-  /** When the platform will kill it (ISO 8601). */
+  /**
+   * When the platform will kill it (ISO 8601): the end of its running lifetime, or while paused
+   * the end of the paused retention.
+   */
   expiresAt: string;
   endedAt: string | null;
   killReason: KillReason | null;
@@ -103,7 +134,7 @@ export interface Sandbox {
 }
 
 /** Kinds of asynchronous operations. */
-export const OPERATION_KINDS = ['sandbox.create', 'sandbox.delete'] as const;
+export const OPERATION_KINDS = ['sandbox.create', 'sandbox.delete', 'sandbox.pause', 'sandbox.resume'] as const;
 export type OperationKind = (typeof OPERATION_KINDS)[number];
 
 export const OPERATION_STATES = ['pending', 'running', 'succeeded', 'failed'] as const;

@@ -1,11 +1,14 @@
 /**
  * Commands and session tokens: the API starts a command on the sandbox's node and hands the
- * client a data-plane URL plus a session token; output then flows client ↔ node directly.
+ * client a data-plane URL plus a session token; output then flows client → router → node (or
+ * client → node where no router is configured). A command or token for a paused sandbox resumes
+ * it first (bounded by SPACE_RESUME_TIMEOUT_MS).
  */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
 import { SpaceError } from '../../core/errors.ts';
 import { newId } from '../../core/ids.ts';
+import { ensureRunning } from '../../core/lifecycle-requests.ts';
 import { F } from '../../core/log-fields.ts';
 import { mintSessionToken, type SessionScope } from '../../core/tokens.ts';
 import type { ApiDeps } from '../app.ts';
@@ -14,9 +17,13 @@ import { CommandBody, CommandResponse, ErrorSchema, IdParams, StreamGrant, Token
 const errors = { 400: ErrorSchema, 401: ErrorSchema, 404: ErrorSchema, 409: ErrorSchema, 503: ErrorSchema };
 
 export function commandRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
-  /** Running sandbox + its alive node, or a coded error. */
+  /** Running sandbox (resumed first when paused) + its alive node, or a coded error. */
   async function liveSandbox(id: string) {
-    const rec = await deps.requireSandbox(id);
+    let rec = await deps.requireSandbox(id);
+    if (rec.state === 'paused' || rec.state === 'pausing' || rec.state === 'resuming') {
+      await ensureRunning(deps.redis, id, { timeoutMs: deps.config.resumeTimeoutMs, reason: 'command' });
+      rec = await deps.requireSandbox(id);
+    }
     if (rec.state !== 'running' || !rec.nodeId) {
       throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${rec.state}`, {
         sandboxId: id,
@@ -25,6 +32,9 @@ export function commandRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
     }
     return { rec, node: await deps.nodes.requireAlive(rec.nodeId) };
   }
+
+  /** Base URL of the data plane clients should use: the router when configured, else the node. */
+  const dataPlaneBase = (nodeUrl: string) => deps.config.publicDataPlaneUrl || nodeUrl;
 
   return async (app) => {
     app.post(
@@ -64,7 +74,10 @@ export function commandRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         return reply.status(201).send({
           command: { id: commandId, sandboxId: rec.id, pid: started.pid },
           stream: {
-            url: new URL(`/v1/sandboxes/${rec.id}/commands/${commandId}/events`, node.url).toString(),
+            url: new URL(
+              `/v1/sandboxes/${rec.id}/commands/${commandId}/events`,
+              dataPlaneBase(node.url),
+            ).toString(),
             token: grant.token,
             expiresAt: new Date(grant.expiresAt * 1000).toISOString(),
           },
@@ -92,7 +105,7 @@ export function commandRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
           ttlSec: req.body?.ttlSec ?? deps.config.sessionTokenTtlSec,
         });
         return reply.status(201).send({
-          url: new URL(`/v1/sandboxes/${rec.id}`, node.url).toString(),
+          url: new URL(`/v1/sandboxes/${rec.id}`, dataPlaneBase(node.url)).toString(),
           token: grant.token,
           expiresAt: new Date(grant.expiresAt * 1000).toISOString(),
         });

@@ -1,13 +1,18 @@
-/** Routes of /v1/sandboxes: create (202 + operation), list, get, delete (→ operation), timeout. */
+/**
+ * Routes of /v1/sandboxes: create (202 + operation), list, get, delete, pause and resume
+ * (→ operation), timeout, egress, usage.
+ */
 import { createHash } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
+import type { FastifyBaseLogger } from 'fastify';
 import { isDriverName, shapeProblem } from '../../core/drivers.ts';
 import { EgressPolicySchema, normalisePolicy } from '../../core/egress.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { newId } from '../../core/ids.ts';
 import { F } from '../../core/log-fields.ts';
+import { requestLifecycle } from '../../core/lifecycle-requests.ts';
 import { IDEMPOTENCY_TTL_SEC, keys } from '../../core/redis-keys.ts';
 import type { SandboxState } from '../../core/types.ts';
 import type { ApiDeps } from '../app.ts';
@@ -21,10 +26,13 @@ import {
   IdParams,
   ListSandboxesQuery,
   OperationSchema,
+  PauseBody,
   SandboxAndOperation,
   SandboxSchema,
+  SandboxUsageSchema,
   TimeoutBody,
 } from '../schemas.ts';
+import { sandboxUsage } from '../usage.ts';
 
 const errors = { 400: ErrorSchema, 401: ErrorSchema, 404: ErrorSchema, 409: ErrorSchema, 422: ErrorSchema };
 
@@ -148,6 +156,8 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
             vcpus: body.vcpus ?? 1,
             memoryMiB: body.memoryMiB ?? 512,
             timeoutSec,
+            autoPauseSec: body.autoPauseSec ?? deps.config.defaultAutoPauseSec,
+            apiKey: req.apiKeyName ?? '',
             metadata: body.metadata ?? {},
             // the sandbox sees placeholders, never credential values
             env: { ...(body.env ?? {}), ...Object.fromEntries(grants.map((g) => [g.envVar, g.placeholder])) },
@@ -225,6 +235,69 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         const op = await deps.operations.enqueue('sandbox.delete', rec.id, { reason: 'request' });
         await deps.redis.hset(keys.sandbox(rec.id), 'deleteOperationId', op.id);
         return reply.status(202).send({ operation: operationToPublic(op) });
+      },
+    );
+
+    /** Asks for a pause/resume (sharing one already under way) and answers with its operation. */
+    async function askLifecycle(
+      kind: 'sandbox.pause' | 'sandbox.resume',
+      id: string,
+      mode: string | undefined,
+      log: FastifyBaseLogger,
+    ) {
+      const rec = await deps.requireSandbox(id);
+      const args: Record<string, string> = { reason: 'request' };
+      if (mode) args.mode = mode;
+      const asked = await requestLifecycle(deps.redis, kind, rec.id, args);
+      const op = await deps.operations.get(asked.operationId);
+      if (!op) throw new SpaceError('INTERNAL', `operation ${asked.operationId} vanished`);
+      log.info(
+        { [F.sandboxId]: rec.id, [F.operationId]: op.id, shared: !asked.created },
+        kind === 'sandbox.pause' ? 'pause requested' : 'resume requested',
+      );
+      return { operation: operationToPublic(op) };
+    }
+
+    app.post(
+      '/v1/sandboxes/:id/pause',
+      {
+        schema: {
+          summary:
+            'Pause a sandbox (asynchronous): files, processes, listening sockets and command output are kept; its running lifetime stops',
+          params: IdParams,
+          body: Type.Optional(PauseBody),
+          response: { 202: Type.Object({ operation: Type.Ref(OperationSchema) }), ...errors },
+        },
+      },
+      async (req, reply) =>
+        reply.status(202).send(await askLifecycle('sandbox.pause', req.params.id, req.body?.mode, req.log)),
+    );
+
+    app.post(
+      '/v1/sandboxes/:id/resume',
+      {
+        schema: {
+          summary: 'Resume a paused sandbox (asynchronous); the router and new commands also resume it',
+          params: IdParams,
+          response: { 202: Type.Object({ operation: Type.Ref(OperationSchema) }), ...errors },
+        },
+      },
+      async (req, reply) =>
+        reply.status(202).send(await askLifecycle('sandbox.resume', req.params.id, undefined, req.log)),
+    );
+
+    app.get(
+      '/v1/sandboxes/:id/usage',
+      {
+        schema: {
+          summary: 'Active, idle and paused time of a sandbox over its whole life (s, vCPU-s, GiB-s)',
+          params: IdParams,
+          response: { 200: SandboxUsageSchema, ...errors },
+        },
+      },
+      async (req) => {
+        const rec = await deps.requireSandbox(req.params.id);
+        return sandboxUsage(deps.redis, rec.id);
       },
     );
 

@@ -1,5 +1,6 @@
 -- Claim sandboxes whose lifetime has passed: each is removed from the deadline set and moved to
--- `killing` with reason `timeout` in one step, so an extension racing with expiry either wins
+-- `killing` with reason `timeout` (or `retention` when it is paused: its deadline was then the
+-- paused retention) in one step, so an extension racing with expiry either wins
 -- entirely (deadline moved first) or loses entirely (the sandbox is already killing).
 -- KEYS[1] deadlines zset; ARGV[1] key prefix, ARGV[2] now (ms), ARGV[3] max claims
 -- Returns the claimed sandbox ids.
@@ -10,10 +11,12 @@ for _, id in ipairs(due) do
   local sk = ARGV[1] .. 'sandbox:' .. id
   local state = redis.call('HGET', sk, 'state')
   if state == 'running' or state == 'paused' or state == 'pausing' or state == 'resuming' then
-    redis.call('HSET', sk, 'state', 'killing', 'killReason', 'timeout', 'updatedAt', ARGV[2])
+    local reason = 'timeout'
+    if state == 'paused' then reason = 'retention' end
+    redis.call('HSET', sk, 'state', 'killing', 'killReason', reason, 'updatedAt', ARGV[2])
     local opId = 'op_t' .. string.sub(id, string.find(id, '_') + 1)
     redis.call('HSET', ARGV[1] .. 'operation:' .. opId, 'id', opId, 'kind', 'sandbox.delete', 'target', id,
-      'state', 'pending', 'args', '{"reason":"timeout"}', 'createdAt', ARGV[2], 'updatedAt', ARGV[2])
+      'state', 'pending', 'args', '{"reason":"' .. reason .. '"}', 'createdAt', ARGV[2], 'updatedAt', ARGV[2])
     redis.call('XADD', KEYS[2], '*', 'id', opId)
     table.insert(claimed, id)
   end

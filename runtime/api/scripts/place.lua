@@ -3,7 +3,9 @@
 -- Idempotent: a sandbox already placed keeps its node.
 -- KEYS[1] node index set, KEYS[2] sandbox hash
 -- ARGV[1] key prefix, ARGV[2] sandbox id, ARGV[3] template, ARGV[4] vCPUs in milli-vCPU,
--- ARGV[5] memory MiB, ARGV[6] comma-separated drivers that can run this shape (core/drivers.ts)
+-- ARGV[5] memory MiB, ARGV[6] comma-separated drivers that can run this shape (core/drivers.ts),
+-- ARGV[7] hibernation store the node must read ('' = any; a hibernated sandbox resumes only where
+-- its snapshot is readable)
 -- Returns { nodeId, fromWarm (0/1) } or { '', reason } with reason 'no_nodes' | 'full'.
 -- A node whose driver cannot run the shape is passed over as if it were full.
 local placed = redis.call('HGET', KEYS[2], 'nodeId')
@@ -13,6 +15,7 @@ end
 local prefix, id, template = ARGV[1], ARGV[2], ARGV[3]
 local cpu, mem = tonumber(ARGV[4]), tonumber(ARGV[5])
 local drivers = ',' .. (ARGV[6] or '') .. ','
+local store = ARGV[7] or ''
 local best, bestWarm, bestLoad = nil, -1, math.huge
 local alive = 0
 for _, node in ipairs(redis.call('SMEMBERS', KEYS[1])) do
@@ -20,8 +23,9 @@ for _, node in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   if redis.call('EXISTS', nk .. ':alive') == 1 then
     alive = alive + 1
     local f = redis.call('HMGET', nk, 'schedulable', 'vcpusMilli', 'memoryMiB', 'maxSandboxes',
-      'usedVcpusMilli', 'usedMemoryMiB', 'sandboxes', 'driver')
+      'usedVcpusMilli', 'usedMemoryMiB', 'sandboxes', 'driver', 'hibernateStore')
     local fits = f[1] == '1'
+      and (store == '' or f[9] == store)
       and string.find(drivers, ',' .. (f[8] or '') .. ',', 1, true) ~= nil
       and tonumber(f[5] or '0') + cpu <= tonumber(f[2] or '0')
       and tonumber(f[6] or '0') + mem <= tonumber(f[3] or '0')

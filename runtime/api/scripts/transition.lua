@@ -2,6 +2,9 @@
 -- KEYS[1] sandbox hash, KEYS[2] deadlines zset
 -- ARGV[1] target state, ARGV[2] comma-separated allowed current states, ARGV[3] now (ms),
 -- ARGV[4..] extra field/value pairs to set with the change.
+-- Lifetime: only running time counts. Entering `paused` stores the running time left
+-- (`timeLeftMs`) and sets the deadline to the paused retention (field `retentionMs`, which the
+-- caller passes); leaving `resuming` for `running` gives the time left back.
 -- Returns { 1, target } on success, { 0, current } (current = '' when the sandbox is gone) otherwise.
 local current = redis.call('HGET', KEYS[1], 'state')
 if not current then return { 0, '' } end
@@ -15,7 +18,19 @@ for i = 4, #ARGV, 2 do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
 end
 local id = redis.call('HGET', KEYS[1], 'id')
-if ARGV[1] == 'running' then
+local now = tonumber(ARGV[3])
+if ARGV[1] == 'paused' and current == 'pausing' then
+  local left = math.max(0, tonumber(redis.call('HGET', KEYS[1], 'expiresAtMs')) - now)
+  local retention = tonumber(redis.call('HGET', KEYS[1], 'retentionMs') or '0')
+  redis.call('HSET', KEYS[1], 'timeLeftMs', left, 'pausedAtMs', now, 'expiresAtMs', now + retention)
+  redis.call('ZADD', KEYS[2], now + retention, id)
+elseif ARGV[1] == 'running' and current == 'resuming' then
+  local left = tonumber(redis.call('HGET', KEYS[1], 'timeLeftMs') or '0')
+  redis.call('HSET', KEYS[1], 'expiresAtMs', now + left)
+  redis.call('HDEL', KEYS[1], 'pauseMode', 'pauseReason', 'pausedAtMs', 'timeLeftMs', 'retentionMs',
+    'hibernateStore', 'hibernatePath')
+  redis.call('ZADD', KEYS[2], now + left, id)
+elseif ARGV[1] == 'running' then
   -- the lifetime clock is enforced only for live sandboxes
   redis.call('ZADD', KEYS[2], redis.call('HGET', KEYS[1], 'expiresAtMs'), id)
 elseif ARGV[1] == 'killing' or ARGV[1] == 'killed' then

@@ -1,0 +1,81 @@
+/**
+ * Activity metering, shared by the agents (active ↔ idle, as they see requests and commands) and
+ * the API (paused, resumed, ended). A sandbox is always in exactly one open interval in Redis;
+ * each report closes it and opens the next, on Redis's clock (`TIME`), so nodes with skewed
+ * clocks agree and an interval left open by a process that died is closed by the next report.
+ * Closed time lands in per-sandbox totals and in one-minute buckets that `GET /v1/usage` sums.
+ */
+import { readFileSync } from 'node:fs';
+import type { Redis } from 'ioredis';
+import { KEY_PREFIX, keys, USAGE_RETENTION_SEC } from './redis-keys.ts';
+
+/** Activity states that are billed separately. */
+export const USAGE_STATES = ['active', 'idle', 'paused'] as const;
+export type UsageState = (typeof USAGE_STATES)[number];
+
+/** Dimensions of a sandbox that usage is priced and grouped by. */
+export interface UsageDims {
+  vcpus: number;
+  memoryMiB: number;
+  template: string;
+  /** Name of the API key that created it ('' when unknown). */
+  apiKey: string;
+  /** Idle seconds before auto-pause (0: never). */
+  autoPauseSec: number;
+}
+
+/** What one report did. */
+export interface UsageReport {
+  /** The state whose interval was closed (null when none was open). */
+  previous: UsageState | null;
+  /** Length of the closed interval, ms. */
+  closedMs: number;
+  /** Redis time of the report, epoch ms. */
+  at: number;
+  /** The state now open (null once ended, or unchanged when `onlyIf` did not match). */
+  state: UsageState | null;
+}
+
+const METER_LUA = readFileSync(new URL('./scripts/meter.lua', import.meta.url), 'utf8');
+
+/**
+ * Closes the sandbox's open interval and opens `state` (or closes for good with `ended`).
+ * A sandbox that is killing or killed is always ended. With `onlyIf`, nothing happens unless
+ * the open interval is in that state (e.g. the API's "resumed → idle" must not overwrite an
+ * agent's "active" that arrived first). Idle running sandboxes with `autoPauseSec` > 0 are put on
+ * the auto-pause timer; any other state takes them off it.
+ * @throws whatever ioredis throws (Redis unreachable).
+ */
+export async function reportUsage(
+  redis: Redis,
+  sandboxId: string,
+  state: UsageState | 'ended',
+  dims: UsageDims,
+  onlyIf: UsageState | '' = '',
+): Promise<UsageReport> {
+  const [previous, closedMs, at, now] = (await redis.eval(
+    METER_LUA,
+    5,
+    keys.usageOpen(sandboxId),
+    keys.usageSandbox(sandboxId),
+    keys.autoPause(),
+    keys.sandbox(sandboxId),
+    keys.usageOpenIndex(),
+    KEY_PREFIX,
+    sandboxId,
+    state,
+    String(USAGE_RETENTION_SEC),
+    String(dims.vcpus),
+    String(dims.memoryMiB),
+    dims.template,
+    dims.apiKey,
+    String(dims.autoPauseSec),
+    onlyIf,
+  )) as [string, number, number, string];
+  return {
+    previous: (previous || null) as UsageState | null,
+    closedMs: Number(closedMs),
+    at: Number(at),
+    state: (now || null) as UsageState | null,
+  };
+}
