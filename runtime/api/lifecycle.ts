@@ -174,7 +174,10 @@ export function choosePauseMode(
   if (want === 'frozen') return 'frozen';
   if (want === 'hibernated') {
     if (!canHibernate) {
-      throw new SpaceError('SNAPSHOT_UNSUPPORTED', 'the sandbox’s node cannot hibernate sandboxes (no snapshots)');
+      throw new SpaceError(
+        'SNAPSHOT_UNSUPPORTED',
+        'the sandbox’s node cannot hibernate sandboxes (no snapshots)',
+      );
     }
     return 'hibernated';
   }
@@ -269,10 +272,14 @@ async function resume(d: LifecycleDeps, op: OperationRecord): Promise<void> {
     if (hib) {
       const placed = await d.sandboxes.place(rec, hib.store);
       if (placed.nodeId === null) {
-        throw new SpaceError('NODE_CAPACITY_EXHAUSTED', 'no node that reads its snapshot has room for the sandbox', {
-          sandboxId: id,
-          store: hib.store,
-        });
+        throw new SpaceError(
+          'NODE_CAPACITY_EXHAUSTED',
+          'no node that reads its snapshot has room for the sandbox',
+          {
+            sandboxId: id,
+            store: hib.store,
+          },
+        );
       }
       nodeId = placed.nodeId;
       const node = await d.nodes.requireAlive(nodeId);
@@ -296,7 +303,8 @@ async function resume(d: LifecycleDeps, op: OperationRecord): Promise<void> {
       await d.agents.resumeSandbox(node, id, {});
     }
   } catch (err) {
-    const e = err instanceof SpaceError ? err : new SpaceError('INTERNAL', 'resume failed', {}, { cause: err });
+    const e =
+      err instanceof SpaceError ? err : new SpaceError('INTERNAL', 'resume failed', {}, { cause: err });
     if (!hib && (e.code === 'SANDBOX_NOT_FOUND' || e.code === 'INSTANCE_LOST')) {
       // the frozen instance is gone from its node: the sandbox cannot come back
       if ((await d.sandboxes.markKilling(id, 'crashed')).ok) {

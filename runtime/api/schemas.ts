@@ -317,7 +317,9 @@ export const SandboxUsageSchema = Type.Object({
 
 export const UsageQuery = Type.Object(
   {
-    from: Type.Optional(Type.String({ format: 'date-time', description: 'Start (inclusive); default 24 h ago.' })),
+    from: Type.Optional(
+      Type.String({ format: 'date-time', description: 'Start (inclusive); default 24 h ago.' }),
+    ),
     to: Type.Optional(Type.String({ format: 'date-time', description: 'End (exclusive); default now.' })),
     groupBy: Type.Optional(literalUnion(['sandbox', 'apiKey', 'template'] as const)),
   },

@@ -134,7 +134,12 @@ export interface Sandbox {
 }
 
 /** Kinds of asynchronous operations. */
-export const OPERATION_KINDS = ['sandbox.create', 'sandbox.delete', 'sandbox.pause', 'sandbox.resume'] as const;
+export const OPERATION_KINDS = [
+  'sandbox.create',
+  'sandbox.delete',
+  'sandbox.pause',
+  'sandbox.resume',
+] as const;
 export type OperationKind = (typeof OPERATION_KINDS)[number];
 
 export const OPERATION_STATES = ['pending', 'running', 'succeeded', 'failed'] as const;
