@@ -6,10 +6,11 @@
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
-import { Gauge, Registry } from 'prom-client';
+import { Counter, Gauge, Registry } from 'prom-client';
 import { acceptEmptyBodies, installErrorHandlers } from '../core/http-errors.ts';
 import type { VerifyKey } from '../core/tokens.ts';
 import { installValidators } from '../core/validation.ts';
+import type { ActivityMeter } from './activity.ts';
 import type { AgentConfig } from './config.ts';
 import { dataPlaneRoutes } from './routes/data-plane.ts';
 import { internalRoutes } from './routes/internal.ts';
@@ -23,6 +24,8 @@ export interface AgentDeps {
   verifyKey: VerifyKey;
   sandboxes: SandboxManager;
   warm: WarmPool | null;
+  /** Activity metering of this node's sandboxes (its closed intervals feed a counter). */
+  activity?: ActivityMeter;
 }
 
 /** Builds the agent app (not listening). */
@@ -48,6 +51,13 @@ export async function buildAgentApp(deps: AgentDeps): Promise<FastifyInstance> {
       this.set(deps.sandboxes.size);
     },
   });
+  const usage = new Counter({
+    name: 'space_agent_usage_seconds_total',
+    help: 'Sandbox time this node metered, by activity state (active, idle; paused time is metered by the API).',
+    labelNames: ['state'],
+    registers: [registry],
+  });
+  deps.activity?.observe((state, ms) => usage.inc({ state }, ms / 1000));
   new Gauge({
     name: 'space_agent_warm_slots',
     help: 'Ready warm-pool slots per template.',

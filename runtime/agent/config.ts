@@ -118,6 +118,20 @@ export const agentSettings = {
     268_435_456,
     1024,
   ),
+  hibernateDir: setting.optionalString(
+    'SPACE_HIBERNATE_DIR',
+    'Folder of hibernated sandboxes (snapshots + spools); default `<state dir>/hibernated`. Point several nodes at shared storage to resume on any of them.',
+  ),
+  hibernateStore: setting.optionalString(
+    'SPACE_HIBERNATE_STORE',
+    'Name of the hibernation store; nodes with the same name must see the same SPACE_HIBERNATE_DIR (default `node:<node id>`: only this node).',
+  ),
+  activeGraceMs: setting.int(
+    'SPACE_ACTIVE_GRACE_MS',
+    'A sandbox stays active (metered, not auto-paused) this long after its last command or data-plane request ends, ms.',
+    5000,
+    0,
+  ),
   maxStreams: setting.int('SPACE_MAX_STREAMS', 'Concurrent data-plane streams per sandbox.', 64, 1),
   onShutdown: setting.oneOf(
     'SPACE_AGENT_ON_SHUTDOWN',
@@ -175,4 +189,9 @@ export function warmTemplates(c: AgentConfig): string[] {
     .split(',')
     .map((s) => s.trim())
     .filter(Boolean);
+}
+
+/** The hibernation store this node reads: the configured name, else one of its own. Pure. */
+export function hibernateStore(c: Pick<AgentConfig, 'hibernateStore' | 'nodeId'>): string {
+  return c.hibernateStore || `node:${c.nodeId}`;
 }

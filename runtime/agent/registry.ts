@@ -20,6 +20,8 @@ export interface Registration {
   vcpus: number;
   memoryMiB: number;
   maxSandboxes: number;
+  /** Hibernation store this node reads (nodes with the same store can resume each other's). */
+  hibernateStore: string;
 }
 
 /** What changes between heartbeats. */
@@ -70,6 +72,7 @@ export class NodeRegistry {
         vcpusMilli: String(Math.round(r.vcpus * 1000)),
         memoryMiB: String(r.memoryMiB),
         maxSandboxes: String(r.maxSandboxes),
+        hibernateStore: r.hibernateStore,
         schedulable: s.schedulable ? '1' : '0',
         templates: s.templates.join(','),
         heartbeatAt: String(Date.now()),

@@ -1,20 +1,24 @@
 /**
  * The node's sandboxes: binds sandbox ids to driver instances (claimed from the warm pool or
- * booted cold), runs their commands, and keeps a small record per sandbox on local disk so a
- * restarted agent re-adopts what is running. Creates and deletes are idempotent per sandbox id;
- * a delete leaves a tombstone so a create that arrives late (or is still booting) is refused and
- * its instance destroyed — nothing is left behind on either order.
+ * booted cold), runs their commands, pauses them (frozen in memory, or hibernated: snapshotted
+ * into the hibernation store with their command spools, instance destroyed) and resumes them, and
+ * keeps a small record per sandbox on local disk so a restarted agent re-adopts what is running.
+ * Creates, deletes, pauses and resumes are idempotent per sandbox id; a delete leaves a tombstone
+ * so a create that arrives late (or is still booting) is refused and its instance destroyed —
+ * nothing is left behind on either order.
  */
 import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { mkdir, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { cp, mkdir, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { join, resolve, sep } from 'node:path';
 import type { Logger } from 'pino';
 import type { CredentialGrant } from '../core/credentials.ts';
 import type { EgressPolicy } from '../core/egress.ts';
 import { SpaceError } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
+import type { PauseMode } from '../core/types.ts';
+import type { ActivityMeter } from './activity.ts';
 import { type Command, DETACH, resumePump, type StartCommand, startCommand } from './commands.ts';
 import type { Driver, InstanceInfo, SandboxNetwork, SnapshotRef, TemplateImage } from './drivers/driver.ts';
 import type { GatewayClient } from './gateway-client.ts';
@@ -47,6 +51,24 @@ interface SandboxFile {
   source?: InstanceSource;
   fromWarmPool: boolean;
   createdAt: number;
+  /** Set while the instance is frozen by a pause. */
+  paused?: 'frozen';
+}
+
+/** `hibernated.json` in a hibernated sandbox's folder of the store. */
+interface HibernatedFile {
+  sandboxId: string;
+  template: string;
+  snapshot: SnapshotRef;
+  source: InstanceSource;
+  /** Epoch ms (this node's clock; informational). */
+  hibernatedAt: number;
+}
+
+/** Where a hibernated sandbox is: its store's name and its folder there. */
+export interface Hibernation {
+  store: string;
+  path: string;
 }
 
 /** A sandbox this node runs. */
@@ -60,6 +82,8 @@ export interface LocalSandbox {
   commands: Map<string, Command>;
   /** Open data-plane streams (bounded by config). */
   streams: number;
+  /** `frozen` while a pause holds its instance in memory; null when it runs. */
+  paused: 'frozen' | null;
   egress: EgressPolicy;
   credentials: CredentialGrant[];
 }
@@ -115,6 +139,12 @@ export interface SandboxManagerOptions {
   gateway: GatewayClient | null;
   /** Environment every command gets (e.g. NODE_EXTRA_CA_CERTS), under the sandbox's own. */
   baseEnv: Record<string, string>;
+  /** Folder of the hibernation store: one folder per hibernated sandbox. */
+  hibernateDir: string;
+  /** Name of the store: nodes with the same name read the same folder (shared storage). */
+  hibernateStore: string;
+  /** Activity metering (null: not metered, e.g. in unit tests). */
+  activity: ActivityMeter | null;
   log: Logger;
 }
 
@@ -124,6 +154,8 @@ export class SandboxManager {
   readonly #creating = new Map<string, Promise<LocalSandbox>>();
   readonly #tombstones = new Map<string, number>();
   readonly #snapshots = new Map<string, SnapshotRef>();
+  /** Pause/resume in flight per sandbox (one at a time). */
+  readonly #lifecycle = new Map<string, Promise<unknown>>();
   readonly #boots: Semaphore;
   #warm: WarmPool | null = null;
   #closing = false;
@@ -155,6 +187,234 @@ export class SandboxManager {
     const sb = this.#sandboxes.get(id);
     if (!sb) throw new SpaceError('SANDBOX_NOT_FOUND', `no sandbox ${id} on this node`, { sandboxId: id });
     return sb;
+  }
+
+  /** The sandbox when it runs; SANDBOX_PAUSED while a pause holds it, SANDBOX_NOT_FOUND if unknown. */
+  running(id: string): LocalSandbox {
+    const sb = this.get(id);
+    if (sb.paused) {
+      throw new SpaceError('SANDBOX_PAUSED', `sandbox ${id} is paused; resume it first`, { sandboxId: id });
+    }
+    return sb;
+  }
+
+  /** Counts one unit of work in sandbox `id` as activity; returns the function that ends it. */
+  beginActivity(id: string): () => void {
+    return this.#o.activity?.begin(id) ?? (() => {});
+  }
+
+  /** Runs `fn` after any pause/resume of `id` in flight (one at a time per sandbox). */
+  async #serial<T>(id: string, fn: () => Promise<T>): Promise<T> {
+    const prior = this.#lifecycle.get(id) ?? Promise.resolve();
+    const p = prior.catch(() => {}).then(fn);
+    this.#lifecycle.set(id, p);
+    try {
+      return await p;
+    } finally {
+      if (this.#lifecycle.get(id) === p) this.#lifecycle.delete(id);
+    }
+  }
+
+  #hibernationPath(id: string): string {
+    return join(this.#o.hibernateDir, id);
+  }
+
+  /**
+   * Pauses a sandbox. `frozen`: the driver freezes its instance (memory kept, streams and spools
+   * stay attached). `hibernated`: its command pumps are detached, the instance is frozen and
+   * snapshotted into the hibernation store together with its spools, then destroyed and the
+   * sandbox forgotten here (any node reading the store can {@link resume} it). Idempotent: a
+   * sandbox already paused that way answers as such; a frozen one can still be hibernated.
+   * @throws SpaceError SANDBOX_NOT_FOUND; SNAPSHOT_UNSUPPORTED / DRIVER_FAILED from the driver (the
+   *   sandbox then runs on as before).
+   */
+  async pause(id: string, mode: PauseMode): Promise<{ mode: PauseMode; hibernation?: Hibernation }> {
+    return this.#serial(id, async () => {
+      const path = this.#hibernationPath(id);
+      if (!this.#sandboxes.has(id) && existsSync(join(path, 'hibernated.json'))) {
+        return { mode: 'hibernated' as const, hibernation: { store: this.#o.hibernateStore, path } };
+      }
+      const sb = this.get(id);
+      if (mode === 'frozen') {
+        if (!sb.paused) {
+          await this.#o.driver.pause(sb.instance.instanceId);
+          sb.paused = 'frozen';
+          this.#o.activity?.paused(id);
+          await this.#patchFile(id, { paused: 'frozen' });
+        }
+        return { mode: 'frozen' as const };
+      }
+      return { mode: 'hibernated' as const, hibernation: await this.#hibernate(sb) };
+    });
+  }
+
+  async #hibernate(sb: LocalSandbox): Promise<Hibernation> {
+    const log = this.#o.log.child({ [F.sandboxId]: sb.id });
+    const path = this.#hibernationPath(sb.id);
+    const started = Date.now();
+    // detach first, while the guest still runs, so it sees the connections close; the spools stay
+    // on disk and the guest keeps the output written meanwhile for the resumed pumps
+    await this.#detach(sb);
+    const wasFrozen = sb.paused === 'frozen';
+    try {
+      if (!wasFrozen) await this.#o.driver.pause(sb.instance.instanceId);
+      await rm(path, { recursive: true, force: true });
+      await mkdir(path, { recursive: true, mode: 0o700 });
+      const snapshot = await this.#o.driver.snapshot(sb.instance.instanceId, join(path, 'snapshot'));
+      await cp(join(this.#dir(sb.id), 'commands'), join(path, 'commands'), { recursive: true });
+      const file: HibernatedFile = {
+        sandboxId: sb.id,
+        template: sb.template,
+        snapshot,
+        source: sb.source,
+        hibernatedAt: Date.now(),
+      };
+      await writeFile(join(path, 'hibernated.json'), JSON.stringify(file), { mode: 0o600 });
+    } catch (err) {
+      // the sandbox runs on as it was: nothing of the attempt is left
+      await rm(path, { recursive: true, force: true });
+      if (!wasFrozen) await this.#o.driver.resume(sb.instance.instanceId).catch(() => {});
+      sb.guest = new GuestClient(sb.instance.guest);
+      await this.#adoptCommands(sb);
+      throw err;
+    }
+    this.#sandboxes.delete(sb.id);
+    this.#o.activity?.untrack(sb.id);
+    await this.#o.gateway?.unregister(sb.instance.network.sandboxAddress).catch(() => {});
+    await this.discard(sb.instance).catch((err: unknown) =>
+      log.warn({ err }, 'destroying the hibernated instance failed'),
+    );
+    await rm(this.#dir(sb.id), { recursive: true, force: true });
+    log.info({ path, [F.durationMs]: Date.now() - started }, 'sandbox hibernated');
+    return { store: this.#o.hibernateStore, path };
+  }
+
+  /** Stops a sandbox's command pumps (spools stay resumable) and closes its guest connection. */
+  async #detach(sb: LocalSandbox): Promise<void> {
+    for (const c of sb.commands.values()) c.abort.abort(DETACH);
+    await Promise.allSettled(
+      [...sb.commands.values()].map(async (c) => {
+        await c.done;
+        await c.spool.close();
+      }),
+    );
+    sb.commands.clear();
+    await sb.guest.close();
+  }
+
+  /** Rewrites fields of a sandbox's `sandbox.json`. */
+  async #patchFile(id: string, patch: Partial<SandboxFile>): Promise<void> {
+    const file = join(this.#dir(id), 'sandbox.json');
+    const rec = JSON.parse(await readFile(file, 'utf8')) as SandboxFile;
+    await writeFile(file, JSON.stringify({ ...rec, ...patch }), { mode: 0o600 });
+  }
+
+  /**
+   * Resumes a sandbox. Without `restore`: thaws the frozen instance this node holds. With it:
+   * restores the hibernated sandbox from `restore.hibernation` (which must be in this node's store)
+   * as a new instance with a new network and guest secret, re-applies its egress, moves its spools
+   * back and resumes its command pumps at the spooled offsets. Idempotent: a running sandbox
+   * answers at once.
+   * @throws SpaceError SANDBOX_NOT_FOUND (nothing to thaw or restore), BAD_REQUEST (a path outside
+   *   the store), DRIVER_FAILED (the restore failed: the snapshot stays for a retry).
+   */
+  async resume(
+    id: string,
+    restore?: CreateSandbox & { hibernation: Hibernation },
+  ): Promise<{ instanceId: string; how: 'thawed' | 'restored' }> {
+    if (this.#closing) throw new SpaceError('NODE_UNAVAILABLE', 'the node agent is shutting down');
+    return this.#serial(id, async () => {
+      const existing = this.#sandboxes.get(id);
+      if (existing) {
+        if (existing.paused) {
+          await this.#o.driver.resume(existing.instance.instanceId);
+          existing.paused = null;
+          await this.#patchFile(id, { paused: undefined });
+          this.#o.activity?.resumed(id);
+          return { instanceId: existing.instance.instanceId, how: 'thawed' as const };
+        }
+        return {
+          instanceId: existing.instance.instanceId,
+          how: restore ? ('restored' as const) : ('thawed' as const),
+        };
+      }
+      if (!restore) {
+        throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox ${id} is not on this node`, { sandboxId: id });
+      }
+      if (this.#tombstones.has(id)) {
+        throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox ${id} was deleted`, { sandboxId: id });
+      }
+      const sb = await this.#restoreHibernated(restore);
+      return { instanceId: sb.instance.instanceId, how: 'restored' as const };
+    });
+  }
+
+  async #restoreHibernated(req: CreateSandbox & { hibernation: Hibernation }): Promise<LocalSandbox> {
+    const log = this.#o.log.child({ [F.sandboxId]: req.sandboxId });
+    const root = resolve(this.#o.hibernateDir);
+    const path = resolve(req.hibernation.path);
+    if (req.hibernation.store !== this.#o.hibernateStore || !path.startsWith(root + sep)) {
+      throw new SpaceError('BAD_REQUEST', `hibernation ${req.hibernation.path} is not in this node's store`, {
+        store: req.hibernation.store,
+      });
+    }
+    const raw = await readFile(join(path, 'hibernated.json'), 'utf8').catch(() => null);
+    if (!raw) {
+      throw new SpaceError('SANDBOX_NOT_FOUND', `no hibernated sandbox ${req.sandboxId} in the store`, {
+        sandboxId: req.sandboxId,
+      });
+    }
+    const file = JSON.parse(raw) as HibernatedFile;
+    const started = Date.now();
+    const inst = await this.#boots.run(() =>
+      this.#one(req.template, (spec) => this.#restore(file.snapshot, spec)),
+    );
+    try {
+      const dir = this.#dir(req.sandboxId);
+      await rm(dir, { recursive: true, force: true });
+      await mkdir(dir, { recursive: true });
+      await cp(join(path, 'commands'), join(dir, 'commands'), { recursive: true }).catch(() =>
+        mkdir(join(dir, 'commands'), { recursive: true }),
+      );
+      const rec: SandboxFile = {
+        req: { ...req, env: {} },
+        instance: inst,
+        source: file.source,
+        fromWarmPool: file.source === 'warm',
+        createdAt: Date.now(),
+      };
+      await writeFile(join(dir, 'sandbox.json'), JSON.stringify(rec), { mode: 0o600 });
+      const sb: LocalSandbox = {
+        id: req.sandboxId,
+        sessionId: req.sessionId,
+        template: req.template,
+        instance: inst,
+        guest: new GuestClient(inst.guest),
+        source: file.source,
+        commands: new Map(),
+        streams: 0,
+        paused: null,
+        egress: req.egress,
+        credentials: req.credentials,
+      };
+      await this.#applyEgress(sb.id, inst, sb.egress, sb.credentials);
+      this.#o.activity?.track(sb.id, { reported: 'paused' });
+      await this.#adoptCommands(sb);
+      this.#sandboxes.set(sb.id, sb);
+      this.#o.activity?.resumed(sb.id);
+    } catch (err) {
+      this.#o.activity?.untrack(req.sandboxId);
+      await this.#o.gateway?.unregister(inst.network.sandboxAddress).catch(() => {});
+      await this.discard(inst).catch(() => {});
+      await rm(this.#dir(req.sandboxId), { recursive: true, force: true });
+      throw err;
+    }
+    await rm(path, { recursive: true, force: true });
+    log.info(
+      { [F.instanceId]: inst.instanceId, [F.durationMs]: Date.now() - started },
+      'sandbox restored from hibernation',
+    );
+    return this.get(req.sandboxId);
   }
 
   /**
@@ -397,6 +657,7 @@ export class SandboxManager {
         source,
         commands: new Map(),
         streams: 0,
+        paused: null,
         egress: req.egress,
         credentials: req.credentials,
       };
@@ -406,6 +667,7 @@ export class SandboxManager {
       // (found by test/attacks.int.test.ts).
       await this.#applyEgress(req.sandboxId, inst, req.egress, req.credentials);
       this.#sandboxes.set(sb.id, sb);
+      this.#o.activity?.track(sb.id, { reported: null });
       log.info({ [F.instanceId]: inst.instanceId, source }, 'sandbox created');
       return sb;
     } catch (err) {
@@ -423,6 +685,8 @@ export class SandboxManager {
     this.#pruneTombstones();
     const creating = this.#creating.get(id);
     if (creating) await creating.catch(() => {}); // its own tombstone check destroys what it made
+    await this.#lifecycle.get(id)?.catch(() => {});
+    this.#o.activity?.untrack(id);
     const sb = this.#sandboxes.get(id);
     if (sb) {
       this.#sandboxes.delete(id);
@@ -439,6 +703,7 @@ export class SandboxManager {
       this.#o.log.info({ [F.sandboxId]: id }, 'sandbox destroyed');
     }
     await rm(this.#dir(id), { recursive: true, force: true });
+    await rm(join(this.#o.hibernateDir, id), { recursive: true, force: true });
   }
 
   #pruneTombstones(): void {
@@ -470,7 +735,7 @@ export class SandboxManager {
 
   /** Starts a command in a running sandbox. */
   async startCommand(id: string, req: StartCommand): Promise<Command> {
-    const sb = this.get(id);
+    const sb = this.running(id);
     const existing = sb.commands.get(req.commandId);
     if (existing) return existing;
     const cmd = await startCommand({
@@ -482,6 +747,8 @@ export class SandboxManager {
       log: this.#o.log.child({ [F.sandboxId]: id }),
     });
     sb.commands.set(cmd.id, cmd);
+    const ended = this.#o.activity?.begin(id);
+    if (ended) void cmd.done.finally(ended);
     await writeFile(
       join(this.#dir(id), 'commands', `${cmd.id}.json`),
       JSON.stringify({ pid: cmd.pid, startedAt: cmd.startedAt }),
@@ -542,10 +809,13 @@ export class SandboxManager {
         source: rec.source ?? (rec.fromWarmPool ? 'warm' : 'boot'),
         commands: new Map(),
         streams: 0,
+        paused: listed?.state === 'paused' ? 'frozen' : null,
         egress: rec.req.egress,
         credentials: rec.req.credentials ?? [],
       };
       await this.#applyEgress(id, inst, sb.egress, sb.credentials);
+      // the previous agent's open interval is closed by this agent's first report
+      this.#o.activity?.track(id, { paused: sb.paused !== null, reported: sb.paused ? 'paused' : null });
       await this.#adoptCommands(sb);
       this.#sandboxes.set(id, sb);
       adopted.push(id);
@@ -562,6 +832,7 @@ export class SandboxManager {
 
   async #adoptCommands(sb: LocalSandbox): Promise<void> {
     const dir = join(this.#dir(sb.id), 'commands');
+    const activity = this.#o.activity;
     for (const name of await readdir(dir).catch(() => [] as string[])) {
       if (!name.endsWith('.json')) continue;
       const id = name.slice(0, -'.json'.length);
@@ -584,6 +855,8 @@ export class SandboxManager {
           this.#o.spoolLimitBytes,
           this.#o.log.child({ [F.sandboxId]: sb.id }),
         );
+        const ended = activity?.begin(sb.id);
+        if (ended) void cmd.done.finally(ended);
       }
       sb.commands.set(id, cmd);
     }

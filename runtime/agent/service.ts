@@ -5,13 +5,15 @@
  * SPACE_AGENT_ON_SHUTDOWN=destroy — destroys its sandboxes; by default they keep running and
  * the next agent re-adopts them.
  */
+import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { AGENT_PROTOCOL_VERSION } from '../core/agent-protocol.ts';
 import { createLogger } from '../core/log-fields.ts';
 import { keys } from '../core/redis-keys.ts';
 import { loadVerifyKey } from '../core/tokens.ts';
+import { ActivityMeter } from './activity.ts';
 import { buildAgentApp } from './app.ts';
-import { type AgentConfig, warmTemplates } from './config.ts';
+import { type AgentConfig, hibernateStore, warmTemplates } from './config.ts';
 import type { TemplateImage } from './drivers/driver.ts';
 import { chooseDriver, createDriver } from './drivers/index.ts';
 import { qemuKvmBootTest } from './drivers/qemu.ts';
@@ -110,6 +112,11 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     }
   }
 
+  const activity = new ActivityMeter({
+    redis,
+    graceMs: config.activeGraceMs,
+    log: log.child({ component: 'activity' }),
+  });
   const sandboxes = new SandboxManager({
     stateDir: config.stateDir,
     driver,
@@ -121,6 +128,9 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     spoolLimitBytes: config.spoolLimitBytes,
     gateway,
     baseEnv: config.trustedCaFile ? { NODE_EXTRA_CA_CERTS: '/etc/ssl/certs/ca-certificates.crt' } : {},
+    hibernateDir: config.hibernateDir || join(config.stateDir, 'hibernated'),
+    hibernateStore: hibernateStore(config),
+    activity,
     log,
   });
   // values written by earlier versions leave the state files before anything reads them again
@@ -165,7 +175,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     }
   })().finally(() => warm.refill());
 
-  const app = await buildAgentApp({ config, log, verifyKey, sandboxes, warm });
+  const app = await buildAgentApp({ config, log, verifyKey, sandboxes, warm, activity });
   await app.listen({ host: config.host, port: config.port });
   const port = (app.server.address() as { port: number }).port;
   const registry = new NodeRegistry({
@@ -186,6 +196,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       vcpus: config.vcpus,
       memoryMiB: config.memoryMiB,
       maxSandboxes: config.maxSandboxes,
+      hibernateStore: hibernateStore(config),
     },
     state: () => ({
       schedulable: true,
@@ -206,6 +217,11 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       .catch((err: unknown) => log.error({ err }, 'watchdog pass failed'))
       .finally(() => (watching = null));
   }, config.watchdogMs);
+  // usage reports that failed (Redis away) go out again
+  const meterSync = setInterval(() => {
+    activity.sync().catch((err: unknown) => log.warn({ err }, 'usage sync failed'));
+  }, config.heartbeatMs);
+  meterSync.unref();
   log.info({ port, templates: ready }, 'agent ready');
 
   let closing: Promise<void> | null = null;
@@ -213,6 +229,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     closing ??= (async () => {
       log.info({ signal, onShutdown }, 'agent stopping');
       clearInterval(watchdog);
+      clearInterval(meterSync);
       await watching;
       await snapshotsMade;
       // deregistering is a courtesy (the alive key expires anyway): never let a dead Redis hold up shutdown

@@ -43,19 +43,9 @@ const SETTLE_WAIT_MS = 120_000;
 
 /** Records the sandbox's activity state change (metering); a Redis failure only logs. */
 async function meter(d: LifecycleDeps, rec: SandboxRecord, state: UsageState | 'ended', onlyIf?: UsageState) {
-  await reportUsage(
-    d.sandboxes.redis,
-    rec.id,
-    state,
-    {
-      vcpus: rec.vcpus,
-      memoryMiB: rec.memoryMiB,
-      template: rec.template,
-      apiKey: rec.apiKey,
-      autoPauseSec: rec.autoPauseSec,
-    },
-    onlyIf,
-  ).catch((err: unknown) => d.log.warn({ err, [F.sandboxId]: rec.id }, 'usage report failed'));
+  await reportUsage(d.sandboxes.redis, rec.id, state, onlyIf).catch((err: unknown) =>
+    d.log.warn({ err, [F.sandboxId]: rec.id }, 'usage report failed'),
+  );
 }
 
 /** Waits (bounded) until the sandbox leaves `transient`; returns the record then. */
@@ -76,6 +66,10 @@ async function teardown(d: LifecycleDeps, id: string, reason: KillReason, messag
     const node = await d.nodes.get(rec.nodeId);
     if (node?.alive) await d.agents.deleteSandbox(node, id);
     // a dead node's sandboxes died with it; its agent sweeps leftovers when it comes back
+  } else if (rec.hibernation) {
+    // hibernated: a node that reads its store removes the snapshot
+    const reader = (await d.nodes.list()).find((n) => n.alive && n.hibernateStore === rec.hibernation?.store);
+    if (reader) await d.agents.deleteSandbox(reader, id);
   }
   await d.sandboxes.release(id);
   // keep what was said when it started ending (a crash the node described), else the reason's text

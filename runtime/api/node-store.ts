@@ -34,6 +34,7 @@ export class NodeStore {
       heartbeatAt: new Date(Number(h.heartbeatAt ?? 0)).toISOString(),
       alive: alive === 1,
       templates: (h.templates ?? '').split(',').filter(Boolean),
+      hibernateStore: h.hibernateStore ?? '',
     };
   }
 

@@ -180,6 +180,8 @@ export interface Sandbox {
   vcpus: number;
   memoryMiB: number;
   timeoutSec: number;
+  autoPauseSec?: number;
+  pause?: { mode: string; reason: string; pausedAt: string; timeLeftSec: number } | null;
   metadata: Record<string, string>;
   nodeId: string | null;
   fromWarmPool: boolean;
@@ -191,6 +193,32 @@ export interface Sandbox {
   endedAt: string | null;
   killReason: string | null;
   endMessage: string | null;
+}
+
+/** Seconds, vCPU-seconds and GiB-seconds per activity state (API JSON). */
+export interface UsageFigures {
+  seconds: Record<'active' | 'idle' | 'paused', number>;
+  vcpuSeconds: Record<'active' | 'idle' | 'paused', number>;
+  gibSeconds: Record<'active' | 'idle' | 'paused', number>;
+}
+
+/** `GET /v1/sandboxes/:id/usage`. */
+export interface SandboxUsage extends UsageFigures {
+  sandboxId: string;
+  template: string;
+  startedAt: string | null;
+  endedAt: string | null;
+  state: 'active' | 'idle' | 'paused' | null;
+}
+
+/** `GET /v1/usage`. */
+export interface UsageReport {
+  from: string;
+  to: string;
+  groupBy: string;
+  resolutionSec: number;
+  groups: ({ key: string } & UsageFigures)[];
+  total: UsageFigures;
 }
 
 export interface StreamGrant {

@@ -136,6 +136,17 @@ export function parsePositiveInt(what: string) {
   };
 }
 
+/** Commander parser for an integer ≥ 0 (e.g. `--auto-pause 0` = never). */
+export function parseNonNegativeInt(what: string) {
+  return (value: string): number => {
+    const n = Number(value);
+    if (!/^\d+$/.test(value.trim()) || !Number.isSafeInteger(n)) {
+      throw usageError(`${what} takes a whole number ≥ 0; got "${value}"`);
+    }
+    return n;
+  };
+}
+
 /** Commander parser for a positive number option (e.g. fractional vCPUs). */
 export function parsePositiveNumber(what: string) {
   return (value: string): number => {

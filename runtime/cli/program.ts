@@ -13,6 +13,7 @@ import { EXIT_USAGE, reportError, runStdoutGone } from './output.ts';
 import { registerSandbox } from './sandbox.ts';
 import { registerTemplate } from './template.ts';
 import { registerUp } from './up.ts';
+import { registerUsage } from './usage.ts';
 
 function version(): string {
   try {
@@ -72,6 +73,7 @@ Examples:
   registerExec(program);
   registerFiles(program);
   registerOps(program);
+  registerUsage(program);
   registerTemplate(program);
   registerDoctor(program);
   return program;

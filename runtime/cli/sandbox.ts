@@ -1,11 +1,20 @@
-/** `space sandbox create|ls|get|rm|timeout`. */
+/** `space sandbox create|ls|get|rm|timeout|pause|resume|usage`. */
 import type { Command } from 'commander';
-import { type ApiClient, assertSucceeded, type Operation, type Sandbox, waitOperation } from './client.ts';
+import {
+  type ApiClient,
+  assertSucceeded,
+  type Operation,
+  type Sandbox,
+  type SandboxUsage,
+  waitOperation,
+} from './client.ts';
 import { apiClient, isJson } from './context.ts';
 import {
   collectKeyValue,
   formatRelative,
   metadataQuery,
+  note,
+  parseNonNegativeInt,
   parsePositiveInt,
   parsePositiveNumber,
   printJson,
@@ -19,6 +28,7 @@ interface CreateOptions {
   vcpus?: number;
   memory?: number;
   timeout?: number;
+  autoPause?: number;
   metadata?: Record<string, string>;
   env?: Record<string, string>;
   idempotencyKey?: string;
@@ -31,6 +41,7 @@ export function createBody(o: CreateOptions): Record<string, unknown> {
   if (o.vcpus !== undefined) body['vcpus'] = o.vcpus;
   if (o.memory !== undefined) body['memoryMiB'] = o.memory;
   if (o.timeout !== undefined) body['timeoutSec'] = o.timeout;
+  if (o.autoPause !== undefined) body['autoPauseSec'] = o.autoPause;
   if (o.metadata && Object.keys(o.metadata).length) body['metadata'] = o.metadata;
   if (o.env && Object.keys(o.env).length) body['env'] = o.env;
   return body;
@@ -95,7 +106,14 @@ function printSandbox(s: Sandbox): void {
     ['created from', s.createdFrom ?? (s.fromWarmPool ? 'warm' : '-')],
     ['created', `${s.createdAt} (${formatRelative(s.createdAt)})`],
     ['expires', `${s.expiresAt} (${formatRelative(s.expiresAt)})`],
+    ['auto-pause', s.autoPauseSec ? `after ${s.autoPauseSec} s idle` : 'off'],
   ];
+  if (s.pause) {
+    lines.push([
+      'paused',
+      `${s.pause.mode} since ${s.pause.pausedAt} (${s.pause.reason === 'idle' ? 'idle' : 'requested'}; ${s.pause.timeLeftSec} s of lifetime left)`,
+    ]);
+  }
   if (s.endedAt) lines.push(['ended', `${s.endedAt}${s.killReason ? ` (${s.killReason})` : ''}`]);
   if (s.endMessage) lines.push(['message', s.endMessage]);
   for (const [k, v] of Object.entries(s.metadata)) lines.push([`metadata.${k}`, v]);
@@ -141,7 +159,16 @@ Examples:
     .requiredOption('-t, --template <name>', 'template name', 'base')
     .option('--vcpus <n>', 'vCPUs (fractions allowed)', parsePositiveNumber('--vcpus'))
     .option('--memory <MiB>', 'memory, MiB', parsePositiveInt('--memory'))
-    .option('--timeout <sec>', 'lifetime, seconds (default: the API’s)', parsePositiveInt('--timeout'))
+    .option(
+      '--timeout <sec>',
+      'running lifetime, seconds; paused time does not count (default: the API’s)',
+      parsePositiveInt('--timeout'),
+    )
+    .option(
+      '--auto-pause <sec>',
+      'pause after this many idle seconds, 0 = never (default: the API’s)',
+      parseNonNegativeInt('--auto-pause'),
+    )
     .option('-m, --metadata <k=v>', 'metadata pair (repeatable)', collectKeyValue('--metadata'))
     .option('-e, --env <K=V>', 'environment variable of every command (repeatable)', collectKeyValue('--env'))
     .option('--idempotency-key <key>', 'makes a retried create return the same sandbox')
@@ -241,4 +268,79 @@ Examples:
       if (isJson(cmd)) printJson(sb);
       else println(`${sb.id} expires at ${sb.expiresAt} (${formatRelative(sb.expiresAt)})`);
     });
+
+  for (const verb of ['pause', 'resume'] as const) {
+    const c = sandbox
+      .command(verb)
+      .description(
+        verb === 'pause'
+          ? 'pause a sandbox: its files, processes and command output are kept and its lifetime stops (waits until paused)'
+          : 'resume a paused sandbox (waits until it runs); commands and the router also resume it',
+      )
+      .argument('<id>', 'sandbox id')
+      .option('--no-wait', 'return at once with the operation');
+    if (verb === 'pause') {
+      c.option(
+        '--mode <mode>',
+        'frozen (in memory), hibernated (to disk, capacity freed) or auto',
+        (v: string) => {
+          if (!['frozen', 'hibernated', 'auto'].includes(v))
+            throw usageError('--mode takes frozen, hibernated or auto');
+          return v;
+        },
+      );
+    }
+    c.action(async (id: string, o: { wait: boolean; mode?: string }, cmd: Command) => {
+      const api = apiClient(cmd);
+      const started = Date.now();
+      const { operation } = await api.json<{ operation: Operation }>('POST', `${sandboxPath(id)}/${verb}`, {
+        body: verb === 'pause' && o.mode ? { mode: o.mode } : undefined,
+      });
+      if (!o.wait) {
+        if (isJson(cmd)) printJson(operation);
+        else println(`${verb === 'pause' ? 'pausing' : 'resuming'} ${id} (operation ${operation.id})`);
+        return;
+      }
+      if (!isJson(cmd)) note(`${verb === 'pause' ? 'pausing' : 'resuming'} ${id} …`);
+      assertSucceeded(await waitOperation(api, operation.id));
+      const sb = await api.json<Sandbox>('GET', sandboxPath(id));
+      if (isJson(cmd)) return printJson(sb);
+      const took = ((Date.now() - started) / 1000).toFixed(1);
+      println(
+        verb === 'pause'
+          ? `paused ${id} (${sb.pause?.mode ?? sb.state}, ${took} s)`
+          : `resumed ${id} (${took} s)`,
+      );
+    });
+  }
+
+  sandbox
+    .command('usage')
+    .description('active, idle and paused time of one sandbox over its life')
+    .argument('<id>', 'sandbox id')
+    .action(async (id: string, _o: unknown, cmd: Command) => {
+      const u = await apiClient(cmd).json<SandboxUsage>('GET', `${sandboxPath(id)}/usage`);
+      if (isJson(cmd)) return printJson(u);
+      printUsage(u);
+    });
+}
+
+/** Prints one sandbox's usage as aligned lines. */
+function printUsage(u: SandboxUsage): void {
+  const total = u.seconds.active + u.seconds.idle + u.seconds.paused;
+  println(`sandbox:  ${u.sandboxId} (${u.template})`);
+  println(
+    `metered:  ${u.startedAt ?? '-'} → ${u.endedAt ?? 'now'} (${total.toFixed(1)} s; now ${u.state ?? 'ended'})`,
+  );
+  println(
+    table(
+      ['STATE', 'SECONDS', 'VCPU-SECONDS', 'GIB-SECONDS'],
+      (['active', 'idle', 'paused'] as const).map((s) => [
+        s,
+        u.seconds[s].toFixed(1),
+        u.vcpuSeconds[s].toFixed(1),
+        u.gibSeconds[s].toFixed(1),
+      ]),
+    ),
+  );
 }

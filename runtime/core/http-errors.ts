@@ -59,4 +59,8 @@ export function acceptEmptyBodies(app: FastifyInstance): void {
       (h['content-length'] === undefined && h['transfer-encoding'] === undefined);
     if (empty) delete h['content-type'];
   });
+  // a route whose body is optional (`{}` and nothing mean the same) validates an absent body as `{}`
+  app.addHook('preValidation', async (req) => {
+    if (req.body == null && req.routeOptions.schema?.body) req.body = {};
+  });
 }

@@ -183,4 +183,6 @@ export interface NodeInfo {
   alive: boolean;
   /** Templates built and ready on the node. */
   templates: string[];
+  /** Hibernation store the node reads ('' from agents older than pause support). */
+  hibernateStore: string;
 }

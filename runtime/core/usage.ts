@@ -13,17 +13,6 @@ import { KEY_PREFIX, keys, USAGE_RETENTION_SEC } from './redis-keys.ts';
 export const USAGE_STATES = ['active', 'idle', 'paused'] as const;
 export type UsageState = (typeof USAGE_STATES)[number];
 
-/** Dimensions of a sandbox that usage is priced and grouped by. */
-export interface UsageDims {
-  vcpus: number;
-  memoryMiB: number;
-  template: string;
-  /** Name of the API key that created it ('' when unknown). */
-  apiKey: string;
-  /** Idle seconds before auto-pause (0: never). */
-  autoPauseSec: number;
-}
-
 /** What one report did. */
 export interface UsageReport {
   /** The state whose interval was closed (null when none was open). */
@@ -40,7 +29,8 @@ const METER_LUA = readFileSync(new URL('./scripts/meter.lua', import.meta.url), 
 
 /**
  * Closes the sandbox's open interval and opens `state` (or closes for good with `ended`).
- * A sandbox that is killing or killed is always ended. With `onlyIf`, nothing happens unless
+ * A sandbox that is killing or killed is always ended. Dimensions (vCPUs, memory, template, API
+ * key) and `autoPauseSec` come from the sandbox's record. With `onlyIf`, nothing happens unless
  * the open interval is in that state (e.g. the API's "resumed → idle" must not overwrite an
  * agent's "active" that arrived first). Idle running sandboxes with `autoPauseSec` > 0 are put on
  * the auto-pause timer; any other state takes them off it.
@@ -50,7 +40,6 @@ export async function reportUsage(
   redis: Redis,
   sandboxId: string,
   state: UsageState | 'ended',
-  dims: UsageDims,
   onlyIf: UsageState | '' = '',
 ): Promise<UsageReport> {
   const [previous, closedMs, at, now] = (await redis.eval(
@@ -65,11 +54,6 @@ export async function reportUsage(
     sandboxId,
     state,
     String(USAGE_RETENTION_SEC),
-    String(dims.vcpus),
-    String(dims.memoryMiB),
-    dims.template,
-    dims.apiKey,
-    String(dims.autoPauseSec),
     onlyIf,
   )) as [string, number, number, string];
   return {

@@ -22,20 +22,39 @@ const TokenQuery = { token: Type.Optional(Type.String({ maxLength: 4096 })) };
 const PathQuery = Type.Object({ path: Type.String({ minLength: 1, maxLength: 4096 }), ...TokenQuery });
 
 export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
-  /** Verifies the session token for sandbox `id` and scope; returns the sandbox. */
-  async function authorise(req: FastifyRequest, id: string, scope: SessionScope): Promise<LocalSandbox> {
+  /** Ends the activity (metering) of each authorised request once its response closes. */
+  const activityEnds = new WeakMap<object, () => void>();
+
+  /**
+   * Verifies the session token for sandbox `id` and scope; returns the sandbox and counts the
+   * request as activity until its response closes. `needsGuest` (default true): a paused sandbox
+   * is refused with SANDBOX_PAUSED (its guest cannot answer; the router resumes it and retries);
+   * reading spooled output does not need the guest.
+   */
+  async function authorise(
+    req: FastifyRequest,
+    id: string,
+    scope: SessionScope,
+    needsGuest = true,
+  ): Promise<LocalSandbox> {
     const header = /^Bearer\s+(\S+)$/i.exec(req.headers.authorization ?? '')?.[1];
     const token = header ?? (req.query as { token?: string } | undefined)?.token;
     if (!token)
       throw new SpaceError('UNAUTHENTICATED', 'session token required (Authorization: Bearer or ?token=)');
     const claims = await verifySessionToken(deps.verifyKey, token, { sandboxId: id, scope });
-    const sb = deps.sandboxes.get(id);
+    const sb = needsGuest ? deps.sandboxes.running(id) : deps.sandboxes.get(id);
     if (claims.sessionId !== sb.sessionId)
       throw new SpaceError('TOKEN_SCOPE', 'token is for another session');
+    activityEnds.set(req.raw, deps.sandboxes.beginActivity(id));
     return sb;
   }
 
   return async (app) => {
+    app.addHook('onRequest', async (req, reply) => {
+      // 'close' also fires for hijacked (SSE) responses and for clients that go away
+      reply.raw.once('close', () => activityEnds.get(req.raw)?.());
+    });
+
     // raw bodies (stdin, uploads) stream through untouched; limits are enforced while streaming
     app.addContentTypeParser('application/octet-stream', (_req, payload, done) => done(null, payload));
 
@@ -51,7 +70,7 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         },
       },
       async (req, reply) => {
-        const sb = await authorise(req, req.params.id, 'commands');
+        const sb = await authorise(req, req.params.id, 'commands', false);
         const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
         const raw = (req.headers['last-event-id'] as string | undefined) ?? req.query.lastEventId ?? '0';
         if (!/^[0-9]{1,15}$/.test(raw))
@@ -78,7 +97,7 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       '/v1/sandboxes/:id/commands/:cmd',
       { schema: { params: CommandParams, querystring: Type.Object(TokenQuery) } },
       async (req) => {
-        const sb = await authorise(req, req.params.id, 'commands');
+        const sb = await authorise(req, req.params.id, 'commands', false);
         const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
         return {
           id: cmd.id,

@@ -10,6 +10,10 @@ import {
   type AgentCommandResponse,
   AgentCreateRequestSchema,
   type AgentCreateResponse,
+  AgentPauseRequestSchema,
+  type AgentPauseResponse,
+  AgentResumeRequestSchema,
+  type AgentResumeResponse,
   type AgentSandboxSummary,
   PlatformIdSchema as Sid,
 } from '../../core/agent-protocol.ts';
@@ -78,6 +82,38 @@ export function internalRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
           timeoutMs: b.timeoutMs,
         });
         return reply.status(201).send({ commandId: cmd.id, pid: cmd.pid } satisfies AgentCommandResponse);
+      },
+    );
+
+    app.post(
+      AGENT_ROUTES.pause,
+      { schema: { params: Type.Object({ id: Sid }), body: AgentPauseRequestSchema } },
+      async (req) => (await deps.sandboxes.pause(req.params.id, req.body.mode)) satisfies AgentPauseResponse,
+    );
+
+    app.post(
+      AGENT_ROUTES.resume,
+      { schema: { params: Type.Object({ id: Sid }), body: AgentResumeRequestSchema } },
+      async (req) => {
+        const r = req.body.restore;
+        const out = await deps.sandboxes.resume(
+          req.params.id,
+          r
+            ? {
+                sandboxId: r.sandboxId,
+                sessionId: r.sessionId,
+                template: r.template,
+                vcpus: r.vcpus,
+                memoryMiB: r.memoryMiB,
+                env: r.env,
+                expiresAtMs: r.expiresAtMs,
+                egress: normalisePolicy(r.egress),
+                credentials: validateGrants(r.credentials),
+                hibernation: r.hibernation,
+              }
+            : undefined,
+        );
+        return out satisfies AgentResumeResponse;
       },
     );
 

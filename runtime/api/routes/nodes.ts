@@ -20,6 +20,7 @@ const NodeSchema = Type.Object({
   heartbeatAt: Type.String(),
   alive: Type.Boolean(),
   templates: Type.Array(Type.String()),
+  hibernateStore: Type.String(),
 });
 
 export function nodeRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {

@@ -4,8 +4,9 @@
 -- KEYS[1] usage:open:<id> hash, KEYS[2] usage:sandbox:<id> hash, KEYS[3] autopause zset,
 -- KEYS[4] sandbox:<id> hash, KEYS[5] usage:open set
 -- ARGV[1] key prefix, ARGV[2] sandbox id, ARGV[3] new state: active | idle | paused | ended,
--- ARGV[4] retention of usage data (s), ARGV[5] vcpus, ARGV[6] memoryMiB, ARGV[7] template,
--- ARGV[8] api key name, ARGV[9] autoPauseSec, ARGV[10] only when the open state is this ('' = always)
+-- ARGV[4] retention of usage data (s), ARGV[5] only when the open state is this ('' = always)
+-- The sandbox's dimensions (vcpus, memoryMiB, template, apiKey) and its autoPauseSec are read from
+-- its record, so every reporter agrees on them.
 -- Returns { previous state ('' if none), closed interval (ms), now (ms), state now ('' if ended) }.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -17,7 +18,7 @@ if not sstate or sstate == 'killing' or sstate == 'killed' then want = 'ended' e
 
 local prev = redis.call('HMGET', KEYS[1], 'state', 'since')
 local old, since = prev[1], tonumber(prev[2])
-if ARGV[10] and ARGV[10] ~= '' and old ~= ARGV[10] and want ~= 'ended' then
+if ARGV[5] and ARGV[5] ~= '' and old ~= ARGV[5] and want ~= 'ended' then
   return { old or '', 0, now, old or '' }
 end
 local delta = 0
@@ -52,11 +53,12 @@ end
 
 redis.call('HSET', KEYS[1], 'state', want, 'since', now)
 redis.call('SADD', KEYS[5], id)
+local dims = redis.call('HMGET', KEYS[4], 'vcpus', 'memoryMiB', 'template', 'apiKey', 'autoPauseSec')
 if redis.call('HEXISTS', KEYS[2], 'startedAt') == 0 then
-  redis.call('HSET', KEYS[2], 'startedAt', now, 'vcpus', ARGV[5], 'memoryMiB', ARGV[6],
-    'template', ARGV[7], 'apiKey', ARGV[8])
+  redis.call('HSET', KEYS[2], 'startedAt', now, 'vcpus', dims[1] or '0', 'memoryMiB', dims[2] or '0',
+    'template', dims[3] or '', 'apiKey', dims[4] or '')
 end
-local autoPause = tonumber(ARGV[9]) or 0
+local autoPause = tonumber(dims[5] or '0') or 0
 if want == 'idle' and autoPause > 0 and sstate == 'running' then
   if old == 'idle' then
     redis.call('ZADD', KEYS[3], 'NX', now + autoPause * 1000, id)
