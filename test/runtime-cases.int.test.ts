@@ -335,6 +335,47 @@ describe('runtime cases', () => {
     expect(st.json()).toMatchObject({ type: 'symlink', target: { type: 'file', size: 1_000_000 } });
   });
 
+  it('r11-kill-means-everything: a timeout and a SIGKILL end setsid, setpgid and double-forked processes of the command', async () => {
+    const cmd = [
+      'sleep 1011 &',
+      'setsid sleep 1012 &',
+      'python3 -c "import os,time; os.setpgid(0,0); time.sleep(1013)" &',
+      '(nohup sleep 1014 >/dev/null 2>&1 &) &',
+      'wait',
+    ].join(' ');
+    const left = async () =>
+      (
+        await s.exec(id, {
+          cmd: 'sh',
+          args: ['-c', 'ps -eo args | grep -E "^(sleep|python3) .*101[1-4]" || true'],
+        })
+      ).stdout.toString();
+    for (const how of ['timeout', 'SIGKILL'] as const) {
+      const c = await start({
+        cmd: 'sh',
+        args: ['-c', cmd],
+        ...(how === 'timeout' ? { timeoutMs: 1500 } : {}),
+      });
+      const events = readEvents(c.stream.url, c.stream.token);
+      // every one of them runs before the kill
+      for (let i = 0; i < 50 && (await left()).split('\n').length < 5; i++)
+        await new Promise((r) => setTimeout(r, 100));
+      expect((await left()).split('\n').filter(Boolean)).toHaveLength(4);
+      if (how === 'SIGKILL') {
+        const sig = await request(c.stream.url.replace(/\/events$/, '/signal'), {
+          method: 'POST',
+          headers: { authorization: `Bearer ${c.stream.token}`, 'content-type': 'application/json' },
+          body: JSON.stringify({ signal: 'SIGKILL' }),
+        });
+        expect(sig.statusCode).toBe(204);
+        await sig.body.dump();
+      }
+      const r = collect(await events);
+      expect(r.exit).toMatchObject({ signal: 'SIGKILL', timedOut: how === 'timeout' });
+      expect(await left()).toBe('');
+    }
+  });
+
   it('r12-background-servers-outlive-their-exec: `&` and `nohup … &` servers answer from a later exec', async () => {
     for (const start of [
       'cd /tmp && python3 -m http.server 8000 &',
