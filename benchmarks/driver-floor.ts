@@ -7,7 +7,7 @@
  * - snapshot-restore create: `QemuDriver.restore` of one snapshot until /health answers;
  * - pause/resume: `pause()` + `resume()` (QMP stop/cont) round trip.
  *
- * Usage (root; builds/reuses the template and VM image in SPACE_TEST_CACHE, default /var/lib/space-test):
+ * Usage (root; builds/reuses the template and VM image in SPACE_TEST_CACHE_DIR, default /var/lib/space):
  *   npm run bench:drivers -- [N]     (N runs of each, default 3)
  * Env SPACE_KVM=on uses KVM (only where it is usable).
  */
@@ -20,9 +20,10 @@ import { makeInstanceDisk } from '../runtime/agent/drivers/vm-common.ts';
 import { SandboxNetworks } from '../runtime/agent/network.ts';
 import { buildTemplate } from '../runtime/agent/templates.ts';
 import { vmImage } from '../runtime/agent/vm-image.ts';
+import { TEST_CACHE_DIR } from '../test/cache-dir.ts';
 
 const N = Math.max(1, Number(process.argv[2] ?? 3));
-const CACHE = process.env['SPACE_TEST_CACHE'] ?? '/var/lib/space-test';
+const CACHE = TEST_CACHE_DIR;
 const KVM = process.env['SPACE_KVM'] === 'on';
 const nets = new SandboxNetworks({ pool: '10.79.43.0/24' });
 

@@ -3,7 +3,7 @@
  * gVisor platforms side by side on this node (root; runsc ≥ 2024-07-29; builds the `base` template
  * into the cache on first use):
  *
- *   npm run bench:gvisor -- [--runs 5] [--platforms ptrace,systrap] [--cache /var/lib/space-test]
+ *   npm run bench:gvisor -- [--runs 5] [--platforms ptrace,systrap] [--cache /var/lib/space]
  *
  * For each platform, with the real driver and guest daemon (see benchmarks/gvisor-lib.ts): the
  * floor (`runsc do true`), cold create, snapshot, snapshot-restore create, pause, resume, a syscall
@@ -18,6 +18,7 @@ import { Command } from 'commander';
 import { directoryImage } from '../runtime/agent/images.ts';
 import { SandboxNetworks } from '../runtime/agent/network.ts';
 import { buildTemplate } from '../runtime/agent/templates.ts';
+import { TEST_CACHE_DIR } from '../test/cache-dir.ts';
 import { formatFigures, type GvisorFigures, measureGvisor } from './gvisor-lib.ts';
 
 interface Opts {
@@ -31,7 +32,7 @@ const opts = new Command('gvisor-platforms')
   .description('gVisor ptrace vs systrap: floor, create, snapshot/restore, pause/resume, syscall loops')
   .option('--runs <n>', 'samples per figure', '5')
   .option('--platforms <list>', 'comma list of ptrace, systrap', 'ptrace,systrap')
-  .option('--cache <dir>', 'template cache', process.env['SPACE_TEST_CACHE'] ?? '/var/lib/space-test')
+  .option('--cache <dir>', 'template cache', TEST_CACHE_DIR)
   .option('--runsc <path>', 'runsc binary', process.env['SPACE_RUNSC_BINARY'] ?? 'runsc')
   .parse()
   .opts<Opts>();

@@ -35,7 +35,7 @@ import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEFAULT_DENY_CIDRS } from '../runtime/gateway/addresses.ts';
 import type { WorldConfig } from './attack-world.ts';
-import { collect, leftovers, readEvents, type Stack, startStack } from './stack.ts';
+import { collect, leftovers, NO_LEFTOVERS, readEvents, type Stack, startStack } from './stack.ts';
 
 const run = promisify(execFile);
 const TAG = randomBytes(2).toString('hex');
@@ -956,7 +956,7 @@ describe('egress attack suite', () => {
     try {
       if (s) {
         await s.stop();
-        expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [], vmms: [] });
+        expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
       }
     } finally {
       for (const c of cleanups.reverse()) await c().catch(() => {});

@@ -1,23 +1,27 @@
 /** Bad input gets a clear coded 4xx and changes nothing. */
 import { readFile, stat } from 'node:fs/promises';
 import { join } from 'node:path';
+import { Readable } from 'node:stream';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadSigningKey, mintSessionToken, writeNewKeyPair } from '../runtime/core/tokens.ts';
-import { leftovers, type Stack, startStack } from './stack.ts';
+import { leftovers, NO_LEFTOVERS, type Stack, startStack } from './stack.ts';
+
+const UPLOAD_LIMIT = 1024 * 1024;
 
 describe('bad input', () => {
   let s: Stack;
   let a: string;
   let b: string;
   beforeAll(async () => {
-    s = await startStack();
+    // small limits so the tests can reach them: 1 MiB uploads, 4 streams per sandbox
+    s = await startStack({ SPACE_MAX_UPLOAD_BYTES: String(UPLOAD_LIMIT), SPACE_MAX_STREAMS: '4' });
     [a, b] = await Promise.all([s.createSandbox(), s.createSandbox()]);
   });
   afterAll(async () => {
     if (!s) return;
     await s.stop();
-    expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [], vmms: [] });
+    expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
   });
 
   const code = (body: unknown) => (body as { error: { code: string } }).error.code;
@@ -103,6 +107,114 @@ describe('bad input', () => {
     expect(again.body.sandbox.id).toBe(first.body.sandbox.id);
     const other = await s.call('POST', '/v1/sandboxes', { template: 'base', metadata: { n: '2' } }, h);
     expect([other.status, code(other.body)]).toEqual([422, 'IDEMPOTENCY_CONFLICT']);
+  });
+
+  it('idempotent create racing itself: concurrent creates with one key make one sandbox and one operation', async () => {
+    const h = { 'idempotency-key': `race-${Date.now()}` };
+    const body = { template: 'base', metadata: { race: h['idempotency-key'] } };
+    const all = await Promise.all(
+      Array.from({ length: 6 }, () =>
+        s.call<{ sandbox: { id: string }; operation: { id: string } }>('POST', '/v1/sandboxes', body, h),
+      ),
+    );
+    expect(all.map((r) => r.status)).toEqual(Array(6).fill(202));
+    expect(new Set(all.map((r) => r.body.sandbox.id)).size).toBe(1);
+    expect(new Set(all.map((r) => r.body.operation.id)).size).toBe(1);
+    const listed = await s.call<{ sandboxes: { id: string }[] }>(
+      'GET',
+      `/v1/sandboxes?metadata=${encodeURIComponent(`race=${h['idempotency-key']}`)}`,
+    );
+    expect(listed.body.sandboxes.map((x) => x.id)).toEqual([all[0]!.body.sandbox.id]);
+    await s.call('DELETE', `/v1/sandboxes/${all[0]!.body.sandbox.id}`);
+  });
+
+  it('limits: metadata, env, inline stdin and long-poll at their limit pass, one past it is refused', async () => {
+    const keys = (n: number, v = 'x') =>
+      Object.fromEntries(Array.from({ length: n }, (_, i) => [`k${i}`, v]));
+    const env = (n: number) => Object.fromEntries(Array.from({ length: n }, (_, i) => [`E${i}`, 'x']));
+    const refused = [
+      ['metadata keys', '/v1/sandboxes', { template: 'base', metadata: keys(33) }],
+      ['metadata value', '/v1/sandboxes', { template: 'base', metadata: { k: 'x'.repeat(257) } }],
+      ['env vars', '/v1/sandboxes', { template: 'base', env: env(129) }],
+      ['stdin', `/v1/sandboxes/${a}/commands`, { cmd: 'true', stdin: 'x'.repeat(512 * 1024 + 1) }],
+      ['command env', `/v1/sandboxes/${a}/commands`, { cmd: 'true', env: env(129) }],
+    ] as const;
+    for (const [what, path, body] of refused) {
+      const r = await s.call('POST', path, body);
+      expect([r.status, code(r.body)], what).toEqual([400, 'BAD_REQUEST']);
+    }
+    const atLimit = await s.call<{ sandbox: { id: string } }>('POST', '/v1/sandboxes', {
+      template: 'base',
+      metadata: keys(32, 'y'.repeat(256)),
+      env: env(128),
+    });
+    expect(atLimit.status).toBe(202);
+    await s.call('DELETE', `/v1/sandboxes/${atLimit.body.sandbox.id}`);
+    const stdin = 'z'.repeat(512 * 1024);
+    const cat = await s.exec(a, { cmd: 'wc', args: ['-c'], stdin, env: env(128) });
+    expect(cat.stdout.toString().trim()).toBe(String(512 * 1024));
+    const op = (
+      await s.call<{ operation: { id: string } }>('DELETE', `/v1/sandboxes/${atLimit.body.sandbox.id}`)
+    ).body.operation.id;
+    const over = await s.call('GET', `/v1/operations/${op}?waitMs=60001`);
+    expect([over.status, code(over.body)]).toEqual([400, 'BAD_REQUEST']);
+    expect((await s.call('GET', `/v1/operations/${op}?waitMs=60000`)).status).toBe(200);
+  });
+
+  it('limits: an upload one byte past SPACE_MAX_UPLOAD_BYTES is refused (declared or streamed); one at it lands', async () => {
+    const f = await s.token(a, ['files']);
+    const put = async (size: number, chunked: boolean) => {
+      const data = Buffer.alloc(size, 7);
+      const r = await request(`${f.url}/files?path=${encodeURIComponent('/home/user/limit.bin')}`, {
+        method: 'PUT',
+        headers: { authorization: `Bearer ${f.token}`, 'content-type': 'application/octet-stream' },
+        // an async iterable has no length: the body goes chunked, with no Content-Length to refuse early
+        body: chunked ? Readable.from([data]) : data,
+      });
+      const text = await r.body.text();
+      return [r.statusCode, r.statusCode >= 400 ? code(JSON.parse(text)) : 'ok'];
+    };
+    expect(await put(UPLOAD_LIMIT, false)).toEqual([200, 'ok']);
+    expect(await put(UPLOAD_LIMIT + 1, false)).toEqual([413, 'BODY_TOO_LARGE']);
+    expect(await put(UPLOAD_LIMIT + 1, true)).toEqual([413, 'BODY_TOO_LARGE']);
+    const st = await request(`${f.url}/fs/stat?path=${encodeURIComponent('/home/user/limit.bin')}`, {
+      headers: { authorization: `Bearer ${f.token}` },
+    });
+    expect(((await st.body.json()) as { size: number }).size).toBe(UPLOAD_LIMIT);
+  });
+
+  it('limits: the fifth concurrent stream of a sandbox (SPACE_MAX_STREAMS=4) is RATE_LIMITED; closing one frees a place', async () => {
+    const c = await s.call<{ command: { id: string }; stream: { url: string; token: string } }>(
+      'POST',
+      `/v1/sandboxes/${a}/commands`,
+      { cmd: 'sleep', args: ['60'] },
+    );
+    const open = () =>
+      request(c.body.stream.url, { headers: { authorization: `Bearer ${c.body.stream.token}` } });
+    const streams = [];
+    for (let i = 0; i < 4; i++) {
+      const r = await open();
+      expect(r.statusCode).toBe(200);
+      streams.push(r);
+    }
+    const fifth = await open();
+    expect([fifth.statusCode, code(await fifth.body.json())]).toEqual([429, 'RATE_LIMITED']);
+    streams.pop()!.body.destroy();
+    let again = await open();
+    for (let i = 0; i < 50 && again.statusCode === 429; i++) {
+      await again.body.dump();
+      await new Promise((r) => setTimeout(r, 100));
+      again = await open();
+    }
+    expect(again.statusCode).toBe(200);
+    again.body.destroy();
+    for (const r of streams) r.body.destroy();
+    const sig = await request(c.body.stream.url.replace(/\/events$/, '/signal'), {
+      method: 'POST',
+      headers: { authorization: `Bearer ${c.body.stream.token}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ signal: 'SIGKILL' }),
+    });
+    await sig.body.dump();
   });
 
   it('refuses data-plane requests with expired, foreign, mis-scoped or forged tokens', async () => {

@@ -1,6 +1,6 @@
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { collect, leftovers, readEvents, type Stack, startStack } from './stack.ts';
+import { collect, leftovers, NO_LEFTOVERS, readEvents, type Stack, startStack } from './stack.ts';
 
 describe('create → exec → stream → files → delete', () => {
   let s: Stack;
@@ -10,7 +10,7 @@ describe('create → exec → stream → files → delete', () => {
   afterAll(async () => {
     if (!s) return;
     await s.stop();
-    expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [], vmms: [] });
+    expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
   });
 
   it('runs a command and reports its output and exit code', async () => {

@@ -10,7 +10,16 @@ import { loadAgentConfig } from '../runtime/agent/config.ts';
 import { startAgent } from '../runtime/agent/service.ts';
 import { loadApiConfig } from '../runtime/api/config.ts';
 import { startApi } from '../runtime/api/service.ts';
-import { agentEnv, collect, leftovers, readEvents, type Stack, startStack, waitFor } from './stack.ts';
+import {
+  agentEnv,
+  collect,
+  leftovers,
+  NO_LEFTOVERS,
+  readEvents,
+  type Stack,
+  startStack,
+  waitFor,
+} from './stack.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -26,7 +35,7 @@ describe('lifecycle', () => {
   afterAll(async () => {
     if (!s) return;
     await s.stop();
-    expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [], vmms: [] });
+    expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
   });
 
   it(`r8-bursts-of-creates: ${BURST} concurrent creates give ${BURST} distinct usable sandboxes`, async () => {
@@ -293,7 +302,7 @@ describe('warm pool', () => {
   afterAll(async () => {
     if (!s) return;
     await s.stop();
-    expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [], vmms: [] });
+    expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
   });
 
   it('claims a warm slot for a default-shaped create and refills the pool', async () => {

@@ -6,7 +6,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { connect } from 'node:net';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { collect, leftovers, readEvents, type Stack, startStack } from './stack.ts';
+import { collect, leftovers, NO_LEFTOVERS, readEvents, type Stack, startStack } from './stack.ts';
 
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
@@ -51,7 +51,7 @@ describe('runtime cases', () => {
   afterAll(async () => {
     if (!s) return;
     await s.stop();
-    expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [], vmms: [] });
+    expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
   });
 
   it('r1-two-readers-one-drops: every line reaches the reader that stays; a late reader replays; memory bounded', async () => {
@@ -197,16 +197,27 @@ describe('runtime cases', () => {
         'Content-Type: application/octet-stream\r\nContent-Length: 8388608\r\n\r\n',
     );
     sock.write(randomBytes(1024 * 1024));
-    await new Promise((r) => setTimeout(r, 300));
+    // the guest's temp files are `.space-upload-<random>` beside the target (runtime/guest/files.ts)
+    const temps = async () =>
+      ((await dp('GET', `/fs/list${q('/home/user')}`)).json().entries as { name: string }[])
+        .map((e) => e.name)
+        .filter((n) => n.startsWith('.space-upload-') || (n.includes('precious') && n !== 'precious.txt'));
+    // positive control: mid-upload, the check sees the temp file
+    let during: string[] = [];
+    for (let i = 0; i < 50 && during.length === 0; i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      during = await temps();
+    }
+    expect(during).toHaveLength(1);
     sock.destroy();
-    await new Promise((r) => setTimeout(r, 500));
+    let left = during;
+    for (let i = 0; i < 50 && left.length > 0; i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      left = await temps();
+    }
+    expect(left).toEqual([]);
     const after = await dp('GET', `/files${q(path)}`);
     expect(after.buf.toString()).toBe('the complete old file');
-    const ls = await dp('GET', `/fs/list${q('/home/user')}`);
-    const leftovers = (ls.json().entries as { name: string }[]).filter(
-      (e) => e.name.includes('precious') && e.name !== 'precious.txt',
-    );
-    expect(leftovers).toEqual([]);
   });
 
   it('r6-stdin-that-closes-early: EOF at once, early close, writes after exit refused, 10 MB round-trip', async () => {
@@ -333,6 +344,47 @@ describe('runtime cases', () => {
     }
     const st = await dp('GET', `/fs/stat${q('/home/user/big.lnk')}`);
     expect(st.json()).toMatchObject({ type: 'symlink', target: { type: 'file', size: 1_000_000 } });
+  });
+
+  it('r11-kill-means-everything: a timeout and a SIGKILL end setsid, setpgid and double-forked processes of the command', async () => {
+    const cmd = [
+      'sleep 1011 &',
+      'setsid sleep 1012 &',
+      'python3 -c "import os,time; os.setpgid(0,0); time.sleep(1013)" &',
+      '(nohup sleep 1014 >/dev/null 2>&1 &) &',
+      'wait',
+    ].join(' ');
+    const left = async () =>
+      (
+        await s.exec(id, {
+          cmd: 'sh',
+          args: ['-c', 'ps -eo args | grep -E "^(sleep|python3) .*101[1-4]" || true'],
+        })
+      ).stdout.toString();
+    for (const how of ['timeout', 'SIGKILL'] as const) {
+      const c = await start({
+        cmd: 'sh',
+        args: ['-c', cmd],
+        ...(how === 'timeout' ? { timeoutMs: 1500 } : {}),
+      });
+      const events = readEvents(c.stream.url, c.stream.token);
+      // every one of them runs before the kill
+      for (let i = 0; i < 50 && (await left()).split('\n').length < 5; i++)
+        await new Promise((r) => setTimeout(r, 100));
+      expect((await left()).split('\n').filter(Boolean)).toHaveLength(4);
+      if (how === 'SIGKILL') {
+        const sig = await request(c.stream.url.replace(/\/events$/, '/signal'), {
+          method: 'POST',
+          headers: { authorization: `Bearer ${c.stream.token}`, 'content-type': 'application/json' },
+          body: JSON.stringify({ signal: 'SIGKILL' }),
+        });
+        expect(sig.statusCode).toBe(204);
+        await sig.body.dump();
+      }
+      const r = collect(await events);
+      expect(r.exit).toMatchObject({ signal: 'SIGKILL', timedOut: how === 'timeout' });
+      expect(await left()).toBe('');
+    }
   });
 
   it('r12-background-servers-outlive-their-exec: `&` and `nohup … &` servers answer from a later exec', async () => {

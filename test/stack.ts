@@ -13,6 +13,8 @@ import type { Logger } from 'pino';
 import { request } from 'undici';
 import { inject } from 'vitest';
 import { loadAgentConfig } from '../runtime/agent/config.ts';
+import { NFT_TABLE } from '../runtime/agent/firewall.ts';
+import { networkNames } from '../runtime/agent/network.ts';
 import { type RunningAgent, startAgent } from '../runtime/agent/service.ts';
 import { buildTemplate } from '../runtime/agent/templates.ts';
 import { loadApiConfig } from '../runtime/api/config.ts';
@@ -20,12 +22,12 @@ import { type RunningApi, startApi } from '../runtime/api/service.ts';
 import { writeNewKeyPair } from '../runtime/core/tokens.ts';
 import { loadGatewayConfig } from '../runtime/gateway/config.ts';
 import { type RunningGateway, startGateway } from '../runtime/gateway/service.ts';
+import { TEST_CACHE_DIR } from './cache-dir.ts';
 import { freePort } from './redis-server.ts';
 
 const run = promisify(execFile);
 
-/** Template cache shared by test runs (a build takes about a minute; reruns reuse it). */
-export const TEST_CACHE_DIR = process.env.SPACE_TEST_CACHE_DIR ?? '/var/lib/space';
+export { TEST_CACHE_DIR };
 
 export interface Stack {
   apiUrl: string;
@@ -54,7 +56,15 @@ export interface Stack {
   exec(id: string, body: Record<string, unknown>): Promise<ExecResult>;
   /** Session token + data-plane base URL for a sandbox. */
   token(id: string, scopes?: string[]): Promise<{ url: string; token: string }>;
+  /** Every instance id the agent made while the stack ran (its instance folders, polled). */
+  instanceIds: Set<string>;
+  /**
+   * Stops the services, then looks for leftovers ({@link leftovers}) while the stack's folder still
+   * exists, then removes the folder. What was found is kept in `left`.
+   */
   stop(): Promise<void>;
+  /** What {@link Stack.stop} found left behind (undefined before it ran). */
+  left?: Leftovers;
 }
 
 export interface ExecResult {
@@ -187,6 +197,14 @@ export async function startStack(env: Record<string, string> = {}, gw?: StackGat
     });
   }
   const agent = await startAgent(loadAgentConfig(base));
+  const instanceIds = new Set<string>();
+  const instancesDir = join(dir, 'agent', 'driver', 'instances');
+  const noteInstances = async () => {
+    for (const i of await readdir(instancesDir).catch(() => [] as string[])) instanceIds.add(i);
+  };
+  // instances live for seconds at least: a 200 ms poll sees every one the agent makes
+  const poller = setInterval(() => void noteInstances(), 200);
+  poller.unref();
   const api = await startApi(loadApiConfig(base), { bootstrapKeyFile: join(dir, 'api-key') });
   const apiKey = (await readFile(join(dir, 'api-key'), 'utf8')).trim();
 
@@ -215,6 +233,7 @@ export async function startStack(env: Record<string, string> = {}, gw?: StackGat
     redis,
     dir,
     call,
+    instanceIds,
     async restartGateway() {
       if (!stack.gateway || !restart) throw new Error('this stack has no gateway');
       await stack.gateway.close('restart');
@@ -258,23 +277,71 @@ export async function startStack(env: Record<string, string> = {}, gw?: StackGat
       return res.body;
     },
     async stop() {
+      await noteInstances();
+      clearInterval(poller);
       await stack.agent.close();
       await stack.api.close();
       await stack.gateway?.close();
       redis.disconnect();
+      // before the folder goes: mounts and processes are found by its path
+      stack.left = await leftovers(stack);
       await rm(dir, { recursive: true, force: true });
     },
   };
   return stack;
 }
 
+/** What {@link leftovers} finds; every list empty means a clean stop ({@link NO_LEFTOVERS}). */
+export interface Leftovers {
+  /** Host interfaces holding an address of the stack's pool (veth host ends). */
+  links: string[];
+  /** runsc processes naming the stack's folder. */
+  runsc: string[];
+  /** `<controller>/space/<instance>` cgroups of the stack's instances. */
+  cgroups: string[];
+  /** VMM processes (qemu, firecracker, cloud-hypervisor) naming the stack's folder. */
+  vmms: string[];
+  /** Network namespaces of the stack's instances (`sp-<short>`). */
+  netns: string[];
+  /** Mount points under the stack's folder (overlays, loop-mounted disks). */
+  mounts: string[];
+  /** nftables chains of the stack's instances in `inet space` (`raw_spv<short>`, …). */
+  chains: string[];
+  /** Any other process naming the stack's folder. */
+  processes: string[];
+}
+
+/** The value of {@link leftovers} after a clean stop. */
+export const NO_LEFTOVERS: Leftovers = {
+  links: [],
+  runsc: [],
+  cgroups: [],
+  vmms: [],
+  netns: [],
+  mounts: [],
+  chains: [],
+  processes: [],
+};
+
+async function pgrep(pattern: string): Promise<string[]> {
+  const { stdout } = await run('pgrep', ['-af', pattern]).catch(() => ({ stdout: '' }));
+  return stdout
+    .split('\n')
+    .filter(Boolean)
+    .filter((l) => !l.includes('pgrep'));
+}
+
 /**
- * What a stopped stack left on the host: network namespaces whose host end is in the test pool,
- * runsc containers under its runsc root, and cgroups named after its instances.
+ * What a stack left on the host, looked for where each kind would be: host links with an address
+ * of its pool; runsc, VMM and any other processes naming its folder; mounts under its folder; and,
+ * for each of its instance ids, cgroups (every controller), the network namespace and the
+ * nftables chains named after it. A stopped {@link Stack} answers what its `stop()` found while its
+ * folder still existed; anything else (a planted control) is looked at now.
  */
 export async function leftovers(
-  stack: Pick<Stack, 'dir' | 'pool'>,
-): Promise<{ links: string[]; runsc: string[]; cgroups: string[]; vmms: string[] }> {
+  stack: Pick<Stack, 'dir' | 'pool' | 'instanceIds'> & { left?: Leftovers },
+): Promise<Leftovers> {
+  if (stack.left) return stack.left;
   const stackDir = stack.dir;
   const prefix = `${stack.pool.split('.').slice(0, 2).join('.')}.`;
   const addrs = JSON.parse((await run('ip', ['-j', '-4', 'addr', 'show'])).stdout) as {
@@ -284,27 +351,39 @@ export async function leftovers(
   const links = addrs
     .filter((l) => l.addr_info?.some((a) => a.local?.startsWith(prefix)))
     .map((l) => l.ifname);
-  const runsc = (await run('pgrep', ['-f', `runsc.*${stackDir}`]).catch(() => ({ stdout: '' }))).stdout
-    .split('\n')
-    .filter(Boolean);
-  const cgroups: string[] = [];
-  for (const ctl of ['memory', 'pids', 'cpu']) {
-    const dir = `/sys/fs/cgroup/${ctl}/space`;
-    const ids = await readdir(dir).catch(() => [] as string[]);
-    const instances = await readdir(join(stackDir, 'agent', 'driver', 'instances')).catch(
-      () => [] as string[],
-    );
-    cgroups.push(...ids.filter((i) => instances.includes(i)));
-  }
+  const runsc = await pgrep(`runsc.*${stackDir}`);
   // VMM processes (qemu, firecracker, cloud-hypervisor) whose command line names this stack's dir
-  const vmms = (
-    await run('pgrep', ['-f', `(qemu-system|firecracker|cloud-hypervisor).*${stackDir}`]).catch(() => ({
-      stdout: '',
-    }))
-  ).stdout
+  const vmms = await pgrep(`(qemu-system|firecracker|cloud-hypervisor).*${stackDir}`);
+  const processes = (await pgrep(stackDir)).filter((l) => !runsc.includes(l) && !vmms.includes(l));
+  const ids = [...stack.instanceIds];
+  const cgroups: string[] = [];
+  for (const ctl of await readdir('/sys/fs/cgroup').catch(() => [] as string[])) {
+    const present = await readdir(`/sys/fs/cgroup/${ctl}/space`).catch(() => [] as string[]);
+    cgroups.push(...present.filter((i) => ids.includes(i)).map((i) => `${ctl}/space/${i}`));
+  }
+  const names = ids.flatMap((i) => {
+    try {
+      return [networkNames(i)];
+    } catch {
+      return [];
+    }
+  });
+  const allNetns = (await run('ip', ['netns', 'list']).catch(() => ({ stdout: '' }))).stdout
     .split('\n')
+    .map((l) => l.split(' ')[0]!)
     .filter(Boolean);
-  return { links, runsc, cgroups, vmms };
+  const netns = allNetns.filter((n) => names.some((x) => x.netns === n));
+  const table = (await run('nft', ['-j', 'list', 'table', 'inet', NFT_TABLE]).catch(() => ({ stdout: '{}' })))
+    .stdout;
+  const chains = ((JSON.parse(table) as { nftables?: { chain?: { name: string } }[] }).nftables ?? [])
+    .map((e) => e.chain?.name)
+    .filter((n): n is string => n !== undefined)
+    .filter((c) => names.some((x) => c.endsWith(`_${x.hostIf}`)));
+  const mounts = (await readFile('/proc/self/mountinfo', 'utf8'))
+    .split('\n')
+    .map((l) => l.split(' ')[4] ?? '')
+    .filter((m) => m.startsWith(`${stackDir}/`) || m === stackDir);
+  return { links, runsc, cgroups, vmms, netns, mounts, chains, processes };
 }
 
 /** Agent settings that restart `s`'s agent as it was (plus `extra`). */

@@ -10,7 +10,16 @@ import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadAgentConfig } from '../runtime/agent/config.ts';
 import { startAgent } from '../runtime/agent/service.ts';
-import { agentEnv, collect, leftovers, readEvents, type Stack, startStack, waitFor } from './stack.ts';
+import {
+  agentEnv,
+  collect,
+  leftovers,
+  NO_LEFTOVERS,
+  readEvents,
+  type Stack,
+  startStack,
+  waitFor,
+} from './stack.ts';
 
 const VM_ENV = {
   SPACE_DRIVER: 'qemu',
@@ -32,7 +41,7 @@ describe('the stack on the qemu driver', () => {
   afterAll(async () => {
     if (!s) return;
     await s.stop();
-    expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [], vmms: [] });
+    expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
   }, 120_000);
 
   it('creates from the template snapshot; execs stream; files round-trip', async () => {

@@ -3,6 +3,7 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
+import { TEST_CACHE_DIR } from '../../test/cache-dir.ts';
 import { SpaceError } from '../core/errors.ts';
 import {
   buildTemplate,
@@ -13,7 +14,7 @@ import {
 } from './templates.ts';
 
 /** Persistent between runs so a rerun reuses the (minutes-long) first build. */
-const CACHE = process.env['SPACE_TEST_CACHE'] ?? '/var/lib/space-test';
+const CACHE = TEST_CACHE_DIR;
 
 const emptyCaches: string[] = [];
 afterAll(async () => {

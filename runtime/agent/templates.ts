@@ -27,13 +27,13 @@ import {
   symlink,
   writeFile,
 } from 'node:fs/promises';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { SpaceError } from '../core/errors.ts';
 
 /** Bump when the build steps change, so every cached template is rebuilt. */
-export const TEMPLATE_BUILDER_VERSION = 'space-template-builder/1';
+export const TEMPLATE_BUILDER_VERSION = 'space-template-builder/2';
 
 /** Folder holding the repo's template definitions. */
 export const DEFAULT_TEMPLATES_DIR = fileURLToPath(new URL('../../templates/', import.meta.url));
@@ -59,6 +59,12 @@ export interface TemplateDefinition {
   mirror: string;
   /** Extra Debian packages (debootstrap `--include`). */
   packages: string[];
+  /**
+   * Packages installed after debootstrap with `apt-get install --no-install-recommends` in a chroot
+   * (apt resolves alternatives and virtual packages, which debootstrap's `--include` does not:
+   * `npm` and its ~300 `node-*` dependencies fail to configure there).
+   */
+  aptPackages?: string[];
   user: TemplateUser;
   /** Written to /etc/hostname (default `sandbox`). */
   hostname?: string;
@@ -68,6 +74,11 @@ export interface TemplateDefinition {
    * coreutils 9.1 calls statx with AT_NO_AUTOMOUNT, which runsc 2022-12 rejects with EINVAL.
    */
   busyboxApplets?: string[];
+  /**
+   * Files written into the tree after the packages (absolute path → UTF-8 content; root-owned,
+   * mode 0644; parents made), e.g. `/etc/pip.conf`. They override the builder's own files.
+   */
+  files?: Record<string, string>;
 }
 
 /** A template ready to use. */
@@ -146,6 +157,12 @@ function validateDefinition(name: string, d: TemplateDefinition): void {
   if (!Array.isArray(d.packages) || !d.packages.every((p) => /^[a-z0-9][a-z0-9.+-]*$/.test(p))) {
     throw bad('"packages" must be Debian package names');
   }
+  if (
+    d.aptPackages !== undefined &&
+    (!Array.isArray(d.aptPackages) || !d.aptPackages.every((p) => /^[a-z0-9][a-z0-9.+-]*$/.test(p)))
+  ) {
+    throw bad('"aptPackages" must be Debian package names');
+  }
   if (d.busyboxApplets !== undefined) {
     if (
       !Array.isArray(d.busyboxApplets) ||
@@ -154,6 +171,19 @@ function validateDefinition(name: string, d: TemplateDefinition): void {
       throw bad('"busyboxApplets" must be command names');
     }
     if (!d.packages.includes('busybox')) throw bad('"busyboxApplets" needs the "busybox" package');
+  }
+  if (d.files !== undefined) {
+    if (typeof d.files !== 'object' || d.files === null || Array.isArray(d.files))
+      throw bad('"files" must map absolute paths to text');
+    for (const [path, text] of Object.entries(d.files)) {
+      if (
+        !path.startsWith('/') ||
+        path.split('/').includes('..') ||
+        path.includes('\0') ||
+        typeof text !== 'string'
+      )
+        throw bad(`"files" entry ${JSON.stringify(path)} must be an absolute path (no "..") with text`);
+    }
   }
   const u = d.user;
   if (!u || !/^[a-z_][a-z0-9_-]*$/.test(u.name) || !Number.isInteger(u.uid) || !Number.isInteger(u.gid)) {
@@ -230,6 +260,10 @@ async function buildFresh(
     const started = Date.now();
     say(`template ${def.name}: debootstrap ${def.suite} (${def.packages.join(', ')})`);
     await runDebootstrap(def, rootfs, opts);
+    if (def.aptPackages?.length) {
+      say(`template ${def.name}: apt-get install ${def.aptPackages.join(', ')}`);
+      await aptInstall(rootfs, def.aptPackages, opts);
+    }
     say(`template ${def.name}: configuring`);
     await configureRootfs(def, rootfs);
     await writeFile(
@@ -295,6 +329,48 @@ function runDebootstrap(def: TemplateDefinition, rootfs: string, opts: BuildOpti
   });
 }
 
+/**
+ * `apt-get install -y --no-install-recommends <packages>` chrooted into `rootfs` (with /proc mounted
+ * for the maintainer scripts, unmounted again). Rejects with the output tail.
+ */
+async function aptInstall(rootfs: string, packages: string[], opts: BuildOptions): Promise<void> {
+  const proc = join(rootfs, 'proc');
+  await mkdir(proc, { recursive: true });
+  await runLogged('mount', ['-t', 'proc', 'proc', proc], opts);
+  try {
+    const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive', LC_ALL: 'C' };
+    await runLogged('chroot', [rootfs, 'apt-get', 'update', '-q'], opts, env);
+    await runLogged(
+      'chroot',
+      [rootfs, 'apt-get', 'install', '-y', '-q', '--no-install-recommends', ...packages],
+      opts,
+      env,
+    );
+  } finally {
+    await runLogged('umount', ['-l', proc], opts).catch(() => {});
+  }
+}
+
+/** Runs a command, its output lines to `opts.log`; rejects with the last 20 lines. */
+function runLogged(cmd: string, args: string[], opts: BuildOptions, env?: NodeJS.ProcessEnv): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'], ...(env ? { env } : {}) });
+    const tail: string[] = [];
+    const onLine = (line: string) => {
+      opts.log?.(line);
+      tail.push(line);
+      if (tail.length > 20) tail.shift();
+    };
+    createInterface({ input: child.stdout }).on('line', onLine);
+    createInterface({ input: child.stderr }).on('line', onLine);
+    child.on('error', reject);
+    child.on('close', (code) => {
+      if (code === 0) resolve();
+      else reject(new Error(`${cmd} ${args.slice(0, 3).join(' ')} exited with ${code}: ${tail.join(' | ')}`));
+    });
+  });
+}
+
 /** Post-debootstrap configuration of the tree at `rootfs`. */
 export async function configureRootfs(def: TemplateDefinition, rootfs: string): Promise<void> {
   await addUser(rootfs, def.user);
@@ -304,10 +380,30 @@ export async function configureRootfs(def: TemplateDefinition, rootfs: string): 
     await rm(link, { force: true });
     await symlink('/bin/busybox', link);
   }
-  await writeFile(join(rootfs, 'etc/hostname'), `${def.hostname ?? 'sandbox'}\n`);
+  const hostname = def.hostname ?? 'sandbox';
+  await writeFile(join(rootfs, 'etc/hostname'), `${hostname}\n`);
+  // debootstrap writes no /etc/hosts and neither gVisor nor the VM guests make one: without it
+  // `localhost` does not resolve (R14)
+  await writeFile(join(rootfs, 'etc/hosts'), hostsFile(hostname));
   await rm(join(rootfs, 'etc/resolv.conf'), { force: true });
   await writeFile(join(rootfs, 'etc/resolv.conf'), '# written by SPACE when the sandbox starts\n');
+  for (const [path, text] of Object.entries(def.files ?? {})) {
+    const target = join(rootfs, path);
+    await mkdir(dirname(target), { recursive: true });
+    await rm(target, { force: true }); // never write through a symlink the packages left there
+    await writeFile(target, text, { mode: 0o644 });
+  }
   await cleanApt(rootfs);
+}
+
+/** `/etc/hosts` of a template: localhost (IPv4 and IPv6) and the sandbox's host name. Pure. */
+export function hostsFile(hostname: string): string {
+  return [
+    '127.0.0.1\tlocalhost',
+    `127.0.1.1\t${hostname}`,
+    '::1\tlocalhost ip6-localhost ip6-loopback',
+    '',
+  ].join('\n');
 }
 
 /** Appends passwd/group/shadow lines (if absent) and makes the home directory from /etc/skel. */

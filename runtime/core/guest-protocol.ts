@@ -16,7 +16,7 @@
  * | GET | /processes/:pid/output?offset=N | → `application/octet-stream`, a stream of frames (below) from byte N of the frame stream |
  * | POST | /processes/:pid/stdin | raw bytes → 204 once written (409 PROCESS_EXITED after exit or close) |
  * | POST | /processes/:pid/stdin/close | → 204 |
- * | POST | /processes/:pid/signal | `{ signal: "SIGTERM" }` → 204 (sent to the whole process group) |
+ * | POST | /processes/:pid/signal | `{ signal: "SIGTERM" }` → 204 (to the process group; SIGKILL and SIGTERM to every process the command started) |
  * | GET | /files?path=P | → raw bytes (404 FILE_NOT_FOUND, 409 FILE_CONFLICT if a directory) |
  * | PUT | /files?path=P&mode=0644 | raw bytes → 200 {@link FileStat}; atomic: temp file, fsync, rename |
  * | GET | /fs/stat?path=P | → {@link FileStat} |
@@ -71,7 +71,7 @@ export interface ProcessStartRequest {
   user?: 'user' | 'root';
   /** Keep stdin open for later writes; when false stdin is /dev/null (EOF at once). */
   stdin?: boolean;
-  /** Kill the whole process group after this many ms (0 or absent: no limit). */
+  /** Kill every process the command started after this many ms (0 or absent: no limit). */
   timeoutMs?: number;
   /** Caller's id for the process (the API's command id); echoed in ProcessInfo. */
   tag?: string;

@@ -1,9 +1,9 @@
 import { createHash, randomBytes } from 'node:crypto';
-import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { request as httpRequest } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { FrameDecoder } from './output.ts';
 import { AUTH, call, type Guest, q, readOutput, run, startGuest } from './test-harness.ts';
 
@@ -149,6 +149,47 @@ describe('guest processes', () => {
     const out = await readOutput(g, p.pid);
     expect(out.exit).toEqual({ exitCode: null, signal: 'SIGKILL', timedOut: true });
     expect(Date.now() - t0).toBeLessThan(3000);
+  });
+
+  it('r11-kill-means-everything-the-command-started: a timeout and a SIGKILL end setsid, setpgid and double-forked processes too', async () => {
+    // fractional sleeps make the processes of this run unique on a shared host
+    const tag = `${Date.now() % 1000}${Math.floor(Math.random() * 1000)}`;
+    const cmd = [
+      `sleep 1011.${tag} &`,
+      `setsid sleep 1012.${tag} &`,
+      `python3 -c "import os,time; os.setpgid(0,0); time.sleep(1013.${tag})" &`,
+      `(nohup sleep 1014.${tag} >/dev/null 2>&1 &) &`, // double fork: reparented to PID 1
+      `setsid sh -c 'sleep 1015.${tag} & wait' &`,
+      'wait',
+    ].join(' ');
+    const ours = () =>
+      readdirSync('/proc')
+        .filter((n) => /^\d+$/.test(n))
+        .filter((n) => {
+          try {
+            const argv = readFileSync(`/proc/${n}/cmdline`, 'utf8').split('\0');
+            // the sleeps and python, not the shells whose scripts name them
+            return !argv[0]!.endsWith('sh') && argv.join(' ').includes(`.${tag}`) && alive(Number(n));
+          } catch {
+            return false;
+          }
+        });
+    onTestFinished(() => {
+      for (const pid of ours()) process.kill(Number(pid), 'SIGKILL'); // what a failed run leaves
+    });
+    for (const how of ['timeout', 'SIGKILL'] as const) {
+      const p = await run(g, { cmd, shell: true, ...(how === 'timeout' ? { timeoutMs: 1500 } : {}) });
+      const outP = readOutput(g, p.pid);
+      for (let i = 0; i < 100 && ours().length < 5; i++) await sleep(50);
+      expect(ours().length).toBe(5);
+      if (how === 'SIGKILL') {
+        expect((await call(g, 'POST', `/processes/${p.pid}/signal`, { signal: 'SIGKILL' })).status).toBe(204);
+      }
+      const out = await outP;
+      expect(out.exit).toEqual({ exitCode: null, signal: 'SIGKILL', timedOut: how === 'timeout' });
+      for (let i = 0; i < 40 && ours().length > 0; i++) await sleep(50);
+      expect(ours()).toEqual([]);
+    }
   });
 
   it('r12-background-survives: a leader exiting while a child holds the pipes ends the stream; the child keeps running', async () => {

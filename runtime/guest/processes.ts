@@ -2,12 +2,14 @@
  * Processes the guest runs: spawn (user, cwd, env, shell, stdin, timeout), output framing with
  * backpressure, stdin writes, signals to the process group, exit reporting and record retention.
  *
- * Every process is the leader of its own process group (`detached: true` → setsid), so signals,
- * timeouts and shutdown reach the whole tree with `process.kill(-pid, sig)`. Orphans are reaped by
- * PID 1 (tini) — nothing here relies on anything else.
+ * Every process is the leader of its own process group (`detached: true` → setsid), so signals
+ * reach the whole group with `process.kill(-pid, sig)`. A timeout, SIGKILL, SIGTERM and shutdown
+ * reach further: every process the command started, also those that left its group or session
+ * (`tree.ts`, R11). Orphans are reaped by PID 1 (tini) — nothing here relies on anything else.
  */
 
 import { type ChildProcess, spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { stat } from 'node:fs/promises';
 import type { IncomingMessage } from 'node:http';
 import { constants as osConstants } from 'node:os';
@@ -18,6 +20,7 @@ import type { ProcessExit, ProcessInfo, ProcessStartRequest } from '../core/gues
 import { isObject, parseEnv } from './http.ts';
 import { errorFields, type Logger } from './log.ts';
 import { OutputStream } from './output.ts';
+import { COMMAND_MARKER_ENV, signalCommand } from './tree.ts';
 import type { Identity } from './users.ts';
 
 /**
@@ -26,9 +29,12 @@ import type { Identity } from './users.ts';
  * are background processes: after this grace the command is over — its stream ends with the
  * leader's exit — and they keep running (R12). Their later output is read and discarded, so they
  * never block on a full pipe or die of a broken one. They end with the sandbox, or when they exit;
- * a timeout or signal that hits the command *while it runs* still reaches its whole group.
+ * a timeout or signal that hits the command *while it runs* still reaches its whole group, and a
+ * timeout, SIGKILL or SIGTERM everything it started (R11).
  */
 export const LEADER_EXIT_GRACE_MS = 100;
+/** Signals sent to every process a command started (R11); others go to its process group only. */
+const TREE_SIGNALS: ReadonlySet<string> = new Set(['SIGKILL', 'SIGTERM']);
 /** How long a record stays after its exit frame was fully delivered. */
 export const DELIVERED_RECORD_TTL_MS = 60_000;
 /** How long a record of an exited process whose output nobody finished reading stays. */
@@ -141,6 +147,8 @@ export class ManagedProcess {
   readonly args: string[];
   readonly startedAt: number;
   readonly output: OutputStream;
+  /** Value of `SPACE_COMMAND` in the command's environment (see tree.ts). */
+  readonly marker: string;
   exit: ProcessExit | undefined;
   #child: ChildProcess | undefined;
   #stdin: Writable | null = null;
@@ -157,8 +165,15 @@ export class ManagedProcess {
   #retentionTimer: NodeJS.Timeout | undefined;
   readonly #forget: (p: ManagedProcess) => void;
 
-  constructor(pid: number, spec: StartSpec, forget: (p: ManagedProcess) => void, deliveredTtlMs: number) {
+  constructor(
+    pid: number,
+    spec: StartSpec,
+    forget: (p: ManagedProcess) => void,
+    deliveredTtlMs: number,
+    marker = '',
+  ) {
     this.pid = pid;
+    this.marker = marker;
     this.tag = spec.tag;
     this.cmd = spec.cmd;
     this.args = spec.args;
@@ -235,7 +250,7 @@ export class ManagedProcess {
     if (timeoutMs > 0) {
       this.#timeoutTimer = setTimeout(() => {
         this.#timedOut = true;
-        this.killGroup('SIGKILL');
+        this.killCommand('SIGKILL');
       }, timeoutMs);
     }
   }
@@ -249,6 +264,17 @@ export class ManagedProcess {
     }
   }
 
+  /**
+   * Sends `signal` to the group at once, then to every other process the command started (its
+   * descendants and whatever carries its marker: setsid, setpgid, double forks) — see tree.ts.
+   * SIGKILL sweeps until none is left. Fire and forget: never throws.
+   */
+  killCommand(signal: NodeJS.Signals): void {
+    this.killGroup(signal);
+    if (this.#child === undefined) return;
+    void signalCommand(this.pid, this.marker, signal);
+  }
+
   /** Whether any member of the group may still be alive (leader running or pipes still open). */
   get active(): boolean {
     return this.#child !== undefined && (this.#leaderExit === undefined || this.#openPipes > 0);
@@ -257,7 +283,8 @@ export class ManagedProcess {
   signal(name: string): void {
     if (!Object.hasOwn(osConstants.signals, name)) throw bad(`unknown signal ${JSON.stringify(name)}`);
     if (!this.running) throw processExited('the process has exited');
-    this.killGroup(name as NodeJS.Signals);
+    if (TREE_SIGNALS.has(name)) this.killCommand(name as NodeJS.Signals);
+    else this.killGroup(name as NodeJS.Signals);
   }
 
   /** Writes a request body to stdin with backpressure; resolves once it is flushed to the pipe. */
@@ -324,7 +351,8 @@ export class ManagedProcess {
    */
   dispose(kill = true, force = false): void {
     const keepBackground = this.#backgrounded && !force;
-    if (kill && this.active && !keepBackground) this.killGroup('SIGKILL');
+    if (kill && force) this.killCommand('SIGKILL');
+    else if (kill && this.active && !keepBackground) this.killGroup('SIGKILL');
     if (!keepBackground) for (const pipe of this.#pipes) pipe.destroy();
     this.#stdin?.destroy();
     if (this.#timeoutTimer) clearTimeout(this.#timeoutTimer);
@@ -430,6 +458,7 @@ export class ProcessManager {
     const spec = parseStart(body, this.#opts.home);
     const { log } = this.#opts;
     const who = spec.user === 'root' ? this.#opts.root : this.#opts.user;
+    const marker = randomBytes(8).toString('hex');
     const env: Record<string, string> = {
       PATH: DEFAULT_PATH,
       HOME: who.home,
@@ -438,6 +467,7 @@ export class ProcessManager {
       SHELL: who.shell,
       ...this.#sandboxEnv,
       ...spec.env,
+      [COMMAND_MARKER_ENV]: marker,
     };
     const cwdError =
       (await stat(spec.cwd).then(
@@ -472,7 +502,7 @@ export class ProcessManager {
     const pid = child.pid;
     // An old record whose pid the kernel reused: its group is gone, so only drop it (never signal -pid).
     this.#processes.get(pid)?.dispose(false);
-    const p = new ManagedProcess(pid, spec, (gone) => this.#drop(gone), this.#deliveredTtl);
+    const p = new ManagedProcess(pid, spec, (gone) => this.#drop(gone), this.#deliveredTtl, marker);
     this.#processes.set(pid, p);
     p.adopt(child, spec.timeoutMs);
     log('info', 'process started', { pid, cmd: spec.cmd, user: who.name, tag: spec.tag });

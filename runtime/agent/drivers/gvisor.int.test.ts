@@ -9,6 +9,7 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { formatFigures, measureGvisor } from '../../../benchmarks/gvisor-lib.ts';
+import { TEST_CACHE_DIR } from '../../../test/cache-dir.ts';
 import { probe } from '../../../test/guest-probe.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { GUEST_PORT } from '../../core/guest-protocol.ts';
@@ -22,7 +23,7 @@ import { type GvisorConfig, GvisorDriver } from './gvisor.ts';
 import { DEFAULT_GVISOR_PLATFORM } from './gvisor-platform.ts';
 
 /** Template cache shared with templates.int.test.ts (persists between runs). */
-const CACHE = process.env['SPACE_TEST_CACHE'] ?? '/var/lib/space-test';
+const CACHE = TEST_CACHE_DIR;
 /** A pool of its own so this file never collides with other tests or a running agent. */
 const nets = new SandboxNetworks({ pool: '10.79.1.0/24' });
 const RUNTIME_DIR = fileURLToPath(new URL('../../', import.meta.url));

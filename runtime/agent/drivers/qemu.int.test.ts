@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { TEST_CACHE_DIR } from '../../../test/cache-dir.ts';
 import { probe } from '../../../test/guest-probe.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { FRAME_EXIT, FRAME_HEADER_BYTES, FRAME_STDOUT, GUEST_PORT } from '../../core/guest-protocol.ts';
@@ -17,7 +18,7 @@ import type { InstanceSpec, SandboxNetwork, TemplateImage } from './driver.ts';
 import { QemuDriver } from './qemu.ts';
 
 /** Template and image cache shared with the other int tests (persists between runs). */
-const CACHE = process.env['SPACE_TEST_CACHE'] ?? '/var/lib/space-test';
+const CACHE = TEST_CACHE_DIR;
 /** A pool of its own so this file never collides with other tests or a running agent. */
 const nets = new SandboxNetworks({ pool: '10.79.42.0/24' });
 /** The repo's Node 24 (copied into the guest image). */
