@@ -39,6 +39,8 @@ export interface GvisorBenchOptions {
   guestArgv?: string[];
   /** Instance id prefix, `i-<prefix>…` (≤ 6 chars of [a-z0-9]). */
   idPrefix?: string;
+  /** Run the in-sandbox syscall and spawn loops (default true; slow under ptrace). */
+  loops?: boolean;
 }
 
 /** Raw samples of one platform, each in milliseconds (wall clock unless said otherwise). */
@@ -178,7 +180,7 @@ export async function measureGvisor(o: GvisorBenchOptions): Promise<GvisorFigure
       else await drop(spec.instanceId);
     }
     const src = source!;
-    for (let i = 0; i < o.runs; i++) {
+    for (let i = 0; i < (o.loops === false ? 0 : o.runs); i++) {
       f.syscallLoop.push(
         await inside(src.instanceId, 'dd if=/dev/zero of=/dev/null bs=1 count=100000 2>/dev/null'),
       );

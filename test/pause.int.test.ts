@@ -10,7 +10,18 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadAgentConfig } from '../runtime/agent/config.ts';
 import { startAgent } from '../runtime/agent/service.ts';
-import { agentEnv, collect, leftovers, readEvents, type Stack, startStack, waitFor } from './stack.ts';
+import {
+  agentEnv,
+  collect,
+  leftovers,
+  NO_LEFTOVERS,
+  readEvents,
+  type Stack,
+  startStack,
+  waitFor,
+} from './stack.ts';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 interface Op {
   id: string;
@@ -41,7 +52,7 @@ describe('pause and resume', () => {
   afterAll(async () => {
     if (!s) return;
     await s.stop();
-    expect(await leftovers(s)).toEqual({ links: [], runsc: [], cgroups: [], vmms: [] });
+    expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
   });
 
   const get = async (id: string) => (await s.call<Sb>('GET', `/v1/sandboxes/${id}`)).body;
@@ -230,6 +241,54 @@ describe('pause and resume', () => {
     await waitFor('killed', async () => ((await get(id)).state === 'killed' ? true : undefined));
     expect(s.agent.sandboxes.list().some((x) => x.id === id)).toBe(false);
     expect(existsSync(join(hibernateDir, id))).toBe(false);
+  });
+
+  it('r7/r9 across pause: the running lifetime stops while paused, extends while paused, and ends the sandbox after resume; kills while paused leave nothing', async () => {
+    const id = await s.createSandbox({ autoPauseSec: 0, timeoutSec: 4 });
+    await sleep(1000);
+    expect((await lifecycle(id, 'pause', { mode: 'frozen' })).state).toBe('succeeded');
+    const left = (await get(id)).pause!.timeLeftSec;
+    expect(left).toBeGreaterThanOrEqual(2);
+    expect(left).toBeLessThanOrEqual(3);
+    await sleep(4500); // past the deadline it had when it was paused
+    expect((await get(id)).state).toBe('paused');
+    // a new lifetime given while paused is running time left, counted from the resume
+    const ext = await s.call<Sb>('POST', `/v1/sandboxes/${id}/timeout`, { timeoutSec: 3 });
+    expect(ext.status).toBe(200);
+    expect(ext.body.pause?.timeLeftSec).toBe(3);
+    expect((await lifecycle(id, 'resume')).state).toBe('succeeded');
+    const resumedAt = Date.now();
+    const ends = Date.parse((await get(id)).expiresAt);
+    expect(Math.abs(ends - (resumedAt + 3000))).toBeLessThan(1500);
+    const ended = await waitFor(
+      'lifetime end',
+      async () => {
+        const sb = await s.call<Sb & { killReason: string }>('GET', `/v1/sandboxes/${id}`);
+        return sb.body.state === 'killed' ? sb.body : undefined;
+      },
+      15_000,
+    );
+    expect(ended.killReason).toBe('timeout');
+    expect(Date.now() - resumedAt).toBeGreaterThanOrEqual(2500);
+
+    // killed twice at once while hibernated: one end, nothing left on disk or on the node
+    const h = await s.createSandbox({ autoPauseSec: 0 });
+    expect((await lifecycle(h, 'pause', { mode: 'hibernated' })).state).toBe('succeeded');
+    expect(existsSync(join(hibernateDir, h))).toBe(true);
+    const dels = await Promise.all([
+      s.call<{ operation: Op }>('DELETE', `/v1/sandboxes/${h}`),
+      s.call<{ operation: Op }>('DELETE', `/v1/sandboxes/${h}`),
+    ]);
+    for (const d of dels) {
+      const op = await s.call<Op>('GET', `/v1/operations/${d.body.operation.id}?waitMs=60000`);
+      expect(op.body.state).toBe('succeeded');
+    }
+    expect((await get(h)).state).toBe('killed');
+    expect(existsSync(join(hibernateDir, h))).toBe(false);
+    await waitFor('reservations returned', async () => {
+      const n = await s.call<{ nodes: { sandboxes: number; usedMemoryMiB: number }[] }>('GET', '/v1/nodes');
+      return n.body.nodes[0]?.sandboxes === 0 && n.body.nodes[0]?.usedMemoryMiB === 0 ? true : undefined;
+    });
   });
 
   it('a hibernated sandbox resumes on another agent that reads the same store', async () => {

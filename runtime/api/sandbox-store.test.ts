@@ -151,4 +151,36 @@ describe('SandboxStore', () => {
     expect(await redis.hget(`${KEY_PREFIX}operation:op_texpire0000000000001`, 'kind')).toBe('sandbox.delete');
     expect(await store.extend('sbx_expire0000000000001', 60)).toEqual({ ok: false, current: 'killing' });
   });
+
+  it('pausing stops the running clock: time left kept, deadline = retention, given back on resume', async () => {
+    await make('sbx_pauseclock000000001', 0); // timeoutSec 60
+    await store.transition('sbx_pauseclock000000001', 'running', {}, 0);
+    await store.transition('sbx_pauseclock000000001', 'pausing', { retentionMs: '5000' }, 10_000);
+    await store.transition('sbx_pauseclock000000001', 'paused', { pauseMode: 'frozen' }, 20_000);
+    let rec = (await store.get('sbx_pauseclock000000001'))!;
+    expect(rec.pause).toMatchObject({ mode: 'frozen', timeLeftSec: 40 });
+    expect(rec.expiresAtMs).toBe(25_000);
+    // past its old deadline (60 s) but inside the retention: nothing expires
+    expect(await store.claimExpired(24_000)).toEqual([]);
+    // a new lifetime while paused is running time left; the retention deadline stays
+    expect(await store.extend('sbx_pauseclock000000001', 30, 21_000)).toEqual({ ok: true });
+    expect((await store.get('sbx_pauseclock000000001'))!.expiresAtMs).toBe(25_000);
+    await store.transition('sbx_pauseclock000000001', 'resuming', {}, 22_000);
+    await store.transition('sbx_pauseclock000000001', 'running', {}, 23_000);
+    rec = (await store.get('sbx_pauseclock000000001'))!;
+    expect(rec.expiresAtMs).toBe(53_000);
+    expect(rec.pause).toBeNull();
+    expect(await redis.zscore(keys.deadlines(), 'sbx_pauseclock000000001')).toBe('53000');
+  });
+
+  it('a sandbox paused past its retention is killed with reason retention', async () => {
+    await make('sbx_retention0000000001', 0);
+    await store.transition('sbx_retention0000000001', 'running', {}, 0);
+    await store.transition('sbx_retention0000000001', 'pausing', { retentionMs: '1000' }, 100);
+    await store.transition('sbx_retention0000000001', 'paused', {}, 200);
+    expect(await store.claimExpired(1_100)).toEqual([]);
+    expect(await store.claimExpired(1_300)).toEqual(['sbx_retention0000000001']);
+    const rec = (await store.get('sbx_retention0000000001'))!;
+    expect(rec).toMatchObject({ state: 'killing', killReason: 'retention' });
+  });
 });
