@@ -65,6 +65,14 @@ describe('pause and resume', () => {
     return op.body;
   }
 
+  /** Deletes a sandbox and waits until its delete operation finished. */
+  async function remove(id: string): Promise<void> {
+    const d = await s.call<{ operation: Op }>('DELETE', `/v1/sandboxes/${id}`);
+    expect(d.status).toBe(202);
+    const op = await s.call<Op>('GET', `/v1/operations/${d.body.operation.id}?waitMs=60000`);
+    expect(op.body.state).toBe('succeeded');
+  }
+
   /** Starts a command and returns its stream (not read yet). */
   async function start(id: string, script: string) {
     const res = await s.call<{ stream: { url: string; token: string } }>(
@@ -147,7 +155,7 @@ describe('pause and resume', () => {
     const all = collect(await readEvents(stream.url, stream.token));
     expect(all.stdout.toString()).toBe(expected(60));
     expect(all.exit.exitCode).toBe(0);
-    await s.call('DELETE', `/v1/sandboxes/${id}`);
+    await remove(id);
   });
 
   it('hibernated: the same survives a snapshot to disk, and the capacity is freed meanwhile', async () => {
@@ -174,7 +182,7 @@ describe('pause and resume', () => {
     // the stream was served from the spool before; after the restore the same URL goes on
     const all = collect(await readEvents(stream.url, stream.token));
     expect(all.stdout.toString()).toBe(expected(60));
-    await s.call('DELETE', `/v1/sandboxes/${id}`);
+    await remove(id);
   });
 
   it('auto-pause: an idle sandbox pauses itself and the next command resumes it; usage adds up', async () => {
@@ -205,7 +213,7 @@ describe('pause and resume', () => {
     const life = (Date.now() - Date.parse(u.body.startedAt)) / 1000;
     expect(Math.abs(active + idle + pausedSec - life)).toBeLessThan(0.5);
     expect(Date.parse(u.body.startedAt)).toBeGreaterThanOrEqual(born - 60_000);
-    await s.call('DELETE', `/v1/sandboxes/${id}`);
+    await remove(id);
   });
 
   it('racing pauses, resumes and a delete end in one consistent state with nothing left', async () => {
@@ -272,6 +280,10 @@ describe('pause and resume', () => {
     expect(Date.now() - resumedAt).toBeGreaterThanOrEqual(2500);
 
     // killed twice at once while hibernated: one end, nothing left on disk or on the node
+    const nodeOf = async () =>
+      (await s.call<{ nodes: { sandboxes: number; usedMemoryMiB: number }[] }>('GET', '/v1/nodes')).body
+        .nodes[0]!;
+    const baseline = await nodeOf();
     const h = await s.createSandbox({ autoPauseSec: 0 });
     expect((await lifecycle(h, 'pause', { mode: 'hibernated' })).state).toBe('succeeded');
     expect(existsSync(join(hibernateDir, h))).toBe(true);
@@ -285,9 +297,9 @@ describe('pause and resume', () => {
     }
     expect((await get(h)).state).toBe('killed');
     expect(existsSync(join(hibernateDir, h))).toBe(false);
-    await waitFor('reservations returned', async () => {
-      const n = await s.call<{ nodes: { sandboxes: number; usedMemoryMiB: number }[] }>('GET', '/v1/nodes');
-      return n.body.nodes[0]?.sandboxes === 0 && n.body.nodes[0]?.usedMemoryMiB === 0 ? true : undefined;
+    expect(await nodeOf()).toMatchObject({
+      sandboxes: baseline.sandboxes,
+      usedMemoryMiB: baseline.usedMemoryMiB,
     });
   });
 
@@ -322,7 +334,6 @@ describe('pause and resume', () => {
     expect((await lifecycle(id, 'resume')).state).toBe('succeeded');
     expect((await get(id)).nodeId).toBe('test-node-2');
     await inspect(id);
-    await s.call('DELETE', `/v1/sandboxes/${id}`);
-    await waitFor('killed', async () => ((await get(id)).state === 'killed' ? true : undefined));
+    await remove(id);
   });
 });

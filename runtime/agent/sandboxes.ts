@@ -82,8 +82,13 @@ export interface LocalSandbox {
   commands: Map<string, Command>;
   /** Open data-plane streams (bounded by config). */
   streams: number;
-  /** `frozen` while a pause holds its instance in memory; null when it runs. */
-  paused: 'frozen' | null;
+  /**
+   * `frozen` while a pause holds its instance in memory, `pausing` while a pause waits for the
+   * guest calls in flight to finish (new ones are refused); null when it runs.
+   */
+  paused: 'frozen' | 'pausing' | null;
+  /** Guest calls in flight (data-plane requests that need the guest, command starts). */
+  guestCalls: number;
   egress: EgressPolicy;
   credentials: CredentialGrant[];
 }
@@ -189,13 +194,46 @@ export class SandboxManager {
     return sb;
   }
 
-  /** The sandbox when it runs; SANDBOX_PAUSED while a pause holds it, SANDBOX_NOT_FOUND if unknown. */
-  running(id: string): LocalSandbox {
+  /**
+   * Holds the sandbox's guest for one call: a pause waits (bounded) until every hold is released
+   * before it freezes the guest, so no call hangs on a frozen guest. Returns the sandbox and the
+   * release function (idempotent).
+   * @throws SpaceError SANDBOX_PAUSED while a pause holds or is taking it, SANDBOX_NOT_FOUND.
+   */
+  holdGuest(id: string): { sb: LocalSandbox; release: () => void } {
     const sb = this.get(id);
     if (sb.paused) {
       throw new SpaceError('SANDBOX_PAUSED', `sandbox ${id} is paused; resume it first`, { sandboxId: id });
     }
-    return sb;
+    sb.guestCalls += 1;
+    let held = true;
+    return {
+      sb,
+      release: () => {
+        if (!held) return;
+        held = false;
+        sb.guestCalls -= 1;
+      },
+    };
+  }
+
+  /**
+   * Refuses new guest calls and waits until those in flight end, for at most `timeoutMs`.
+   * @throws SpaceError SANDBOX_BUSY when they do not (the sandbox runs on as before).
+   */
+  async #quiesce(sb: LocalSandbox, timeoutMs = 10_000): Promise<void> {
+    sb.paused = 'pausing';
+    const until = Date.now() + timeoutMs;
+    while (sb.guestCalls > 0) {
+      if (Date.now() > until) {
+        sb.paused = null;
+        throw new SpaceError('SANDBOX_BUSY', `sandbox ${sb.id} still had calls to its guest in flight`, {
+          sandboxId: sb.id,
+          calls: sb.guestCalls,
+        });
+      }
+      await new Promise((r) => setTimeout(r, 10));
+    }
   }
 
   /** Counts one unit of work in sandbox `id` as activity; returns the function that ends it. */
@@ -237,7 +275,13 @@ export class SandboxManager {
       const sb = this.get(id);
       if (mode === 'frozen') {
         if (!sb.paused) {
-          await this.#o.driver.pause(sb.instance.instanceId);
+          await this.#quiesce(sb);
+          try {
+            await this.#o.driver.pause(sb.instance.instanceId);
+          } catch (err) {
+            sb.paused = null;
+            throw err;
+          }
           sb.paused = 'frozen';
           this.#o.activity?.paused(id);
           await this.#patchFile(id, { paused: 'frozen' });
@@ -252,10 +296,11 @@ export class SandboxManager {
     const log = this.#o.log.child({ [F.sandboxId]: sb.id });
     const path = this.#hibernationPath(sb.id);
     const started = Date.now();
+    const wasFrozen = sb.paused === 'frozen';
+    if (!wasFrozen) await this.#quiesce(sb);
     // detach first, while the guest still runs, so it sees the connections close; the spools stay
     // on disk and the guest keeps the output written meanwhile for the resumed pumps
     await this.#detach(sb);
-    const wasFrozen = sb.paused === 'frozen';
     try {
       if (!wasFrozen) await this.#o.driver.pause(sb.instance.instanceId);
       await rm(path, { recursive: true, force: true });
@@ -273,7 +318,10 @@ export class SandboxManager {
     } catch (err) {
       // the sandbox runs on as it was: nothing of the attempt is left
       await rm(path, { recursive: true, force: true });
-      if (!wasFrozen) await this.#o.driver.resume(sb.instance.instanceId).catch(() => {});
+      if (!wasFrozen) {
+        await this.#o.driver.resume(sb.instance.instanceId).catch(() => {});
+        sb.paused = null;
+      }
       sb.guest = new GuestClient(sb.instance.guest);
       await this.#adoptCommands(sb);
       throw err;
@@ -287,6 +335,20 @@ export class SandboxManager {
     await rm(this.#dir(sb.id), { recursive: true, force: true });
     log.info({ path, [F.durationMs]: Date.now() - started }, 'sandbox hibernated');
     return { store: this.#o.hibernateStore, path };
+  }
+
+  /**
+   * Removes hibernated sandboxes from the store whose record `isGone` (deleted while no node that
+   * reads the store was up). Returns the ids removed.
+   */
+  async sweepHibernated(isGone: (id: string) => Promise<boolean>): Promise<string[]> {
+    const removed: string[] = [];
+    for (const id of await readdir(this.#o.hibernateDir).catch(() => [] as string[])) {
+      if (this.#sandboxes.has(id) || !(await isGone(id))) continue;
+      await rm(this.#hibernationPath(id), { recursive: true, force: true });
+      removed.push(id);
+    }
+    return removed;
   }
 
   /** Stops a sandbox's command pumps (spools stay resumable) and closes its guest connection. */
@@ -326,7 +388,7 @@ export class SandboxManager {
     return this.#serial(id, async () => {
       const existing = this.#sandboxes.get(id);
       if (existing) {
-        if (existing.paused) {
+        if (existing.paused === 'frozen') {
           await this.#o.driver.resume(existing.instance.instanceId);
           existing.paused = null;
           await this.#patchFile(id, { paused: undefined });
@@ -393,6 +455,7 @@ export class SandboxManager {
         source: file.source,
         commands: new Map(),
         streams: 0,
+        guestCalls: 0,
         paused: null,
         egress: req.egress,
         credentials: req.credentials,
@@ -657,6 +720,7 @@ export class SandboxManager {
         source,
         commands: new Map(),
         streams: 0,
+        guestCalls: 0,
         paused: null,
         egress: req.egress,
         credentials: req.credentials,
@@ -735,17 +799,25 @@ export class SandboxManager {
 
   /** Starts a command in a running sandbox. */
   async startCommand(id: string, req: StartCommand): Promise<Command> {
-    const sb = this.running(id);
+    const { sb, release } = this.holdGuest(id);
     const existing = sb.commands.get(req.commandId);
-    if (existing) return existing;
-    const cmd = await startCommand({
-      guest: sb.guest,
-      sandboxId: id,
-      dir: join(this.#dir(id), 'commands'),
-      req,
-      spoolLimitBytes: this.#o.spoolLimitBytes,
-      log: this.#o.log.child({ [F.sandboxId]: id }),
-    });
+    if (existing) {
+      release();
+      return existing;
+    }
+    let cmd: Command;
+    try {
+      cmd = await startCommand({
+        guest: sb.guest,
+        sandboxId: id,
+        dir: join(this.#dir(id), 'commands'),
+        req,
+        spoolLimitBytes: this.#o.spoolLimitBytes,
+        log: this.#o.log.child({ [F.sandboxId]: id }),
+      });
+    } finally {
+      release();
+    }
     sb.commands.set(cmd.id, cmd);
     const ended = this.#o.activity?.begin(id);
     if (ended) void cmd.done.finally(ended);
@@ -809,6 +881,7 @@ export class SandboxManager {
         source: rec.source ?? (rec.fromWarmPool ? 'warm' : 'boot'),
         commands: new Map(),
         streams: 0,
+        guestCalls: 0,
         paused: listed?.state === 'paused' ? 'frozen' : null,
         egress: rec.req.egress,
         credentials: rec.req.credentials ?? [],

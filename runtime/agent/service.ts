@@ -154,6 +154,11 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       await sandboxes.delete(id);
     }
   }
+  const swept = await sandboxes.sweepHibernated(async (id) => {
+    const state = await redis.hget(keys.sandbox(id), 'state');
+    return state === null || state === 'killing' || state === 'killed';
+  });
+  if (swept.length) log.info({ sandboxes: swept }, 'hibernated snapshots of ended sandboxes removed');
   const warm = new WarmPool({
     templates: warmTemplates(config).filter((t) => ready.includes(t)),
     size: config.warmPoolSize,

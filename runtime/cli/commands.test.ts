@@ -7,6 +7,7 @@ import { localTarget } from './files.ts';
 import { wantsJson } from './program.ts';
 import { createBody, parseStates, sandboxRows } from './sandbox.ts';
 import { logTail, missingPrerequisites, portInUse, searchPath } from './up.ts';
+import { parseSince, usageRows } from './usage.ts';
 
 describe('exec request body', () => {
   it('sends argv as cmd + args', () => {
@@ -152,5 +153,47 @@ describe('up', () => {
     expect(logTail(f, from, 2)).toEqual(['new 2', 'new 3']);
     expect(logTail(f, from)).toEqual(['new 1', 'new 2', 'new 3']);
     rmSync(dir, { recursive: true, force: true });
+  });
+});
+
+describe('usage and pause', () => {
+  it('parses --since durations and refuses anything else', () => {
+    expect(parseSince('90s')).toBe(90_000);
+    expect(parseSince('15m')).toBe(900_000);
+    expect(parseSince('2h')).toBe(7_200_000);
+    expect(parseSince('7d')).toBe(604_800_000);
+    expect(() => parseSince('2 weeks')).toThrow(/--since/);
+    expect(() => parseSince('-1h')).toThrow(/--since/);
+  });
+
+  it('prints one row per group and a total', () => {
+    const f = (a: number) => ({
+      seconds: { active: a, idle: 2, paused: 3 },
+      vcpuSeconds: { active: a * 2, idle: 4, paused: 6 },
+      gibSeconds: { active: a / 2, idle: 1, paused: 1.5 },
+    });
+    const rows = usageRows({
+      from: '',
+      to: '',
+      groupBy: 'template',
+      resolutionSec: 60,
+      groups: [
+        { key: 'base', ...f(1) },
+        { key: '', ...f(2) },
+      ],
+      total: f(3),
+    });
+    expect(rows).toEqual([
+      ['base', '1.0', '2.0', '3.0', '2.0', '0.5'],
+      ['-', '2.0', '2.0', '3.0', '4.0', '1.0'],
+      ['TOTAL', '3.0', '2.0', '3.0', '6.0', '1.5'],
+    ]);
+  });
+
+  it('puts --auto-pause in the create body, 0 included', () => {
+    expect(createBody({ template: 'base', autoPause: 0, wait: true })).toEqual({
+      template: 'base',
+      autoPauseSec: 0,
+    });
   });
 });

@@ -45,6 +45,11 @@ export const ERROR_CODES = {
     retryable: true,
     doc: 'The sandbox is paused; resume it (the router and `POST …/commands` resume it themselves) and retry.',
   },
+  SANDBOX_BUSY: {
+    status: 409,
+    retryable: true,
+    doc: 'A pause could not start: calls to the sandbox’s guest (an upload, a command start) did not finish in time; retry.',
+  },
   OPERATION_NOT_FOUND: { status: 404, retryable: false, doc: 'No operation with this id.' },
   COMMAND_NOT_FOUND: { status: 404, retryable: false, doc: 'No command with this id in the sandbox.' },
   PROCESS_EXITED: { status: 409, retryable: false, doc: 'The command has exited or closed its stdin.' },

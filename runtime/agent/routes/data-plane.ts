@@ -22,7 +22,7 @@ const TokenQuery = { token: Type.Optional(Type.String({ maxLength: 4096 })) };
 const PathQuery = Type.Object({ path: Type.String({ minLength: 1, maxLength: 4096 }), ...TokenQuery });
 
 export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
-  /** Ends the activity (metering) of each authorised request once its response closes. */
+  /** Ends the activity (metering) and guest hold of each authorised request once its response closes. */
   const activityEnds = new WeakMap<object, () => void>();
 
   /**
@@ -42,10 +42,16 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
     if (!token)
       throw new SpaceError('UNAUTHENTICATED', 'session token required (Authorization: Bearer or ?token=)');
     const claims = await verifySessionToken(deps.verifyKey, token, { sandboxId: id, scope });
-    const sb = needsGuest ? deps.sandboxes.running(id) : deps.sandboxes.get(id);
+    const sb = deps.sandboxes.get(id);
     if (claims.sessionId !== sb.sessionId)
       throw new SpaceError('TOKEN_SCOPE', 'token is for another session');
-    activityEnds.set(req.raw, deps.sandboxes.beginActivity(id));
+    // a guest call holds the guest until its response closes: a pause waits for it first
+    const release = needsGuest ? deps.sandboxes.holdGuest(id).release : () => {};
+    const endActivity = deps.sandboxes.beginActivity(id);
+    activityEnds.set(req.raw, () => {
+      release();
+      endActivity();
+    });
     return sb;
   }
 

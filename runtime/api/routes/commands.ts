@@ -51,9 +51,9 @@ export function commandRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         const b = req.body;
         if (b.shell && b.args?.length)
           throw new SpaceError('BAD_REQUEST', 'give either args or shell, not both');
-        const { rec, node } = await liveSandbox(req.params.id);
+        let { rec, node } = await liveSandbox(req.params.id);
         const commandId = newId('cmd');
-        const started = await deps.agents.startCommand(node, rec.id, {
+        const start = {
           commandId,
           cmd: b.cmd,
           args: b.args ?? [],
@@ -63,7 +63,20 @@ export function commandRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
           user: b.user ?? 'user',
           stdin: b.stdin,
           timeoutMs: b.timeoutMs,
-        });
+        };
+        let started: Awaited<ReturnType<typeof deps.agents.startCommand>>;
+        try {
+          started = await deps.agents.startCommand(node, rec.id, start);
+        } catch (err) {
+          // a pause took the sandbox between our look and the node's: resume it and start once more
+          if (!(err instanceof SpaceError && err.code === 'SANDBOX_PAUSED')) throw err;
+          await ensureRunning(deps.redis, rec.id, {
+            timeoutMs: deps.config.resumeTimeoutMs,
+            reason: 'command',
+          });
+          ({ rec, node } = await liveSandbox(req.params.id));
+          started = await deps.agents.startCommand(node, rec.id, start);
+        }
         const grant = await mintSessionToken(deps.signingKey, {
           sandboxId: rec.id,
           sessionId: rec.sessionId,
