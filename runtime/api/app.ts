@@ -168,6 +168,9 @@ export function createApiRuntime(deps: ApiDeps, workerConnection: Redis) {
         hibernateAbovePercent: deps.config.hibernateAbovePercent,
         retentionSec: deps.config.pausedRetentionSec,
       },
+      onUsage: (state, ms) => deps.metrics.usageSeconds.inc({ state }, ms / 1000),
+      onLifecycle: (kind, mode, ok, ms) =>
+        deps.metrics.lifecycleDuration.observe({ kind, mode, result: ok ? 'ok' : 'failed' }, ms / 1000),
     }),
     log: deps.log.child({ component: 'worker' }),
     concurrency: deps.config.workerConcurrency,

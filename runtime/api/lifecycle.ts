@@ -36,6 +36,10 @@ export interface LifecycleDeps {
   agents: AgentClient;
   log: Logger;
   pause: PausePolicy;
+  /** Told of every interval this process closes (metrics); optional. */
+  onUsage?: (state: UsageState, closedMs: number) => void;
+  /** Told of every pause/resume carried out (metrics); optional. */
+  onLifecycle?: (kind: 'pause' | 'resume', mode: PauseMode, ok: boolean, ms: number) => void;
 }
 
 /** How long a pause or resume waits for the other one, already under way, to settle (ms). */
@@ -43,9 +47,11 @@ const SETTLE_WAIT_MS = 120_000;
 
 /** Records the sandbox's activity state change (metering); a Redis failure only logs. */
 async function meter(d: LifecycleDeps, rec: SandboxRecord, state: UsageState | 'ended', onlyIf?: UsageState) {
-  await reportUsage(d.sandboxes.redis, rec.id, state, onlyIf).catch((err: unknown) =>
-    d.log.warn({ err, [F.sandboxId]: rec.id }, 'usage report failed'),
-  );
+  await reportUsage(d.sandboxes.redis, rec.id, state, onlyIf)
+    .then((r) => {
+      if (r.previous) d.onUsage?.(r.previous, r.closedMs);
+    })
+    .catch((err: unknown) => d.log.warn({ err, [F.sandboxId]: rec.id }, 'usage report failed'));
 }
 
 /** Waits (bounded) until the sandbox leaves `transient`; returns the record then. */
@@ -218,8 +224,10 @@ async function pause(d: LifecycleDeps, op: OperationRecord): Promise<void> {
     out = await d.agents.pauseSandbox(node, id, { mode });
   } catch (err) {
     await d.sandboxes.transition(id, 'running');
+    d.onLifecycle?.('pause', mode, false, Date.now() - started);
     throw err;
   }
+  d.onLifecycle?.('pause', out.mode, true, Date.now() - started);
   const fields: Record<string, string> = { pauseMode: out.mode };
   if (out.hibernation) {
     fields.hibernateStore = out.hibernation.store;
@@ -310,8 +318,10 @@ async function resume(d: LifecycleDeps, op: OperationRecord): Promise<void> {
     }
     if (hib) await d.sandboxes.unplace(id);
     await d.sandboxes.transition(id, 'paused');
+    d.onLifecycle?.('resume', hib ? 'hibernated' : 'frozen', false, Date.now() - started);
     throw e;
   }
+  d.onLifecycle?.('resume', hib ? 'hibernated' : 'frozen', true, Date.now() - started);
   const moved = await d.sandboxes.transition(id, 'running');
   if (!moved.ok) {
     throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} was deleted while being resumed`, {

@@ -6,6 +6,10 @@ export interface ApiMetrics {
   requests: Counter<'method' | 'route' | 'status'>;
   requestDuration: Histogram<'method' | 'route'>;
   sandboxesCreated: Counter<'template'>;
+  /** Metered sandbox time closed by this API's reports (paused time; idle/active up to a pause or end). */
+  usageSeconds: Counter<'state'>;
+  /** Pause and resume operations by kind, mode and result, with their duration. */
+  lifecycleDuration: Histogram<'kind' | 'mode' | 'result'>;
 }
 
 /** A fresh registry (one per app, so tests don't share counters). */
@@ -31,6 +35,19 @@ export function createApiMetrics(): ApiMetrics {
       name: 'space_api_sandboxes_accepted_total',
       help: 'Sandbox creations accepted.',
       labelNames: ['template'],
+      registers: [registry],
+    }),
+    usageSeconds: new Counter({
+      name: 'space_api_usage_seconds_total',
+      help: 'Sandbox time closed by this API process, by activity state (agents count the rest).',
+      labelNames: ['state'],
+      registers: [registry],
+    }),
+    lifecycleDuration: new Histogram({
+      name: 'space_api_pause_resume_duration_seconds',
+      help: 'Pause and resume operations (worker time), by kind, mode and result.',
+      labelNames: ['kind', 'mode', 'result'],
+      buckets: [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
       registers: [registry],
     }),
   };
