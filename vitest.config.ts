@@ -25,7 +25,7 @@ export default defineConfig({
         extends: true,
         test: {
           name: 'int',
-          include: ['runtime/**/*.int.test.ts', 'test/**/*.int.test.ts'],
+          include: ['runtime/**/*.int.test.ts', 'test/**/*.int.test.ts', 'providers/**/*.int.test.ts'],
           testTimeout: 120_000,
           hookTimeout: 600_000,
         },

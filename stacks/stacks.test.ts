@@ -126,6 +126,11 @@ describe.each(Object.entries(VARIANTS))('stack %s under the mock runtime', (_nam
     }
     for (const r of recorded.filter((x) => x.type === 'pulumi-nodejs:dynamic/crusoe:FirewallRule')) {
       const i = r.inputs as { sources: string[]; destinationPorts: string[]; direction: string };
+      if (i.direction === 'egress') {
+        // egress leaves from the subnet only
+        expect(i.sources).toEqual([raw.privateCidr]);
+        continue;
+      }
       expect(i.direction).toBe('ingress');
       if (i.destinationPorts.includes('6379')) expect(i.sources).toEqual([raw.privateCidr]);
       if (i.sources.includes('0.0.0.0/0'))
@@ -257,6 +262,25 @@ describe('cloud-specific policies', () => {
     // the serialized provider captures no credentials
     for (const v of vms)
       expect(String(v.inputs['__provider'] ?? '')).not.toMatch(/CRUSOE_SECRET_KEY=|secretKey:/);
+  });
+
+  it('crusoe: the subnet may reach the internet (custom VPCs deny egress), no VM pins its private address, and agents are told the address the API gave the control VM', async () => {
+    const recorded = await render(withSecrets(VARIANTS['crusoe']!));
+    const rules = recorded
+      .filter((r) => r.type === 'pulumi-nodejs:dynamic/crusoe:FirewallRule')
+      .map((r) => r.inputs as { direction: string; destinations: string[]; protocols: string[] });
+    expect(rules.filter((r) => r.direction === 'egress')).toEqual([
+      expect.objectContaining({ destinations: ['0.0.0.0/0'], protocols: ['tcp', 'udp'] }),
+    ]);
+    const vms = recorded.filter((r) => r.type === 'pulumi-nodejs:dynamic/crusoe:Instance');
+    for (const v of vms) expect(Object.keys(v.inputs)).not.toContain('privateAddress');
+    // the mock API gives the control VM an address off the old pinned one (.10)
+    const control = vms.find((v) => v.name === 'space-control')!;
+    const scripts = vmScripts(recorded);
+    const chosen = /SPACE_REDIS_URL=redis:\/\/([0-9.]+):6379/.exec(scripts['space-node-default-0']!)?.[1];
+    expect(chosen).toMatch(/^10\.77\.128\.\d+$/);
+    expect(chosen).not.toBe('10.77.128.10');
+    expect(control.name).toBe('space-control');
   });
 
   it('akamai vm: user data is base64 cloud-init and the API sits behind a NodeBalancer', async () => {
