@@ -6,6 +6,7 @@ import { generateKeyPairSync } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
+import { catalogue } from '../providers/catalogue.ts';
 import { GATEWAY_PORTS } from '../providers/runtime-settings.ts';
 import { schemaProblems } from '../providers/testing/k8s-schema.ts';
 import {
@@ -81,6 +82,16 @@ const VARIANTS: Record<string, Raw> = {
 };
 
 type Obj = Record<string, unknown>;
+/** The problems the stack configuration `raw` is refused with (empty when it loads). */
+const fails = (raw: Raw) => {
+  try {
+    loadStackConfig((k) => raw[k]);
+  } catch (err) {
+    if (err instanceof StackConfigError) return err.problems;
+    throw err;
+  }
+  return [];
+};
 const firewallInbounds = (r: RecordedResource[]) =>
   r
     .filter((x) => x.type === 'linode:index/firewall:Firewall')
@@ -303,6 +314,57 @@ describe('cloud-specific policies', () => {
     );
   });
 
+  it('akamai lke: the API load balancer admits only space:clientCidrs through the Linode firewall ACL annotation (the CCM ignores loadBalancerSourceRanges)', async () => {
+    const recorded = await render(
+      withSecrets({
+        ...VARIANTS['akamai-lke'],
+        clientCidrs: JSON.stringify(['198.51.100.0/24', '203.0.113.7/32']),
+      }),
+    );
+    const api = unwrapSecrets(recorded.find((r) => r.name === 'space-api-svc')!.inputs) as {
+      metadata: { annotations: Record<string, string> };
+      spec: Obj;
+    };
+    expect(api.spec['type']).toBe('LoadBalancer');
+    expect(api.spec['loadBalancerSourceRanges']).toBeUndefined();
+    expect(
+      JSON.parse(api.metadata.annotations['service.beta.kubernetes.io/linode-loadbalancer-firewall-acl']!),
+    ).toEqual({
+      allowList: { ipv4: ['198.51.100.0/24', '203.0.113.7/32'] },
+    });
+  });
+
+  it('coreweave: the API load balancer is public (annotated) and admits only space:clientCidrs (loadBalancerSourceRanges)', async () => {
+    const recorded = await render(
+      withSecrets({ ...VARIANTS['coreweave'], clientCidrs: JSON.stringify(['198.51.100.0/24']) }),
+    );
+    const api = unwrapSecrets(recorded.find((r) => r.name === 'space-api-svc')!.inputs) as {
+      metadata: { annotations: Record<string, string> };
+      spec: Obj;
+    };
+    expect(api.metadata.annotations['service.beta.kubernetes.io/coreweave-load-balancer-type']).toBe(
+      'public',
+    );
+    expect(api.spec['loadBalancerSourceRanges']).toEqual(['198.51.100.0/24']);
+  });
+
+  it('coreweave: every instance type has KVM unverified (only a preview documents VMs), so a VMM pool needs the explicit opt-in', () => {
+    for (const [type, facts] of Object.entries(catalogue.coreweave))
+      expect(facts.kvm, type).toBe('unverified');
+    const pool = { name: 'a', driver: 'firecracker', instanceType: 'cd-hp-a96-genoa' };
+    expect(fails(withSecrets({ ...VARIANTS['coreweave'], nodePools: JSON.stringify([pool]) }))).toEqual([
+      expect.stringContaining('KVM on "cd-hp-a96-genoa" is unverified'),
+    ]);
+    expect(
+      fails(
+        withSecrets({
+          ...VARIANTS['coreweave'],
+          nodePools: JSON.stringify([{ ...pool, allowUnverifiedKvm: true }]),
+        }),
+      ),
+    ).toEqual([]);
+  });
+
   it('coreweave: one CKS NodePool per pool, labelled for its agent DaemonSet', async () => {
     const recorded = await render(withSecrets(VARIANTS['coreweave']!));
     const np = recorded.find((r) => r.type === 'kubernetes:compute.coreweave.com/v1alpha1:NodePool')!;
@@ -314,16 +376,6 @@ describe('cloud-specific policies', () => {
 });
 
 describe('configuration validation', () => {
-  const fails = (raw: Raw) => {
-    try {
-      loadStackConfig((k) => raw[k]);
-    } catch (err) {
-      if (err instanceof StackConfigError) return err.problems;
-      throw err;
-    }
-    return [];
-  };
-
   it('a VMM driver on a type without verified KVM fails before anything is created, with every problem', () => {
     const problems = fails({
       ...VARIANTS['akamai'],
@@ -497,7 +549,7 @@ describe.each(Object.entries(VARIANTS))('upgrade of stack %s', (_name, base) => 
 const STACK_DRIVERS: Record<string, string> = {
   akamai: 'gvisor',
   'akamai-lke': 'gvisor',
-  coreweave: 'firecracker',
+  coreweave: 'gvisor',
   crusoe: 'cloud-hypervisor',
   kind: 'gvisor',
 };

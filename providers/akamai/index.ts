@@ -14,7 +14,7 @@ import * as linode from '@pulumi/linode';
 import * as pulumi from '@pulumi/pulumi';
 import type { StackConfig } from '../../stacks/config.ts';
 import { runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
-import { Runtime } from '../kubernetes/runtime.ts';
+import { type PublicExposure, Runtime } from '../kubernetes/runtime.ts';
 import { NODE_LABEL, POOL_LABEL } from '../node-pool.ts';
 import { AGENT_PORT, API_PORT, REDIS_PORT } from '../runtime-settings.ts';
 import { agentPlan, controlPlan, toCloudConfig } from '../systemd/cloud-init.ts';
@@ -79,6 +79,27 @@ export function akamaiFirewallRules(cfg: StackConfig, controlPublicIp?: string) 
 }
 
 const id = (r: pulumi.CustomResource) => r.id.apply(Number);
+
+/** Annotation of Linode's cloud controller that puts a CCM-managed Cloud Firewall on a Service's NodeBalancer. */
+export const LINODE_FIREWALL_ACL_ANNOTATION = 'service.beta.kubernetes.io/linode-loadbalancer-firewall-acl';
+
+/**
+ * How LKE exposes client-facing Services. Linode's cloud controller ignores
+ * `spec.loadBalancerSourceRanges` (clouds.md "Checked against the real APIs"); it applies an access
+ * list only through the `linode-loadbalancer-firewall-acl` annotation, a JSON object with an
+ * `allowList` (or `denyList`, not both) of `ipv4` / `ipv6` CIDRs, from which it makes and keeps a
+ * Cloud Firewall on the NodeBalancer (linode/linode-cloud-controller-manager
+ * `docs/configuration/firewall.md`, "CCM-Managed Firewalls"). So the field is not set at all: it
+ * would only suggest a protection that does not exist. Pure.
+ */
+export function lkeExposure(clientCidrs: readonly string[]): PublicExposure {
+  // space:clientCidrs is IPv4 only (stacks/config.ts)
+  return {
+    annotations: {
+      [LINODE_FIREWALL_ACL_ANNOTATION]: JSON.stringify({ allowList: { ipv4: [...clientCidrs] } }),
+    },
+  };
+}
 
 /** Deploys SPACE on Linode. */
 export function deployAkamai(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
@@ -240,7 +261,13 @@ function deployLke(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
     cluster.kubeconfig.apply((b64) => Buffer.from(b64, 'base64').toString('utf8')),
   );
   const provider = new k8s.Provider('lke', { kubeconfig });
-  const runtime = new Runtime('space', runtimeArgsFromConfig(cfg), { providers: [provider] });
+  const runtime = new Runtime(
+    'space',
+    runtimeArgsFromConfig(cfg, { exposure: lkeExposure(cfg.clientCidrs) }),
+    {
+      providers: [provider],
+    },
+  );
   return {
     kubeconfig,
     namespace: runtime.namespace,

@@ -236,6 +236,48 @@ describe('renderRuntimeObjects policies', () => {
     expect(spec(byKind('PodDisruptionBudget')[0]!)['minAvailable']).toBe(1);
   });
 
+  it('no workload an HPA scales sets replicas (pulumi up would reset the autoscaler)', () => {
+    for (const hpa of byKind('HorizontalPodAutoscaler')) {
+      const target = (spec(hpa)['scaleTargetRef'] as Obj)['name'];
+      const scaled = [...byKind('Deployment'), ...byKind('StatefulSet')].find(
+        (o) => (o['metadata'] as Obj)['name'] === target,
+      )!;
+      expect(scaled, String(target)).toBeDefined();
+      expect(spec(scaled)['replicas'], String(target)).toBeUndefined();
+    }
+  });
+
+  it('client-facing Services carry the cloud exposure; a router Service slots in beside the API, exposed alike', () => {
+    const exposure = {
+      annotations: { 'example.invalid/lb': 'public' },
+      loadBalancerSourceRanges: ['198.51.100.0/24'],
+    };
+    const objs = renderRuntimeObjects(args({ exposure, router: { port: 8090 } })).map((r) => r.object as Obj);
+    const svc = (name: string) =>
+      objs.find((o) => o['kind'] === 'Service' && (o['metadata'] as Obj)['name'] === name)!;
+    for (const [name, port] of [
+      ['space-api', 8080],
+      ['space-router', 8090],
+    ] as const) {
+      expect((svc(name)['metadata'] as Obj)['annotations']).toEqual(exposure.annotations);
+      expect(spec(svc(name))).toMatchObject({
+        type: 'LoadBalancer',
+        loadBalancerSourceRanges: ['198.51.100.0/24'],
+        ports: [{ port, targetPort: port }],
+      });
+    }
+    expect((spec(svc('space-router'))['selector'] as Obj)['app.kubernetes.io/component']).toBe('router');
+    // private Services never get the exposure; no router Service unless asked
+    expect((svc('space-redis')['metadata'] as Obj)['annotations']).toBeUndefined();
+    expect(byKind('Service').map((o) => (o['metadata'] as Obj)['name'])).not.toContain('space-router');
+    // a NodePort (kind) takes neither annotations nor source ranges
+    const np = renderRuntimeObjects(args({ exposure, apiServiceType: 'NodePort', apiNodePort: 30080 }))
+      .map((r) => r.object as Obj)
+      .find((o) => o['kind'] === 'Service' && (o['metadata'] as Obj)['name'] === 'space-api')!;
+    expect((np['metadata'] as Obj)['annotations']).toBeUndefined();
+    expect(spec(np)['loadBalancerSourceRanges']).toBeUndefined();
+  });
+
   it('the gateway is on by default and runs on every agent node (same selector and tolerations), on the host network', () => {
     const { gatewayEnabled: _g, ...rest } = args();
     expect(renderRuntimeObjects(rest).map((r) => r.role)).toContain('gateway-vmm');

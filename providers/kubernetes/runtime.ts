@@ -52,6 +52,30 @@ export type RedisArgs =
       readonly url: Input<string>;
     };
 
+/**
+ * How client-facing Services are exposed: the API's `space-api`, and the router's `space-router`
+ * when `router` is set. Each cloud applies client source ranges its own way, so the cloud module
+ * fills this (see `providers/<cloud>`): CoreWeave honours `loadBalancerSourceRanges` on a Service
+ * annotated public; Linode's cloud controller ignores that field and reads a firewall ACL
+ * annotation instead.
+ */
+export interface PublicExposure {
+  /** Service type. Default `LoadBalancer` (the cloud makes a load balancer). */
+  readonly serviceType?: 'LoadBalancer' | 'NodePort' | 'ClusterIP';
+  /** Annotations the cloud's load-balancer controller reads (public address, access list). Default none. */
+  readonly annotations?: Readonly<Record<string, string>>;
+  /** `spec.loadBalancerSourceRanges`, only for controllers documented to honour it. Default none. */
+  readonly loadBalancerSourceRanges?: readonly string[];
+}
+
+/** A client-facing Service the component renders besides the API's (the router, when it exists). */
+export interface PublicServiceArgs {
+  /** TCP port of the Service and of the pods. */
+  readonly port: number;
+  /** Fixed node port when the exposure is `NodePort`. Default: any. */
+  readonly nodePort?: number;
+}
+
 /** Arguments of {@link Runtime}. */
 export interface RuntimeArgs {
   /** SPACE version: the tag of the one image (`space:version`). Required. */
@@ -76,6 +100,14 @@ export interface RuntimeArgs {
   readonly apiServiceType?: 'LoadBalancer' | 'NodePort' | 'ClusterIP';
   /** Fixed node port of the API when `apiServiceType` is `NodePort` (kind maps it to the host). Default: any. */
   readonly apiNodePort?: number;
+  /** Cloud annotations and source ranges of every client-facing Service. Default none. */
+  readonly exposure?: Omit<PublicExposure, 'serviceType'>;
+  /**
+   * The router's client-facing Service (`space-router`, selecting pods labelled
+   * `app.kubernetes.io/component=router`), exposed like the API. Default none: the router
+   * (runtime/router) brings its workload; this is the slot its Service takes.
+   */
+  readonly router?: PublicServiceArgs;
   /** Seconds an agent may take to stop (its drain budget). Grace period = this + 30 s. Default 120. */
   readonly agentDrainSeconds?: number;
   /**
@@ -321,7 +353,9 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
     kind: 'Deployment',
     metadata: { name: 'space-api', namespace: ns, labels: { ...apiSel, ...version } },
     spec: {
-      replicas: d.apiReplicas,
+      // no `replicas`: the HPA owns the count (minReplicas = apiReplicas). A replicas field here
+      // would reset the Deployment to it on every `pulumi up`, fighting the autoscaler
+      // (kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/#migrating-deployments-and-statefulsets-to-horizontal-autoscaling)
       selector: { matchLabels: apiSel },
       // a new pod is ready before an old one goes: the API never drops below its replica count
       strategy: { type: 'RollingUpdate', rollingUpdate: { maxUnavailable: 0, maxSurge: 1 } },
@@ -372,25 +406,18 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
     },
   };
   add('api', apiDeployment);
-  const apiService: k8s.types.input.core.v1.Service = {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { name: 'space-api', namespace: ns, labels: apiSel },
-    spec: {
-      type: d.apiServiceType,
-      selector: apiSel,
-      ports: [
-        {
-          name: 'http',
-          port: API_PORT,
-          targetPort: API_PORT,
-          protocol: 'TCP',
-          ...(d.apiServiceType === 'NodePort' && a.apiNodePort ? { nodePort: a.apiNodePort } : {}),
-        },
-      ],
-    },
-  };
-  add('api-svc', apiService);
+  const exposure: PublicExposure = { serviceType: d.apiServiceType, ...a.exposure };
+  add(
+    'api-svc',
+    publicService(
+      ns,
+      'space-api',
+      apiSel,
+      { port: API_PORT, ...(a.apiNodePort ? { nodePort: a.apiNodePort } : {}) },
+      exposure,
+    ),
+  );
+  if (a.router) add('router-svc', publicService(ns, 'space-router', labels('router'), a.router, exposure));
   const hpa: k8s.types.input.autoscaling.v2.HorizontalPodAutoscaler = {
     apiVersion: 'autoscaling/v2',
     kind: 'HorizontalPodAutoscaler',
@@ -475,6 +502,44 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
     add('netpol-redis', redisIngress);
   }
   return out;
+}
+
+/** A client-facing Service (`space-api`, `space-router`) with the cloud's exposure. Pure. */
+export function publicService(
+  namespace: string,
+  name: string,
+  selector: Record<string, string>,
+  svc: PublicServiceArgs,
+  exposure: PublicExposure,
+): k8s.types.input.core.v1.Service {
+  const type = exposure.serviceType ?? 'LoadBalancer';
+  const lb = type === 'LoadBalancer';
+  return {
+    apiVersion: 'v1',
+    kind: 'Service',
+    metadata: {
+      name,
+      namespace,
+      labels: selector,
+      ...(lb && exposure.annotations ? { annotations: { ...exposure.annotations } } : {}),
+    },
+    spec: {
+      type,
+      selector,
+      ...(lb && exposure.loadBalancerSourceRanges?.length
+        ? { loadBalancerSourceRanges: [...exposure.loadBalancerSourceRanges] }
+        : {}),
+      ports: [
+        {
+          name: 'http',
+          port: svc.port,
+          targetPort: svc.port,
+          protocol: 'TCP',
+          ...(type === 'NodePort' && svc.nodePort ? { nodePort: svc.nodePort } : {}),
+        },
+      ],
+    },
+  };
 }
 
 function agentDaemonSet(
