@@ -17,6 +17,7 @@ export default defineConfig({
             'benchmarks/**/*.test.ts',
             'providers/**/*.test.ts',
             'stacks/**/*.test.ts',
+            'scripts/**/*.test.ts',
           ],
           exclude: ['**/*.int.test.ts', 'node_modules/**'],
         },
