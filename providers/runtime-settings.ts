@@ -18,6 +18,20 @@ export const AGENT_PORT = 8081;
 /** TCP port of Redis. */
 export const REDIS_PORT = 6379;
 
+/**
+ * Persistence of the one Redis (the state of record), the same on Kubernetes and VMs, as
+ * `redis-server` option/value pairs: the append-only file on, fsync'd every second (at most about
+ * one second of writes lost on a crash; redis.io/docs/latest/operate/oss_and_stack/management/
+ * persistence/, "AOF" and "fsync policies"), rewritten when it doubles. RDB snapshots keep
+ * Redis's defaults. Backups: scripts/redis-backup.sh (docs/deployment.md "Redis").
+ */
+export const REDIS_PERSISTENCE: readonly (readonly [string, string])[] = [
+  ['appendonly', 'yes'],
+  ['appendfsync', 'everysec'],
+  ['auto-aof-rewrite-percentage', '100'],
+  ['auto-aof-rewrite-min-size', '64mb'],
+];
+
 /** Where the services find their key files (mounted Secret / files written on the VM). */
 export const KEY_DIR = '/etc/space/keys';
 /** Private Ed25519 key (PKCS#8 PEM) of the API. */

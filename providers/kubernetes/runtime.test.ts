@@ -59,6 +59,7 @@ type Obj = Record<string, unknown>;
 const spec = (o: Obj) => o['spec'] as Obj;
 const podSpec = (o: Obj) => (spec(o)['template'] as Obj)['spec'] as Obj;
 const containers = (o: Obj) => podSpec(o)['containers'] as Obj[];
+const runtimeArgs = (over: Partial<RuntimeArgs> = {}) => args(over);
 const names = (xs: Obj[] | undefined) => (xs ?? []).map((x) => x['name']);
 
 describe('space:kubernetes:Runtime under the mock runtime', () => {
@@ -233,7 +234,36 @@ describe('renderRuntimeObjects policies', () => {
     expect(((c['readinessProbe'] as Obj)['httpGet'] as Obj)['path']).toBe('/readyz');
     expect(((c['livenessProbe'] as Obj)['httpGet'] as Obj)['path']).toBe('/healthz');
     expect(byKind('HorizontalPodAutoscaler')).toHaveLength(1);
-    expect(spec(byKind('PodDisruptionBudget')[0]!)['minAvailable']).toBe(1);
+    const pdb = (name: string) =>
+      byKind('PodDisruptionBudget').find((o) => (o['metadata'] as Obj)['name'] === name)!;
+    expect(spec(pdb('space-api'))['minAvailable']).toBe(1);
+  });
+
+  it('Redis is durable: AOF fsync every second on a volume, and a disruption budget no eviction passes', () => {
+    const sts = byKind('StatefulSet').find((o) => (o['metadata'] as Obj)['name'] === 'space-redis')!;
+    const args = containers(sts)[0]!['args'] as string[];
+    const opt = (k: string) => args[args.indexOf(`--${k}`) + 1];
+    expect(opt('appendonly')).toBe('yes');
+    expect(opt('appendfsync')).toBe('everysec');
+    expect((containers(sts)[0]!['volumeMounts'] as Obj[])[0]).toMatchObject({
+      name: 'data',
+      mountPath: '/data',
+    });
+    expect((spec(sts)['volumeClaimTemplates'] as Obj[]).length).toBe(1);
+    const pdb = byKind('PodDisruptionBudget').find((o) => (o['metadata'] as Obj)['name'] === 'space-redis')!;
+    // one replica: maxUnavailable 0 refuses every eviction (minAvailable 1 would do the same)
+    expect(spec(pdb)).toMatchObject({
+      maxUnavailable: 0,
+      selector: spec(sts)['selector'] as Obj,
+    });
+    expect((spec(pdb)['selector'] as Obj)['matchLabels']).toEqual(
+      (spec(sts)['selector'] as Obj)['matchLabels'],
+    );
+    // an external Redis gets no budget
+    const ext = renderRuntimeObjects(runtimeArgs({ redis: { mode: 'external', url: 'redis://r:6379' } }));
+    expect(ext.filter((r) => r.object.kind === 'PodDisruptionBudget').map((r) => r.role)).toEqual([
+      'api-pdb',
+    ]);
   });
 
   it('no workload an HPA scales sets replicas (pulumi up would reset the autoscaler)', () => {

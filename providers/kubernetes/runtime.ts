@@ -27,6 +27,7 @@ import {
   gatewayGuardRuleset,
   imageRef,
   KEY_DIR,
+  REDIS_PERSISTENCE,
   REDIS_PORT,
   SERVICE_COMMANDS,
 } from '../runtime-settings.ts';
@@ -297,8 +298,7 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
                 name: 'redis',
                 image: a.redis.image ?? 'redis:7.4-alpine',
                 args: [
-                  '--appendonly',
-                  'yes',
+                  ...REDIS_PERSISTENCE.flatMap(([k, v]) => [`--${k}`, v]),
                   '--requirepass',
                   '$(REDIS_PASSWORD)',
                   '--port',
@@ -344,6 +344,16 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
       },
     };
     add('redis-svc', svc);
+    // one Redis (no replica to fail over to; docs/deployment.md "Redis"): a voluntary eviction
+    // (node drain, cluster upgrade) must not take it down behind the operator's back. A drain then
+    // waits until the operator moves it deliberately (backup, then delete the pod).
+    const redisPdb: k8s.types.input.policy.v1.PodDisruptionBudget = {
+      apiVersion: 'policy/v1',
+      kind: 'PodDisruptionBudget',
+      metadata: { name: 'space-redis', namespace: ns, labels: sel },
+      spec: { maxUnavailable: 0, selector: { matchLabels: sel } },
+    };
+    add('redis-pdb', redisPdb);
   }
 
   // ---- API

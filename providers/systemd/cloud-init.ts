@@ -38,6 +38,7 @@ import {
   gatewayGuardRuleset,
   imageRef,
   KEY_DIR,
+  REDIS_PERSISTENCE,
   REDIS_PORT,
   SERVICE_COMMANDS,
   SIGNING_KEY_FILE,
@@ -193,7 +194,7 @@ export function controlPlan(a: ControlArgs): VmPlan {
           // the agents reach Redis over the private network; nftables and the cloud firewall close it otherwise
           'bind 0.0.0.0',
           'protected-mode no',
-          'appendonly yes',
+          ...REDIS_PERSISTENCE.map(([k, v]) => `${k} ${v}`),
           '',
         ].join('\n'),
       },
