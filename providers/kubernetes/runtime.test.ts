@@ -266,6 +266,38 @@ describe('renderRuntimeObjects policies', () => {
     ]);
   });
 
+  it('Prometheus scrapes every service: api, agents and gateways carry scrape annotations naming the port their /metrics is on', () => {
+    const ann = (o: Obj) =>
+      ((spec(o)['template'] as Obj)['metadata'] as Obj)['annotations'] as Record<string, string>;
+    const component = (o: Obj) =>
+      ((o['metadata'] as Obj)['labels'] as Record<string, string>)['app.kubernetes.io/component'];
+    const want: Record<string, string> = { api: '8080', agent: '8081', gateway: '15090' };
+    const seen = new Set<string>();
+    for (const w of workloads.filter((o) => component(o) !== 'redis')) {
+      const c = component(w)!;
+      seen.add(c);
+      expect(ann(w), c).toEqual({
+        'prometheus.io/scrape': 'true',
+        'prometheus.io/port': want[c],
+        'prometheus.io/path': '/metrics',
+      });
+    }
+    expect([...seen].sort()).toEqual(['agent', 'api', 'gateway']);
+    // the gateway serves /metrics on that port, on the node address
+    const g = workloads.find((o) => component(o) === 'gateway')!;
+    const genv = Object.fromEntries(
+      (containers(g)[0]!['env'] as { name: string; value?: string }[]).map((e) => [e.name, e.value]),
+    );
+    expect(genv['SPACE_GATEWAY_METRICS_PORT']).toBe('15090');
+    expect(genv['SPACE_GATEWAY_METRICS_HOST']).toBe('$(POD_IP)');
+    // and the dashboard ships as a ConfigMap for Grafana's sidecar
+    const dash = byKind('ConfigMap').find(
+      (o) => (o['metadata'] as Obj)['name'] === 'space-grafana-dashboard',
+    )!;
+    expect(((dash['metadata'] as Obj)['labels'] as Obj)['grafana_dashboard']).toBe('1');
+    expect(JSON.parse((dash['data'] as Record<string, string>)['space.json']!).uid).toBe('space-overview');
+  });
+
   it('no workload an HPA scales sets replicas (pulumi up would reset the autoscaler)', () => {
     for (const hpa of byKind('HorizontalPodAutoscaler')) {
       const target = (spec(hpa)['scaleTargetRef'] as Obj)['name'];
@@ -337,7 +369,8 @@ describe('renderRuntimeObjects policies', () => {
           Object.values(agentSettings).map((s) => s.env),
           k,
         ).toContain(k);
-      for (const k of Object.keys(ge))
+      // POD_IP only feeds $(POD_IP) in SPACE_GATEWAY_METRICS_HOST
+      for (const k of Object.keys(ge).filter((k) => k !== 'POD_IP'))
         expect(
           Object.values(gatewaySettings).map((s) => s.env),
           k,

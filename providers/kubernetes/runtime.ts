@@ -13,6 +13,7 @@
 import * as k8s from '@pulumi/kubernetes';
 import * as pulumi from '@pulumi/pulumi';
 import { isVmmDriver, type NodePool, POOL_LABEL } from '../node-pool.ts';
+import dashboard from '../observability/space-dashboard.json' with { type: 'json' };
 import {
   AGENT_PORT,
   API_PORT,
@@ -22,6 +23,7 @@ import {
   DEFAULT_IMAGE_REPOSITORY,
   GATEWAY_CA_DIR,
   GATEWAY_CONTROL_SOCKET,
+  GATEWAY_METRICS_PORT,
   GATEWAY_RUN_DIR,
   gatewayEnvironment,
   gatewayGuardRuleset,
@@ -30,6 +32,7 @@ import {
   REDIS_PERSISTENCE,
   REDIS_PORT,
   SERVICE_COMMANDS,
+  scrapeAnnotations,
 } from '../runtime-settings.ts';
 
 type Input<T> = pulumi.Input<T>;
@@ -370,7 +373,7 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
       // a new pod is ready before an old one goes: the API never drops below its replica count
       strategy: { type: 'RollingUpdate', rollingUpdate: { maxUnavailable: 0, maxSurge: 1 } },
       template: {
-        metadata: { labels: { ...apiSel, ...version } },
+        metadata: { labels: { ...apiSel, ...version }, annotations: scrapeAnnotations(API_PORT) },
         spec: {
           serviceAccountName: 'space-api',
           automountServiceAccountToken: false,
@@ -511,6 +514,19 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
     };
     add('netpol-redis', redisIngress);
   }
+
+  // the Grafana dashboard, for Grafana's sidecar (it loads ConfigMaps labelled grafana_dashboard)
+  const dash: k8s.types.input.core.v1.ConfigMap = {
+    apiVersion: 'v1',
+    kind: 'ConfigMap',
+    metadata: {
+      name: 'space-grafana-dashboard',
+      namespace: ns,
+      labels: { ...labels('observability'), grafana_dashboard: '1' },
+    },
+    data: { 'space.json': JSON.stringify(dashboard) },
+  };
+  add('grafana-dashboard', dash);
   return out;
 }
 
@@ -579,7 +595,11 @@ function agentDaemonSet(
       updateStrategy: { type: 'RollingUpdate', rollingUpdate: { maxUnavailable: 1, maxSurge: 0 } },
       minReadySeconds: 10,
       template: {
-        metadata: { labels: { ...sel, 'app.kubernetes.io/version': a.version } },
+        metadata: {
+          labels: { ...sel, 'app.kubernetes.io/version': a.version },
+          // /metrics is on the data-plane port
+          annotations: scrapeAnnotations(AGENT_PORT),
+        },
         spec: {
           serviceAccountName: 'space-agent',
           automountServiceAccountToken: false,
@@ -685,7 +705,7 @@ function gatewayDaemonSet(
       updateStrategy: { type: 'RollingUpdate', rollingUpdate: { maxUnavailable: 1, maxSurge: 0 } },
       minReadySeconds: 5,
       template: {
-        metadata: { labels: { ...sel, ...version } },
+        metadata: { labels: { ...sel, ...version }, annotations: scrapeAnnotations(GATEWAY_METRICS_PORT) },
         spec: {
           serviceAccountName: 'space-gateway',
           automountServiceAccountToken: false,
@@ -718,6 +738,9 @@ function gatewayDaemonSet(
               command: [...SERVICE_COMMANDS.gateway],
               // Redis: the gateway reads credential values itself; the node CIDRs join its deny set (E7)
               env: [
+                // the metrics listener binds the node's address (host network), not every interface
+                { name: 'POD_IP', valueFrom: { fieldRef: { fieldPath: 'status.podIP' } } },
+                { name: 'SPACE_GATEWAY_METRICS_HOST', value: '$(POD_IP)' },
                 ...env({
                   ...(d.nodeCidrs.length > 0 ? { SPACE_GATEWAY_NODE_CIDRS: d.nodeCidrs.join(',') } : {}),
                   ...gatewayEnvironment({
