@@ -30,11 +30,13 @@ const SECRETS = {
   redisPassword: 'redis-pw-3f9c1e7a5b',
   kubeconfig:
     'apiVersion: v1\nkind: Config\nusers: [{name: u, user: {token: CW-SECRET-kubeconfig-token-77}}]\n',
+  lkeFirewallToken: 'linode-token-for-the-firewall-attacher-91',
 };
 const NEEDLES = [
   SIGNING.split('\n')[1]!,
   SECRETS.redisPassword,
   'CW-SECRET-kubeconfig-token-77',
+  SECRETS.lkeFirewallToken,
   CA.keyPem.split('\n')[1]!,
 ];
 
@@ -63,6 +65,7 @@ function withSecrets(raw: Raw): Raw {
       gatewayCaKey: CA.keyPem,
     });
   if (raw.cloud === 'coreweave') out.kubeconfig = SECRETS.kubeconfig;
+  if (raw.cloud === 'akamai' && raw.mode === 'kubernetes') out.lkeFirewallToken = SECRETS.lkeFirewallToken;
   return out;
 }
 
@@ -332,6 +335,41 @@ describe('cloud-specific policies', () => {
     ).toEqual({
       allowList: { ipv4: ['198.51.100.0/24', '203.0.113.7/32'] },
     });
+  });
+
+  it('akamai lke: the nodes’ firewall is not attached by node id (ids go stale when LKE replaces nodes); a DaemonSet on every node attaches each node, with its token from a Secret', async () => {
+    const recorded = await render(withSecrets(VARIANTS['akamai-lke']!));
+    const fw = recorded.find((r) => r.name === 'space-lke-fw')!;
+    expect(fw.inputs['linodes']).toBeUndefined();
+    expect(recorded.some((r) => r.type === 'linode:index/firewallDevice:FirewallDevice')).toBe(false);
+    const ds = unwrapSecrets(recorded.find((r) => r.name === 'space-lke-firewall')!.inputs) as Obj;
+    const pod = podSpecOf({ inputs: ds } as unknown as RecordedResource);
+    expect(pod['tolerations']).toEqual([{ operator: 'Exists' }]);
+    expect(pod['nodeSelector']).toBeUndefined();
+    const env = (pod['containers'] as Obj[])[0]!['env'] as {
+      name: string;
+      value?: string;
+      valueFrom?: Obj;
+    }[];
+    // the firewall's id (the mock's ids are numbers as strings)
+    expect(env.find((e) => e.name === 'SPACE_LKE_FIREWALL_ID')!.value).toMatch(/^\d+$/);
+    expect(env.find((e) => e.name === 'LINODE_TOKEN')!.valueFrom).toEqual({
+      secretKeyRef: { name: 'space-lke-firewall', key: 'token' },
+    });
+    expect(env.find((e) => e.name === 'NODE_NAME')!.valueFrom).toEqual({
+      fieldRef: { fieldPath: 'spec.nodeName' },
+    });
+    const script = unwrapSecrets(recorded.find((r) => r.name === 'space-lke-firewall-script')!.inputs) as {
+      data: Record<string, string>;
+    };
+    expect(script.data['firewall-attach.ts']).toContain('export async function attachNode');
+    // the token is refused without LKE
+    expect(fails({ ...VARIANTS['akamai'], lkeFirewallToken: 'x' })).toEqual([
+      expect.stringContaining('space:lkeFirewallToken: not used in vm mode'),
+    ]);
+    expect(fails({ ...withSecrets(VARIANTS['akamai-lke']!), lkeFirewallToken: undefined })).toEqual([
+      expect.stringContaining('space:lkeFirewallToken: required in kubernetes mode on akamai'),
+    ]);
   });
 
   it('coreweave: the API load balancer is public (annotated) and admits only space:clientCidrs (loadBalancerSourceRanges)', async () => {

@@ -16,9 +16,10 @@ import type { StackConfig } from '../../stacks/config.ts';
 import { runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
 import { type PublicExposure, Runtime } from '../kubernetes/runtime.ts';
 import { NODE_LABEL, POOL_LABEL } from '../node-pool.ts';
-import { AGENT_PORT, API_PORT, REDIS_PORT } from '../runtime-settings.ts';
+import { AGENT_PORT, API_PORT, imageRef, REDIS_PORT } from '../runtime-settings.ts';
 import { agentPlan, controlPlan, toCloudConfig } from '../systemd/cloud-init.ts';
 import { controlAddress } from '../vm-network.ts';
+import { lkeFirewallObjects } from './lke-firewall.ts';
 
 /** Linode's range for NodeBalancer-to-backend traffic (Linode NodeBalancer docs; unverified here). */
 export const NODEBALANCER_SOURCE_CIDR = '192.168.255.0/24';
@@ -247,13 +248,13 @@ function deployLke(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
       tags: ['space', `space-pool-${pool.name}`],
     })),
   });
-  const nodeIds = cluster.pools.apply((ps) => ps.flatMap((p) => (p.nodes ?? []).map((n) => n.instanceId)));
-  new linode.Firewall('space-lke-fw', {
+  // no `linodes`: ids captured now go stale when LKE replaces nodes; the space-lke-firewall
+  // DaemonSet attaches every node it runs on, new ones included (lke-firewall.ts)
+  const nodesFw = new linode.Firewall('space-lke-fw', {
     label: `space-lke-fw-${stack}`.slice(0, 32),
     inboundPolicy: 'DROP',
     outboundPolicy: 'ACCEPT',
     inbounds: akamaiFirewallRules(cfg).lke.map((r) => ({ ...r, ipv4s: [...r.ipv4s] })),
-    linodes: nodeIds,
     tags: ['space'],
   });
   // the kubeconfig output is base64 and secret (clouds.md §1.5)
@@ -268,6 +269,25 @@ function deployLke(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
       providers: [provider],
     },
   );
+  const K8S = {
+    Secret: k8s.core.v1.Secret,
+    ConfigMap: k8s.core.v1.ConfigMap,
+    DaemonSet: k8s.apps.v1.DaemonSet,
+  } as const;
+  for (const { role, object } of lkeFirewallObjects({
+    namespace: 'space',
+    firewallId: nodesFw.id,
+    token: cfg.secrets.lkeFirewallToken!,
+    image: imageRef(cfg.imageRepository, cfg.version),
+    version: cfg.version,
+  })) {
+    const { apiVersion: _v, kind, ...body } = object as { apiVersion: string; kind: keyof typeof K8S };
+    new K8S[kind](`space-${role}`, body as never, {
+      provider,
+      dependsOn: [runtime],
+      ...(kind === 'Secret' ? { additionalSecretOutputs: ['data', 'stringData'] } : {}),
+    });
+  }
   return {
     kubeconfig,
     namespace: runtime.namespace,
