@@ -17,6 +17,7 @@ export default defineConfig({
             'benchmarks/**/*.test.ts',
             'providers/**/*.test.ts',
             'stacks/**/*.test.ts',
+            'scripts/**/*.test.ts',
           ],
           exclude: ['**/*.int.test.ts', 'node_modules/**'],
         },
@@ -25,7 +26,7 @@ export default defineConfig({
         extends: true,
         test: {
           name: 'int',
-          include: ['runtime/**/*.int.test.ts', 'test/**/*.int.test.ts'],
+          include: ['runtime/**/*.int.test.ts', 'test/**/*.int.test.ts', 'providers/**/*.int.test.ts'],
           testTimeout: 120_000,
           hookTimeout: 600_000,
         },

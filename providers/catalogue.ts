@@ -122,16 +122,23 @@ export const akamaiInstanceTypes = {
 } as const satisfies Record<string, InstanceTypeFacts>;
 
 const CW_PRICING = 'https://www.coreweave.com/pricing (capture of 2026-09-20, clouds.md §2.4)';
+/**
+ * Why CoreWeave KVM is `unverified`: CKS nodes are bare metal, but the only VM path CoreWeave
+ * documents is a Kata-based private preview that needs Support enablement and a virtualization
+ * node pool (docs.coreweave.com/products/cks/container-runtimes; clouds.md §2.3 and "Checked
+ * against the real APIs"). KVM for customer pods is not a general product.
+ */
 const CW_KVM =
-  'CKS nodes are bare metal (docs.coreweave.com/products/cks/clusters/introduction); that a privileged ' +
-  'pod may open /dev/kvm there is unverified: run a probe DaemonSet first.';
+  'CKS nodes are bare metal (docs.coreweave.com/products/cks/clusters/introduction), but the only documented ' +
+  'VM path is a Kata-based private preview needing enablement (docs.coreweave.com/products/cks/container-runtimes): ' +
+  'that a privileged pod may open /dev/kvm is unverified. Ask CoreWeave, then probe a node (`space doctor`).';
 
 /** CoreWeave CKS CPU node types (whole servers). */
 export const coreweaveInstanceTypes = {
   'cd-hp-a96-genoa': {
     vcpus: 96,
     memoryGiB: 768,
-    kvm: 'yes',
+    kvm: 'unverified',
     usdPerHour: 6.42,
     source: CW_PRICING,
     asOf: '2026-09-20',
@@ -140,7 +147,7 @@ export const coreweaveInstanceTypes = {
   'cd-gp-a192-genoa': {
     vcpus: 192,
     memoryGiB: 1536,
-    kvm: 'yes',
+    kvm: 'unverified',
     usdPerHour: 7.78,
     source: CW_PRICING,
     asOf: '2026-09-20',
@@ -149,7 +156,7 @@ export const coreweaveInstanceTypes = {
   'turin-gp': {
     vcpus: 192,
     memoryGiB: 1536,
-    kvm: 'yes',
+    kvm: 'unverified',
     usdPerHour: null,
     source: 'https://docs.coreweave.com/platform/instances/cpu/turin-gp',
     asOf: '2026-09-20',

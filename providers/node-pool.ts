@@ -44,8 +44,9 @@ export type DeployMode = 'kubernetes' | 'vm';
 
 /**
  * Per-cloud capabilities. Akamai defaults to gVisor because Linode KVM is unconfirmed
- * (clouds.md §1.7); Crusoe to Cloud Hypervisor, the only inner hypervisor it documents (§3.5);
- * CoreWeave to Firecracker on bare metal (§2.3).
+ * (clouds.md §1.7); CoreWeave too, because KVM for customer pods on CKS is documented only as a
+ * preview (§2.3: bare metal, but unverified); Crusoe to Cloud Hypervisor, the only inner
+ * hypervisor it documents (§3.5).
  */
 export const cloudProfiles = {
   akamai: {
@@ -58,7 +59,7 @@ export const cloudProfiles = {
   coreweave: {
     modes: ['kubernetes'],
     vmmDrivers: ['firecracker', 'cloud-hypervisor', 'qemu'],
-    defaultDriver: 'firecracker',
+    defaultDriver: 'gvisor',
     defaultInstanceType: 'cd-hp-a96-genoa',
     defaultAllowUnverifiedKvm: false,
   },

@@ -18,6 +18,20 @@ export const AGENT_PORT = 8081;
 /** TCP port of Redis. */
 export const REDIS_PORT = 6379;
 
+/**
+ * Persistence of the one Redis (the state of record), the same on Kubernetes and VMs, as
+ * `redis-server` option/value pairs: the append-only file on, fsync'd every second (at most about
+ * one second of writes lost on a crash; redis.io/docs/latest/operate/oss_and_stack/management/
+ * persistence/, "AOF" and "fsync policies"), rewritten when it doubles. RDB snapshots keep
+ * Redis's defaults. Backups: scripts/redis-backup.sh (docs/deployment.md "Redis").
+ */
+export const REDIS_PERSISTENCE: readonly (readonly [string, string])[] = [
+  ['appendonly', 'yes'],
+  ['appendfsync', 'everysec'],
+  ['auto-aof-rewrite-percentage', '100'],
+  ['auto-aof-rewrite-min-size', '64mb'],
+];
+
 /** Where the services find their key files (mounted Secret / files written on the VM). */
 export const KEY_DIR = '/etc/space/keys';
 /** Private Ed25519 key (PKCS#8 PEM) of the API. */
@@ -44,6 +58,29 @@ export const GATEWAY_CONTROL_SOCKET = `${GATEWAY_RUN_DIR}/gateway.sock`;
  * but sandbox interfaces.
  */
 export const GATEWAY_PORTS = { dns: 15053, http: 15080, tls: 15443 } as const;
+/**
+ * The gateway's Prometheus endpoint (`SPACE_GATEWAY_METRICS_PORT`). Not a sandbox-facing port: the
+ * guard table leaves it alone; cloud firewalls do not open it to the internet.
+ */
+export const GATEWAY_METRICS_PORT = 15090;
+/** Path of every service's Prometheus endpoint. */
+export const METRICS_PATH = '/metrics';
+
+/**
+ * Pod annotations that ask Prometheus to scrape `port` at {@link METRICS_PATH}. The names are the
+ * convention of the prometheus-community chart's `kubernetes-pods` job (prometheus-community/
+ * helm-charts `charts/prometheus/values.yaml`), not a Kubernetes API: Prometheus's own example
+ * (prometheus/prometheus `documentation/examples/prometheus-kubernetes.yml`, job `kubernetes-pods`)
+ * leaves the annotation names to the operator's relabelling.
+ */
+export function scrapeAnnotations(port: number): Record<string, string> {
+  return {
+    'prometheus.io/scrape': 'true',
+    'prometheus.io/port': String(port),
+    'prometheus.io/path': METRICS_PATH,
+  };
+}
+
 /** Where the per-deployment CA is: cert + key for the gateway, only the cert for the agent. */
 export const GATEWAY_CA_DIR = '/etc/space/gateway-ca';
 /** PEM certificate of the gateway CA (public: sandboxes trust it through `SPACE_TRUSTED_CA_FILE`). */
@@ -94,6 +131,9 @@ export const DEPLOYMENT_OWNED = [
   'SPACE_GATEWAY_CA_CERT_FILE',
   'SPACE_GATEWAY_CA_KEY_FILE',
   'SPACE_TRUSTED_CA_FILE',
+  // the scrape annotations name this port
+  'SPACE_GATEWAY_METRICS_PORT',
+  'SPACE_GATEWAY_METRICS_HOST',
 ] as const;
 
 /** Settings with their own stack config key: an override in `gatewayEnv` is refused, naming the key. */
@@ -166,6 +206,7 @@ export function gatewayEnvironment(g: GatewayOptions): Record<string, string> {
     SPACE_GATEWAY_CONTROL_SOCKET: GATEWAY_CONTROL_SOCKET,
     SPACE_GATEWAY_CA_CERT_FILE: GATEWAY_CA_CERT_FILE,
     SPACE_GATEWAY_CA_KEY_FILE: GATEWAY_CA_KEY_FILE,
+    SPACE_GATEWAY_METRICS_PORT: String(GATEWAY_METRICS_PORT),
   };
 }
 

@@ -164,6 +164,12 @@ export const CONFIG_KEYS = {
     clouds: ['akamai'],
     doc: 'PEM private key for `apiTlsCertificate`.',
   },
+  lkeFirewallToken: {
+    type: 'string',
+    secret: true,
+    clouds: ['akamai'],
+    doc: 'Linode API token (Firewalls read/write, Linodes read-only) the `space-lke-firewall` DaemonSet uses to attach every LKE node, new ones included, to the nodes’ Cloud Firewall. Required in `kubernetes` mode on Akamai.',
+  },
   nodeCidrs: {
     type: 'array',
     default: 'kind `["172.16.0.0/12"]`, LKE `["192.168.128.0/17"]`',
@@ -245,6 +251,7 @@ export interface StackConfig {
     readonly kubeconfig?: pulumi.Output<string>;
     readonly apiTlsKey?: pulumi.Output<string>;
     readonly gatewayCaKey?: pulumi.Output<string>;
+    readonly lkeFirewallToken?: pulumi.Output<string>;
   };
 }
 
@@ -472,6 +479,14 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
     problems.push(
       'space:signingKey: must be an Ed25519 PKCS#8 PEM private key ("-----BEGIN PRIVATE KEY-----")',
     );
+  if (cloud === 'akamai' && mode === 'kubernetes' && !has('lkeFirewallToken'))
+    problems.push(
+      'space:lkeFirewallToken: required in kubernetes mode on akamai (a Linode token with Firewalls read/write and Linodes read-only; see docs/deployment.md)',
+    );
+  if (cloud === 'akamai' && mode === 'vm' && has('lkeFirewallToken'))
+    problems.push(
+      'space:lkeFirewallToken: not used in vm mode (VMs are attached to their firewalls by Pulumi)',
+    );
   if (cloud === 'coreweave' && !has('kubeconfig'))
     problems.push('space:kubeconfig: required on coreweave (see docs/deployment.md)');
   if (has('apiTlsCertificate') !== has('apiTlsKey'))
@@ -512,7 +527,17 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
     apiEnv,
     agentEnv,
     secrets: Object.fromEntries(
-      (['signingKey', 'redisPassword', 'redisUrl', 'kubeconfig', 'apiTlsKey', 'gatewayCaKey'] as const)
+      (
+        [
+          'signingKey',
+          'redisPassword',
+          'redisUrl',
+          'kubeconfig',
+          'apiTlsKey',
+          'gatewayCaKey',
+          'lkeFirewallToken',
+        ] as const
+      )
         .filter((k) => raw(k) !== undefined)
         .map((k) => [k, pulumi.secret(raw(k)!)]),
     ),

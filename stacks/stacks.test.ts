@@ -6,6 +6,7 @@ import { generateKeyPairSync } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
+import { catalogue } from '../providers/catalogue.ts';
 import { GATEWAY_PORTS } from '../providers/runtime-settings.ts';
 import { schemaProblems } from '../providers/testing/k8s-schema.ts';
 import {
@@ -29,11 +30,13 @@ const SECRETS = {
   redisPassword: 'redis-pw-3f9c1e7a5b',
   kubeconfig:
     'apiVersion: v1\nkind: Config\nusers: [{name: u, user: {token: CW-SECRET-kubeconfig-token-77}}]\n',
+  lkeFirewallToken: 'linode-token-for-the-firewall-attacher-91',
 };
 const NEEDLES = [
   SIGNING.split('\n')[1]!,
   SECRETS.redisPassword,
   'CW-SECRET-kubeconfig-token-77',
+  SECRETS.lkeFirewallToken,
   CA.keyPem.split('\n')[1]!,
 ];
 
@@ -62,6 +65,7 @@ function withSecrets(raw: Raw): Raw {
       gatewayCaKey: CA.keyPem,
     });
   if (raw.cloud === 'coreweave') out.kubeconfig = SECRETS.kubeconfig;
+  if (raw.cloud === 'akamai' && raw.mode === 'kubernetes') out.lkeFirewallToken = SECRETS.lkeFirewallToken;
   return out;
 }
 
@@ -81,6 +85,16 @@ const VARIANTS: Record<string, Raw> = {
 };
 
 type Obj = Record<string, unknown>;
+/** The problems the stack configuration `raw` is refused with (empty when it loads). */
+const fails = (raw: Raw) => {
+  try {
+    loadStackConfig((k) => raw[k]);
+  } catch (err) {
+    if (err instanceof StackConfigError) return err.problems;
+    throw err;
+  }
+  return [];
+};
 const firewallInbounds = (r: RecordedResource[]) =>
   r
     .filter((x) => x.type === 'linode:index/firewall:Firewall')
@@ -126,6 +140,11 @@ describe.each(Object.entries(VARIANTS))('stack %s under the mock runtime', (_nam
     }
     for (const r of recorded.filter((x) => x.type === 'pulumi-nodejs:dynamic/crusoe:FirewallRule')) {
       const i = r.inputs as { sources: string[]; destinationPorts: string[]; direction: string };
+      if (i.direction === 'egress') {
+        // egress leaves from the subnet only
+        expect(i.sources).toEqual([raw.privateCidr]);
+        continue;
+      }
       expect(i.direction).toBe('ingress');
       if (i.destinationPorts.includes('6379')) expect(i.sources).toEqual([raw.privateCidr]);
       if (i.sources.includes('0.0.0.0/0'))
@@ -259,6 +278,25 @@ describe('cloud-specific policies', () => {
       expect(String(v.inputs['__provider'] ?? '')).not.toMatch(/CRUSOE_SECRET_KEY=|secretKey:/);
   });
 
+  it('crusoe: the subnet may reach the internet (custom VPCs deny egress), no VM pins its private address, and agents are told the address the API gave the control VM', async () => {
+    const recorded = await render(withSecrets(VARIANTS['crusoe']!));
+    const rules = recorded
+      .filter((r) => r.type === 'pulumi-nodejs:dynamic/crusoe:FirewallRule')
+      .map((r) => r.inputs as { direction: string; destinations: string[]; protocols: string[] });
+    expect(rules.filter((r) => r.direction === 'egress')).toEqual([
+      expect.objectContaining({ destinations: ['0.0.0.0/0'], protocols: ['tcp', 'udp'] }),
+    ]);
+    const vms = recorded.filter((r) => r.type === 'pulumi-nodejs:dynamic/crusoe:Instance');
+    for (const v of vms) expect(Object.keys(v.inputs)).not.toContain('privateAddress');
+    // the mock API gives the control VM an address off the old pinned one (.10)
+    const control = vms.find((v) => v.name === 'space-control')!;
+    const scripts = vmScripts(recorded);
+    const chosen = /SPACE_REDIS_URL=redis:\/\/([0-9.]+):6379/.exec(scripts['space-node-default-0']!)?.[1];
+    expect(chosen).toMatch(/^10\.77\.128\.\d+$/);
+    expect(chosen).not.toBe('10.77.128.10');
+    expect(control.name).toBe('space-control');
+  });
+
   it('akamai vm: user data is base64 cloud-init and the API sits behind a NodeBalancer', async () => {
     const recorded = await render(withSecrets(VARIANTS['akamai']!));
     const vms = recorded.filter((r) => r.type === 'linode:index/instance:Instance');
@@ -279,6 +317,92 @@ describe('cloud-specific policies', () => {
     );
   });
 
+  it('akamai lke: the API load balancer admits only space:clientCidrs through the Linode firewall ACL annotation (the CCM ignores loadBalancerSourceRanges)', async () => {
+    const recorded = await render(
+      withSecrets({
+        ...VARIANTS['akamai-lke'],
+        clientCidrs: JSON.stringify(['198.51.100.0/24', '203.0.113.7/32']),
+      }),
+    );
+    const api = unwrapSecrets(recorded.find((r) => r.name === 'space-api-svc')!.inputs) as {
+      metadata: { annotations: Record<string, string> };
+      spec: Obj;
+    };
+    expect(api.spec['type']).toBe('LoadBalancer');
+    expect(api.spec['loadBalancerSourceRanges']).toBeUndefined();
+    expect(
+      JSON.parse(api.metadata.annotations['service.beta.kubernetes.io/linode-loadbalancer-firewall-acl']!),
+    ).toEqual({
+      allowList: { ipv4: ['198.51.100.0/24', '203.0.113.7/32'] },
+    });
+  });
+
+  it('akamai lke: the nodes’ firewall is not attached by node id (ids go stale when LKE replaces nodes); a DaemonSet on every node attaches each node, with its token from a Secret', async () => {
+    const recorded = await render(withSecrets(VARIANTS['akamai-lke']!));
+    const fw = recorded.find((r) => r.name === 'space-lke-fw')!;
+    expect(fw.inputs['linodes']).toBeUndefined();
+    expect(recorded.some((r) => r.type === 'linode:index/firewallDevice:FirewallDevice')).toBe(false);
+    const ds = unwrapSecrets(recorded.find((r) => r.name === 'space-lke-firewall')!.inputs) as Obj;
+    const pod = podSpecOf({ inputs: ds } as unknown as RecordedResource);
+    expect(pod['tolerations']).toEqual([{ operator: 'Exists' }]);
+    expect(pod['nodeSelector']).toBeUndefined();
+    const env = (pod['containers'] as Obj[])[0]!['env'] as {
+      name: string;
+      value?: string;
+      valueFrom?: Obj;
+    }[];
+    // the firewall's id (the mock's ids are numbers as strings)
+    expect(env.find((e) => e.name === 'SPACE_LKE_FIREWALL_ID')!.value).toMatch(/^\d+$/);
+    expect(env.find((e) => e.name === 'LINODE_TOKEN')!.valueFrom).toEqual({
+      secretKeyRef: { name: 'space-lke-firewall', key: 'token' },
+    });
+    expect(env.find((e) => e.name === 'NODE_NAME')!.valueFrom).toEqual({
+      fieldRef: { fieldPath: 'spec.nodeName' },
+    });
+    const script = unwrapSecrets(recorded.find((r) => r.name === 'space-lke-firewall-script')!.inputs) as {
+      data: Record<string, string>;
+    };
+    expect(script.data['firewall-attach.ts']).toContain('export async function attachNode');
+    // the token is refused without LKE
+    expect(fails({ ...VARIANTS['akamai'], lkeFirewallToken: 'x' })).toEqual([
+      expect.stringContaining('space:lkeFirewallToken: not used in vm mode'),
+    ]);
+    expect(fails({ ...withSecrets(VARIANTS['akamai-lke']!), lkeFirewallToken: undefined })).toEqual([
+      expect.stringContaining('space:lkeFirewallToken: required in kubernetes mode on akamai'),
+    ]);
+  });
+
+  it('coreweave: the API load balancer is public (annotated) and admits only space:clientCidrs (loadBalancerSourceRanges)', async () => {
+    const recorded = await render(
+      withSecrets({ ...VARIANTS['coreweave'], clientCidrs: JSON.stringify(['198.51.100.0/24']) }),
+    );
+    const api = unwrapSecrets(recorded.find((r) => r.name === 'space-api-svc')!.inputs) as {
+      metadata: { annotations: Record<string, string> };
+      spec: Obj;
+    };
+    expect(api.metadata.annotations['service.beta.kubernetes.io/coreweave-load-balancer-type']).toBe(
+      'public',
+    );
+    expect(api.spec['loadBalancerSourceRanges']).toEqual(['198.51.100.0/24']);
+  });
+
+  it('coreweave: every instance type has KVM unverified (only a preview documents VMs), so a VMM pool needs the explicit opt-in', () => {
+    for (const [type, facts] of Object.entries(catalogue.coreweave))
+      expect(facts.kvm, type).toBe('unverified');
+    const pool = { name: 'a', driver: 'firecracker', instanceType: 'cd-hp-a96-genoa' };
+    expect(fails(withSecrets({ ...VARIANTS['coreweave'], nodePools: JSON.stringify([pool]) }))).toEqual([
+      expect.stringContaining('KVM on "cd-hp-a96-genoa" is unverified'),
+    ]);
+    expect(
+      fails(
+        withSecrets({
+          ...VARIANTS['coreweave'],
+          nodePools: JSON.stringify([{ ...pool, allowUnverifiedKvm: true }]),
+        }),
+      ),
+    ).toEqual([]);
+  });
+
   it('coreweave: one CKS NodePool per pool, labelled for its agent DaemonSet', async () => {
     const recorded = await render(withSecrets(VARIANTS['coreweave']!));
     const np = recorded.find((r) => r.type === 'kubernetes:compute.coreweave.com/v1alpha1:NodePool')!;
@@ -290,16 +414,6 @@ describe('cloud-specific policies', () => {
 });
 
 describe('configuration validation', () => {
-  const fails = (raw: Raw) => {
-    try {
-      loadStackConfig((k) => raw[k]);
-    } catch (err) {
-      if (err instanceof StackConfigError) return err.problems;
-      throw err;
-    }
-    return [];
-  };
-
   it('a VMM driver on a type without verified KVM fails before anything is created, with every problem', () => {
     const problems = fails({
       ...VARIANTS['akamai'],
@@ -473,7 +587,7 @@ describe.each(Object.entries(VARIANTS))('upgrade of stack %s', (_name, base) => 
 const STACK_DRIVERS: Record<string, string> = {
   akamai: 'gvisor',
   'akamai-lke': 'gvisor',
-  coreweave: 'firecracker',
+  coreweave: 'gvisor',
   crusoe: 'cloud-hypervisor',
   kind: 'gvisor',
 };

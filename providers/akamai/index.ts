@@ -14,11 +14,12 @@ import * as linode from '@pulumi/linode';
 import * as pulumi from '@pulumi/pulumi';
 import type { StackConfig } from '../../stacks/config.ts';
 import { runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
-import { Runtime } from '../kubernetes/runtime.ts';
+import { type PublicExposure, Runtime } from '../kubernetes/runtime.ts';
 import { NODE_LABEL, POOL_LABEL } from '../node-pool.ts';
-import { AGENT_PORT, API_PORT, REDIS_PORT } from '../runtime-settings.ts';
+import { AGENT_PORT, API_PORT, imageRef, REDIS_PORT } from '../runtime-settings.ts';
 import { agentPlan, controlPlan, toCloudConfig } from '../systemd/cloud-init.ts';
 import { controlAddress } from '../vm-network.ts';
+import { lkeFirewallObjects } from './lke-firewall.ts';
 
 /** Linode's range for NodeBalancer-to-backend traffic (Linode NodeBalancer docs; unverified here). */
 export const NODEBALANCER_SOURCE_CIDR = '192.168.255.0/24';
@@ -79,6 +80,27 @@ export function akamaiFirewallRules(cfg: StackConfig, controlPublicIp?: string) 
 }
 
 const id = (r: pulumi.CustomResource) => r.id.apply(Number);
+
+/** Annotation of Linode's cloud controller that puts a CCM-managed Cloud Firewall on a Service's NodeBalancer. */
+export const LINODE_FIREWALL_ACL_ANNOTATION = 'service.beta.kubernetes.io/linode-loadbalancer-firewall-acl';
+
+/**
+ * How LKE exposes client-facing Services. Linode's cloud controller ignores
+ * `spec.loadBalancerSourceRanges` (clouds.md "Checked against the real APIs"); it applies an access
+ * list only through the `linode-loadbalancer-firewall-acl` annotation, a JSON object with an
+ * `allowList` (or `denyList`, not both) of `ipv4` / `ipv6` CIDRs, from which it makes and keeps a
+ * Cloud Firewall on the NodeBalancer (linode/linode-cloud-controller-manager
+ * `docs/configuration/firewall.md`, "CCM-Managed Firewalls"). So the field is not set at all: it
+ * would only suggest a protection that does not exist. Pure.
+ */
+export function lkeExposure(clientCidrs: readonly string[]): PublicExposure {
+  // space:clientCidrs is IPv4 only (stacks/config.ts)
+  return {
+    annotations: {
+      [LINODE_FIREWALL_ACL_ANNOTATION]: JSON.stringify({ allowList: { ipv4: [...clientCidrs] } }),
+    },
+  };
+}
 
 /** Deploys SPACE on Linode. */
 export function deployAkamai(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
@@ -226,13 +248,13 @@ function deployLke(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
       tags: ['space', `space-pool-${pool.name}`],
     })),
   });
-  const nodeIds = cluster.pools.apply((ps) => ps.flatMap((p) => (p.nodes ?? []).map((n) => n.instanceId)));
-  new linode.Firewall('space-lke-fw', {
+  // no `linodes`: ids captured now go stale when LKE replaces nodes; the space-lke-firewall
+  // DaemonSet attaches every node it runs on, new ones included (lke-firewall.ts)
+  const nodesFw = new linode.Firewall('space-lke-fw', {
     label: `space-lke-fw-${stack}`.slice(0, 32),
     inboundPolicy: 'DROP',
     outboundPolicy: 'ACCEPT',
     inbounds: akamaiFirewallRules(cfg).lke.map((r) => ({ ...r, ipv4s: [...r.ipv4s] })),
-    linodes: nodeIds,
     tags: ['space'],
   });
   // the kubeconfig output is base64 and secret (clouds.md §1.5)
@@ -240,7 +262,32 @@ function deployLke(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
     cluster.kubeconfig.apply((b64) => Buffer.from(b64, 'base64').toString('utf8')),
   );
   const provider = new k8s.Provider('lke', { kubeconfig });
-  const runtime = new Runtime('space', runtimeArgsFromConfig(cfg), { providers: [provider] });
+  const runtime = new Runtime(
+    'space',
+    runtimeArgsFromConfig(cfg, { exposure: lkeExposure(cfg.clientCidrs) }),
+    {
+      providers: [provider],
+    },
+  );
+  const K8S = {
+    Secret: k8s.core.v1.Secret,
+    ConfigMap: k8s.core.v1.ConfigMap,
+    DaemonSet: k8s.apps.v1.DaemonSet,
+  } as const;
+  for (const { role, object } of lkeFirewallObjects({
+    namespace: 'space',
+    firewallId: nodesFw.id,
+    token: cfg.secrets.lkeFirewallToken!,
+    image: imageRef(cfg.imageRepository, cfg.version),
+    version: cfg.version,
+  })) {
+    const { apiVersion: _v, kind, ...body } = object as { apiVersion: string; kind: keyof typeof K8S };
+    new K8S[kind](`space-${role}`, body as never, {
+      provider,
+      dependsOn: [runtime],
+      ...(kind === 'Secret' ? { additionalSecretOutputs: ['data', 'stringData'] } : {}),
+    });
+  }
   return {
     kubeconfig,
     namespace: runtime.namespace,

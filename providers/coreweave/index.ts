@@ -8,7 +8,7 @@ import * as k8s from '@pulumi/kubernetes';
 import type * as pulumi from '@pulumi/pulumi';
 import type { StackConfig } from '../../stacks/config.ts';
 import { runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
-import { Runtime } from '../kubernetes/runtime.ts';
+import { type PublicExposure, Runtime } from '../kubernetes/runtime.ts';
 import { NODE_LABEL, type NodePool, POOL_LABEL } from '../node-pool.ts';
 
 /**
@@ -31,6 +31,25 @@ export function coreweaveNodePool(pool: NodePool): Record<string, unknown> {
   };
 }
 
+/** The annotation that makes a CKS LoadBalancer Service public; without it the address is private. */
+export const COREWEAVE_LB_TYPE_ANNOTATION = 'service.beta.kubernetes.io/coreweave-load-balancer-type';
+
+/**
+ * How CKS exposes client-facing Services: a LoadBalancer Service gets a non-public address unless
+ * annotated `coreweave-load-balancer-type: public` (docs.coreweave.com/products/networking/
+ * ingress-service/expose-service-dns; …/support/networking/articles/how-do-i-get-a-publicly-
+ * routable-ip-for-my-loadbalancer-service). On a public Service CKS honours
+ * `spec.loadBalancerSourceRanges` and silently drops other sources; an empty list restricts
+ * nothing (…/support/networking/articles/how-do-i-restrict-which-ips-can-reach-my-loadbalancer-service).
+ * Pure.
+ */
+export function coreweaveExposure(clientCidrs: readonly string[]): PublicExposure {
+  return {
+    annotations: { [COREWEAVE_LB_TYPE_ANNOTATION]: 'public' },
+    loadBalancerSourceRanges: [...clientCidrs],
+  };
+}
+
 /** Deploys the runtime to an existing CKS cluster (kubeconfig from the secret `space:kubeconfig`). */
 export function deployCoreweave(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
   const provider = new k8s.Provider('cks', { kubeconfig: cfg.secrets.kubeconfig! });
@@ -43,10 +62,14 @@ export function deployCoreweave(cfg: StackConfig): Record<string, pulumi.Input<u
         { provider, replaceOnChanges: ['spec.instanceType'] },
       ),
   );
-  const runtime = new Runtime('space', runtimeArgsFromConfig(cfg), {
-    providers: [provider],
-    dependsOn: pools,
-  });
+  const runtime = new Runtime(
+    'space',
+    runtimeArgsFromConfig(cfg, { exposure: coreweaveExposure(cfg.clientCidrs) }),
+    {
+      providers: [provider],
+      dependsOn: pools,
+    },
+  );
   return {
     namespace: runtime.namespace,
     apiLoadBalancer: runtime.apiService.status.loadBalancer.ingress,

@@ -17,10 +17,12 @@ export interface InstanceInputs {
   sshPublicKey: string;
   /** First-boot script (Crusoe has no cloud-init field). Not secret: it is readable from the VM. */
   startupScript: string;
-  /** Subnet the VM's interface joins. */
+  /**
+   * Subnet the VM's interface joins. The private address is the API's to choose (read-only in the
+   * Terraform provider, `crusoe_compute_instance` `network_interfaces.private_ipv4` is computed):
+   * read it back with {@link instancePrivateIpv4}.
+   */
   subnetId: string;
-  /** Fixed private address in the subnet (the control VM's, which agents are told). Optional. */
-  privateAddress?: string;
   /** `virtualization_features.nested_virtualization`; needs a Support feature flag. */
   nestedVirtualization: boolean;
 }
@@ -60,6 +62,14 @@ interface KindSpec {
   patch?(i: Record<string, unknown>): Record<string, unknown>;
   /** Inputs that may be absent. */
   readonly optional?: readonly string[];
+  /**
+   * How the API answers a create: `operation` (asynchronous, poll it; VMs, firewall rules) or the
+   * key under which it returns the new resource synchronously (`subnet`: `POST …/vpc-subnets`
+   * answers `{ subnet: {…} }`, Crusoe v1 swagger `vpcSubnetPostResponse`;
+   * crusoecloud/terraform-provider-crusoe `internal/vpc_subnet/vpc_subnet_resource.go` `Create`
+   * reads `dataResp.Subnet` and polls nothing, while its `Update` and `Delete` await operations).
+   */
+  readonly createAnswer: 'operation' | { readonly key: string };
 }
 
 const cidrs = (xs: unknown) => (xs as string[]).map((cidr) => ({ cidr }));
@@ -77,12 +87,7 @@ export const KINDS = {
       startup_script: i['startupScript'],
       network_interfaces: [
         {
-          ips: [
-            {
-              ...(i['privateAddress'] ? { private_ipv4: { address: i['privateAddress'] } } : {}),
-              public_ipv4: { type: 'dynamic' },
-            },
-          ],
+          ips: [{ public_ipv4: { type: 'dynamic' } }],
           subnet: i['subnetId'],
         },
       ],
@@ -97,10 +102,9 @@ export const KINDS = {
       'sshPublicKey',
       'startupScript',
       'subnetId',
-      'privateAddress',
       'nestedVirtualization',
     ],
-    optional: ['privateAddress'],
+    createAnswer: 'operation',
   },
   subnet: {
     collection: 'networking/vpc-subnets',
@@ -112,6 +116,7 @@ export const KINDS = {
       nat_gateway_enabled: i['natGatewayEnabled'],
     }),
     replaceOn: ['projectId', 'name', 'cidr', 'location', 'vpcNetworkId', 'natGatewayEnabled'],
+    createAnswer: { key: 'subnet' },
   },
   firewallRule: {
     collection: 'networking/vpc-firewall-rules',
@@ -126,6 +131,7 @@ export const KINDS = {
       destination_ports: i['destinationPorts'],
     }),
     replaceOn: ['projectId', 'name', 'vpcNetworkId', 'direction'],
+    createAnswer: 'operation',
     patch: (i) => ({
       action: i['action'],
       protocols: i['protocols'],
@@ -173,16 +179,42 @@ export function diff(
   };
 }
 
-/** POST, wait for the operation, return the new id and outputs. */
+/**
+ * POST; then, for asynchronous kinds, wait for the operation. Returns the new id and outputs. A
+ * synchronous answer is taken as it is: polling it would throw after the resource exists and
+ * leave it orphaned (outside the state, so never deleted).
+ */
 export async function create(
   kind: CrusoeKind,
   inputs: Record<string, unknown>,
 ): Promise<pulumi.dynamic.CreateResult> {
+  const spec: KindSpec = KINDS[kind];
   const coll = base(kind, inputs);
-  const result = await awaitOperation(coll, await crusoeRequest('POST', coll, KINDS[kind].body(inputs)));
-  const id = String(result['id'] ?? '');
-  if (!id) throw new Error(`crusoe ${coll}: created, but the operation result has no id`);
+  const answer = await crusoeRequest('POST', coll, spec.body(inputs));
+  const result =
+    spec.createAnswer === 'operation'
+      ? await awaitOperation(coll, answer)
+      : ((answer as Record<string, unknown>)[spec.createAnswer.key] as Record<string, unknown> | undefined);
+  const id = String(result?.['id'] ?? '');
+  if (!id)
+    throw new Error(
+      `crusoe ${coll}: created, but the answer has no id: ${JSON.stringify(answer).slice(0, 300)}`,
+    );
   return { id, outs: { ...inputs, resource: result } };
+}
+
+/**
+ * The private IPv4 address of a VM as the API reports it: `network_interfaces[0].ips[0].
+ * private_ipv4.address` (crusoecloud/terraform-provider-crusoe, VM data source: `networkInterface.
+ * Ips[0].PrivateIpv4.Address`; Crusoe's Kubernetes cloud controller `getNodeAddress` reads the same
+ * path). Undefined when absent.
+ */
+export function instancePrivateIpv4(resource: unknown): string | undefined {
+  const r = resource as
+    | { network_interfaces?: { ips?: { private_ipv4?: { address?: string } }[] }[] }
+    | undefined;
+  const address = r?.network_interfaces?.[0]?.ips?.[0]?.private_ipv4?.address;
+  return address || undefined;
 }
 
 /** GET the resource; outputs keep the inputs and add the API's view. */

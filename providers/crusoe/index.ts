@@ -1,27 +1,73 @@
 /**
  * Crusoe, `vm` mode: a VPC subnet, firewall rules (only the API and the data plane open to
- * clients; Redis only inside the subnet; SSH only from `space:sshCidrs`), a control VM (API +
- * Redis) and the pool VMs with nested virtualisation, all through the dynamic provider. The
- * startup script is the systemd plan as a shell script (Crusoe has no cloud-init field).
+ * clients; Redis only inside the subnet; SSH only from `space:sshCidrs`; egress from the subnet
+ * to anywhere), a control VM (API + Redis) and the pool VMs with nested virtualisation, all
+ * through the dynamic provider. The startup script is the systemd plan as a bash script (Crusoe
+ * has no cloud-init field); Crusoe runs it at every boot, so it provisions once and then exits.
+ *
+ * The control VM's private address is the API's to choose (computed in the Terraform provider):
+ * the agents' scripts are rendered from the address the created VM reports.
  */
 import * as pulumi from '@pulumi/pulumi';
 import type { StackConfig } from '../../stacks/config.ts';
 import { isVmmDriver } from '../node-pool.ts';
 import { AGENT_PORT, API_PORT, REDIS_PORT } from '../runtime-settings.ts';
 import { agentPlan, controlPlan, toShellScript } from '../systemd/cloud-init.ts';
-import { controlAddress } from '../vm-network.ts';
+import { instancePrivateIpv4 } from './crud.ts';
 import { FirewallRule, Instance, Subnet } from './provider.ts';
 
-/** The firewall rules of a Crusoe stack (name, protocol, sources, ports). Pure, for tests. */
-export function crusoeFirewallRules(cfg: StackConfig) {
+/** One Crusoe VPC firewall rule, plain values. */
+export interface CrusoeRule {
+  readonly name: string;
+  readonly direction: 'ingress' | 'egress';
+  readonly protocols: readonly string[];
+  readonly sources: readonly string[];
+  readonly destinations: readonly string[];
+  readonly ports: readonly string[];
+}
+
+/**
+ * The firewall rules of a Crusoe stack. Pure, for tests. Custom VPCs deny all egress until egress
+ * rules exist (Crusoe networking docs, "VPC firewall rules"; clouds.md "Checked against the real
+ * APIs"): without `space-egress` the VMs could not install packages, pull the image, or carry any
+ * sandbox egress through the gateway. `1-65535` is how the Terraform provider spells "all ports"
+ * (`vpc_firewall_rule` replaces `*` with it).
+ */
+export function crusoeFirewallRules(cfg: StackConfig): CrusoeRule[] {
+  const ingress = (name: string, sources: readonly string[], port: number | string): CrusoeRule => ({
+    name,
+    direction: 'ingress',
+    protocols: ['tcp'],
+    sources,
+    destinations: [cfg.privateCidr],
+    ports: [String(port)],
+  });
   const rules = [
-    { name: 'space-api', sources: cfg.clientCidrs, ports: [String(API_PORT)] },
-    { name: 'space-data-plane', sources: cfg.clientCidrs, ports: [String(AGENT_PORT)] },
-    { name: 'space-redis-private', sources: [cfg.privateCidr], ports: [String(REDIS_PORT)] },
-    { name: 'space-dispatch-private', sources: [cfg.privateCidr], ports: [String(AGENT_PORT)] },
-    ...(cfg.sshCidrs.length ? [{ name: 'space-ssh', sources: cfg.sshCidrs, ports: ['22'] }] : []),
+    ingress('space-api', cfg.clientCidrs, API_PORT),
+    ingress('space-data-plane', cfg.clientCidrs, AGENT_PORT),
+    ingress('space-redis-private', [cfg.privateCidr], REDIS_PORT),
+    ingress('space-dispatch-private', [cfg.privateCidr], AGENT_PORT),
+    ...(cfg.sshCidrs.length ? [ingress('space-ssh', cfg.sshCidrs, 22)] : []),
+    {
+      name: 'space-egress',
+      direction: 'egress' as const,
+      protocols: ['tcp', 'udp'],
+      sources: [cfg.privateCidr],
+      destinations: ['0.0.0.0/0'],
+      ports: ['1-65535'],
+    },
   ];
   return rules.filter((r) => r.sources.length > 0);
+}
+
+/** The control VM's private address, from the VM the API created (fails loudly when absent). */
+export function controlPrivateAddress(resource: unknown): string {
+  const address = instancePrivateIpv4(resource);
+  if (!address)
+    throw new Error(
+      'crusoe: the control VM reports no private IPv4 (network_interfaces[0].ips[0].private_ipv4)',
+    );
+  return address;
 }
 
 /** Deploys SPACE on Crusoe VMs. */
@@ -45,11 +91,11 @@ export function deployCrusoe(cfg: StackConfig): Record<string, pulumi.Input<unkn
         name: `${r.name}-${pulumi.getStack()}`,
         vpcNetworkId: cfg.crusoeVpcNetworkId,
         action: 'allow',
-        direction: 'ingress',
-        protocols: ['tcp'],
+        direction: r.direction,
+        protocols: [...r.protocols],
         sources: [...r.sources],
-        destinations: [cfg.privateCidr],
-        destinationPorts: r.ports,
+        destinations: [...r.destinations],
+        destinationPorts: [...r.ports],
       },
       { dependsOn: [previous] },
     );
@@ -71,7 +117,6 @@ export function deployCrusoe(cfg: StackConfig): Record<string, pulumi.Input<unkn
       ...vmCommon,
       name: `space-control-${pulumi.getStack()}`,
       type: cfg.controlInstanceType,
-      privateAddress: controlAddress(cfg.privateCidr),
       startupScript: toShellScript(controlPlan({ ...vmArgs, apiEnv: cfg.apiEnv })),
       nestedVirtualization: false,
     },
@@ -87,17 +132,19 @@ export function deployCrusoe(cfg: StackConfig): Record<string, pulumi.Input<unkn
             ...vmCommon,
             name: `space-node-${pool.name}-${i}-${pulumi.getStack()}`,
             type: pool.instanceType,
-            startupScript: toShellScript(
-              agentPlan({
-                ...vmArgs,
-                pool,
-                controlAddress: controlAddress(cfg.privateCidr),
-                gatewayEnabled: cfg.gatewayEnabled,
-                gatewayUpstreamDns: cfg.gatewayUpstreamDns,
-                gatewayDenyCidrs: cfg.gatewayDenyCidrs,
-                gatewayEnv: cfg.gatewayEnv,
-                agentEnv: cfg.agentEnv,
-              }),
+            startupScript: control.resource.apply((resource) =>
+              toShellScript(
+                agentPlan({
+                  ...vmArgs,
+                  pool,
+                  controlAddress: controlPrivateAddress(resource),
+                  gatewayEnabled: cfg.gatewayEnabled,
+                  gatewayUpstreamDns: cfg.gatewayUpstreamDns,
+                  gatewayDenyCidrs: cfg.gatewayDenyCidrs,
+                  gatewayEnv: cfg.gatewayEnv,
+                  agentEnv: cfg.agentEnv,
+                }),
+              ),
             ),
             nestedVirtualization: isVmmDriver(pool.driver),
           },
@@ -105,5 +152,9 @@ export function deployCrusoe(cfg: StackConfig): Record<string, pulumi.Input<unkn
         ),
     ),
   );
-  return { controlVm: control.id, nodeVms: nodes.map((n) => n.id) };
+  return {
+    controlVm: control.id,
+    controlPrivateAddress: control.resource.apply(controlPrivateAddress),
+    nodeVms: nodes.map((n) => n.id),
+  };
 }

@@ -67,6 +67,32 @@ describe('Crusoe dynamic provider against a loopback API', () => {
         };
         if (req.method === 'POST' && !id) {
           const rid = `${coll!.split('/').pop()}-1`;
+          // the real API answers subnet creation synchronously, `{ subnet }` (v1 swagger
+          // vpcSubnetPostResponse): no operation exists to poll
+          if (coll === 'networking/vpc-subnets') {
+            state.set(rid, { id: rid, ...body });
+            return send(200, { subnet: state.get(rid) });
+          }
+          if (coll === 'compute/vms/instances') {
+            // the private address is the API's to choose: computed, read-only for clients
+            const ips = body.network_interfaces?.[0]?.ips ?? [];
+            if (ips.some((ip: Record<string, unknown>) => 'private_ipv4' in ip))
+              return send(400, { message: 'private_ipv4 is read-only' });
+            const vm = {
+              id: rid,
+              ...body,
+              network_interfaces: [
+                {
+                  ...body.network_interfaces?.[0],
+                  ips: [
+                    { private_ipv4: { address: '10.77.128.57' }, public_ipv4: { address: '203.0.113.9' } },
+                  ],
+                },
+              ],
+            };
+            state.set(rid, vm);
+            return op(vm);
+          }
           state.set(rid, { id: rid, ...body });
           return op({ id: rid, ...body });
         }
@@ -182,8 +208,8 @@ describe('Crusoe dynamic provider against a loopback API', () => {
     });
   });
 
-  it('creates a subnet with the documented body', async () => {
-    await crusoeProvider('subnet', load).create({
+  it('creates a subnet with the documented body, taking the synchronous answer (no operation to poll)', async () => {
+    const created = await crusoeProvider('subnet', load).create({
       projectId: PROJECT,
       name: 'space',
       cidr: '10.77.128.0/24',
@@ -202,6 +228,15 @@ describe('Crusoe dynamic provider against a loopback API', () => {
         nat_gateway_enabled: true,
       },
     });
+    expect(seen).toHaveLength(1);
+    expect(created.id).toBe('vpc-subnets-1');
+  });
+
+  it('reads the VM private address the API chose from the created VM', async () => {
+    const created = await crusoeProvider('instance', load).create(instanceInputs);
+    const { instancePrivateIpv4 } = await load();
+    expect(instancePrivateIpv4(created.outs!['resource'])).toBe('10.77.128.57');
+    expect(instancePrivateIpv4({})).toBeUndefined();
   });
 
   it('deletes a VM (DELETE + operation); deleting it again (404) counts as done', async () => {

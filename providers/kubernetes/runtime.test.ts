@@ -59,6 +59,7 @@ type Obj = Record<string, unknown>;
 const spec = (o: Obj) => o['spec'] as Obj;
 const podSpec = (o: Obj) => (spec(o)['template'] as Obj)['spec'] as Obj;
 const containers = (o: Obj) => podSpec(o)['containers'] as Obj[];
+const runtimeArgs = (over: Partial<RuntimeArgs> = {}) => args(over);
 const names = (xs: Obj[] | undefined) => (xs ?? []).map((x) => x['name']);
 
 describe('space:kubernetes:Runtime under the mock runtime', () => {
@@ -233,7 +234,110 @@ describe('renderRuntimeObjects policies', () => {
     expect(((c['readinessProbe'] as Obj)['httpGet'] as Obj)['path']).toBe('/readyz');
     expect(((c['livenessProbe'] as Obj)['httpGet'] as Obj)['path']).toBe('/healthz');
     expect(byKind('HorizontalPodAutoscaler')).toHaveLength(1);
-    expect(spec(byKind('PodDisruptionBudget')[0]!)['minAvailable']).toBe(1);
+    const pdb = (name: string) =>
+      byKind('PodDisruptionBudget').find((o) => (o['metadata'] as Obj)['name'] === name)!;
+    expect(spec(pdb('space-api'))['minAvailable']).toBe(1);
+  });
+
+  it('Redis is durable: AOF fsync every second on a volume, and a disruption budget no eviction passes', () => {
+    const sts = byKind('StatefulSet').find((o) => (o['metadata'] as Obj)['name'] === 'space-redis')!;
+    const args = containers(sts)[0]!['args'] as string[];
+    const opt = (k: string) => args[args.indexOf(`--${k}`) + 1];
+    expect(opt('appendonly')).toBe('yes');
+    expect(opt('appendfsync')).toBe('everysec');
+    expect((containers(sts)[0]!['volumeMounts'] as Obj[])[0]).toMatchObject({
+      name: 'data',
+      mountPath: '/data',
+    });
+    expect((spec(sts)['volumeClaimTemplates'] as Obj[]).length).toBe(1);
+    const pdb = byKind('PodDisruptionBudget').find((o) => (o['metadata'] as Obj)['name'] === 'space-redis')!;
+    // one replica: maxUnavailable 0 refuses every eviction (minAvailable 1 would do the same)
+    expect(spec(pdb)).toMatchObject({
+      maxUnavailable: 0,
+      selector: spec(sts)['selector'] as Obj,
+    });
+    expect((spec(pdb)['selector'] as Obj)['matchLabels']).toEqual(
+      (spec(sts)['selector'] as Obj)['matchLabels'],
+    );
+    // an external Redis gets no budget
+    const ext = renderRuntimeObjects(runtimeArgs({ redis: { mode: 'external', url: 'redis://r:6379' } }));
+    expect(ext.filter((r) => r.object.kind === 'PodDisruptionBudget').map((r) => r.role)).toEqual([
+      'api-pdb',
+    ]);
+  });
+
+  it('Prometheus scrapes every service: api, agents and gateways carry scrape annotations naming the port their /metrics is on', () => {
+    const ann = (o: Obj) =>
+      ((spec(o)['template'] as Obj)['metadata'] as Obj)['annotations'] as Record<string, string>;
+    const component = (o: Obj) =>
+      ((o['metadata'] as Obj)['labels'] as Record<string, string>)['app.kubernetes.io/component'];
+    const want: Record<string, string> = { api: '8080', agent: '8081', gateway: '15090' };
+    const seen = new Set<string>();
+    for (const w of workloads.filter((o) => component(o) !== 'redis')) {
+      const c = component(w)!;
+      seen.add(c);
+      expect(ann(w), c).toEqual({
+        'prometheus.io/scrape': 'true',
+        'prometheus.io/port': want[c],
+        'prometheus.io/path': '/metrics',
+      });
+    }
+    expect([...seen].sort()).toEqual(['agent', 'api', 'gateway']);
+    // the gateway serves /metrics on that port, on the node address
+    const g = workloads.find((o) => component(o) === 'gateway')!;
+    const genv = Object.fromEntries(
+      (containers(g)[0]!['env'] as { name: string; value?: string }[]).map((e) => [e.name, e.value]),
+    );
+    expect(genv['SPACE_GATEWAY_METRICS_PORT']).toBe('15090');
+    expect(genv['SPACE_GATEWAY_METRICS_HOST']).toBe('$(POD_IP)');
+    // and the dashboard ships as a ConfigMap for Grafana's sidecar
+    const dash = byKind('ConfigMap').find(
+      (o) => (o['metadata'] as Obj)['name'] === 'space-grafana-dashboard',
+    )!;
+    expect(((dash['metadata'] as Obj)['labels'] as Obj)['grafana_dashboard']).toBe('1');
+    expect(JSON.parse((dash['data'] as Record<string, string>)['space.json']!).uid).toBe('space-overview');
+  });
+
+  it('no workload an HPA scales sets replicas (pulumi up would reset the autoscaler)', () => {
+    for (const hpa of byKind('HorizontalPodAutoscaler')) {
+      const target = (spec(hpa)['scaleTargetRef'] as Obj)['name'];
+      const scaled = [...byKind('Deployment'), ...byKind('StatefulSet')].find(
+        (o) => (o['metadata'] as Obj)['name'] === target,
+      )!;
+      expect(scaled, String(target)).toBeDefined();
+      expect(spec(scaled)['replicas'], String(target)).toBeUndefined();
+    }
+  });
+
+  it('client-facing Services carry the cloud exposure; a router Service slots in beside the API, exposed alike', () => {
+    const exposure = {
+      annotations: { 'example.invalid/lb': 'public' },
+      loadBalancerSourceRanges: ['198.51.100.0/24'],
+    };
+    const objs = renderRuntimeObjects(args({ exposure, router: { port: 8090 } })).map((r) => r.object as Obj);
+    const svc = (name: string) =>
+      objs.find((o) => o['kind'] === 'Service' && (o['metadata'] as Obj)['name'] === name)!;
+    for (const [name, port] of [
+      ['space-api', 8080],
+      ['space-router', 8090],
+    ] as const) {
+      expect((svc(name)['metadata'] as Obj)['annotations']).toEqual(exposure.annotations);
+      expect(spec(svc(name))).toMatchObject({
+        type: 'LoadBalancer',
+        loadBalancerSourceRanges: ['198.51.100.0/24'],
+        ports: [{ port, targetPort: port }],
+      });
+    }
+    expect((spec(svc('space-router'))['selector'] as Obj)['app.kubernetes.io/component']).toBe('router');
+    // private Services never get the exposure; no router Service unless asked
+    expect((svc('space-redis')['metadata'] as Obj)['annotations']).toBeUndefined();
+    expect(byKind('Service').map((o) => (o['metadata'] as Obj)['name'])).not.toContain('space-router');
+    // a NodePort (kind) takes neither annotations nor source ranges
+    const np = renderRuntimeObjects(args({ exposure, apiServiceType: 'NodePort', apiNodePort: 30080 }))
+      .map((r) => r.object as Obj)
+      .find((o) => o['kind'] === 'Service' && (o['metadata'] as Obj)['name'] === 'space-api')!;
+    expect((np['metadata'] as Obj)['annotations']).toBeUndefined();
+    expect(spec(np)['loadBalancerSourceRanges']).toBeUndefined();
   });
 
   it('the gateway is on by default and runs on every agent node (same selector and tolerations), on the host network', () => {
@@ -265,7 +369,8 @@ describe('renderRuntimeObjects policies', () => {
           Object.values(agentSettings).map((s) => s.env),
           k,
         ).toContain(k);
-      for (const k of Object.keys(ge))
+      // POD_IP only feeds $(POD_IP) in SPACE_GATEWAY_METRICS_HOST
+      for (const k of Object.keys(ge).filter((k) => k !== 'POD_IP'))
         expect(
           Object.values(gatewaySettings).map((s) => s.env),
           k,

@@ -13,6 +13,7 @@
 import * as k8s from '@pulumi/kubernetes';
 import * as pulumi from '@pulumi/pulumi';
 import { isVmmDriver, type NodePool, POOL_LABEL } from '../node-pool.ts';
+import dashboard from '../observability/space-dashboard.json' with { type: 'json' };
 import {
   AGENT_PORT,
   API_PORT,
@@ -22,13 +23,16 @@ import {
   DEFAULT_IMAGE_REPOSITORY,
   GATEWAY_CA_DIR,
   GATEWAY_CONTROL_SOCKET,
+  GATEWAY_METRICS_PORT,
   GATEWAY_RUN_DIR,
   gatewayEnvironment,
   gatewayGuardRuleset,
   imageRef,
   KEY_DIR,
+  REDIS_PERSISTENCE,
   REDIS_PORT,
   SERVICE_COMMANDS,
+  scrapeAnnotations,
 } from '../runtime-settings.ts';
 
 type Input<T> = pulumi.Input<T>;
@@ -51,6 +55,30 @@ export type RedisArgs =
       /** `redis://[:password@]host:port[/db]`; a Pulumi secret. */
       readonly url: Input<string>;
     };
+
+/**
+ * How client-facing Services are exposed: the API's `space-api`, and the router's `space-router`
+ * when `router` is set. Each cloud applies client source ranges its own way, so the cloud module
+ * fills this (see `providers/<cloud>`): CoreWeave honours `loadBalancerSourceRanges` on a Service
+ * annotated public; Linode's cloud controller ignores that field and reads a firewall ACL
+ * annotation instead.
+ */
+export interface PublicExposure {
+  /** Service type. Default `LoadBalancer` (the cloud makes a load balancer). */
+  readonly serviceType?: 'LoadBalancer' | 'NodePort' | 'ClusterIP';
+  /** Annotations the cloud's load-balancer controller reads (public address, access list). Default none. */
+  readonly annotations?: Readonly<Record<string, string>>;
+  /** `spec.loadBalancerSourceRanges`, only for controllers documented to honour it. Default none. */
+  readonly loadBalancerSourceRanges?: readonly string[];
+}
+
+/** A client-facing Service the component renders besides the API's (the router, when it exists). */
+export interface PublicServiceArgs {
+  /** TCP port of the Service and of the pods. */
+  readonly port: number;
+  /** Fixed node port when the exposure is `NodePort`. Default: any. */
+  readonly nodePort?: number;
+}
 
 /** Arguments of {@link Runtime}. */
 export interface RuntimeArgs {
@@ -76,6 +104,14 @@ export interface RuntimeArgs {
   readonly apiServiceType?: 'LoadBalancer' | 'NodePort' | 'ClusterIP';
   /** Fixed node port of the API when `apiServiceType` is `NodePort` (kind maps it to the host). Default: any. */
   readonly apiNodePort?: number;
+  /** Cloud annotations and source ranges of every client-facing Service. Default none. */
+  readonly exposure?: Omit<PublicExposure, 'serviceType'>;
+  /**
+   * The router's client-facing Service (`space-router`, selecting pods labelled
+   * `app.kubernetes.io/component=router`), exposed like the API. Default none: the router
+   * (runtime/router) brings its workload; this is the slot its Service takes.
+   */
+  readonly router?: PublicServiceArgs;
   /** Seconds an agent may take to stop (its drain budget). Grace period = this + 30 s. Default 120. */
   readonly agentDrainSeconds?: number;
   /**
@@ -265,8 +301,7 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
                 name: 'redis',
                 image: a.redis.image ?? 'redis:7.4-alpine',
                 args: [
-                  '--appendonly',
-                  'yes',
+                  ...REDIS_PERSISTENCE.flatMap(([k, v]) => [`--${k}`, v]),
                   '--requirepass',
                   '$(REDIS_PASSWORD)',
                   '--port',
@@ -312,6 +347,16 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
       },
     };
     add('redis-svc', svc);
+    // one Redis (no replica to fail over to; docs/deployment.md "Redis"): a voluntary eviction
+    // (node drain, cluster upgrade) must not take it down behind the operator's back. A drain then
+    // waits until the operator moves it deliberately (backup, then delete the pod).
+    const redisPdb: k8s.types.input.policy.v1.PodDisruptionBudget = {
+      apiVersion: 'policy/v1',
+      kind: 'PodDisruptionBudget',
+      metadata: { name: 'space-redis', namespace: ns, labels: sel },
+      spec: { maxUnavailable: 0, selector: { matchLabels: sel } },
+    };
+    add('redis-pdb', redisPdb);
   }
 
   // ---- API
@@ -321,12 +366,14 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
     kind: 'Deployment',
     metadata: { name: 'space-api', namespace: ns, labels: { ...apiSel, ...version } },
     spec: {
-      replicas: d.apiReplicas,
+      // no `replicas`: the HPA owns the count (minReplicas = apiReplicas). A replicas field here
+      // would reset the Deployment to it on every `pulumi up`, fighting the autoscaler
+      // (kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/#migrating-deployments-and-statefulsets-to-horizontal-autoscaling)
       selector: { matchLabels: apiSel },
       // a new pod is ready before an old one goes: the API never drops below its replica count
       strategy: { type: 'RollingUpdate', rollingUpdate: { maxUnavailable: 0, maxSurge: 1 } },
       template: {
-        metadata: { labels: { ...apiSel, ...version } },
+        metadata: { labels: { ...apiSel, ...version }, annotations: scrapeAnnotations(API_PORT) },
         spec: {
           serviceAccountName: 'space-api',
           automountServiceAccountToken: false,
@@ -372,25 +419,18 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
     },
   };
   add('api', apiDeployment);
-  const apiService: k8s.types.input.core.v1.Service = {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { name: 'space-api', namespace: ns, labels: apiSel },
-    spec: {
-      type: d.apiServiceType,
-      selector: apiSel,
-      ports: [
-        {
-          name: 'http',
-          port: API_PORT,
-          targetPort: API_PORT,
-          protocol: 'TCP',
-          ...(d.apiServiceType === 'NodePort' && a.apiNodePort ? { nodePort: a.apiNodePort } : {}),
-        },
-      ],
-    },
-  };
-  add('api-svc', apiService);
+  const exposure: PublicExposure = { serviceType: d.apiServiceType, ...a.exposure };
+  add(
+    'api-svc',
+    publicService(
+      ns,
+      'space-api',
+      apiSel,
+      { port: API_PORT, ...(a.apiNodePort ? { nodePort: a.apiNodePort } : {}) },
+      exposure,
+    ),
+  );
+  if (a.router) add('router-svc', publicService(ns, 'space-router', labels('router'), a.router, exposure));
   const hpa: k8s.types.input.autoscaling.v2.HorizontalPodAutoscaler = {
     apiVersion: 'autoscaling/v2',
     kind: 'HorizontalPodAutoscaler',
@@ -474,7 +514,58 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
     };
     add('netpol-redis', redisIngress);
   }
+
+  // the Grafana dashboard, for Grafana's sidecar (it loads ConfigMaps labelled grafana_dashboard)
+  const dash: k8s.types.input.core.v1.ConfigMap = {
+    apiVersion: 'v1',
+    kind: 'ConfigMap',
+    metadata: {
+      name: 'space-grafana-dashboard',
+      namespace: ns,
+      labels: { ...labels('observability'), grafana_dashboard: '1' },
+    },
+    data: { 'space.json': JSON.stringify(dashboard) },
+  };
+  add('grafana-dashboard', dash);
   return out;
+}
+
+/** A client-facing Service (`space-api`, `space-router`) with the cloud's exposure. Pure. */
+export function publicService(
+  namespace: string,
+  name: string,
+  selector: Record<string, string>,
+  svc: PublicServiceArgs,
+  exposure: PublicExposure,
+): k8s.types.input.core.v1.Service {
+  const type = exposure.serviceType ?? 'LoadBalancer';
+  const lb = type === 'LoadBalancer';
+  return {
+    apiVersion: 'v1',
+    kind: 'Service',
+    metadata: {
+      name,
+      namespace,
+      labels: selector,
+      ...(lb && exposure.annotations ? { annotations: { ...exposure.annotations } } : {}),
+    },
+    spec: {
+      type,
+      selector,
+      ...(lb && exposure.loadBalancerSourceRanges?.length
+        ? { loadBalancerSourceRanges: [...exposure.loadBalancerSourceRanges] }
+        : {}),
+      ports: [
+        {
+          name: 'http',
+          port: svc.port,
+          targetPort: svc.port,
+          protocol: 'TCP',
+          ...(type === 'NodePort' && svc.nodePort ? { nodePort: svc.nodePort } : {}),
+        },
+      ],
+    },
+  };
 }
 
 function agentDaemonSet(
@@ -504,7 +595,11 @@ function agentDaemonSet(
       updateStrategy: { type: 'RollingUpdate', rollingUpdate: { maxUnavailable: 1, maxSurge: 0 } },
       minReadySeconds: 10,
       template: {
-        metadata: { labels: { ...sel, 'app.kubernetes.io/version': a.version } },
+        metadata: {
+          labels: { ...sel, 'app.kubernetes.io/version': a.version },
+          // /metrics is on the data-plane port
+          annotations: scrapeAnnotations(AGENT_PORT),
+        },
         spec: {
           serviceAccountName: 'space-agent',
           automountServiceAccountToken: false,
@@ -610,7 +705,7 @@ function gatewayDaemonSet(
       updateStrategy: { type: 'RollingUpdate', rollingUpdate: { maxUnavailable: 1, maxSurge: 0 } },
       minReadySeconds: 5,
       template: {
-        metadata: { labels: { ...sel, ...version } },
+        metadata: { labels: { ...sel, ...version }, annotations: scrapeAnnotations(GATEWAY_METRICS_PORT) },
         spec: {
           serviceAccountName: 'space-gateway',
           automountServiceAccountToken: false,
@@ -643,6 +738,9 @@ function gatewayDaemonSet(
               command: [...SERVICE_COMMANDS.gateway],
               // Redis: the gateway reads credential values itself; the node CIDRs join its deny set (E7)
               env: [
+                // the metrics listener binds the node's address (host network), not every interface
+                { name: 'POD_IP', valueFrom: { fieldRef: { fieldPath: 'status.podIP' } } },
+                { name: 'SPACE_GATEWAY_METRICS_HOST', value: '$(POD_IP)' },
                 ...env({
                   ...(d.nodeCidrs.length > 0 ? { SPACE_GATEWAY_NODE_CIDRS: d.nodeCidrs.join(',') } : {}),
                   ...gatewayEnvironment({

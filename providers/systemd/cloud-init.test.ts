@@ -181,10 +181,30 @@ describe('cloud-init for the systemd (vm) mode', () => {
     ).toBeUndefined();
   });
 
-  it('the shell-script form is valid POSIX sh', () => {
-    const script = toShellScript(agent('0.1.0', true));
-    execFileSync('sh', ['-n'], { input: script });
-    expect(script).toContain("cat > /etc/systemd/system/space-agent.service <<'SPACE_EOF_");
+  it('the shell-script form is bash (Crusoe requires #!/bin/bash), parses, and is ASCII only', () => {
+    for (const plan of [agent('0.1.0', true), agent('0.1.0', false), control()]) {
+      const script = toShellScript(plan);
+      expect(script.startsWith('#!/bin/bash\n')).toBe(true);
+      execFileSync('bash', ['-n'], { input: script });
+      expect(script).toMatch(/^[\x20-\x7e\n\t]*$/);
+    }
+    expect(toShellScript(agent())).toContain("cat > /etc/systemd/system/space-agent.service <<'SPACE_EOF_");
+  });
+
+  it('a non-ASCII character (an operator setting) is refused when the script is rendered, naming its line', () => {
+    const plan = controlPlan({ ...common, apiEnv: { SPACE_LOG_LEVEL: 'd\u00e9bug' } });
+    expect(() => toShellScript(plan)).toThrow(/"\u00e9" on line \d+ is not printable ASCII/);
+  });
+
+  it('the control VM closes Redis at every boot with a unit (a first-boot command would not survive a reboot)', () => {
+    const plan = control();
+    expect(file(plan, '/etc/systemd/system/space-control-guard.service')).toContain(
+      'ExecStart=/usr/sbin/nft -f /etc/nftables.d/space-control.nft',
+    );
+    expect(plan.commands).toContain('systemctl enable --now space-control-guard.service');
+    expect(plan.commands.some((c) => c.startsWith('nft '))).toBe(false);
+    // re-applying the table replaces it
+    expect(file(plan, '/etc/nftables.d/space-control.nft')).toContain('delete table inet space_control');
   });
 
   it('upgrade: bumping the version changes only the image tag', () => {

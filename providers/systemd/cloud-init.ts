@@ -38,6 +38,7 @@ import {
   gatewayGuardRuleset,
   imageRef,
   KEY_DIR,
+  REDIS_PERSISTENCE,
   REDIS_PORT,
   SERVICE_COMMANDS,
   SIGNING_KEY_FILE,
@@ -160,7 +161,7 @@ function upgradeScript(a: VmCommonArgs, units: string[]): VmFile {
     mode: '0755',
     content: [
       '#!/bin/sh',
-      '# usage: space-upgrade <version> — pulls the image, then restarts the SPACE units one by one',
+      '# usage: space-upgrade <version> - pulls the image, then restarts the SPACE units one by one',
       'set -eu',
       // biome-ignore lint/suspicious/noTemplateCurlyInString: shell parameter expansion, not a template
       'v="${1:?usage: space-upgrade <version>}"',
@@ -193,7 +194,7 @@ export function controlPlan(a: ControlArgs): VmPlan {
           // the agents reach Redis over the private network; nftables and the cloud firewall close it otherwise
           'bind 0.0.0.0',
           'protected-mode no',
-          'appendonly yes',
+          ...REDIS_PERSISTENCE.map(([k, v]) => `${k} ${v}`),
           '',
         ].join('\n'),
       },
@@ -201,12 +202,35 @@ export function controlPlan(a: ControlArgs): VmPlan {
         path: '/etc/nftables.d/space-control.nft',
         mode: '0644',
         content: [
+          // idempotent: `nft -f` replaces the table instead of adding a second copy of the rule
+          'table inet space_control',
+          'delete table inet space_control',
           'table inet space_control {',
           '  chain input {',
           '    type filter hook input priority 0; policy accept;',
           `    tcp dport ${REDIS_PORT} ip saddr != { 127.0.0.0/8, ${a.privateCidr} } drop`,
           '  }',
           '}',
+          '',
+        ].join('\n'),
+      },
+      {
+        // nftables tables vanish at reboot and runcmd / a guarded startup script runs once: the
+        // guard is a boot unit, ordered before Redis listens
+        path: '/etc/systemd/system/space-control-guard.service',
+        mode: '0644',
+        content: [
+          '[Unit]',
+          'Description=SPACE control VM: Redis only from loopback and the private network',
+          'Before=redis-server.service',
+          '',
+          '[Service]',
+          'Type=oneshot',
+          'RemainAfterExit=yes',
+          'ExecStart=/usr/sbin/nft -f /etc/nftables.d/space-control.nft',
+          '',
+          '[Install]',
+          'WantedBy=multi-user.target',
           '',
         ].join('\n'),
       },
@@ -257,10 +281,10 @@ export function controlPlan(a: ControlArgs): VmPlan {
     commands: [
       `mkdir -p /var/lib/space/api ${KEY_DIR}`,
       'grep -q "redis.conf.d" /etc/redis/redis.conf || echo "include /etc/redis/redis.conf.d/*.conf" >> /etc/redis/redis.conf',
-      'nft -f /etc/nftables.d/space-control.nft',
+      'systemctl daemon-reload',
+      'systemctl enable --now space-control-guard.service',
       'systemctl restart redis-server',
       'podman pull "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"',
-      'systemctl daemon-reload',
       'systemctl enable --now space-keys.service space-api.service',
     ],
   };
@@ -441,12 +465,29 @@ export function toCloudConfig(plan: VmPlan): string {
   return `#cloud-config\n${stringify(doc, { lineWidth: 0 })}`;
 }
 
-/** The plan as one POSIX shell script (for clouds without cloud-init, e.g. Crusoe `startup_script`). */
+/** Marker the startup script leaves once the VM is provisioned (see {@link toShellScript}). */
+export const PROVISIONED_MARKER = '/var/lib/space/provisioned';
+
+/**
+ * The plan as one bash script, for clouds without cloud-init (Crusoe `startup_script`). Crusoe
+ * runs startup scripts at **every boot**, requires them to start with `#!/bin/bash` and to be
+ * ASCII only (Crusoe docs, "startup scripts"; clouds.md "Checked against the real APIs"). So:
+ * - a non-ASCII character anywhere (an operator setting, a comment) is refused here, at render time;
+ * - the script provisions once and leaves {@link PROVISIONED_MARKER}; at every later boot it exits
+ *   at once. Re-running it would rewrite `/etc/space/image.env` and so rewind an in-place upgrade
+ *   (`space-upgrade`) to the version the VM was created with. What must happen at every boot is a
+ *   systemd unit (the firewall guards, the services), never a line of this script.
+ */
 export function toShellScript(plan: VmPlan): string {
   const lines = [
-    '#!/bin/sh',
-    '# SPACE first-boot script (rendered by providers/systemd/cloud-init.ts)',
-    'set -eu',
+    '#!/bin/bash',
+    '# SPACE provisioning script (rendered by providers/systemd/cloud-init.ts).',
+    '# Runs at every boot; provisions once. Boot-time work lives in systemd units.',
+    'set -euo pipefail',
+    `if [ -e ${PROVISIONED_MARKER} ]; then`,
+    '  echo "space: provisioned already; nothing to do at this boot"',
+    '  exit 0',
+    'fi',
   ];
   lines.push(
     'export DEBIAN_FRONTEND=noninteractive',
@@ -463,8 +504,21 @@ export function toShellScript(plan: VmPlan): string {
       `chmod ${f.mode} ${f.path}`,
     );
   });
-  lines.push(...plan.commands, '');
-  return lines.join('\n');
+  lines.push(
+    ...plan.commands,
+    `mkdir -p "$(dirname ${PROVISIONED_MARKER})"`,
+    `touch ${PROVISIONED_MARKER}`,
+    '',
+  );
+  const script = lines.join('\n');
+  const bad = [...script].findIndex((c) => c.charCodeAt(0) > 0x7e || (c < ' ' && c !== '\n' && c !== '\t'));
+  if (bad >= 0) {
+    const line = script.slice(0, bad).split('\n').length;
+    throw new Error(
+      `startup script: character ${JSON.stringify(script[bad])} on line ${line} is not printable ASCII (Crusoe accepts ASCII only)`,
+    );
+  }
+  return script;
 }
 
 /** Every port a role listens on publicly (for the firewall tests): API on control, data plane on agents. */

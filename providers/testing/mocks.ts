@@ -78,6 +78,25 @@ function fakeState(type: string, name: string, inputs: Record<string, unknown>):
           })),
         })),
       };
+    case 'pulumi-nodejs:dynamic/crusoe:Instance':
+      // the API chooses the private address (computed): a created VM reports it
+      return {
+        ...inputs,
+        resource: {
+          id: `vm-${n}`,
+          name: inputs['name'],
+          network_interfaces: [
+            {
+              ips: [
+                {
+                  private_ipv4: { address: `10.77.128.${n % 250}` },
+                  public_ipv4: { address: `203.0.113.${n % 250}` },
+                },
+              ],
+            },
+          ],
+        },
+      };
     case 'linode:index/nodeBalancer:NodeBalancer':
       return { ...inputs, ipv4: '198.51.100.10', hostname: `nb-${n}.example.invalid` };
     default:

@@ -36,10 +36,15 @@ export const gatewaySettings = {
   ),
   metricsPort: setting.int(
     'SPACE_GATEWAY_METRICS_PORT',
-    'If not 0, also serve /metrics on 127.0.0.1 at this port.',
+    'If not 0, also serve /metrics at this port on SPACE_GATEWAY_METRICS_HOST.',
     0,
     0,
     65535,
+  ),
+  metricsHost: setting.string(
+    'SPACE_GATEWAY_METRICS_HOST',
+    'Address the /metrics listener binds (a deployment sets the node address so Prometheus can scrape it).',
+    '127.0.0.1',
   ),
   upstreamDns: setting.string(
     'SPACE_GATEWAY_UPSTREAM_DNS',

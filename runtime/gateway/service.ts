@@ -1,6 +1,6 @@
 /**
  * The gateway service: config → logger → deps → servers → listen (DNS udp+tcp, HTTP, TLS on
- * `bindHost`; control API on a 0600 Unix socket; optional metrics on 127.0.0.1). `close()` stops
+ * `bindHost`; control API on a 0600 Unix socket; optional metrics on `metricsHost`, 127.0.0.1 by default). `close()` stops
  * accepting, closes every proxied connection and removes the socket.
  */
 import { mkdir, readFile, rm } from 'node:fs/promises';
@@ -92,7 +92,7 @@ export async function startGateway(
         .metrics()
         .then((text) => res.writeHead(200, { 'content-type': registry.contentType }).end(text));
     });
-    metricsPort = await listenTcp(metricsServer, config.metricsPort, '127.0.0.1');
+    metricsPort = await listenTcp(metricsServer, config.metricsPort, config.metricsHost);
   }
   log.info(
     { dnsPort, httpPort, tlsPort, metricsPort, controlSocket: config.controlSocket },
