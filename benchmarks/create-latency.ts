@@ -21,9 +21,8 @@ import { execFileSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { Command } from 'commander';
-import { createParser } from 'eventsource-parser';
-import { request } from 'undici';
 import { resolveEndpoint } from '../runtime/cli/local.ts';
+import { benchClient } from './api.ts';
 
 interface Opts {
   n: string;
@@ -50,44 +49,7 @@ const program = new Command('create-latency')
 const opts = program.opts<Opts>();
 const ep = resolveEndpoint({ apiUrl: opts.target, apiKey: opts.apiKey });
 
-async function api<T>(method: string, path: string, body?: unknown): Promise<T> {
-  const res = await request(`${ep.apiUrl}${path}`, {
-    method: method as 'GET',
-    headers: {
-      authorization: `Bearer ${ep.apiKey}`,
-      ...(body ? { 'content-type': 'application/json' } : {}),
-    },
-    body: body ? JSON.stringify(body) : undefined,
-  });
-  const text = await res.body.text();
-  if (res.statusCode >= 400) throw new Error(`${method} ${path}: ${res.statusCode} ${text}`);
-  return (text ? JSON.parse(text) : {}) as T;
-}
-
-/** ms from t0 until the stream's first stdout event, and until its exit event. */
-async function stream(url: string, token: string, t0: number): Promise<{ first: number; exit: number }> {
-  const res = await request(url, { headers: { authorization: `Bearer ${token}` } });
-  let first = Number.NaN;
-  let exit = Number.NaN;
-  const parser = createParser({
-    onEvent: (e) => {
-      if (e.event === 'stdout' && Number.isNaN(first)) first = performance.now() - t0;
-      if (e.event === 'exit') exit = performance.now() - t0;
-    },
-  });
-  const dec = new TextDecoder();
-  for await (const chunk of res.body) parser.feed(dec.decode(chunk as Buffer, { stream: true }));
-  return { first, exit };
-}
-
-async function waitOp(id: string): Promise<void> {
-  for (let i = 0; i < 60; i++) {
-    const op = await api<{ state: string; error: unknown }>('GET', `/v1/operations/${id}?waitMs=10000`);
-    if (op.state === 'succeeded') return;
-    if (op.state === 'failed') throw new Error(`operation failed: ${JSON.stringify(op.error)}`);
-  }
-  throw new Error('operation did not finish');
-}
+const { api, waitOp, streamTimes: stream } = benchClient(ep);
 
 async function warmSlots(): Promise<number> {
   const { nodes } = await api<{ nodes: { alive: boolean; warm: Record<string, number> }[] }>(

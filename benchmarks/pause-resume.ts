@@ -27,13 +27,12 @@ import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Command } from 'commander';
-import { createParser } from 'eventsource-parser';
-import { request } from 'undici';
 import { directoryImage } from '../runtime/agent/images.ts';
 import { SandboxNetworks } from '../runtime/agent/network.ts';
 import { buildTemplate } from '../runtime/agent/templates.ts';
 import { resolveEndpoint } from '../runtime/cli/local.ts';
 import { TEST_CACHE_DIR } from '../test/cache-dir.ts';
+import { benchClient } from './api.ts';
 import { measureGvisor, median } from './gvisor-lib.ts';
 
 interface Opts {
@@ -57,28 +56,7 @@ const ep = resolveEndpoint({ apiUrl: opts.target, apiKey: opts.apiKey });
 const n = Number(opts.n);
 if (!Number.isInteger(n) || n < 1) throw new Error('--n takes a positive integer');
 
-async function api<T>(method: string, path: string, body?: unknown): Promise<T> {
-  const res = await request(`${ep.apiUrl}${path}`, {
-    method: method as 'GET',
-    headers: {
-      authorization: `Bearer ${ep.apiKey}`,
-      ...(body ? { 'content-type': 'application/json' } : {}),
-    },
-    body: body ? JSON.stringify(body) : undefined,
-  });
-  const text = await res.body.text();
-  if (res.statusCode >= 400) throw new Error(`${method} ${path}: ${res.statusCode} ${text}`);
-  return (text ? JSON.parse(text) : {}) as T;
-}
-
-async function waitOp(id: string): Promise<void> {
-  for (let i = 0; i < 20; i++) {
-    const op = await api<{ state: string; error: unknown }>('GET', `/v1/operations/${id}?waitMs=30000`);
-    if (op.state === 'succeeded') return;
-    if (op.state === 'failed') throw new Error(`operation ${id} failed: ${JSON.stringify(op.error)}`);
-  }
-  throw new Error(`operation ${id} did not finish`);
-}
+const { api, waitOp, streamTimes } = benchClient(ep);
 
 /** ms from the POST to the operation's success. */
 async function timedOp(path: string, body?: unknown): Promise<number> {
@@ -88,23 +66,14 @@ async function timedOp(path: string, body?: unknown): Promise<number> {
   return performance.now() - t0;
 }
 
-/** ms from POST /commands until the first stdout event. */
+/** ms from POST /commands (`echo x`) until the first stdout event. */
 async function firstOutput(id: string): Promise<number> {
   const t0 = performance.now();
   const res = await api<{ stream: { url: string; token: string } }>('POST', `/v1/sandboxes/${id}/commands`, {
     cmd: 'echo',
     args: ['x'],
   });
-  const s = await request(res.stream.url, { headers: { authorization: `Bearer ${res.stream.token}` } });
-  let first = Number.NaN;
-  const parser = createParser({
-    onEvent: (e) => {
-      if (e.event === 'stdout' && Number.isNaN(first)) first = performance.now() - t0;
-    },
-  });
-  const dec = new TextDecoder();
-  for await (const chunk of s.body) parser.feed(dec.decode(chunk as Buffer, { stream: true }));
-  return first;
+  return (await streamTimes(res.stream.url, res.stream.token, t0)).first;
 }
 
 const samples: Record<string, number[]> = {};

@@ -93,6 +93,29 @@ export interface LocalSandbox {
   credentials: CredentialGrant[];
 }
 
+/** A running sandbox of request `req` on instance `inst`, with nothing open yet. Pure. */
+function localSandbox(
+  req: Pick<CreateSandbox, 'sandboxId' | 'sessionId' | 'template' | 'egress' | 'credentials'>,
+  inst: InstanceInfo,
+  guest: GuestClient,
+  source: InstanceSource,
+): LocalSandbox {
+  return {
+    id: req.sandboxId,
+    sessionId: req.sessionId,
+    template: req.template,
+    instance: inst,
+    guest,
+    source,
+    commands: new Map(),
+    streams: 0,
+    guestCalls: 0,
+    paused: null,
+    egress: req.egress,
+    credentials: req.credentials,
+  };
+}
+
 /** Whether an instance's guest daemon answers /health (the ground truth of "alive"). */
 async function guestAnswers(inst: InstanceInfo): Promise<boolean> {
   const g = new GuestClient(inst.guest);
@@ -446,20 +469,7 @@ export class SandboxManager {
         createdAt: Date.now(),
       };
       await writeFile(join(dir, 'sandbox.json'), JSON.stringify(rec), { mode: 0o600 });
-      const sb: LocalSandbox = {
-        id: req.sandboxId,
-        sessionId: req.sessionId,
-        template: req.template,
-        instance: inst,
-        guest: new GuestClient(inst.guest),
-        source: file.source,
-        commands: new Map(),
-        streams: 0,
-        guestCalls: 0,
-        paused: null,
-        egress: req.egress,
-        credentials: req.credentials,
-      };
+      const sb = localSandbox(req, inst, new GuestClient(inst.guest), file.source);
       await this.#applyEgress(sb.id, inst, sb.egress, sb.credentials);
       this.#o.activity?.track(sb.id, { reported: 'paused' });
       await this.#adoptCommands(sb);
@@ -711,20 +721,7 @@ export class SandboxManager {
       if (this.#tombstones.has(req.sandboxId)) {
         throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox ${req.sandboxId} was deleted while being created`);
       }
-      const sb: LocalSandbox = {
-        id: req.sandboxId,
-        sessionId: req.sessionId,
-        template: req.template,
-        instance: inst,
-        guest: guest!,
-        source,
-        commands: new Map(),
-        streams: 0,
-        guestCalls: 0,
-        paused: null,
-        egress: req.egress,
-        credentials: req.credentials,
-      };
+      const sb = localSandbox(req, inst, guest!, source);
       // The policy must be in force before the sandbox is visible as created: its CIDR rules and its
       // gateway registration (DNS/80/443 of an unregistered source are refused). Without this a new
       // sandbox had no egress until a PATCH or the watchdog's next pass, and CIDR rules never applied
@@ -872,20 +869,13 @@ export class SandboxManager {
         continue;
       }
       instances.delete(inst.instanceId);
-      const sb: LocalSandbox = {
-        id,
-        sessionId: rec.req.sessionId,
-        template: rec.req.template,
-        instance: inst,
-        guest: new GuestClient(inst.guest),
-        source: rec.source ?? (rec.fromWarmPool ? 'warm' : 'boot'),
-        commands: new Map(),
-        streams: 0,
-        guestCalls: 0,
-        paused: listed?.state === 'paused' ? 'frozen' : null,
-        egress: rec.req.egress,
-        credentials: rec.req.credentials ?? [],
-      };
+      const sb = localSandbox(
+        { ...rec.req, sandboxId: id, credentials: rec.req.credentials ?? [] },
+        inst,
+        new GuestClient(inst.guest),
+        rec.source ?? (rec.fromWarmPool ? 'warm' : 'boot'),
+      );
+      sb.paused = listed?.state === 'paused' ? 'frozen' : null;
       await this.#applyEgress(id, inst, sb.egress, sb.credentials);
       // the previous agent's open interval is closed by this agent's first report
       this.#o.activity?.track(id, { paused: sb.paused !== null, reported: sb.paused ? 'paused' : null });

@@ -1,0 +1,61 @@
+/**
+ * The HTTP side every API benchmark shares: JSON calls with the API key, waiting for an operation,
+ * and timing an SSE command stream. Uses undici and eventsource-parser, as clients would.
+ */
+import { createParser } from 'eventsource-parser';
+import { request } from 'undici';
+
+/** A benchmark's view of one SPACE endpoint. */
+export interface BenchClient {
+  /** Calls the API; throws with the status and body on HTTP ≥ 400. */
+  api<T>(method: string, path: string, body?: unknown): Promise<T>;
+  /** Long-polls operation `id` until it succeeded; throws when it failed or did not finish. */
+  waitOp(id: string): Promise<void>;
+  /**
+   * Reads an SSE command stream to its end; returns ms from `t0` (a `performance.now()` value) to
+   * its first stdout event and to its exit event (NaN when absent).
+   */
+  streamTimes(url: string, token: string, t0: number): Promise<{ first: number; exit: number }>;
+}
+
+/** A client for the API at `apiUrl` with `apiKey`. */
+export function benchClient(ep: { apiUrl: string; apiKey: string }): BenchClient {
+  async function api<T>(method: string, path: string, body?: unknown): Promise<T> {
+    const res = await request(`${ep.apiUrl}${path}`, {
+      method: method as 'GET',
+      headers: {
+        authorization: `Bearer ${ep.apiKey}`,
+        ...(body ? { 'content-type': 'application/json' } : {}),
+      },
+      body: body ? JSON.stringify(body) : undefined,
+    });
+    const text = await res.body.text();
+    if (res.statusCode >= 400) throw new Error(`${method} ${path}: ${res.statusCode} ${text}`);
+    return (text ? JSON.parse(text) : {}) as T;
+  }
+  return {
+    api,
+    async waitOp(id) {
+      for (let i = 0; i < 60; i++) {
+        const op = await api<{ state: string; error: unknown }>('GET', `/v1/operations/${id}?waitMs=10000`);
+        if (op.state === 'succeeded') return;
+        if (op.state === 'failed') throw new Error(`operation ${id} failed: ${JSON.stringify(op.error)}`);
+      }
+      throw new Error(`operation ${id} did not finish`);
+    },
+    async streamTimes(url, token, t0) {
+      const res = await request(url, { headers: { authorization: `Bearer ${token}` } });
+      let first = Number.NaN;
+      let exit = Number.NaN;
+      const parser = createParser({
+        onEvent: (e) => {
+          if (e.event === 'stdout' && Number.isNaN(first)) first = performance.now() - t0;
+          if (e.event === 'exit') exit = performance.now() - t0;
+        },
+      });
+      const dec = new TextDecoder();
+      for await (const chunk of res.body) parser.feed(dec.decode(chunk as Buffer, { stream: true }));
+      return { first, exit };
+    },
+  };
+}
