@@ -1,0 +1,110 @@
+/**
+ * Operations against a real Redis: an operation ends once (F3), a run that was reclaimed cannot
+ * overwrite the newer run's outcome, and a worker that is still running an operation keeps it —
+ * another worker takes it over only once the owner stopped renewing its claim.
+ */
+import { Redis } from 'ioredis';
+import pino from 'pino';
+import { afterAll, beforeEach, describe, expect, inject, it } from 'vitest';
+import { SpaceError } from '../core/errors.ts';
+import { keys, OPERATION_GROUP } from '../core/redis-keys.ts';
+import type { OperationKind } from '../core/types.ts';
+import { type OperationHandler, OperationStore, OperationWorker } from './operations.ts';
+
+const url = inject('redisUrl');
+const redis = new Redis(url, { db: 6 });
+const store = new OperationStore(redis);
+const log = pino({ level: 'silent' });
+afterAll(() => redis.disconnect());
+beforeEach(async () => {
+  await redis.flushdb();
+});
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+function worker(handler: OperationHandler, reclaimIdleMs: number): OperationWorker {
+  const handlers = new Proxy({} as Record<OperationKind, OperationHandler>, { get: () => handler });
+  return new OperationWorker({
+    connection: new Redis(url, { db: 6 }),
+    store,
+    handlers,
+    log,
+    concurrency: 4,
+    reclaimIdleMs,
+  });
+}
+
+describe('operations end once', () => {
+  it('f3-finished-never-changes: a finished operation keeps its first outcome', async () => {
+    const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaaa');
+    const run = await store.start(op.id, 'w1');
+    expect(run).toBe(1);
+    expect(await store.finish(op.id, run!, 'succeeded')).toBe(true);
+    expect(await store.finish(op.id, run!, 'failed', new SpaceError('NODE_UNAVAILABLE', 'late'))).toBe(false);
+    expect(await store.start(op.id, 'w2')).toBeNull();
+    expect(await store.get(op.id)).toMatchObject({ state: 'succeeded', error: null });
+  });
+
+  it('f3-fenced-run: a run that was taken over cannot decide the outcome', async () => {
+    const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaab');
+    const first = await store.start(op.id, 'w1');
+    const second = await store.start(op.id, 'w2');
+    expect(second).toBe(first! + 1);
+    expect(await store.finish(op.id, first!, 'failed', new SpaceError('NODE_UNAVAILABLE', 'timed out'))).toBe(
+      false,
+    );
+    expect((await store.get(op.id))?.state).toBe('running');
+    expect(await store.finish(op.id, second!, 'succeeded')).toBe(true);
+    expect((await store.get(op.id))?.state).toBe('succeeded');
+  });
+
+  it('f3-no-reclaim-while-owner-works: a slow run is not run again by another worker', async () => {
+    let runs = 0;
+    let release: () => void = () => {};
+    const gate = new Promise<void>((r) => (release = r));
+    const slow: OperationHandler = async () => {
+      runs += 1;
+      await gate;
+    };
+    // idle time far below how long the handler takes: without lease renewal the entry is reclaimed
+    const a = worker(slow, 300);
+    await a.start();
+    const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaac');
+    for (let i = 0; i < 100 && runs === 0; i++) await sleep(20);
+    expect(runs).toBe(1);
+    const b = worker(slow, 300);
+    await b.start();
+    await sleep(1500); // five reclaim periods
+    expect(runs).toBe(1);
+    release();
+    await a.stop();
+    await b.stop();
+    expect((await store.get(op.id))?.state).toBe('succeeded');
+  });
+
+  it('reclaims the operation of a worker that died holding it', async () => {
+    await redis.xgroup('CREATE', keys.operationQueue(), OPERATION_GROUP, '0', 'MKSTREAM');
+    const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaad');
+    // a worker that read the entry, started a run and died: nobody renews its claim
+    await redis.xreadgroup(
+      'GROUP',
+      OPERATION_GROUP,
+      'dead',
+      'COUNT',
+      1,
+      'STREAMS',
+      keys.operationQueue(),
+      '>',
+    );
+    await store.start(op.id, 'dead');
+    let runs = 0;
+    const b = worker(async () => {
+      runs += 1;
+    }, 300);
+    await b.start();
+    for (let i = 0; i < 100 && (await store.get(op.id))?.state !== 'succeeded'; i++) await sleep(50);
+    await b.stop();
+    expect(runs).toBe(1);
+    expect(await store.get(op.id)).toMatchObject({ state: 'succeeded' });
+  });
+});
