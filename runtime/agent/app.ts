@@ -11,6 +11,7 @@ import { acceptEmptyBodies, installErrorHandlers } from '../core/http-errors.ts'
 import type { VerifyKey } from '../core/tokens.ts';
 import { installValidators } from '../core/validation.ts';
 import type { AgentConfig } from './config.ts';
+import type { AgentReconciler } from './reconcile.ts';
 import { dataPlaneRoutes } from './routes/data-plane.ts';
 import { internalRoutes } from './routes/internal.ts';
 import type { SandboxManager } from './sandboxes.ts';
@@ -23,6 +24,8 @@ export interface AgentDeps {
   verifyKey: VerifyKey;
   sandboxes: SandboxManager;
   warm: WarmPool | null;
+  /** The node's reconciliation with the control plane (its counter is served at /metrics). */
+  reconciler?: AgentReconciler;
 }
 
 /** Builds the agent app (not listening). */
@@ -57,6 +60,8 @@ export async function buildAgentApp(deps: AgentDeps): Promise<FastifyInstance> {
       for (const [t, n] of Object.entries(deps.warm?.counts() ?? {})) this.set({ template: t }, n);
     },
   });
+
+  if (deps.reconciler) registry.registerMetric(deps.reconciler.metric);
 
   app.get('/healthz', async () => ({ ok: true }));
   app.get('/readyz', async () => ({ ok: true, sandboxes: deps.sandboxes.size }));
