@@ -56,6 +56,12 @@ export const apiSettings = {
     60_000,
     100,
   ),
+  nodeLostGraceMs: setting.int(
+    'SPACE_NODE_LOST_GRACE_MS',
+    'How long a node may miss heartbeats (an agent restart, a rolling upgrade) before its sandboxes are declared lost and the node is fenced, ms (2 min).',
+    120_000,
+    1000,
+  ),
   reaperIntervalMs: setting.int(
     'SPACE_REAPER_INTERVAL_MS',
     'How often expired sandboxes are collected, ms.',
