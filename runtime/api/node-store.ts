@@ -103,6 +103,14 @@ export class NodeStore {
   }
 }
 
+/**
+ * Templates some registered node has built, alive or not (a node that stopped heartbeating still
+ * says what it holds): they exist, even when no live node can run them right now. Pure.
+ */
+export function knownTemplates(nodes: readonly NodeInfo[]): Set<string> {
+  return new Set(nodes.flatMap((n) => n.templates));
+}
+
 /** Templates ready on at least one alive node (agents list them in their registration). Pure. */
 export function readyTemplates(nodes: readonly NodeInfo[]): Set<string> {
   return new Set(nodes.filter((n) => n.alive).flatMap((n) => n.templates));
