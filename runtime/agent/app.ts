@@ -52,6 +52,14 @@ export async function buildAgentApp(deps: AgentDeps): Promise<FastifyInstance> {
     },
   });
   new Gauge({
+    name: 'space_agent_streams',
+    help: 'Open data-plane streams (SSE) over all sandboxes; 0 when no client is connected.',
+    registers: [registry],
+    collect() {
+      this.set(deps.sandboxes.list().reduce((n, sb) => n + sb.streams, 0));
+    },
+  });
+  new Gauge({
     name: 'space_agent_warm_slots',
     help: 'Ready warm-pool slots per template.',
     labelNames: ['template'],
