@@ -8,7 +8,7 @@
 import { readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { request } from 'undici';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { keys } from '../runtime/core/redis-keys.ts';
 import { converged, type FaultStack, startFaultStack } from './fault-stack.ts';
 import { leftovers, readEvents, waitFor } from './stack.ts';
@@ -16,6 +16,8 @@ import { leftovers, readEvents, waitFor } from './stack.ts';
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 /** Node-lost grace the suite's API uses (the default is 2 min), ms. */
 const GRACE_MS = 20_000;
+/** Dispatch timeout of the suite's API (default 60 s): past the reclaim time (30 s), as in F3. */
+const DISPATCH_TIMEOUT_MS = 40_000;
 
 type Op = { id: string; state: string; error: { code: string; message: string } | null };
 
@@ -99,7 +101,15 @@ describe('faults', { timeout: 240_000 }, () => {
   }
 
   beforeAll(async () => {
-    s = await startFaultStack({ SPACE_NODE_LOST_GRACE_MS: String(GRACE_MS) });
+    s = await startFaultStack({
+      SPACE_NODE_LOST_GRACE_MS: String(GRACE_MS),
+      SPACE_DISPATCH_TIMEOUT_MS: String(DISPATCH_TIMEOUT_MS),
+    });
+  });
+  // a failed case must not leave the agent stopped (or dead) for the next one
+  afterEach(async () => {
+    s?.signal('agent', 'SIGCONT');
+    if (s && !s.running('agent')) await s.start('agent');
   });
   afterAll(async () => {
     if (!s) return;
@@ -201,9 +211,10 @@ describe('faults', { timeout: 240_000 }, () => {
     s.signal('agent', 'SIGSTOP');
     const t0 = Date.now();
     const opId = await del(id);
-    // watch the operation past the worker's reclaim time (30 s): every state it shows
+    // watch the operation, the node still stopped, past the worker's reclaim time (30 s) and the
+    // dispatch timeout: every state it shows
     const seen: string[] = [];
-    while (Date.now() - t0 < 35_000) {
+    while (Date.now() - t0 < DISPATCH_TIMEOUT_MS + 5_000) {
       const op = await s.call<Op>('GET', `/v1/operations/${opId}`);
       if (seen.at(-1) !== op.body.state) seen.push(op.body.state);
       await sleep(250);
