@@ -12,6 +12,7 @@ import type { VerifyKey } from '../core/tokens.ts';
 import { installValidators } from '../core/validation.ts';
 import type { ActivityMeter } from './activity.ts';
 import type { AgentConfig } from './config.ts';
+import type { AgentReconciler } from './reconcile.ts';
 import { dataPlaneRoutes } from './routes/data-plane.ts';
 import { internalRoutes } from './routes/internal.ts';
 import type { SandboxManager } from './sandboxes.ts';
@@ -26,6 +27,8 @@ export interface AgentDeps {
   warm: WarmPool | null;
   /** Activity metering of this node's sandboxes (its closed intervals feed a counter). */
   activity?: ActivityMeter;
+  /** The node's reconciliation with the control plane (its counter is served at /metrics). */
+  reconciler?: AgentReconciler;
 }
 
 /** Builds the agent app (not listening). */
@@ -59,6 +62,14 @@ export async function buildAgentApp(deps: AgentDeps): Promise<FastifyInstance> {
   });
   deps.activity?.observe((state, ms) => usage.inc({ state }, ms / 1000));
   new Gauge({
+    name: 'space_agent_streams',
+    help: 'Open data-plane streams (SSE) over all sandboxes; 0 when no client is connected.',
+    registers: [registry],
+    collect() {
+      this.set(deps.sandboxes.list().reduce((n, sb) => n + sb.streams, 0));
+    },
+  });
+  new Gauge({
     name: 'space_agent_warm_slots',
     help: 'Ready warm-pool slots per template.',
     labelNames: ['template'],
@@ -67,6 +78,8 @@ export async function buildAgentApp(deps: AgentDeps): Promise<FastifyInstance> {
       for (const [t, n] of Object.entries(deps.warm?.counts() ?? {})) this.set({ template: t }, n);
     },
   });
+
+  if (deps.reconciler) registry.registerMetric(deps.reconciler.metric);
 
   app.get('/healthz', async () => ({ ok: true }));
   app.get('/readyz', async () => ({ ok: true, sandboxes: deps.sandboxes.size }));

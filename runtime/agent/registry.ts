@@ -33,11 +33,15 @@ export interface NodeState {
   sandboxes: string[];
 }
 
+/** Deletes the node's `lostAt` fence if it still holds the value the agent reconciled against. */
+const LIFT_FENCE = `if redis.call('HGET', KEYS[1], 'lostAt') == ARGV[1] then redis.call('HDEL', KEYS[1], 'lostAt') end`;
+
 export class NodeRegistry {
   readonly #redis: Redis;
   readonly #reg: Registration;
   readonly #log: Logger;
   readonly #state: () => NodeState;
+  readonly #rejoin: () => Promise<void>;
   #timer: NodeJS.Timeout | null = null;
 
   constructor(o: {
@@ -45,16 +49,30 @@ export class NodeRegistry {
     registration: Registration;
     log: Logger;
     state: () => NodeState;
+    /**
+     * Called before a node the control plane declared lost (`lostAt` in its hash) announces itself
+     * again: must destroy what the control plane ended meanwhile (fencing). The fence is lifted only
+     * after it resolves; when it throws, the node stays fenced and the beat fails.
+     */
+    rejoin?: () => Promise<void>;
   }) {
+    this.#rejoin = o.rejoin ?? (async () => {});
     this.#redis = o.redis;
     this.#reg = o.registration;
     this.#log = o.log;
     this.#state = o.state;
   }
 
-  /** Writes one heartbeat now. */
+  /** Writes one heartbeat now (after rejoining first when the node was declared lost). */
   async beat(): Promise<void> {
     const r = this.#reg;
+    const lostAt = await this.#redis.hget(keys.node(r.id), 'lostAt');
+    if (lostAt) {
+      this.#log.warn({ lostAt: Number(lostAt) }, 'node was declared lost; reconciling before rejoining');
+      await this.#rejoin();
+      // lift exactly the fence that was seen: one set again meanwhile stays for the next beat
+      await this.#redis.eval(LIFT_FENCE, 1, keys.node(r.id), lostAt);
+    }
     // taken before the inventory: every sandbox the API saw running before `at` is in it
     const at = Date.now();
     const s = this.#state();

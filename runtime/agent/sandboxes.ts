@@ -181,6 +181,8 @@ export class SandboxManager {
   readonly #sandboxes = new Map<string, LocalSandbox>();
   readonly #creating = new Map<string, Promise<LocalSandbox>>();
   readonly #tombstones = new Map<string, number>();
+  /** Deletes in progress: a second delete of the same sandbox (API retry, reconciliation) joins it. */
+  readonly #deleting = new Map<string, Promise<void>>();
   readonly #snapshots = new Map<string, SnapshotRef>();
   /** Pause/resume in flight per sandbox (one at a time). */
   readonly #lifecycle = new Map<string, Promise<unknown>>();
@@ -740,8 +742,24 @@ export class SandboxManager {
     }
   }
 
-  /** Destroys the sandbox (all its processes, files, network) and leaves a tombstone. Idempotent. */
+  /**
+   * Destroys the sandbox (all its processes, files, network) and leaves a tombstone. Idempotent,
+   * and it finishes whatever side step fails: a gateway that cannot be told (it is down or
+   * restarting — a restarted gateway holds no registration anyway) is logged and skipped; when the
+   * instance itself cannot be destroyed the sandbox stays listed (so the node still reports it and
+   * the next delete, or the agent's reconciliation, tries again) and the error is thrown.
+   * @throws SpaceError DRIVER_FAILED (or the driver's error) when the instance is still there.
+   */
   async delete(id: string): Promise<void> {
+    let p = this.#deleting.get(id);
+    if (!p) {
+      p = this.#delete(id).finally(() => this.#deleting.delete(id));
+      this.#deleting.set(id, p);
+    }
+    return p;
+  }
+
+  async #delete(id: string): Promise<void> {
     this.#tombstones.set(id, Date.now());
     this.#pruneTombstones();
     const creating = this.#creating.get(id);
@@ -750,18 +768,22 @@ export class SandboxManager {
     this.#o.activity?.untrack(id);
     const sb = this.#sandboxes.get(id);
     if (sb) {
-      this.#sandboxes.delete(id);
+      const log = this.#o.log.child({ [F.sandboxId]: id });
       for (const c of sb.commands.values()) c.abort.abort();
       await sb.guest.close();
-      await this.#o.gateway?.unregister(sb.instance.network.sandboxAddress);
+      await this.#o.gateway
+        ?.unregister(sb.instance.network.sandboxAddress)
+        .catch((err: unknown) => log.warn({ err }, 'gateway unregistration failed; destroying anyway'));
+      // only once the instance is gone does the sandbox leave this node's inventory
       await this.discard(sb.instance);
+      this.#sandboxes.delete(id);
       await Promise.allSettled(
         [...sb.commands.values()].map(async (c) => {
           await c.done;
           await c.spool.close();
         }),
       );
-      this.#o.log.info({ [F.sandboxId]: id }, 'sandbox destroyed');
+      log.info('sandbox destroyed');
     }
     await rm(this.#dir(id), { recursive: true, force: true });
     await rm(join(this.#o.hibernateDir, id), { recursive: true, force: true });

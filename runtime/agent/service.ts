@@ -21,6 +21,7 @@ import { GatewayClient } from './gateway-client.ts';
 import { defaultGuestLayerInputs, directoryImage } from './images.ts';
 import { setKvmBootTest } from './kvm.ts';
 import { SandboxNetworks } from './network.ts';
+import { AgentReconciler } from './reconcile.ts';
 import { NodeRegistry } from './registry.ts';
 import { SandboxManager } from './sandboxes.ts';
 import { scrubCredentialValues } from './state-scrub.ts';
@@ -136,7 +137,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   // values written by earlier versions leave the state files before anything reads them again
   const scrubbed = await scrubCredentialValues(`${config.stateDir}/sandboxes`);
   if (scrubbed > 0) log.info({ files: scrubbed }, 'credential values removed from sandbox state files');
-  const { adopted, lost } = await sandboxes.adopt();
+  const { lost } = await sandboxes.adopt();
   // a sandbox whose VM died while no agent watched: the control plane records why it ended
   for (const id of lost) {
     await redis.hset(
@@ -146,14 +147,14 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     );
   }
   // reconcile with the state of record: a sandbox the control plane ended while this agent was
-  // down (or never finished creating) must not keep running here
-  for (const id of adopted) {
-    const state = await redis.hget(keys.sandbox(id), 'state');
-    if (state === null || state === 'killing' || state === 'killed') {
-      log.info({ 'sandbox.id': id, state }, 'adopted sandbox is gone from the control plane; destroying');
-      await sandboxes.delete(id);
-    }
-  }
+  // down (or never finished creating) must not keep running here — now, and on every pass after
+  const reconciler = new AgentReconciler({
+    redis,
+    nodeId: config.nodeId,
+    sandboxes,
+    log: log.child({ component: 'reconcile' }),
+  });
+  await reconciler.pass();
   const swept = await sandboxes.sweepHibernated(async (id) => {
     const state = await redis.hget(keys.sandbox(id), 'state');
     return state === null || state === 'killing' || state === 'killed';
@@ -180,7 +181,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     }
   })().finally(() => warm.refill());
 
-  const app = await buildAgentApp({ config, log, verifyKey, sandboxes, warm, activity });
+  const app = await buildAgentApp({ config, log, verifyKey, sandboxes, warm, activity, reconciler });
   await app.listen({ host: config.host, port: config.port });
   const port = (app.server.address() as { port: number }).port;
   const registry = new NodeRegistry({
@@ -209,8 +210,12 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       warm: warm.counts(),
       sandboxes: sandboxes.list().map((sb) => sb.id),
     }),
+    rejoin: async () => {
+      await reconciler.pass();
+    },
   });
   await registry.start(config.heartbeatMs);
+  reconciler.start(config.heartbeatMs);
   // watchdog: notice sandboxes that died on their own, and keep the gateway's registrations current
   let watching: Promise<unknown> | null = null;
   const watchdog = setInterval(() => {
@@ -236,6 +241,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       clearInterval(watchdog);
       clearInterval(meterSync);
       await watching;
+      await reconciler.stop();
       await snapshotsMade;
       // deregistering is a courtesy (the alive key expires anyway): never let a dead Redis hold up shutdown
       await Promise.race([

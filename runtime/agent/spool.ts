@@ -30,6 +30,8 @@ export class Spool {
   readonly #events = new EventEmitter();
   #size: number;
   #closed = false;
+  /** The file handle was closed (the sandbox went away or the agent detached): followers stop. */
+  #released = false;
   #writing: Promise<void> = Promise.resolve();
 
   private constructor(path: string, fh: FileHandle, size: number, closed: boolean) {
@@ -118,7 +120,7 @@ export class Spool {
     let buf: Buffer = Buffer.alloc(0);
     let bufStart = from;
     for (;;) {
-      if (opts.signal?.aborted) return;
+      if (opts.signal?.aborted || this.#released) return;
       // decode every complete frame in the buffer
       for (;;) {
         if (buf.length < FRAME_HEADER_BYTES) break;
@@ -144,7 +146,7 @@ export class Spool {
             : Buffer.concat([buf, chunk.subarray(0, bytesRead)]);
         continue;
       }
-      if (!follow || this.#closed) return;
+      if (!follow || this.#closed || this.#released) return;
       await new Promise<void>((resolve) => {
         const done = () => {
           this.#events.off('grow', done);
@@ -157,8 +159,10 @@ export class Spool {
     }
   }
 
+  /** Closes the file; readers following it end (they have nothing more to wait for). */
   async close(): Promise<void> {
     await this.#writing;
+    this.#released = true;
     await this.#fh.close();
     this.#events.emit('grow');
   }

@@ -40,10 +40,31 @@ function write(res: ServerResponse, s: string): Promise<void> {
   });
 }
 
-/** Streams `spool` from `from` to `res` until the exit event or the client leaves. */
+/**
+ * Whether the client of `res` has gone: its connection closed, possibly before this handler ran
+ * (a request read after the agent was stalled can belong to a client that already left, and its
+ * 'close' event has fired by then).
+ */
+function clientGone(res: ServerResponse): boolean {
+  return res.destroyed || res.writableEnded || !res.socket || res.socket.destroyed;
+}
+
+/**
+ * Streams `spool` from `from` to `res` until the exit event, the spool's release (the sandbox
+ * went away) or the client leaves — including a client that left before the stream began, which
+ * returns at once. Frees its timer and listeners on every path, so no stream outlives its client.
+ */
 export async function streamSpool(res: ServerResponse, spool: Spool, from: number): Promise<void> {
   const abort = new AbortController();
-  res.on('close', () => abort.abort());
+  const leave = () => abort.abort();
+  res.on('close', leave);
+  res.socket?.on('close', leave);
+  if (clientGone(res)) {
+    res.off('close', leave);
+    res.socket?.off('close', leave);
+    res.destroy();
+    return;
+  }
   res.writeHead(200, {
     'content-type': 'text/event-stream; charset=utf-8',
     'cache-control': 'no-store',
@@ -53,8 +74,10 @@ export async function streamSpool(res: ServerResponse, spool: Spool, from: numbe
   res.flushHeaders();
   let last = Date.now();
   const keepalive = setInterval(() => {
-    if (Date.now() - last >= SSE_KEEPALIVE_MS) res.write(': keepalive\n\n');
+    if (clientGone(res)) abort.abort();
+    else if (Date.now() - last >= SSE_KEEPALIVE_MS) res.write(': keepalive\n\n');
   }, SSE_KEEPALIVE_MS);
+  keepalive.unref(); // never what keeps a stopping agent alive
   try {
     for await (const f of spool.frames(from, { signal: abort.signal })) {
       if (abort.signal.aborted) break;
@@ -67,6 +90,8 @@ export async function streamSpool(res: ServerResponse, spool: Spool, from: numbe
     }
   } finally {
     clearInterval(keepalive);
+    res.off('close', leave);
+    res.socket?.off('close', leave);
     res.end();
   }
 }

@@ -36,6 +36,7 @@ export class AgentClient {
     method: 'GET' | 'POST' | 'PUT' | 'DELETE',
     path: string,
     body?: unknown,
+    signal?: AbortSignal,
   ) {
     const token = await mintDispatchToken(this.#key, node.id);
     let res: Awaited<ReturnType<typeof request>>;
@@ -49,6 +50,7 @@ export class AgentClient {
         body: body ? JSON.stringify(body) : undefined,
         headersTimeout: this.#timeoutMs,
         bodyTimeout: this.#timeoutMs,
+        signal,
       });
     } catch (err) {
       throw new SpaceError('NODE_UNAVAILABLE', `node ${node.id} did not answer: ${(err as Error).message}`, {
@@ -61,14 +63,20 @@ export class AgentClient {
     return json as T;
   }
 
-  /** Creates (or returns the existing) instance for a sandbox; idempotent per sandbox id. */
-  createSandbox(node: NodeInfo, req: AgentCreateRequest) {
-    return this.#call<AgentCreateResponse>(node, 'POST', AGENT_ROUTES.sandboxes, req);
+  /**
+   * Creates (or returns the existing) instance for a sandbox; idempotent per sandbox id, so a retried
+   * dispatch the node already carried out answers with the same instance. `signal` aborts the call.
+   */
+  createSandbox(node: NodeInfo, req: AgentCreateRequest, signal?: AbortSignal) {
+    return this.#call<AgentCreateResponse>(node, 'POST', AGENT_ROUTES.sandboxes, req, signal);
   }
 
-  /** Destroys a sandbox and remembers its id so a late create is refused; idempotent. */
-  deleteSandbox(node: Pick<NodeInfo, 'id' | 'url'>, sandboxId: string) {
-    return this.#call<void>(node, 'DELETE', agentPath(AGENT_ROUTES.sandbox, sandboxId));
+  /**
+   * Destroys a sandbox and remembers its id so a late create is refused; idempotent (a sandbox the
+   * node no longer has answers 204). `signal` aborts the call.
+   */
+  deleteSandbox(node: Pick<NodeInfo, 'id' | 'url'>, sandboxId: string, signal?: AbortSignal) {
+    return this.#call<void>(node, 'DELETE', agentPath(AGENT_ROUTES.sandbox, sandboxId), undefined, signal);
   }
 
   /** Replaces a sandbox's egress policy on its node (gateway + packet rules). */

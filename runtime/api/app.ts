@@ -176,7 +176,7 @@ export function createApiRuntime(deps: ApiDeps, workerConnection: Redis) {
     concurrency: deps.config.workerConcurrency,
   });
   const log = deps.log.child({ component: 'reaper' });
-  const reconciler = new Reconciler(deps.sandboxes, deps.operations, log);
+  const reconciler = new Reconciler(deps.sandboxes, deps.operations, log, deps.config.nodeLostGraceMs);
   const reaper = new Reaper(deps.sandboxes, log, deps.config.reaperIntervalMs, reconciler);
   return {
     async start() {

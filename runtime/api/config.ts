@@ -91,6 +91,12 @@ export const apiSettings = {
     'SPACE_ROUTER_URL',
     'Public base URL of the router; data-plane URLs handed to clients point there. Empty: the node agent’s own URL.',
   ),
+  nodeLostGraceMs: setting.int(
+    'SPACE_NODE_LOST_GRACE_MS',
+    'How long a node may miss heartbeats (an agent restart, a rolling upgrade) before its sandboxes are declared lost and the node is fenced, ms (2 min).',
+    120_000,
+    1000,
+  ),
   reaperIntervalMs: setting.int(
     'SPACE_REAPER_INTERVAL_MS',
     'How often expired sandboxes are collected, ms.',

@@ -2,9 +2,17 @@
  * The operation handlers that change sandboxes: create (place → dispatch → running), delete
  * (killing → destroy on the node → release → killed), pause (pausing → freeze or hibernate on the
  * node → paused) and resume (resuming → thaw, or place + restore → running). All are idempotent,
- * so a reclaimed operation can run again; every failure leaves nothing half-made (the instance is
- * destroyed on the node and the reservation released, or a pause/resume that failed returns the
- * sandbox to the state it came from).
+ * so a reclaimed operation can run again; a pause or resume that fails returns the sandbox to the
+ * state it came from.
+ *
+ *
+ * A delete is done only when the node confirmed it: while the node is unreachable (or its destroy
+ * fails) the delete fails with a retryable code and the sandbox stays `killing`, its reservation
+ * held — the node's own reconciliation destroys it when it speaks again and the control plane's
+ * reconciler then finishes the delete. Only a node declared lost (fenced, see `NodeStore.isLost`)
+ * is skipped: it destroys everything the control plane ended before it rejoins. A failed create
+ * releases its reservation at once (its record says `killed`, so the node destroys whatever it
+ * made). Dispatches end as soon as their node stops heartbeating (`NodeStore.whileAlive`).
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
@@ -64,22 +72,54 @@ async function settle(d: LifecycleDeps, id: string, transient: SandboxState): Pr
   }
 }
 
-/** Destroys what exists of a sandbox and records it killed; safe to repeat. */
-async function teardown(d: LifecycleDeps, id: string, reason: KillReason, message?: string): Promise<void> {
+/**
+ * Destroys what exists of a sandbox and records it killed; safe to repeat. With `strict` (a
+ * delete) the node must confirm the destroy — an unreachable node that is not declared lost, or a
+ * failed destroy, throws and leaves the sandbox `killing` with its reservation; without it (cleanup
+ * of a failed create) the destroy is best effort and the reservation is released whatever happens.
+ * @throws SpaceError NODE_UNAVAILABLE / DRIVER_FAILED (strict only) when the node did not confirm.
+ */
+async function teardown(
+  d: LifecycleDeps,
+  id: string,
+  reason: KillReason,
+  opts: { strict: boolean; message?: string },
+): Promise<void> {
   const rec = await d.sandboxes.get(id);
   if (!rec) return;
   if (rec.nodeId) {
-    const node = await d.nodes.get(rec.nodeId);
-    if (node?.alive) await d.agents.deleteSandbox(node, id);
-    // a dead node's sandboxes died with it; its agent sweeps leftovers when it comes back
+    const nodeId = rec.nodeId;
+    const node = await d.nodes.get(nodeId);
+    try {
+      if (node?.alive) {
+        await d.nodes.whileAlive(nodeId, (signal) => d.agents.deleteSandbox(node, id, signal));
+      } else if (!(await d.nodes.isLost(nodeId))) {
+        throw new SpaceError(
+          'NODE_UNAVAILABLE',
+          `node ${nodeId} is not heartbeating; the delete will be retried`,
+          {
+            sandboxId: id,
+            nodeId,
+          },
+        );
+      }
+      // a lost node is fenced: it destroys its ended sandboxes before it may rejoin
+    } catch (err) {
+      if (opts.strict) throw err;
+      d.log.warn(
+        { err, [F.sandboxId]: id, [F.nodeId]: nodeId },
+        'destroy after failed create failed; the node reconciles it',
+      );
+    }
   } else if (rec.hibernation) {
-    // hibernated: a node that reads its store removes the snapshot
+    // hibernated: a node that reads its store removes the snapshot (a later agent start sweeps it
+    // when none is up now)
     const reader = (await d.nodes.list()).find((n) => n.alive && n.hibernateStore === rec.hibernation?.store);
-    if (reader) await d.agents.deleteSandbox(reader, id);
+    if (reader) await d.agents.deleteSandbox(reader, id).catch(() => {});
   }
   await d.sandboxes.release(id);
   // keep what was said when it started ending (a crash the node described), else the reason's text
-  await d.sandboxes.markKilled(id, reason, message ?? rec.endMessage ?? undefined);
+  await d.sandboxes.markKilled(id, reason, opts.message ?? rec.endMessage ?? undefined);
   await meter(d, rec, 'ended');
 }
 
@@ -107,7 +147,7 @@ async function create(d: LifecycleDeps, op: OperationRecord): Promise<void> {
   rec = (await d.sandboxes.get(id))!;
   try {
     const node = await d.nodes.requireAlive(placed.nodeId);
-    const out = await d.agents.createSandbox(node, {
+    const req = {
       sandboxId: id,
       sessionId: rec.sessionId,
       template: rec.template,
@@ -117,7 +157,8 @@ async function create(d: LifecycleDeps, op: OperationRecord): Promise<void> {
       expiresAtMs: rec.expiresAtMs,
       egress: rec.egress,
       credentials: await d.credentials.resolve(rec.grants),
-    });
+    };
+    const out = await d.nodes.whileAlive(node.id, (signal) => d.agents.createSandbox(node, req, signal));
     const createdFrom = out.source ?? (out.fromWarmPool ? 'warm' : 'boot');
     const moved = await d.sandboxes.transition(id, 'running', {
       fromWarmPool: out.fromWarmPool ? '1' : '0',
@@ -138,9 +179,10 @@ async function create(d: LifecycleDeps, op: OperationRecord): Promise<void> {
       err instanceof SpaceError ? err : new SpaceError('INTERNAL', 'create failed', {}, { cause: err });
     if ((await d.sandboxes.get(id))?.state === 'creating') {
       await d.sandboxes.markKilling(id, 'create_failed');
-      await teardown(d, id, 'create_failed', `creation failed: ${e.message}`).catch((cleanupErr) =>
-        log.error({ err: cleanupErr }, 'cleanup after failed create failed'),
-      );
+      await teardown(d, id, 'create_failed', {
+        strict: false,
+        message: `creation failed: ${e.message}`,
+      }).catch((cleanupErr) => log.error({ err: cleanupErr }, 'cleanup after failed create failed'));
     }
     throw e;
   }
@@ -155,7 +197,7 @@ async function remove(d: LifecycleDeps, op: OperationRecord): Promise<void> {
   if (!rec || rec.state === 'killed') return;
   if (rec.state !== 'killing') await d.sandboxes.markKilling(id, reason);
   const current = await d.sandboxes.get(id);
-  await teardown(d, id, (current?.killReason as KillReason | null) ?? reason);
+  await teardown(d, id, (current?.killReason as KillReason | null) ?? reason, { strict: true });
   d.log.info({ [F.sandboxId]: id, reason }, 'sandbox killed');
 }
 
@@ -310,8 +352,11 @@ async function resume(d: LifecycleDeps, op: OperationRecord): Promise<void> {
     if (!hib && (e.code === 'SANDBOX_NOT_FOUND' || e.code === 'INSTANCE_LOST')) {
       // the frozen instance is gone from its node: the sandbox cannot come back
       if ((await d.sandboxes.markKilling(id, 'crashed')).ok) {
-        await teardown(d, id, 'crashed', `its instance was gone when it was resumed: ${e.message}`).catch(
-          (cleanupErr: unknown) => log.error({ err: cleanupErr }, 'cleanup after failed resume failed'),
+        await teardown(d, id, 'crashed', {
+          strict: false,
+          message: `its instance was gone when it was resumed: ${e.message}`,
+        }).catch((cleanupErr: unknown) =>
+          log.error({ err: cleanupErr }, 'cleanup after failed resume failed'),
         );
       }
       throw e;

@@ -4,6 +4,9 @@ import { SpaceError } from '../core/errors.ts';
 import { keys } from '../core/redis-keys.ts';
 import type { NodeInfo } from '../core/types.ts';
 
+/** How often a dispatch in flight checks that its node still heartbeats (ms). */
+export const ALIVE_POLL_MS = 1_000;
+
 export class NodeStore {
   readonly redis: Redis;
   constructor(redis: Redis) {
@@ -44,12 +47,69 @@ export class NodeStore {
     return nodes.filter((n): n is NodeInfo => n !== null);
   }
 
+  /**
+   * Whether the control plane declared the node lost (`lostAt` fence in its hash, set by the
+   * reconciler after the node-lost grace): its sandboxes are presumed gone, and the node destroys
+   * whatever still runs there before it rejoins. A node with no registration counts as lost.
+   */
+  async isLost(id: string): Promise<boolean> {
+    const [exists, lostAt] = await Promise.all([
+      this.redis.exists(keys.node(id)),
+      this.redis.hget(keys.node(id), 'lostAt'),
+    ]);
+    return exists === 0 || lostAt !== null;
+  }
+
+  /**
+   * Runs `fn` (a dispatch to node `id`) with a signal that aborts as soon as the node stops
+   * heartbeating (its alive key is checked every {@link ALIVE_POLL_MS}), so a call to a hung agent
+   * ends within the heartbeat TTL instead of the whole dispatch timeout. The check loop ends when
+   * `fn` settles.
+   * @throws SpaceError NODE_UNAVAILABLE when the node stopped heartbeating first; else what `fn` throws.
+   */
+  async whileAlive<T>(id: string, fn: (signal: AbortSignal) => Promise<T>): Promise<T> {
+    const abort = new AbortController();
+    let settled = false;
+    const watch = (async () => {
+      while (!settled) {
+        await new Promise((r) => setTimeout(r, ALIVE_POLL_MS));
+        if (settled) return;
+        const alive = await this.redis.exists(keys.nodeAlive(id)).catch(() => 1);
+        if (alive === 0) {
+          abort.abort();
+          return;
+        }
+      }
+    })();
+    try {
+      return await fn(abort.signal);
+    } catch (err) {
+      if (abort.signal.aborted) {
+        throw new SpaceError('NODE_UNAVAILABLE', `node ${id} stopped heartbeating during the call`, {
+          nodeId: id,
+        });
+      }
+      throw err;
+    } finally {
+      settled = true;
+      await watch;
+    }
+  }
+
   /** The node's agent URL; NODE_UNAVAILABLE when it is unknown or not heartbeating. */
   async requireAlive(id: string): Promise<NodeInfo> {
     const node = await this.get(id);
     if (!node?.alive) throw new SpaceError('NODE_UNAVAILABLE', `node ${id} is not available`, { nodeId: id });
     return node;
   }
+}
+
+/**
+ * Templates some registered node has built, alive or not (a node that stopped heartbeating still
+ * says what it holds): they exist, even when no live node can run them right now. Pure.
+ */
+export function knownTemplates(nodes: readonly NodeInfo[]): Set<string> {
+  return new Set(nodes.flatMap((n) => n.templates));
 }
 
 /** Templates ready on at least one alive node (agents list them in their registration). Pure. */

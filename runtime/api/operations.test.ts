@@ -1,45 +1,110 @@
-/** The long-poll of GET /v1/operations/:id?waitMs= against a real Redis: its 60 s cap and its wake-up. */
+/**
+ * Operations against a real Redis: an operation ends once (F3), a run that was reclaimed cannot
+ * overwrite the newer run's outcome, and a worker that is still running an operation keeps it —
+ * another worker takes it over only once the owner stopped renewing its claim.
+ */
 import { Redis } from 'ioredis';
-import { afterAll, afterEach, beforeEach, describe, expect, inject, it, vi } from 'vitest';
-import { MAX_WAIT_MS, OperationStore, OperationWaiter } from './operations.ts';
+import pino from 'pino';
+import { afterAll, beforeEach, describe, expect, inject, it } from 'vitest';
+import { SpaceError } from '../core/errors.ts';
+import { keys, OPERATION_GROUP } from '../core/redis-keys.ts';
+import type { OperationKind } from '../core/types.ts';
+import { type OperationHandler, OperationStore, OperationWorker } from './operations.ts';
 
-const redis = new Redis(inject('redisUrl'), { db: 4 });
-const sub = new Redis(inject('redisUrl'), { db: 4 });
+const url = inject('redisUrl');
+const redis = new Redis(url, { db: 6 });
 const store = new OperationStore(redis);
-const waiter = new OperationWaiter(sub, store);
-afterAll(async () => {
-  await waiter.close();
-  redis.disconnect();
-});
+const log = pino({ level: 'silent' });
+afterAll(() => redis.disconnect());
 beforeEach(async () => {
   await redis.flushdb();
 });
-afterEach(() => {
-  vi.useRealTimers();
-});
 
-describe('operation long-poll', () => {
-  it('the cap is 60 s: a wait asked for 10 minutes answers the still-running operation at 60 s, not before', async () => {
-    expect(MAX_WAIT_MS).toBe(60_000);
-    const op = await store.enqueue('sandbox.create', 'sbx_x');
-    await waiter.wait(op.id, 0); // subscribed before the clock is faked
-    vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout', 'Date'] });
-    let answer: unknown;
-    const p = waiter.wait(op.id, 10 * 60_000).then((r) => {
-      answer = r;
-    });
-    await vi.advanceTimersByTimeAsync(MAX_WAIT_MS - 1000);
-    expect(answer).toBeUndefined();
-    await vi.advanceTimersByTimeAsync(2000);
-    await p;
-    expect(answer).toMatchObject({ id: op.id, state: 'pending' });
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+function worker(handler: OperationHandler, reclaimIdleMs: number): OperationWorker {
+  const handlers = new Proxy({} as Record<OperationKind, OperationHandler>, { get: () => handler });
+  return new OperationWorker({
+    connection: new Redis(url, { db: 6 }),
+    store,
+    handlers,
+    log,
+    concurrency: 4,
+    reclaimIdleMs,
+  });
+}
+
+describe('operations end once', () => {
+  it('f3-finished-never-changes: a finished operation keeps its first outcome', async () => {
+    const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaaa');
+    const run = await store.start(op.id, 'w1');
+    expect(run).toBe(1);
+    expect(await store.finish(op.id, run!, 'succeeded')).toBe(true);
+    expect(await store.finish(op.id, run!, 'failed', new SpaceError('NODE_UNAVAILABLE', 'late'))).toBe(false);
+    expect(await store.start(op.id, 'w2')).toBeNull();
+    expect(await store.get(op.id)).toMatchObject({ state: 'succeeded', error: null });
   });
 
-  it('a change of state wakes a waiter at once', async () => {
-    const op = await store.enqueue('sandbox.create', 'sbx_y');
-    const p = waiter.wait(op.id, MAX_WAIT_MS);
-    await new Promise((r) => setTimeout(r, 50));
-    await store.setState(op.id, 'succeeded');
-    expect(await p).toMatchObject({ id: op.id, state: 'succeeded' });
+  it('f3-fenced-run: a run that was taken over cannot decide the outcome', async () => {
+    const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaab');
+    const first = await store.start(op.id, 'w1');
+    const second = await store.start(op.id, 'w2');
+    expect(second).toBe(first! + 1);
+    expect(await store.finish(op.id, first!, 'failed', new SpaceError('NODE_UNAVAILABLE', 'timed out'))).toBe(
+      false,
+    );
+    expect((await store.get(op.id))?.state).toBe('running');
+    expect(await store.finish(op.id, second!, 'succeeded')).toBe(true);
+    expect((await store.get(op.id))?.state).toBe('succeeded');
+  });
+
+  it('f3-no-reclaim-while-owner-works: a slow run is not run again by another worker', async () => {
+    let runs = 0;
+    let release: () => void = () => {};
+    const gate = new Promise<void>((r) => (release = r));
+    const slow: OperationHandler = async () => {
+      runs += 1;
+      await gate;
+    };
+    // idle time far below how long the handler takes: without lease renewal the entry is reclaimed
+    const a = worker(slow, 300);
+    await a.start();
+    const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaac');
+    for (let i = 0; i < 100 && runs === 0; i++) await sleep(20);
+    expect(runs).toBe(1);
+    const b = worker(slow, 300);
+    await b.start();
+    await sleep(1500); // five reclaim periods
+    expect(runs).toBe(1);
+    release();
+    await a.stop();
+    await b.stop();
+    expect((await store.get(op.id))?.state).toBe('succeeded');
+  });
+
+  it('reclaims the operation of a worker that died holding it', async () => {
+    await redis.xgroup('CREATE', keys.operationQueue(), OPERATION_GROUP, '0', 'MKSTREAM');
+    const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaad');
+    // a worker that read the entry, started a run and died: nobody renews its claim
+    await redis.xreadgroup(
+      'GROUP',
+      OPERATION_GROUP,
+      'dead',
+      'COUNT',
+      1,
+      'STREAMS',
+      keys.operationQueue(),
+      '>',
+    );
+    await store.start(op.id, 'dead');
+    let runs = 0;
+    const b = worker(async () => {
+      runs += 1;
+    }, 300);
+    await b.start();
+    for (let i = 0; i < 100 && (await store.get(op.id))?.state !== 'succeeded'; i++) await sleep(50);
+    await b.stop();
+    expect(runs).toBe(1);
+    expect(await store.get(op.id)).toMatchObject({ state: 'succeeded' });
   });
 });

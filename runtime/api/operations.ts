@@ -1,9 +1,15 @@
 /**
  * Operations: the asynchronous half of every lifecycle change. An operation is written to Redis
- * and queued on a Redis stream in one MULTI; any API replica's worker picks it up. A worker that
- * dies mid-way leaves the entry pending in the consumer group and another replica reclaims it
- * after {@link RECLAIM_IDLE_MS} (XAUTOCLAIM), so operations survive API restarts. Handlers are
- * idempotent, so running one twice is safe.
+ * and queued on a Redis stream in one MULTI; any API replica's worker picks it up.
+ *
+ * Each operation ends once. A run starts with `operation-start.lua`, which hands out a fencing
+ * token (the run number); only the latest run may finish it, and only while it is unfinished
+ * (`operation-finish.lua`), so a finished operation never changes state again. While a worker runs
+ * an operation it renews its claim on the queue entry every {@link LEASE_RENEW_MS}; another
+ * replica reclaims the entry (XAUTOCLAIM) only after it sat unrenewed for {@link RECLAIM_IDLE_MS}
+ * — i.e. only when its owner died or lost Redis, never while the owner still works on it. Handlers
+ * are idempotent (the node recognises a dispatch it already carried out), so a reclaimed
+ * operation can run again. All of this is generic over operation kinds.
  */
 import { EventEmitter } from 'node:events';
 import type { Redis } from 'ioredis';
@@ -13,9 +19,12 @@ import { newId } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
 import { KEY_PREFIX, keys, OPERATION_GROUP, OPERATION_TTL_SEC } from '../core/redis-keys.ts';
 import type { Operation, OperationKind, OperationState } from '../core/types.ts';
+import { type ScriptedRedis, withScripts } from './redis-scripts.ts';
 
-/** A pending entry idle this long is taken over by another worker (ms). */
+/** A pending entry not renewed by its owner for this long is taken over by another worker (ms). */
 export const RECLAIM_IDLE_MS = 30_000;
+/** How often a worker renews its claim on the entries it is running (ms): well inside the reclaim idle time. */
+export const LEASE_RENEW_MS = RECLAIM_IDLE_MS / 6;
 /** Longest long-poll a client may ask for (ms). */
 export const MAX_WAIT_MS = 60_000;
 
@@ -48,9 +57,9 @@ export function operationToPublic(op: OperationRecord): Operation {
 }
 
 export class OperationStore {
-  readonly redis: Redis;
+  readonly redis: ScriptedRedis;
   constructor(redis: Redis) {
-    this.redis = redis;
+    this.redis = withScripts(redis);
   }
 
   /** Writes a pending operation and queues it, atomically. */
@@ -81,13 +90,43 @@ export class OperationStore {
     return fromHash(await this.redis.hgetall(keys.operation(id)));
   }
 
-  /** Sets the state (and error) and announces the change to long-pollers. */
-  async setState(id: string, state: OperationState, error?: SpaceError): Promise<void> {
-    const fields: Record<string, string> = { state, updatedAt: String(Date.now()) };
-    if (error) Object.assign(fields, { errorCode: error.code, errorMessage: error.message });
-    const m = this.redis.multi().hset(keys.operation(id), fields).publish(keys.operationChannel(id), state);
-    if (state === 'succeeded' || state === 'failed') m.expire(keys.operation(id), OPERATION_TTL_SEC);
-    await m.exec();
+  /**
+   * Starts a run of operation `id` for `owner` (a worker id): moves it to `running` and returns the
+   * run's fencing token, or null when the operation is unknown or already finished.
+   */
+  async start(id: string, owner: string, now = Date.now()): Promise<number | null> {
+    const run = await this.redis.spaceOperationStart(
+      keys.operation(id),
+      keys.operationChannel(id),
+      String(now),
+      owner,
+    );
+    return run > 0 ? run : null;
+  }
+
+  /**
+   * Ends operation `id` as `succeeded` or `failed` (with `error`) if run `run` is still its latest
+   * run and it has not ended yet; announces the change to long-pollers. Returns false when nothing
+   * changed (it had ended, or a newer run owns it): an ended operation never changes again.
+   */
+  async finish(
+    id: string,
+    run: number,
+    state: 'succeeded' | 'failed',
+    error?: SpaceError,
+    now = Date.now(),
+  ): Promise<boolean> {
+    const done = await this.redis.spaceOperationFinish(
+      keys.operation(id),
+      keys.operationChannel(id),
+      state,
+      String(run),
+      String(now),
+      String(OPERATION_TTL_SEC),
+      error?.code ?? '',
+      error?.message ?? '',
+    );
+    return done === 1;
   }
 }
 
@@ -152,6 +191,7 @@ export class OperationWorker {
   readonly #handlers: Record<OperationKind, OperationHandler>;
   readonly #log: Logger;
   readonly #concurrency: number;
+  readonly #reclaimIdleMs: number;
   readonly #consumer = newId('worker', 10);
   readonly #inflight = new Set<Promise<void>>();
   #stopped = false;
@@ -163,7 +203,10 @@ export class OperationWorker {
     handlers: Record<OperationKind, OperationHandler>;
     log: Logger;
     concurrency: number;
+    /** Idle time after which another worker's unrenewed entry is reclaimed, ms (default {@link RECLAIM_IDLE_MS}). */
+    reclaimIdleMs?: number;
   }) {
+    this.#reclaimIdleMs = opts.reclaimIdleMs ?? RECLAIM_IDLE_MS;
     this.#conn = opts.connection;
     this.#store = opts.store;
     this.#handlers = opts.handlers;
@@ -190,13 +233,13 @@ export class OperationWorker {
           continue;
         }
         let entries: [string, string[]][] = [];
-        if (Date.now() - lastReclaim > RECLAIM_IDLE_MS / 3) {
+        if (Date.now() - lastReclaim > this.#reclaimIdleMs / 3) {
           lastReclaim = Date.now();
           const res = (await this.#conn.xautoclaim(
             keys.operationQueue(),
             OPERATION_GROUP,
             this.#consumer,
-            RECLAIM_IDLE_MS,
+            this.#reclaimIdleMs,
             '0',
             'COUNT',
             free,
@@ -234,28 +277,48 @@ export class OperationWorker {
   }
 
   async #process(entryId: string, opId: string): Promise<void> {
-    const op = await this.#store.get(opId);
     const log = this.#log.child({ [F.operationId]: opId });
+    // renew this worker's claim while the handler runs, so no other replica reclaims a live run
+    const lease = setInterval(
+      () => {
+        this.#conn
+          .xclaim(keys.operationQueue(), OPERATION_GROUP, this.#consumer, 0, entryId, 'JUSTID')
+          .catch((err: unknown) => log.warn({ err }, 'operation lease renewal failed'));
+      },
+      this.#reclaimIdleMs / (RECLAIM_IDLE_MS / LEASE_RENEW_MS),
+    );
     try {
-      if (op && !TERMINAL.has(op.state)) {
-        await this.#store.setState(op.id, 'running');
+      const op = await this.#store.get(opId);
+      const run = op ? await this.#store.start(op.id, this.#consumer) : null;
+      if (op && run !== null) {
         const started = Date.now();
+        let outcome: { state: 'succeeded' } | { state: 'failed'; error: SpaceError };
         try {
           await this.#handlers[op.kind](op);
-          await this.#store.setState(op.id, 'succeeded');
-          log.info(
-            { kind: op.kind, [F.sandboxId]: op.target, [F.durationMs]: Date.now() - started },
-            'operation succeeded',
-          );
+          outcome = { state: 'succeeded' };
         } catch (err) {
           const e =
             err instanceof SpaceError
               ? err
               : new SpaceError('INTERNAL', 'operation failed unexpectedly', {}, { cause: err });
           if (!(err instanceof SpaceError)) log.error({ err }, 'operation crashed');
-          await this.#store.setState(op.id, 'failed', e);
-          log.info({ kind: op.kind, code: e.code, msg: e.message }, 'operation failed');
+          outcome = { state: 'failed', error: e };
         }
+        const ended = await this.#store.finish(
+          op.id,
+          run,
+          outcome.state,
+          outcome.state === 'failed' ? outcome.error : undefined,
+        );
+        const fields = {
+          kind: op.kind,
+          [F.sandboxId]: op.target,
+          [F.durationMs]: Date.now() - started,
+          run,
+          ...(outcome.state === 'failed' ? { code: outcome.error.code, msg: outcome.error.message } : {}),
+        };
+        if (!ended) log.warn(fields, 'operation outcome dropped: it had ended or a newer run owns it');
+        else log.info(fields, `operation ${outcome.state}`);
       }
       await this.#store.redis
         .multi()
@@ -263,8 +326,10 @@ export class OperationWorker {
         .xdel(keys.operationQueue(), entryId)
         .exec();
     } catch (err) {
-      // left pending: another worker reclaims it after RECLAIM_IDLE_MS
+      // left pending: another worker reclaims it once its lease lapses
       log.error({ err }, 'operation bookkeeping failed');
+    } finally {
+      clearInterval(lease);
     }
   }
 

@@ -85,3 +85,33 @@ describe('Reconciler', () => {
     expect(await redis.hlen(keys.nodeEnded('n2'))).toBe(0);
   });
 });
+
+describe('Reconciler: deletes the node could not confirm', () => {
+  it('f2-fence: fences a lost node once and queues one delete per ending sandbox until it finishes', async () => {
+    const t0 = Date.now() - 10 * 60_000;
+    await runningOn('n3', 'sbx_recon0000000000005', t0);
+    await sandboxes.markKilling('sbx_recon0000000000005', 'request');
+    await redis.del(keys.nodeAlive('n3'));
+    await redis.hset(keys.node('n3'), 'heartbeatAt', String(Date.now() - NODE_LOST_GRACE_MS - 1000));
+    expect((await reconciler.pass()).requeued).toEqual(['sbx_recon0000000000005']);
+    const lostAt = await redis.hget(keys.node('n3'), 'lostAt');
+    expect(lostAt).not.toBeNull();
+    // the queued delete is still pending: no second one
+    expect((await reconciler.pass()).requeued).toEqual([]);
+    expect(await redis.hget(keys.node('n3'), 'lostAt')).toBe(lostAt);
+  });
+
+  it('f2-node-dropped-it: finishes the delete of a killing sandbox its alive node no longer runs', async () => {
+    const t0 = Date.now() - 10 * 60_000;
+    await runningOn('n4', 'sbx_recon0000000000006', t0);
+    await runningOn('n4', 'sbx_recon0000000000007', t0);
+    const asked = Date.now() - 10_000; // deleted 10 s ago: not stuck yet
+    await sandboxes.transition('sbx_recon0000000000006', 'killing', { killReason: 'request' }, asked);
+    await sandboxes.transition('sbx_recon0000000000007', 'killing', { killReason: 'request' }, asked);
+    await redis.hset(keys.node('n4'), { inventoryAt: String(Date.now()), heartbeatAt: String(Date.now()) });
+    // the node still runs 7 (its destroy is under way) and dropped 6
+    await redis.sadd(keys.nodeInventory('n4'), 'sbx_recon0000000000007');
+    expect((await reconciler.pass()).requeued).toEqual(['sbx_recon0000000000006']);
+    expect(await redis.hget(keys.node('n4'), 'lostAt')).toBeNull();
+  });
+});

@@ -1,12 +1,18 @@
 /**
- * Reconciliation of sandbox records with what nodes really run. Every pass:
+ * Reconciliation of sandbox records with what nodes really run (the control plane's half; the
+ * node's half is `agent/reconcile.ts`). Every pass:
+ * - a node that stopped heartbeating more than the node-lost grace ago is fenced (`lostAt` in its
+ *   hash): from then on deletes of its sandboxes finish without it, and the node destroys every
+ *   sandbox the control plane ended before it may announce itself alive again;
  * - a live sandbox placed on a node that stopped heartbeating more than {@link NODE_LOST_GRACE_MS}
  *   ago, or missing from its alive node's inventory although it was live well before that
  *   inventory was taken, is lost: it moves to
  *   `killing` (reason `node_lost`) and gets a delete operation that releases its reservation;
- * - a sandbox stuck in `killing` with no progress for {@link STUCK_KILLING_MS} gets its delete
- *   operation queued again (deletes are idempotent), so a crash between claim and enqueue can't
- *   strand it.
+ * - a sandbox in `killing` gets its delete operation queued again (deletes are idempotent) when
+ *   its node already dropped it from its inventory (the node destroyed it on its own
+ *   reconciliation), when its node is lost, or after {@link STUCK_KILLING_MS} without progress — never while
+ *   a delete of it is still pending or running, so a crash between claim and enqueue can't strand
+ *   it and a failed delete (node unreachable) is finished once the node speaks again.
  */
 import type { Logger } from 'pino';
 import { F } from '../core/log-fields.ts';
@@ -30,11 +36,33 @@ export class Reconciler {
   readonly #sandboxes: SandboxStore;
   readonly #operations: OperationStore;
   readonly #log: Logger;
+  readonly #graceMs: number;
 
-  constructor(sandboxes: SandboxStore, operations: OperationStore, log: Logger) {
+  /** `nodeLostGraceMs` defaults to {@link NODE_LOST_GRACE_MS}. */
+  constructor(
+    sandboxes: SandboxStore,
+    operations: OperationStore,
+    log: Logger,
+    nodeLostGraceMs = NODE_LOST_GRACE_MS,
+  ) {
     this.#sandboxes = sandboxes;
     this.#operations = operations;
     this.#log = log;
+    this.#graceMs = nodeLostGraceMs;
+  }
+
+  /**
+   * Queues a delete of sandbox `id` unless one is pending or running already (the record's
+   * `deleteOperationId`). Returns whether it queued one.
+   */
+  async #queueDelete(id: string, reason: string): Promise<boolean> {
+    const redis = this.#sandboxes.redis;
+    const prior = await redis.hget(keys.sandbox(id), 'deleteOperationId');
+    const op = prior ? await this.#operations.get(prior) : null;
+    if (op && (op.state === 'pending' || op.state === 'running')) return false;
+    const queued = await this.#operations.enqueue('sandbox.delete', id, { reason });
+    await redis.hset(keys.sandbox(id), 'deleteOperationId', queued.id);
+    return true;
   }
 
   /** One pass over every node; returns the sandbox ids it acted on. */
@@ -52,14 +80,24 @@ export class Reconciler {
         redis.hget(keys.node(node), 'heartbeatAt'),
       ]);
       const deadFor = alive === 1 ? 0 : now - Number(heartbeatAt ?? 0);
+      const lostNode = deadFor > this.#graceMs;
+      if (lostNode && (await redis.hsetnx(keys.node(node), 'lostAt', String(now))) === 1) {
+        // the fence: the node must reconcile before it may heartbeat again (agent/registry.ts)
+        this.#log.warn({ [F.nodeId]: node, deadForMs: deadFor }, 'node declared lost');
+      }
       const running = new Set(inventory);
+      // the inventory was taken after this: a sandbox missing from it is not on the node
+      const reported = (updated: number) =>
+        alive === 1 && inventoryAt !== null && updated < Number(inventoryAt) - INVENTORY_GRACE_MS;
       for (const id of placed) {
         const rec = await this.#sandboxes.get(id);
         if (!rec) continue;
         const updated = Date.parse(rec.updatedAt);
-        if (rec.state === 'killing' && now - updated > STUCK_KILLING_MS) {
-          await this.#operations.enqueue('sandbox.delete', id, { reason: rec.killReason ?? 'request' });
-          requeued.push(id);
+        if (rec.state === 'killing') {
+          const gone = lostNode || (!running.has(id) && reported(updated));
+          if (gone || now - updated > STUCK_KILLING_MS) {
+            if (await this.#queueDelete(id, rec.killReason ?? 'request')) requeued.push(id);
+          }
           continue;
         }
         if (!LIVE.has(rec.state)) {
@@ -77,23 +115,18 @@ export class Reconciler {
             endMessage: crash,
           });
           if (moved.ok) {
-            await this.#operations.enqueue('sandbox.delete', id, { reason: 'crashed' });
+            await this.#queueDelete(id, 'crashed');
             this.#log.warn({ [F.sandboxId]: id, [F.nodeId]: node }, 'sandbox crashed');
             lost.push(id);
           }
           await redis.hdel(keys.nodeEnded(node), id);
           continue;
         }
-        const gone =
-          deadFor > NODE_LOST_GRACE_MS ||
-          (alive === 1 &&
-            !running.has(id) &&
-            inventoryAt !== null &&
-            updated < Number(inventoryAt) - INVENTORY_GRACE_MS);
+        const gone = lostNode || (!running.has(id) && reported(updated));
         if (!gone) continue;
         const moved = await this.#sandboxes.markKilling(id, 'node_lost');
         if (!moved.ok) continue;
-        await this.#operations.enqueue('sandbox.delete', id, { reason: 'node_lost' });
+        await this.#queueDelete(id, 'node_lost');
         this.#log.warn(
           { [F.sandboxId]: id, [F.nodeId]: node, alive: alive === 1 },
           'sandbox lost by its node',

@@ -34,6 +34,17 @@ export interface SpaceScripts {
     timeoutSec: string,
     now: string,
   ): Promise<[number, string]>;
+  spaceOperationStart(opKey: string, channel: string, now: string, owner: string): Promise<number>;
+  spaceOperationFinish(
+    opKey: string,
+    channel: string,
+    state: string,
+    run: string,
+    now: string,
+    ttlSec: string,
+    errorCode: string,
+    errorMessage: string,
+  ): Promise<number>;
 }
 
 export type ScriptedRedis = Redis & SpaceScripts;
@@ -47,5 +58,7 @@ export function withScripts(redis: Redis): ScriptedRedis {
   redis.defineCommand('spaceRelease', { numberOfKeys: 1, lua: src('release') });
   redis.defineCommand('spaceExpire', { numberOfKeys: 2, lua: src('expire') });
   redis.defineCommand('spaceExtend', { numberOfKeys: 2, lua: src('extend') });
+  redis.defineCommand('spaceOperationStart', { numberOfKeys: 2, lua: src('operation-start') });
+  redis.defineCommand('spaceOperationFinish', { numberOfKeys: 2, lua: src('operation-finish') });
   return r;
 }

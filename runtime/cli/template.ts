@@ -58,10 +58,13 @@ export function registerTemplate(program: Command): void {
   template
     .command('ls')
     .alias('list')
-    .description('templates ready on at least one alive node (from the API)')
+    .description('templates built on the nodes (from the API); "(not ready)" when no live node has it now')
     .action(async (_o: unknown, cmd: Command) => {
-      const res = await apiClient(cmd).json<{ templates: { name: string }[] }>('GET', '/v1/templates');
+      const res = await apiClient(cmd).json<{ templates: { name: string; ready?: boolean }[] }>(
+        'GET',
+        '/v1/templates',
+      );
       if (isJson(cmd)) return printJson(res);
-      for (const t of res.templates) println(t.name);
+      for (const t of res.templates) println(t.ready === false ? `${t.name} (not ready)` : t.name);
     });
 }

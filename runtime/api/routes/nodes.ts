@@ -2,6 +2,7 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
 import type { ApiDeps } from '../app.ts';
+import { knownTemplates, readyTemplates } from '../node-store.ts';
 
 const NodeSchema = Type.Object({
   id: Type.String(),
@@ -36,11 +37,22 @@ export function nodeRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
       '/v1/templates',
       {
         schema: {
-          summary: 'Templates ready on at least one alive node',
-          response: { 200: Type.Object({ templates: Type.Array(Type.Object({ name: Type.String() })) }) },
+          summary:
+            'Templates built on some registered node; `ready` when at least one alive node has it (otherwise creates answer TEMPLATE_NOT_READY, retryable)',
+          response: {
+            200: Type.Object({
+              templates: Type.Array(Type.Object({ name: Type.String(), ready: Type.Boolean() })),
+            }),
+          },
         },
       },
-      async () => ({ templates: [...(await deps.templates())].sort().map((name) => ({ name })) }),
+      async () => {
+        const nodes = await deps.nodes.list();
+        const ready = readyTemplates(nodes);
+        return {
+          templates: [...knownTemplates(nodes)].sort().map((name) => ({ name, ready: ready.has(name) })),
+        };
+      },
     );
   };
 }

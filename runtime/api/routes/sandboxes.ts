@@ -17,7 +17,7 @@ import { IDEMPOTENCY_TTL_SEC, keys } from '../../core/redis-keys.ts';
 import type { SandboxState } from '../../core/types.ts';
 import type { ApiDeps } from '../app.ts';
 import { allowCredentialHosts } from '../credential-store.ts';
-import { readyTemplates } from '../node-store.ts';
+import { knownTemplates, readyTemplates } from '../node-store.ts';
 import { operationToPublic } from '../operations.ts';
 import { toPublic } from '../sandbox-store.ts';
 import {
@@ -67,6 +67,22 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         const all = await deps.nodes.list();
         const templates = readyTemplates(all);
         if (!templates.has(body.template)) {
+          // transient states get retryable codes: a template some node holds but no live node
+          // serves now is not ready; with no live node at all, nothing can be said about it
+          if (knownTemplates(all).has(body.template)) {
+            throw new SpaceError(
+              'TEMPLATE_NOT_READY',
+              `template "${body.template}" has no live node right now`,
+              {
+                template: body.template,
+              },
+            );
+          }
+          if (!all.some((n) => n.alive)) {
+            throw new SpaceError('NODE_UNAVAILABLE', 'no node is heartbeating right now', {
+              template: body.template,
+            });
+          }
           throw new SpaceError('TEMPLATE_NOT_FOUND', `no template "${body.template}" on any available node`, {
             template: body.template,
             known: [...templates].sort(),

@@ -1,0 +1,329 @@
+/**
+ * A single-node SPACE whose parts are real, separate processes, so faults can be injected for real:
+ * redis-server (append-only file, fsync always: a kill -9 loses nothing it acknowledged), the
+ * egress gateway, the node agent (gVisor driver, network namespaces) and the API. Each part can be
+ * sent any signal (kill -9, SIGSTOP/SIGCONT) and started again with the same settings (ports,
+ * state directory, keys). Used by test/faults.int.test.ts; logs go to `<dir>/<part>.log`.
+ */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { existsSync, openSync } from 'node:fs';
+import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Redis } from 'ioredis';
+import { request } from 'undici';
+import { buildTemplate } from '../runtime/agent/templates.ts';
+import { AGENT_ROUTES, type AgentSandboxSummary } from '../runtime/core/agent-protocol.ts';
+import { keys } from '../runtime/core/redis-keys.ts';
+import { loadSigningKey, mintDispatchToken, writeNewKeyPair } from '../runtime/core/tokens.ts';
+import { freePort } from './redis-server.ts';
+import { type Leftovers, leftovers, TEST_CACHE_DIR, waitFor } from './stack.ts';
+
+/** The parts that run as their own process. */
+export type Part = 'redis' | 'gateway' | 'agent' | 'api';
+
+const NODE_ID = 'fault-node';
+const root = new URL('..', import.meta.url).pathname;
+
+export interface FaultStack {
+  dir: string;
+  pool: string;
+  /** Every instance id the agent made (polled from its state folder), for the leftover check. */
+  instanceIds: Set<string>;
+  /** What `stop()` found left on the host while the stack's folder still existed. */
+  left?: Leftovers;
+  nodeId: string;
+  apiUrl: string;
+  agentUrl: string;
+  apiKey: string;
+  /** A client of the stack's Redis (reconnects by itself after a Redis restart). */
+  redis: Redis;
+  /** Calls the API; returns status and parsed JSON. */
+  call<T = Record<string, unknown>>(
+    method: string,
+    path: string,
+    body?: unknown,
+  ): Promise<{ status: number; body: T }>;
+  /** Sends `signal` to a part's process. */
+  signal(part: Part, signal: NodeJS.Signals): void;
+  /** Kills a part with SIGKILL and waits until its process is gone. */
+  kill(part: Part): Promise<void>;
+  /** Starts a part again (after a kill) with its settings; resolves when it serves. */
+  start(part: Part): Promise<void>;
+  /** Whether the part's process is running. */
+  running(part: Part): boolean;
+  /** The process of a part (to wait for its exit). */
+  proc(part: Part): ChildProcess;
+  /** The sandboxes the node agent runs (its own inventory, asked over its internal route). */
+  inventory(): Promise<string[]>;
+  /** Stops everything (agent with SIGTERM in destroy mode first) and removes the directory. */
+  stop(): Promise<void>;
+}
+
+/** Starts the stack; `env` overrides API and agent settings. */
+export async function startFaultStack(env: Record<string, string> = {}): Promise<FaultStack> {
+  await buildTemplate('base', { cacheDir: TEST_CACHE_DIR });
+  const dir = await mkdtemp(join(tmpdir(), 'space-faults-'));
+  await writeNewKeyPair(join(dir, 'key.pem'), join(dir, 'key.pub.pem'));
+  const pool = `10.${100 + Math.floor(Math.random() * 98)}.0.0/16`;
+  const [redisPort, apiPort, agentPort, dnsPort, httpPort, tlsPort, deadDns] = await Promise.all(
+    Array.from({ length: 7 }, () => freePort()),
+  );
+  const redisUrl = `redis://127.0.0.1:${redisPort}`;
+  const common = { SPACE_LOG_LEVEL: process.env.SPACE_TEST_LOG_LEVEL ?? 'info', SPACE_REDIS_URL: redisUrl };
+  const gatewayEnv = {
+    ...common,
+    SPACE_GATEWAY_BIND_HOST: '0.0.0.0',
+    SPACE_GATEWAY_DNS_PORT: String(dnsPort),
+    SPACE_GATEWAY_HTTP_PORT: String(httpPort),
+    SPACE_GATEWAY_TLS_PORT: String(tlsPort),
+    SPACE_GATEWAY_CONTROL_SOCKET: join(dir, 'gateway.sock'),
+    SPACE_GATEWAY_CA_CERT_FILE: join(dir, 'gateway-ca.crt'),
+    SPACE_GATEWAY_CA_KEY_FILE: join(dir, 'gateway-ca.key'),
+    // the suite needs no egress: an upstream resolver that is not there
+    SPACE_GATEWAY_UPSTREAM_DNS: `127.0.0.1:${deadDns}`,
+  };
+  const agentEnv = {
+    ...common,
+    SPACE_VERIFY_KEY_FILE: join(dir, 'key.pub.pem'),
+    SPACE_AGENT_PORT: String(agentPort),
+    SPACE_NODE_ID: NODE_ID,
+    SPACE_AGENT_STATE_DIR: join(dir, 'agent'),
+    SPACE_CACHE_DIR: TEST_CACHE_DIR,
+    SPACE_NETWORK_POOL: pool,
+    SPACE_AGENT_ON_SHUTDOWN: 'destroy',
+    SPACE_WARM_POOL_SIZE: '0',
+    SPACE_HEARTBEAT_INTERVAL_MS: '1000',
+    SPACE_GATEWAY_CONTROL_SOCKET: gatewayEnv.SPACE_GATEWAY_CONTROL_SOCKET,
+    SPACE_GATEWAY_DNS_PORT: String(dnsPort),
+    SPACE_GATEWAY_HTTP_PORT: String(httpPort),
+    SPACE_GATEWAY_TLS_PORT: String(tlsPort),
+    SPACE_TRUSTED_CA_FILE: gatewayEnv.SPACE_GATEWAY_CA_CERT_FILE,
+    ...env,
+  };
+  const apiEnv = {
+    ...common,
+    SPACE_SIGNING_KEY_FILE: join(dir, 'key.pem'),
+    SPACE_API_PORT: String(apiPort),
+    SPACE_BOOTSTRAP_API_KEY_FILE: join(dir, 'api-key'),
+    SPACE_REAPER_INTERVAL_MS: '200',
+    ...env,
+  };
+  const apiUrl = `http://127.0.0.1:${apiPort}`;
+  const agentUrl = `http://127.0.0.1:${agentPort}`;
+  const procs = new Map<Part, ChildProcess>();
+
+  const launch = (part: Part): ChildProcess => {
+    const log = openSync(join(dir, `${part}.log`), 'a');
+    const child =
+      part === 'redis'
+        ? spawn(
+            'redis-server',
+            [
+              '--port',
+              String(redisPort),
+              '--bind',
+              '127.0.0.1',
+              '--save',
+              '',
+              '--appendonly',
+              'yes',
+              '--appendfsync',
+              'always',
+              '--dir',
+              dir,
+            ],
+            { stdio: ['ignore', log, log] },
+          )
+        : spawn(process.execPath, [join(root, `runtime/${part}/server.ts`)], {
+            env: {
+              ...process.env,
+              ...(part === 'gateway' ? gatewayEnv : part === 'agent' ? agentEnv : apiEnv),
+            },
+            stdio: ['ignore', log, log],
+          });
+    procs.set(part, child);
+    return child;
+  };
+
+  const healthy = async (url: string) => {
+    try {
+      const res = await request(url, { headersTimeout: 1000, bodyTimeout: 1000 });
+      await res.body.dump();
+      return res.statusCode === 200 ? true : undefined;
+    } catch {
+      return undefined;
+    }
+  };
+
+  const start = async (part: Part) => {
+    const child = launch(part);
+    const exited = once(child, 'exit').then(([code]) => {
+      throw new Error(`${part} exited with ${code} while starting (see ${dir}/${part}.log)`);
+    });
+    exited.catch(() => {});
+    const ready = (async () => {
+      if (part === 'redis') {
+        const probe = new Redis(redisUrl, { lazyConnect: true, retryStrategy: () => null });
+        probe.on('error', () => {});
+        await waitFor(
+          'redis',
+          () =>
+            probe.connect().then(
+              () => true,
+              () => undefined,
+            ),
+          30_000,
+        );
+        probe.disconnect();
+      } else if (part === 'gateway') {
+        await waitFor(
+          'the gateway socket',
+          async () => (existsSync(gatewayEnv.SPACE_GATEWAY_CONTROL_SOCKET) ? true : undefined),
+          60_000,
+        );
+      } else if (part === 'agent') {
+        await waitFor('the agent', () => healthy(`${agentUrl}/healthz`), 180_000);
+      } else {
+        await waitFor('the api', () => healthy(`${apiUrl}/healthz`), 60_000);
+      }
+    })();
+    await Promise.race([ready, exited]);
+  };
+
+  await start('redis');
+  await start('gateway');
+  await start('agent');
+  await start('api');
+  const apiKey = (await readFile(join(dir, 'api-key'), 'utf8')).trim();
+  const redis = new Redis(redisUrl, { maxRetriesPerRequest: 1 });
+  redis.on('error', () => {}); // Redis restarts are part of the suite; commands fail and are retried
+  const signingKey = await loadSigningKey(join(dir, 'key.pem'));
+  const instanceIds = new Set<string>();
+  const noteInstances = async () => {
+    const instancesDir = join(dir, 'agent', 'driver', 'instances');
+    for (const i of await readdir(instancesDir).catch(() => [] as string[])) instanceIds.add(i);
+  };
+  // instances live for seconds at least: a 200 ms poll sees every one the agent makes
+  const poller = setInterval(() => void noteInstances(), 200);
+  poller.unref();
+
+  const stack: FaultStack = {
+    dir,
+    pool,
+    instanceIds,
+    nodeId: NODE_ID,
+    apiUrl,
+    agentUrl,
+    apiKey,
+    redis,
+    async call(method, path, body) {
+      const res = await request(new URL(path, apiUrl), {
+        method: method as 'GET',
+        headers: {
+          authorization: `Bearer ${apiKey}`,
+          ...(body === undefined ? {} : { 'content-type': 'application/json' }),
+        },
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+      const text = await res.body.text();
+      return { status: res.statusCode, body: (text ? JSON.parse(text) : {}) as never };
+    },
+    signal(part, signal) {
+      procs.get(part)?.kill(signal);
+    },
+    async kill(part) {
+      const child = procs.get(part);
+      if (!child || child.exitCode !== null || child.signalCode !== null) return;
+      const gone = once(child, 'exit');
+      child.kill('SIGKILL');
+      await gone;
+      if (part === 'gateway') await rm(gatewayEnv.SPACE_GATEWAY_CONTROL_SOCKET, { force: true });
+    },
+    start,
+    running(part) {
+      const child = procs.get(part);
+      return !!child && child.exitCode === null && child.signalCode === null;
+    },
+    proc(part) {
+      const child = procs.get(part);
+      if (!child) throw new Error(`${part} never started`);
+      return child;
+    },
+    async inventory() {
+      const token = await mintDispatchToken(signingKey, NODE_ID);
+      const res = await request(new URL(AGENT_ROUTES.sandboxes, agentUrl), {
+        headers: { authorization: `Bearer ${token}` },
+        headersTimeout: 5000,
+        bodyTimeout: 5000,
+      });
+      const body = (await res.body.json()) as { sandboxes: AgentSandboxSummary[] };
+      return body.sandboxes.map((s) => s.id).sort();
+    },
+    async stop() {
+      await noteInstances();
+      clearInterval(poller);
+      redis.disconnect();
+      for (const part of ['api', 'agent', 'gateway', 'redis'] as const) {
+        const child = procs.get(part);
+        if (!child || child.exitCode !== null || child.signalCode !== null) continue;
+        child.kill('SIGCONT');
+        const gone = once(child, 'exit');
+        child.kill('SIGTERM');
+        const t = setTimeout(() => child.kill('SIGKILL'), 60_000);
+        await gone;
+        clearTimeout(t);
+      }
+      // before the folder goes: mounts and processes are found by its path
+      stack.left = await leftovers(stack);
+      if (!process.env.SPACE_TEST_KEEP_LOGS) await rm(dir, { recursive: true, force: true });
+    },
+  };
+  return stack;
+}
+
+/**
+ * The node, the records and the reservations agree: the agent runs exactly the sandboxes the
+ * control plane records as live on the node, and the node's reservations count exactly those.
+ * Returns the three views (sorted ids and the reservation count) for an equality assertion.
+ */
+export async function views(
+  s: FaultStack,
+): Promise<{ node: string[]; records: string[]; reserved: string[]; count: number }> {
+  const placed = (await s.redis.smembers(keys.nodeSandboxes(s.nodeId))).sort();
+  const records: string[] = [];
+  for (const id of await s.redis.zrange(keys.sandboxIndex(), 0, -1)) {
+    const [state, nodeId] = await s.redis.hmget(keys.sandbox(id), 'state', 'nodeId');
+    if (nodeId === s.nodeId && state && state !== 'killed' && state !== 'killing' && state !== 'creating')
+      records.push(id);
+  }
+  return {
+    node: await s.inventory(),
+    records: records.sort(),
+    reserved: placed,
+    count: Number((await s.redis.hget(keys.node(s.nodeId), 'sandboxes')) ?? 0),
+  };
+}
+
+/** Waits until node, records and reservations agree (see {@link views}); returns the agreed ids. */
+export async function converged(s: FaultStack, timeoutMs = 60_000): Promise<string[]> {
+  let last: Awaited<ReturnType<typeof views>> | null = null;
+  try {
+    return await waitFor(
+      'node, records and reservations to agree',
+      async () => {
+        last = await views(s).catch(() => null);
+        if (!last) return undefined;
+        const same =
+          JSON.stringify(last.node) === JSON.stringify(last.records) &&
+          JSON.stringify(last.records) === JSON.stringify(last.reserved) &&
+          last.count === last.records.length;
+        return same ? last.records : undefined;
+      },
+      timeoutMs,
+    );
+  } catch (err) {
+    throw new Error(`${(err as Error).message}: ${JSON.stringify(last)}`);
+  }
+}

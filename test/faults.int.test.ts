@@ -1,0 +1,336 @@
+/**
+ * The fault suite (`npm run test:faults`): each case of ../shared/cases/faults.md (F1–F5) injected
+ * for real into a stack whose parts are separate processes (kill -9, SIGSTOP/SIGCONT, a killed
+ * gateway), checking the node as well as the records: after each, node inventory = records =
+ * reservations, and no operation ended twice. Each case logs how long recovery took and what the
+ * client saw (`fault …` lines) — the figures for the issue's closing note.
+ */
+import { readdir } from 'node:fs/promises';
+import { join } from 'node:path';
+import { request } from 'undici';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { keys } from '../runtime/core/redis-keys.ts';
+import { converged, type FaultStack, startFaultStack } from './fault-stack.ts';
+import { leftovers, NO_LEFTOVERS, readEvents, waitFor } from './stack.ts';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+/** Node-lost grace the suite's API uses (the default is 2 min), ms. */
+const GRACE_MS = 20_000;
+/** Dispatch timeout of the suite's API (default 60 s): past the reclaim time (30 s), as in F3. */
+const DISPATCH_TIMEOUT_MS = 40_000;
+
+type Op = { id: string; state: string; error: { code: string; message: string } | null };
+
+function report(fault: string, fields: Record<string, unknown>): void {
+  console.log(`fault ${fault} ${JSON.stringify(fields)}`);
+}
+
+describe('faults', { timeout: 240_000 }, () => {
+  let s: FaultStack;
+
+  async function create(): Promise<string> {
+    const res = await s.call<{ sandbox: { id: string }; operation: { id: string } }>(
+      'POST',
+      '/v1/sandboxes',
+      {
+        template: 'base',
+        vcpus: 0.5,
+        memoryMiB: 128,
+      },
+    );
+    if (res.status !== 202) throw new Error(`create: ${res.status} ${JSON.stringify(res.body)}`);
+    const op = await finished(res.body.operation.id);
+    if (op.state !== 'succeeded') throw new Error(`create failed: ${JSON.stringify(op.error)}`);
+    return res.body.sandbox.id;
+  }
+
+  /** Waits until the operation ended; returns it. */
+  async function finished(opId: string): Promise<Op> {
+    for (let i = 0; i < 60; i++) {
+      const op = await s.call<Op>('GET', `/v1/operations/${opId}?waitMs=5000`);
+      if (op.body.state === 'succeeded' || op.body.state === 'failed') return op.body;
+    }
+    throw new Error(`operation ${opId} did not end`);
+  }
+
+  async function del(id: string): Promise<string> {
+    const res = await s.call<{ operation: { id: string } }>('DELETE', `/v1/sandboxes/${id}`);
+    expect(res.status).toBe(202);
+    return res.body.operation.id;
+  }
+
+  async function record(id: string) {
+    return (await s.call<{ state: string; killReason: string | null }>('GET', `/v1/sandboxes/${id}`)).body;
+  }
+
+  /** Starts a command printing numbered lines every 100 ms; returns its stream. */
+  async function lines(id: string): Promise<{ url: string; token: string }> {
+    const res = await s.call<{ stream: { url: string; token: string } }>(
+      'POST',
+      `/v1/sandboxes/${id}/commands`,
+      {
+        cmd: 'sh',
+        args: ['-c', 'i=0; while :; do echo $i; i=$((i+1)); sleep 0.1; done'],
+      },
+    );
+    expect(res.status).toBe(201);
+    return res.body.stream;
+  }
+
+  /** Instances the driver holds on disk (each a runsc sandbox with its network). */
+  async function instances(): Promise<number> {
+    return (await readdir(join(s.dir, 'agent', 'driver', 'instances')).catch(() => [])).length;
+  }
+
+  /** Waits until the node's alive key expired (the agent is stopped or cut off). */
+  async function notAlive(): Promise<number> {
+    const t0 = Date.now();
+    await waitFor(
+      'the node to stop counting as alive',
+      async () => ((await s.redis.exists(keys.nodeAlive(s.nodeId))) === 0 ? true : undefined),
+      30_000,
+    );
+    return Date.now() - t0;
+  }
+
+  async function agentMetric(name: string): Promise<number> {
+    const res = await request(`${s.agentUrl}/metrics`);
+    const text = await res.body.text();
+    const line = text.split('\n').find((l) => l.startsWith(`${name} `) || l.startsWith(`${name}{`));
+    return Number(line?.split(' ').pop() ?? 'NaN');
+  }
+
+  beforeAll(async () => {
+    s = await startFaultStack({
+      SPACE_NODE_LOST_GRACE_MS: String(GRACE_MS),
+      SPACE_DISPATCH_TIMEOUT_MS: String(DISPATCH_TIMEOUT_MS),
+    });
+  });
+  // a failed case must not leave the agent stopped (or dead) for the next one
+  afterEach(async () => {
+    s?.signal('agent', 'SIGCONT');
+    if (s && !s.running('agent')) await s.start('agent');
+  });
+  afterAll(async () => {
+    if (!s) return;
+    s.signal('agent', 'SIGCONT');
+    await s.stop();
+    expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
+  });
+
+  it('f1-delete-without-gateway: a delete while the gateway is dead still destroys the instance', async () => {
+    const keep = await create();
+    const id = await create();
+    await s.kill('gateway');
+    const t0 = Date.now();
+    const op = await finished(await del(id));
+    await s.start('gateway');
+    const agreed = await converged(s);
+    report('F1', { op: op.state, code: op.error?.code ?? null, recoveredMs: Date.now() - t0 });
+    expect(op.state).toBe('succeeded');
+    expect(await record(id)).toMatchObject({ state: 'killed' });
+    expect(agreed).toEqual([keep]);
+    expect(await instances()).toBe(1);
+    await finished(await del(keep));
+    expect(await converged(s)).toEqual([]);
+  });
+
+  it('f2-delete-while-stopped: a delete the node missed is finished when the node speaks again', async () => {
+    const keep = await create();
+    const id = await create();
+    s.signal('agent', 'SIGSTOP');
+    await notAlive();
+    const op = await finished(await del(id));
+    // the control plane does not call done what it never carried out on the node
+    expect(op.state).toBe('failed');
+    expect(op.error?.code).toBe('NODE_UNAVAILABLE');
+    expect(await record(id)).toMatchObject({ state: 'killing' });
+    // its reservation is held while it may still run
+    expect(await s.redis.hget(keys.node(s.nodeId), 'sandboxes')).toBe('2');
+    s.signal('agent', 'SIGCONT');
+    const t0 = Date.now();
+    await waitFor(
+      'the delete to finish',
+      async () => ((await record(id)).state === 'killed' ? true : undefined),
+      60_000,
+    );
+    const agreed = await converged(s);
+    report('F2-short', { op: op.state, code: op.error?.code, recoveredAfterContMs: Date.now() - t0 });
+    expect(agreed).toEqual([keep]);
+    expect(await instances()).toBe(1);
+    await finished(await del(keep));
+    expect(await converged(s)).toEqual([]);
+  });
+
+  it('f2-node-lost: a node declared lost destroys its sandboxes when it speaks again', async () => {
+    const ids = [await create(), await create()];
+    const stream = await lines(ids[0]!);
+    const reader = readEvents(stream.url, stream.token).then(
+      (events) => ({ events }),
+      (err: unknown) => ({ err }),
+    );
+    s.signal('agent', 'SIGSTOP');
+    const stoppedAt = Date.now();
+    await notAlive();
+    for (const id of ids) {
+      await waitFor(
+        'the sandbox to be declared lost',
+        async () => ((await record(id)).state === 'killed' ? true : undefined),
+        GRACE_MS + 60_000,
+      );
+      expect(await record(id)).toMatchObject({ killReason: 'node_lost' });
+    }
+    const lostAfterMs = Date.now() - stoppedAt;
+    expect(await s.redis.hget(keys.node(s.nodeId), 'lostAt')).not.toBeNull();
+    s.signal('agent', 'SIGCONT');
+    const t0 = Date.now();
+    expect(await converged(s)).toEqual([]);
+    const recoveredMs = Date.now() - t0;
+    expect(await instances()).toBe(0);
+    // the stream of a destroyed sandbox ends, and its token opens nothing any more
+    const ended = await reader;
+    const again = await request(stream.url, { headers: { authorization: `Bearer ${stream.token}` } });
+    await again.body.dump();
+    expect(again.statusCode).toBe(404);
+    expect(await s.redis.hget(keys.node(s.nodeId), 'lostAt')).toBeNull();
+    report('F2-lost', {
+      lostAfterMs,
+      recoveredAfterContMs: recoveredMs,
+      stream: 'err' in ended ? 'error' : 'ended',
+    });
+    // the node is back in service
+    const id = await create();
+    expect(await converged(s)).toEqual([id]);
+    await finished(await del(id));
+  });
+
+  it('f3-operation-ends-once: a delete dispatched to a hung node ends once and stays ended', async () => {
+    const id = await create();
+    s.signal('agent', 'SIGSTOP');
+    const t0 = Date.now();
+    const opId = await del(id);
+    // watch the operation, the node still stopped, past the worker's reclaim time (30 s) and the
+    // dispatch timeout: every state it shows
+    const seen: string[] = [];
+    while (Date.now() - t0 < DISPATCH_TIMEOUT_MS + 5_000) {
+      const op = await s.call<Op>('GET', `/v1/operations/${opId}`);
+      if (seen.at(-1) !== op.body.state) seen.push(op.body.state);
+      await sleep(250);
+    }
+    s.signal('agent', 'SIGCONT');
+    const op = await finished(opId);
+    const terminal = seen.filter((x) => x === 'succeeded' || x === 'failed');
+    report('F3', { states: seen, final: op.state, code: op.error?.code ?? null });
+    expect(terminal.length).toBe(1);
+    expect(op.state).toBe(terminal[0]);
+    await waitFor(
+      'the sandbox to be killed',
+      async () => ((await record(id)).state === 'killed' ? true : undefined),
+      60_000,
+    );
+    // the node missed nothing afterwards either: the first outcome is still the outcome
+    expect((await finished(opId)).state).toBe(terminal[0]);
+    expect(await converged(s)).toEqual([]);
+    expect(await instances()).toBe(0);
+  });
+
+  it('f4-abandoned-streams: clients that gave up during a stall leave no stream behind', async () => {
+    const id = await create();
+    const stream = await lines(id);
+    for (let round = 0; round < 4; round++) {
+      s.signal('agent', 'SIGSTOP');
+      await Promise.allSettled(
+        Array.from({ length: 70 }, () =>
+          request(stream.url, {
+            headers: { authorization: `Bearer ${stream.token}` },
+            signal: AbortSignal.timeout(2000),
+          }).then((r) => r.body.dump()),
+        ),
+      );
+      s.signal('agent', 'SIGCONT');
+      await sleep(500);
+    }
+    const t0 = Date.now();
+    await waitFor(
+      'every abandoned stream to be freed',
+      async () => ((await agentMetric('space_agent_streams')) === 0 ? true : undefined),
+      30_000,
+    );
+    const freedMs = Date.now() - t0;
+    // a new client gets a stream whose lines are in sequence, nothing lost or repeated
+    const abort = new AbortController();
+    const events = await readEvents(stream.url, stream.token, { stopAfter: 20, signal: abort.signal });
+    const text = events
+      .filter((e) => e.event === 'stdout')
+      .map((e) => Buffer.from(JSON.parse(e.data).data, 'base64').toString())
+      .join('');
+    const numbers = text.trim().split('\n').map(Number);
+    expect(numbers).toEqual(numbers.map((_, i) => numbers[0]! + i));
+    await waitFor(
+      'the stream to be freed',
+      async () => ((await agentMetric('space_agent_streams')) === 0 ? true : undefined),
+      30_000,
+    );
+    // shutdown ends (destroy mode: the sandbox goes with it)
+    const exited = new Promise((r) => s.proc('agent').once('exit', r));
+    const stopAt = Date.now();
+    s.signal('agent', 'SIGTERM');
+    await exited;
+    report('F4', { freedAfterContMs: freedMs, shutdownMs: Date.now() - stopAt });
+    await s.start('agent');
+    await waitFor(
+      'the sandbox to be ended',
+      async () => ((await record(id)).state === 'killed' ? true : undefined),
+      60_000,
+    );
+    expect(await converged(s)).toEqual([]);
+  });
+
+  it('f5-transient-codes: no live node gives retryable codes, and a failed create holds nothing', async () => {
+    // a create dispatched to a node that hangs: it fails once the node stops heartbeating
+    s.signal('agent', 'SIGSTOP');
+    const accepted = await s.call<{ sandbox: { id: string }; operation: { id: string } }>(
+      'POST',
+      '/v1/sandboxes',
+      {
+        template: 'base',
+        vcpus: 0.5,
+        memoryMiB: 128,
+      },
+    );
+    expect(accepted.status).toBe(202);
+    const waitedMs = await notAlive();
+    const refused = await s.call<{ error: { code: string } }>('POST', '/v1/sandboxes', { template: 'base' });
+    expect([refused.status, refused.body.error.code]).toEqual([409, 'TEMPLATE_NOT_READY']);
+    const templates = await s.call<{ templates: { name: string; ready: boolean }[] }>('GET', '/v1/templates');
+    expect(templates.body.templates).toContainEqual({ name: 'base', ready: false });
+    // with no live node nothing can say a name is wrong for good: retryable too
+    const unknown = await s.call<{ error: { code: string } }>('POST', '/v1/sandboxes', { template: 'nope' });
+    expect([unknown.status, unknown.body.error.code]).toEqual([503, 'NODE_UNAVAILABLE']);
+    // the hung create ends (while the node is still stopped) and releases its reservation at once
+    const op = await finished(accepted.body.operation.id);
+    expect(op).toMatchObject({ state: 'failed', error: { code: 'NODE_UNAVAILABLE' } });
+    expect(await s.redis.hget(keys.node(s.nodeId), 'sandboxes')).toBe('0');
+    expect(await record(accepted.body.sandbox.id)).toMatchObject({
+      state: 'killed',
+      killReason: 'create_failed',
+    });
+    s.signal('agent', 'SIGCONT');
+    const t0 = Date.now();
+    // the node carried the create out after all (it was waiting in its socket): it destroys it
+    expect(await converged(s)).toEqual([]);
+    await waitFor(
+      'the late instance to be destroyed',
+      async () => ((await instances()) === 0 ? true : undefined),
+      60_000,
+    );
+    report('F5', {
+      notAliveAfterMs: waitedMs,
+      createCode: refused.body.error.code,
+      recoveredAfterContMs: Date.now() - t0,
+    });
+    const id = await create();
+    await finished(await del(id));
+    expect(await converged(s)).toEqual([]);
+  });
+});
