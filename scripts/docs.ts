@@ -9,6 +9,7 @@ import { apiSettings } from '../runtime/api/config.ts';
 import { describeConfig, type SettingsSpec } from '../runtime/core/config.ts';
 import { ERROR_CODES } from '../runtime/core/errors.ts';
 import { gatewaySettings } from '../runtime/gateway/config.ts';
+import { routerSettings } from '../runtime/router/config.ts';
 
 /** Settings whose default is read from the host at start (shown as such, not as this machine's value). */
 const HOST_DEFAULTS = new Set(['SPACE_NODE_ID', 'SPACE_NODE_VCPUS', 'SPACE_NODE_MEMORY_MIB']);
@@ -34,6 +35,7 @@ export function generatedBlocks(): Record<string, string> {
     'config-api': configTable(apiSettings),
     'config-agent': configTable(agentSettings),
     'config-gateway': configTable(gatewaySettings),
+    'config-router': configTable(routerSettings),
   };
 }
 

@@ -6,7 +6,7 @@
  */
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtemp, readdir, rm } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -21,11 +21,13 @@ describe('space CLI against `space up`', () => {
   let up: ChildProcess;
   let env: NodeJS.ProcessEnv;
   let output = '';
+  let routerPort = 0;
   const pool = `10.${100 + Math.floor(Math.random() * 100)}.0.0/16`;
 
   beforeAll(async () => {
     home = await mkdtemp(join(tmpdir(), 'space-cli-'));
     const [apiPort, agentPort] = [await freePort(), await freePort()];
+    routerPort = await freePort();
     env = { ...process.env, SPACE_HOME: home, SPACE_NETWORK_POOL: pool, SPACE_WARM_POOL_SIZE: '1' };
     up = spawn(
       process.execPath,
@@ -36,6 +38,8 @@ describe('space CLI against `space up`', () => {
         String(apiPort),
         '--agent-port',
         String(agentPort),
+        '--router-port',
+        String(routerPort),
         '--redis-url',
         inject('redisUrl'),
       ],
@@ -76,6 +80,12 @@ describe('space CLI against `space up`', () => {
       },
     ).catch((err: { code: number; stdout: string }) => err);
     expect(exec).toMatchObject({ code: 3, stdout: 'hello\n' });
+
+    // the command's output came through the router `space up` started (the API hands out its URL)
+    const local = JSON.parse(await readFile(join(home, 'local.json'), 'utf8')) as { routerUrl?: string };
+    expect(local.routerUrl).toBe(`http://127.0.0.1:${routerPort}`);
+    const metrics = await (await fetch(`${local.routerUrl}/metrics`)).text();
+    expect(metrics).toMatch(/space_router_requests_total\{route="command\.events",status="200"\} [1-9]/);
 
     // r16-cli-exit-codes: the CLI's own failures exit 125, never a code the command could return
     const fail = (args: string[], extra: NodeJS.ProcessEnv = {}) =>

@@ -163,6 +163,8 @@ export async function startStack(env: Record<string, string> = {}, gw?: StackGat
     SPACE_AGENT_ON_SHUTDOWN: 'destroy',
     SPACE_WARM_POOL_SIZE: '0',
     SPACE_HEARTBEAT_INTERVAL_MS: '1000',
+    // sandboxes of long tests must not pause themselves under the test: tests of auto-pause ask for it
+    SPACE_DEFAULT_AUTO_PAUSE_SEC: '0',
     ...env,
   };
   let gateway: RunningGateway | null = null;

@@ -7,8 +7,8 @@
  *   api-key                  the bootstrap API key (0600, written by the API on first start)
  *   signing-key.pem          Ed25519 private key that signs tokens (0600)
  *   verify-key.pem           its public key (agents verify tokens with it)
- *   local.json               { apiUrl, agentUrl, redisUrl, apiKeyFile, pid, startedAt } of `space up`
- *   logs/{api,agent,redis}.log
+ *   local.json               { apiUrl, agentUrl, routerUrl?, redisUrl, apiKeyFile, pid, startedAt } of `space up`
+ *   logs/{api,router,agent,gateway,redis}.log
  *   redis/                   Redis data dir (append-only file: operations survive restarts)
  * ```
  * Endpoint: `--api-url` > `SPACE_API_URL` > `local.json` apiUrl > http://127.0.0.1:8080.
@@ -43,6 +43,8 @@ export function localPaths(home: string) {
 export interface LocalState {
   apiUrl: string;
   agentUrl?: string;
+  /** The router's URL (absent with --no-router). */
+  routerUrl?: string;
   redisUrl?: string;
   apiKeyFile?: string;
   pid?: number;

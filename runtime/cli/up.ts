@@ -1,10 +1,13 @@
 /**
- * `space up`: the local single-node stack in the foreground — Redis (unless --redis-url), the API and
- * one node agent (gVisor driver), with keys, the `base` template and logs under `$SPACE_HOME`.
+ * `space up`: the local single-node stack in the foreground — Redis (unless --redis-url), the API,
+ * the data-plane router (unless --no-router) and one node agent (gVisor driver), with keys, the
+ * `base` template and logs under `$SPACE_HOME`. With the router, the API hands out router URLs
+ * (SPACE_ROUTER_URL) for command streams and files; without it, the agent's own URL.
  *
- * Start: prerequisites → free ports → `$SPACE_HOME` + key pair → template `base` → Redis → API and
- * agent → both `/readyz` → an alive node in `GET /v1/nodes` → `local.json` → "ready" on stdout.
- * Stop (Ctrl-C / SIGTERM / SIGHUP): agent first (it destroys its sandboxes), then the API, then Redis, each with
+ * Start: prerequisites → free ports → `$SPACE_HOME` + key pair → template `base` → Redis → API,
+ * router and agent → their `/readyz` → an alive node in `GET /v1/nodes` → `local.json` → "ready".
+ * Stop (Ctrl-C / SIGTERM / SIGHUP): the router first (no new client traffic), then the agent (it
+ * destroys its sandboxes), then the API, then Redis, each with
  * a timeout and a SIGKILL fallback; exit 0. A child that dies on its own stops the rest: exit 1 with
  * the tail of its log. Children run in their own process groups so a terminal Ctrl-C reaches only us
  * and the stop order holds.
@@ -43,7 +46,13 @@ export const LOCAL_NODE_ID = 'local';
 const HOST = '127.0.0.1';
 
 /** How long each child gets to stop after SIGTERM before SIGKILL, ms. */
-export const STOP_TIMEOUT_MS = { agent: 120_000, gateway: 15_000, api: 15_000, redis: 15_000 } as const;
+export const STOP_TIMEOUT_MS = {
+  router: 15_000,
+  agent: 120_000,
+  gateway: 15_000,
+  api: 15_000,
+  redis: 15_000,
+} as const;
 
 /** The host's first resolver (`/etc/resolv.conf`), as `ip:53`: what the local gateway asks. */
 export function hostResolver(resolvConf: string): string {
@@ -54,6 +63,9 @@ export function hostResolver(resolvConf: string): string {
 interface UpOptions {
   apiPort: number;
   agentPort: number;
+  routerPort: number;
+  /** False with --no-router: clients reach the agent directly. */
+  router: boolean;
   redisUrl?: string;
   warm?: number;
   verbose?: boolean;
@@ -248,9 +260,18 @@ async function prepareHome(paths: ReturnType<typeof localPaths>): Promise<void> 
 export function registerUp(program: Command): void {
   program
     .command('up')
-    .description('run the local single-node stack (Redis, API, agent) in the foreground; Ctrl-C stops it')
+    .description(
+      'run the local single-node stack (Redis, API, router, agent) in the foreground; Ctrl-C stops it',
+    )
     .option('--api-port <port>', 'API port', parsePositiveInt('--api-port'), 8080)
     .option('--agent-port <port>', 'agent (data plane) port', parsePositiveInt('--agent-port'), 8081)
+    .option(
+      '--router-port <port>',
+      'router (public data plane) port',
+      parsePositiveInt('--router-port'),
+      8082,
+    )
+    .option('--no-router', 'no router: clients stream from the agent’s own URL')
     .option('--redis-url <url>', `use this Redis instead of starting one on ${HOST}:${LOCAL_REDIS_PORT}`)
     .option('--warm <n>', 'warm sandboxes kept per template (agent default 2)', (v) => {
       if (!/^[0-9]+$/.test(v)) throw usageError(`--warm must be a number, got "${v}"`);
@@ -266,7 +287,8 @@ The first start builds template "base" (about a minute); later starts reuse it.
 
 Examples:
   space up
-  space up --api-port 9080 --agent-port 9081 --warm 0 --verbose
+  space up --api-port 9080 --agent-port 9081 --router-port 9082 --warm 0 --verbose
+  space up --no-router
   space up --redis-url redis://10.0.0.5:6379`,
     )
     .action(async (o: UpOptions, cmd: Command) => {
@@ -288,6 +310,7 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
   const ports: [string, number][] = [
     ['API', o.apiPort],
     ['agent', o.agentPort],
+    ...(o.router ? ([['router', o.routerPort]] as [string, number][]) : []),
     ...(localRedis ? ([['Redis', LOCAL_REDIS_PORT]] as [string, number][]) : []),
   ];
   if (new Set(ports.map(([, p]) => p)).size !== ports.length) throw usageError('the ports must differ');
@@ -305,7 +328,7 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
           ? `another \`space up\` seems to be running (pid ${prior.pid}); stop it first`
           : prior
             ? `a \`space up\` (pid ${prior.pid}) ended without stopping its services; stop them (the agent first: ` +
-              `pkill -TERM -f runtime/agent/server.ts, then runtime/api/ and runtime/gateway/, then redis-server), ` +
+              `pkill -TERM -f runtime/agent/server.ts, then runtime/router/, runtime/api/ and runtime/gateway/, then redis-server), ` +
               'or pick other ports with --api-port / --agent-port'
             : 'stop what uses them, or pick others with --api-port / --agent-port',
       },
@@ -319,6 +342,7 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
   const redisUrl = o.redisUrl ?? `redis://${HOST}:${LOCAL_REDIS_PORT}`;
   const apiUrl = `http://${HOST}:${o.apiPort}`;
   const agentUrl = `http://${HOST}:${o.agentPort}`;
+  const routerUrl = o.router ? `http://${HOST}:${o.routerPort}` : undefined;
   const baseEnv: NodeJS.ProcessEnv = { ...process.env, PATH: searchPath(process.env['PATH']) };
   const children: Child[] = [];
   const log = (name: string) => join(paths.logs, `${name}.log`);
@@ -334,7 +358,7 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
   void stopped.then(() => startAbort.abort());
   const onSignal = (signal: string) => {
     if (!stopping) {
-      note(`space: ${signal}: stopping (agent, then API, then Redis)…`);
+      note(`space: ${signal}: stopping (router, agent, then API, then Redis)…`);
       resolveStop({ kind: 'signal', signal });
     } else note('space: still stopping; the agent is destroying its sandboxes');
   };
@@ -401,8 +425,20 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
       SPACE_REDIS_URL: redisUrl,
       SPACE_SIGNING_KEY_FILE: paths.signingKey,
       SPACE_BOOTSTRAP_API_KEY_FILE: paths.apiKey,
+      ...(routerUrl ? { SPACE_ROUTER_URL: routerUrl } : {}),
       SPACE_LOG_LEVEL: process.env['SPACE_LOG_LEVEL'] ?? 'info',
     });
+    if (routerUrl) {
+      note(`space: starting the router on ${routerUrl} (command streams and files go through it)`);
+      start('router', node, [fileURLToPath(new URL('../router/server.ts', import.meta.url))], {
+        ...baseEnv,
+        SPACE_ROUTER_HOST: HOST,
+        SPACE_ROUTER_PORT: String(o.routerPort),
+        SPACE_REDIS_URL: redisUrl,
+        SPACE_VERIFY_KEY_FILE: paths.verifyKey,
+        SPACE_LOG_LEVEL: process.env['SPACE_LOG_LEVEL'] ?? 'info',
+      });
+    }
     const gatewaySocket = join(paths.home, 'gateway.sock');
     const gatewayCa = join(paths.home, 'gateway-ca.crt');
     rmSync(gatewaySocket, { force: true }); // a stale socket would look ready
@@ -439,6 +475,9 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
       Promise.all([
         until('the API', 60_000, () => httpOk(`${apiUrl}/readyz`), startAbort.signal),
         until('the agent', 180_000, () => httpOk(`${agentUrl}/readyz`), startAbort.signal),
+        ...(routerUrl
+          ? [until('the router', 60_000, () => httpOk(`${routerUrl}/readyz`), startAbort.signal)]
+          : []),
       ]),
     );
     await guard(until('the API key file', 10_000, async () => existsSync(paths.apiKey), startAbort.signal));
@@ -475,6 +514,7 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
     const state: LocalState = {
       apiUrl,
       agentUrl,
+      ...(routerUrl ? { routerUrl } : {}),
       redisUrl,
       apiKeyFile: paths.apiKey,
       pid: process.pid,
@@ -485,9 +525,10 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
     else {
       println('SPACE is running (Ctrl-C to stop)');
       println(`  API      ${apiUrl}`);
+      println(`  router   ${routerUrl ?? 'none (--no-router): clients reach the agent directly'}`);
       println(`  driver   ${driverName} (npx space doctor tells why)`);
       println(`  API key  ${paths.apiKey}`);
-      println(`  logs     ${join(paths.logs, '{api,agent,gateway,redis}.log')}`);
+      println(`  logs     ${join(paths.logs, `{api,${routerUrl ? 'router,' : ''}agent,gateway,redis}.log`)}`);
       println('try: npx space sandbox create --template base');
     }
     reason = await stopped;
@@ -499,7 +540,7 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
   stopping = true;
   startAbort.abort();
   const byName = (n: string) => children.find((c) => c.name === n);
-  for (const name of ['agent', 'gateway', 'api', 'redis'] as const) {
+  for (const name of ['router', 'agent', 'gateway', 'api', 'redis'] as const) {
     const c = byName(name);
     if (!c || c.done) continue;
     note(`space: stopping ${name}…`);

@@ -1,4 +1,4 @@
-import { type Logger, type LoggerOptions, pino } from 'pino';
+import { type DestinationStream, type Logger, type LoggerOptions, pino } from 'pino';
 
 /** Dotted log field names shared by every service; spelled once here. */
 export const F = {
@@ -46,16 +46,23 @@ function requestSerializer(req: {
 
 /**
  * The root logger of a service: JSON lines on stdout, `service` on every line, tokens and
- * authorization headers redacted. `level` is a pino level (`info`, `debug`, `silent`, …).
+ * authorization headers redacted. `level` is a pino level (`info`, `debug`, `silent`, …);
+ * `destination` (default stdout) lets tests read what a service logs.
  */
-export function createLogger(service: string, level: string, extra: LoggerOptions = {}): Logger {
-  return pino({
+export function createLogger(
+  service: string,
+  level: string,
+  extra: LoggerOptions = {},
+  destination?: DestinationStream,
+): Logger {
+  const options: LoggerOptions = {
     level,
     base: { service },
     redact: { paths: REDACT_PATHS, censor: '[redacted]' },
     serializers: { req: requestSerializer, err: pino.stdSerializers.err },
     ...extra,
-  });
+  };
+  return destination ? pino(options, destination) : pino(options);
 }
 
 export type { Logger };

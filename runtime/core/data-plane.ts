@@ -1,0 +1,61 @@
+/**
+ * The data-plane routes, declared once: the node agent serves them, the router forwards exactly
+ * these (and nothing else: the agent's `/internal/…` routes never cross the router). Each route
+ * names the session-token scope it needs. `data-plane.test.ts` checks the agent registers the
+ * same table.
+ */
+import type { SessionScope } from './tokens.ts';
+
+/** One data-plane route: HTTP method, Fastify path pattern (`:id` = sandbox id), scope. */
+export interface DataPlaneRoute {
+  /** Short stable name, used as a metrics label. */
+  readonly name: string;
+  readonly method: 'GET' | 'POST' | 'PUT' | 'DELETE';
+  readonly path: string;
+  readonly scope: SessionScope;
+  /** True when the route streams its answer for long (SSE): counted as a stream. */
+  readonly stream?: boolean;
+}
+
+/** Every data-plane route, on the agent and through the router (paths are the same on both). */
+export const DATA_PLANE_ROUTES = [
+  {
+    name: 'command.events',
+    method: 'GET',
+    path: '/v1/sandboxes/:id/commands/:cmd/events',
+    scope: 'commands',
+    stream: true,
+  },
+  { name: 'command.get', method: 'GET', path: '/v1/sandboxes/:id/commands/:cmd', scope: 'commands' },
+  { name: 'command.stdin', method: 'POST', path: '/v1/sandboxes/:id/commands/:cmd/stdin', scope: 'commands' },
+  {
+    name: 'command.stdin-close',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/commands/:cmd/stdin/close',
+    scope: 'commands',
+  },
+  {
+    name: 'command.signal',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/commands/:cmd/signal',
+    scope: 'commands',
+  },
+  { name: 'files.read', method: 'GET', path: '/v1/sandboxes/:id/files', scope: 'files' },
+  { name: 'files.write', method: 'PUT', path: '/v1/sandboxes/:id/files', scope: 'files' },
+  { name: 'fs.stat', method: 'GET', path: '/v1/sandboxes/:id/fs/stat', scope: 'files' },
+  { name: 'fs.list', method: 'GET', path: '/v1/sandboxes/:id/fs/list', scope: 'files' },
+  { name: 'fs.mkdir', method: 'POST', path: '/v1/sandboxes/:id/fs/mkdir', scope: 'files' },
+  { name: 'fs.remove', method: 'DELETE', path: '/v1/sandboxes/:id/fs', scope: 'files' },
+] as const satisfies readonly DataPlaneRoute[];
+
+/**
+ * The session token of a data-plane request: `Authorization: Bearer <t>` first, else `?token=`.
+ * Returns undefined when neither is present. Pure.
+ */
+export function sessionTokenOf(
+  authorization: string | undefined,
+  query: URLSearchParams,
+): string | undefined {
+  const header = /^Bearer\s+(\S+)$/i.exec(authorization ?? '')?.[1];
+  return header ?? (query.get('token') || undefined);
+}
