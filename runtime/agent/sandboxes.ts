@@ -322,15 +322,26 @@ export class SandboxManager {
     const path = this.#hibernationPath(sb.id);
     const started = Date.now();
     const wasFrozen = sb.paused === 'frozen';
+    /** Milliseconds per step, logged with the result (where a slow hibernation spends its time). */
+    const steps: Record<string, number> = {};
+    let mark = Date.now();
+    const step = (name: string) => {
+      steps[name] = Date.now() - mark;
+      mark = Date.now();
+    };
     if (!wasFrozen) await this.#quiesce(sb);
+    step('quiesceMs');
     // detach first, while the guest still runs, so it sees the connections close; the spools stay
     // on disk and the guest keeps the output written meanwhile for the resumed pumps
     await this.#detach(sb);
+    step('detachMs');
     try {
       if (!wasFrozen) await this.#o.driver.pause(sb.instance.instanceId);
+      step('freezeMs');
       await rm(path, { recursive: true, force: true });
       await mkdir(path, { recursive: true, mode: 0o700 });
       const snapshot = await this.#o.driver.snapshot(sb.instance.instanceId, join(path, 'snapshot'));
+      step('snapshotMs');
       await cp(join(this.#dir(sb.id), 'commands'), join(path, 'commands'), { recursive: true });
       const file: HibernatedFile = {
         sandboxId: sb.id,
@@ -354,11 +365,13 @@ export class SandboxManager {
     this.#sandboxes.delete(sb.id);
     this.#o.activity?.untrack(sb.id);
     await this.#o.gateway?.unregister(sb.instance.network.sandboxAddress).catch(() => {});
+    step('spoolsMs');
     await this.discard(sb.instance).catch((err: unknown) =>
       log.warn({ err }, 'destroying the hibernated instance failed'),
     );
     await rm(this.#dir(sb.id), { recursive: true, force: true });
-    log.info({ path, [F.durationMs]: Date.now() - started }, 'sandbox hibernated');
+    step('destroyMs');
+    log.info({ path, [F.durationMs]: Date.now() - started, ...steps }, 'sandbox hibernated');
     return { store: this.#o.hibernateStore, path };
   }
 
