@@ -9,6 +9,12 @@ import { request } from 'undici';
 export interface BenchClient {
   /** Calls the API; throws with the status and body on HTTP ≥ 400. */
   api<T>(method: string, path: string, body?: unknown): Promise<T>;
+  /**
+   * Waits (at most `timeoutMs`) until an alive node has `template` ready — a stack that was just
+   * started registers its node a few seconds after its API answers.
+   * @throws Error naming what is missing when the time is up.
+   */
+  waitReady(template: string, timeoutMs?: number): Promise<void>;
   /** Long-polls operation `id` until it succeeded; throws when it failed or did not finish. */
   waitOp(id: string): Promise<void>;
   /**
@@ -35,6 +41,19 @@ export function benchClient(ep: { apiUrl: string; apiKey: string }): BenchClient
   }
   return {
     api,
+    async waitReady(template, timeoutMs = 180_000) {
+      const until = Date.now() + timeoutMs;
+      for (;;) {
+        const { nodes } = await api<{ nodes: { alive: boolean; templates: string[] }[] }>(
+          'GET',
+          '/v1/nodes',
+        ).catch(() => ({ nodes: [] }));
+        if (nodes.some((n) => n.alive && n.templates.includes(template))) return;
+        if (Date.now() > until)
+          throw new Error(`no alive node has template "${template}" after ${timeoutMs} ms`);
+        await new Promise((r) => setTimeout(r, 500));
+      }
+    },
     async waitOp(id) {
       for (let i = 0; i < 60; i++) {
         const op = await api<{ state: string; error: unknown }>('GET', `/v1/operations/${id}?waitMs=10000`);

@@ -56,7 +56,7 @@ const ep = resolveEndpoint({ apiUrl: opts.target, apiKey: opts.apiKey });
 const n = Number(opts.n);
 if (!Number.isInteger(n) || n < 1) throw new Error('--n takes a positive integer');
 
-const { api, waitOp, streamTimes } = benchClient(ep);
+const { api, waitOp, waitReady, streamTimes } = benchClient(ep);
 
 /** ms from the POST to the operation's success. */
 async function timedOp(path: string, body?: unknown): Promise<number> {
@@ -82,6 +82,7 @@ function add(k: string, v: number): void {
 }
 
 const created: string[] = [];
+await waitReady('base');
 try {
   for (const mode of ['frozen', 'hibernated'] as const) {
     const { sandbox, operation } = await api<{ sandbox: { id: string }; operation: { id: string } }>(
