@@ -10,12 +10,13 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
 import type { FastifyRequest } from 'fastify';
 import { SpaceError } from '../../core/errors.ts';
+import { ID_PATTERN } from '../../core/ids.ts';
 import { type SessionScope, verifySessionToken } from '../../core/tokens.ts';
 import type { AgentDeps } from '../app.ts';
 import type { LocalSandbox } from '../sandboxes.ts';
 import { streamSpool } from '../sse.ts';
 
-const Sid = Type.String({ pattern: '^[a-z]{1,8}_[a-z0-9]{8,40}$' });
+const Sid = Type.String({ pattern: ID_PATTERN });
 const SandboxParams = Type.Object({ id: Sid });
 const CommandParams = Type.Object({ id: Sid, cmd: Sid });
 const TokenQuery = { token: Type.Optional(Type.String({ maxLength: 4096 })) };
