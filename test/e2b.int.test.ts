@@ -4,7 +4,7 @@
  * E2B_API_URL (the API), E2B_SANDBOX_URL (the router) and E2B_API_KEY (a SPACE API key).
  */
 import { join } from 'node:path';
-import { Sandbox } from 'e2b';
+import { CommandExitError, Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freePort } from './redis-server.ts';
 import { type RouterProcess, startRouterProcess } from './router-process.ts';
@@ -64,5 +64,35 @@ describe('e2b SDK: control plane', () => {
   it('refuses an unknown template and a wrong API key in the SDK’s terms', async () => {
     await expect(Sandbox.create('no-such-template')).rejects.toThrow(/template .*not found/);
     await expect(Sandbox.create('base', { apiKey: 'e2b_0000' })).rejects.toThrow(/API key/i);
+  });
+});
+
+describe('e2b SDK: envd data plane through the router', () => {
+  it('runs commands (stdout, exit codes, a failing command), files write/read/list, background kill', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      expect(await sbx.isRunning()).toBe(true);
+      const r = await sbx.commands.run('echo hi');
+      expect(r.stdout).toBe('hi\n');
+      expect(r.exitCode).toBe(0);
+      const err = await sbx.commands.run('echo oops >&2; exit 3').catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(CommandExitError);
+      expect((err as CommandExitError).exitCode).toBe(3);
+      expect((err as CommandExitError).stderr).toBe('oops\n');
+
+      await sbx.files.write('/home/user/hello.txt', 'hello from e2b');
+      expect(await sbx.files.read('/home/user/hello.txt')).toBe('hello from e2b');
+      const names = (await sbx.files.list('/home/user')).map((e) => e.name);
+      expect(names).toContain('hello.txt');
+      expect((await sbx.commands.run('cat /home/user/hello.txt')).stdout).toBe('hello from e2b');
+
+      const bg = await sbx.commands.run('sleep 600', { background: true });
+      expect(bg.pid).toBeGreaterThan(0);
+      expect(await sbx.commands.kill(bg.pid)).toBe(true);
+      await expect(bg.wait()).rejects.toBeInstanceOf(CommandExitError);
+    } finally {
+      await sbx.kill();
+    }
+    expect(await sbx.isRunning()).toBe(false);
   });
 });
