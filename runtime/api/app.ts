@@ -16,6 +16,7 @@ import { AgentClient } from './agent-client.ts';
 import { authenticate } from './api-keys.ts';
 import type { ApiConfig } from './config.ts';
 import { CredentialStore } from './credential-store.ts';
+import { e2bRoutes } from './e2b/routes.ts';
 import { lifecycleHandlers } from './lifecycle.ts';
 import { type ApiMetrics, createApiMetrics } from './metrics.ts';
 import { NodeStore, readyTemplates } from './node-store.ts';
@@ -121,6 +122,8 @@ export async function buildApp(deps: ApiDeps): Promise<FastifyInstance> {
   app.addHook('onRequest', async (req) => {
     const path = req.url.split('?')[0] ?? '';
     if (PUBLIC_ROUTES.has(path)) return;
+    // E2B routes authenticate with X-API-KEY in their own hook (e2b/routes.ts)
+    if (req.routeOptions.config.e2b) return;
     req.apiKeyName = await authenticate(deps.redis, req.headers.authorization);
   });
   app.addHook('onResponse', async (req, reply) => {
@@ -149,6 +152,7 @@ export async function buildApp(deps: ApiDeps): Promise<FastifyInstance> {
   await app.register(nodeRoutes(deps));
   await app.register(credentialRoutes(deps));
   await app.register(usageRoutes(deps));
+  await app.register(e2bRoutes(deps));
   return app;
 }
 

@@ -23,6 +23,7 @@
 import { type Static, Type } from '@sinclair/typebox';
 import { CredentialGrantSchema } from './credentials.ts';
 import { EgressPolicySchema } from './egress.ts';
+import { ID_PATTERN } from './ids.ts';
 
 /** Version of this contract, sent by agents in their registration. */
 export const AGENT_PROTOCOL_VERSION = 3;
@@ -36,8 +37,8 @@ export const EnvVarsSchema = Type.Record(
   },
 );
 
-/** Platform ids (`sbx_…`, `ses_…`, `cmd_…`). */
-export const PlatformIdSchema = Type.String({ pattern: '^[a-z]{1,8}_[a-z0-9]{8,40}$' });
+/** Platform ids (`sbx…` and older `sbx_…`, `ses_…`, `cmd_…`). */
+export const PlatformIdSchema = Type.String({ pattern: ID_PATTERN });
 
 /** Body of POST /internal/v1/sandboxes. */
 export const AgentCreateRequestSchema = Type.Object({

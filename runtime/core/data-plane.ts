@@ -15,10 +15,24 @@ export interface DataPlaneRoute {
   readonly scope: SessionScope;
   /** True when the route streams its answer for long (SSE): counted as a stream. */
   readonly stream?: boolean;
+  /**
+   * False: the agent serves it but the router does not forward it as is; only the router's own
+   * E2B data plane calls it (starting commands stays an API call for SPACE clients).
+   */
+  readonly forwarded?: false;
 }
 
 /** Every data-plane route, on the agent and through the router (paths are the same on both). */
 export const DATA_PLANE_ROUTES = [
+  // starting a command with a session token: what the router's E2B data plane does for an envd
+  // `Process/Start` (its access token is a session token with the `commands` scope)
+  {
+    name: 'command.start',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/commands',
+    scope: 'commands',
+    forwarded: false,
+  },
   {
     name: 'command.events',
     method: 'GET',

@@ -15,6 +15,7 @@ import { ID_PATTERN } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
 import { type VerifyKey, verifySessionToken } from '../core/tokens.ts';
 import type { RouterConfig } from './config.ts';
+import { installEnvd } from './envd/service.ts';
 import { SandboxLocator } from './locate.ts';
 import { createRouterMetrics, type RouterMetrics } from './metrics.ts';
 import { createUpstreamDispatcher, forward, type ProxyDeps } from './proxy.ts';
@@ -103,6 +104,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   /** Requests whose outcome the handler counted (forwarded ones); the rest are counted on response. */
   const counted = new WeakSet<object>();
   for (const route of DATA_PLANE_ROUTES) {
+    if ('forwarded' in route && route.forwarded === false) continue;
     app.route<{ Params: { id: string } }>({
       method: route.method,
       url: route.path,
@@ -146,6 +148,8 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
       },
     });
   }
+  // the E2B SDK's envd protocol (Connect services, /files, /health), translated onto the agents
+  installEnvd(app, deps);
   // refusals (token, lookup, node) are answered by the error handler: count them here
   app.addHook('onResponse', async (req, reply) => {
     const route = req.routeOptions.config.dataPlane;

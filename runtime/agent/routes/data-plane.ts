@@ -9,13 +9,15 @@ import { pipeline } from 'node:stream/promises';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
 import type { FastifyRequest } from 'fastify';
+import { AgentCommandRequestSchema, type AgentCommandResponse } from '../../core/agent-protocol.ts';
 import { SpaceError } from '../../core/errors.ts';
+import { ID_PATTERN, newId } from '../../core/ids.ts';
 import { type SessionScope, verifySessionToken } from '../../core/tokens.ts';
 import type { AgentDeps } from '../app.ts';
 import type { LocalSandbox } from '../sandboxes.ts';
 import { streamSpool } from '../sse.ts';
 
-const Sid = Type.String({ pattern: '^[a-z]{1,8}_[a-z0-9]{8,40}$' });
+const Sid = Type.String({ pattern: ID_PATTERN });
 const SandboxParams = Type.Object({ id: Sid });
 const CommandParams = Type.Object({ id: Sid, cmd: Sid });
 const TokenQuery = { token: Type.Optional(Type.String({ maxLength: 4096 })) };
@@ -96,6 +98,33 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         } finally {
           sb.streams -= 1;
         }
+      },
+    );
+
+    app.post(
+      '/v1/sandboxes/:id/commands',
+      {
+        schema: {
+          params: SandboxParams,
+          querystring: Type.Object(TokenQuery),
+          body: Type.Omit(AgentCommandRequestSchema, ['commandId']),
+        },
+      },
+      async (req, reply) => {
+        const sb = await authorise(req, req.params.id, 'commands');
+        const b = req.body;
+        const cmd = await deps.sandboxes.startCommand(sb.id, {
+          commandId: newId('cmd'),
+          cmd: b.cmd,
+          args: b.args,
+          shell: b.shell,
+          env: b.env,
+          cwd: b.cwd,
+          user: b.user,
+          stdin: b.stdin,
+          timeoutMs: b.timeoutMs,
+        });
+        return reply.status(201).send({ commandId: cmd.id, pid: cmd.pid } satisfies AgentCommandResponse);
       },
     );
 

@@ -10,7 +10,7 @@ import type { FastifyBaseLogger } from 'fastify';
 import { isDriverName, shapeProblem } from '../../core/drivers.ts';
 import { EgressPolicySchema, normalisePolicy } from '../../core/egress.ts';
 import { SpaceError } from '../../core/errors.ts';
-import { newId } from '../../core/ids.ts';
+import { newId, newSandboxId } from '../../core/ids.ts';
 import { requestLifecycle } from '../../core/lifecycle-requests.ts';
 import { F } from '../../core/log-fields.ts';
 import { IDEMPOTENCY_TTL_SEC, keys } from '../../core/redis-keys.ts';
@@ -122,7 +122,7 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         // validate everything before anything is written: bad input loses nothing
         const grants = await deps.credentials.grant(body.credentials ?? []);
         const egress = allowCredentialHosts(normalisePolicy(body.egress), grants);
-        const sandboxId = newId('sbx');
+        const sandboxId = newSandboxId();
         const idemKey = req.headers['idempotency-key'];
         if (idemKey) {
           const key = keys.idempotency(req.apiKeyName ?? '', idemKey);

@@ -1,0 +1,349 @@
+/**
+ * E2B-compatible control plane: the routes the official `e2b` JS SDK (2.45–2.51) calls for
+ * sandboxes, as an encapsulated plugin with its own auth (`X-API-KEY` = a SPACE API key) and
+ * E2B's error body `{code, message}` (the SDK reads `code`). Sources: shared/reference/
+ * e2b-protocol.md §1 (routes, bodies, statuses) and §5 (checklist).
+ *
+ * The routes translate: create and kill go through SPACE's own v1 routes (`inject`, so placement
+ * checks, validation and records have one implementation) and then wait on SPACE's operation,
+ * since E2B's create, kill, pause and connect answer when done. Waits are bounded by
+ * `waitMs` (create: 2 × MAX_WAIT_MS) and end in 504 when the operation has not finished.
+ *
+ * Not implemented (clear 4xx/501 in the SDK's terms): metrics, network updates, snapshots,
+ * fork, templates, volumes, `autoPause`/`lifecycle`, `network`, `mcp`, `volumeMounts`,
+ * `allow_internet_access: false`, `order=asc`.
+ */
+import type { FastifyPluginAsync } from 'fastify';
+import { isErrorCode, SpaceError } from '../../core/errors.ts';
+import { ID_PATTERN } from '../../core/ids.ts';
+import { requestLifecycle } from '../../core/lifecycle-requests.ts';
+import { F } from '../../core/log-fields.ts';
+import { mintSessionToken } from '../../core/tokens.ts';
+import { authenticate } from '../api-keys.ts';
+import type { ApiDeps } from '../app.ts';
+import { MAX_WAIT_MS, type OperationRecord } from '../operations.ts';
+import type { SandboxRecord } from '../sandbox-store.ts';
+import {
+  type E2bState,
+  e2bState,
+  parseMetadataFilter,
+  spaceStates,
+  toE2bDetail,
+  toE2bError,
+  toE2bListed,
+  toE2bSandbox,
+} from './shapes.ts';
+
+declare module 'fastify' {
+  interface FastifyContextConfig {
+    /** True for E2B routes: authenticated by their own hook (`X-API-KEY`), not SPACE's. */
+    e2b?: boolean;
+  }
+}
+
+const SANDBOX_ID = new RegExp(ID_PATTERN);
+/** E2B's default lifetime when a create/connect names none, s (§1.4, §1.6). */
+const E2B_DEFAULT_TIMEOUT_SEC = 300;
+
+interface CreateBody {
+  templateID?: string;
+  timeout?: number;
+  metadata?: Record<string, string>;
+  envVars?: Record<string, string>;
+  allow_internet_access?: boolean;
+  autoPause?: boolean;
+  autoResume?: unknown;
+  network?: unknown;
+  mcp?: unknown;
+  volumeMounts?: unknown;
+  iam?: unknown;
+  secure?: boolean;
+}
+
+const CreateSchema = {
+  type: 'object',
+  required: ['templateID'],
+  properties: {
+    templateID: { type: 'string', minLength: 1, maxLength: 256 },
+    timeout: { type: 'integer', minimum: 0 },
+    metadata: { type: 'object', additionalProperties: { type: 'string' } },
+    envVars: { type: 'object', additionalProperties: { type: 'string' } },
+    allow_internet_access: { type: 'boolean' },
+    autoPause: { type: 'boolean' },
+    secure: { type: 'boolean' },
+  },
+} as const;
+
+const TimeoutSchema = {
+  type: 'object',
+  required: ['timeout'],
+  properties: { timeout: { type: 'integer', minimum: 0 } },
+} as const;
+
+const ConnectSchema = {
+  type: 'object',
+  properties: { timeout: { type: 'integer', minimum: 0 }, memory: { type: 'boolean' } },
+} as const;
+
+type IdReq = { Params: { id: string } };
+
+/** The E2B routes for `deps` (register without fastify-plugin: hooks and handlers stay inside). */
+export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
+  /** The sandbox as E2B sees it (ended ones are gone: 404), or a SANDBOX_NOT_FOUND error. */
+  async function liveRecord(id: string): Promise<SandboxRecord> {
+    if (!SANDBOX_ID.test(id)) throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox "${id}" not found`);
+    const rec = await deps.sandboxes.get(id);
+    if (!rec || e2bState(rec.state) === null) {
+      throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox "${id}" not found`, { sandboxId: id });
+    }
+    return rec;
+  }
+
+  /**
+   * The envd access token of a sandbox: a SPACE session token with both data-plane scopes, for
+   * the sandbox's current session, valid as long as the longest lifetime a client may set.
+   */
+  async function envdToken(rec: SandboxRecord): Promise<string> {
+    const grant = await mintSessionToken(deps.signingKey, {
+      sandboxId: rec.id,
+      sessionId: rec.sessionId,
+      scopes: ['commands', 'files'],
+      ttlSec: Math.max(deps.config.sessionTokenTtlSec, deps.config.maxTimeoutSec),
+    });
+    return grant.token;
+  }
+
+  /**
+   * Waits for operation `id` to end, at most `waitMs`.
+   * @throws SpaceError with the operation's own code when it failed; {@link TimeoutOf} (504) when it has
+   *   not ended in time.
+   */
+  async function settle(id: string, waitMs: number): Promise<OperationRecord> {
+    const deadline = Date.now() + waitMs;
+    for (let i = 0; i < 10; i++) {
+      const op = await deps.waiter.wait(id, Math.max(1, deadline - Date.now()));
+      if (op?.state === 'succeeded') return op;
+      if (op?.state === 'failed') {
+        const err = op.error;
+        throw new SpaceError(
+          isErrorCode(err?.code) ? err.code : 'INTERNAL',
+          err?.message ?? 'operation failed',
+        );
+      }
+      if (Date.now() >= deadline) break;
+    }
+    throw new TimeoutOf(id);
+  }
+
+  /** Resumes `rec` when paused and waits for it; returns true when it had to resume. */
+  async function runIt(rec: SandboxRecord): Promise<boolean> {
+    if (rec.state === 'running' || rec.state === 'creating') return false;
+    const asked = await requestLifecycle(deps.redis, 'sandbox.resume', rec.id, { reason: 'request' });
+    await settle(asked.operationId, MAX_WAIT_MS);
+    return true;
+  }
+
+  /** Extends (never shortens) the running lifetime to `timeoutSec` from now. */
+  async function extendAtLeast(rec: SandboxRecord, timeoutSec: number): Promise<void> {
+    const cur = await liveRecord(rec.id);
+    const leftSec = (Date.parse(cur.expiresAt) - Date.now()) / 1000;
+    if (leftSec >= timeoutSec) return;
+    await setTimeoutSec(rec.id, timeoutSec);
+  }
+
+  async function setTimeoutSec(id: string, timeoutSec: number): Promise<void> {
+    const capped = Math.min(timeoutSec, deps.config.maxTimeoutSec);
+    const res = await deps.sandboxes.extend(id, capped);
+    if (!res.ok) {
+      if (res.current === null) throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox "${id}" not found`);
+      throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox "${id}" is ${res.current}`);
+    }
+  }
+
+  /** Connect/resume: running ⇒ extend only (200), paused ⇒ resume (201), ending ⇒ 409. */
+  async function connect(id: string, timeoutSec: number) {
+    const rec = await liveRecord(id);
+    const resumed = await runIt(rec);
+    await extendAtLeast(rec, timeoutSec);
+    const now = await liveRecord(id);
+    return { status: resumed ? 201 : 200, body: toE2bSandbox(now, await envdToken(now)) };
+  }
+
+  return async (app) => {
+    app.addHook('onRoute', (route) => {
+      route.config = { ...(route.config ?? {}), e2b: true };
+    });
+    app.addHook('onRequest', async (req) => {
+      const key = req.headers['x-api-key'];
+      if (typeof key !== 'string' || !key) {
+        throw new SpaceError('UNAUTHENTICATED', 'missing X-API-KEY header (an API key of this SPACE)');
+      }
+      req.apiKeyName = await authenticate(deps.redis, `Bearer ${key}`);
+    });
+    app.setErrorHandler((err, req, reply) => {
+      const body = err instanceof TimeoutOf ? { code: 504, message: err.message } : toE2bError(err);
+      if (body.code >= 500) req.log.error({ err }, 'e2b request failed');
+      else req.log.info({ code: body.code, msg: body.message }, 'e2b request refused');
+      void reply.status(body.code).type('application/json').send(body);
+    });
+
+    const create = async (req: { body: unknown; headers: Record<string, unknown> }, v1: boolean) => {
+      const b = req.body as CreateBody;
+      const unsupported = [
+        b.autoPause ? 'autoPause (lifecycle onTimeout: pause)' : null,
+        b.autoResume !== undefined ? 'autoResume' : null,
+        b.network !== undefined ? 'network' : null,
+        b.mcp !== undefined ? 'mcp' : null,
+        b.volumeMounts !== undefined ? 'volumeMounts' : null,
+        b.iam !== undefined ? 'iam' : null,
+        b.allow_internet_access === false ? 'allowInternetAccess: false' : null,
+      ].filter(Boolean);
+      if (unsupported.length) {
+        throw new SpaceError(
+          'BAD_REQUEST',
+          `not supported by this SPACE server yet: ${unsupported.join(', ')}`,
+        );
+      }
+      const template = (b.templateID ?? 'base').split(':')[0] ?? 'base';
+      const timeoutSec = b.timeout || (v1 ? 15 : E2B_DEFAULT_TIMEOUT_SEC);
+      const res = await app.inject({
+        method: 'POST',
+        url: '/v1/sandboxes',
+        headers: { authorization: `Bearer ${req.headers['x-api-key']}`, 'content-type': 'application/json' },
+        payload: {
+          template,
+          timeoutSec: Math.min(timeoutSec, deps.config.maxTimeoutSec),
+          metadata: b.metadata ?? {},
+          env: b.envVars ?? {},
+        },
+      });
+      const out = res.json() as {
+        sandbox?: { id: string };
+        operation?: { id: string };
+        error?: { code: string; message: string };
+      };
+      if (res.statusCode !== 202 || !out.sandbox || !out.operation) {
+        const code = out.error?.code;
+        if (code === 'TEMPLATE_NOT_FOUND') {
+          throw new SpaceError('BAD_REQUEST', `template "${b.templateID}" not found: ${out.error?.message}`);
+        }
+        throw new SpaceError(isErrorCode(code) ? code : 'INTERNAL', out.error?.message ?? 'create failed');
+      }
+      await settle(out.operation.id, 2 * MAX_WAIT_MS);
+      const rec = await liveRecord(out.sandbox.id);
+      deps.log.info({ [F.sandboxId]: rec.id, [F.templateId]: template }, 'e2b sandbox created');
+      return toE2bSandbox(rec, await envdToken(rec));
+    };
+
+    app.post('/sandboxes', { schema: { body: CreateSchema } }, async (req, reply) =>
+      reply.status(201).send(await create(req, true)),
+    );
+    app.post('/v2/sandboxes', { schema: { body: CreateSchema } }, async (req, reply) =>
+      reply.status(201).send(await create(req, false)),
+    );
+
+    const list = async (q: Record<string, string | undefined>) => {
+      if (q.order && q.order !== 'desc') throw new SpaceError('BAD_REQUEST', 'only order=desc is supported');
+      const states = (q.state ?? 'running,paused').split(',').filter(Boolean);
+      for (const s of states) {
+        if (s !== 'running' && s !== 'paused') throw new SpaceError('BAD_REQUEST', `unknown state "${s}"`);
+      }
+      const limit = q.limit === undefined ? 100 : Number(q.limit);
+      if (!Number.isInteger(limit) || limit < 1 || limit > 100) {
+        throw new SpaceError('BAD_REQUEST', 'limit must be an integer from 1 to 100');
+      }
+      const page = await deps.sandboxes.list({
+        limit,
+        ...(q.nextToken ? { cursor: q.nextToken } : {}),
+        state: spaceStates(states as E2bState[]),
+        ...(q.metadata ? { metadata: parseMetadataFilter(q.metadata) } : {}),
+      });
+      let rows = page.sandboxes;
+      if (q.template) rows = rows.filter((r) => r.template === q.template);
+      if (q.startedAfter) {
+        const after = Date.parse(q.startedAfter);
+        if (Number.isNaN(after)) throw new SpaceError('BAD_REQUEST', 'startedAfter is not a date');
+        rows = rows.filter((r) => Date.parse(r.createdAt) >= after);
+      }
+      return { rows: rows.map(toE2bListed), next: page.nextCursor };
+    };
+    for (const url of ['/v2/sandboxes', '/sandboxes']) {
+      app.get<{ Querystring: Record<string, string | undefined> }>(url, async (req, reply) => {
+        const { rows, next } = await list(req.query);
+        if (next) void reply.header('x-next-token', next);
+        return rows;
+      });
+    }
+
+    app.get<IdReq>('/sandboxes/:id', async (req) => {
+      const rec = await liveRecord(req.params.id);
+      return toE2bDetail(rec, await envdToken(rec));
+    });
+
+    app.delete<IdReq>('/sandboxes/:id', async (req, reply) => {
+      await liveRecord(req.params.id);
+      const res = await app.inject({
+        method: 'DELETE',
+        url: `/v1/sandboxes/${req.params.id}`,
+        headers: { authorization: `Bearer ${req.headers['x-api-key']}` },
+      });
+      const out = res.json() as { operation?: { id: string }; error?: { code: string; message: string } };
+      if (!out.operation) {
+        throw new SpaceError(
+          isErrorCode(out.error?.code) ? out.error.code : 'INTERNAL',
+          out.error?.message ?? '',
+        );
+      }
+      await settle(out.operation.id, MAX_WAIT_MS);
+      req.log.info({ [F.sandboxId]: req.params.id }, 'e2b sandbox killed');
+      return reply.status(204).send();
+    });
+
+    app.post<IdReq & { Body: { timeout: number } }>(
+      '/sandboxes/:id/timeout',
+      { schema: { body: TimeoutSchema } },
+      async (req, reply) => {
+        await liveRecord(req.params.id);
+        await setTimeoutSec(req.params.id, req.body.timeout);
+        return reply.status(204).send();
+      },
+    );
+
+    app.post<IdReq>('/sandboxes/:id/pause', async (req, reply) => {
+      const rec = await liveRecord(req.params.id);
+      if (e2bState(rec.state) === 'paused') {
+        throw new SpaceError('SANDBOX_PAUSED', `sandbox "${rec.id}" is already paused`);
+      }
+      const asked = await requestLifecycle(deps.redis, 'sandbox.pause', rec.id, { reason: 'request' });
+      await settle(asked.operationId, MAX_WAIT_MS);
+      return reply.status(204).send();
+    });
+
+    const connectRoute = async (
+      req: { params: { id: string }; body: unknown },
+      reply: { status(n: number): { send(b: unknown): unknown } },
+    ) => {
+      const timeout = (req.body as { timeout?: number } | undefined)?.timeout;
+      const r = await connect(req.params.id, timeout || E2B_DEFAULT_TIMEOUT_SEC);
+      return reply.status(r.status).send(r.body);
+    };
+    app.post<IdReq>('/sandboxes/:id/connect', { schema: { body: ConnectSchema } }, connectRoute);
+    app.post<IdReq>('/v2/sandboxes/:id/connect', { schema: { body: ConnectSchema } }, connectRoute);
+    // deprecated in E2B, still served: resume = connect that resumes a paused sandbox
+    app.post<IdReq>('/sandboxes/:id/resume', { schema: { body: ConnectSchema } }, connectRoute);
+
+    app.get<IdReq>('/sandboxes/:id/metrics', async (req, reply) => {
+      await liveRecord(req.params.id);
+      return reply
+        .status(501)
+        .send({ code: 501, message: 'sandbox metrics are not supported by this SPACE server yet' });
+    });
+  };
+}
+
+/** A SPACE operation that has not ended within the route's wait (answered as 504). */
+class TimeoutOf extends Error {
+  constructor(operationId: string) {
+    super(`operation ${operationId} has not finished yet; try again`);
+  }
+}

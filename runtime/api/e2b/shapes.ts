@@ -1,0 +1,124 @@
+/**
+ * E2B's control-plane shapes, and how SPACE's records and errors map onto them. Pure functions.
+ * Source of every external fact: shared/reference/e2b-protocol.md §1 (E2B's `spec/openapi.yml`
+ * as read by the JS SDK 2.45–2.51).
+ */
+import { SpaceError } from '../../core/errors.ts';
+import type { SandboxState } from '../../core/types.ts';
+import type { SandboxRecord } from '../sandbox-store.ts';
+
+/**
+ * The envd version SPACE's E2B data plane reports. The SDK switches features on by it (§2.8):
+ * 0.4.0 = users are handled by the daemon (the SDK sends no `user`), `stdin: false` allowed;
+ * below 0.5.2 `closeStdin()` and below 0.5.7 octet-stream/gzip uploads stay off (multipart is
+ * used), below 0.6.2 file metadata stays off — none of those is implemented yet.
+ */
+export const ENVD_VERSION = '0.4.0';
+
+/** `clientID` is required in E2B's schema and ignored by the SDK. */
+const CLIENT_ID = 'space';
+
+/** E2B's error body: `code` = the HTTP status (the SDK reads 404/409 from it, §1.2). */
+export interface E2bErrorBody {
+  code: number;
+  message: string;
+}
+
+/** The E2B body and status for any error a route throws (validation errors are 400). */
+export function toE2bError(err: unknown): E2bErrorBody {
+  if (err instanceof SpaceError) return { code: err.status, message: err.message };
+  const e = err as { validation?: unknown; statusCode?: number; message?: string };
+  if (e.validation) return { code: 400, message: e.message ?? 'bad request' };
+  if (typeof e.statusCode === 'number' && e.statusCode >= 400 && e.statusCode < 500) {
+    return { code: e.statusCode, message: e.message ?? 'bad request' };
+  }
+  return { code: 500, message: 'internal error' };
+}
+
+/** E2B's two sandbox states; SPACE's other live states count as the one they are heading from/to. */
+export type E2bState = 'running' | 'paused';
+
+/** The E2B state of a SPACE state, or null for a sandbox E2B no longer shows (ended). */
+export function e2bState(s: SandboxState): E2bState | null {
+  switch (s) {
+    case 'creating':
+    case 'running':
+      return 'running';
+    case 'pausing':
+    case 'paused':
+    case 'resuming':
+      return 'paused';
+    case 'killing':
+    case 'killed':
+      return null;
+    default: {
+      const never: never = s;
+      return never;
+    }
+  }
+}
+
+/** The SPACE states listed for an E2B `state` filter. */
+export function spaceStates(states: readonly E2bState[]): SandboxState[] {
+  const out: SandboxState[] = [];
+  if (states.includes('running')) out.push('creating', 'running');
+  if (states.includes('paused')) out.push('pausing', 'paused', 'resuming');
+  return out;
+}
+
+/** `Sandbox` (create/connect answer): ids, envd version and the envd access token. */
+export function toE2bSandbox(rec: SandboxRecord, envdAccessToken: string) {
+  return {
+    sandboxID: rec.id,
+    templateID: rec.template,
+    clientID: CLIENT_ID,
+    envdVersion: ENVD_VERSION,
+    envdAccessToken,
+    // null: the SDK keeps its configured domain / sandbox URL for envd (§3)
+    domain: null,
+  };
+}
+
+/** `ListedSandbox` (list answer). `diskSizeMB` is 0: SPACE does not size disks per sandbox. */
+export function toE2bListed(rec: SandboxRecord) {
+  return {
+    sandboxID: rec.id,
+    templateID: rec.template,
+    clientID: CLIENT_ID,
+    cpuCount: rec.vcpus,
+    memoryMB: rec.memoryMiB,
+    diskSizeMB: 0,
+    startedAt: rec.createdAt,
+    endAt: rec.expiresAt,
+    state: e2bState(rec.state) ?? 'running',
+    envdVersion: ENVD_VERSION,
+    metadata: rec.metadata,
+  };
+}
+
+/** `SandboxDetail` (get answer). */
+export function toE2bDetail(rec: SandboxRecord, envdAccessToken: string) {
+  return { ...toE2bListed(rec), envdAccessToken, domain: null };
+}
+
+/**
+ * The `metadata` list filter as E2B clients encode it (§1.7): the query value is URL-encoded
+ * `k=v&k2=v2` whose keys and values are themselves URL-encoded. Returns the key/value pairs.
+ * @throws SpaceError BAD_REQUEST when the encoding is broken.
+ */
+export function parseMetadataFilter(raw: string): Record<string, string> {
+  try {
+    const whole = decodeURIComponent(raw);
+    const out: Record<string, string> = {};
+    for (const pair of whole.split('&')) {
+      if (!pair) continue;
+      const eq = pair.indexOf('=');
+      const k = eq < 0 ? pair : pair.slice(0, eq);
+      const v = eq < 0 ? '' : pair.slice(eq + 1);
+      out[decodeURIComponent(k)] = decodeURIComponent(v);
+    }
+    return out;
+  } catch {
+    throw new SpaceError('BAD_REQUEST', 'metadata filter is not URL-encoded key=value pairs');
+  }
+}

@@ -1,0 +1,98 @@
+/**
+ * The official `e2b` SDK (pinned 2.51.0), unchanged, against a real local stack (API, agent,
+ * gVisor sandboxes, Redis) and a router process: the SDK is pointed at SPACE only through
+ * E2B_API_URL (the API), E2B_SANDBOX_URL (the router) and E2B_API_KEY (a SPACE API key).
+ */
+import { join } from 'node:path';
+import { CommandExitError, Sandbox } from 'e2b';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { freePort } from './redis-server.ts';
+import { type RouterProcess, startRouterProcess } from './router-process.ts';
+import { leftovers, NO_LEFTOVERS, type Stack, startStack } from './stack.ts';
+
+let s: Stack;
+let router: RouterProcess;
+const saved = { ...process.env };
+
+beforeAll(async () => {
+  const port = await freePort();
+  s = await startStack({ SPACE_ROUTER_URL: `http://127.0.0.1:${port}` });
+  router = await startRouterProcess({
+    SPACE_ROUTER_PORT: String(port),
+    SPACE_REDIS_URL: s.redisUrl,
+    SPACE_VERIFY_KEY_FILE: join(s.dir, 'key.pub.pem'),
+  });
+  // the whole migration: three variables
+  process.env.E2B_API_URL = s.apiUrl;
+  process.env.E2B_SANDBOX_URL = router.url;
+  process.env.E2B_API_KEY = s.apiKey;
+});
+afterAll(async () => {
+  process.env = saved;
+  await router?.stop();
+  if (!s) return;
+  await s.stop();
+  expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
+});
+
+describe('e2b SDK: control plane', () => {
+  it('creates, lists, gets, sets the timeout of and kills a sandbox', async () => {
+    const sbx = await Sandbox.create('base', { metadata: { suite: 'e2b-int' } });
+    expect(sbx.sandboxId).toMatch(/^[a-z0-9]+$/);
+    const info = await sbx.getInfo();
+    expect(info.sandboxId).toBe(sbx.sandboxId);
+    expect(info.templateId).toBe('base');
+    expect(info.state).toBe('running');
+    expect(info.metadata).toEqual({ suite: 'e2b-int' });
+
+    const listed = await Sandbox.list({ query: { metadata: { suite: 'e2b-int' } } }).nextItems();
+    expect(listed.map((x) => x.sandboxId)).toContain(sbx.sandboxId);
+    const none = await Sandbox.list({ query: { metadata: { suite: 'other' } } }).nextItems();
+    expect(none.map((x) => x.sandboxId)).not.toContain(sbx.sandboxId);
+
+    await sbx.setTimeout(600_000);
+    const later = await sbx.getInfo();
+    expect(later.endAt.getTime() - Date.now()).toBeGreaterThan(500_000);
+
+    expect(await Sandbox.kill(sbx.sandboxId)).toBe(true);
+    // a killed sandbox is gone in E2B's terms: kill again answers false, running lists lack it
+    expect(await Sandbox.kill(sbx.sandboxId)).toBe(false);
+    const after = await Sandbox.list({ query: { state: ['running'] } }).nextItems();
+    expect(after.map((x) => x.sandboxId)).not.toContain(sbx.sandboxId);
+  });
+
+  it('refuses an unknown template and a wrong API key in the SDK’s terms', async () => {
+    await expect(Sandbox.create('no-such-template')).rejects.toThrow(/template .*not found/);
+    await expect(Sandbox.create('base', { apiKey: 'e2b_0000' })).rejects.toThrow(/API key/i);
+  });
+});
+
+describe('e2b SDK: envd data plane through the router', () => {
+  it('runs commands (stdout, exit codes, a failing command), files write/read/list, background kill', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      expect(await sbx.isRunning()).toBe(true);
+      const r = await sbx.commands.run('echo hi');
+      expect(r.stdout).toBe('hi\n');
+      expect(r.exitCode).toBe(0);
+      const err = await sbx.commands.run('echo oops >&2; exit 3').catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(CommandExitError);
+      expect((err as CommandExitError).exitCode).toBe(3);
+      expect((err as CommandExitError).stderr).toBe('oops\n');
+
+      await sbx.files.write('/home/user/hello.txt', 'hello from e2b');
+      expect(await sbx.files.read('/home/user/hello.txt')).toBe('hello from e2b');
+      const names = (await sbx.files.list('/home/user')).map((e) => e.name);
+      expect(names).toContain('hello.txt');
+      expect((await sbx.commands.run('cat /home/user/hello.txt')).stdout).toBe('hello from e2b');
+
+      const bg = await sbx.commands.run('sleep 600', { background: true });
+      expect(bg.pid).toBeGreaterThan(0);
+      expect(await sbx.commands.kill(bg.pid)).toBe(true);
+      await expect(bg.wait()).rejects.toBeInstanceOf(CommandExitError);
+    } finally {
+      await sbx.kill();
+    }
+    expect(await sbx.isRunning()).toBe(false);
+  });
+});
