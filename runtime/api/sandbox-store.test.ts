@@ -2,6 +2,7 @@
 import { Redis } from 'ioredis';
 import { afterAll, beforeEach, describe, expect, inject, it } from 'vitest';
 import { normalisePolicy } from '../core/egress.ts';
+import { newSandboxId } from '../core/ids.ts';
 import { KEY_PREFIX, keys } from '../core/redis-keys.ts';
 import { withScripts } from './redis-scripts.ts';
 import { SandboxStore } from './sandbox-store.ts';
@@ -182,5 +183,13 @@ describe('SandboxStore', () => {
     expect(await store.claimExpired(1_300)).toEqual(['sbx_retention0000000001']);
     const rec = (await store.get('sbx_retention0000000001'))!;
     expect(rec).toMatchObject({ state: 'killing', killReason: 'retention' });
+  });
+
+  it('expires DNS-safe sandbox ids too (no `_` to split on)', async () => {
+    const id = newSandboxId();
+    await make(id, 0);
+    await store.transition(id, 'running', {}, 0);
+    expect(await store.claimExpired(61_000)).toEqual([id]);
+    expect(await redis.hget(`${KEY_PREFIX}operation:op_t${id.slice(3)}`, 'kind')).toBe('sandbox.delete');
   });
 });

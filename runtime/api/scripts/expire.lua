@@ -14,7 +14,8 @@ for _, id in ipairs(due) do
     local reason = 'timeout'
     if state == 'paused' then reason = 'retention' end
     redis.call('HSET', sk, 'state', 'killing', 'killReason', reason, 'updatedAt', ARGV[2])
-    local opId = 'op_t' .. string.sub(id, string.find(id, '_') + 1)
+    -- one delete per sandbox id: `op_t` + the id's random part (`sbx_…` and DNS-safe `sbx…` ids)
+    local opId = 'op_t' .. (string.gsub(id, '^sbx_?', ''))
     redis.call('HSET', ARGV[1] .. 'operation:' .. opId, 'id', opId, 'kind', 'sandbox.delete', 'target', id,
       'state', 'pending', 'args', '{"reason":"' .. reason .. '"}', 'createdAt', ARGV[2], 'updatedAt', ARGV[2])
     redis.call('XADD', KEYS[2], '*', 'id', opId)
