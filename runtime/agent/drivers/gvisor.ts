@@ -611,8 +611,9 @@ export class GvisorDriver implements Driver {
   async destroy(instanceId: string): Promise<void> {
     const dir = this.instanceDir(instanceId);
     const g = this.globalArgs(instanceId);
-    // a frozen sandbox cannot act on its SIGKILL: `delete --force` then waits ~1–2 s for it
-    // (measured: hibernation spent 1.2–2.2 s here); thawed first it dies at once
+    // a frozen sandbox's processes cannot act on their SIGKILL until thawed: thaw it first
+    // (hibernation's destroy step still takes 1.3–2.2 s on this host with or without this; not yet
+    // understood — see the step timings in the agent's 'sandbox hibernated' log line)
     if (this.#frozen.delete(instanceId)) {
       await run(this.cfg.runscBinary, runscCmdArgs(g, ['resume'], instanceId)).catch(() => {});
     }
