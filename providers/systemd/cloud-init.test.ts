@@ -27,7 +27,8 @@ const common = {
   imageRepository: 'ghcr.io/space-sandbox/space',
   privateCidr: '10.10.0.0/24',
 };
-const control = (version = '0.1.0') => controlPlan({ ...common, version });
+const ROUTER_URL = 'https://router.example.com';
+const control = (version = '0.1.0') => controlPlan({ ...common, version, routerUrl: ROUTER_URL });
 const agent = (version = '0.1.0', gatewayEnabled = true) =>
   agentPlan({ ...common, version, pool, controlAddress: '10.10.0.2', gatewayEnabled });
 const file = (plan: VmPlan, path: string) => plan.files.find((f) => f.path === path)?.content;
@@ -192,7 +193,7 @@ describe('cloud-init for the systemd (vm) mode', () => {
   });
 
   it('a non-ASCII character (an operator setting) is refused when the script is rendered, naming its line', () => {
-    const plan = controlPlan({ ...common, apiEnv: { SPACE_LOG_LEVEL: 'd\u00e9bug' } });
+    const plan = controlPlan({ ...common, routerUrl: ROUTER_URL, apiEnv: { SPACE_LOG_LEVEL: 'd\u00e9bug' } });
     expect(() => toShellScript(plan)).toThrow(/"\u00e9" on line \d+ is not printable ASCII/);
   });
 

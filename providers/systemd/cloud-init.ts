@@ -40,6 +40,8 @@ import {
   KEY_DIR,
   REDIS_PERSISTENCE,
   REDIS_PORT,
+  ROUTER_PORT,
+  routerEnvironment,
   SERVICE_COMMANDS,
   SIGNING_KEY_FILE,
   VERIFY_KEY_FILE,
@@ -77,6 +79,11 @@ export interface VmCommonArgs {
 export interface ControlArgs extends VmCommonArgs {
   /** Extra API settings. Default none. */
   readonly apiEnv?: Readonly<Record<string, string>>;
+  /**
+   * The router's public base URL (`SPACE_ROUTER_URL` of the API): the cloud's load balancer in front
+   * of the router, or the control VM's public address. Clients get data-plane URLs there only.
+   */
+  readonly routerUrl: string;
 }
 
 /** Arguments of the agent role. */
@@ -184,7 +191,16 @@ export function controlPlan(a: ControlArgs): VmPlan {
       {
         path: '/etc/space/space-api.env',
         mode: '0644',
-        content: envFile({ ...apiEnvironment(a.apiEnv), SPACE_REDIS_URL: redisUrl }),
+        content: envFile({
+          ...apiEnvironment(a.apiEnv, { routerUrl: a.routerUrl }),
+          SPACE_REDIS_URL: redisUrl,
+        }),
+      },
+      {
+        // the router: Redis and the verify key the control VM made (space-keys), nothing else
+        path: '/etc/space/space-router.env',
+        mode: '0644',
+        content: envFile({ ...routerEnvironment(), SPACE_REDIS_URL: redisUrl }),
       },
       {
         path: '/etc/redis/redis.conf.d/space.conf',
@@ -276,7 +292,14 @@ export function controlPlan(a: ControlArgs): VmPlan {
         [`-v ${KEY_DIR}:${KEY_DIR}:ro`, `-v /var/lib/space/api:/var/lib/space/api`],
         ['After=space-keys.service redis-server.service', 'Requires=space-keys.service'],
       ),
-      upgradeScript(a, ['space-api']),
+      unit(
+        'space-router',
+        'SPACE data-plane router',
+        SERVICE_COMMANDS.router,
+        [`-v ${VERIFY_KEY_FILE}:${VERIFY_KEY_FILE}:ro`, '--cap-drop all', '--security-opt no-new-privileges'],
+        ['After=space-keys.service redis-server.service', 'Requires=space-keys.service'],
+      ),
+      upgradeScript(a, ['space-router', 'space-api']),
     ],
     commands: [
       `mkdir -p /var/lib/space/api ${KEY_DIR}`,
@@ -285,7 +308,7 @@ export function controlPlan(a: ControlArgs): VmPlan {
       'systemctl enable --now space-control-guard.service',
       'systemctl restart redis-server',
       'podman pull "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"',
-      'systemctl enable --now space-keys.service space-api.service',
+      'systemctl enable --now space-keys.service space-api.service space-router.service',
     ],
   };
 }
@@ -328,9 +351,11 @@ export function agentPlan(a: AgentArgs): VmPlan {
         mode: '0755',
         content: [
           '#!/bin/sh',
-          '# node id and the data-plane URL clients use: the address of the default route',
+          '# node id and the agent URL: its address on the private network (the router and the API',
+          '# reach agents there; clients never do)',
           'set -eu',
-          'ip4=$(ip -4 route get 1.1.1.1 | sed -n "s/.* src \\([0-9.]*\\).*/\\1/p")',
+          `ip4=$(ip -4 -o addr show to ${a.privateCidr} | sed -n "s/.* inet \\([0-9.]*\\)\\/.*/\\1/p" | head -n 1)`,
+          `[ -n "$ip4" ] || { echo "space-node-env: no address in ${a.privateCidr}" >&2; exit 1; }`,
           `printf "SPACE_NODE_ID=%s\\nSPACE_AGENT_URL=http://%s:${AGENT_PORT}\\n" "$(hostname)" "$ip4" > /etc/space/space-agent.node.env`,
           `until redis-cli -h ${a.controlAddress} -p ${REDIS_PORT} --raw GET ${VERIFY_KEY_REDIS_KEY} | grep -q "BEGIN PUBLIC KEY"; do sleep 2; done`,
           `redis-cli -h ${a.controlAddress} -p ${REDIS_PORT} --raw GET ${VERIFY_KEY_REDIS_KEY} > ${VERIFY_KEY_FILE}.tmp`,
@@ -521,8 +546,10 @@ export function toShellScript(plan: VmPlan): string {
   return script;
 }
 
-/** Every port a role listens on publicly (for the firewall tests): API on control, data plane on agents. */
-export const PUBLIC_PORTS = { control: [API_PORT], agent: [AGENT_PORT] } as const;
+/** Every port a role serves clients on (for the firewall tests): API and router on control, none on agents. */
+export const PUBLIC_PORTS = { control: [API_PORT, ROUTER_PORT], agent: [] } as const;
+/** Ports an agent VM serves inside the private network only (dispatch and router forwarding). */
+export const PRIVATE_PORTS = { agent: [AGENT_PORT] } as const;
 
 /** Ports an agent VM listens on that only its sandboxes may reach (the gateway's). */
 export const NODE_LOCAL_PORTS = Object.values(GATEWAY_PORTS);
