@@ -227,3 +227,64 @@ describe('cloud-init for the systemd (vm) mode', () => {
     }
   });
 });
+
+describe('VM upgrades without SSH: space-version-sync', () => {
+  /**
+   * Runs the rendered sync script for real (sh), with its fixed paths moved into a temp folder, a
+   * fake `redis-cli` answering `target`, and a fake `space-upgrade` that records its argument.
+   */
+  function sync(plan: VmPlan, target: string, current = 'ghcr.io/space-sandbox/space:0.1.0') {
+    const dir = execFileSync('mktemp', ['-d']).toString().trim();
+    const script = file(plan, '/usr/local/sbin/space-version-sync')!
+      .replaceAll('/etc/space/image.env', `${dir}/image.env`)
+      .replaceAll('/usr/local/sbin/space-upgrade', `${dir}/space-upgrade`);
+    execFileSync('sh', [
+      '-c',
+      [
+        `printf 'SPACE_IMAGE=%s\\n' '${current}' > ${dir}/image.env`,
+        `printf '#!/bin/sh\\necho "$@" > ${dir}/upgraded\\n' > ${dir}/space-upgrade`,
+        `printf '#!/bin/sh\\necho "$*" > ${dir}/redis-args\\nprintf "%%s\\\\n" "${target}"\\n' > ${dir}/redis-cli`,
+        `chmod +x ${dir}/space-upgrade ${dir}/redis-cli`,
+      ].join('\n'),
+    ]);
+    const r = spawnSync('sh', ['-c', script], { env: { PATH: `${dir}:/usr/bin:/bin` }, encoding: 'utf8' });
+    const read = (f: string) => spawnSync('cat', [`${dir}/${f}`], { encoding: 'utf8' }).stdout.trim();
+    const out = {
+      status: r.status,
+      stderr: r.stderr,
+      upgraded: read('upgraded'),
+      redisArgs: read('redis-args'),
+    };
+    execFileSync('rm', ['-rf', dir]);
+    return out;
+  }
+
+  it('every VM runs the timer; agents read the control VM’s Redis and spread their restarts', () => {
+    for (const [plan, host, spread] of [
+      [control(), '127.0.0.1', '0'],
+      [agent(), '10.10.0.2', '300'],
+    ] as const) {
+      expect(file(plan, '/usr/local/sbin/space-version-sync')).toContain(`redis-cli -h ${host} -p 6379`);
+      expect(file(plan, '/etc/systemd/system/space-version-sync.timer')).toContain(
+        `RandomizedDelaySec=${spread}`,
+      );
+      expect(plan.commands.join('\n')).toContain('space-version-sync.timer');
+    }
+  });
+
+  it('upgrades to a new target, does nothing at the current one or with none, refuses what is not a tag', () => {
+    const plan = agent();
+    const up = sync(plan, '0.2.0');
+    expect(up).toMatchObject({ status: 0, upgraded: '0.2.0' });
+    expect(up.redisArgs).toBe('-h 10.10.0.2 -p 6379 --raw GET space:deploy:target-version');
+    expect(sync(plan, '0.1.0')).toMatchObject({ status: 0, upgraded: '' });
+    expect(sync(plan, '')).toMatchObject({ status: 0, upgraded: '' });
+    // a registry with a port: the tag is after the last colon
+    expect(sync(plan, '0.1.0', 'registry.example:5000/space:0.1.0')).toMatchObject({
+      status: 0,
+      upgraded: '',
+    });
+    for (const bad of ['0.2.0; rm -rf /', '../x', 'a b'])
+      expect(sync(plan, bad), bad).toMatchObject({ status: 1, upgraded: '' });
+  });
+});

@@ -21,6 +21,7 @@
  * at every boot before the gateway starts.
  */
 import { stringify } from 'yaml';
+import { DEPLOY_TARGET_VERSION_KEY, VERSION_TAG } from '../../runtime/core/redis-keys.ts';
 import type { NodePool } from '../node-pool.ts';
 import {
   AGENT_PORT,
@@ -181,6 +182,70 @@ function upgradeScript(a: VmCommonArgs, units: string[]): VmFile {
   };
 }
 
+/**
+ * In-place upgrades without SSH: a timer on every VM reads the deployment's target version from
+ * Redis ({@link DEPLOY_TARGET_VERSION_KEY}, set through the API's `PUT /v1/deployment/target-version`)
+ * and, when it differs from the tag in `/etc/space/image.env`, runs `space-upgrade` (pull, rewrite,
+ * restart). A value that is not an image tag is refused. Agent VMs wait a random delay (up to
+ * `spreadSec`) so that nodes do not all restart at once; sandboxes survive either way (the agent
+ * keeps them and re-adopts). The VM pulls only its own repository: the key chooses a tag, never
+ * an image.
+ */
+function versionSyncFiles(redisHost: string, spreadSec: number): VmFile[] {
+  return [
+    {
+      path: '/usr/local/sbin/space-version-sync',
+      mode: '0755',
+      content: [
+        '#!/bin/sh',
+        '# upgrades this VM in place to the deployment target version in Redis (no SSH needed)',
+        'set -eu',
+        `v=$(redis-cli -h ${redisHost} -p ${REDIS_PORT} --raw GET ${DEPLOY_TARGET_VERSION_KEY} 2>/dev/null || true)`,
+        '[ -n "$v" ] || exit 0',
+        `printf "%s" "$v" | grep -Eq '${VERSION_TAG.source}' || { echo "space-version-sync: refusing target $v" >&2; exit 1; }`,
+        // the tag after the image reference's last colon
+        'cur=$(sed -n "s/^SPACE_IMAGE=.*://p" /etc/space/image.env)',
+        '[ "$v" = "$cur" ] && exit 0',
+        'echo "space-version-sync: $cur -> $v"',
+        'exec /usr/local/sbin/space-upgrade "$v"',
+        '',
+      ].join('\n'),
+    },
+    {
+      path: '/etc/systemd/system/space-version-sync.service',
+      mode: '0644',
+      content: [
+        '[Unit]',
+        'Description=SPACE: move to the deployment target version',
+        'Wants=network-online.target',
+        'After=network-online.target',
+        '',
+        '[Service]',
+        'Type=oneshot',
+        'ExecStart=/usr/local/sbin/space-version-sync',
+        '',
+      ].join('\n'),
+    },
+    {
+      path: '/etc/systemd/system/space-version-sync.timer',
+      mode: '0644',
+      content: [
+        '[Unit]',
+        'Description=SPACE: check the deployment target version every minute',
+        '',
+        '[Timer]',
+        'OnBootSec=2min',
+        'OnUnitInactiveSec=1min',
+        `RandomizedDelaySec=${spreadSec}`,
+        '',
+        '[Install]',
+        'WantedBy=timers.target',
+        '',
+      ].join('\n'),
+    },
+  ];
+}
+
 /** The control VM: Redis on the private network, the API, its own key pair. */
 export function controlPlan(a: ControlArgs): VmPlan {
   const redisUrl = `redis://127.0.0.1:${REDIS_PORT}`;
@@ -300,6 +365,7 @@ export function controlPlan(a: ControlArgs): VmPlan {
         ['After=space-keys.service redis-server.service', 'Requires=space-keys.service'],
       ),
       upgradeScript(a, ['space-router', 'space-api']),
+      ...versionSyncFiles('127.0.0.1', 0),
     ],
     commands: [
       `mkdir -p /var/lib/space/api ${KEY_DIR}`,
@@ -308,7 +374,7 @@ export function controlPlan(a: ControlArgs): VmPlan {
       'systemctl enable --now space-control-guard.service',
       'systemctl restart redis-server',
       'podman pull "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"',
-      'systemctl enable --now space-keys.service space-api.service space-router.service',
+      'systemctl enable --now space-keys.service space-api.service space-router.service space-version-sync.timer',
     ],
   };
 }
@@ -403,6 +469,8 @@ export function agentPlan(a: AgentArgs): VmPlan {
       ),
       ...(gw ? gatewayFiles(a) : []),
       upgradeScript(a, units),
+      // nodes spread their restarts over five minutes
+      ...versionSyncFiles(a.controlAddress, 300),
     ],
     commands: [
       `mkdir -p ${KEY_DIR} ${AGENT_STATE_DIR} /var/run/netns`,
@@ -411,7 +479,7 @@ export function agentPlan(a: AgentArgs): VmPlan {
       ...(a.pool.driver === 'gvisor' ? [] : ['modprobe kvm_intel || modprobe kvm_amd || true']),
       'podman pull "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"',
       'systemctl daemon-reload',
-      `systemctl enable --now space-node-env.service ${[...(gw ? ['space-gateway-guard'] : []), ...units].map((u) => `${u}.service`).join(' ')}`,
+      `systemctl enable --now space-node-env.service ${[...(gw ? ['space-gateway-guard'] : []), ...units].map((u) => `${u}.service`).join(' ')} space-version-sync.timer`,
     ],
   };
 }
