@@ -327,5 +327,7 @@ function deployLke(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
     kubeconfig,
     namespace: runtime.namespace,
     apiLoadBalancer: runtime.apiService.status.loadBalancer.ingress,
+    // point space:routerUrl (or the router TLS hostname) here
+    routerLoadBalancer: runtime.routerService.status.loadBalancer.ingress,
   };
 }

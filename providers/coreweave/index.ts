@@ -73,5 +73,7 @@ export function deployCoreweave(cfg: StackConfig): Record<string, pulumi.Input<u
   return {
     namespace: runtime.namespace,
     apiLoadBalancer: runtime.apiService.status.loadBalancer.ingress,
+    // point space:routerUrl (or the router TLS hostname) here
+    routerLoadBalancer: runtime.routerService.status.loadBalancer.ingress,
   };
 }

@@ -977,6 +977,8 @@ export class Runtime extends pulumi.ComponentResource {
   readonly namespace: pulumi.Output<string>;
   /** The API Service (its load balancer address is in `status.loadBalancer`). */
   readonly apiService: k8s.core.v1.Service;
+  /** The router Service (clients' data plane; its load balancer address is in `status.loadBalancer`). */
+  readonly routerService: k8s.core.v1.Service;
   /** Every child resource, by role (`api`, `agent-default`, …). */
   readonly children: Readonly<Record<string, pulumi.CustomResource>>;
 
@@ -985,6 +987,7 @@ export class Runtime extends pulumi.ComponentResource {
     const created = createRuntime(this, name, args);
     this.children = created;
     this.apiService = created['api-svc'] as k8s.core.v1.Service;
+    this.routerService = created['router-svc'] as k8s.core.v1.Service;
     this.namespace = pulumi.output(runtimeDefaults(args).namespace);
     this.registerOutputs({ namespace: this.namespace });
   }
