@@ -41,6 +41,11 @@ export const CONFIG_KEYS = {
     default: DEFAULT_IMAGE_REPOSITORY,
     doc: 'Image repository (one image, three commands).',
   },
+  imageBuild: {
+    type: 'boolean',
+    default: 'false',
+    doc: '`pulumi up` builds the image (`scripts/image.sh`, buildah, root) on the machine running Pulumi and pushes it as `imageRepository:version` (`buildah push`; log in first with `buildah login`) before anything that runs it. False: the tag must already be pushed.',
+  },
   region: {
     type: 'string',
     clouds: ['akamai', 'crusoe'],
@@ -231,6 +236,8 @@ export interface StackConfig {
   readonly mode: DeployMode;
   readonly version: string;
   readonly imageRepository: string;
+  /** `space:imageBuild`: build and push the image in `pulumi up`. */
+  readonly imageBuild: boolean;
   readonly region: string;
   readonly nodePools: readonly NodePool[];
   readonly clientCidrs: readonly string[];
@@ -551,6 +558,7 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
     mode,
     version: version ?? '',
     imageRepository,
+    imageBuild: bool('imageBuild', false),
     region,
     nodePools: pools.pools,
     clientCidrs,

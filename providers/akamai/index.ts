@@ -113,11 +113,14 @@ export function lkeExposure(clientCidrs: readonly string[]): PublicExposure {
 }
 
 /** Deploys SPACE on Linode. */
-export function deployAkamai(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
-  return cfg.mode === 'vm' ? deployVms(cfg) : deployLke(cfg);
+export function deployAkamai(
+  cfg: StackConfig,
+  image?: pulumi.Resource,
+): Record<string, pulumi.Input<unknown>> {
+  return cfg.mode === 'vm' ? deployVms(cfg, image) : deployLke(cfg, image);
 }
 
-function deployVms(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
+function deployVms(cfg: StackConfig, image?: pulumi.Resource): Record<string, pulumi.Input<unknown>> {
   const stack = pulumi.getStack();
   const tags = ['space', `space-${stack}`];
   const vpc = new linode.Vpc('space-vpc', {
@@ -152,7 +155,8 @@ function deployVms(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
   ];
   // a version bump must not replace VMs (their sandboxes would die): after creation the user data
   // is ignored and upgrades run `space-upgrade` per VM (docs/deployment.md, platform team upgrade)
-  const keep = { ignoreChanges: ['metadatas'] };
+  // and with space:imageBuild, no VM is made before its image is pushed
+  const keep = { ignoreChanges: ['metadatas'], dependsOn: image ? [image] : [] };
   const userData = (text: string) => [{ userData: Buffer.from(text).toString('base64') }];
   const nbFw = firewall('space-nb-fw', rules.nodebalancer);
   const nb = new linode.NodeBalancer('space-api-nb', {
@@ -269,7 +273,7 @@ function deployVms(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
   };
 }
 
-function deployLke(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
+function deployLke(cfg: StackConfig, image?: pulumi.Resource): Record<string, pulumi.Input<unknown>> {
   const stack = pulumi.getStack();
   const cluster = new linode.LkeCluster('space-lke', {
     label: `space-${stack}`,
@@ -296,7 +300,8 @@ function deployLke(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
   const kubeconfig = pulumi.secret(
     cluster.kubeconfig.apply((b64) => Buffer.from(b64, 'base64').toString('utf8')),
   );
-  const provider = new k8s.Provider('lke', { kubeconfig });
+  // every Kubernetes object goes through this provider: with space:imageBuild, after the push
+  const provider = new k8s.Provider('lke', { kubeconfig }, { dependsOn: image ? [image] : [] });
   const runtime = new Runtime(
     'space',
     runtimeArgsFromConfig(cfg, { exposure: lkeExposure(cfg.clientCidrs) }),

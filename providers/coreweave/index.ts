@@ -51,8 +51,16 @@ export function coreweaveExposure(clientCidrs: readonly string[]): PublicExposur
 }
 
 /** Deploys the runtime to an existing CKS cluster (kubeconfig from the secret `space:kubeconfig`). */
-export function deployCoreweave(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
-  const provider = new k8s.Provider('cks', { kubeconfig: cfg.secrets.kubeconfig! });
+export function deployCoreweave(
+  cfg: StackConfig,
+  image?: pulumi.Resource,
+): Record<string, pulumi.Input<unknown>> {
+  // every Kubernetes object goes through this provider: with space:imageBuild, after the push
+  const provider = new k8s.Provider(
+    'cks',
+    { kubeconfig: cfg.secrets.kubeconfig! },
+    { dependsOn: image ? [image] : [] },
+  );
   const pools = cfg.nodePools.map(
     (pool) =>
       new k8s.apiextensions.CustomResource(

@@ -73,7 +73,10 @@ export function controlPrivateAddress(resource: unknown): string {
 }
 
 /** Deploys SPACE on Crusoe VMs. */
-export function deployCrusoe(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
+export function deployCrusoe(
+  cfg: StackConfig,
+  image?: pulumi.Resource,
+): Record<string, pulumi.Input<unknown>> {
   const common = { projectId: cfg.crusoeProjectId };
   const subnet = new Subnet('space-subnet', {
     ...common,
@@ -112,7 +115,8 @@ export function deployCrusoe(cfg: StackConfig): Record<string, pulumi.Input<unkn
   const vmArgs = { version: cfg.version, imageRepository: cfg.imageRepository, privateCidr: cfg.privateCidr };
   // a version bump must not replace VMs (that would kill their sandboxes): upgrades run
   // `space-upgrade` on each VM (docs/deployment.md), so the startup script is ignored after creation
-  const keepVms = { ignoreChanges: ['startupScript'], dependsOn: [previous] };
+  // and with space:imageBuild, no VM is made before its image is pushed
+  const keepVms = { ignoreChanges: ['startupScript'], dependsOn: [previous, ...(image ? [image] : [])] };
   const control = new Instance(
     'space-control',
     {

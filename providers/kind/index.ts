@@ -48,11 +48,16 @@ export function kindClusterConfig(pools: readonly NodePool[]): string {
 }
 
 /** Deploys the runtime to the kind cluster of the current kubeconfig (context `space:kubeContext`). */
-export function deployKind(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
-  const provider = new k8s.Provider('kind', {
-    ...(cfg.secrets.kubeconfig ? { kubeconfig: cfg.secrets.kubeconfig } : {}),
-    ...(cfg.kubeContext ? { context: cfg.kubeContext } : {}),
-  });
+export function deployKind(cfg: StackConfig, image?: pulumi.Resource): Record<string, pulumi.Input<unknown>> {
+  // every Kubernetes object goes through this provider: with space:imageBuild, after the push
+  const provider = new k8s.Provider(
+    'kind',
+    {
+      ...(cfg.secrets.kubeconfig ? { kubeconfig: cfg.secrets.kubeconfig } : {}),
+      ...(cfg.kubeContext ? { context: cfg.kubeContext } : {}),
+    },
+    { dependsOn: image ? [image] : [] },
+  );
   const runtime = new Runtime(
     'space',
     runtimeArgsFromConfig(cfg, {
