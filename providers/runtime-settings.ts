@@ -102,7 +102,7 @@ export const SERVICE_COMMANDS = {
 /** A SPACE service deployed by the components. */
 export type Service = keyof typeof SERVICE_COMMANDS;
 
-/** Default image repository (one image, three commands). */
+/** Default image repository (one image, one command per service). */
 export const DEFAULT_IMAGE_REPOSITORY = 'ghcr.io/space-sandbox/space';
 
 /** `repository:version`: the only place an image reference is made, so `space:version` drives every tag. */

@@ -39,7 +39,7 @@ export const CONFIG_KEYS = {
   imageRepository: {
     type: 'string',
     default: DEFAULT_IMAGE_REPOSITORY,
-    doc: 'Image repository (one image, three commands).',
+    doc: 'Image repository (one image, one command per service).',
   },
   imageBuild: {
     type: 'boolean',

@@ -49,6 +49,37 @@ describe('cloud-init for the systemd (vm) mode', () => {
     expect(toCloudConfig(agent())).toMatchSnapshot();
   });
 
+  it('the control VM runs the router with Redis and the verify key only; the API hands out its URL', () => {
+    const plan = control();
+    expect(envOf(file(plan, '/etc/space/space-router.env')!)).toEqual({
+      SPACE_REDIS_URL: 'redis://127.0.0.1:6379',
+      SPACE_ROUTER_HOST: '0.0.0.0',
+      SPACE_ROUTER_PORT: '8082',
+      SPACE_VERIFY_KEY_FILE: '/etc/space/keys/verify.pem',
+    });
+    const unit = file(plan, '/etc/systemd/system/space-router.service')!;
+    expect(unit).toContain('node runtime/router/server.ts');
+    // the verify key file alone is mounted: never the key directory with the signing key
+    expect(unit).toContain('-v /etc/space/keys/verify.pem:/etc/space/keys/verify.pem:ro');
+    expect(unit).not.toMatch(/-v \/etc\/space\/keys:/);
+    expect(envOf(file(plan, '/etc/space/space-api.env')!)['SPACE_ROUTER_URL']).toBe(ROUTER_URL);
+    expect(plan.commands.join('\n')).toContain('space-router.service');
+    // agents register their private-network address, never the default route's (public) one
+    const nodeEnv = file(agent(), '/usr/local/sbin/space-node-env')!;
+    expect(nodeEnv).toContain('ip -4 -o addr show to 10.10.0.0/24');
+    expect(nodeEnv).not.toContain('route get');
+    // the rendered lookup, run for real on this host with loopback standing in for the subnet
+    const lookup = nodeEnv
+      .split('\n')
+      .find((l) => l.startsWith('ip4='))!
+      .replace('10.10.0.0/24', '127.0.0.0/8');
+    expect(
+      execFileSync('sh', ['-c', `${lookup}; echo "$ip4"`])
+        .toString()
+        .trim(),
+    ).toBe('127.0.0.1');
+  });
+
   it('is a #cloud-config document that YAML parses back to the plan', () => {
     const text = toCloudConfig(agent());
     expect(text.startsWith('#cloud-config\n')).toBe(true);
