@@ -9,12 +9,15 @@ import { agentSettings } from '../runtime/agent/config.ts';
 import { HOST_IF_PREFIX } from '../runtime/agent/firewall.ts';
 import { apiSettings } from '../runtime/api/config.ts';
 import { gatewaySettings } from '../runtime/gateway/config.ts';
+import { routerSettings } from '../runtime/router/config.ts';
 import type { NodePool } from './node-pool.ts';
 
 /** TCP port of the API (`SPACE_API_PORT`). */
 export const API_PORT = 8080;
 /** TCP port of the node agent: data plane for clients plus internal dispatch (`SPACE_AGENT_PORT`). */
 export const AGENT_PORT = 8081;
+/** TCP port of the data-plane router, the clients' only way to sandboxes (`SPACE_ROUTER_PORT`). */
+export const ROUTER_PORT = 8082;
 /** TCP port of Redis. */
 export const REDIS_PORT = 6379;
 
@@ -88,17 +91,18 @@ export const GATEWAY_CA_CERT_FILE = `${GATEWAY_CA_DIR}/ca.crt`;
 /** PEM private key of the gateway CA (mode 0600/0400, root only, gateway only). */
 export const GATEWAY_CA_KEY_FILE = `${GATEWAY_CA_DIR}/ca.key`;
 
-/** The three services of the one image, with the command each runs (working directory /opt/space). */
+/** The services of the one image, with the command each runs (working directory /opt/space). */
 export const SERVICE_COMMANDS = {
   api: ['node', 'runtime/api/server.ts'],
   agent: ['node', 'runtime/agent/server.ts'],
   gateway: ['node', 'runtime/gateway/server.ts'],
+  router: ['node', 'runtime/router/server.ts'],
 } as const;
 
 /** A SPACE service deployed by the components. */
 export type Service = keyof typeof SERVICE_COMMANDS;
 
-/** Default image repository (one image, three commands). */
+/** Default image repository (one image, one command per service). */
 export const DEFAULT_IMAGE_REPOSITORY = 'ghcr.io/space-sandbox/space';
 
 /** `repository:version`: the only place an image reference is made, so `space:version` drives every tag. */
@@ -134,12 +138,20 @@ export const DEPLOYMENT_OWNED = [
   // the scrape annotations name this port
   'SPACE_GATEWAY_METRICS_PORT',
   'SPACE_GATEWAY_METRICS_HOST',
+  // the router and the TLS files of both client-facing services
+  'SPACE_ROUTER_HOST',
+  'SPACE_ROUTER_PORT',
+  'SPACE_ROUTER_TLS_CERT_FILE',
+  'SPACE_ROUTER_TLS_KEY_FILE',
+  'SPACE_API_TLS_CERT_FILE',
+  'SPACE_API_TLS_KEY_FILE',
 ] as const;
 
 /** Settings with their own stack config key: an override in `gatewayEnv` is refused, naming the key. */
 export const OWN_KEY: Readonly<Record<string, string>> = {
   SPACE_GATEWAY_UPSTREAM_DNS: 'space:gatewayUpstreamDns',
   SPACE_GATEWAY_DENY_CIDRS: 'space:gatewayDenyCidrs',
+  SPACE_ROUTER_URL: 'space:routerUrl',
 };
 
 /** Env names the runtime declares, per service (from its config modules). */
@@ -147,6 +159,7 @@ export const KNOWN_ENV = {
   api: new Set(Object.values(apiSettings).map((s) => s.env)),
   agent: new Set(Object.values(agentSettings).map((s) => s.env)),
   gateway: new Set(Object.values(gatewaySettings).map((s) => s.env)),
+  router: new Set(Object.values(routerSettings).map((s) => s.env)),
 } as const;
 
 /**
@@ -171,13 +184,47 @@ export function checkEnvOverrides(service: keyof typeof KNOWN_ENV, env: unknown,
  * Non-secret environment of the API. The Redis URL is not here: it may carry a password, so each
  * component passes it its own way (Kubernetes Secret, or a private-address URL on VMs).
  */
-export function apiEnvironment(overrides: Readonly<Record<string, string>> = {}): Record<string, string> {
+export function apiEnvironment(
+  overrides: Readonly<Record<string, string>> = {},
+  opts: { routerUrl?: string; tls?: boolean } = {},
+): Record<string, string> {
   return {
     ...overrides,
+    // data-plane URLs handed to clients name the router, never an agent's (private) address
+    ...(opts.routerUrl ? { SPACE_ROUTER_URL: opts.routerUrl } : {}),
+    ...(opts.tls ? { SPACE_API_TLS_CERT_FILE: TLS_CERT_FILE, SPACE_API_TLS_KEY_FILE: TLS_KEY_FILE } : {}),
     SPACE_API_HOST: '0.0.0.0',
     SPACE_API_PORT: String(API_PORT),
     SPACE_SIGNING_KEY_FILE: SIGNING_KEY_FILE,
     SPACE_BOOTSTRAP_API_KEY_FILE: BOOTSTRAP_API_KEY_FILE,
+  };
+}
+
+/**
+ * Where a client-facing service finds its TLS certificate and key: the `kubernetes.io/tls` Secret
+ * cert-manager writes (`tls.crt`, `tls.key`) mounted here, or files on the control VM.
+ */
+export const TLS_DIR = '/etc/space/tls';
+/** Certificate chain (PEM) in {@link TLS_DIR}. */
+export const TLS_CERT_FILE = `${TLS_DIR}/tls.crt`;
+/** Private key (PEM) in {@link TLS_DIR}. */
+export const TLS_KEY_FILE = `${TLS_DIR}/tls.key`;
+
+/**
+ * Non-secret environment of the router: it needs only Redis (passed by each component, as for the
+ * API) and the verify key; with `tls`, it serves HTTPS (ALPN h2 + http/1.1) from {@link TLS_DIR}.
+ */
+export function routerEnvironment(
+  opts: { tls?: boolean; env?: Readonly<Record<string, string>> } = {},
+): Record<string, string> {
+  return {
+    ...opts.env,
+    SPACE_ROUTER_HOST: '0.0.0.0',
+    SPACE_ROUTER_PORT: String(ROUTER_PORT),
+    SPACE_VERIFY_KEY_FILE: VERIFY_KEY_FILE,
+    ...(opts.tls
+      ? { SPACE_ROUTER_TLS_CERT_FILE: TLS_CERT_FILE, SPACE_ROUTER_TLS_KEY_FILE: TLS_KEY_FILE }
+      : {}),
   };
 }
 

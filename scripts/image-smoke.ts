@@ -1,6 +1,6 @@
 /**
- * Starts each of the image's three commands from the built image and checks what it prints:
- * the API and the gateway become ready (the API against a real redis-server on loopback, its
+ * Starts each of the image’s commands from the built image and checks what it prints:
+ * the API, the router and the gateway become ready (the API against a real redis-server on loopback, its
  * /readyz answering), each service without its required settings prints its configuration error,
  * and the image carries what an agent node needs and no Pulumi package.
  *
@@ -163,6 +163,22 @@ try {
       expectLine(r, /Server listening at/) ?? (readyz === 200 ? undefined : `/readyz answered ${readyz}`)
     );
   });
+
+  await check('router: with a real Redis and the verify key it listens', async () =>
+    expectLine(
+      await runInImage(['node', 'runtime/router/server.ts'], {
+        env: {
+          SPACE_ROUTER_HOST: '127.0.0.1',
+          SPACE_ROUTER_PORT: String(await freePort()),
+          SPACE_REDIS_URL: redis.url,
+          SPACE_VERIFY_KEY_FILE: '/keys/verify.pem',
+        },
+        volumes: [`${work}:/keys:ro`],
+        seconds: 8,
+      }),
+      /"msg":"router listening"/,
+    ),
+  );
 
   await check('gateway: with a real Redis it listens on its control socket and ports', async () =>
     expectLine(

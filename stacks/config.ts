@@ -39,7 +39,12 @@ export const CONFIG_KEYS = {
   imageRepository: {
     type: 'string',
     default: DEFAULT_IMAGE_REPOSITORY,
-    doc: 'Image repository (one image, three commands).',
+    doc: 'Image repository (one image, one command per service).',
+  },
+  imageBuild: {
+    type: 'boolean',
+    default: 'false',
+    doc: '`pulumi up` builds the image (`scripts/image.sh`, buildah, root) on the machine running Pulumi and pushes it as `imageRepository:version` (`buildah push`; log in first with `buildah login`) before anything that runs it. False: the tag must already be pushed.',
   },
   region: {
     type: 'string',
@@ -54,7 +59,7 @@ export const CONFIG_KEYS = {
   clientCidrs: {
     type: 'array',
     default: '`["0.0.0.0/0"]`',
-    doc: 'Sources allowed to reach the API (8080) and the agents’ data plane (8081). Nothing else is open.',
+    doc: 'Sources allowed to reach the API and the router (the data plane). Nothing else is open: agents, Redis and gateways stay private.',
   },
   sshCidrs: {
     type: 'array',
@@ -164,6 +169,22 @@ export const CONFIG_KEYS = {
     clouds: ['akamai'],
     doc: 'PEM private key for `apiTlsCertificate`.',
   },
+  routerUrl: {
+    type: 'string',
+    default:
+      'kind: `http://127.0.0.1:8082`; akamai `vm`: the NodeBalancer’s router port; with `tlsHostnames`: `https://<router>`',
+    doc: 'Public base URL of the router (`SPACE_ROUTER_URL`): the data-plane URL the API hands to clients. Required where no default applies (coreweave and akamai `kubernetes` without `tlsHostnames`, crusoe).',
+  },
+  tlsIssuer: {
+    type: 'string',
+    clouds: ['akamai', 'coreweave', 'kind'],
+    doc: 'cert-manager ClusterIssuer that signs the API and router certificate (`kubernetes` mode; cert-manager installed by the operator). With `tlsHostnames`. Unset: plain HTTP.',
+  },
+  tlsHostnames: {
+    type: 'object',
+    clouds: ['akamai', 'coreweave', 'kind'],
+    doc: '`{ "api": "<dns name>", "router": "<dns name>" }`: the names on the certificate; point them at the `space-api` and `space-router` load balancers.',
+  },
   lkeFirewallToken: {
     type: 'string',
     secret: true,
@@ -215,6 +236,8 @@ export interface StackConfig {
   readonly mode: DeployMode;
   readonly version: string;
   readonly imageRepository: string;
+  /** `space:imageBuild`: build and push the image in `pulumi up`. */
+  readonly imageBuild: boolean;
   readonly region: string;
   readonly nodePools: readonly NodePool[];
   readonly clientCidrs: readonly string[];
@@ -236,6 +259,12 @@ export interface StackConfig {
   readonly kubeContext: string | undefined;
   readonly redisStorageClass: string | undefined;
   readonly apiTlsCertificate: string | undefined;
+  /** `space:routerUrl`, when set. */
+  readonly routerUrl: string | undefined;
+  /** cert-manager TLS (`kubernetes` mode), when `space:tlsIssuer` and `space:tlsHostnames` are set. */
+  readonly tls:
+    | { readonly issuer: string; readonly apiHostname: string; readonly routerHostname: string }
+    | undefined;
   readonly nodeCidrs: readonly string[];
   readonly nodeTolerations: readonly Record<string, string>[];
   readonly crusoeProjectId: string;
@@ -489,6 +518,34 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
     );
   if (cloud === 'coreweave' && !has('kubeconfig'))
     problems.push('space:kubeconfig: required on coreweave (see docs/deployment.md)');
+  const hostnames = json('tlsHostnames') as { api?: unknown; router?: unknown } | undefined;
+  const dns = /^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$/i;
+  let tls: StackConfig['tls'];
+  if (has('tlsIssuer') !== has('tlsHostnames'))
+    problems.push('space:tlsIssuer and space:tlsHostnames: set both (cert-manager TLS) or neither');
+  else if (hostnames !== undefined) {
+    if (mode !== 'kubernetes')
+      problems.push('space:tlsIssuer: kubernetes mode only (VMs: the load balancer’s TLS)');
+    else if (
+      typeof hostnames.api !== 'string' ||
+      !dns.test(hostnames.api) ||
+      typeof hostnames.router !== 'string' ||
+      !dns.test(hostnames.router)
+    )
+      problems.push('space:tlsHostnames: must be { "api": "<dns name>", "router": "<dns name>" }');
+    else tls = { issuer: raw('tlsIssuer')!, apiHostname: hostnames.api, routerHostname: hostnames.router };
+  }
+  const routerUrl = raw('routerUrl');
+  if (routerUrl !== undefined && !/^https?:\/\/[^/\s]+\/?$/.test(routerUrl))
+    problems.push('space:routerUrl: must be http(s)://host[:port]');
+  const routerUrlDefaulted =
+    cloud === 'kind' ||
+    (cloud === 'akamai' && mode === 'vm') ||
+    (mode === 'kubernetes' && has('tlsHostnames'));
+  if (routerUrl === undefined && !routerUrlDefaulted)
+    problems.push(
+      `space:routerUrl: required on ${cloud} in ${mode} mode (the router's public address is not known before it exists; clients reach sandboxes only through it)`,
+    );
   if (has('apiTlsCertificate') !== has('apiTlsKey'))
     problems.push('space:apiTlsCertificate and space:apiTlsKey: set both or neither');
   if (cloud === 'crusoe') {
@@ -501,6 +558,7 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
     mode,
     version: version ?? '',
     imageRepository,
+    imageBuild: bool('imageBuild', false),
     region,
     nodePools: pools.pools,
     clientCidrs,
@@ -519,6 +577,8 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
     kubeContext: str('kubeContext', cloud === 'kind' ? 'kind-space' : undefined),
     redisStorageClass: raw('redisStorageClass'),
     apiTlsCertificate: raw('apiTlsCertificate'),
+    routerUrl,
+    tls,
     nodeCidrs,
     nodeTolerations,
     crusoeProjectId: raw('crusoeProjectId') ?? '',

@@ -2,31 +2,62 @@
  * The SPACE Pulumi program: validate the whole stack configuration first (one error listing every
  * problem, before any resource exists), then hand off to the cloud's provider module.
  */
+import { fileURLToPath } from 'node:url';
+import * as command from '@pulumi/command';
 import type * as pulumi from '@pulumi/pulumi';
 import { deployAkamai } from '../providers/akamai/index.ts';
 import type { Cloud } from '../providers/catalogue.ts';
 import { deployCoreweave } from '../providers/coreweave/index.ts';
 import { deployCrusoe } from '../providers/crusoe/index.ts';
 import { deployKind } from '../providers/kind/index.ts';
+import { imageRef } from '../providers/runtime-settings.ts';
 import { loadStackConfig, pulumiRawConfig, type RawConfig, type StackConfig } from './config.ts';
 
 /** Stack outputs (`pulumi stack output`). */
 export type StackOutputs = Record<string, pulumi.Input<unknown>>;
 
-const DEPLOY: Record<Cloud, (cfg: StackConfig) => StackOutputs> = {
+const DEPLOY: Record<Cloud, (cfg: StackConfig, image?: pulumi.Resource) => StackOutputs> = {
   akamai: deployAkamai,
   coreweave: deployCoreweave,
   crusoe: deployCrusoe,
   kind: deployKind,
 };
 
+/** The repository root: where `scripts/image.sh` builds from. */
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+
+/**
+ * The shell command that builds the image and pushes it as `ref` (`space:imageBuild`): the
+ * repository's own build (`scripts/image.sh`, which tags what it builds `SPACE_IMAGE_TAG`), then
+ * `buildah push` to the registry named in `ref`. Pure.
+ */
+export function imageBuildCommand(ref: string): { create: string; environment: Record<string, string> } {
+  return {
+    create: 'bash scripts/image.sh && buildah push "$SPACE_IMAGE_TAG" "docker://$SPACE_IMAGE_TAG"',
+    environment: { SPACE_IMAGE_TAG: ref },
+  };
+}
+
 /** Runs the program against `raw` config (default: the Pulumi runtime's). Returns the outputs. */
 export function run(raw: RawConfig = pulumiRawConfig): StackOutputs {
   const cfg = loadStackConfig(raw);
+  let image: pulumi.Resource | undefined;
+  if (cfg.imageBuild) {
+    const ref = imageRef(cfg.imageRepository, cfg.version);
+    const build = imageBuildCommand(ref);
+    // a new version (new tag) runs it again; the same one does not
+    image = new command.local.Command('space-image', {
+      ...build,
+      update: build.create,
+      dir: ROOT,
+      triggers: [ref],
+    });
+  }
   return {
     cloud: cfg.cloud,
     mode: cfg.mode,
     version: cfg.version,
-    ...DEPLOY[cfg.cloud](cfg),
+    // every cloud module orders what runs the image after it (its Kubernetes provider, its VMs)
+    ...DEPLOY[cfg.cloud](cfg, image),
   };
 }

@@ -78,7 +78,13 @@ async function render(raw: Raw): Promise<RecordedResource[]> {
 
 const VARIANTS: Record<string, Raw> = {
   akamai: stackFile('akamai'),
-  'akamai-lke': { ...stackFile('akamai'), mode: 'kubernetes' },
+  'akamai-lke': { ...stackFile('akamai'), mode: 'kubernetes', routerUrl: 'http://router.space.example.com' },
+  'coreweave-tls': {
+    ...stackFile('coreweave'),
+    routerUrl: undefined,
+    tlsIssuer: 'letsencrypt',
+    tlsHostnames: JSON.stringify({ api: 'api.space.example.com', router: 'router.space.example.com' }),
+  },
   coreweave: stackFile('coreweave'),
   crusoe: stackFile('crusoe'),
   kind: stackFile('kind'),
@@ -133,7 +139,11 @@ describe.each(Object.entries(VARIANTS))('stack %s under the mock runtime', (_nam
     for (const fw of firewallInbounds(recorded)) {
       expect(fw.inboundPolicy).toBe('DROP');
       for (const rule of fw.inbounds ?? []) {
-        if (rule.ipv4s.includes('0.0.0.0/0')) expect(['80', '443', '8080', '8081']).toContain(rule.ports);
+        // clients reach the API and the router only (NodeBalancer 80/443/8082/8443, API 8080, router
+        // 8082); never an agent (8081), Redis or a gateway
+        if (rule.ipv4s.includes('0.0.0.0/0'))
+          expect(['80', '443', '8080', '8082', '8443']).toContain(rule.ports);
+        if (rule.ipv4s.includes('0.0.0.0/0')) expect(portsCover(rule.ports, 8081)).toBe(false);
         if (rule.ports === '6379') expect(rule.ipv4s).toEqual([raw.privateCidr]);
         if (rule.ports === '22') expect(rule.ipv4s).not.toContain('0.0.0.0/0');
       }
@@ -148,7 +158,7 @@ describe.each(Object.entries(VARIANTS))('stack %s under the mock runtime', (_nam
       expect(i.direction).toBe('ingress');
       if (i.destinationPorts.includes('6379')) expect(i.sources).toEqual([raw.privateCidr]);
       if (i.sources.includes('0.0.0.0/0'))
-        expect(['8080', '8081']).toEqual(expect.arrayContaining(i.destinationPorts));
+        expect(['8080', '8082']).toEqual(expect.arrayContaining(i.destinationPorts));
     }
     for (const r of recorded.filter((x) => x.type === 'kubernetes:core/v1:Service')) {
       const s = unwrapSecrets(r.inputs) as { metadata: { name: string }; spec: { type: string } };
@@ -297,7 +307,7 @@ describe('cloud-specific policies', () => {
     expect(control.name).toBe('space-control');
   });
 
-  it('akamai vm: user data is base64 cloud-init and the API sits behind a NodeBalancer', async () => {
+  it('akamai vm: user data is base64 cloud-init; the API and the router sit behind the NodeBalancer, and the API hands out its router port', async () => {
     const recorded = await render(withSecrets(VARIANTS['akamai']!));
     const vms = recorded.filter((r) => r.type === 'linode:index/instance:Instance');
     expect(vms).toHaveLength(3);
@@ -307,14 +317,33 @@ describe('cloud-specific policies', () => {
         'base64',
       ).toString();
       expect(ud.startsWith('#cloud-config\n')).toBe(true);
+      // agents register their private address: the router reaches them, clients never do
+      if (vm.name !== 'space-control') expect(ud).toContain('ip -4 -o addr show to 10.77.128.0/24');
     }
-    expect(recorded.filter((r) => r.type.startsWith('linode:index/nodeBalancer')).map((r) => r.type)).toEqual(
-      [
-        'linode:index/nodeBalancer:NodeBalancer',
-        'linode:index/nodeBalancerConfig:NodeBalancerConfig',
-        'linode:index/nodeBalancerNode:NodeBalancerNode',
-      ],
-    );
+    expect(
+      recorded
+        .filter((r) => r.type.startsWith('linode:index/nodeBalancer'))
+        .map((r) => r.type)
+        .sort(),
+    ).toEqual([
+      'linode:index/nodeBalancer:NodeBalancer',
+      'linode:index/nodeBalancerConfig:NodeBalancerConfig',
+      'linode:index/nodeBalancerConfig:NodeBalancerConfig',
+      'linode:index/nodeBalancerNode:NodeBalancerNode',
+      'linode:index/nodeBalancerNode:NodeBalancerNode',
+    ]);
+    const nodesOf = recorded
+      .filter((r) => r.type === 'linode:index/nodeBalancerNode:NodeBalancerNode')
+      .map((r) => String(r.inputs['address']).split(':')[1])
+      .sort();
+    expect(nodesOf).toEqual(['8080', '8082']);
+    const control = vms.find((v) => v.name === 'space-control')!;
+    const ud = Buffer.from(
+      (control.inputs['metadatas'] as { userData: string }[])[0]!.userData,
+      'base64',
+    ).toString();
+    expect(ud).toMatch(/SPACE_ROUTER_URL=http:\/\/[0-9.]+:8082/);
+    expect(ud).toContain('/etc/systemd/system/space-router.service');
   });
 
   it('akamai lke: the API load balancer admits only space:clientCidrs through the Linode firewall ACL annotation (the CCM ignores loadBalancerSourceRanges)', async () => {
@@ -414,6 +443,49 @@ describe('cloud-specific policies', () => {
 });
 
 describe('configuration validation', () => {
+  it('the router URL: required where the router address is not known before it exists; TLS needs issuer and hostnames together', () => {
+    expect(fails(withSecrets({ ...VARIANTS['crusoe']!, routerUrl: undefined }))).toEqual([
+      expect.stringContaining('space:routerUrl: required on crusoe'),
+    ]);
+    expect(fails(withSecrets({ ...VARIANTS['coreweave']!, routerUrl: undefined }))).toEqual([
+      expect.stringContaining('space:routerUrl: required on coreweave'),
+    ]);
+    expect(fails(withSecrets({ ...VARIANTS['coreweave']!, routerUrl: 'router.example.com' }))).toEqual([
+      expect.stringContaining('must be http(s)://'),
+    ]);
+    expect(fails(withSecrets({ ...VARIANTS['coreweave-tls']!, tlsHostnames: undefined }))).toEqual(
+      expect.arrayContaining([expect.stringContaining('space:tlsIssuer and space:tlsHostnames')]),
+    );
+    expect(
+      fails(withSecrets({ ...VARIANTS['coreweave-tls']!, tlsHostnames: JSON.stringify({ api: 'x' }) })),
+    ).toEqual([expect.stringContaining('space:tlsHostnames: must be')]);
+    expect(fails(withSecrets(VARIANTS['coreweave-tls']!))).toEqual([]);
+    // kind and akamai vm derive it
+    expect(fails(withSecrets(VARIANTS['kind']!))).toEqual([]);
+    expect(fails(withSecrets(VARIANTS['akamai']!))).toEqual([]);
+  });
+
+  it('coreweave with cert-manager TLS: a Certificate custom resource for both names; both services serve HTTPS on 443', async () => {
+    const recorded = await render(withSecrets(VARIANTS['coreweave-tls']!));
+    const cert = recorded.find((r) => r.type === 'kubernetes:cert-manager.io/v1:Certificate')!;
+    expect(cert).toBeDefined();
+    const body = unwrapSecrets(cert.inputs) as Obj;
+    expect(schemaProblems(body)).toEqual([]);
+    expect(body['spec']).toMatchObject({
+      secretName: 'space-tls',
+      dnsNames: ['api.space.example.com', 'router.space.example.com'],
+      issuerRef: { name: 'letsencrypt', kind: 'ClusterIssuer' },
+    });
+    const svcs = recorded
+      .filter((r) => r.type === 'kubernetes:core/v1:Service')
+      .map((r) => unwrapSecrets(r.inputs) as { metadata: { name: string }; spec: { ports: Obj[] } });
+    for (const name of ['space-api', 'space-router'])
+      expect(svcs.find((x) => x.metadata.name === name)!.spec.ports[0]!['port']).toBe(443);
+    const api = recorded.find((r) => r.type === 'kubernetes:apps/v1:Deployment' && componentOf(r) === 'api')!;
+    const env = (podSpecOf(api)['containers'] as { env: { name: string; value?: string }[] }[])[0]!.env;
+    expect(env.find((e) => e.name === 'SPACE_ROUTER_URL')?.value).toBe('https://router.space.example.com');
+  });
+
   it('a VMM driver on a type without verified KVM fails before anything is created, with every problem', () => {
     const problems = fails({
       ...VARIANTS['akamai'],
@@ -588,6 +660,7 @@ const STACK_DRIVERS: Record<string, string> = {
   akamai: 'gvisor',
   'akamai-lke': 'gvisor',
   coreweave: 'gvisor',
+  'coreweave-tls': 'gvisor',
   crusoe: 'cloud-hypervisor',
   kind: 'gvisor',
 };

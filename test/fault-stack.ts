@@ -21,7 +21,21 @@ import { freePort } from './redis-server.ts';
 import { type Leftovers, leftovers, TEST_CACHE_DIR, waitFor } from './stack.ts';
 
 /** The parts that run as their own process. */
-export type Part = 'redis' | 'gateway' | 'agent' | 'api';
+export type Part = 'redis' | 'gateway' | 'agent' | 'api' | 'router';
+
+/** Options of {@link startFaultStack}. */
+export interface FaultStackOptions {
+  /**
+   * The source tree each service process runs from (default: this repository). The upgrade
+   * rehearsal starts parts from an earlier release's tree and moves them one by one with
+   * {@link FaultStack.setRoot}.
+   */
+  roots?: Partial<Record<Exclude<Part, 'redis'>, string>>;
+  /** Start the router process too (it reads Redis and the verify key). Default false. */
+  router?: boolean;
+  /** Give the API `SPACE_ROUTER_URL` = the router's URL (an API before the router ignores it). Default false. */
+  apiUsesRouter?: boolean;
+}
 
 const NODE_ID = 'fault-node';
 const root = new URL('..', import.meta.url).pathname;
@@ -36,6 +50,12 @@ export interface FaultStack {
   nodeId: string;
   apiUrl: string;
   agentUrl: string;
+  /** Where the router listens (started with `router: true`, or later with `start('router')`). */
+  routerUrl: string;
+  /** Runs `part` from the tree at `root` from its next start on. */
+  setRoot(part: Exclude<Part, 'redis'>, root: string): void;
+  /** Stops a part as a deployment does (SIGTERM, its drain; SIGKILL after 60 s) and waits until it is gone. */
+  stopPart(part: Part): Promise<void>;
   apiKey: string;
   /** A client of the stack's Redis (reconnects by itself after a Redis restart). */
   redis: Redis;
@@ -62,14 +82,24 @@ export interface FaultStack {
 }
 
 /** Starts the stack; `env` overrides API and agent settings. */
-export async function startFaultStack(env: Record<string, string> = {}): Promise<FaultStack> {
+export async function startFaultStack(
+  env: Record<string, string> = {},
+  opts: FaultStackOptions = {},
+): Promise<FaultStack> {
   await buildTemplate('base', { cacheDir: TEST_CACHE_DIR });
   const dir = await mkdtemp(join(tmpdir(), 'space-faults-'));
   await writeNewKeyPair(join(dir, 'key.pem'), join(dir, 'key.pub.pem'));
   const pool = `10.${100 + Math.floor(Math.random() * 98)}.0.0/16`;
-  const [redisPort, apiPort, agentPort, dnsPort, httpPort, tlsPort, deadDns] = await Promise.all(
-    Array.from({ length: 7 }, () => freePort()),
+  const [redisPort, apiPort, agentPort, dnsPort, httpPort, tlsPort, deadDns, routerPort] = await Promise.all(
+    Array.from({ length: 8 }, () => freePort()),
   );
+  const roots: Record<Exclude<Part, 'redis'>, string> = {
+    gateway: root,
+    agent: root,
+    api: root,
+    router: root,
+    ...opts.roots,
+  };
   const redisUrl = `redis://127.0.0.1:${redisPort}`;
   const common = { SPACE_LOG_LEVEL: process.env.SPACE_TEST_LOG_LEVEL ?? 'info', SPACE_REDIS_URL: redisUrl };
   const gatewayEnv = {
@@ -108,8 +138,15 @@ export async function startFaultStack(env: Record<string, string> = {}): Promise
     SPACE_API_PORT: String(apiPort),
     SPACE_BOOTSTRAP_API_KEY_FILE: join(dir, 'api-key'),
     SPACE_REAPER_INTERVAL_MS: '200',
+    ...(opts.apiUsesRouter ? { SPACE_ROUTER_URL: `http://127.0.0.1:${routerPort}` } : {}),
     ...env,
   };
+  const routerEnv = {
+    ...common,
+    SPACE_ROUTER_PORT: String(routerPort),
+    SPACE_VERIFY_KEY_FILE: join(dir, 'key.pub.pem'),
+  };
+  const routerUrl = `http://127.0.0.1:${routerPort}`;
   const apiUrl = `http://127.0.0.1:${apiPort}`;
   const agentUrl = `http://127.0.0.1:${agentPort}`;
   const procs = new Map<Part, ChildProcess>();
@@ -136,10 +173,16 @@ export async function startFaultStack(env: Record<string, string> = {}): Promise
             ],
             { stdio: ['ignore', log, log] },
           )
-        : spawn(process.execPath, [join(root, `runtime/${part}/server.ts`)], {
+        : spawn(process.execPath, [join(roots[part], `runtime/${part}/server.ts`)], {
             env: {
               ...process.env,
-              ...(part === 'gateway' ? gatewayEnv : part === 'agent' ? agentEnv : apiEnv),
+              ...(part === 'gateway'
+                ? gatewayEnv
+                : part === 'agent'
+                  ? agentEnv
+                  : part === 'router'
+                    ? routerEnv
+                    : apiEnv),
             },
             stdio: ['ignore', log, log],
           });
@@ -185,6 +228,8 @@ export async function startFaultStack(env: Record<string, string> = {}): Promise
         );
       } else if (part === 'agent') {
         await waitFor('the agent', () => healthy(`${agentUrl}/healthz`), 180_000);
+      } else if (part === 'router') {
+        await waitFor('the router', () => healthy(`${routerUrl}/healthz`), 30_000);
       } else {
         await waitFor('the api', () => healthy(`${apiUrl}/healthz`), 60_000);
       }
@@ -196,6 +241,7 @@ export async function startFaultStack(env: Record<string, string> = {}): Promise
   await start('gateway');
   await start('agent');
   await start('api');
+  if (opts.router) await start('router');
   const apiKey = (await readFile(join(dir, 'api-key'), 'utf8')).trim();
   const redis = new Redis(redisUrl, { maxRetriesPerRequest: 1 });
   redis.on('error', () => {}); // Redis restarts are part of the suite; commands fail and are retried
@@ -216,8 +262,22 @@ export async function startFaultStack(env: Record<string, string> = {}): Promise
     nodeId: NODE_ID,
     apiUrl,
     agentUrl,
+    routerUrl,
     apiKey,
     redis,
+    setRoot(part, at) {
+      roots[part] = at;
+    },
+    async stopPart(part) {
+      const child = procs.get(part);
+      if (!child || child.exitCode !== null || child.signalCode !== null) return;
+      const gone = once(child, 'exit');
+      child.kill('SIGTERM');
+      const t = setTimeout(() => child.kill('SIGKILL'), 60_000);
+      await gone;
+      clearTimeout(t);
+      if (part === 'gateway') await rm(gatewayEnv.SPACE_GATEWAY_CONTROL_SOCKET, { force: true });
+    },
     async call(method, path, body) {
       const res = await request(new URL(path, apiUrl), {
         method: method as 'GET',
@@ -265,7 +325,7 @@ export async function startFaultStack(env: Record<string, string> = {}): Promise
       await noteInstances();
       clearInterval(poller);
       redis.disconnect();
-      for (const part of ['api', 'agent', 'gateway', 'redis'] as const) {
+      for (const part of ['router', 'api', 'agent', 'gateway', 'redis'] as const) {
         const child = procs.get(part);
         if (!child || child.exitCode !== null || child.signalCode !== null) continue;
         child.kill('SIGCONT');

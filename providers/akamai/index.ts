@@ -16,7 +16,7 @@ import type { StackConfig } from '../../stacks/config.ts';
 import { runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
 import { type PublicExposure, Runtime } from '../kubernetes/runtime.ts';
 import { NODE_LABEL, POOL_LABEL } from '../node-pool.ts';
-import { AGENT_PORT, API_PORT, imageRef, REDIS_PORT } from '../runtime-settings.ts';
+import { AGENT_PORT, API_PORT, imageRef, REDIS_PORT, ROUTER_PORT } from '../runtime-settings.ts';
 import { agentPlan, controlPlan, toCloudConfig } from '../systemd/cloud-init.ts';
 import { controlAddress } from '../vm-network.ts';
 import { lkeFirewallObjects } from './lke-firewall.ts';
@@ -53,11 +53,13 @@ export function akamaiFirewallRules(cfg: StackConfig, controlPublicIp?: string) 
   return {
     control: [
       ...rule('api-from-nodebalancer', 'TCP', String(API_PORT), [NODEBALANCER_SOURCE_CIDR]),
+      ...rule('router-from-nodebalancer', 'TCP', String(ROUTER_PORT), [NODEBALANCER_SOURCE_CIDR]),
       ...rule('redis-from-subnet', 'TCP', String(REDIS_PORT), [cfg.privateCidr]),
       ...ssh,
     ],
+    // agents: no client rule. Clients reach sandboxes through the router, which forwards to the
+    // agents' private addresses inside the subnet
     nodes: [
-      ...rule('data-plane', 'TCP', String(AGENT_PORT), cfg.clientCidrs),
       ...rule('dispatch-from-subnet', 'TCP', String(AGENT_PORT), [cfg.privateCidr]),
       ...rule(
         'dispatch-from-control',
@@ -67,10 +69,13 @@ export function akamaiFirewallRules(cfg: StackConfig, controlPublicIp?: string) 
       ),
       ...ssh,
     ],
-    nodebalancer: [...rule('api', 'TCP', cfg.apiTlsCertificate ? '443' : '80', cfg.clientCidrs)],
+    nodebalancer: [
+      ...rule('api', 'TCP', cfg.apiTlsCertificate ? '443' : '80', cfg.clientCidrs),
+      ...rule('router', 'TCP', String(akamaiRouterPort(cfg)), cfg.clientCidrs),
+    ],
+    // LKE nodes: no client rule; the api and router NodeBalancers reach their NodePorts
     lke: [
-      ...rule('data-plane', 'TCP', String(AGENT_PORT), cfg.clientCidrs),
-      ...rule('api-nodeports-from-nodebalancer', 'TCP', '30000-32767', [NODEBALANCER_SOURCE_CIDR]),
+      ...rule('nodeports-from-nodebalancer', 'TCP', '30000-32767', [NODEBALANCER_SOURCE_CIDR]),
       ...rule('cluster-tcp', 'TCP', undefined, [LINODE_PRIVATE_CIDR]),
       ...rule('cluster-udp', 'UDP', undefined, [LINODE_PRIVATE_CIDR]),
       ...rule('cluster-ipencap', 'IPENCAP', undefined, [LINODE_PRIVATE_CIDR]),
@@ -80,6 +85,11 @@ export function akamaiFirewallRules(cfg: StackConfig, controlPublicIp?: string) 
 }
 
 const id = (r: pulumi.CustomResource) => r.id.apply(Number);
+
+/** The NodeBalancer port of the router (`vm` mode): 8443 (https) with the TLS certificate, else 8082 (tcp). */
+export function akamaiRouterPort(cfg: Pick<StackConfig, 'apiTlsCertificate'>): number {
+  return cfg.apiTlsCertificate ? 8443 : ROUTER_PORT;
+}
 
 /** Annotation of Linode's cloud controller that puts a CCM-managed Cloud Firewall on a Service's NodeBalancer. */
 export const LINODE_FIREWALL_ACL_ANNOTATION = 'service.beta.kubernetes.io/linode-loadbalancer-firewall-acl';
@@ -103,11 +113,14 @@ export function lkeExposure(clientCidrs: readonly string[]): PublicExposure {
 }
 
 /** Deploys SPACE on Linode. */
-export function deployAkamai(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
-  return cfg.mode === 'vm' ? deployVms(cfg) : deployLke(cfg);
+export function deployAkamai(
+  cfg: StackConfig,
+  image?: pulumi.Resource,
+): Record<string, pulumi.Input<unknown>> {
+  return cfg.mode === 'vm' ? deployVms(cfg, image) : deployLke(cfg, image);
 }
 
-function deployVms(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
+function deployVms(cfg: StackConfig, image?: pulumi.Resource): Record<string, pulumi.Input<unknown>> {
   const stack = pulumi.getStack();
   const tags = ['space', `space-${stack}`];
   const vpc = new linode.Vpc('space-vpc', {
@@ -142,8 +155,21 @@ function deployVms(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
   ];
   // a version bump must not replace VMs (their sandboxes would die): after creation the user data
   // is ignored and upgrades run `space-upgrade` per VM (docs/deployment.md, platform team upgrade)
-  const keep = { ignoreChanges: ['metadatas'] };
+  // and with space:imageBuild, no VM is made before its image is pushed
+  const keep = { ignoreChanges: ['metadatas'], dependsOn: image ? [image] : [] };
   const userData = (text: string) => [{ userData: Buffer.from(text).toString('base64') }];
+  const nbFw = firewall('space-nb-fw', rules.nodebalancer);
+  const nb = new linode.NodeBalancer('space-api-nb', {
+    label: `space-api-${stack}`.slice(0, 32),
+    region: cfg.region,
+    firewallId: id(nbFw),
+    tags,
+  });
+  const routerScheme = cfg.apiTlsCertificate ? 'https' : 'http';
+  // the API hands out the router's address on the NodeBalancer (or the operator's name for it)
+  const routerUrl = cfg.routerUrl
+    ? pulumi.output(cfg.routerUrl)
+    : pulumi.interpolate`${routerScheme}://${nb.ipv4}:${akamaiRouterPort(cfg)}`;
   const control = new linode.Instance(
     'space-control',
     {
@@ -154,7 +180,9 @@ function deployVms(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
       privateIp: true,
       interfaces: iface(controlAddress(cfg.privateCidr)),
       firewallId: id(controlFw),
-      metadatas: userData(toCloudConfig(controlPlan({ ...vmArgs, apiEnv: cfg.apiEnv }))),
+      metadatas: routerUrl.apply((url) =>
+        userData(toCloudConfig(controlPlan({ ...vmArgs, apiEnv: cfg.apiEnv, routerUrl: url }))),
+      ),
       tags,
       ...ssh,
     },
@@ -204,13 +232,6 @@ function deployVms(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
         ),
     ),
   );
-  const nbFw = firewall('space-nb-fw', rules.nodebalancer);
-  const nb = new linode.NodeBalancer('space-api-nb', {
-    label: `space-api-${stack}`.slice(0, 32),
-    region: cfg.region,
-    firewallId: id(nbFw),
-    tags,
-  });
   const tls = cfg.apiTlsCertificate && cfg.secrets.apiTlsKey;
   const nbConfig = new linode.NodeBalancerConfig('space-api-nb-config', {
     nodebalancerId: id(nb),
@@ -227,14 +248,32 @@ function deployVms(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
     label: 'space-control',
     address: pulumi.interpolate`${control.privateIpAddress}:${API_PORT}`,
   });
+  // the router on the same NodeBalancer, its own port: https (the NodeBalancer terminates TLS with
+  // the same certificate) or tcp; streams are long-lived HTTP responses (docs/deployment.md "TLS")
+  const routerConfig = new linode.NodeBalancerConfig('space-router-nb-config', {
+    nodebalancerId: id(nb),
+    port: akamaiRouterPort(cfg),
+    protocol: tls ? 'https' : 'tcp',
+    ...(tls ? { sslCert: cfg.apiTlsCertificate, sslKey: cfg.secrets.apiTlsKey } : {}),
+    algorithm: 'leastconn',
+    check: 'http',
+    checkPath: '/readyz',
+  });
+  new linode.NodeBalancerNode('space-router-nb-control', {
+    nodebalancerId: id(nb),
+    configId: id(routerConfig),
+    label: 'space-control-router',
+    address: pulumi.interpolate`${control.privateIpAddress}:${ROUTER_PORT}`,
+  });
   return {
     apiUrl: pulumi.interpolate`${tls ? 'https' : 'http'}://${nb.ipv4}`,
+    routerUrl,
     controlIp: control.ipv4s.apply((ips) => ips[0]),
     nodeIps: nodes.map((n) => n.ipv4s.apply((ips) => ips[0])),
   };
 }
 
-function deployLke(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
+function deployLke(cfg: StackConfig, image?: pulumi.Resource): Record<string, pulumi.Input<unknown>> {
   const stack = pulumi.getStack();
   const cluster = new linode.LkeCluster('space-lke', {
     label: `space-${stack}`,
@@ -261,7 +300,8 @@ function deployLke(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
   const kubeconfig = pulumi.secret(
     cluster.kubeconfig.apply((b64) => Buffer.from(b64, 'base64').toString('utf8')),
   );
-  const provider = new k8s.Provider('lke', { kubeconfig });
+  // every Kubernetes object goes through this provider: with space:imageBuild, after the push
+  const provider = new k8s.Provider('lke', { kubeconfig }, { dependsOn: image ? [image] : [] });
   const runtime = new Runtime(
     'space',
     runtimeArgsFromConfig(cfg, { exposure: lkeExposure(cfg.clientCidrs) }),
@@ -292,5 +332,7 @@ function deployLke(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
     kubeconfig,
     namespace: runtime.namespace,
     apiLoadBalancer: runtime.apiService.status.loadBalancer.ingress,
+    // point space:routerUrl (or the router TLS hostname) here
+    routerLoadBalancer: runtime.routerService.status.loadBalancer.ingress,
   };
 }

@@ -51,8 +51,16 @@ export function coreweaveExposure(clientCidrs: readonly string[]): PublicExposur
 }
 
 /** Deploys the runtime to an existing CKS cluster (kubeconfig from the secret `space:kubeconfig`). */
-export function deployCoreweave(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
-  const provider = new k8s.Provider('cks', { kubeconfig: cfg.secrets.kubeconfig! });
+export function deployCoreweave(
+  cfg: StackConfig,
+  image?: pulumi.Resource,
+): Record<string, pulumi.Input<unknown>> {
+  // every Kubernetes object goes through this provider: with space:imageBuild, after the push
+  const provider = new k8s.Provider(
+    'cks',
+    { kubeconfig: cfg.secrets.kubeconfig! },
+    { dependsOn: image ? [image] : [] },
+  );
   const pools = cfg.nodePools.map(
     (pool) =>
       new k8s.apiextensions.CustomResource(
@@ -73,5 +81,7 @@ export function deployCoreweave(cfg: StackConfig): Record<string, pulumi.Input<u
   return {
     namespace: runtime.namespace,
     apiLoadBalancer: runtime.apiService.status.loadBalancer.ingress,
+    // point space:routerUrl (or the router TLS hostname) here
+    routerLoadBalancer: runtime.routerService.status.loadBalancer.ingress,
   };
 }

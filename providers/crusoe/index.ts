@@ -1,6 +1,6 @@
 /**
- * Crusoe, `vm` mode: a VPC subnet, firewall rules (only the API and the data plane open to
- * clients; Redis only inside the subnet; SSH only from `space:sshCidrs`; egress from the subnet
+ * Crusoe, `vm` mode: a VPC subnet, firewall rules (only the API and the router open to
+ * clients, both on the control VM; agents only inside the subnet; Redis only inside the subnet; SSH only from `space:sshCidrs`; egress from the subnet
  * to anywhere), a control VM (API + Redis) and the pool VMs with nested virtualisation, all
  * through the dynamic provider. The startup script is the systemd plan as a bash script (Crusoe
  * has no cloud-init field); Crusoe runs it at every boot, so it provisions once and then exits.
@@ -11,7 +11,7 @@
 import * as pulumi from '@pulumi/pulumi';
 import type { StackConfig } from '../../stacks/config.ts';
 import { isVmmDriver } from '../node-pool.ts';
-import { AGENT_PORT, API_PORT, REDIS_PORT } from '../runtime-settings.ts';
+import { AGENT_PORT, API_PORT, REDIS_PORT, ROUTER_PORT } from '../runtime-settings.ts';
 import { agentPlan, controlPlan, toShellScript } from '../systemd/cloud-init.ts';
 import { instancePrivateIpv4 } from './crud.ts';
 import { FirewallRule, Instance, Subnet } from './provider.ts';
@@ -43,9 +43,11 @@ export function crusoeFirewallRules(cfg: StackConfig): CrusoeRule[] {
     ports: [String(port)],
   });
   const rules = [
+    // clients reach the API and the router (both on the control VM), never an agent
     ingress('space-api', cfg.clientCidrs, API_PORT),
-    ingress('space-data-plane', cfg.clientCidrs, AGENT_PORT),
+    ingress('space-router', cfg.clientCidrs, ROUTER_PORT),
     ingress('space-redis-private', [cfg.privateCidr], REDIS_PORT),
+    // dispatch (API) and forwarding (router) to the agents, inside the subnet only
     ingress('space-dispatch-private', [cfg.privateCidr], AGENT_PORT),
     ...(cfg.sshCidrs.length ? [ingress('space-ssh', cfg.sshCidrs, 22)] : []),
     {
@@ -71,7 +73,10 @@ export function controlPrivateAddress(resource: unknown): string {
 }
 
 /** Deploys SPACE on Crusoe VMs. */
-export function deployCrusoe(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
+export function deployCrusoe(
+  cfg: StackConfig,
+  image?: pulumi.Resource,
+): Record<string, pulumi.Input<unknown>> {
   const common = { projectId: cfg.crusoeProjectId };
   const subnet = new Subnet('space-subnet', {
     ...common,
@@ -110,14 +115,15 @@ export function deployCrusoe(cfg: StackConfig): Record<string, pulumi.Input<unkn
   const vmArgs = { version: cfg.version, imageRepository: cfg.imageRepository, privateCidr: cfg.privateCidr };
   // a version bump must not replace VMs (that would kill their sandboxes): upgrades run
   // `space-upgrade` on each VM (docs/deployment.md), so the startup script is ignored after creation
-  const keepVms = { ignoreChanges: ['startupScript'], dependsOn: [previous] };
+  // and with space:imageBuild, no VM is made before its image is pushed
+  const keepVms = { ignoreChanges: ['startupScript'], dependsOn: [previous, ...(image ? [image] : [])] };
   const control = new Instance(
     'space-control',
     {
       ...vmCommon,
       name: `space-control-${pulumi.getStack()}`,
       type: cfg.controlInstanceType,
-      startupScript: toShellScript(controlPlan({ ...vmArgs, apiEnv: cfg.apiEnv })),
+      startupScript: toShellScript(controlPlan({ ...vmArgs, apiEnv: cfg.apiEnv, routerUrl: cfg.routerUrl! })),
       nestedVirtualization: false,
     },
     keepVms,

@@ -10,10 +10,12 @@ import type { StackConfig } from '../../stacks/config.ts';
 import { runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
 import { Runtime } from '../kubernetes/runtime.ts';
 import { isVmmDriver, NODE_LABEL, type NodePool, POOL_LABEL } from '../node-pool.ts';
-import { AGENT_PORT, API_PORT } from '../runtime-settings.ts';
+import { AGENT_PORT, API_PORT, ROUTER_PORT } from '../runtime-settings.ts';
 
 /** NodePort of the API on kind (mapped to the host by the cluster config). */
 export const KIND_API_NODE_PORT = 30080;
+/** NodePort of the router on kind (mapped to the host's `ROUTER_PORT`). */
+export const KIND_ROUTER_NODE_PORT = 30082;
 
 /** The kind cluster file for `pools` (kind.x-k8s.io/v1alpha4). */
 export function kindClusterConfig(pools: readonly NodePool[]): string {
@@ -36,6 +38,7 @@ export function kindClusterConfig(pools: readonly NodePool[]): string {
         role: 'control-plane',
         extraPortMappings: [
           { containerPort: KIND_API_NODE_PORT, hostPort: API_PORT, listenAddress: '127.0.0.1' },
+          { containerPort: KIND_ROUTER_NODE_PORT, hostPort: ROUTER_PORT, listenAddress: '127.0.0.1' },
         ],
       },
       ...workers,
@@ -45,17 +48,26 @@ export function kindClusterConfig(pools: readonly NodePool[]): string {
 }
 
 /** Deploys the runtime to the kind cluster of the current kubeconfig (context `space:kubeContext`). */
-export function deployKind(cfg: StackConfig): Record<string, pulumi.Input<unknown>> {
-  const provider = new k8s.Provider('kind', {
-    ...(cfg.secrets.kubeconfig ? { kubeconfig: cfg.secrets.kubeconfig } : {}),
-    ...(cfg.kubeContext ? { context: cfg.kubeContext } : {}),
-  });
+export function deployKind(cfg: StackConfig, image?: pulumi.Resource): Record<string, pulumi.Input<unknown>> {
+  // every Kubernetes object goes through this provider: with space:imageBuild, after the push
+  const provider = new k8s.Provider(
+    'kind',
+    {
+      ...(cfg.secrets.kubeconfig ? { kubeconfig: cfg.secrets.kubeconfig } : {}),
+      ...(cfg.kubeContext ? { context: cfg.kubeContext } : {}),
+    },
+    { dependsOn: image ? [image] : [] },
+  );
   const runtime = new Runtime(
     'space',
     runtimeArgsFromConfig(cfg, {
       apiServiceType: 'NodePort',
       apiNodePort: KIND_API_NODE_PORT,
       apiReplicas: 1,
+      router: {
+        nodePort: KIND_ROUTER_NODE_PORT,
+        publicUrl: cfg.routerUrl ?? `http://127.0.0.1:${ROUTER_PORT}`,
+      },
     }),
     {
       providers: [provider],
@@ -64,6 +76,7 @@ export function deployKind(cfg: StackConfig): Record<string, pulumi.Input<unknow
   return {
     namespace: runtime.namespace,
     apiUrl: `http://127.0.0.1:${API_PORT}`,
+    routerUrl: cfg.routerUrl ?? `http://127.0.0.1:${ROUTER_PORT}`,
     kindClusterConfig: kindClusterConfig(cfg.nodePools),
   };
 }

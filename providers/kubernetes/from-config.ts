@@ -41,6 +41,16 @@ export function runtimeArgsFromConfig(cfg: StackConfig, extra: Partial<RuntimeAr
     agentTolerations: cfg.nodeTolerations as readonly k8s.types.input.core.v1.Toleration[],
     apiEnv: cfg.apiEnv,
     agentEnv: cfg.agentEnv,
+    ...(cfg.routerUrl ? { router: { publicUrl: cfg.routerUrl } } : {}),
+    ...(cfg.tls
+      ? {
+          tls: {
+            issuer: { name: cfg.tls.issuer, kind: 'ClusterIssuer' as const },
+            apiHostname: cfg.tls.apiHostname,
+            routerHostname: cfg.tls.routerHostname,
+          },
+        }
+      : {}),
     ...extra,
   };
 }

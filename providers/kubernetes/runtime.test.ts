@@ -194,6 +194,7 @@ describe('renderRuntimeObjects policies', () => {
     );
     expect(from).toEqual([
       { matchLabels: expect.objectContaining({ 'app.kubernetes.io/component': 'api' }) },
+      { matchLabels: expect.objectContaining({ 'app.kubernetes.io/component': 'router' }) },
       { cidr: '10.0.0.0/16' },
     ]);
     const deny = byKind('NetworkPolicy').find(
@@ -233,7 +234,8 @@ describe('renderRuntimeObjects policies', () => {
     const c = containers(api)[0]!;
     expect(((c['readinessProbe'] as Obj)['httpGet'] as Obj)['path']).toBe('/readyz');
     expect(((c['livenessProbe'] as Obj)['httpGet'] as Obj)['path']).toBe('/healthz');
-    expect(byKind('HorizontalPodAutoscaler')).toHaveLength(1);
+    // one HPA each for the API and the router
+    expect(byKind('HorizontalPodAutoscaler')).toHaveLength(2);
     const pdb = (name: string) =>
       byKind('PodDisruptionBudget').find((o) => (o['metadata'] as Obj)['name'] === name)!;
     expect(spec(pdb('space-api'))['minAvailable']).toBe(1);
@@ -263,6 +265,7 @@ describe('renderRuntimeObjects policies', () => {
     const ext = renderRuntimeObjects(runtimeArgs({ redis: { mode: 'external', url: 'redis://r:6379' } }));
     expect(ext.filter((r) => r.object.kind === 'PodDisruptionBudget').map((r) => r.role)).toEqual([
       'api-pdb',
+      'router-pdb',
     ]);
   });
 
@@ -271,7 +274,7 @@ describe('renderRuntimeObjects policies', () => {
       ((spec(o)['template'] as Obj)['metadata'] as Obj)['annotations'] as Record<string, string>;
     const component = (o: Obj) =>
       ((o['metadata'] as Obj)['labels'] as Record<string, string>)['app.kubernetes.io/component'];
-    const want: Record<string, string> = { api: '8080', agent: '8081', gateway: '15090' };
+    const want: Record<string, string> = { api: '8080', router: '8082', agent: '8081', gateway: '15090' };
     const seen = new Set<string>();
     for (const w of workloads.filter((o) => component(o) !== 'redis')) {
       const c = component(w)!;
@@ -282,7 +285,7 @@ describe('renderRuntimeObjects policies', () => {
         'prometheus.io/path': '/metrics',
       });
     }
-    expect([...seen].sort()).toEqual(['agent', 'api', 'gateway']);
+    expect([...seen].sort()).toEqual(['agent', 'api', 'gateway', 'router']);
     // the gateway serves /metrics on that port, on the node address
     const g = workloads.find((o) => component(o) === 'gateway')!;
     const genv = Object.fromEntries(
@@ -309,17 +312,17 @@ describe('renderRuntimeObjects policies', () => {
     }
   });
 
-  it('client-facing Services carry the cloud exposure; a router Service slots in beside the API, exposed alike', () => {
+  it('client-facing Services carry the cloud exposure: the API and the router, exposed alike; nothing else', () => {
     const exposure = {
       annotations: { 'example.invalid/lb': 'public' },
       loadBalancerSourceRanges: ['198.51.100.0/24'],
     };
-    const objs = renderRuntimeObjects(args({ exposure, router: { port: 8090 } })).map((r) => r.object as Obj);
+    const objs = renderRuntimeObjects(args({ exposure })).map((r) => r.object as Obj);
     const svc = (name: string) =>
       objs.find((o) => o['kind'] === 'Service' && (o['metadata'] as Obj)['name'] === name)!;
     for (const [name, port] of [
       ['space-api', 8080],
-      ['space-router', 8090],
+      ['space-router', 8082],
     ] as const) {
       expect((svc(name)['metadata'] as Obj)['annotations']).toEqual(exposure.annotations);
       expect(spec(svc(name))).toMatchObject({
@@ -329,15 +332,115 @@ describe('renderRuntimeObjects policies', () => {
       });
     }
     expect((spec(svc('space-router'))['selector'] as Obj)['app.kubernetes.io/component']).toBe('router');
-    // private Services never get the exposure; no router Service unless asked
-    expect((svc('space-redis')['metadata'] as Obj)['annotations']).toBeUndefined();
-    expect(byKind('Service').map((o) => (o['metadata'] as Obj)['name'])).not.toContain('space-router');
+    // only the API and the router are client-facing: every other Service is ClusterIP, unexposed
+    const others = objs.filter(
+      (o) =>
+        o['kind'] === 'Service' &&
+        !['space-api', 'space-router'].includes(String((o['metadata'] as Obj)['name'])),
+    );
+    expect(others.length).toBeGreaterThan(0);
+    for (const o of others) {
+      expect(spec(o)['type']).toBe('ClusterIP');
+      expect((o['metadata'] as Obj)['annotations']).toBeUndefined();
+    }
+    // agents and gateways declare no Service at all; gateways no port; agents only their host port
+    // (closed to clients by each cloud's firewall, see providers/<cloud>)
     // a NodePort (kind) takes neither annotations nor source ranges
     const np = renderRuntimeObjects(args({ exposure, apiServiceType: 'NodePort', apiNodePort: 30080 }))
       .map((r) => r.object as Obj)
       .find((o) => o['kind'] === 'Service' && (o['metadata'] as Obj)['name'] === 'space-api')!;
     expect((np['metadata'] as Obj)['annotations']).toBeUndefined();
     expect(spec(np)['loadBalancerSourceRanges']).toBeUndefined();
+  });
+
+  it('the router: Deployment without replicas, HPA and PDB like the API, only Redis and the verify key', () => {
+    const objs = renderRuntimeObjects(
+      args({ apiReplicas: 3, router: { publicUrl: 'https://r.example.com' } }),
+    );
+    const get = (kind: string, name: string) =>
+      objs
+        .map((r) => r.object as Obj)
+        .find((o) => o['kind'] === kind && (o['metadata'] as Obj)['name'] === name)!;
+    const dep = get('Deployment', 'space-router');
+    expect(schemaProblems(dep)).toEqual([]);
+    expect(spec(dep)['replicas']).toBeUndefined();
+    expect(spec(dep)['strategy']).toEqual(spec(get('Deployment', 'space-api'))['strategy']);
+    const c = (podSpec(dep)['containers'] as Obj[])[0]!;
+    expect(c['command']).toEqual(['node', 'runtime/router/server.ts']);
+    const renv = Object.fromEntries(
+      (c['env'] as Obj[]).map((e) => [e['name'], e['value'] ?? e['valueFrom']]),
+    );
+    expect(renv).toMatchObject({
+      SPACE_ROUTER_HOST: '0.0.0.0',
+      SPACE_ROUTER_PORT: '8082',
+      SPACE_VERIFY_KEY_FILE: '/etc/space/keys/verify.pem',
+      SPACE_REDIS_URL: { secretKeyRef: { name: 'space-redis', key: 'url' } },
+    });
+    // the verify key only: never the signing key Secret, never the gateway CA
+    const vols = (podSpec(dep)['volumes'] as Obj[]).map((v) => JSON.stringify(v));
+    expect(vols.join()).toContain('space-verify-key');
+    expect(vols.join()).not.toMatch(/space-signing-key|space-gateway-ca/);
+    expect(podSpec(dep)['automountServiceAccountToken']).toBe(false);
+    expect(spec(get('HorizontalPodAutoscaler', 'space-router'))).toMatchObject({
+      scaleTargetRef: { kind: 'Deployment', name: 'space-router' },
+      minReplicas: 3,
+      maxReplicas: 10,
+    });
+    expect(spec(get('PodDisruptionBudget', 'space-router'))).toMatchObject({
+      minAvailable: 1,
+      selector: { matchLabels: { 'app.kubernetes.io/component': 'router' } },
+    });
+    // the API hands out the router's URL, so clients never get an agent address
+    const api = (podSpec(get('Deployment', 'space-api'))['containers'] as Obj[])[0]!;
+    expect((api['env'] as Obj[]).find((e) => e['name'] === 'SPACE_ROUTER_URL')?.['value']).toBe(
+      'https://r.example.com',
+    );
+    // Redis admits the router pods; the router pods admit only their port
+    const redisPol = spec(get('NetworkPolicy', 'space-redis-ingress'));
+    expect(JSON.stringify(redisPol['ingress'])).toContain('"app.kubernetes.io/component":"router"');
+    expect(spec(get('NetworkPolicy', 'space-router-ingress'))).toMatchObject({
+      podSelector: { matchLabels: { 'app.kubernetes.io/component': 'router' } },
+      ingress: [{ ports: [{ protocol: 'TCP', port: 8082 }] }],
+    });
+  });
+
+  it('TLS: a cert-manager Certificate for both hostnames; the API and the router serve HTTPS from its Secret on 443', () => {
+    const tls = {
+      issuer: { name: 'letsencrypt' },
+      apiHostname: 'api.example.com',
+      routerHostname: 'r.example.com',
+    };
+    const objs = renderRuntimeObjects(args({ tls })).map((r) => r.object as Obj);
+    const get = (kind: string, name: string) =>
+      objs.find((o) => o['kind'] === kind && (o['metadata'] as Obj)['name'] === name)!;
+    const cert = get('Certificate', 'space-tls');
+    expect(schemaProblems(cert)).toEqual([]);
+    expect(spec(cert)).toMatchObject({
+      secretName: 'space-tls',
+      dnsNames: ['api.example.com', 'r.example.com'],
+      issuerRef: { name: 'letsencrypt', kind: 'ClusterIssuer', group: 'cert-manager.io' },
+    });
+    // a schema that can fail: a Certificate without its issuer is refused
+    expect(schemaProblems({ ...cert, spec: { ...spec(cert), issuerRef: undefined } })).not.toEqual([]);
+    for (const [svc, port, prefix] of [
+      ['api', 8080, 'SPACE_API_TLS'],
+      ['router', 8082, 'SPACE_ROUTER_TLS'],
+    ] as const) {
+      const dep = get('Deployment', `space-${svc}`);
+      const c = (podSpec(dep)['containers'] as Obj[])[0]!;
+      const e = Object.fromEntries((c['env'] as Obj[]).map((x) => [x['name'], x['value']]));
+      expect(e[`${prefix}_CERT_FILE`]).toBe('/etc/space/tls/tls.crt');
+      expect(e[`${prefix}_KEY_FILE`]).toBe('/etc/space/tls/tls.key');
+      expect((c['readinessProbe'] as { httpGet: Obj }).httpGet['scheme']).toBe('HTTPS');
+      expect(JSON.stringify(podSpec(dep)['volumes'])).toContain('"secretName":"space-tls"');
+      expect(spec(get('Service', `space-${svc}`))['ports']).toMatchObject([{ port: 443, targetPort: port }]);
+    }
+    const api = (podSpec(get('Deployment', 'space-api'))['containers'] as Obj[])[0]!;
+    expect((api['env'] as Obj[]).find((x) => x['name'] === 'SPACE_ROUTER_URL')?.['value']).toBe(
+      'https://r.example.com',
+    );
+    // no TLS asked: no Certificate, plain HTTP probes
+    expect(renderRuntimeObjects(args()).some((r) => r.object.kind === 'Certificate')).toBe(false);
   });
 
   it('the gateway is on by default and runs on every agent node (same selector and tolerations), on the host network', () => {

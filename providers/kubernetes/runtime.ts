@@ -31,8 +31,11 @@ import {
   KEY_DIR,
   REDIS_PERSISTENCE,
   REDIS_PORT,
+  ROUTER_PORT,
+  routerEnvironment,
   SERVICE_COMMANDS,
   scrapeAnnotations,
+  TLS_DIR,
 } from '../runtime-settings.ts';
 
 type Input<T> = pulumi.Input<T>;
@@ -72,13 +75,44 @@ export interface PublicExposure {
   readonly loadBalancerSourceRanges?: readonly string[];
 }
 
-/** A client-facing Service the component renders besides the API's (the router, when it exists). */
+/** A client-facing Service (the API's, the router's). */
 export interface PublicServiceArgs {
-  /** TCP port of the Service and of the pods. */
+  /** TCP port of the Service. */
   readonly port: number;
+  /** TCP port of the pods. Default: `port`. */
+  readonly targetPort?: number;
   /** Fixed node port when the exposure is `NodePort`. Default: any. */
   readonly nodePort?: number;
 }
+
+/** The router of {@link RuntimeArgs.router}: replicas like the API's, and the URL clients use. */
+export interface RouterArgs {
+  /** Router replicas (HPA minimum). Default: the API's (`apiReplicas`). */
+  readonly replicas?: number;
+  /** HPA maximum. Default: the API's (`apiMaxReplicas`). */
+  readonly maxReplicas?: number;
+  /** Fixed node port when the exposure is `NodePort` (kind maps it to the host). Default: any. */
+  readonly nodePort?: number;
+  /**
+   * The router's public base URL, given to the API as `SPACE_ROUTER_URL` (data-plane URLs handed to
+   * clients point there). Default with {@link TlsArgs}: `https://<routerHostname>`; else none, and
+   * the API hands out the agents' own (private) URLs, which clients cannot reach.
+   */
+  readonly publicUrl?: string;
+}
+
+/** cert-manager TLS of the client-facing services (cert-manager.io/v1 `Certificate`). */
+export interface TlsArgs {
+  /** The issuer cert-manager signs with (installed by the operator, e.g. an ACME ClusterIssuer). */
+  readonly issuer: { readonly name: string; readonly kind?: 'Issuer' | 'ClusterIssuer' };
+  /** DNS name of the API (points at the `space-api` load balancer). */
+  readonly apiHostname: string;
+  /** DNS name of the router (points at the `space-router` load balancer). */
+  readonly routerHostname: string;
+}
+
+/** Name of the cert-manager Certificate and of the `kubernetes.io/tls` Secret it writes. */
+export const TLS_SECRET = 'space-tls';
 
 /** Arguments of {@link Runtime}. */
 export interface RuntimeArgs {
@@ -106,12 +140,15 @@ export interface RuntimeArgs {
   readonly apiNodePort?: number;
   /** Cloud annotations and source ranges of every client-facing Service. Default none. */
   readonly exposure?: Omit<PublicExposure, 'serviceType'>;
+  /** The data-plane router (`space-router` Deployment, Service, HPA, PDB). Default: see {@link RouterArgs}. */
+  readonly router?: RouterArgs;
   /**
-   * The router's client-facing Service (`space-router`, selecting pods labelled
-   * `app.kubernetes.io/component=router`), exposed like the API. Default none: the router
-   * (runtime/router) brings its workload; this is the slot its Service takes.
+   * TLS of both client-facing services through cert-manager: one Certificate (`space-tls`) for the
+   * API and router hostnames, issued by an Issuer/ClusterIssuer the operator installed; the API and
+   * the router serve HTTPS themselves from its Secret, so the load balancers stay plain TCP (the
+   * same on every cloud). Default none: plain HTTP.
    */
-  readonly router?: PublicServiceArgs;
+  readonly tls?: TlsArgs;
   /** Seconds an agent may take to stop (its drain budget). Grace period = this + 30 s. Default 120. */
   readonly agentDrainSeconds?: number;
   /**
@@ -209,7 +246,7 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
   };
   add('ns', namespace);
 
-  for (const component of ['api', 'agent', 'redis', ...(d.gatewayEnabled ? ['gateway'] : [])]) {
+  for (const component of ['api', 'router', 'agent', 'redis', ...(d.gatewayEnabled ? ['gateway'] : [])]) {
     // no service talks to the Kubernetes API: no token in any pod
     const sa: k8s.types.input.core.v1.ServiceAccount = {
       apiVersion: 'v1',
@@ -359,6 +396,33 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
     add('redis-pdb', redisPdb);
   }
 
+  // ---- TLS: one cert-manager Certificate for both hostnames; its Secret is mounted by both services
+  const scheme = a.tls ? 'HTTPS' : 'HTTP';
+  const tlsMount = a.tls ? [{ name: 'tls', mountPath: TLS_DIR, readOnly: true }] : [];
+  const tlsVolume = a.tls ? [{ name: 'tls', secret: { secretName: TLS_SECRET, defaultMode: 0o440 } }] : [];
+  if (a.tls) {
+    // cert-manager.io/v1 Certificate (cert-manager.io/docs/usage/certificate/): cert-manager keeps
+    // the Secret renewed; the services read it at start, so a rollout picks up a renewal
+    add('tls-cert', {
+      apiVersion: 'cert-manager.io/v1',
+      kind: 'Certificate',
+      metadata: { name: TLS_SECRET, namespace: ns, labels: labels('tls') },
+      spec: {
+        secretName: TLS_SECRET,
+        dnsNames: [a.tls.apiHostname, a.tls.routerHostname],
+        issuerRef: {
+          name: a.tls.issuer.name,
+          kind: a.tls.issuer.kind ?? 'ClusterIssuer',
+          group: 'cert-manager.io',
+        },
+        privateKey: { algorithm: 'ECDSA', size: 256, rotationPolicy: 'Always' },
+        usages: ['server auth', 'digital signature', 'key encipherment'],
+      },
+    });
+  }
+  const routerUrl = a.router?.publicUrl ?? (a.tls ? `https://${a.tls.routerHostname}` : undefined);
+  const publicPort = (port: number) => (a.tls ? { port: 443, targetPort: port } : { port });
+
   // ---- API
   const apiSel = labels('api');
   const apiDeployment: k8s.types.input.apps.v1.Deployment = {
@@ -384,11 +448,14 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
               name: 'api',
               image,
               command: [...SERVICE_COMMANDS.api],
-              env: [...env(apiEnvironment(a.apiEnv)), redisUrlEnv],
+              env: [
+                ...env(apiEnvironment(a.apiEnv, { tls: !!a.tls, ...(routerUrl ? { routerUrl } : {}) })),
+                redisUrlEnv,
+              ],
               ports: [{ name: 'http', containerPort: API_PORT }],
-              readinessProbe: { httpGet: { path: '/readyz', port: API_PORT }, periodSeconds: 5 },
+              readinessProbe: { httpGet: { path: '/readyz', port: API_PORT, scheme }, periodSeconds: 5 },
               livenessProbe: {
-                httpGet: { path: '/healthz', port: API_PORT },
+                httpGet: { path: '/healthz', port: API_PORT, scheme },
                 periodSeconds: 10,
                 failureThreshold: 6,
               },
@@ -402,6 +469,7 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
                 { name: 'signing-key', mountPath: KEY_DIR, readOnly: true },
                 { name: 'api-state', mountPath: '/var/lib/space/api' },
                 { name: 'tmp', mountPath: '/tmp' },
+                ...tlsMount,
               ],
             },
           ],
@@ -413,6 +481,7 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
             // the bootstrap API key file (see docs/deployment.md "first API key")
             { name: 'api-state', emptyDir: {} },
             { name: 'tmp', emptyDir: {} },
+            ...tlsVolume,
           ],
         },
       },
@@ -426,11 +495,10 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
       ns,
       'space-api',
       apiSel,
-      { port: API_PORT, ...(a.apiNodePort ? { nodePort: a.apiNodePort } : {}) },
+      { ...publicPort(API_PORT), ...(a.apiNodePort ? { nodePort: a.apiNodePort } : {}) },
       exposure,
     ),
   );
-  if (a.router) add('router-svc', publicService(ns, 'space-router', labels('router'), a.router, exposure));
   const hpa: k8s.types.input.autoscaling.v2.HorizontalPodAutoscaler = {
     apiVersion: 'autoscaling/v2',
     kind: 'HorizontalPodAutoscaler',
@@ -455,6 +523,86 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
     spec: { minAvailable: 1, selector: { matchLabels: apiSel } },
   };
   add('api-pdb', pdb);
+
+  // ---- router: the clients' only way to sandboxes; needs Redis and the verify key, nothing else
+  const routerSel = labels('router');
+  const routerDeployment: k8s.types.input.apps.v1.Deployment = {
+    apiVersion: 'apps/v1',
+    kind: 'Deployment',
+    metadata: { name: 'space-router', namespace: ns, labels: { ...routerSel, ...version } },
+    spec: {
+      // no `replicas`: the HPA owns the count, as for the API
+      selector: { matchLabels: routerSel },
+      strategy: { type: 'RollingUpdate', rollingUpdate: { maxUnavailable: 0, maxSurge: 1 } },
+      template: {
+        metadata: { labels: { ...routerSel, ...version }, annotations: scrapeAnnotations(ROUTER_PORT) },
+        spec: {
+          serviceAccountName: 'space-router',
+          automountServiceAccountToken: false,
+          // streams in flight get the grace period to finish before the pod goes
+          terminationGracePeriodSeconds: 60,
+          securityContext: { runAsNonRoot: true, runAsUser: 1000, runAsGroup: 1000, fsGroup: 1000 },
+          containers: [
+            {
+              name: 'router',
+              image,
+              command: [...SERVICE_COMMANDS.router],
+              env: [...env(routerEnvironment({ tls: !!a.tls })), redisUrlEnv],
+              ports: [{ name: 'http', containerPort: ROUTER_PORT }],
+              readinessProbe: { httpGet: { path: '/readyz', port: ROUTER_PORT, scheme }, periodSeconds: 5 },
+              livenessProbe: {
+                httpGet: { path: '/healthz', port: ROUTER_PORT, scheme },
+                periodSeconds: 10,
+                failureThreshold: 6,
+              },
+              resources: { requests: { cpu: '250m', memory: '256Mi' }, limits: { memory: '1Gi' } },
+              securityContext: {
+                allowPrivilegeEscalation: false,
+                readOnlyRootFilesystem: true,
+                capabilities: { drop: ['ALL'] },
+              },
+              volumeMounts: [
+                { name: 'verify-key', mountPath: KEY_DIR, readOnly: true },
+                { name: 'tmp', mountPath: '/tmp' },
+                ...tlsMount,
+              ],
+            },
+          ],
+          volumes: [
+            { name: 'verify-key', configMap: { name: 'space-verify-key' } },
+            { name: 'tmp', emptyDir: {} },
+            ...tlsVolume,
+          ],
+        },
+      },
+    },
+  };
+  add('router', routerDeployment);
+  add(
+    'router-svc',
+    publicService(
+      ns,
+      'space-router',
+      routerSel,
+      { ...publicPort(ROUTER_PORT), ...(a.router?.nodePort ? { nodePort: a.router.nodePort } : {}) },
+      exposure,
+    ),
+  );
+  add('router-hpa', {
+    ...hpa,
+    metadata: { name: 'space-router', namespace: ns, labels: routerSel },
+    spec: {
+      ...hpa.spec,
+      scaleTargetRef: { apiVersion: 'apps/v1', kind: 'Deployment', name: 'space-router' },
+      minReplicas: a.router?.replicas ?? d.apiReplicas,
+      maxReplicas: Math.max(a.router?.maxReplicas ?? d.apiMaxReplicas, a.router?.replicas ?? d.apiReplicas),
+    },
+  } satisfies k8s.types.input.autoscaling.v2.HorizontalPodAutoscaler);
+  add('router-pdb', {
+    ...pdb,
+    metadata: { name: 'space-router', namespace: ns, labels: routerSel },
+    spec: { minAvailable: 1, selector: { matchLabels: routerSel } },
+  } satisfies k8s.types.input.policy.v1.PodDisruptionBudget);
 
   // ---- agents: one DaemonSet per pool
   const tolerations = [
@@ -492,6 +640,17 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
     },
   };
   add('netpol-api', apiIngress);
+  const routerIngress: k8s.types.input.networking.v1.NetworkPolicy = {
+    apiVersion: 'networking.k8s.io/v1',
+    kind: 'NetworkPolicy',
+    metadata: { name: 'space-router-ingress', namespace: ns, labels: labels('policy') },
+    spec: {
+      podSelector: { matchLabels: routerSel },
+      policyTypes: ['Ingress'],
+      ingress: [{ ports: [{ protocol: 'TCP', port: ROUTER_PORT }] }],
+    },
+  };
+  add('netpol-router', routerIngress);
   if (a.redis.mode === 'in-cluster') {
     const redisIngress: k8s.types.input.networking.v1.NetworkPolicy = {
       apiVersion: 'networking.k8s.io/v1',
@@ -504,6 +663,7 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
           {
             from: [
               { podSelector: { matchLabels: apiSel } },
+              { podSelector: { matchLabels: routerSel } },
               // agents run on the host network: their packets carry node addresses
               ...d.nodeCidrs.map((cidr) => ({ ipBlock: { cidr } })),
             ],
@@ -559,7 +719,7 @@ export function publicService(
         {
           name: 'http',
           port: svc.port,
-          targetPort: svc.port,
+          targetPort: svc.targetPort ?? svc.port,
           protocol: 'TCP',
           ...(type === 'NodePort' && svc.nodePort ? { nodePort: svc.nodePort } : {}),
         },
@@ -795,6 +955,13 @@ const RESOURCE_CLASSES = {
   NetworkPolicy: k8s.networking.v1.NetworkPolicy,
 } as const;
 
+/** A cert-manager resource (no typed class in @pulumi/kubernetes): a CustomResource of its kind. */
+class CertManagerResource extends k8s.apiextensions.CustomResource {
+  constructor(name: string, args: Record<string, unknown>, opts?: pulumi.CustomResourceOptions) {
+    super(name, { apiVersion: 'cert-manager.io/v1', kind: 'Certificate', ...args } as never, opts);
+  }
+}
+
 type ResourceCtor = new (
   name: string,
   args: Record<string, unknown>,
@@ -810,6 +977,8 @@ export class Runtime extends pulumi.ComponentResource {
   readonly namespace: pulumi.Output<string>;
   /** The API Service (its load balancer address is in `status.loadBalancer`). */
   readonly apiService: k8s.core.v1.Service;
+  /** The router Service (clients' data plane; its load balancer address is in `status.loadBalancer`). */
+  readonly routerService: k8s.core.v1.Service;
   /** Every child resource, by role (`api`, `agent-default`, …). */
   readonly children: Readonly<Record<string, pulumi.CustomResource>>;
 
@@ -818,6 +987,7 @@ export class Runtime extends pulumi.ComponentResource {
     const created = createRuntime(this, name, args);
     this.children = created;
     this.apiService = created['api-svc'] as k8s.core.v1.Service;
+    this.routerService = created['router-svc'] as k8s.core.v1.Service;
     this.namespace = pulumi.output(runtimeDefaults(args).namespace);
     this.registerOutputs({ namespace: this.namespace });
   }
@@ -832,7 +1002,11 @@ export function createRuntime(
   const created: Record<string, pulumi.CustomResource> = {};
   let namespace: pulumi.CustomResource | undefined;
   for (const { role, object, after } of renderRuntimeObjects(args)) {
-    const Ctor = RESOURCE_CLASSES[object.kind as keyof typeof RESOURCE_CLASSES] as ResourceCtor | undefined;
+    const Ctor = (
+      object.kind === 'Certificate'
+        ? CertManagerResource
+        : RESOURCE_CLASSES[object.kind as keyof typeof RESOURCE_CLASSES]
+    ) as ResourceCtor | undefined;
     if (!Ctor) throw new pulumi.ResourceError(`no resource class for kind ${object.kind}`, parent);
     const { apiVersion: _v, kind: _k, ...body } = object;
     const r = new Ctor(`${name}-${role}`, body, {

@@ -27,7 +27,8 @@ const common = {
   imageRepository: 'ghcr.io/space-sandbox/space',
   privateCidr: '10.10.0.0/24',
 };
-const control = (version = '0.1.0') => controlPlan({ ...common, version });
+const ROUTER_URL = 'https://router.example.com';
+const control = (version = '0.1.0') => controlPlan({ ...common, version, routerUrl: ROUTER_URL });
 const agent = (version = '0.1.0', gatewayEnabled = true) =>
   agentPlan({ ...common, version, pool, controlAddress: '10.10.0.2', gatewayEnabled });
 const file = (plan: VmPlan, path: string) => plan.files.find((f) => f.path === path)?.content;
@@ -46,6 +47,37 @@ describe('cloud-init for the systemd (vm) mode', () => {
 
   it('agent user data (snapshot)', () => {
     expect(toCloudConfig(agent())).toMatchSnapshot();
+  });
+
+  it('the control VM runs the router with Redis and the verify key only; the API hands out its URL', () => {
+    const plan = control();
+    expect(envOf(file(plan, '/etc/space/space-router.env')!)).toEqual({
+      SPACE_REDIS_URL: 'redis://127.0.0.1:6379',
+      SPACE_ROUTER_HOST: '0.0.0.0',
+      SPACE_ROUTER_PORT: '8082',
+      SPACE_VERIFY_KEY_FILE: '/etc/space/keys/verify.pem',
+    });
+    const unit = file(plan, '/etc/systemd/system/space-router.service')!;
+    expect(unit).toContain('node runtime/router/server.ts');
+    // the verify key file alone is mounted: never the key directory with the signing key
+    expect(unit).toContain('-v /etc/space/keys/verify.pem:/etc/space/keys/verify.pem:ro');
+    expect(unit).not.toMatch(/-v \/etc\/space\/keys:/);
+    expect(envOf(file(plan, '/etc/space/space-api.env')!)['SPACE_ROUTER_URL']).toBe(ROUTER_URL);
+    expect(plan.commands.join('\n')).toContain('space-router.service');
+    // agents register their private-network address, never the default route's (public) one
+    const nodeEnv = file(agent(), '/usr/local/sbin/space-node-env')!;
+    expect(nodeEnv).toContain('ip -4 -o addr show to 10.10.0.0/24');
+    expect(nodeEnv).not.toContain('route get');
+    // the rendered lookup, run for real on this host with loopback standing in for the subnet
+    const lookup = nodeEnv
+      .split('\n')
+      .find((l) => l.startsWith('ip4='))!
+      .replace('10.10.0.0/24', '127.0.0.0/8');
+    expect(
+      execFileSync('sh', ['-c', `${lookup}; echo "$ip4"`])
+        .toString()
+        .trim(),
+    ).toBe('127.0.0.1');
   });
 
   it('is a #cloud-config document that YAML parses back to the plan', () => {
@@ -192,7 +224,7 @@ describe('cloud-init for the systemd (vm) mode', () => {
   });
 
   it('a non-ASCII character (an operator setting) is refused when the script is rendered, naming its line', () => {
-    const plan = controlPlan({ ...common, apiEnv: { SPACE_LOG_LEVEL: 'd\u00e9bug' } });
+    const plan = controlPlan({ ...common, routerUrl: ROUTER_URL, apiEnv: { SPACE_LOG_LEVEL: 'd\u00e9bug' } });
     expect(() => toShellScript(plan)).toThrow(/"\u00e9" on line \d+ is not printable ASCII/);
   });
 
@@ -224,5 +256,66 @@ describe('cloud-init for the systemd (vm) mode', () => {
         ],
       ]);
     }
+  });
+});
+
+describe('VM upgrades without SSH: space-version-sync', () => {
+  /**
+   * Runs the rendered sync script for real (sh), with its fixed paths moved into a temp folder, a
+   * fake `redis-cli` answering `target`, and a fake `space-upgrade` that records its argument.
+   */
+  function sync(plan: VmPlan, target: string, current = 'ghcr.io/space-sandbox/space:0.1.0') {
+    const dir = execFileSync('mktemp', ['-d']).toString().trim();
+    const script = file(plan, '/usr/local/sbin/space-version-sync')!
+      .replaceAll('/etc/space/image.env', `${dir}/image.env`)
+      .replaceAll('/usr/local/sbin/space-upgrade', `${dir}/space-upgrade`);
+    execFileSync('sh', [
+      '-c',
+      [
+        `printf 'SPACE_IMAGE=%s\\n' '${current}' > ${dir}/image.env`,
+        `printf '#!/bin/sh\\necho "$@" > ${dir}/upgraded\\n' > ${dir}/space-upgrade`,
+        `printf '#!/bin/sh\\necho "$*" > ${dir}/redis-args\\nprintf "%%s\\\\n" "${target}"\\n' > ${dir}/redis-cli`,
+        `chmod +x ${dir}/space-upgrade ${dir}/redis-cli`,
+      ].join('\n'),
+    ]);
+    const r = spawnSync('sh', ['-c', script], { env: { PATH: `${dir}:/usr/bin:/bin` }, encoding: 'utf8' });
+    const read = (f: string) => spawnSync('cat', [`${dir}/${f}`], { encoding: 'utf8' }).stdout.trim();
+    const out = {
+      status: r.status,
+      stderr: r.stderr,
+      upgraded: read('upgraded'),
+      redisArgs: read('redis-args'),
+    };
+    execFileSync('rm', ['-rf', dir]);
+    return out;
+  }
+
+  it('every VM runs the timer; agents read the control VM’s Redis and spread their restarts', () => {
+    for (const [plan, host, spread] of [
+      [control(), '127.0.0.1', '0'],
+      [agent(), '10.10.0.2', '300'],
+    ] as const) {
+      expect(file(plan, '/usr/local/sbin/space-version-sync')).toContain(`redis-cli -h ${host} -p 6379`);
+      expect(file(plan, '/etc/systemd/system/space-version-sync.timer')).toContain(
+        `RandomizedDelaySec=${spread}`,
+      );
+      expect(plan.commands.join('\n')).toContain('space-version-sync.timer');
+    }
+  });
+
+  it('upgrades to a new target, does nothing at the current one or with none, refuses what is not a tag', () => {
+    const plan = agent();
+    const up = sync(plan, '0.2.0');
+    expect(up).toMatchObject({ status: 0, upgraded: '0.2.0' });
+    expect(up.redisArgs).toBe('-h 10.10.0.2 -p 6379 --raw GET space:deploy:target-version');
+    expect(sync(plan, '0.1.0')).toMatchObject({ status: 0, upgraded: '' });
+    expect(sync(plan, '')).toMatchObject({ status: 0, upgraded: '' });
+    // a registry with a port: the tag is after the last colon
+    expect(sync(plan, '0.1.0', 'registry.example:5000/space:0.1.0')).toMatchObject({
+      status: 0,
+      upgraded: '',
+    });
+    for (const bad of ['0.2.0; rm -rf /', '../x', 'a b'])
+      expect(sync(plan, bad), bad).toMatchObject({ status: 1, upgraded: '' });
   });
 });

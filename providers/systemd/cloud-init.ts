@@ -21,6 +21,7 @@
  * at every boot before the gateway starts.
  */
 import { stringify } from 'yaml';
+import { DEPLOY_TARGET_VERSION_KEY, VERSION_TAG } from '../../runtime/core/redis-keys.ts';
 import type { NodePool } from '../node-pool.ts';
 import {
   AGENT_PORT,
@@ -40,6 +41,8 @@ import {
   KEY_DIR,
   REDIS_PERSISTENCE,
   REDIS_PORT,
+  ROUTER_PORT,
+  routerEnvironment,
   SERVICE_COMMANDS,
   SIGNING_KEY_FILE,
   VERIFY_KEY_FILE,
@@ -77,6 +80,11 @@ export interface VmCommonArgs {
 export interface ControlArgs extends VmCommonArgs {
   /** Extra API settings. Default none. */
   readonly apiEnv?: Readonly<Record<string, string>>;
+  /**
+   * The router's public base URL (`SPACE_ROUTER_URL` of the API): the cloud's load balancer in front
+   * of the router, or the control VM's public address. Clients get data-plane URLs there only.
+   */
+  readonly routerUrl: string;
 }
 
 /** Arguments of the agent role. */
@@ -174,6 +182,70 @@ function upgradeScript(a: VmCommonArgs, units: string[]): VmFile {
   };
 }
 
+/**
+ * In-place upgrades without SSH: a timer on every VM reads the deployment's target version from
+ * Redis ({@link DEPLOY_TARGET_VERSION_KEY}, set through the API's `PUT /v1/deployment/target-version`)
+ * and, when it differs from the tag in `/etc/space/image.env`, runs `space-upgrade` (pull, rewrite,
+ * restart). A value that is not an image tag is refused. Agent VMs wait a random delay (up to
+ * `spreadSec`) so that nodes do not all restart at once; sandboxes survive either way (the agent
+ * keeps them and re-adopts). The VM pulls only its own repository: the key chooses a tag, never
+ * an image.
+ */
+function versionSyncFiles(redisHost: string, spreadSec: number): VmFile[] {
+  return [
+    {
+      path: '/usr/local/sbin/space-version-sync',
+      mode: '0755',
+      content: [
+        '#!/bin/sh',
+        '# upgrades this VM in place to the deployment target version in Redis (no SSH needed)',
+        'set -eu',
+        `v=$(redis-cli -h ${redisHost} -p ${REDIS_PORT} --raw GET ${DEPLOY_TARGET_VERSION_KEY} 2>/dev/null || true)`,
+        '[ -n "$v" ] || exit 0',
+        `printf "%s" "$v" | grep -Eq '${VERSION_TAG.source}' || { echo "space-version-sync: refusing target $v" >&2; exit 1; }`,
+        // the tag after the image reference's last colon
+        'cur=$(sed -n "s/^SPACE_IMAGE=.*://p" /etc/space/image.env)',
+        '[ "$v" = "$cur" ] && exit 0',
+        'echo "space-version-sync: $cur -> $v"',
+        'exec /usr/local/sbin/space-upgrade "$v"',
+        '',
+      ].join('\n'),
+    },
+    {
+      path: '/etc/systemd/system/space-version-sync.service',
+      mode: '0644',
+      content: [
+        '[Unit]',
+        'Description=SPACE: move to the deployment target version',
+        'Wants=network-online.target',
+        'After=network-online.target',
+        '',
+        '[Service]',
+        'Type=oneshot',
+        'ExecStart=/usr/local/sbin/space-version-sync',
+        '',
+      ].join('\n'),
+    },
+    {
+      path: '/etc/systemd/system/space-version-sync.timer',
+      mode: '0644',
+      content: [
+        '[Unit]',
+        'Description=SPACE: check the deployment target version every minute',
+        '',
+        '[Timer]',
+        'OnBootSec=2min',
+        'OnUnitInactiveSec=1min',
+        `RandomizedDelaySec=${spreadSec}`,
+        '',
+        '[Install]',
+        'WantedBy=timers.target',
+        '',
+      ].join('\n'),
+    },
+  ];
+}
+
 /** The control VM: Redis on the private network, the API, its own key pair. */
 export function controlPlan(a: ControlArgs): VmPlan {
   const redisUrl = `redis://127.0.0.1:${REDIS_PORT}`;
@@ -184,7 +256,16 @@ export function controlPlan(a: ControlArgs): VmPlan {
       {
         path: '/etc/space/space-api.env',
         mode: '0644',
-        content: envFile({ ...apiEnvironment(a.apiEnv), SPACE_REDIS_URL: redisUrl }),
+        content: envFile({
+          ...apiEnvironment(a.apiEnv, { routerUrl: a.routerUrl }),
+          SPACE_REDIS_URL: redisUrl,
+        }),
+      },
+      {
+        // the router: Redis and the verify key the control VM made (space-keys), nothing else
+        path: '/etc/space/space-router.env',
+        mode: '0644',
+        content: envFile({ ...routerEnvironment(), SPACE_REDIS_URL: redisUrl }),
       },
       {
         path: '/etc/redis/redis.conf.d/space.conf',
@@ -276,7 +357,15 @@ export function controlPlan(a: ControlArgs): VmPlan {
         [`-v ${KEY_DIR}:${KEY_DIR}:ro`, `-v /var/lib/space/api:/var/lib/space/api`],
         ['After=space-keys.service redis-server.service', 'Requires=space-keys.service'],
       ),
-      upgradeScript(a, ['space-api']),
+      unit(
+        'space-router',
+        'SPACE data-plane router',
+        SERVICE_COMMANDS.router,
+        [`-v ${VERIFY_KEY_FILE}:${VERIFY_KEY_FILE}:ro`, '--cap-drop all', '--security-opt no-new-privileges'],
+        ['After=space-keys.service redis-server.service', 'Requires=space-keys.service'],
+      ),
+      upgradeScript(a, ['space-router', 'space-api']),
+      ...versionSyncFiles('127.0.0.1', 0),
     ],
     commands: [
       `mkdir -p /var/lib/space/api ${KEY_DIR}`,
@@ -285,7 +374,7 @@ export function controlPlan(a: ControlArgs): VmPlan {
       'systemctl enable --now space-control-guard.service',
       'systemctl restart redis-server',
       'podman pull "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"',
-      'systemctl enable --now space-keys.service space-api.service',
+      'systemctl enable --now space-keys.service space-api.service space-router.service space-version-sync.timer',
     ],
   };
 }
@@ -328,9 +417,11 @@ export function agentPlan(a: AgentArgs): VmPlan {
         mode: '0755',
         content: [
           '#!/bin/sh',
-          '# node id and the data-plane URL clients use: the address of the default route',
+          '# node id and the agent URL: its address on the private network (the router and the API',
+          '# reach agents there; clients never do)',
           'set -eu',
-          'ip4=$(ip -4 route get 1.1.1.1 | sed -n "s/.* src \\([0-9.]*\\).*/\\1/p")',
+          `ip4=$(ip -4 -o addr show to ${a.privateCidr} | sed -n "s/.* inet \\([0-9.]*\\)\\/.*/\\1/p" | head -n 1)`,
+          `[ -n "$ip4" ] || { echo "space-node-env: no address in ${a.privateCidr}" >&2; exit 1; }`,
           `printf "SPACE_NODE_ID=%s\\nSPACE_AGENT_URL=http://%s:${AGENT_PORT}\\n" "$(hostname)" "$ip4" > /etc/space/space-agent.node.env`,
           `until redis-cli -h ${a.controlAddress} -p ${REDIS_PORT} --raw GET ${VERIFY_KEY_REDIS_KEY} | grep -q "BEGIN PUBLIC KEY"; do sleep 2; done`,
           `redis-cli -h ${a.controlAddress} -p ${REDIS_PORT} --raw GET ${VERIFY_KEY_REDIS_KEY} > ${VERIFY_KEY_FILE}.tmp`,
@@ -378,6 +469,8 @@ export function agentPlan(a: AgentArgs): VmPlan {
       ),
       ...(gw ? gatewayFiles(a) : []),
       upgradeScript(a, units),
+      // nodes spread their restarts over five minutes
+      ...versionSyncFiles(a.controlAddress, 300),
     ],
     commands: [
       `mkdir -p ${KEY_DIR} ${AGENT_STATE_DIR} /var/run/netns`,
@@ -386,7 +479,7 @@ export function agentPlan(a: AgentArgs): VmPlan {
       ...(a.pool.driver === 'gvisor' ? [] : ['modprobe kvm_intel || modprobe kvm_amd || true']),
       'podman pull "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"',
       'systemctl daemon-reload',
-      `systemctl enable --now space-node-env.service ${[...(gw ? ['space-gateway-guard'] : []), ...units].map((u) => `${u}.service`).join(' ')}`,
+      `systemctl enable --now space-node-env.service ${[...(gw ? ['space-gateway-guard'] : []), ...units].map((u) => `${u}.service`).join(' ')} space-version-sync.timer`,
     ],
   };
 }
@@ -521,8 +614,10 @@ export function toShellScript(plan: VmPlan): string {
   return script;
 }
 
-/** Every port a role listens on publicly (for the firewall tests): API on control, data plane on agents. */
-export const PUBLIC_PORTS = { control: [API_PORT], agent: [AGENT_PORT] } as const;
+/** Every port a role serves clients on (for the firewall tests): API and router on control, none on agents. */
+export const PUBLIC_PORTS = { control: [API_PORT, ROUTER_PORT], agent: [] } as const;
+/** Ports an agent VM serves inside the private network only (dispatch and router forwarding). */
+export const PRIVATE_PORTS = { agent: [AGENT_PORT] } as const;
 
 /** Ports an agent VM listens on that only its sandboxes may reach (the gateway's). */
 export const NODE_LOCAL_PORTS = Object.values(GATEWAY_PORTS);

@@ -61,7 +61,7 @@ function inOverlay(script: string, steps: string[]): string {
 
 describe.skipIf(!root)('the startup script, run at every boot (Crusoe)', () => {
   const cases = {
-    control: toShellScript(controlPlan(common)),
+    control: toShellScript(controlPlan({ ...common, routerUrl: 'http://203.0.113.9:8082' })),
     agent: toShellScript(agentPlan({ ...common, pool, controlAddress: '10.10.0.7' })),
   };
 

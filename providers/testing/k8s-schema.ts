@@ -4,6 +4,7 @@
  * Schema validator). Those schemas allow unknown fields, so misspelt fields are caught by the
  * TypeScript input types the renderers use instead.
  */
+import { Certificate } from '@kubernetes-models/cert-manager/cert-manager.io/v1/Certificate';
 import { DaemonSet } from 'kubernetes-models/apps/v1/DaemonSet';
 import { Deployment } from 'kubernetes-models/apps/v1/Deployment';
 import { StatefulSet } from 'kubernetes-models/apps/v1/StatefulSet';
@@ -34,6 +35,8 @@ export const MODELS: Readonly<Record<string, ModelCtor>> = {
   'autoscaling/v2/HorizontalPodAutoscaler': HorizontalPodAutoscaler as unknown as ModelCtor,
   'policy/v1/PodDisruptionBudget': PodDisruptionBudget as unknown as ModelCtor,
   'networking.k8s.io/v1/NetworkPolicy': NetworkPolicy as unknown as ModelCtor,
+  // cert-manager's CRD schema (@kubernetes-models/cert-manager, generated from cert-manager's CRDs)
+  'cert-manager.io/v1/Certificate': Certificate as unknown as ModelCtor,
 };
 
 /** Schema problems of `obj` (empty when valid); an unknown apiVersion/kind is a problem too. */

@@ -96,11 +96,15 @@ export function createApiDeps(o: {
 const PUBLIC_ROUTES = new Set(['/healthz', '/readyz', '/metrics', '/openapi.json']);
 
 /** The Fastify app (not listening). */
-export async function buildApp(deps: ApiDeps): Promise<FastifyInstance> {
-  const app = fastify({
-    loggerInstance: deps.log as FastifyBaseLogger,
-    bodyLimit: deps.config.bodyLimitBytes,
-  }).withTypeProvider<TypeBoxTypeProvider>();
+export async function buildApp(
+  deps: ApiDeps,
+  opts: { tls?: { cert: Buffer; key: Buffer } } = {},
+): Promise<FastifyInstance> {
+  const common = { loggerInstance: deps.log as FastifyBaseLogger, bodyLimit: deps.config.bodyLimitBytes };
+  // HTTPS (HTTP/1.1) when given a certificate: the API's own TLS, as the router's (docs/deployment.md "TLS")
+  const app = (
+    (opts.tls ? fastify({ ...common, https: opts.tls }) : fastify(common)) as unknown as FastifyInstance
+  ).withTypeProvider<TypeBoxTypeProvider>();
   installErrorHandlers(app);
   acceptEmptyBodies(app);
   installValidators(app);

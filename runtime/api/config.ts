@@ -1,5 +1,5 @@
 /** Settings of the control-plane API (env names, defaults with units, docs). */
-import { type ConfigOf, loadConfig, setting } from '../core/config.ts';
+import { ConfigError, type ConfigOf, loadConfig, setting } from '../core/config.ts';
 
 export const apiSettings = {
   host: setting.string('SPACE_API_HOST', 'Address the API listens on.', '127.0.0.1'),
@@ -87,6 +87,11 @@ export const apiSettings = {
     60_000,
     100,
   ),
+  tlsCertFile: setting.optionalString(
+    'SPACE_API_TLS_CERT_FILE',
+    'PEM certificate (chain) of the API. With the key: HTTPS; without: plain HTTP (behind a TLS-terminating load balancer).',
+  ),
+  tlsKeyFile: setting.optionalString('SPACE_API_TLS_KEY_FILE', 'PEM private key of the API certificate.'),
   publicDataPlaneUrl: setting.optionalString(
     'SPACE_ROUTER_URL',
     'Public base URL of the router; data-plane URLs handed to clients point there. Empty: the node agent’s own URL.',
@@ -109,5 +114,11 @@ export type ApiConfig = ConfigOf<typeof apiSettings>;
 
 /** Reads the API settings from the environment; throws ConfigError listing every problem. */
 export function loadApiConfig(env: NodeJS.ProcessEnv = process.env): ApiConfig {
-  return loadConfig('api', apiSettings, env);
+  const config = loadConfig('api', apiSettings, env);
+  if (Boolean(config.tlsCertFile) !== Boolean(config.tlsKeyFile)) {
+    throw new ConfigError('api', [
+      'SPACE_API_TLS_CERT_FILE and SPACE_API_TLS_KEY_FILE: set both (HTTPS) or neither (plain HTTP)',
+    ]);
+  }
+  return config;
 }

@@ -50,6 +50,9 @@ export interface LifecycleDeps {
   onLifecycle?: (kind: 'pause' | 'resume', mode: PauseMode, ok: boolean, ms: number) => void;
 }
 
+/** The first agent protocol with the pause and resume routes (core/agent-protocol.ts). */
+export const PAUSE_PROTOCOL = 3;
+
 /** How long a pause or resume waits for the other one, already under way, to settle (ms). */
 const SETTLE_WAIT_MS = 120_000;
 
@@ -245,6 +248,15 @@ async function pause(d: LifecycleDeps, op: OperationRecord): Promise<void> {
     });
   }
   const node = await d.nodes.requireAlive(rec.nodeId ?? '');
+  // mixed versions during an upgrade: an agent before protocol 3 has no pause route (a 404 there
+  // would read as a lost sandbox); refuse before the record moves, so the sandbox keeps running
+  if ((node.protocol ?? 0) < PAUSE_PROTOCOL) {
+    throw new SpaceError(
+      'NODE_UNSUPPORTED',
+      `node ${node.id} runs agent protocol ${node.protocol ?? 0}; pausing needs ${PAUSE_PROTOCOL} (upgrade the node)`,
+      { sandboxId: id, nodeId: node.id },
+    );
+  }
   const mode = choosePauseMode(op.args.mode, node, d.pause);
   const reason = op.args.reason === 'idle' ? 'idle' : 'request';
   if (rec.state === 'running') {

@@ -38,6 +38,7 @@ export class NodeStore {
       alive: alive === 1,
       templates: (h.templates ?? '').split(',').filter(Boolean),
       hibernateStore: h.hibernateStore ?? '',
+      protocol: Number(h.protocol ?? 0),
     };
   }
 

@@ -2,6 +2,7 @@
  * The API service: config → logger → Redis → signing key → app + operation worker + reaper →
  * listen. `close()` stops taking requests and operations, finishes in-flight ones, disconnects.
  */
+import { readFile } from 'node:fs/promises';
 import { Redis } from 'ioredis';
 import { createLogger } from '../core/log-fields.ts';
 import { loadSigningKey } from '../core/tokens.ts';
@@ -36,7 +37,10 @@ export async function startApi(
   if (opts.bootstrapKeyFile && (await bootstrapApiKeyFile(redis, opts.bootstrapKeyFile))) {
     log.info({ file: opts.bootstrapKeyFile }, 'api key created');
   }
-  const app = await buildApp(deps);
+  const tls = config.tlsCertFile
+    ? { cert: await readFile(config.tlsCertFile), key: await readFile(config.tlsKeyFile) }
+    : undefined;
+  const app = await buildApp(deps, tls ? { tls } : {});
   const runtime = createApiRuntime(deps, redis.duplicate());
   await runtime.start();
   await app.listen({ host: config.host, port: config.port });
@@ -44,7 +48,7 @@ export async function startApi(
 
   let closing: Promise<void> | null = null;
   return {
-    url: `http://${config.host}:${port}`,
+    url: `${tls ? 'https' : 'http'}://${config.host}:${port}`,
     close(signal = 'close') {
       closing ??= (async () => {
         log.info({ signal }, 'api stopping');

@@ -87,6 +87,11 @@ export const ERROR_CODES = {
     retryable: true,
     doc: 'The VM driver failed to create or control a sandbox.',
   },
+  NODE_UNSUPPORTED: {
+    status: 409,
+    retryable: false,
+    doc: 'The node runs an agent one release older that cannot do this (e.g. pause); it can once upgraded.',
+  },
   SNAPSHOT_UNSUPPORTED: {
     status: 501,
     retryable: false,

@@ -21,6 +21,15 @@ export const KILLED_SANDBOX_TTL_SEC = 7 * 24 * 3600;
 /** How long usage data (minute buckets, per-sandbox totals after the end) is kept (s): 35 days. */
 export const USAGE_RETENTION_SEC = 35 * 24 * 3600;
 
+/**
+ * String: the SPACE version VM deployments should run (`PUT /v1/deployment/target-version`).
+ * Outside the runtime's prefix, like the VM verify key: a deployment key, read by the
+ * `space-version-sync` timer on every VM (providers/systemd/cloud-init.ts), which upgrades in place.
+ */
+export const DEPLOY_TARGET_VERSION_KEY = 'space:deploy:target-version';
+/** What a target version may look like: an image tag (docs.docker.com "image tag" grammar). */
+export const VERSION_TAG = /^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$/;
+
 export const keys = {
   /** Hash: one sandbox record (fields of `Sandbox`, metadata/env as JSON). */
   sandbox: (id: string) => `${KEY_PREFIX}sandbox:${id}`,

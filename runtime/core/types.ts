@@ -185,4 +185,9 @@ export interface NodeInfo {
   templates: string[];
   /** Hibernation store the node reads ('' from agents older than pause support). */
   hibernateStore: string;
+  /**
+   * Agent protocol version the node registered (`AGENT_PROTOCOL_VERSION`); 0 when unknown. A
+   * control plane one release newer checks it before using routes the node may not have.
+   */
+  protocol?: number;
 }

@@ -1,6 +1,7 @@
 /** Read-only views of nodes and templates. */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
+import { DEPLOY_TARGET_VERSION_KEY, VERSION_TAG } from '../../core/redis-keys.ts';
 import type { ApiDeps } from '../app.ts';
 import { knownTemplates, readyTemplates } from '../node-store.ts';
 
@@ -32,6 +33,35 @@ export function nodeRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         schema: { summary: 'List nodes', response: { 200: Type.Object({ nodes: Type.Array(NodeSchema) }) } },
       },
       async () => ({ nodes: await deps.nodes.list() }),
+    );
+    // VM deployments upgrade without SSH: every VM's space-version-sync timer reads this target and
+    // moves its own services to `<its image repository>:<version>` (docs/deployment.md "vm mode")
+    const TargetVersion = Type.Object({ version: Type.String({ pattern: VERSION_TAG.source }) });
+    app.put(
+      '/v1/deployment/target-version',
+      {
+        schema: {
+          summary:
+            'Set the SPACE version VM deployments move to (each VM pulls its image repository at this tag and restarts its services)',
+          body: TargetVersion,
+          response: { 200: TargetVersion },
+        },
+      },
+      async (req) => {
+        await deps.redis.set(DEPLOY_TARGET_VERSION_KEY, req.body.version);
+        req.log.info({ version: req.body.version }, 'deployment target version set');
+        return { version: req.body.version };
+      },
+    );
+    app.get(
+      '/v1/deployment/target-version',
+      {
+        schema: {
+          summary: 'The SPACE version VM deployments move to (null when none was set)',
+          response: { 200: Type.Object({ version: Type.Union([Type.String(), Type.Null()]) }) },
+        },
+      },
+      async () => ({ version: await deps.redis.get(DEPLOY_TARGET_VERSION_KEY) }),
     );
     app.get(
       '/v1/templates',
