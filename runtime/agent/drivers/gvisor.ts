@@ -611,21 +611,31 @@ export class GvisorDriver implements Driver {
   async destroy(instanceId: string): Promise<void> {
     const dir = this.instanceDir(instanceId);
     const g = this.globalArgs(instanceId);
+    const ms: Record<string, number> = {};
+    let t = Date.now();
+    const step = (name: string) => {
+      ms[name] = Date.now() - t;
+      t = Date.now();
+    };
     // a frozen sandbox's processes cannot act on their SIGKILL until thawed: thaw it first
-    // (hibernation's destroy step still takes 1.3–2.2 s on this host with or without this; not yet
-    // understood — see the step timings in the agent's 'sandbox hibernated' log line)
     if (this.#frozen.delete(instanceId)) {
       await run(this.cfg.runscBinary, runscCmdArgs(g, ['resume'], instanceId)).catch(() => {});
+      step('thaw');
     }
     await run(this.cfg.runscBinary, runscCmdArgs(g, ['kill'], instanceId, ['KILL'])).catch(() => {});
+    step('kill');
     await run(this.cfg.runscBinary, runscCmdArgs(g, ['delete', '--force'], instanceId)).catch(() => {});
+    step('delete');
     await unmountIfMounted(join(dir, 'rootfs'));
     await unmountIfMounted(join(dir, 'disk')); // the loop device is freed with it (autoclear)
+    step('unmount');
     await rm(dir, { recursive: true, force: true }).catch((err) => {
       throw new SpaceError('DRIVER_FAILED', `cannot remove ${dir}: ${err}`, { instanceId }, { cause: err });
     });
     await removeCgroups(instanceId);
-    this.cfg.log?.('instance destroyed', { id: instanceId });
+    step('remove');
+    // step timings (ms): where a slow destroy spends its time
+    this.cfg.log?.('instance destroyed', { id: instanceId, ms });
   }
 
   /**
