@@ -6,7 +6,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { connect } from 'node:net';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { collect, leftovers, NO_LEFTOVERS, readEvents, type Stack, startStack } from './stack.ts';
+import { collect, leftovers, NO_LEFTOVERS, readEvents, type Stack, startStack, waitFor } from './stack.ts';
 
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
@@ -410,4 +410,79 @@ describe('runtime cases', () => {
     expect(r.stdout.toString()).toBe('8000 200\n8001 200\n');
     await s.exec(id, { cmd: 'sh', args: ['-c', 'pkill -f "http.server 800"'], user: 'root' });
   }, 120_000);
+
+  it('r13-exhaustion-hits-the-offender: a full /tmp is ENOSPC, a fork loop meets EAGAIN, the sandbox survives', async () => {
+    const small = await s.createSandbox({ timeoutSec: 600, memoryMiB: 512 });
+    // /tmp is a tmpfs of half the memory, and df says so (not runsc's unbounded tmpfs: ~12G of host)
+    const df = await s.exec(small, { cmd: 'sh', args: ['-c', "df -k /tmp | tail -1 | awk '{print $2}'"] });
+    expect(Number(df.stdout.toString())).toBe(256 * 1024);
+    const dd = await s.exec(small, {
+      cmd: 'sh',
+      args: ['-c', 'dd if=/dev/zero of=/tmp/fill bs=1M count=800 2>&1; echo "dd=$?"'],
+    });
+    expect(dd.stdout.toString()).toMatch(/No space left on device/);
+    expect(dd.stdout.toString()).not.toContain('dd=0');
+    const next = await s.exec(small, { cmd: 'sh', args: ['-c', 'rm /tmp/fill && echo next'] });
+    expect(next.stdout.toString()).toBe('next\n');
+    // the case's fork loop: the shell meets the process limit (EAGAIN) inside; nothing else dies
+    const loop = await s.exec(small, {
+      cmd: 'sh',
+      args: ['-c', 'i=0; while [ $i -lt 1100 ]; do sleep 40 & i=$((i+1)); done; wait'],
+      timeoutMs: 60_000,
+    });
+    expect(loop.stderr.toString()).toMatch(/fork/i);
+    expect(loop.exit.timedOut).toBe(false);
+    // the sleeps it left still hold the user's processes: another exec (root forks it) still answers
+    const other = await s.exec(small, {
+      cmd: 'sh',
+      args: ['-c', 'echo alive; ps -eo args | grep -c "^sleep 40"'],
+      user: 'root',
+    });
+    expect(other.exit.exitCode).toBe(0);
+    const [alive, sleeps] = other.stdout.toString().trim().split('\n');
+    expect(alive).toBe('alive');
+    expect(Number(sleeps)).toBeGreaterThan(100);
+    expect(Number(sleeps)).toBeLessThan(1100);
+    // and so does one as the user whose processes are all taken (the root daemon forks, then drops)
+    const asUser = await s.exec(small, { cmd: 'echo', args: ['user-alive'] });
+    expect(asUser.stdout.toString()).toBe('user-alive\n');
+    await s.exec(small, { cmd: 'pkill', args: ['-u', 'user', 'sleep'], user: 'root' });
+    const after = await s.exec(small, { cmd: 'sh', args: ['-c', 'sleep 0.1 & wait; echo fork-ok'] });
+    expect(after.stdout.toString()).toBe('fork-ok\n');
+    expect((await s.call('DELETE', `/v1/sandboxes/${small}`)).status).toBeLessThan(300);
+  }, 180_000);
+
+  it('r13-a-sandbox-that-must-die-says-why: out of memory ends it as crashed naming memory; requests fail at once, coded', async () => {
+    const doomed = await s.createSandbox({ timeoutSec: 600, memoryMiB: 256 });
+    // root writes 1 GiB into memory: more than the sandbox has, so the host ends the whole sandbox
+    const hog = await s.call<{ stream: { url: string; token: string } }>(
+      'POST',
+      `/v1/sandboxes/${doomed}/commands`,
+      {
+        cmd: 'python3',
+        args: ['-c', 'b = [bytes([i % 251]) * (1 << 20) for i in range(1024)]'],
+        user: 'root',
+      },
+    );
+    expect(hog.status).toBe(201);
+    const rec = await waitFor(
+      'the crash record',
+      async () => {
+        const r = await s.call<{ state: string; killReason?: string; endMessage?: string }>(
+          'GET',
+          `/v1/sandboxes/${doomed}`,
+        );
+        return r.body.killReason ? r.body : undefined;
+      },
+      90_000,
+    );
+    expect(rec.killReason).toBe('crashed');
+    expect(rec.endMessage).toMatch(/ran out of memory/);
+    // a request to it answers at once with a code, not a 502 after the guest timeout
+    const again = await s.call<{ error: { code: string } }>('POST', `/v1/sandboxes/${doomed}/commands`, {
+      cmd: 'true',
+    });
+    expect(again.status).toBeGreaterThanOrEqual(400);
+    expect(['SANDBOX_NOT_RUNNING', 'SANDBOX_CRASHED', 'SANDBOX_NOT_FOUND']).toContain(again.body.error.code);
+  }, 180_000);
 });
