@@ -5,7 +5,7 @@
  * reservations, and no operation ended twice. Each case logs how long recovery took and what the
  * client saw (`fault …` lines) — the figures for the issue's closing note.
  */
-import { readdir } from 'node:fs/promises';
+import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { request } from 'undici';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -331,6 +331,51 @@ describe('faults', { timeout: 240_000 }, () => {
     });
     const id = await create();
     await finished(await del(id));
+    expect(await converged(s)).toEqual([]);
+  });
+
+  it('api-sigkill-mid-operation: an API killed with SIGKILL while it runs an operation; a second API reclaims and finishes it', async () => {
+    // hold the operation in flight: the node takes the dispatch but does not answer yet
+    s.signal('agent', 'SIGSTOP');
+    const accepted = await s.call<{ sandbox: { id: string }; operation: { id: string } }>(
+      'POST',
+      '/v1/sandboxes',
+      { template: 'base', vcpus: 0.5, memoryMiB: 128 },
+    );
+    expect(accepted.status).toBe(202);
+    const opId = accepted.body.operation.id;
+    await waitFor('the first API to run the operation', async () =>
+      (await s.call<Op>('GET', `/v1/operations/${opId}`)).body.state === 'running' ? true : undefined,
+    );
+    const logFile = join(s.dir, 'api.log');
+    await s.kill('api');
+    const before = (await readFile(logFile, 'utf8')).length;
+    await s.start('api');
+    s.signal('agent', 'SIGCONT');
+    const t0 = Date.now();
+    // nothing else will finish it: its queue entry belongs to the dead API until it sits unrenewed
+    // for the reclaim time (30 s), then the new API's worker claims it (XAUTOCLAIM) and runs it again
+    const op = await waitFor(
+      'the reclaimed operation to end',
+      async () => {
+        const o = (await s.call<Op>('GET', `/v1/operations/${opId}?waitMs=5000`)).body;
+        return o.state === 'succeeded' || o.state === 'failed' ? o : undefined;
+      },
+      90_000,
+    );
+    const after = (await readFile(logFile, 'utf8')).slice(before);
+    report('api-sigkill', {
+      state: op.state,
+      code: op.error?.code ?? null,
+      finishedAfterMs: Date.now() - t0,
+    });
+    expect(after).toContain('operations reclaimed');
+    expect(op.state).toBe('succeeded');
+    expect(await record(accepted.body.sandbox.id)).toMatchObject({ state: 'running' });
+    expect(await converged(s)).toEqual([accepted.body.sandbox.id]);
+    // it ended once: the reclaimed run's outcome stays
+    expect((await finished(opId)).state).toBe('succeeded');
+    await finished(await del(accepted.body.sandbox.id));
     expect(await converged(s)).toEqual([]);
   });
 });
