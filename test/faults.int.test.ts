@@ -11,7 +11,7 @@ import { request } from 'undici';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { keys } from '../runtime/core/redis-keys.ts';
 import { converged, type FaultStack, startFaultStack } from './fault-stack.ts';
-import { leftovers, NO_LEFTOVERS, readEvents, waitFor } from './stack.ts';
+import { collect, leftovers, NO_LEFTOVERS, readEvents, waitFor } from './stack.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 /** Node-lost grace the suite's API uses (the default is 2 min), ms. */
@@ -376,6 +376,39 @@ describe('faults', { timeout: 240_000 }, () => {
     // it ended once: the reclaimed run's outcome stays
     expect((await finished(opId)).state).toBe('succeeded');
     await finished(await del(accepted.body.sandbox.id));
+    expect(await converged(s)).toEqual([]);
+  });
+
+  it('agent-sigkill-readoption: an agent killed with SIGKILL re-adopts its running sandbox, files and a command that ran on', async () => {
+    const id = await create();
+    const sh = async (script: string) => {
+      const res = await s.call<{ stream: { url: string; token: string } }>(
+        'POST',
+        `/v1/sandboxes/${id}/commands`,
+        {
+          cmd: 'sh',
+          args: ['-c', script],
+        },
+      );
+      expect(res.status).toBe(201);
+      return res.body.stream;
+    };
+    const text = async (stream: { url: string; token: string }) =>
+      collect(await readEvents(stream.url, stream.token)).stdout.toString();
+    expect(await text(await sh('echo kept > /home/user/kept; echo written'))).toBe('written\n');
+    const running = await sh('sleep 2; touch /home/user/later; echo done');
+    await s.kill('agent');
+    await s.start('agent');
+    expect(await s.inventory()).toContain(id);
+    expect(await record(id)).toMatchObject({ state: 'running' });
+    // the sandbox's processes never noticed: the file and the command that ran across the kill
+    expect(await text(await sh('cat /home/user/kept'))).toBe('kept\n');
+    // its output, spooled on the node, streams to the end after the new agent adopted it
+    const across = collect(await readEvents(running.url, running.token));
+    expect([across.stdout.toString(), across.exit.exitCode]).toEqual(['done\n', 0]);
+    expect(await text(await sh('test -e /home/user/later && echo yes'))).toBe('yes\n');
+    expect(await converged(s)).toEqual([id]);
+    await finished(await del(id));
     expect(await converged(s)).toEqual([]);
   });
 });
