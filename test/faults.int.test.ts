@@ -7,7 +7,7 @@
  */
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { request } from 'undici';
+import { Agent, request } from 'undici';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { keys } from '../runtime/core/redis-keys.ts';
 import { converged, type FaultStack, startFaultStack } from './fault-stack.ts';
@@ -410,5 +410,29 @@ describe('faults', { timeout: 240_000 }, () => {
     expect(await converged(s)).toEqual([id]);
     await finished(await del(id));
     expect(await converged(s)).toEqual([]);
+  });
+
+  it('gateway-reregistration: a gateway killed and started again (empty) learns the running sandbox back from the agent', async () => {
+    const id = await create();
+    const control = new Agent({ connect: { socketPath: join(s.dir, 'gateway.sock') } });
+    const registered = async () => {
+      const res = await request('http://gateway/v1/sandboxes', { dispatcher: control });
+      const body = (await res.body.json()) as { sandboxes: { sandboxId: string }[] };
+      return body.sandboxes.map((x) => x.sandboxId);
+    };
+    expect(await registered()).toContain(id);
+    await s.kill('gateway');
+    await s.start('gateway');
+    // the new gateway keeps nothing across a restart: only the agent's watchdog can tell it
+    const t0 = Date.now();
+    await waitFor('the sandbox to be registered again', async () =>
+      (await registered()).includes(id) ? true : undefined,
+    );
+    report('gateway-reregistration', { afterMs: Date.now() - t0 });
+    await finished(await del(id));
+    await waitFor('the deleted sandbox to be unregistered', async () =>
+      (await registered()).includes(id) ? undefined : true,
+    );
+    await control.close();
   });
 });
