@@ -88,7 +88,7 @@ export const agentSettings = {
   maxSandboxes: setting.int('SPACE_MAX_SANDBOXES', 'Most sandboxes on this node.', 128, 1, 16384),
   pidsLimit: setting.int(
     'SPACE_SANDBOX_PIDS_LIMIT',
-    'Most processes each user may run inside a sandbox (RLIMIT_NPROC; gVisor: also at most one per 2 MiB of its memory); a fork past it fails with EAGAIN inside.',
+    'Most tasks (processes and threads) each user may run inside a sandbox (RLIMIT_NPROC; gVisor: also at most one per 2 MiB of its memory above 256); a fork past it fails with EAGAIN inside.',
     1024,
     16,
   ),

@@ -172,7 +172,8 @@ describe('sandbox limits', () => {
   it('the process limit follows memory up to pidsLimit; the host limit stays above it', () => {
     expect(guestProcessLimit({ memoryMiB: 512, pidsLimit: 1024 })).toBe(256);
     expect(guestProcessLimit({ memoryMiB: 8192, pidsLimit: 1024 })).toBe(1024);
-    expect(guestProcessLimit({ memoryMiB: 64, pidsLimit: 1024 })).toBe(64);
+    expect(guestProcessLimit({ memoryMiB: 64, pidsLimit: 1024 })).toBe(256);
+    expect(guestProcessLimit({ memoryMiB: 64, pidsLimit: 100 })).toBe(100);
     // R13's fork loop (1,100 sleeps) meets the guest's limit, never the host's
     const n = guestProcessLimit({ memoryMiB: 512, pidsLimit: 1024 });
     expect(n).toBeLessThan(1100);

@@ -126,16 +126,20 @@ const CAPS = [
  */
 export const MIB_PER_GUEST_PROCESS = 2;
 
-/** Fewest processes a sandbox may run, whatever its memory (shells, pipelines, a dev server). */
-export const MIN_GUEST_PROCESSES = 64;
+/**
+ * Fewest tasks a uid may run in a sandbox, whatever its memory. gVisor counts threads against
+ * RLIMIT_NPROC as Linux does (checked: 18 Python threads under a limit of 20), and one Node process
+ * has ~11, so a dev server and its tooling need room. A small sandbox that really forks this many
+ * processes runs out of memory first and its record says so.
+ */
+export const MIN_GUEST_PROCESSES = 256;
 
 /**
  * Host tasks the gVisor sandbox may use per guest process (the pids cgroup): with systrap every
  * guest process has a stub process and every guest thread a sysmsg thread on the host. Measured on
  * this runsc: ~2.1 host tasks per idle guest process in a bare container, but ~3.8 in a sandbox
  * and up to ~8.6 once a fork loop meets the limit (256 `sleep`s took the pids cgroup to 2,195), so
- * 16 leaves room for threads. The guest's own limit
- * bounds the processes; this one only has to stay out of its way.
+ * 16 leaves room. The guest's own limit bounds the tasks; this one only has to stay out of its way.
  */
 export const HOST_TASKS_PER_GUEST_PROCESS = 16;
 
@@ -147,7 +151,8 @@ export const HOST_TASKS_BASE = 256;
  * tasks of each uid, root included), so a fork bomb meets EAGAIN ("Cannot fork") inside while the
  * guest daemon, running under another uid than the commands, still starts new ones.
  * = min(pidsLimit, max({@link MIN_GUEST_PROCESSES}, memoryMiB / {@link MIB_PER_GUEST_PROCESS})):
- * a 512 MiB sandbox runs 256 processes per uid, a 4 GiB one the configured 1,024. Pure.
+ * tasks (processes and threads) per uid: a 512 MiB sandbox or smaller runs 256, a 4 GiB one the
+ * configured 1,024. Pure.
  */
 export function guestProcessLimit(spec: Pick<InstanceSpec, 'memoryMiB' | 'pidsLimit'>): number {
   return Math.min(
