@@ -507,6 +507,9 @@ describe('runtime cases', () => {
       },
     );
     expect(hog.status).toBe(201);
+    // meanwhile, requests keep coming: whatever the moment (before the node noticed or after), each
+    // refusal is coded for a dead sandbox, never the guest timeout's GUEST_UNAVAILABLE
+    const refusals: string[] = [];
     const rec = await waitFor(
       'the crash record',
       async () => {
@@ -514,10 +517,16 @@ describe('runtime cases', () => {
           'GET',
           `/v1/sandboxes/${doomed}`,
         );
-        return r.body.killReason ? r.body : undefined;
+        if (r.body.killReason) return r.body;
+        const c = await s.call<{ error?: { code: string } }>('POST', `/v1/sandboxes/${doomed}/commands`, {
+          cmd: 'true',
+        });
+        if (c.status >= 400) refusals.push(c.body.error?.code ?? String(c.status));
+        return undefined;
       },
       90_000,
     );
+    expect(refusals.filter((c) => !['SANDBOX_CRASHED', 'SANDBOX_NOT_RUNNING'].includes(c))).toEqual([]);
     expect(rec.killReason).toBe('crashed');
     expect(rec.endMessage).toMatch(/ran out of memory/);
     // a request to it answers at once with a code, not a 502 after the guest timeout
