@@ -178,7 +178,9 @@ describe('guest processes', () => {
       for (const pid of ours()) process.kill(Number(pid), 'SIGKILL'); // what a failed run leaves
     });
     for (const how of ['timeout', 'SIGKILL'] as const) {
-      const p = await run(g, { cmd, shell: true, ...(how === 'timeout' ? { timeoutMs: 1500 } : {}) });
+      // the timeout must not fire before all five have started (python3 alone can take seconds to
+      // start on a loaded CI machine: 1.5 s made this flaky)
+      const p = await run(g, { cmd, shell: true, ...(how === 'timeout' ? { timeoutMs: 8000 } : {}) });
       const outP = readOutput(g, p.pid);
       for (let i = 0; i < 100 && ours().length < 5; i++) await sleep(50);
       expect(ours().length).toBe(5);
@@ -190,7 +192,7 @@ describe('guest processes', () => {
       for (let i = 0; i < 40 && ours().length > 0; i++) await sleep(50);
       expect(ours()).toEqual([]);
     }
-  });
+  }, 30_000);
 
   it('r12-background-survives: a leader exiting while a child holds the pipes ends the stream; the child keeps running', async () => {
     const t0 = Date.now();
