@@ -211,9 +211,9 @@ describe('space CLI against `space up`', () => {
     expect(await sj<{ state: string }>(['ops', 'get', del.id, '--wait', '60'])).toMatchObject({
       state: 'succeeded',
     });
-    const nodes = await sj<{ nodes: { alive: boolean }[] }>(['nodes']);
-    expect(nodes.nodes).toHaveLength(1);
-    expect(nodes.nodes[0]?.alive).toBe(true);
+    // the test Redis is shared with earlier test files, whose (dead) nodes may still be listed
+    const nodes = await sj<{ nodes: { id: string; alive: boolean }[] }>(['nodes']);
+    expect(nodes.nodes.filter((n) => n.alive).map((n) => n.id)).toEqual(['local']);
     expect(await sj<{ templates: { name: string }[] }>(['template', 'ls'])).toMatchObject({
       templates: [expect.objectContaining({ name: 'base' })],
     });
