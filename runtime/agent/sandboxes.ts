@@ -1021,12 +1021,12 @@ export class SandboxManager {
    */
   async watch(onCrash: (id: string, message: string) => Promise<void>): Promise<string[]> {
     this.#onCrash = onCrash;
-    const states = new Map((await this.#o.driver.list()).map((i) => [i.instanceId, i.state]));
-    const crashed: string[] = [];
-    for (const sb of this.list()) {
-      const state = states.get(sb.instance.instanceId);
-      if (state === 'running' || state === 'paused') {
-        await this.#o.gateway
+    // every sandbox this node holds is registered with the gateway again first, all at once
+    // (idempotent; restores egress after a gateway restart): a slow health check below must not
+    // hold it up (an attack-suite run saw 2 of 5 sandboxes unregistered 10 s after a restart)
+    await Promise.allSettled(
+      this.list().map((sb) =>
+        this.#o.gateway
           ?.register(sb.instance.network.sandboxAddress, {
             sandboxId: sb.id,
             policy: sb.egress,
@@ -1034,9 +1034,14 @@ export class SandboxManager {
           })
           .catch((err: unknown) =>
             this.#o.log.warn({ err, [F.sandboxId]: sb.id }, 'gateway re-registration failed'),
-          );
-        continue;
-      }
+          ),
+      ),
+    );
+    const states = new Map((await this.#o.driver.list()).map((i) => [i.instanceId, i.state]));
+    const crashed: string[] = [];
+    for (const sb of this.list()) {
+      const state = states.get(sb.instance.instanceId);
+      if (state === 'running' || state === 'paused') continue;
       if (this.#creating.has(sb.id)) continue;
       // the driver's view can be wrong under load (a `runsc state` that timed out reads as
       // stopped): a sandbox whose guest still answers is alive, whatever the driver said
@@ -1086,6 +1091,14 @@ export class SandboxManager {
       (i) => i.instanceId === sb.instance.instanceId,
     )?.state;
     if (state === 'running' || state === 'paused' || state === undefined) return err;
+    // as in the watchdog: the driver's view can be wrong under load; a guest that answers is alive
+    if (
+      await sb.guest.health().then(
+        () => true,
+        () => false,
+      )
+    )
+      return err;
     const message =
       sb.crashed ?? (this.#onCrash ? await this.#endCrashed(sb, this.#onCrash) : crashMessage(undefined));
     return new SpaceError('SANDBOX_CRASHED', message, { sandboxId: id }, { cause: err });
