@@ -21,6 +21,7 @@ import { cpus } from 'node:os';
 import { Command } from 'commander';
 import { Agent, request } from 'undici';
 import { readLocalState, resolveEndpoint, spaceHome } from '../runtime/cli/local.ts';
+import { benchClient } from './api.ts';
 
 const program = new Command('router-latency')
   .description('Latency the router adds to data-plane requests, against the local stack')
@@ -37,19 +38,7 @@ if (!local?.routerUrl || !local.agentUrl) {
 const ep = resolveEndpoint({});
 const dispatcher = new Agent({ keepAliveTimeout: 30_000 });
 
-async function api<T>(method: string, path: string, body?: unknown): Promise<T> {
-  const res = await request(`${ep.apiUrl}${path}`, {
-    method: method as 'GET',
-    headers: {
-      authorization: `Bearer ${ep.apiKey}`,
-      ...(body ? { 'content-type': 'application/json' } : {}),
-    },
-    body: body ? JSON.stringify(body) : undefined,
-  });
-  const text = await res.body.text();
-  if (res.statusCode >= 300) throw new Error(`${method} ${path}: ${res.statusCode} ${text}`);
-  return JSON.parse(text) as T;
-}
+const { api, waitOp } = benchClient(ep);
 
 /** ms of one GET of `path` on `base` (body read to its end). */
 async function timeGet(base: string, path: string, token: string): Promise<number> {
@@ -71,11 +60,7 @@ async function main(): Promise<void> {
   });
   const id = created.sandbox.id;
   try {
-    for (let i = 0; i < 60; i++) {
-      const op = await api<{ state: string }>('GET', `/v1/operations/${created.operation.id}?waitMs=5000`);
-      if (op.state === 'succeeded') break;
-      if (op.state === 'failed' || i === 59) throw new Error('create failed');
-    }
+    await waitOp(created.operation.id);
     const cmd = await api<{ command: { id: string }; stream: { token: string } }>(
       'POST',
       `/v1/sandboxes/${id}/commands`,

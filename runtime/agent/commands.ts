@@ -8,6 +8,7 @@ import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
+import type { AgentCommandRequest } from '../core/agent-protocol.ts';
 import { SpaceError } from '../core/errors.ts';
 import { FRAME_EXIT, type ProcessExit, type ProcessStartRequest } from '../core/guest-protocol.ts';
 import { F } from '../core/log-fields.ts';
@@ -46,6 +47,25 @@ export interface StartCommand {
   user: 'user' | 'root';
   stdin?: boolean | string;
   timeoutMs?: number;
+}
+
+/**
+ * The start options of command `commandId` from a request body shaped like
+ * {@link AgentCommandRequest} (the API's dispatch and the data plane's direct start): only the
+ * fields a start reads, so extra fields a newer sender adds never reach the guest. Pure.
+ */
+export function startOptions(commandId: string, b: Omit<AgentCommandRequest, 'commandId'>): StartCommand {
+  return {
+    commandId,
+    cmd: b.cmd,
+    args: b.args,
+    shell: b.shell,
+    env: b.env,
+    cwd: b.cwd,
+    user: b.user,
+    stdin: b.stdin,
+    timeoutMs: b.timeoutMs,
+  };
 }
 
 /** Starts a command in the guest and begins spooling its output under `dir`. */

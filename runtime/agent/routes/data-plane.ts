@@ -14,6 +14,7 @@ import { SpaceError } from '../../core/errors.ts';
 import { ID_PATTERN, newId } from '../../core/ids.ts';
 import { type SessionScope, verifySessionToken } from '../../core/tokens.ts';
 import type { AgentDeps } from '../app.ts';
+import { startOptions } from '../commands.ts';
 import type { LocalSandbox } from '../sandboxes.ts';
 import { streamSpool } from '../sse.ts';
 
@@ -112,18 +113,7 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       },
       async (req, reply) => {
         const sb = await authorise(req, req.params.id, 'commands');
-        const b = req.body;
-        const cmd = await deps.sandboxes.startCommand(sb.id, {
-          commandId: newId('cmd'),
-          cmd: b.cmd,
-          args: b.args,
-          shell: b.shell,
-          env: b.env,
-          cwd: b.cwd,
-          user: b.user,
-          stdin: b.stdin,
-          timeoutMs: b.timeoutMs,
-        });
+        const cmd = await deps.sandboxes.startCommand(sb.id, startOptions(newId('cmd'), req.body));
         return reply.status(201).send({ commandId: cmd.id, pid: cmd.pid } satisfies AgentCommandResponse);
       },
     );

@@ -22,6 +22,7 @@ import { EgressPolicySchema, normalisePolicy } from '../../core/egress.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { verifyDispatchToken } from '../../core/tokens.ts';
 import type { AgentDeps } from '../app.ts';
+import { startOptions } from '../commands.ts';
 
 export function internalRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
   return async (app) => {
@@ -69,18 +70,10 @@ export function internalRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       AGENT_ROUTES.commands,
       { schema: { params: Type.Object({ id: Sid }), body: AgentCommandRequestSchema } },
       async (req, reply) => {
-        const b = req.body;
-        const cmd = await deps.sandboxes.startCommand(req.params.id, {
-          commandId: b.commandId,
-          cmd: b.cmd,
-          args: b.args,
-          shell: b.shell,
-          env: b.env,
-          cwd: b.cwd,
-          user: b.user,
-          stdin: b.stdin,
-          timeoutMs: b.timeoutMs,
-        });
+        const cmd = await deps.sandboxes.startCommand(
+          req.params.id,
+          startOptions(req.body.commandId, req.body),
+        );
         return reply.status(201).send({ commandId: cmd.id, pid: cmd.pid } satisfies AgentCommandResponse);
       },
     );
