@@ -128,4 +128,19 @@ describe('SandboxNetworks (real netns, veth, nftables)', () => {
     expect(existsSync(`/var/run/netns/${stray.netns}`)).toBe(false);
     expect(existsSync(`/var/run/netns/${keep.netns}`)).toBe(true);
   });
+
+  it('never hands out an address a leftover link still holds (a process killed before it released)', async () => {
+    // another pool over the same range, as a process that died with its namespaces in place
+    const dead = new SandboxNetworks({ pool: POOL });
+    const left = await dead.allocate('i-leftov');
+    made.push(left);
+    const fresh = new SandboxNetworks({ pool: POOL });
+    const got = await Promise.all(['i-fresh1', 'i-fresh2', 'i-fresh3'].map((id) => fresh.allocate(id)));
+    made.push(...got);
+    expect(got.map((n) => n.hostAddress)).not.toContain(left.hostAddress);
+    expect(fresh.inUse).toBeGreaterThan(3);
+    // the leftover's slot is freed once the sweep removes its link: only the three kept stay used
+    expect(await fresh.sweep(got.map((n) => n.netns))).toContain(left.netns);
+    expect(fresh.inUse).toBe(3);
+  });
 });

@@ -173,6 +173,7 @@ export class SandboxNetworks {
   private readonly used = new Set<number>();
   private readonly log: NonNullable<NetworkOptions['log']>;
   private firewall: Promise<void> | undefined;
+  private strangers: Promise<void> | undefined;
   private readonly gateway: GatewayPorts | null;
 
   /** @throws Error on a malformed pool CIDR. */
@@ -208,6 +209,7 @@ export class SandboxNetworks {
    */
   async allocate(instanceId: string): Promise<SandboxNetwork> {
     const { netns, hostIf } = networkNames(instanceId);
+    await this.skipStrangers();
     const slot = this.reserveSlot();
     const net: SandboxNetwork = { netns, hostIf, ...slotAddresses(this.pool, slot), prefixLength: 30 };
     try {
@@ -352,6 +354,32 @@ export class SandboxNetworks {
     }
     if (removed.length) this.log('network sweep removed', { removed });
     return removed;
+  }
+
+  /**
+   * Once per object, before its first allocation: marks as used every slot whose host address is
+   * already on an `spv*` link this object did not make or adopt (a namespace left by a process killed mid-way,
+   * another pool overlapping this one). Two links with one address split the /30's route, so a
+   * sandbox given such a slot is unreachable; {@link sweep} frees the slot when it removes the link.
+   * A failed listing is retried at the next allocation.
+   */
+  private skipStrangers(): Promise<void> {
+    this.strangers ??= listHostLinks().then(
+      (links) => {
+        for (const l of links) {
+          const slot = l.address ? slotOfHostAddress(this.pool, l.address) : undefined;
+          // adopted networks are already in `used`
+          if (slot === undefined || this.used.has(slot)) continue;
+          this.used.add(slot);
+          this.log('address slot skipped: already on the host', { hostIf: l.ifname, address: l.address });
+        }
+      },
+      (err: unknown) => {
+        this.strangers = undefined;
+        throw err;
+      },
+    );
+    return this.strangers;
   }
 
   private reserveSlot(): number {
