@@ -2358,17 +2358,26 @@ describe('egress attack suite', () => {
         `${CREDENTIAL_CACHE_MS + 500} ms after DELETE: the placeholder goes out as is`,
         `Bearer ${phE}`,
       );
-      // a gateway restart: every sandbox is registered again by the agent, revocation still holds
-      const before = s
-        .gateway!.deps.registry.list()
-        .map((r) => r.sandboxId)
-        .sort();
+      // a gateway restart: every running sandbox is registered again by the agent, and only those
+      // (deletes of earlier tests may still be under way: wait until the registry is the running set)
+      const running = async () =>
+        (await s.call<{ sandboxes: { id: string }[] }>('GET', '/v1/sandboxes?state=running')).body.sandboxes
+          .map((x) => x.id)
+          .sort();
+      const registered = () =>
+        s
+          .gateway!.deps.registry.list()
+          .map((r) => r.sandboxId)
+          .sort();
+      let before = await running();
+      for (let i = 0; i < 40 && JSON.stringify(registered()) !== JSON.stringify(before); i++) {
+        await sleep(250);
+        before = await running();
+      }
+      expect(registered()).toEqual(before); // positive check: the comparison below can pass
       await s.restartGateway();
       for (let i = 0; i < 40 && s.gateway!.deps.registry.size < before.length; i++) await sleep(250);
-      const after = s
-        .gateway!.deps.registry.list()
-        .map((r) => r.sandboxId)
-        .sort();
+      const after = registered();
       rows.push({
         t: 'E11',
         id: 'e11-restart-orphans',

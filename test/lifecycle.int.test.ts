@@ -251,6 +251,33 @@ describe('lifecycle', () => {
     expect(await placed()).toBe(before);
   });
 
+  it('a sandbox being deleted is never reported as stopped on its own (the watchdog racing a delete)', async () => {
+    const ids = await Promise.all([s.createSandbox(), s.createSandbox()]);
+    const reported: string[] = [];
+    const ops = await Promise.all(
+      ids.map((id) => s.call<{ operation: { id: string } }>('DELETE', `/v1/sandboxes/${id}`)),
+    );
+    // watchdog passes back to back for as long as the deletes run (`runsc delete` takes seconds)
+    const done = () => Promise.all(ids.map((id) => s.call<{ state: string }>('GET', `/v1/sandboxes/${id}`)));
+    let passes = 0;
+    for (let i = 0; i < 200; i++) {
+      await s.agent.sandboxes.watch(async (id) => void reported.push(id));
+      passes++;
+      if (
+        (await done()).every((r) => r.body.state === 'killed') &&
+        !s.agent.sandboxes.list().some((sb) => ids.includes(sb.id))
+      )
+        break;
+    }
+    expect(ops.map((o) => o.status)).toEqual([202, 202]);
+    expect(passes).toBeGreaterThan(1); // the passes did run during the deletes
+    expect(reported).toEqual([]);
+    for (const id of ids) {
+      const r = await s.call<{ killReason: string }>('GET', `/v1/sandboxes/${id}`);
+      expect(r.body.killReason).toBe('request');
+    }
+  });
+
   it('a sandbox its node no longer runs is marked killed (node_lost) and its reservation released', async () => {
     const id = await s.createSandbox();
     const cfg = loadAgentConfig(agentEnv(s));

@@ -183,6 +183,8 @@ export class SandboxManager {
   readonly #tombstones = new Map<string, number>();
   /** Deletes in progress: a second delete of the same sandbox (API retry, reconciliation) joins it. */
   readonly #deleting = new Map<string, Promise<void>>();
+  /** Watchdog re-registrations with the gateway in flight, by sandbox id. */
+  readonly #registering = new Map<string, Promise<void>>();
   readonly #snapshots = new Map<string, SnapshotRef>();
   /** Pause/resume in flight per sandbox (one at a time). */
   readonly #lifecycle = new Map<string, Promise<unknown>>();
@@ -784,6 +786,7 @@ export class SandboxManager {
       const log = this.#o.log.child({ [F.sandboxId]: id });
       for (const c of sb.commands.values()) c.abort.abort();
       await sb.guest.close();
+      await this.#registering.get(id); // no re-registration may land after the unregistration
       await this.#o.gateway
         ?.unregister(sb.instance.network.sandboxAddress)
         .catch((err: unknown) => log.warn({ err }, 'gateway unregistration failed; destroying anyway'));
@@ -988,23 +991,18 @@ export class SandboxManager {
    * (registration is idempotent). Returns the ids found crashed.
    */
   async watch(onCrash: (id: string, message: string) => Promise<void>): Promise<string[]> {
+    // every sandbox this node holds is registered with the gateway again first, all at once
+    // (idempotent; restores egress after a gateway restart): a slow health check below must not
+    // hold it up. A sandbox being deleted is left out: registering it again would outlive the
+    // delete's unregistration (a dead sandbox's policy on an address the pool hands out again)
+    await Promise.allSettled(this.list().map((sb) => this.#registerAgain(sb)));
     const states = new Map((await this.#o.driver.list()).map((i) => [i.instanceId, i.state]));
     const crashed: string[] = [];
     for (const sb of this.list()) {
       const state = states.get(sb.instance.instanceId);
-      if (state === 'running' || state === 'paused') {
-        await this.#o.gateway
-          ?.register(sb.instance.network.sandboxAddress, {
-            sandboxId: sb.id,
-            policy: sb.egress,
-            credentials: sb.credentials,
-          })
-          .catch((err: unknown) =>
-            this.#o.log.warn({ err, [F.sandboxId]: sb.id }, 'gateway re-registration failed'),
-          );
-        continue;
-      }
-      if (this.#creating.has(sb.id)) continue;
+      if (state === 'running' || state === 'paused') continue;
+      // an instance being made or destroyed by this agent is not one that stopped on its own
+      if (this.#creating.has(sb.id) || this.#tombstones.has(sb.id)) continue;
       // the driver's view can be wrong under load (a `runsc state` that timed out reads as
       // stopped): a sandbox whose guest still answers is alive, whatever the driver said
       if (
@@ -1014,6 +1012,7 @@ export class SandboxManager {
         )
       )
         continue;
+      if (this.#tombstones.has(sb.id)) continue; // deleted while its health was being asked
       crashed.push(sb.id);
       this.#o.log.warn(
         { [F.sandboxId]: sb.id, [F.instanceId]: sb.instance.instanceId },
@@ -1026,6 +1025,28 @@ export class SandboxManager {
       await this.delete(sb.id);
     }
     return crashed;
+  }
+
+  /**
+   * Registers a live sandbox with the gateway again (the watchdog). Skipped once a delete has begun
+   * (its tombstone is set before it unregisters); a delete waits for one still in flight, so the
+   * unregistration is always the gateway's last word on that address.
+   */
+  #registerAgain(sb: LocalSandbox): Promise<void> {
+    if (this.#tombstones.has(sb.id)) return Promise.resolve();
+    const p = (async () => {
+      await this.#o.gateway
+        ?.register(sb.instance.network.sandboxAddress, {
+          sandboxId: sb.id,
+          policy: sb.egress,
+          credentials: sb.credentials,
+        })
+        .catch((err: unknown) =>
+          this.#o.log.warn({ err, [F.sandboxId]: sb.id }, 'gateway re-registration failed'),
+        );
+    })().finally(() => this.#registering.delete(sb.id));
+    this.#registering.set(sb.id, p);
+    return p;
   }
 
   /** Refuses new creates from now on (shutdown). */
