@@ -2447,4 +2447,33 @@ describe('egress attack suite', () => {
     expect(k).toBe(0);
     expect(n).toBe(EXPECTED_ATTEMPTS);
   });
+
+  // last, after the whole-run verdict (these hits are on purpose): a listener that cannot record a
+  // hit would make every "blocked" above meaningless
+  it('positive control: every forbidden listener records a hit when reached on purpose', async () => {
+    const mark = hits.length;
+    const tcp = [80, 443, 8443, 22, 853, 7000, 8080];
+    const udp = [123, 443, 9999];
+    const want: { role: string; kind: 'tcp' | 'udp'; port: number; address: string }[] = [];
+    for (const role of ['evil', 'internal', 'meta', 'lb'] as const) {
+      for (const port of tcp) want.push({ role, kind: 'tcp', port, address: W[role] });
+      for (const port of [...udp, ...(role === 'evil' ? [] : [53])])
+        want.push({ role, kind: 'udp', port, address: W[role] });
+    }
+    // good's forbidden ports too (only 80/443/8443 by name or CIDR rule may reach it)
+    for (const port of [22, 853, 7000, 8080]) want.push({ role: 'good', kind: 'tcp', port, address: W.good });
+    for (const port of [...udp, 53]) want.push({ role: 'good', kind: 'udp', port, address: W.good });
+    // from inside the world's own namespace, where every role's address is local
+    const probe = `const net=require('net'),dgram=require('dgram');const t=${JSON.stringify(want)};let left=t.length;const done=()=>{if(--left===0)setTimeout(()=>process.exit(0),200)};for(const w of t){if(w.kind==='tcp'){const c=net.connect(w.port,w.address,()=>{c.end('x');done()});c.on('error',done);}else{const u=dgram.createSocket('udp4');u.send('x',w.port,w.address,()=>{u.close();done()});}}setTimeout(()=>process.exit(1),5000);`;
+    await run('ip', ['netns', 'exec', NS, process.execPath, '-e', probe]);
+    const missing = () =>
+      want.filter(
+        (w) => !hits.slice(mark).some((h) => h.role === w.role && h.kind === w.kind && h.port === w.port),
+      );
+    for (let i = 0; i < 50 && missing().length > 0; i++) await sleep(100);
+    expect(missing().map((w) => `${w.role} ${w.kind}:${w.port}`)).toEqual([]);
+    // and each of them is one the verdict calls forbidden
+    for (const h of hits.slice(mark))
+      expect(forbidden(h) ?? `${h.role} ${h.kind}:${h.port} not forbidden`).not.toMatch(/not forbidden$/);
+  });
 });

@@ -5,17 +5,23 @@ import { Readable } from 'node:stream';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadSigningKey, mintSessionToken, writeNewKeyPair } from '../runtime/core/tokens.ts';
-import { leftovers, NO_LEFTOVERS, type Stack, startStack } from './stack.ts';
+import { collect, leftovers, NO_LEFTOVERS, readEvents, type Stack, startStack } from './stack.ts';
 
 const UPLOAD_LIMIT = 1024 * 1024;
+const SPOOL_LIMIT = 2 * 1024 * 1024;
 
 describe('bad input', () => {
   let s: Stack;
   let a: string;
   let b: string;
   beforeAll(async () => {
-    // small limits so the tests can reach them: 1 MiB uploads, 4 streams per sandbox
-    s = await startStack({ SPACE_MAX_UPLOAD_BYTES: String(UPLOAD_LIMIT), SPACE_MAX_STREAMS: '4' });
+    // small limits so the tests can reach them: 1 MiB uploads, 4 streams per sandbox, 2 MiB of
+    // output kept per command
+    s = await startStack({
+      SPACE_MAX_UPLOAD_BYTES: String(UPLOAD_LIMIT),
+      SPACE_MAX_STREAMS: '4',
+      SPACE_SPOOL_LIMIT_BYTES: String(SPOOL_LIMIT),
+    });
     [a, b] = await Promise.all([s.createSandbox(), s.createSandbox()]);
   });
   afterAll(async () => {
@@ -181,6 +187,30 @@ describe('bad input', () => {
       headers: { authorization: `Bearer ${f.token}` },
     });
     expect(((await st.body.json()) as { size: number }).size).toBe(UPLOAD_LIMIT);
+  });
+
+  it('limits: output past SPACE_SPOOL_LIMIT_BYTES ends in one `truncated` event; the exit still comes', async () => {
+    const res = await s.call<{ stream: { url: string; token: string } }>(
+      'POST',
+      `/v1/sandboxes/${a}/commands`,
+      {
+        cmd: 'sh',
+        args: ['-c', 'head -c 3000000 /dev/zero; echo tail >&2; exit 7'],
+      },
+    );
+    expect(res.status).toBe(201);
+    const events = await readEvents(res.body.stream.url, res.body.stream.token);
+    const truncated = events.filter((e) => e.event === 'truncated');
+    expect(truncated).toHaveLength(1);
+    const { droppedAfter } = JSON.parse(truncated[0]!.data) as { droppedAfter: number };
+    const out = collect(events);
+    // what was kept is whole frames up to the limit, and the truncated event says where it stopped
+    expect(droppedAfter).toBeLessThanOrEqual(SPOOL_LIMIT);
+    expect(out.stdout.length).toBeGreaterThan(SPOOL_LIMIT / 2);
+    expect(out.stdout.length).toBeLessThan(3_000_000);
+    expect(out.stdout.equals(Buffer.alloc(out.stdout.length))).toBe(true);
+    expect(out.exit.exitCode).toBe(7);
+    expect(events.at(-1)?.event).toBe('exit');
   });
 
   it('limits: the fifth concurrent stream of a sandbox (SPACE_MAX_STREAMS=4) is RATE_LIMITED; closing one frees a place', async () => {

@@ -5,13 +5,13 @@
  * reservations, and no operation ended twice. Each case logs how long recovery took and what the
  * client saw (`fault …` lines) — the figures for the issue's closing note.
  */
-import { readdir } from 'node:fs/promises';
+import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { request } from 'undici';
+import { Agent, request } from 'undici';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { keys } from '../runtime/core/redis-keys.ts';
 import { converged, type FaultStack, startFaultStack } from './fault-stack.ts';
-import { leftovers, NO_LEFTOVERS, readEvents, waitFor } from './stack.ts';
+import { collect, leftovers, NO_LEFTOVERS, readEvents, waitFor } from './stack.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 /** Node-lost grace the suite's API uses (the default is 2 min), ms. */
@@ -332,5 +332,107 @@ describe('faults', { timeout: 240_000 }, () => {
     const id = await create();
     await finished(await del(id));
     expect(await converged(s)).toEqual([]);
+  });
+
+  it('api-sigkill-mid-operation: an API killed with SIGKILL while it runs an operation; a second API reclaims and finishes it', async () => {
+    // hold the operation in flight: the node takes the dispatch but does not answer yet
+    s.signal('agent', 'SIGSTOP');
+    const accepted = await s.call<{ sandbox: { id: string }; operation: { id: string } }>(
+      'POST',
+      '/v1/sandboxes',
+      { template: 'base', vcpus: 0.5, memoryMiB: 128 },
+    );
+    expect(accepted.status).toBe(202);
+    const opId = accepted.body.operation.id;
+    await waitFor('the first API to run the operation', async () =>
+      (await s.call<Op>('GET', `/v1/operations/${opId}`)).body.state === 'running' ? true : undefined,
+    );
+    const logFile = join(s.dir, 'api.log');
+    await s.kill('api');
+    const before = (await readFile(logFile, 'utf8')).length;
+    await s.start('api');
+    s.signal('agent', 'SIGCONT');
+    const t0 = Date.now();
+    // nothing else will finish it: its queue entry belongs to the dead API until it sits unrenewed
+    // for the reclaim time (30 s), then the new API's worker claims it (XAUTOCLAIM) and runs it again
+    const op = await waitFor(
+      'the reclaimed operation to end',
+      async () => {
+        const o = (await s.call<Op>('GET', `/v1/operations/${opId}?waitMs=5000`)).body;
+        return o.state === 'succeeded' || o.state === 'failed' ? o : undefined;
+      },
+      90_000,
+    );
+    const after = (await readFile(logFile, 'utf8')).slice(before);
+    report('api-sigkill', {
+      state: op.state,
+      code: op.error?.code ?? null,
+      finishedAfterMs: Date.now() - t0,
+    });
+    expect(after).toContain('operations reclaimed');
+    expect(op.state).toBe('succeeded');
+    expect(await record(accepted.body.sandbox.id)).toMatchObject({ state: 'running' });
+    expect(await converged(s)).toEqual([accepted.body.sandbox.id]);
+    // it ended once: the reclaimed run's outcome stays
+    expect((await finished(opId)).state).toBe('succeeded');
+    await finished(await del(accepted.body.sandbox.id));
+    expect(await converged(s)).toEqual([]);
+  });
+
+  it('agent-sigkill-readoption: an agent killed with SIGKILL re-adopts its running sandbox, files and a command that ran on', async () => {
+    const id = await create();
+    const sh = async (script: string) => {
+      const res = await s.call<{ stream: { url: string; token: string } }>(
+        'POST',
+        `/v1/sandboxes/${id}/commands`,
+        {
+          cmd: 'sh',
+          args: ['-c', script],
+        },
+      );
+      expect(res.status).toBe(201);
+      return res.body.stream;
+    };
+    const text = async (stream: { url: string; token: string }) =>
+      collect(await readEvents(stream.url, stream.token)).stdout.toString();
+    expect(await text(await sh('echo kept > /home/user/kept; echo written'))).toBe('written\n');
+    const running = await sh('sleep 2; touch /home/user/later; echo done');
+    await s.kill('agent');
+    await s.start('agent');
+    expect(await s.inventory()).toContain(id);
+    expect(await record(id)).toMatchObject({ state: 'running' });
+    // the sandbox's processes never noticed: the file and the command that ran across the kill
+    expect(await text(await sh('cat /home/user/kept'))).toBe('kept\n');
+    // its output, spooled on the node, streams to the end after the new agent adopted it
+    const across = collect(await readEvents(running.url, running.token));
+    expect([across.stdout.toString(), across.exit.exitCode]).toEqual(['done\n', 0]);
+    expect(await text(await sh('test -e /home/user/later && echo yes'))).toBe('yes\n');
+    expect(await converged(s)).toEqual([id]);
+    await finished(await del(id));
+    expect(await converged(s)).toEqual([]);
+  });
+
+  it('gateway-reregistration: a gateway killed and started again (empty) learns the running sandbox back from the agent', async () => {
+    const id = await create();
+    const control = new Agent({ connect: { socketPath: join(s.dir, 'gateway.sock') } });
+    const registered = async () => {
+      const res = await request('http://gateway/v1/sandboxes', { dispatcher: control });
+      const body = (await res.body.json()) as { sandboxes: { sandboxId: string }[] };
+      return body.sandboxes.map((x) => x.sandboxId);
+    };
+    expect(await registered()).toContain(id);
+    await s.kill('gateway');
+    await s.start('gateway');
+    // the new gateway keeps nothing across a restart: only the agent's watchdog can tell it
+    const t0 = Date.now();
+    await waitFor('the sandbox to be registered again', async () =>
+      (await registered()).includes(id) ? true : undefined,
+    );
+    report('gateway-reregistration', { afterMs: Date.now() - t0 });
+    await finished(await del(id));
+    await waitFor('the deleted sandbox to be unregistered', async () =>
+      (await registered()).includes(id) ? undefined : true,
+    );
+    await control.close();
   });
 });

@@ -41,7 +41,11 @@ export async function buildAgentApp(deps: AgentDeps): Promise<FastifyInstance> {
     // hijacked SSE responses are not idle connections: close them all on shutdown
     forceCloseConnections: true,
   }).withTypeProvider<TypeBoxTypeProvider>();
-  installErrorHandlers(app);
+  // a guest that does not answer because its sandbox died answers SANDBOX_CRASHED at once (R13)
+  installErrorHandlers(app, async (err, req) => {
+    const id = (req.params as { id?: unknown } | undefined)?.id;
+    return typeof id === 'string' ? deps.sandboxes.guestFailed(id, err) : err;
+  });
   acceptEmptyBodies(app);
   installValidators(app);
 

@@ -86,7 +86,12 @@ export const agentSettings = {
     128,
   ),
   maxSandboxes: setting.int('SPACE_MAX_SANDBOXES', 'Most sandboxes on this node.', 128, 1, 16384),
-  pidsLimit: setting.int('SPACE_SANDBOX_PIDS_LIMIT', 'Max processes/threads per sandbox.', 1024, 16),
+  pidsLimit: setting.int(
+    'SPACE_SANDBOX_PIDS_LIMIT',
+    'Most tasks (processes and threads) each user may run inside a sandbox (RLIMIT_NPROC; gVisor: also at most one per 2 MiB of its memory above 256); a fork past it fails with EAGAIN inside.',
+    1024,
+    16,
+  ),
   diskMiB: setting.int(
     'SPACE_SANDBOX_DISK_MIB',
     'Writable disk of each sandbox (a sparse ext4 image of its own), MiB.',

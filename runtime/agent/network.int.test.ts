@@ -84,11 +84,14 @@ describe('SandboxNetworks (real netns, veth, nftables)', () => {
       b.netns,
       process.execPath,
       '-e',
-      `require('net').createServer(s=>s.end('b')).listen(7777,'${b.sandboxAddress}',()=>console.log('up'))`,
+      `require('net').createServer(s=>{s.on('error',()=>{});s.end('b')}).listen(7777,'${b.sandboxAddress}',()=>console.log('up'))`,
     ]);
     cleanups.push(() => srv.kill('SIGKILL'));
     await new Promise((r) => srv.stdout.once('data', r));
     await run('ip', ['-n', a.netns, 'route', 'add', '10.79.0.0/24', 'via', a.hostAddress]);
+    // positive control: the probe does connect where a path is open (b to its own listener), so a
+    // false below means the way was shut, not that the probe or the listener failed
+    expect(await connectFromNs(b.netns, b.sandboxAddress, 7777)).toBe(true);
     expect(await connectFromNs(a.netns, b.sandboxAddress, 7777)).toBe(false);
 
     // Host listener on a's host end: a must not reach it.
@@ -99,6 +102,17 @@ describe('SandboxNetworks (real netns, veth, nftables)', () => {
     const hostB = await listen(b.hostAddress);
     cleanups.push(() => hostB.server.close());
     expect(await connectFromNs(a.netns, b.hostAddress, hostB.port)).toBe(false);
+    // positive controls: both host listeners answer a client that may reach them (the host itself)
+    for (const [addr, port] of [
+      [a.hostAddress, host.port],
+      [b.hostAddress, hostB.port],
+    ] as const)
+      expect(
+        await new Promise<boolean>((resolve) => {
+          const c = connect(port, addr, () => resolve(true) === undefined && c.destroy());
+          c.on('error', () => resolve(false));
+        }),
+      ).toBe(true);
 
     // Host → sandbox works.
     const reply = await new Promise<string>((resolve, reject) => {

@@ -20,7 +20,14 @@ import { F } from '../core/log-fields.ts';
 import type { PauseMode } from '../core/types.ts';
 import type { ActivityMeter } from './activity.ts';
 import { type Command, DETACH, resumePump, type StartCommand, startCommand } from './commands.ts';
-import type { Driver, InstanceInfo, SandboxNetwork, SnapshotRef, TemplateImage } from './drivers/driver.ts';
+import type {
+  Driver,
+  InstanceEndCause,
+  InstanceInfo,
+  SandboxNetwork,
+  SnapshotRef,
+  TemplateImage,
+} from './drivers/driver.ts';
 import type { GatewayClient } from './gateway-client.ts';
 import { GuestClient } from './guest-client.ts';
 import type { SandboxNetworks } from './network.ts';
@@ -89,6 +96,8 @@ export interface LocalSandbox {
   paused: 'frozen' | 'pausing' | null;
   /** Guest calls in flight (data-plane requests that need the guest, command starts). */
   guestCalls: number;
+  /** Set once the sandbox was found dead on its own: why (its end message). */
+  crashed?: string;
   egress: EgressPolicy;
   credentials: CredentialGrant[];
 }
@@ -114,6 +123,25 @@ function localSandbox(
     egress: req.egress,
     credentials: req.credentials,
   };
+}
+
+/**
+ * The end message of a sandbox that stopped on its own, naming the resource when the driver knew it.
+ * Pure.
+ */
+export function crashMessage(cause: InstanceEndCause | undefined): string {
+  switch (cause) {
+    case 'memory':
+      return 'the sandbox ran out of memory: it used all of its memoryMiB and the host ended it';
+    case 'processes':
+      return 'the sandbox ran out of processes: it reached the host’s task limit and its kernel failed';
+    case undefined:
+      return 'the sandbox stopped on its own (out of memory or processes, or its kernel failed)';
+    default: {
+      const never: never = cause;
+      return never;
+    }
+  }
 }
 
 /** Whether an instance's guest daemon answers /health (the ground truth of "alive"). */
@@ -191,6 +219,8 @@ export class SandboxManager {
   readonly #boots: Semaphore;
   #warm: WarmPool | null = null;
   #closing = false;
+  /** The crash reporter of the last watchdog pass, for crashes found between passes. */
+  #onCrash: ((id: string, message: string) => Promise<void>) | null = null;
 
   constructor(o: SandboxManagerOptions) {
     this.#o = o;
@@ -850,6 +880,8 @@ export class SandboxManager {
         spoolLimitBytes: this.#o.spoolLimitBytes,
         log: this.#o.log.child({ [F.sandboxId]: id }),
       });
+    } catch (err) {
+      throw await this.guestFailed(id, err);
     } finally {
       release();
     }
@@ -991,6 +1023,7 @@ export class SandboxManager {
    * (registration is idempotent). Returns the ids found crashed.
    */
   async watch(onCrash: (id: string, message: string) => Promise<void>): Promise<string[]> {
+    this.#onCrash = onCrash;
     // every sandbox this node holds is registered with the gateway again first, all at once
     // (idempotent; restores egress after a gateway restart): a slow health check below must not
     // hold it up. A sandbox being deleted is left out: registering it again would outlive the
@@ -1014,15 +1047,7 @@ export class SandboxManager {
         continue;
       if (this.#tombstones.has(sb.id)) continue; // deleted while its health was being asked
       crashed.push(sb.id);
-      this.#o.log.warn(
-        { [F.sandboxId]: sb.id, [F.instanceId]: sb.instance.instanceId },
-        'sandbox stopped on its own',
-      );
-      await onCrash(
-        sb.id,
-        'the sandbox stopped on its own (out of memory or processes, or its kernel failed)',
-      );
-      await this.delete(sb.id);
+      await this.#endCrashed(sb, onCrash);
     }
     return crashed;
   }
@@ -1047,6 +1072,54 @@ export class SandboxManager {
     })().finally(() => this.#registering.delete(sb.id));
     this.#registering.set(sb.id, p);
     return p;
+  }
+
+  /**
+   * Ends a sandbox whose instance stopped on its own: reads why from the driver (before the delete
+   * removes the evidence), reports it through `onCrash` and deletes it. Returns the message.
+   */
+  async #endCrashed(
+    sb: LocalSandbox,
+    onCrash: (id: string, message: string) => Promise<void>,
+  ): Promise<string> {
+    const cause = await this.#o.driver.endCause?.(sb.instance.instanceId).catch(() => undefined);
+    const message = crashMessage(cause);
+    sb.crashed = message;
+    this.#o.log.warn(
+      { [F.sandboxId]: sb.id, [F.instanceId]: sb.instance.instanceId, cause },
+      'sandbox stopped on its own',
+    );
+    await onCrash(sb.id, message);
+    await this.delete(sb.id);
+    return message;
+  }
+
+  /**
+   * Called when the guest did not answer a call: if the instance has stopped, the sandbox is ended
+   * now (as a watchdog pass would) and SANDBOX_CRASHED is returned for the caller to throw instead of
+   * GUEST_UNAVAILABLE, so requests to a dead sandbox fail at once with the cause. Otherwise `err`.
+   */
+  async guestFailed(id: string, err: unknown): Promise<unknown> {
+    if (!(err instanceof SpaceError) || err.code !== 'GUEST_UNAVAILABLE') return err;
+    const sb = this.#sandboxes.get(id);
+    // an instance being made or destroyed by this agent is not one that stopped on its own
+    if (!sb || this.#creating.has(id) || this.#tombstones.has(id) || sb.paused) return err;
+    const state = (await this.#o.driver.list().catch(() => [])).find(
+      (i) => i.instanceId === sb.instance.instanceId,
+    )?.state;
+    if (state === 'running' || state === 'paused' || state === undefined) return err;
+    // as in the watchdog: the driver's view can be wrong under load; a guest that answers is alive
+    if (
+      await sb.guest.health().then(
+        () => true,
+        () => false,
+      )
+    )
+      return err;
+    if (this.#tombstones.has(id)) return err; // deleted while its health was being asked
+    const message =
+      sb.crashed ?? (this.#onCrash ? await this.#endCrashed(sb, this.#onCrash) : crashMessage(undefined));
+    return new SpaceError('SANDBOX_CRASHED', message, { sandboxId: id }, { cause: err });
   }
 
   /** Refuses new creates from now on (shutdown). */

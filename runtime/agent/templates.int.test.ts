@@ -1,5 +1,5 @@
 import { existsSync, statSync } from 'node:fs';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -7,6 +7,7 @@ import { TEST_CACHE_DIR } from '../../test/cache-dir.ts';
 import { SpaceError } from '../core/errors.ts';
 import {
   buildTemplate,
+  DEFAULT_TEMPLATES_DIR,
   listTemplateDefinitions,
   loadTemplateDefinition,
   resolveTemplate,
@@ -77,5 +78,31 @@ describe('templates', () => {
 
     const again = await buildTemplate('base', { cacheDir: CACHE });
     expect(again).toEqual({ ...built, cached: true });
+  });
+
+  it('a changed definition is a new build: the old one is not served for it, the unchanged one is reused', async () => {
+    // the real base build (above) is in the cache; a copy of its definition in another folder is the
+    // same template, and one changed file in it makes a different one
+    const dir = await mkdtemp(join(tmpdir(), 'space-tpldef-'));
+    emptyCaches.push(dir);
+    const def = JSON.parse(await readFile(join(DEFAULT_TEMPLATES_DIR, 'base.json'), 'utf8')) as {
+      files?: Record<string, string>;
+    };
+    await writeFile(join(dir, 'base.json'), JSON.stringify(def));
+    const same = await buildTemplate('base', { cacheDir: CACHE, templatesDir: dir });
+    expect(same.cached).toBe(true);
+    expect(await resolveTemplate('base', CACHE, dir)).toBe(same.rootfs);
+    await writeFile(
+      join(dir, 'base.json'),
+      JSON.stringify({ ...def, files: { ...def.files, '/etc/space-changed': 'yes\n' } }),
+    );
+    const changed = await loadTemplateDefinition('base', dir);
+    expect(changed.digest).not.toBe(same.digest);
+    // the node does not start sandboxes of the changed template from the old build: it needs its own
+    expect(await codeOf(resolveTemplate('base', CACHE, dir))).toBe('TEMPLATE_NOT_READY');
+    expect(existsSync(templateBuildDir(CACHE, 'base', changed.digest))).toBe(false);
+    // and putting the definition back finds the old build again, without building
+    await writeFile(join(dir, 'base.json'), JSON.stringify(def));
+    expect(await buildTemplate('base', { cacheDir: CACHE, templatesDir: dir })).toEqual(same);
   });
 });

@@ -107,6 +107,11 @@ export const ERROR_CODES = {
     retryable: false,
     doc: 'The sandbox’s VM (or its VMM process) is gone from its node.',
   },
+  SANDBOX_CRASHED: {
+    status: 410,
+    retryable: false,
+    doc: 'The sandbox ended on its own (out of memory or processes, or its kernel failed); its record’s endMessage names the cause.',
+  },
   GUEST_UNAVAILABLE: {
     status: 502,
     retryable: true,

@@ -4,7 +4,7 @@
  * (validation, body size, content type) onto stable codes, logs ≥ 500 at `error` and the rest
  * at `info`.
  */
-import type { FastifyError, FastifyInstance } from 'fastify';
+import type { FastifyError, FastifyInstance, FastifyRequest } from 'fastify';
 import { type ErrorCode, SpaceError } from './errors.ts';
 
 /** Maps a Fastify/avvio error code to a SPACE code. */
@@ -24,9 +24,16 @@ function fromFastify(err: FastifyError): SpaceError | null {
   return null;
 }
 
-/** Installs the error and not-found handlers on `app`. */
-export function installErrorHandlers(app: FastifyInstance): void {
-  app.setErrorHandler((err: FastifyError, req, reply) => {
+/**
+ * Installs the error and not-found handlers on `app`. `translate` may replace an error before it
+ * is rendered (the agent turns GUEST_UNAVAILABLE from a dead sandbox into SANDBOX_CRASHED).
+ */
+export function installErrorHandlers(
+  app: FastifyInstance,
+  translate?: (err: FastifyError, req: FastifyRequest) => Promise<unknown>,
+): void {
+  app.setErrorHandler(async (original: FastifyError, req, reply) => {
+    const err = (translate ? await translate(original, req).catch(() => original) : original) as FastifyError;
     const known =
       err instanceof SpaceError
         ? err
@@ -34,7 +41,7 @@ export function installErrorHandlers(app: FastifyInstance): void {
     if (known.status >= 500) req.log.error({ err, code: known.code }, 'request failed');
     else req.log.info({ code: known.code, msg: known.message }, 'request refused');
     if (reply.sent || reply.raw.headersSent) return;
-    void reply.status(known.status).type('application/json').send(known.toBody());
+    return reply.status(known.status).type('application/json').send(known.toBody());
   });
   app.setNotFoundHandler((req, reply) => {
     void reply.status(404).send(new SpaceError('NOT_FOUND', `no route ${req.method} ${req.url}`).toBody());

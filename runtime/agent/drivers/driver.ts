@@ -254,7 +254,15 @@ export interface Driver {
   adopt(instanceId: string): Promise<InstanceInfo>;
   /** Resource use; SNAPSHOT_UNSUPPORTED-style DRIVER_FAILED when `capabilities.memoryStats` is false. */
   stats(instanceId: string): Promise<InstanceStats>;
+  /**
+   * Why a stopped instance ended, when the host can tell (its cgroup counted an OOM kill or a
+   * refused fork); undefined when it cannot. Read before {@link destroy}, which removes the evidence.
+   */
+  endCause?(instanceId: string): Promise<InstanceEndCause | undefined>;
 }
+
+/** A resource whose exhaustion ended a whole instance (see {@link Driver.endCause}). */
+export type InstanceEndCause = 'memory' | 'processes';
 
 /**
  * Undo steps of one create/restore, run in reverse on failure. Each step is labelled so a failed

@@ -3,7 +3,10 @@ import type { InstanceSpec } from './driver.ts';
 import {
   buildOciSpec,
   checkpointFailureReason,
+  endCauseFromCounters,
   GvisorDriver,
+  guestProcessLimit,
+  hostTaskLimit,
   MIN_RUNSC_RELEASE,
   mapRunscStatus,
   overlayOptions,
@@ -13,6 +16,7 @@ import {
   runscRelease,
   runscRestoreCommand,
   runscRunCommand,
+  tmpSizeMiB,
 } from './gvisor.ts';
 import { DEFAULT_GVISOR_PLATFORM } from './gvisor-platform.ts';
 
@@ -108,7 +112,7 @@ describe('gvisor pure helpers', () => {
       rootPath: '/s/rootfs',
       guestArgv: ['/opt/space/bin/tini', '--', 'x'],
     }) as {
-      process: { args: string[]; user: { uid: number } };
+      process: { args: string[]; user: { uid: number }; rlimits: unknown[] };
       root: { path: string; readonly: boolean };
       hostname: string;
       mounts: { destination: string; source: string; options?: string[] }[];
@@ -131,10 +135,20 @@ describe('gvisor pure helpers', () => {
     expect(oci.linux.resources).toEqual({
       cpu: { quota: 150_000, period: 100_000 },
       memory: { limit: 512 * 1024 * 1024 },
-      pids: { limit: 100 },
+      pids: { limit: 100 * 16 + 256 },
     });
+    expect(oci.process.rlimits).toContainEqual({ type: 'RLIMIT_NPROC', hard: 100, soft: 100 });
+    expect(oci.mounts).toContainEqual(expect.objectContaining({ destination: '/tmp', type: 'tmpfs' }));
+    expect(JSON.stringify(oci.mounts)).toContain('size=256m');
     // only kernel filesystems: no bind mount of any host path
-    expect(oci.mounts.map((m) => m.source).sort()).toEqual(['devpts', 'proc', 'shm', 'sysfs', 'tmpfs']);
+    expect(oci.mounts.map((m) => m.source).sort()).toEqual([
+      'devpts',
+      'proc',
+      'shm',
+      'sysfs',
+      'tmp',
+      'tmpfs',
+    ]);
     expect(oci.mounts.some((m) => (m as { type?: string }).type === 'bind')).toBe(false);
   });
 
@@ -151,5 +165,32 @@ describe('gvisor pure helpers', () => {
         'checkpoint failed: x: encoding error at object tcp.endpoint{...}: save rejected due to unsupported networking state: endpoint cannot be saved in connected state: local 1:2, remote 3:4:\ngoroutine 1',
       ),
     ).toMatch(/^save rejected due to unsupported networking state/);
+  });
+});
+
+describe('sandbox limits', () => {
+  it('the process limit follows memory up to pidsLimit; the host limit stays above it', () => {
+    expect(guestProcessLimit({ memoryMiB: 512, pidsLimit: 1024 })).toBe(256);
+    expect(guestProcessLimit({ memoryMiB: 8192, pidsLimit: 1024 })).toBe(1024);
+    expect(guestProcessLimit({ memoryMiB: 64, pidsLimit: 1024 })).toBe(256);
+    expect(guestProcessLimit({ memoryMiB: 64, pidsLimit: 100 })).toBe(100);
+    // R13's fork loop (1,100 sleeps) meets the guest's limit, never the host's
+    const n = guestProcessLimit({ memoryMiB: 512, pidsLimit: 1024 });
+    expect(n).toBeLessThan(1100);
+    expect(hostTaskLimit(n)).toBeGreaterThan(n * 9); // up to ~8.6 host tasks per guest process measured
+    expect(tmpSizeMiB(512)).toBe(256);
+  });
+});
+
+describe('endCauseFromCounters', () => {
+  it('names memory for an OOM kill, processes for a refused fork, nothing for clean counters', () => {
+    const v1mem = (n: number) => `oom_kill_disable 0\nunder_oom 0\noom_kill ${n}\n`;
+    expect(endCauseFromCounters(v1mem(1), 'max 0\n')).toBe('memory');
+    expect(endCauseFromCounters(v1mem(0), 'max 3\n')).toBe('processes');
+    expect(endCauseFromCounters(v1mem(2), 'max 3\n')).toBe('memory');
+    expect(endCauseFromCounters(v1mem(0), 'max 0\n')).toBeUndefined();
+    // v2 memory.events: oom_kill among other counters; no files at all reads as unknown
+    expect(endCauseFromCounters('low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n', '')).toBe('memory');
+    expect(endCauseFromCounters('', '')).toBeUndefined();
   });
 });

@@ -40,6 +40,7 @@ import {
   type Driver,
   type DriverCapabilities,
   INSTANCE_ID_RE,
+  type InstanceEndCause,
   type InstanceInfo,
   type InstanceSpec,
   type InstanceStats,
@@ -116,6 +117,69 @@ const CAPS = [
   'CAP_AUDIT_WRITE',
 ];
 
+/**
+ * Guest memory each process is budgeted, MiB, when the sandbox's process limit is derived from its
+ * memory. Measured on runsc 2024-07-29 (systrap): every guest process costs the sandbox ~0.6 MiB of
+ * host memory (its stub process, sysmsg stacks, page tables) before it allocates anything, so
+ * 1,100 idle `sleep`s OOM-kill a 512 MiB sandbox (the host cgroup kills the whole sentry). 2 MiB per
+ * process keeps the processes' own cost under a third of the sandbox's memory.
+ */
+export const MIB_PER_GUEST_PROCESS = 2;
+
+/**
+ * Fewest tasks a uid may run in a sandbox, whatever its memory. gVisor counts threads against
+ * RLIMIT_NPROC as Linux does (checked: 18 Python threads under a limit of 20), and one Node process
+ * has ~11, so a dev server and its tooling need room. A small sandbox that really forks this many
+ * processes runs out of memory first and its record says so.
+ */
+export const MIN_GUEST_PROCESSES = 256;
+
+/**
+ * Host tasks the gVisor sandbox may use per guest process (the pids cgroup): with systrap every
+ * guest process has a stub process and every guest thread a sysmsg thread on the host. Measured on
+ * this runsc: ~2.1 host tasks per idle guest process in a bare container, but ~3.8 in a sandbox
+ * and up to ~8.6 once a fork loop meets the limit (256 `sleep`s took the pids cgroup to 2,195), so
+ * 16 leaves room. The guest's own limit bounds the tasks; this one only has to stay out of its way.
+ */
+export const HOST_TASKS_PER_GUEST_PROCESS = 16;
+
+/** Host tasks of the sentry and gofer themselves (Go threads), above the guest processes' share. */
+export const HOST_TASKS_BASE = 256;
+
+/**
+ * The sandbox's process limit, as seen inside: `RLIMIT_NPROC` of every process (gVisor counts the
+ * tasks of each uid, root included), so a fork bomb meets EAGAIN ("Cannot fork") inside while the
+ * guest daemon, running under another uid than the commands, still starts new ones.
+ * = min(pidsLimit, max({@link MIN_GUEST_PROCESSES}, memoryMiB / {@link MIB_PER_GUEST_PROCESS})):
+ * tasks (processes and threads) per uid: a 512 MiB sandbox or smaller runs 256, a 4 GiB one the
+ * configured 1,024. Pure.
+ */
+export function guestProcessLimit(spec: Pick<InstanceSpec, 'memoryMiB' | 'pidsLimit'>): number {
+  return Math.min(
+    spec.pidsLimit,
+    Math.max(MIN_GUEST_PROCESSES, Math.floor(spec.memoryMiB / MIB_PER_GUEST_PROCESS)),
+  );
+}
+
+/**
+ * The host pids cgroup limit: far enough above {@link guestProcessLimit} that the guest's own limit
+ * is met first. Hitting the host limit makes the sentry panic ("createSysmsgThread: failed to get
+ * clone") and the whole sandbox die, which is what R13 forbids. Pure.
+ */
+export function hostTaskLimit(guestProcesses: number): number {
+  return guestProcesses * HOST_TASKS_PER_GUEST_PROCESS + HOST_TASKS_BASE;
+}
+
+/**
+ * Size of the sandbox's `/tmp`, MiB: half its memory, as Linux sizes a tmpfs by default. Without a
+ * `/tmp` mount in the spec runsc mounts its own unbounded tmpfs there (`df` showed the host's free
+ * memory, ~12G), and filling it ran the whole sandbox out of memory; a sized tmpfs answers ENOSPC to
+ * the writer instead. Its pages are sandbox memory (they count against the memory limit). Pure.
+ */
+export function tmpSizeMiB(memoryMiB: number): number {
+  return Math.max(16, Math.floor(memoryMiB / 2));
+}
+
 /** Inputs of {@link buildOciSpec}. */
 export interface OciInputs {
   spec: InstanceSpec;
@@ -126,10 +190,13 @@ export interface OciInputs {
 
 /**
  * The OCI runtime spec (config.json) for an instance. Pure.
- * CPU: quota = vcpus × {@link CPU_PERIOD_US} µs; memory: memoryMiB × 2^20 bytes; cgroupsPath `/space/<id>`.
+ * CPU: quota = vcpus × {@link CPU_PERIOD_US} µs; memory: memoryMiB × 2^20 bytes; cgroupsPath `/space/<id>`;
+ * processes: {@link guestProcessLimit} inside (RLIMIT_NPROC), {@link hostTaskLimit} on the host;
+ * `/tmp`: a tmpfs of {@link tmpSizeMiB}.
  */
 export function buildOciSpec(i: OciInputs): Record<string, unknown> {
   const { spec } = i;
+  const nproc = guestProcessLimit(spec);
   return {
     ociVersion: '1.0.2',
     process: {
@@ -143,7 +210,10 @@ export function buildOciSpec(i: OciInputs): Record<string, unknown> {
       ],
       cwd: '/',
       capabilities: { bounding: CAPS, effective: CAPS, permitted: CAPS },
-      rlimits: [{ type: 'RLIMIT_NOFILE', hard: 65536, soft: 65536 }],
+      rlimits: [
+        { type: 'RLIMIT_NOFILE', hard: 65536, soft: 65536 },
+        { type: 'RLIMIT_NPROC', hard: nproc, soft: nproc },
+      ],
       noNewPrivileges: false,
     },
     root: { path: i.rootPath, readonly: false },
@@ -153,6 +223,12 @@ export function buildOciSpec(i: OciInputs): Record<string, unknown> {
       { destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'strictatime', 'mode=755'] },
       { destination: '/dev/pts', type: 'devpts', source: 'devpts', options: ['nosuid', 'noexec'] },
       { destination: '/dev/shm', type: 'tmpfs', source: 'shm', options: ['nosuid', 'noexec', 'nodev'] },
+      {
+        destination: '/tmp',
+        type: 'tmpfs',
+        source: 'tmp',
+        options: ['nosuid', 'nodev', 'mode=1777', `size=${tmpSizeMiB(spec.memoryMiB)}m`],
+      },
       { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] },
     ],
     linux: {
@@ -167,10 +243,21 @@ export function buildOciSpec(i: OciInputs): Record<string, unknown> {
       resources: {
         cpu: { quota: Math.max(1000, Math.round(spec.vcpus * CPU_PERIOD_US)), period: CPU_PERIOD_US },
         memory: { limit: spec.memoryMiB * 1024 * 1024 },
-        pids: { limit: spec.pidsLimit },
+        pids: { limit: hostTaskLimit(nproc) },
       },
     },
   };
+}
+
+/**
+ * The cause named by cgroup counter files (memory: `oom_kill N`; pids: `max N`), N > 0. Pure.
+ */
+export function endCauseFromCounters(memory: string, pids: string): InstanceEndCause | undefined {
+  const count = (text: string, key: string) =>
+    Math.max(0, ...[...text.matchAll(new RegExp(`^${key} (\\d+)$`, 'gm'))].map((m) => Number(m[1])));
+  if (count(memory, 'oom_kill') > 0) return 'memory';
+  if (count(pids, 'max') > 0) return 'processes';
+  return undefined;
 }
 
 /** Oldest runsc release the driver accepts (yyyymmdd): checkpoint with live TCP endpoints, systrap. */
@@ -506,6 +593,20 @@ export class GvisorDriver implements Driver {
     const info = instanceInfo(persisted, mapRunscStatus(await this.runscStatus(instanceId)));
     if (info.state === 'paused') this.#frozen.add(instanceId);
     return info;
+  }
+
+  /**
+   * Reads the instance's host cgroup counters: an OOM kill (v1 `memory.oom_control` `oom_kill`, v2
+   * `memory.events`) means memory, a refused fork (`pids.events` `max`) processes. Memory wins when
+   * both counted: a fork refused by the host makes the sentry panic, but so can an OOM.
+   */
+  async endCause(instanceId: string): Promise<InstanceEndCause | undefined> {
+    const read = (path: string) => readFile(path, 'utf8').catch(() => '');
+    const v1 = (ctl: string, file: string) => join('/sys/fs/cgroup', ctl, 'space', instanceId, file);
+    const v2 = (file: string) => join('/sys/fs/cgroup/space', instanceId, file);
+    const mem = (await read(v1('memory', 'memory.oom_control'))) + (await read(v2('memory.events')));
+    const pids = (await read(v1('pids', 'pids.events'))) + (await read(v2('pids.events')));
+    return endCauseFromCounters(mem, pids);
   }
 
   /** Memory charged to the instance's cgroup (v1 `memory.usage_in_bytes`). @throws DRIVER_FAILED. */
