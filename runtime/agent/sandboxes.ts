@@ -1102,6 +1102,8 @@ export class SandboxManager {
   async guestFailed(id: string, err: unknown): Promise<unknown> {
     if (!(err instanceof SpaceError) || err.code !== 'GUEST_UNAVAILABLE') return err;
     const sb = this.#sandboxes.get(id);
+    // already found dead (by the watchdog or an earlier call), maybe still being torn down
+    if (sb?.crashed) return new SpaceError('SANDBOX_CRASHED', sb.crashed, { sandboxId: id }, { cause: err });
     // an instance being made or destroyed by this agent is not one that stopped on its own
     if (!sb || this.#creating.has(id) || this.#tombstones.has(id) || sb.paused) return err;
     const state = (await this.#o.driver.list().catch(() => [])).find(
