@@ -135,7 +135,7 @@ export const apiSettings = {
   ),
   teamMaxStreams: setting.int(
     'SPACE_TEAM_MAX_STREAMS',
-    'Default quota: command output streams a team may hold open at once through the router (0: unlimited). Carried in session tokens.',
+    'Default quota: command output streams a team may hold open at once (0: unlimited). Declared and shown per team; not yet enforced (the router does not count streams per team yet).',
     1000,
     0,
   ),

@@ -67,7 +67,7 @@ export interface TeamQuotas {
   memoryMiB: number;
   /** Sandbox creates accepted in any 60 s window. */
   createsPerMinute: number;
-  /** Command output streams open at once through the router. */
+  /** Command output streams open at once through the router (declared; not yet enforced). */
   streams: number;
 }
 
