@@ -265,6 +265,7 @@ describe('bad input', () => {
     const key = await loadSigningKey(join(s.dir, 'key.pem'));
     const sessionA = (await s.call<{ sessionId: string }>('GET', `/v1/sandboxes/${a}`)).body.sessionId;
     const expired = await mintSessionToken(key, {
+      team: 'default',
       sandboxId: a,
       sessionId: sessionA,
       scopes: ['files'],
@@ -272,6 +273,7 @@ describe('bad input', () => {
     });
     expect(await get(grantA.url, expired.token)).toEqual([401, 'TOKEN_EXPIRED']);
     const commandsOnly = await mintSessionToken(key, {
+      team: 'default',
       sandboxId: a,
       sessionId: sessionA,
       scopes: ['commands'],
@@ -279,6 +281,7 @@ describe('bad input', () => {
     });
     expect(await get(grantA.url, commandsOnly.token)).toEqual([403, 'TOKEN_SCOPE']);
     const oldSession = await mintSessionToken(key, {
+      team: 'default',
       sandboxId: a,
       sessionId: 'ses_aaaaaaaaaaaaaaaaaaaa',
       scopes: ['files'],
@@ -287,6 +290,7 @@ describe('bad input', () => {
     expect(await get(grantA.url, oldSession.token)).toEqual([403, 'TOKEN_SCOPE']);
     await writeNewKeyPair(join(s.dir, 'other.pem'), join(s.dir, 'other.pub.pem'));
     const forged = await mintSessionToken(await loadSigningKey(join(s.dir, 'other.pem')), {
+      team: 'default',
       sandboxId: a,
       sessionId: sessionA,
       scopes: ['files'],

@@ -261,9 +261,13 @@ describe('router: refusals', () => {
     try {
       const key = await loadSigningKey(join(s.dir, 'key.pem'));
       const mint = (sandboxId: string, ttlSec: number) =>
-        mintSessionToken(key, { sandboxId, sessionId: 'ses_x', scopes: ['commands', 'files'], ttlSec }).then(
-          (t) => t.token,
-        );
+        mintSessionToken(key, {
+          team: 'default',
+          sandboxId,
+          sessionId: 'ses_x',
+          scopes: ['commands', 'files'],
+          ttlSec,
+        }).then((t) => t.token);
       const path = `${router.url}/v1/sandboxes/${tripId}/fs/stat?path=/`;
       const code = async (token: string) => {
         const r = await request(path, { headers: { authorization: `Bearer ${token}` } });

@@ -29,20 +29,9 @@ const run = promisify(execFile);
 
 export { TEST_CACHE_DIR };
 
-export interface Stack {
-  apiUrl: string;
+/** The API as one key sees it: calls, creates, commands and tokens made with that key. */
+export interface StackClient {
   apiKey: string;
-  redisUrl: string;
-  /** This stack's sandbox address pool (a /16 of its own, so concurrent test runs don't collide). */
-  pool: string;
-  api: RunningApi;
-  agent: RunningAgent;
-  /** The node's egress gateway, when the stack was started with one. */
-  gateway: RunningGateway | null;
-  /** Stops the gateway and starts it again with the same config (ports, socket, CA); throws without one. */
-  restartGateway(): Promise<void>;
-  redis: Redis;
-  dir: string;
   /** Calls the API; returns status and parsed JSON. */
   call<T = Record<string, unknown>>(
     method: string,
@@ -56,6 +45,25 @@ export interface Stack {
   exec(id: string, body: Record<string, unknown>): Promise<ExecResult>;
   /** Session token + data-plane base URL for a sandbox. */
   token(id: string, scopes?: string[]): Promise<{ url: string; token: string }>;
+}
+
+export interface Stack extends StackClient {
+  apiUrl: string;
+  /** The bootstrap key: an admin of the default team (every scope). */
+  apiKey: string;
+  /** The same calls made with another API key (another team's, or one with fewer scopes). */
+  as(apiKey: string): StackClient;
+  redisUrl: string;
+  /** This stack's sandbox address pool (a /16 of its own, so concurrent test runs don't collide). */
+  pool: string;
+  api: RunningApi;
+  agent: RunningAgent;
+  /** The node's egress gateway, when the stack was started with one. */
+  gateway: RunningGateway | null;
+  /** Stops the gateway and starts it again with the same config (ports, socket, CA); throws without one. */
+  restartGateway(): Promise<void>;
+  redis: Redis;
+  dir: string;
   /** Every instance id the agent made while the stack ran (its instance folders, polled). */
   instanceIds: Set<string>;
   /**
@@ -136,6 +144,64 @@ export interface StackGateway {
   env?: Record<string, string>;
 }
 
+/** The stack's API as key `apiKey` sees it. */
+export function clientOf(apiUrl: string, apiKey: string): StackClient {
+  const call: StackClient['call'] = async (method, path, body, headers = {}) => {
+    const res = await request(new URL(path, apiUrl), {
+      method: method as 'GET',
+      headers: {
+        authorization: `Bearer ${apiKey}`,
+        ...(body === undefined ? {} : { 'content-type': 'application/json' }),
+        ...headers,
+      },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const text = await res.body.text();
+    return { status: res.statusCode, body: (text ? JSON.parse(text) : {}) as never };
+  };
+  return {
+    apiKey,
+    call,
+    async createSandbox(body = {}) {
+      const res = await call<{ sandbox: { id: string }; operation: { id: string } }>(
+        'POST',
+        '/v1/sandboxes',
+        {
+          template: 'base',
+          ...body,
+        },
+      );
+      if (res.status !== 202) throw new Error(`create: ${res.status} ${JSON.stringify(res.body)}`);
+      for (let i = 0; i < 120; i++) {
+        const op = await call<{ state: string; error: unknown }>(
+          'GET',
+          `/v1/operations/${res.body.operation.id}?waitMs=5000`,
+        );
+        if (op.body.state === 'succeeded') return res.body.sandbox.id;
+        if (op.body.state === 'failed') throw new Error(`create failed: ${JSON.stringify(op.body.error)}`);
+      }
+      throw new Error('create did not finish');
+    },
+    async exec(id, body) {
+      const res = await call<{ command: { id: string }; stream: { url: string; token: string } }>(
+        'POST',
+        `/v1/sandboxes/${id}/commands`,
+        body,
+      );
+      if (res.status !== 201) throw new Error(`exec: ${res.status} ${JSON.stringify(res.body)}`);
+      const events = await readEvents(res.body.stream.url, res.body.stream.token);
+      return { commandId: res.body.command.id, ...collect(events) };
+    },
+    async token(id, scopes = ['commands', 'files']) {
+      const res = await call<{ url: string; token: string }>('POST', `/v1/sandboxes/${id}/tokens`, {
+        scopes,
+      });
+      if (res.status !== 201) throw new Error(`token: ${res.status} ${JSON.stringify(res.body)}`);
+      return res.body;
+    },
+  };
+}
+
 /**
  * Starts the stack. `env` overrides agent/API settings (e.g. SPACE_WARM_POOL_SIZE); with `gateway`,
  * the node also runs an egress gateway and its sandboxes' DNS/80/443 go through it.
@@ -210,23 +276,10 @@ export async function startStack(env: Record<string, string> = {}, gw?: StackGat
   const api = await startApi(loadApiConfig(base), { bootstrapKeyFile: join(dir, 'api-key') });
   const apiKey = (await readFile(join(dir, 'api-key'), 'utf8')).trim();
 
-  const call: Stack['call'] = async (method, path, body, headers = {}) => {
-    const res = await request(new URL(path, stack.apiUrl), {
-      method: method as 'GET',
-      headers: {
-        authorization: `Bearer ${apiKey}`,
-        ...(body === undefined ? {} : { 'content-type': 'application/json' }),
-        ...headers,
-      },
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-    const text = await res.body.text();
-    return { status: res.statusCode, body: (text ? JSON.parse(text) : {}) as never };
-  };
-
   const stack: Stack = {
+    ...clientOf(api.url, apiKey),
     apiUrl: api.url,
-    apiKey,
+    as: (key) => clientOf(api.url, key),
     redisUrl,
     pool,
     gateway,
@@ -234,49 +287,11 @@ export async function startStack(env: Record<string, string> = {}, gw?: StackGat
     agent,
     redis,
     dir,
-    call,
     instanceIds,
     async restartGateway() {
       if (!stack.gateway || !restart) throw new Error('this stack has no gateway');
       await stack.gateway.close('restart');
       stack.gateway = await restart();
-    },
-    async createSandbox(body = {}) {
-      const res = await call<{ sandbox: { id: string }; operation: { id: string } }>(
-        'POST',
-        '/v1/sandboxes',
-        {
-          template: 'base',
-          ...body,
-        },
-      );
-      if (res.status !== 202) throw new Error(`create: ${res.status} ${JSON.stringify(res.body)}`);
-      for (let i = 0; i < 120; i++) {
-        const op = await call<{ state: string; error: unknown }>(
-          'GET',
-          `/v1/operations/${res.body.operation.id}?waitMs=5000`,
-        );
-        if (op.body.state === 'succeeded') return res.body.sandbox.id;
-        if (op.body.state === 'failed') throw new Error(`create failed: ${JSON.stringify(op.body.error)}`);
-      }
-      throw new Error('create did not finish');
-    },
-    async exec(id, body) {
-      const res = await call<{ command: { id: string }; stream: { url: string; token: string } }>(
-        'POST',
-        `/v1/sandboxes/${id}/commands`,
-        body,
-      );
-      if (res.status !== 201) throw new Error(`exec: ${res.status} ${JSON.stringify(res.body)}`);
-      const events = await readEvents(res.body.stream.url, res.body.stream.token);
-      return { commandId: res.body.command.id, ...collect(events) };
-    },
-    async token(id, scopes = ['commands', 'files']) {
-      const res = await call<{ url: string; token: string }>('POST', `/v1/sandboxes/${id}/tokens`, {
-        scopes,
-      });
-      if (res.status !== 201) throw new Error(`token: ${res.status} ${JSON.stringify(res.body)}`);
-      return res.body;
     },
     async stop() {
       await noteInstances();

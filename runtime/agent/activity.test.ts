@@ -153,12 +153,22 @@ describe('activity metering', () => {
     const total = one.seconds.active + one.seconds.idle + one.seconds.paused;
     within(total * 1000, Date.parse(one.endedAt!) - Date.parse(one.startedAt!), 1);
 
-    const bySandbox = await queryUsage(redis, { fromMs: from, toMs: Date.now() + 1000 }, 'sandbox');
+    const bySandbox = await queryUsage(
+      redis,
+      { fromMs: from, toMs: Date.now() + 1000 },
+      'sandbox',
+      'default',
+    );
     const g1 = bySandbox.groups.find((g) => g.key === 'sbx_sum000001')!;
     for (const s of ['active', 'idle', 'paused'] as const) within(g1.seconds[s], one.seconds[s], 0.002);
-    const byTemplate = await queryUsage(redis, { fromMs: from, toMs: Date.now() + 1000 }, 'template');
+    const byTemplate = await queryUsage(
+      redis,
+      { fromMs: from, toMs: Date.now() + 1000 },
+      'template',
+      'default',
+    );
     expect(byTemplate.groups.map((g) => g.key)).toEqual(['base', 'py']);
-    const byKey = await queryUsage(redis, { fromMs: from, toMs: Date.now() + 1000 }, 'apiKey');
+    const byKey = await queryUsage(redis, { fromMs: from, toMs: Date.now() + 1000 }, 'apiKey', 'default');
     expect(byKey.groups.map((g) => g.key)).toEqual(['alpha']);
     within(byKey.total.seconds.active, byTemplate.total.seconds.active, 0.002);
     // sandbox 2 is still open: its current interval counts up to the query
@@ -186,11 +196,11 @@ describe('activity metering', () => {
   });
 
   it('a usage query refuses an empty or too long range', async () => {
-    await expect(queryUsage(redis, { fromMs: 2_000_000, toMs: 1_000_000 }, 'sandbox')).rejects.toThrow(
-      /after/,
-    );
-    await expect(queryUsage(redis, { fromMs: 0, toMs: 40 * 86_400_000 }, 'sandbox')).rejects.toThrow(
-      /31 days/,
-    );
+    await expect(
+      queryUsage(redis, { fromMs: 2_000_000, toMs: 1_000_000 }, 'sandbox', 'default'),
+    ).rejects.toThrow(/after/);
+    await expect(
+      queryUsage(redis, { fromMs: 0, toMs: 40 * 86_400_000 }, 'sandbox', 'default'),
+    ).rejects.toThrow(/31 days/);
   });
 });

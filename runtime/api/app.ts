@@ -13,8 +13,10 @@ import { acceptEmptyBodies, installErrorHandlers } from '../core/http-errors.ts'
 import type { SigningKey } from '../core/tokens.ts';
 import { installValidators } from '../core/validation.ts';
 import { AgentClient } from './agent-client.ts';
-import { authenticate } from './api-keys.ts';
-import type { ApiConfig } from './config.ts';
+import { ApiKeyStore } from './api-keys.ts';
+import { AuditLog } from './audit.ts';
+import { installAuth } from './auth.ts';
+import { type ApiConfig, defaultQuotas } from './config.ts';
 import { CredentialStore } from './credential-store.ts';
 import { e2bRoutes } from './e2b/routes.ts';
 import { lifecycleHandlers } from './lifecycle.ts';
@@ -24,21 +26,18 @@ import { OperationStore, OperationWaiter, OperationWorker } from './operations.t
 import { Reaper } from './reaper.ts';
 import { Reconciler } from './reconciler.ts';
 import { type ScriptedRedis, withScripts } from './redis-scripts.ts';
+import { auditRoutes } from './routes/audit.ts';
 import { commandRoutes } from './routes/commands.ts';
 import { credentialRoutes } from './routes/credentials.ts';
+import { keyRoutes } from './routes/keys.ts';
 import { nodeRoutes } from './routes/nodes.ts';
 import { operationRoutes } from './routes/operations.ts';
 import { sandboxRoutes } from './routes/sandboxes.ts';
+import { teamRoutes } from './routes/teams.ts';
 import { usageRoutes } from './routes/usage.ts';
 import { type SandboxRecord, SandboxStore } from './sandbox-store.ts';
 import { ErrorSchema, OperationSchema, SandboxSchema } from './schemas.ts';
-
-declare module 'fastify' {
-  interface FastifyRequest {
-    /** Name of the API key that authenticated the request. */
-    apiKeyName?: string;
-  }
-}
+import { TeamStore } from './teams.ts';
 
 /** Everything handlers use; built once per process by {@link createApiDeps}. */
 export interface ApiDeps {
@@ -52,11 +51,17 @@ export interface ApiDeps {
   nodes: NodeStore;
   agents: AgentClient;
   credentials: CredentialStore;
+  apiKeys: ApiKeyStore;
+  teams: TeamStore;
+  audit: AuditLog;
   metrics: ApiMetrics;
   /** Templates ready on some alive node. */
   templates(): Promise<Set<string>>;
-  /** The sandbox record or SANDBOX_NOT_FOUND. */
-  requireSandbox(id: string): Promise<SandboxRecord>;
+  /**
+   * Sandbox `id` of team `team`, or SANDBOX_NOT_FOUND — also when it is another team's (the
+   * answer never says that it exists).
+   */
+  requireSandbox(id: string, team: string): Promise<SandboxRecord>;
 }
 
 /** Builds the deps from config, a Redis connection, a second one for pub/sub, and the signing key. */
@@ -82,18 +87,23 @@ export function createApiDeps(o: {
     nodes,
     agents: new AgentClient(o.signingKey, o.config.dispatchTimeoutMs),
     credentials: new CredentialStore(redis),
+    apiKeys: new ApiKeyStore(redis),
+    teams: new TeamStore(redis, defaultQuotas(o.config)),
+    audit: new AuditLog(redis, o.log.child({ component: 'audit' }), {
+      retentionSec: o.config.auditRetentionSec,
+      maxEntries: o.config.auditMaxEntries,
+    }),
     metrics: createApiMetrics(),
     templates: async () => readyTemplates(await nodes.list()),
-    async requireSandbox(id) {
+    async requireSandbox(id, team) {
       const rec = await sandboxes.get(id);
-      if (!rec) throw new SpaceError('SANDBOX_NOT_FOUND', `no sandbox ${id}`, { sandboxId: id });
+      if (!rec || rec.team !== team) {
+        throw new SpaceError('SANDBOX_NOT_FOUND', `no sandbox ${id}`, { sandboxId: id });
+      }
       return rec;
     },
   };
 }
-
-/** Routes that need no API key. */
-const PUBLIC_ROUTES = new Set(['/healthz', '/readyz', '/metrics', '/openapi.json']);
 
 /** The Fastify app (not listening). */
 export async function buildApp(
@@ -123,21 +133,18 @@ export async function buildApp(
   app.addSchema(OperationSchema);
   app.addSchema(ErrorSchema);
 
-  app.addHook('onRequest', async (req) => {
-    const path = req.url.split('?')[0] ?? '';
-    if (PUBLIC_ROUTES.has(path)) return;
-    // E2B routes authenticate with X-API-KEY in their own hook (e2b/routes.ts)
-    if (req.routeOptions.config.e2b) return;
-    req.apiKeyName = await authenticate(deps.redis, req.headers.authorization);
-  });
+  // keys and scopes on every route but the public ones; E2B routes authenticate with X-API-KEY in
+  // their own hook (e2b/routes.ts); every mutating call is audited
+  const auth = installAuth(app, deps);
   app.addHook('onResponse', async (req, reply) => {
     const route = req.routeOptions.url ?? 'unmatched';
     deps.metrics.requests.inc({ method: req.method, route, status: String(reply.statusCode) });
     deps.metrics.requestDuration.observe({ method: req.method, route }, reply.elapsedTime / 1000);
   });
 
-  app.get('/healthz', { schema: { hide: true } }, async () => ({ ok: true }));
-  app.get('/readyz', { schema: { hide: true } }, async (_req, reply) => {
+  const open = { schema: { hide: true }, config: { public: true } };
+  app.get('/healthz', open, async () => ({ ok: true }));
+  app.get('/readyz', open, async (_req, reply) => {
     try {
       await deps.redis.ping();
       return { ok: true };
@@ -145,10 +152,10 @@ export async function buildApp(
       return reply.status(503).send(new SpaceError('INTERNAL', 'redis is not reachable').toBody());
     }
   });
-  app.get('/metrics', { schema: { hide: true } }, async (_req, reply) =>
+  app.get('/metrics', open, async (_req, reply) =>
     reply.type(deps.metrics.registry.contentType).send(await deps.metrics.registry.metrics()),
   );
-  app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
+  app.get('/openapi.json', open, async () => app.swagger());
 
   await app.register(sandboxRoutes(deps));
   await app.register(operationRoutes(deps));
@@ -156,7 +163,11 @@ export async function buildApp(
   await app.register(nodeRoutes(deps));
   await app.register(credentialRoutes(deps));
   await app.register(usageRoutes(deps));
+  await app.register(keyRoutes(deps));
+  await app.register(teamRoutes(deps));
+  await app.register(auditRoutes(deps));
   await app.register(e2bRoutes(deps));
+  auth.check();
   return app;
 }
 

@@ -1,5 +1,6 @@
 /** Settings of the control-plane API (env names, defaults with units, docs). */
 import { ConfigError, type ConfigOf, loadConfig, setting } from '../core/config.ts';
+import type { TeamQuotas } from '../core/tenancy.ts';
 
 export const apiSettings = {
   host: setting.string('SPACE_API_HOST', 'Address the API listens on.', '127.0.0.1'),
@@ -108,7 +109,66 @@ export const apiSettings = {
     500,
     50,
   ),
+  teamMaxSandboxes: setting.int(
+    'SPACE_TEAM_MAX_SANDBOXES',
+    'Default quota: sandboxes a team may hold at once (every state but killed; 0: unlimited). Per-team overrides: `PATCH /v1/teams/:id`.',
+    200,
+    0,
+  ),
+  teamMaxVcpus: setting.int(
+    'SPACE_TEAM_MAX_VCPUS',
+    'Default quota: vCPUs a team’s sandboxes may reserve at once (0: unlimited).',
+    400,
+    0,
+  ),
+  teamMaxMemoryMiB: setting.int(
+    'SPACE_TEAM_MAX_MEMORY_MIB',
+    'Default quota: memory a team’s sandboxes may reserve at once, MiB (0: unlimited; 800 GiB).',
+    819_200,
+    0,
+  ),
+  teamCreatesPerMinute: setting.int(
+    'SPACE_TEAM_CREATES_PER_MINUTE',
+    'Default rate limit: sandbox creates a team may make in any 60 s window (0: unlimited).',
+    600,
+    0,
+  ),
+  teamMaxStreams: setting.int(
+    'SPACE_TEAM_MAX_STREAMS',
+    'Default quota: command output streams a team may hold open at once (0: unlimited). Declared and shown per team; not yet enforced (the router does not count streams per team yet).',
+    1000,
+    0,
+  ),
+  keyRotationOverlapSec: setting.int(
+    'SPACE_KEY_ROTATION_OVERLAP_SEC',
+    'How long a rotated API key keeps working beside its successor when the rotation names no overlap, s (1 h).',
+    3600,
+    0,
+  ),
+  auditRetentionSec: setting.int(
+    'SPACE_AUDIT_RETENTION_SEC',
+    'How long audit entries are kept, s (90 days).',
+    7_776_000,
+    60,
+  ),
+  auditMaxEntries: setting.int(
+    'SPACE_AUDIT_MAX_ENTRIES',
+    'Most audit entries kept per team (older ones are trimmed first).',
+    100_000,
+    100,
+  ),
 };
+
+/** The default quotas of a team (config), as {@link TeamQuotas}. Pure. */
+export function defaultQuotas(c: ApiConfig): TeamQuotas {
+  return {
+    sandboxes: c.teamMaxSandboxes,
+    vcpus: c.teamMaxVcpus,
+    memoryMiB: c.teamMaxMemoryMiB,
+    createsPerMinute: c.teamCreatesPerMinute,
+    streams: c.teamMaxStreams,
+  };
+}
 
 export type ApiConfig = ConfigOf<typeof apiSettings>;
 

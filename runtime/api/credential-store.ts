@@ -1,8 +1,11 @@
 /**
- * Credentials operators register for outside services (name, target domains, how to apply the
+ * Credentials a team registers for outside services (name, target domains, how to apply the
  * value). Values are write-only: stored for the gateway, never returned by the API, never put in a
  * sandbox. A sandbox created with credential names gets, per credential, a placeholder token in
  * its environment; the node's gateway swaps that placeholder for the value on the way out.
+ *
+ * Credentials belong to a team: every method takes the caller's team, and a sandbox can only be
+ * granted its own team's credentials (another team's name reads as CREDENTIAL_NOT_FOUND).
  */
 
 import { randomBytes } from 'node:crypto';
@@ -18,6 +21,7 @@ import {
 import type { EgressPolicy } from '../core/egress.ts';
 import { SpaceError } from '../core/errors.ts';
 import { keys } from '../core/redis-keys.ts';
+import { DEFAULT_TEAM } from '../core/tenancy.ts';
 
 /** A credential as the API shows it (no value). */
 export interface CredentialView {
@@ -55,6 +59,8 @@ export interface SandboxGrant {
   domains: string[];
   /** The credential's generation when granted (absent in records written before generations). */
   generation?: string;
+  /** The credential's team (absent in records written before teams: the default team). */
+  team?: string;
 }
 
 /**
@@ -79,11 +85,11 @@ export class CredentialStore {
   }
 
   /**
-   * Registers or replaces (rotates) `name`. A replacement keeps the generation, so sandboxes granted
+   * Registers or replaces (rotates) team `team`'s credential `name`. A replacement keeps the generation, so sandboxes granted
    * it get the new value from their gateway within its cache time; a delete ends the generation.
    * Throws BAD_REQUEST for bad domains/header/format/value/methods/paths (every problem at once).
    */
-  async put(name: string, input: CredentialInput): Promise<CredentialView> {
+  async put(team: string, name: string, input: CredentialInput): Promise<CredentialView> {
     const header = (input.header ?? 'authorization').toLowerCase();
     const format = input.format ?? 'Bearer {value}';
     const problems = [...valueProblems(format, input.value), ...limitProblems(input.methods, input.paths)];
@@ -99,7 +105,7 @@ export class CredentialStore {
       { name, placeholder: mintPlaceholder(), domains: input.domains, header, format },
     ]);
     const now = String(Date.now());
-    const key = keys.credential(name);
+    const key = keys.credential(team, name);
     const [createdAt, generation] = await this.#redis.hmget(key, 'createdAt', 'generation');
     const fields: Record<string, string> = {
       name,
@@ -118,13 +124,14 @@ export class CredentialStore {
       .multi()
       .hdel(key, 'methods', 'paths')
       .hset(key, fields)
-      .sadd(keys.credentialIndex(), name)
+      .sadd(keys.credentialIndex(team), name)
       .exec();
-    return (await this.view(name))!;
+    return (await this.view(team, name))!;
   }
 
-  async view(name: string): Promise<CredentialView | null> {
-    const h = await this.#redis.hgetall(keys.credential(name));
+  /** Team `team`'s credential `name` without its value, or null. */
+  async view(team: string, name: string): Promise<CredentialView | null> {
+    const h = await this.#redis.hgetall(keys.credential(team, name));
     if (!h.name) return null;
     return {
       name: h.name,
@@ -139,23 +146,30 @@ export class CredentialStore {
     };
   }
 
-  async list(): Promise<CredentialView[]> {
-    const names = (await this.#redis.smembers(keys.credentialIndex())).sort();
-    return (await Promise.all(names.map((n) => this.view(n)))).filter((v): v is CredentialView => v !== null);
+  /** Team `team`'s credentials by name, without values. */
+  async list(team: string): Promise<CredentialView[]> {
+    const names = (await this.#redis.smembers(keys.credentialIndex(team))).sort();
+    return (await Promise.all(names.map((n) => this.view(team, n)))).filter(
+      (v): v is CredentialView => v !== null,
+    );
   }
 
-  async remove(name: string): Promise<boolean> {
+  /** Deletes team `team`'s credential `name`; false when it had none by that name. */
+  async remove(team: string, name: string): Promise<boolean> {
     const [[, n]] = (await this.#redis
       .multi()
-      .del(keys.credential(name))
-      .srem(keys.credentialIndex(), name)
+      .del(keys.credential(team, name))
+      .srem(keys.credentialIndex(team), name)
       .exec()) as [[unknown, number]];
     return n === 1;
   }
 
-  /** Mints one placeholder per named credential. Throws CREDENTIAL_NOT_FOUND naming every unknown one. */
-  async grant(names: readonly string[]): Promise<SandboxGrant[]> {
-    const hashes = await Promise.all(names.map((n) => this.#redis.hgetall(keys.credential(n))));
+  /**
+   * Mints one placeholder per named credential of team `team` (only that team's are looked at).
+   * Throws CREDENTIAL_NOT_FOUND naming every unknown one.
+   */
+  async grant(team: string, names: readonly string[]): Promise<SandboxGrant[]> {
+    const hashes = await Promise.all(names.map((n) => this.#redis.hgetall(keys.credential(team, n))));
     const missing = names.filter((_, i) => !hashes[i]!.name);
     if (missing.length > 0) {
       throw new SpaceError('CREDENTIAL_NOT_FOUND', `no credential named ${missing.join(', ')}`, { missing });
@@ -166,6 +180,7 @@ export class CredentialStore {
       envVar: h.envVar ?? defaultEnvVar(h.name!),
       domains: JSON.parse(h.domains ?? '[]') as string[],
       ...(h.generation ? { generation: h.generation } : {}),
+      ...(team === DEFAULT_TEAM ? {} : { team }),
     }));
   }
 
@@ -176,7 +191,9 @@ export class CredentialStore {
   async resolve(grants: readonly SandboxGrant[]): Promise<CredentialGrant[]> {
     const out: CredentialGrant[] = [];
     for (const g of grants) {
-      const c = credentialFromHash(await this.#redis.hgetall(keys.credential(g.name)));
+      const c = credentialFromHash(
+        await this.#redis.hgetall(keys.credential(g.team ?? DEFAULT_TEAM, g.name)),
+      );
       if (!c || (g.generation !== undefined && c.generation !== g.generation)) continue;
       out.push({
         name: g.name,
@@ -185,6 +202,7 @@ export class CredentialStore {
         header: c.header,
         format: c.format,
         generation: c.generation,
+        ...(g.team ? { team: g.team } : {}),
       });
     }
     return out;

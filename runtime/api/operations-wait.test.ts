@@ -21,7 +21,7 @@ afterEach(() => {
 describe('operation long-poll', () => {
   it('the cap is 60 s: a wait asked for 10 minutes answers the still-running operation at 60 s, not before', async () => {
     expect(MAX_WAIT_MS).toBe(60_000);
-    const op = await store.enqueue('sandbox.create', 'sbx_x');
+    const op = await store.enqueue('sandbox.create', 'sbx_x', {}, 'default');
     await waiter.wait(op.id, 0); // subscribed before the clock is faked
     vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout', 'Date'] });
     let answer: unknown;
@@ -36,7 +36,7 @@ describe('operation long-poll', () => {
   });
 
   it('a change of state wakes a waiter at once', async () => {
-    const op = await store.enqueue('sandbox.create', 'sbx_y');
+    const op = await store.enqueue('sandbox.create', 'sbx_y', {}, 'default');
     const p = waiter.wait(op.id, MAX_WAIT_MS);
     await new Promise((r) => setTimeout(r, 50));
     const run = await store.start(op.id, 'test-worker');

@@ -36,7 +36,7 @@ function worker(handler: OperationHandler, reclaimIdleMs: number): OperationWork
 
 describe('operations end once', () => {
   it('f3-finished-never-changes: a finished operation keeps its first outcome', async () => {
-    const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaaa');
+    const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaaa', {}, 'default');
     const run = await store.start(op.id, 'w1');
     expect(run).toBe(1);
     expect(await store.finish(op.id, run!, 'succeeded')).toBe(true);
@@ -46,7 +46,7 @@ describe('operations end once', () => {
   });
 
   it('f3-fenced-run: a run that was taken over cannot decide the outcome', async () => {
-    const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaab');
+    const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaab', {}, 'default');
     const first = await store.start(op.id, 'w1');
     const second = await store.start(op.id, 'w2');
     expect(second).toBe(first! + 1);
@@ -69,7 +69,7 @@ describe('operations end once', () => {
     // idle time far below how long the handler takes: without lease renewal the entry is reclaimed
     const a = worker(slow, 300);
     await a.start();
-    const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaac');
+    const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaac', {}, 'default');
     for (let i = 0; i < 100 && runs === 0; i++) await sleep(20);
     expect(runs).toBe(1);
     const b = worker(slow, 300);
@@ -84,7 +84,7 @@ describe('operations end once', () => {
 
   it('reclaims the operation of a worker that died holding it', async () => {
     await redis.xgroup('CREATE', keys.operationQueue(), OPERATION_GROUP, '0', 'MKSTREAM');
-    const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaad');
+    const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaad', {}, 'default');
     // a worker that read the entry, started a run and died: nobody renews its claim
     await redis.xreadgroup(
       'GROUP',

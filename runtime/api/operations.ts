@@ -32,6 +32,11 @@ export const MAX_WAIT_MS = 60_000;
 export interface OperationRecord extends Operation {
   /** Handler arguments (e.g. the kill reason), JSON in Redis. */
   args: Record<string, string>;
+  /**
+   * Team owning the operation's sandbox, copied when the operation is written; null for
+   * operations written before teams (their target sandbox's team then decides).
+   */
+  team: string | null;
 }
 
 const iso = (ms: string | undefined) => new Date(Number(ms ?? 0)).toISOString();
@@ -47,12 +52,13 @@ function fromHash(h: Record<string, string>): OperationRecord | null {
     createdAt: iso(h.createdAt),
     updatedAt: iso(h.updatedAt),
     args: JSON.parse(h.args ?? '{}') as Record<string, string>,
+    team: h.team || null,
   };
 }
 
 /** Public JSON of an operation. */
 export function operationToPublic(op: OperationRecord): Operation {
-  const { args: _args, ...pub } = op;
+  const { args: _args, team: _team, ...pub } = op;
   return pub;
 }
 
@@ -62,11 +68,12 @@ export class OperationStore {
     this.redis = withScripts(redis);
   }
 
-  /** Writes a pending operation and queues it, atomically. */
+  /** Writes a pending operation of team `team` (its target's) and queues it, atomically. */
   async enqueue(
     kind: OperationKind,
     target: string,
-    args: Record<string, string> = {},
+    args: Record<string, string>,
+    team: string,
   ): Promise<OperationRecord> {
     const id = newId('op');
     const now = String(Date.now());
@@ -80,6 +87,7 @@ export class OperationStore {
         args: JSON.stringify(args),
         createdAt: now,
         updatedAt: now,
+        team,
       })
       .xadd(keys.operationQueue(), '*', 'id', id)
       .exec();

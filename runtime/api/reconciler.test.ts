@@ -4,6 +4,7 @@ import pino from 'pino';
 import { afterAll, beforeEach, describe, expect, inject, it } from 'vitest';
 import { normalisePolicy } from '../core/egress.ts';
 import { keys } from '../core/redis-keys.ts';
+import { UNLIMITED_QUOTAS } from '../core/tenancy.ts';
 import { OperationStore } from './operations.ts';
 import { NODE_LOST_GRACE_MS, Reconciler } from './reconciler.ts';
 import { withScripts } from './redis-scripts.ts';
@@ -46,7 +47,9 @@ async function runningOn(node: string, id: string, at: number) {
       sessionId: 'ses_aaaaaaaaaaaaaaaaaaaa',
       egress: normalisePolicy(undefined),
       grants: [],
+      team: 'default',
     },
+    UNLIMITED_QUOTAS,
     at,
   );
   await sandboxes.place(rec);

@@ -17,6 +17,7 @@
 import type { Logger } from 'pino';
 import { F } from '../core/log-fields.ts';
 import { keys } from '../core/redis-keys.ts';
+import { DEFAULT_TEAM } from '../core/tenancy.ts';
 import type { OperationStore } from './operations.ts';
 import type { SandboxStore } from './sandbox-store.ts';
 
@@ -57,10 +58,10 @@ export class Reconciler {
    */
   async #queueDelete(id: string, reason: string): Promise<boolean> {
     const redis = this.#sandboxes.redis;
-    const prior = await redis.hget(keys.sandbox(id), 'deleteOperationId');
+    const [prior, team] = await redis.hmget(keys.sandbox(id), 'deleteOperationId', 'team');
     const op = prior ? await this.#operations.get(prior) : null;
     if (op && (op.state === 'pending' || op.state === 'running')) return false;
-    const queued = await this.#operations.enqueue('sandbox.delete', id, { reason });
+    const queued = await this.#operations.enqueue('sandbox.delete', id, { reason }, team || DEFAULT_TEAM);
     await redis.hset(keys.sandbox(id), 'deleteOperationId', queued.id);
     return true;
   }

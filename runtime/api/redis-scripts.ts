@@ -20,6 +20,13 @@ export interface SpaceScripts {
     hibernateStore: string,
   ): Promise<[string, number | string]>;
   spaceRelease(sandboxKey: string, prefix: string): Promise<number>;
+  spaceAdmit(
+    sandboxKey: string,
+    indexKey: string,
+    teamReservedKey: string,
+    teamCreatesKey: string,
+    ...argv: string[]
+  ): Promise<[1] | [0, string, number, number]>;
   spaceExpire(
     deadlinesKey: string,
     queueKey: string,
@@ -55,6 +62,7 @@ export function withScripts(redis: Redis): ScriptedRedis {
   if (typeof r.spaceTransition === 'function') return r;
   redis.defineCommand('spaceTransition', { numberOfKeys: 2, lua: src('transition') });
   redis.defineCommand('spacePlace', { numberOfKeys: 2, lua: src('place') });
+  redis.defineCommand('spaceAdmit', { numberOfKeys: 4, lua: src('admit') });
   redis.defineCommand('spaceRelease', { numberOfKeys: 1, lua: src('release') });
   redis.defineCommand('spaceExpire', { numberOfKeys: 2, lua: src('expire') });
   redis.defineCommand('spaceExtend', { numberOfKeys: 2, lua: src('extend') });

@@ -1,9 +1,11 @@
 /** SandboxStore against a real Redis: pagination, filters, transitions, placement and expiry scripts. */
+
 import { Redis } from 'ioredis';
 import { afterAll, beforeEach, describe, expect, inject, it } from 'vitest';
 import { normalisePolicy } from '../core/egress.ts';
 import { newSandboxId } from '../core/ids.ts';
 import { KEY_PREFIX, keys } from '../core/redis-keys.ts';
+import { UNLIMITED_QUOTAS } from '../core/tenancy.ts';
 import { withScripts } from './redis-scripts.ts';
 import { SandboxStore } from './sandbox-store.ts';
 
@@ -27,7 +29,9 @@ const make = (id: string, now: number, metadata: Record<string, string> = {}) =>
       sessionId: 'ses_aaaaaaaaaaaaaaaaaaaa',
       egress: normalisePolicy(undefined),
       grants: [],
+      team: 'default',
     },
+    UNLIMITED_QUOTAS,
     now,
   );
 
@@ -62,7 +66,7 @@ describe('SandboxStore', () => {
     const seen: string[] = [];
     let cursor: string | undefined;
     for (let guard = 0; guard < 10; guard++) {
-      const page = await store.list({ limit: 10, cursor });
+      const page = await store.list({ limit: 10, cursor, team: 'default' });
       seen.push(...page.sandboxes.map((s) => s.id));
       if (!page.nextCursor) break;
       cursor = page.nextCursor;
@@ -73,9 +77,12 @@ describe('SandboxStore', () => {
     expect(created.map((i) => Math.floor(i / 3))).toEqual(
       [...created.map((i) => Math.floor(i / 3))].sort((a, b) => b - a),
     );
-    const even = await store.list({ limit: 100, metadata: { team: 'even' } });
+    const even = await store.list({ limit: 100, metadata: { team: 'even' }, team: 'default' });
     expect(even.sandboxes.length).toBe(13);
-    expect(await store.list({ limit: 100, state: ['running'] })).toEqual({ sandboxes: [], nextCursor: null });
+    expect(await store.list({ limit: 100, state: ['running'], team: 'default' })).toEqual({
+      sandboxes: [],
+      nextCursor: null,
+    });
   });
 
   it('allows only the transitions of the lifecycle table', async () => {

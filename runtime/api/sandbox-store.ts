@@ -8,6 +8,7 @@ import { acceptingDrivers } from '../core/drivers.ts';
 import type { EgressPolicy } from '../core/egress.ts';
 import { SpaceError } from '../core/errors.ts';
 import { KEY_PREFIX, KILLED_SANDBOX_TTL_SEC, keys } from '../core/redis-keys.ts';
+import { DEFAULT_TEAM, type TeamQuotas } from '../core/tenancy.ts';
 import {
   describeKillReason,
   type KillReason,
@@ -28,8 +29,10 @@ export interface SandboxRecord extends Omit<Sandbox, 'credentials'> {
   egress: EgressPolicy;
   /** Credentials granted (placeholders only). */
   grants: SandboxGrant[];
-  /** Name of the API key that created it ('' for records made before keys were recorded). */
+  /** Id of the API key that created it (its name for records made before teams; '' before keys were recorded). */
   apiKey: string;
+  /** Team that owns it ({@link DEFAULT_TEAM} for records made before teams). */
+  team: string;
   /** Where a hibernated sandbox's snapshot is (null unless hibernated). */
   hibernation: { store: string; path: string } | null;
 }
@@ -48,8 +51,17 @@ export interface NewSandbox {
   grants: SandboxGrant[];
   /** Idle seconds before auto-pause (0 or absent: never). */
   autoPauseSec?: number;
-  /** Name of the API key that asked for it. */
+  /** Id of the API key that asked for it. */
   apiKey?: string;
+  /** Team that owns it. */
+  team: string;
+}
+
+/** A refused admission: which quota, its limit and what the team holds now (admit.lua). */
+export interface QuotaRefusal {
+  quota: 'sandboxes' | 'vcpus' | 'memoryMiB' | 'createsPerMinute';
+  limit: number;
+  current: number;
 }
 
 const iso = (ms: string | number | undefined) =>
@@ -76,6 +88,7 @@ function fromHash(h: Record<string, string>): SandboxRecord | null {
           }
         : null,
     apiKey: h.apiKey ?? '',
+    team: h.team || DEFAULT_TEAM,
     hibernation: h.hibernateStore ? { store: h.hibernateStore, path: h.hibernatePath ?? '' } : null,
     metadata: JSON.parse(h.metadata ?? '{}') as Record<string, string>,
     env: JSON.parse(h.env ?? '{}') as Record<string, string>,
@@ -100,12 +113,38 @@ function fromHash(h: Record<string, string>): SandboxRecord | null {
 
 /** The public JSON of a record (drops env and internal fields). */
 export function toPublic(r: SandboxRecord): Sandbox {
-  const { env: _env, expiresAtMs: _deadline, grants, apiKey: _key, hibernation: _h, ...pub } = r;
+  const { env: _env, expiresAtMs: _deadline, grants, apiKey: _key, team: _team, hibernation: _h, ...pub } = r;
   return { ...pub, credentials: grants.map((g) => ({ name: g.name, envVar: g.envVar })) };
 }
 
 /** Result of a transition attempt. */
 export type TransitionResult = { ok: true } | { ok: false; current: SandboxState | null };
+
+/** The error of a refused admission: creates per minute are a rate (429), the rest quotas (403). Pure. */
+export function quotaError(team: string, r: QuotaRefusal): SpaceError {
+  const vcpus = r.quota === 'vcpus';
+  const details = {
+    team,
+    quota: r.quota,
+    limit: vcpus ? r.limit / 1000 : r.limit,
+    current: vcpus ? r.current / 1000 : r.current,
+  };
+  if (r.quota === 'createsPerMinute') {
+    return new SpaceError(
+      'RATE_LIMITED',
+      `team ${team} created ${r.limit} sandboxes in the last minute (its limit)`,
+      {
+        ...details,
+        retryAfterSec: 60,
+      },
+    );
+  }
+  return new SpaceError(
+    'QUOTA_EXCEEDED',
+    `team ${team} is at its ${r.quota} quota (${details.limit}; it holds ${details.current})`,
+    details,
+  );
+}
 
 export class SandboxStore {
   readonly redis: ScriptedRedis;
@@ -113,33 +152,64 @@ export class SandboxStore {
     this.redis = redis;
   }
 
-  /** Writes a new sandbox in state `creating` and indexes it. */
-  async create(s: NewSandbox, now = Date.now()): Promise<SandboxRecord> {
-    await this.redis
-      .multi()
-      .hset(keys.sandbox(s.id), {
-        id: s.id,
-        template: s.template,
-        state: 'creating',
-        vcpus: String(s.vcpus),
-        memoryMiB: String(s.memoryMiB),
-        timeoutSec: String(s.timeoutSec),
-        autoPauseSec: String(s.autoPauseSec ?? 0),
-        apiKey: s.apiKey ?? '',
-        metadata: JSON.stringify(s.metadata),
-        env: JSON.stringify(s.env),
-        sessionId: s.sessionId,
-        egress: JSON.stringify(s.egress),
-        grants: JSON.stringify(s.grants),
-        nodeId: '',
-        fromWarmPool: '0',
-        createdAt: String(now),
-        updatedAt: String(now),
-        expiresAtMs: String(now + s.timeoutSec * 1000),
-      })
-      .zadd(keys.sandboxIndex(), now, s.id)
-      .exec();
+  /**
+   * Admits a new sandbox against its team's `quotas` and writes it in state `creating`, indexed, in
+   * one atomic step (admit.lua): a refusal writes nothing.
+   * @throws SpaceError QUOTA_EXCEEDED (sandboxes, vCPUs, memory) or RATE_LIMITED (creates per
+   *   minute), with `quota`, `limit` and `current` in details (vCPUs in vCPUs, memory in MiB).
+   */
+  async create(s: NewSandbox, quotas: TeamQuotas, now = Date.now()): Promise<SandboxRecord> {
+    const fields: Record<string, string> = {
+      id: s.id,
+      template: s.template,
+      state: 'creating',
+      vcpus: String(s.vcpus),
+      memoryMiB: String(s.memoryMiB),
+      timeoutSec: String(s.timeoutSec),
+      autoPauseSec: String(s.autoPauseSec ?? 0),
+      apiKey: s.apiKey ?? '',
+      metadata: JSON.stringify(s.metadata),
+      env: JSON.stringify(s.env),
+      sessionId: s.sessionId,
+      egress: JSON.stringify(s.egress),
+      grants: JSON.stringify(s.grants),
+      nodeId: '',
+      fromWarmPool: '0',
+      createdAt: String(now),
+      updatedAt: String(now),
+      expiresAtMs: String(now + s.timeoutSec * 1000),
+      team: s.team,
+    };
+    const cpuMilli = Math.round(s.vcpus * 1000);
+    const res = await this.redis.spaceAdmit(
+      keys.sandbox(s.id),
+      keys.sandboxIndex(),
+      keys.teamUsage(s.team),
+      keys.teamCreates(s.team),
+      String(now),
+      s.id,
+      String(quotas.sandboxes),
+      String(quotas.vcpus * 1000),
+      String(quotas.memoryMiB),
+      String(quotas.createsPerMinute),
+      String(cpuMilli),
+      String(s.memoryMiB),
+      ...Object.entries(fields).flat(),
+    );
+    if (res[0] === 0)
+      throw quotaError(s.team, { quota: res[1], limit: res[2], current: res[3] } as QuotaRefusal);
     return (await this.get(s.id))!;
+  }
+
+  /** What team `team`'s live sandboxes reserve now (counted by admit.lua and transition.lua). */
+  async reserved(team: string): Promise<{ sandboxes: number; vcpus: number; memoryMiB: number }> {
+    const [n, cpu, mem] = await this.redis.hmget(
+      keys.teamUsage(team),
+      'sandboxes',
+      'vcpusMilli',
+      'memoryMiB',
+    );
+    return { sandboxes: Number(n ?? 0), vcpus: Number(cpu ?? 0) / 1000, memoryMiB: Number(mem ?? 0) };
   }
 
   /** The record, or null when unknown (or expired from Redis after being killed). */
@@ -156,6 +226,8 @@ export class SandboxStore {
     cursor?: string;
     state?: SandboxState[];
     metadata?: Record<string, string>;
+    /** Only this team's sandboxes. */
+    team: string;
   }): Promise<{ sandboxes: SandboxRecord[]; nextCursor: string | null }> {
     const out: SandboxRecord[] = [];
     let max = '+inf';
@@ -199,6 +271,7 @@ export class SandboxStore {
           await this.redis.zrem(keys.sandboxIndex(), id); // record expired: prune the index lazily
           continue;
         }
+        if (rec.team !== opts.team) continue;
         if (opts.state && !opts.state.includes(rec.state)) continue;
         if (opts.metadata && !Object.entries(opts.metadata).every(([k, v]) => rec.metadata[k] === v))
           continue;

@@ -5,6 +5,7 @@
 import { readFile } from 'node:fs/promises';
 import { Redis } from 'ioredis';
 import { createLogger } from '../core/log-fields.ts';
+import { DEFAULT_TEAM } from '../core/tenancy.ts';
 import { loadSigningKey } from '../core/tokens.ts';
 import { bootstrapApiKeyFile } from './api-keys.ts';
 import { buildApp, createApiDeps, createApiRuntime } from './app.ts';
@@ -17,8 +18,9 @@ export interface RunningApi {
 }
 
 /**
- * Starts the API. With `bootstrapKeyFile`, a first API key is created and written there (0600)
- * unless that file exists.
+ * Starts the API: makes the default team if missing and migrates API keys from before teams into
+ * it. With `bootstrapKeyFile`, a first API key (an admin of the default team: every scope) is
+ * created and written there (0600) unless that file exists.
  */
 export async function startApi(
   config: ApiConfig,
@@ -34,8 +36,12 @@ export async function startApi(
     subscriber: redis.duplicate(),
     signingKey: await loadSigningKey(config.signingKeyFile),
   });
-  if (opts.bootstrapKeyFile && (await bootstrapApiKeyFile(redis, opts.bootstrapKeyFile))) {
-    log.info({ file: opts.bootstrapKeyFile }, 'api key created');
+  // the default team owns everything made before teams; keys from then join it with every scope
+  await deps.teams.ensure(DEFAULT_TEAM);
+  const migrated = await deps.apiKeys.migrateLegacyKeys();
+  if (migrated > 0) log.info({ keys: migrated, team: DEFAULT_TEAM }, 'api keys from before teams migrated');
+  if (opts.bootstrapKeyFile && (await bootstrapApiKeyFile(deps.apiKeys, opts.bootstrapKeyFile))) {
+    log.info({ file: opts.bootstrapKeyFile, team: DEFAULT_TEAM }, 'api key created');
   }
   const tls = config.tlsCertFile
     ? { cert: await readFile(config.tlsCertFile), key: await readFile(config.tlsKeyFile) }

@@ -1,11 +1,12 @@
 /**
  * Reading usage (metering is written by `core/usage.ts`): per-sandbox totals, and sums over a time
- * range grouped by sandbox, API key or template. Closed time comes from one-minute buckets; the
+ * range grouped by sandbox, API key or template, for one team. Closed time comes from one-minute buckets; the
  * interval each live sandbox is in now is added up to the moment of the query (on Redis's clock).
  */
 import type { Redis } from 'ioredis';
 import { SpaceError } from '../core/errors.ts';
 import { keys } from '../core/redis-keys.ts';
+import { DEFAULT_TEAM } from '../core/tenancy.ts';
 import { USAGE_STATES, type UsageState } from '../core/usage.ts';
 
 /** Seconds, vCPU-seconds and GiB-seconds per activity state. */
@@ -49,6 +50,8 @@ interface Dims {
   memoryMiB: number;
   template: string;
   apiKey: string;
+  /** Owning team ({@link DEFAULT_TEAM} for sandboxes metered before teams). */
+  team: string;
 }
 
 /** Adds `ms` of `state` for a sandbox of `dims` to `f`. */
@@ -77,15 +80,16 @@ async function redisNow(redis: Redis): Promise<number> {
 async function dimsOf(redis: Redis, ids: string[]): Promise<Map<string, Dims>> {
   const out = new Map<string, Dims>();
   const p = redis.pipeline();
-  for (const id of ids) p.hmget(keys.usageSandbox(id), 'vcpus', 'memoryMiB', 'template', 'apiKey');
+  for (const id of ids) p.hmget(keys.usageSandbox(id), 'vcpus', 'memoryMiB', 'template', 'apiKey', 'team');
   const res = (await p.exec()) ?? [];
   ids.forEach((id, i) => {
-    const [vcpus, mem, template, apiKey] = (res[i]?.[1] as (string | null)[] | undefined) ?? [];
+    const [vcpus, mem, template, apiKey, team] = (res[i]?.[1] as (string | null)[] | undefined) ?? [];
     out.set(id, {
       vcpus: Number(vcpus ?? 0),
       memoryMiB: Number(mem ?? 0),
       template: template ?? '',
       apiKey: apiKey ?? '',
+      team: team || DEFAULT_TEAM,
     });
   });
   return out;
@@ -108,6 +112,7 @@ export async function sandboxUsage(redis: Redis, id: string): Promise<SandboxUsa
     memoryMiB: Number(totals.memoryMiB ?? 0),
     template: totals.template ?? '',
     apiKey: totals.apiKey ?? '',
+    team: totals.team || DEFAULT_TEAM,
   };
   const f = emptyFigures();
   for (const s of USAGE_STATES) add(f, s, Number(totals[`${s}Ms`] ?? 0), dims);
@@ -124,7 +129,7 @@ export async function sandboxUsage(redis: Redis, id: string): Promise<SandboxUsa
 }
 
 /**
- * Usage in [from, to) summed per group. `from` and `to` are rounded out to whole minutes (the
+ * Team `team`'s usage in [from, to) summed per group (other teams' sandboxes are left out). `from` and `to` are rounded out to whole minutes (the
  * buckets' resolution); the open intervals of live sandboxes count up to the query's moment.
  * @throws SpaceError BAD_REQUEST when `to` ≤ `from` or the range exceeds {@link MAX_USAGE_RANGE_MS}.
  */
@@ -132,6 +137,7 @@ export async function queryUsage(
   redis: Redis,
   range: { fromMs: number; toMs: number },
   groupBy: UsageGroupBy,
+  team: string,
 ): Promise<UsageReportBody> {
   const firstMinute = Math.floor(range.fromMs / MINUTE_MS);
   const endMinute = Math.ceil(range.toMs / MINUTE_MS);
@@ -180,6 +186,7 @@ export async function queryUsage(
   const total = emptyFigures();
   for (const [id, byState] of perSandbox) {
     const d = dims.get(id)!;
+    if (d.team !== team) continue;
     const key = groupBy === 'sandbox' ? id : groupBy === 'template' ? d.template : d.apiKey;
     const g = groups.get(key) ?? emptyFigures();
     for (const [state, ms] of byState) {

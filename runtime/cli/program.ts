@@ -8,6 +8,7 @@ import { Command, CommanderError } from 'commander';
 import { registerDoctor } from './doctor.ts';
 import { registerExec } from './exec.ts';
 import { registerFiles } from './files.ts';
+import { registerKeys } from './keys.ts';
 import { registerOps } from './ops.ts';
 import { EXIT_USAGE, reportError, runStdoutGone } from './output.ts';
 import { registerSandbox } from './sandbox.ts';
@@ -66,7 +67,8 @@ Examples:
   space exec $id -- sh -c 'echo hello; exit 3'       # prints hello, exits 3
   space files put $id ./script.py /home/user/script.py
   space exec $id -- python3 /home/user/script.py
-  space sandbox rm $id`,
+  space sandbox rm $id
+  space teams create other && space keys create --name agent --team other`,
     );
   registerUp(program);
   registerSandbox(program);
@@ -74,6 +76,7 @@ Examples:
   registerFiles(program);
   registerOps(program);
   registerUsage(program);
+  registerKeys(program);
   registerTemplate(program);
   registerDoctor(program);
   return program;

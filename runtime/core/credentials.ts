@@ -9,6 +9,7 @@ import { Type } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
 import { matchesPattern, normaliseName, normalisePattern } from './egress.ts';
 import { SpaceError } from './errors.ts';
+import { DEFAULT_TEAM, TEAM_ID_PATTERN } from './tenancy.ts';
 
 /** Prefix of every placeholder; anything in a request that starts with it is treated as one. */
 export const PLACEHOLDER_PREFIX = 'space_ph_';
@@ -80,6 +81,11 @@ export const CredentialGrantSchema = Type.Object(
      * same name is a new generation, which this grant does not reach. Absent from N-1 senders.
      */
     generation: Type.Optional(Type.String({ minLength: 1, maxLength: 64 })),
+    /**
+     * The team whose credential this is (the gateway reads `keys.credential(team, name)`). Absent:
+     * the default team (N-1 senders, and the default team's grants, so an N-1 agent takes them).
+     */
+    team: Type.Optional(Type.String({ pattern: TEAM_ID_PATTERN })),
     /** Sent by N-1 agents and APIs; accepted and dropped at once (values never travel to agents now). */
     value: Type.Optional(Type.String({ maxLength: 16384 })),
   },
@@ -95,6 +101,8 @@ export interface CredentialGrant {
   header: string;
   format: string;
   generation?: string;
+  /** Owning team; absent = the default team. */
+  team?: string;
 }
 
 /**
@@ -287,6 +295,7 @@ export function validateGrants(input: unknown): CredentialGrant[] {
     header: g.header.toLowerCase(),
     format: g.format,
     ...(g.generation === undefined ? {} : { generation: g.generation }),
+    ...(g.team === undefined || g.team === DEFAULT_TEAM ? {} : { team: g.team }),
   }));
 }
 

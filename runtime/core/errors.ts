@@ -26,6 +26,21 @@ export const ERROR_CODES = {
     doc: 'A sandbox file path is malformed, escapes with `..`, or names a platform-owned location.',
   },
   UNAUTHENTICATED: { status: 401, retryable: false, doc: 'No credentials, or an unknown API key.' },
+  API_KEY_EXPIRED: {
+    status: 401,
+    retryable: false,
+    doc: 'The API key has expired (or its rotation overlap ended); use its successor or ask for a new key.',
+  },
+  SCOPE_DENIED: {
+    status: 403,
+    retryable: false,
+    doc: 'The API key lacks the scope this route needs (`details.scope`), or may not act on that team.',
+  },
+  QUOTA_EXCEEDED: {
+    status: 403,
+    retryable: false,
+    doc: 'The team is at one of its quotas (`details.quota`, `details.limit`, `details.current`); end sandboxes or raise the quota.',
+  },
   TOKEN_INVALID: { status: 401, retryable: false, doc: 'The session token is malformed or badly signed.' },
   TOKEN_EXPIRED: {
     status: 401,
@@ -63,6 +78,13 @@ export const ERROR_CODES = {
     status: 409,
     retryable: false,
     doc: 'The path exists with the wrong type (a directory where a file is expected, or a non-empty directory).',
+  },
+  TEAM_NOT_FOUND: { status: 404, retryable: false, doc: 'No team with this id.' },
+  TEAM_EXISTS: { status: 409, retryable: false, doc: 'A team with this id exists already.' },
+  API_KEY_NOT_FOUND: {
+    status: 404,
+    retryable: false,
+    doc: 'No API key with this id in the caller’s team (or it was revoked).',
   },
   CREDENTIAL_NOT_FOUND: { status: 404, retryable: false, doc: 'No credential with this name is registered.' },
   TEMPLATE_NOT_FOUND: { status: 404, retryable: false, doc: 'No template with this name.' },
@@ -117,7 +139,11 @@ export const ERROR_CODES = {
     retryable: true,
     doc: 'The guest daemon inside the sandbox did not answer.',
   },
-  RATE_LIMITED: { status: 429, retryable: true, doc: 'Too many requests or concurrent streams.' },
+  RATE_LIMITED: {
+    status: 429,
+    retryable: true,
+    doc: 'Too many requests or concurrent streams (a team’s creates per minute or open streams: `details.quota`, `details.limit`).',
+  },
   INTERNAL: { status: 500, retryable: true, doc: 'An unexpected server error; the log has the details.' },
 } as const satisfies Record<string, ErrorSpec>;
 

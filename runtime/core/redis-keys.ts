@@ -7,6 +7,8 @@
  * Redis primary (or Redis Cluster with all keys in one slot via the `{space}` hash tag — not yet).
  */
 
+import { DEFAULT_TEAM } from './tenancy.ts';
+
 /** Version prefix of every key. */
 export const KEY_PREFIX = 'space:v1:';
 
@@ -45,12 +47,38 @@ export const keys = {
   operationChannel: (id: string) => `${KEY_PREFIX}operation:${id}:events`,
   /** Hash: an Idempotency-Key's outcome (`bodyHash`, `sandboxId`, `operationId`). */
   idempotency: (scope: string, key: string) => `${KEY_PREFIX}idempotency:${scope}:${key}`,
-  /** Hash: an API key, by the SHA-256 hex of its secret (`name`, `createdAt`). */
+  /**
+   * Hash: an API key, by the SHA-256 hex of its secret (`id`, `name`, `team`, `scopes` space-separated,
+   * `createdAt`, `expiresAtMs` ('' = never), `lastUsedAt`, `rotatedTo`). Keys written before teams
+   * hold only `name` and `createdAt` (api/api-keys.ts migrates them).
+   */
   apiKey: (sha256Hex: string) => `${KEY_PREFIX}apikey:${sha256Hex}`,
-  /** Hash: an operator-registered credential (`domains` JSON, `header`, `format`, `envVar`, `value`). */
-  credential: (name: string) => `${KEY_PREFIX}credential:${name}`,
-  /** Set: names of every registered credential. */
-  credentialIndex: () => `${KEY_PREFIX}credentials`,
+  /** String: an API key's id → the SHA-256 hex of its secret (revoke, rotate, list by id). */
+  apiKeyById: (id: string) => `${KEY_PREFIX}apikey-id:${id}`,
+  /** Set: ids of a team's API keys. */
+  teamApiKeys: (team: string) => `${KEY_PREFIX}team:${team}:keys`,
+  /** Hash: a team (`id`, `createdAt`, `quotas` JSON of overrides). */
+  team: (id: string) => `${KEY_PREFIX}team:${id}`,
+  /** Set: every team id. */
+  teamIndex: () => `${KEY_PREFIX}teams`,
+  /** Hash: what a team's live sandboxes reserve (`sandboxes`, `vcpusMilli`, `memoryMiB`); admit.lua, transition.lua. */
+  teamUsage: (team: string) => `${KEY_PREFIX}team:${team}:reserved`,
+  /** Sorted set: a team's sandbox creates of the last minute (member sandbox id, score ms); admit.lua. */
+  teamCreates: (team: string) => `${KEY_PREFIX}team:${team}:creates`,
+  /** Sorted set: a team's open router streams (member stream id, score = last refresh ms). */
+  teamStreams: (team: string) => `${KEY_PREFIX}team:${team}:streams`,
+  /** Stream: a team's audit log (every mutating API call), trimmed by age and length. */
+  teamAudit: (team: string) => `${KEY_PREFIX}team:${team}:audit`,
+  /**
+   * Hash: a registered credential (`domains` JSON, `header`, `format`, `envVar`, `value`). The
+   * default team's keep the key they had before teams (`credential:<name>`); another team's are
+   * `credential:<team>:<name>` (names hold no `:`, so the two never meet).
+   */
+  credential: (team: string, name: string) =>
+    team === DEFAULT_TEAM ? `${KEY_PREFIX}credential:${name}` : `${KEY_PREFIX}credential:${team}:${name}`,
+  /** Set: names of a team's registered credentials (the default team's keeps its pre-team key). */
+  credentialIndex: (team: string) =>
+    team === DEFAULT_TEAM ? `${KEY_PREFIX}credentials` : `${KEY_PREFIX}team:${team}:credentials`,
   /** Set: ids of every registered node. */
   nodeIndex: () => `${KEY_PREFIX}nodes`,
   /** Hash: a node's registration, capacity and reservations. */

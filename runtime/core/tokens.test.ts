@@ -39,6 +39,7 @@ describe('session and dispatch tokens', () => {
   it('verifies offline and binds sandbox, session, scope and expiry', async () => {
     const k = await keys();
     const { token, expiresAt } = await mintSessionToken(k.sign, {
+      team: 'default',
       sandboxId: 'sbx_a',
       sessionId: 'ses_1',
       scopes: ['commands'],
@@ -54,6 +55,7 @@ describe('session and dispatch tokens', () => {
       'TOKEN_SCOPE',
     );
     const old = await mintSessionToken(k.sign, {
+      team: 'default',
       sandboxId: 'sbx_a',
       sessionId: 'ses_1',
       scopes: ['commands'],
@@ -81,6 +83,7 @@ describe('session and dispatch tokens', () => {
       await codeOf(verifySessionToken(k.verify, dispatch, { sandboxId: 'node-1', scope: 'files' })),
     ).toBe('TOKEN_SCOPE');
     const session = await mintSessionToken(k.sign, {
+      team: 'default',
       sandboxId: 'sbx_a',
       sessionId: 's',
       scopes: ['files'],

@@ -2,8 +2,9 @@
  * Session tokens and dispatch tokens (JWS, EdDSA/Ed25519 via `jose`).
  *
  * - A **session token** lets a client use the data plane of one sandbox session: claims
- *   `sub` = sandbox id, `sid` = session id, `scope` = space-separated scopes, `exp`, `aud` =
- *   `space-data-plane`. Minted by the API (private key), verified offline by the node agent
+ *   `sub` = sandbox id, `sid` = session id, `scope` = space-separated scopes, `team` = the team
+ *   owning the sandbox, `exp`, `aud` = `space-data-plane`. The router refuses a token whose team is
+ *   not the sandbox's (a token without `team`, minted before teams, counts as the default team's). Minted by the API (private key), verified offline by the node agent
  *   (public key) — no call back to the control plane.
  * - A **dispatch token** authenticates the API to a node agent's internal routes: `aud` =
  *   `space-agent`, `sub` = node id, 60 s lifetime.
@@ -39,6 +40,8 @@ export interface SessionClaims {
   sandboxId: string;
   sessionId: string;
   scopes: SessionScope[];
+  /** Team owning the sandbox; null for tokens minted before teams (the default team's). */
+  team: string | null;
   /** Epoch seconds. */
   expiresAt: number;
 }
@@ -63,14 +66,17 @@ export async function loadVerifyKey(path: string): Promise<VerifyKey> {
   return importSPKI(await readFile(path, 'utf8'), ALG);
 }
 
-/** Signs a session token for `claims.sandboxId`/`sessionId`, valid `ttlSec` seconds. */
+/**
+ * Signs a session token for `claims.sandboxId`/`sessionId` of team `team`, valid `ttlSec` seconds.
+ * Returns the token and its expiry (epoch seconds).
+ */
 export async function mintSessionToken(
   key: SigningKey,
-  c: { sandboxId: string; sessionId: string; scopes: readonly SessionScope[]; ttlSec: number },
+  c: { sandboxId: string; sessionId: string; team: string; scopes: readonly SessionScope[]; ttlSec: number },
 ): Promise<{ token: string; expiresAt: number }> {
   const now = Math.floor(Date.now() / 1000);
   const expiresAt = now + c.ttlSec;
-  const token = await new SignJWT({ sid: c.sessionId, scope: c.scopes.join(' ') })
+  const token = await new SignJWT({ sid: c.sessionId, scope: c.scopes.join(' '), team: c.team })
     .setProtectedHeader({ alg: ALG, typ: 'JWT' })
     .setIssuer(ISSUER)
     .setAudience(DATA_PLANE_AUDIENCE)
@@ -120,6 +126,7 @@ export async function verifySessionToken(
     sandboxId: payload.sub,
     sessionId: payload.sid,
     scopes: scopes.filter((s): s is SessionScope => (SESSION_SCOPES as string[]).includes(s)),
+    team: typeof payload.team === 'string' ? payload.team : null,
     expiresAt: payload.exp ?? 0,
   };
 }

@@ -18,7 +18,7 @@ const grant: CredentialGrant = {
 
 beforeAll(async () => {
   redis = new Redis(inject('redisUrl'), { db: 5 });
-  await redis.hset(keys.credential(name), {
+  await redis.hset(keys.credential('default', name), {
     name,
     generation: 'gen-1',
     domains: '["api.x.test"]',
@@ -28,7 +28,7 @@ beforeAll(async () => {
   });
 });
 afterAll(async () => {
-  await redis.del(keys.credential(name));
+  await redis.del(keys.credential('default', name));
   redis.disconnect();
 });
 
@@ -37,16 +37,20 @@ describe('redisCredentialSource', () => {
     let t = 1_000;
     const src = redisCredentialSource(redis, { ttlMs: 2000, now: () => t });
     expect((await src.fetch([grant])).get(name)?.value).toBe('first-value-123');
-    await redis.hset(keys.credential(name), 'value', 'rotated-value-456');
+    await redis.hset(keys.credential('default', name), 'value', 'rotated-value-456');
     t += 1999;
     expect((await src.fetch([grant])).get(name)?.value).toBe('first-value-123'); // within the bound
     t += 1;
     expect((await src.fetch([grant])).get(name)?.value).toBe('rotated-value-456');
-    await redis.del(keys.credential(name));
+    await redis.del(keys.credential('default', name));
     t += 2000;
     expect((await src.fetch([grant])).has(name)).toBe(false);
     // registered again under the same name: a new generation the old grant does not reach
-    await redis.hset(keys.credential(name), { name, generation: 'gen-2', value: 'new-owner-value' });
+    await redis.hset(keys.credential('default', name), {
+      name,
+      generation: 'gen-2',
+      value: 'new-owner-value',
+    });
     t += 2000;
     expect((await src.fetch([grant])).has(name)).toBe(false);
     expect((await src.fetch([{ ...grant, generation: 'gen-2' }])).get(name)?.value).toBe('new-owner-value');

@@ -681,7 +681,7 @@ describe('gateway against real upstreams', () => {
     };
     // the value lives in the state of record only; the gateway fetches it when the request needs it
     const redis = new Redis(inject('redisUrl'));
-    await redis.hset(keys.credential('pkg-token'), {
+    await redis.hset(keys.credential('default', 'pkg-token'), {
       name: 'pkg-token',
       domains: '["pkg.allowed.test"]',
       header: 'authorization',
@@ -736,7 +736,7 @@ describe('gateway against real upstreams', () => {
       expect(JSON.stringify(audit)).not.toContain('real-secret-value-1');
     } finally {
       await control('DELETE', '/v1/sandboxes/127.0.0.5');
-      await redis.del(keys.credential('pkg-token'));
+      await redis.del(keys.credential('default', 'pkg-token'));
       redis.disconnect();
     }
   });

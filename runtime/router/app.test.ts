@@ -56,6 +56,7 @@ let close: () => Promise<void>;
 
 const token = (over: { sandboxId?: string; scopes?: ('commands' | 'files')[]; ttlSec?: number } = {}) =>
   mintSessionToken(signingKey, {
+    team: 'default',
     sandboxId: over.sandboxId ?? SB,
     sessionId: SESSION,
     scopes: over.scopes ?? ['commands', 'files'],
@@ -167,6 +168,7 @@ describe('router: tokens are checked before anything is forwarded', () => {
     // another key pair's token: badly signed
     await writeNewKeyPair(join(dir, 'other.pem'), join(dir, 'other.pub.pem'));
     const foreign = await mintSessionToken(await loadSigningKey(join(dir, 'other.pem')), {
+      team: 'default',
       sandboxId: SB,
       sessionId: SESSION,
       scopes: ['commands'],

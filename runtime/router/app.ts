@@ -13,6 +13,7 @@ import { SpaceError } from '../core/errors.ts';
 import { installErrorHandlers } from '../core/http-errors.ts';
 import { ID_PATTERN } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
+import { DEFAULT_TEAM } from '../core/tenancy.ts';
 import { type VerifyKey, verifySessionToken } from '../core/tokens.ts';
 import type { RouterConfig } from './config.ts';
 import { installEnvd } from './envd/service.ts';
@@ -24,6 +25,10 @@ declare module 'fastify' {
   interface FastifyContextConfig {
     /** The data-plane route this Fastify route forwards (its scope drives the token check). */
     dataPlane?: DataPlaneRoute;
+  }
+  interface FastifyRequest {
+    /** Team of the request's verified session token (set by the token hook). */
+    sessionTeam?: string;
   }
 }
 
@@ -122,8 +127,10 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
             'session token required (Authorization: Bearer or ?token=)',
           );
         }
-        // the agent checks the session (and again the scope) against its own record
-        await verifySessionToken(deps.verifyKey, token, { sandboxId: id, scope: route.scope });
+        // the agent checks the session (and again the scope) against its own record; the team is
+        // checked against the sandbox's record when it is located (a token without one: default team)
+        const claims = await verifySessionToken(deps.verifyKey, token, { sandboxId: id, scope: route.scope });
+        req.sessionTeam = claims.team ?? DEFAULT_TEAM;
       },
       handler: async (req, reply) => {
         if (inFlight >= deps.config.maxRequests) {
@@ -131,7 +138,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
         }
         inFlight += 1;
         try {
-          const status = await forward(deps.proxy, req, reply, route, req.params.id);
+          const status = await forward(deps.proxy, req, reply, route, req.params.id, req.sessionTeam ?? '');
           counted.add(req);
           deps.metrics.requests.inc({ route: route.name, status: String(status) });
         } catch (err) {

@@ -8,6 +8,7 @@ import type { Redis } from 'ioredis';
 import { SpaceError } from '../core/errors.ts';
 import { ensureRunning } from '../core/lifecycle-requests.ts';
 import { keys } from '../core/redis-keys.ts';
+import { DEFAULT_TEAM } from '../core/tenancy.ts';
 import type { RouterMetrics } from './metrics.ts';
 
 /** The agent that serves a running sandbox. */
@@ -35,16 +36,19 @@ export class SandboxLocator {
   }
 
   /**
-   * The agent serving sandbox `id`, resuming it first when it is paused (or `afterPaused`: the
+   * The agent serving sandbox `id` of team `opts.team` (the session token's), resuming it first when it is paused (or `afterPaused`: the
    * agent just answered SANDBOX_PAUSED although the record said running). Two Redis round trips
    * when it runs; while it resumes, polls at most `resumeTimeoutMs`.
-   * @throws SpaceError SANDBOX_NOT_FOUND; SANDBOX_NOT_RUNNING (ending, or its resume failed);
+   * @throws SpaceError SANDBOX_NOT_FOUND (also: the sandbox is another team's); SANDBOX_NOT_RUNNING (ending, or its resume failed);
    *   SANDBOX_PAUSED (it did not run within the timeout); NODE_UNAVAILABLE (its node has no
    *   registration or stopped heartbeating).
    */
-  async locate(id: string, opts: { afterPaused?: boolean } = {}): Promise<SandboxUpstream> {
-    let [state, nodeId] = await this.#redis.hmget(keys.sandbox(id), 'state', 'nodeId');
-    if (!state) throw new SpaceError('SANDBOX_NOT_FOUND', `no sandbox ${id}`, { sandboxId: id });
+  async locate(id: string, opts: { team: string; afterPaused?: boolean }): Promise<SandboxUpstream> {
+    let [state, nodeId, team] = await this.#redis.hmget(keys.sandbox(id), 'state', 'nodeId', 'team');
+    // another team's sandbox reads as absent, before anything happens to it (no resume)
+    if (!state || (team || DEFAULT_TEAM) !== opts.team) {
+      throw new SpaceError('SANDBOX_NOT_FOUND', `no sandbox ${id}`, { sandboxId: id });
+    }
     let resumed = false;
     if (state !== 'running' || opts.afterPaused) {
       if (RESUMABLE.has(state) || opts.afterPaused) {

@@ -111,7 +111,7 @@ function errorCodeOf(text: Buffer): string | undefined {
 }
 
 /**
- * Forwards `req` (already authorised for `sandboxId`) to the agent serving the sandbox and streams
+ * Forwards `req` (already authorised for `sandboxId` of `team`, the session token's team) to the agent serving the sandbox and streams
  * the answer back. Returns the status sent (0 when the response broke midway).
  * @throws SpaceError before any byte of the response is sent: SANDBOX_NOT_FOUND,
  *   SANDBOX_NOT_RUNNING, SANDBOX_PAUSED, NODE_UNAVAILABLE (see {@link SandboxLocator.locate}).
@@ -122,6 +122,7 @@ export async function forward(
   reply: FastifyReply,
   route: DataPlaneRoute,
   sandboxId: string,
+  team: string,
 ): Promise<number> {
   const hasBody = requestHasBody(req.headers, req.raw);
   const headers = upstreamHeaders(req.headers, {
@@ -132,7 +133,7 @@ export async function forward(
   const abort = new AbortController();
   reply.raw.once('close', () => abort.abort());
 
-  let target = await deps.locator.locate(sandboxId);
+  let target = await deps.locator.locate(sandboxId, { team });
   for (let attempt = 0; attempt < 2; attempt++) {
     let res: Dispatcher.ResponseData;
     try {
@@ -159,7 +160,7 @@ export async function forward(
           { [F.sandboxId]: sandboxId, [F.nodeId]: target.nodeId },
           'sandbox paused under a request',
         );
-        target = await deps.locator.locate(sandboxId, { afterPaused: true });
+        target = await deps.locator.locate(sandboxId, { team, afterPaused: true });
         continue;
       }
       reply.hijack();

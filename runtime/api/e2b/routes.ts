@@ -1,6 +1,7 @@
 /**
  * E2B-compatible control plane: the routes the official `e2b` JS SDK (2.45–2.51) calls for
- * sandboxes, as an encapsulated plugin with its own auth (`X-API-KEY` = a SPACE API key) and
+ * sandboxes, as an encapsulated plugin with its own auth (`X-API-KEY` = a SPACE API key: its team
+ * owns what it creates and is all it sees; each route needs the same scope as its v1 twin) and
  * E2B's error body `{code, message}` (the SDK reads `code`). Sources: shared/reference/
  * e2b-protocol.md §1 (routes, bodies, statuses) and §5 (checklist).
  *
@@ -13,14 +14,14 @@
  * fork, templates, volumes, `autoPause`/`lifecycle`, `network`, `mcp`, `volumeMounts`,
  * `allow_internet_access: false`, `order=asc`.
  */
-import type { FastifyPluginAsync } from 'fastify';
+import type { FastifyPluginAsync, FastifyRequest } from 'fastify';
 import { isErrorCode, SpaceError } from '../../core/errors.ts';
 import { ID_PATTERN } from '../../core/ids.ts';
 import { requestLifecycle } from '../../core/lifecycle-requests.ts';
 import { F } from '../../core/log-fields.ts';
 import { mintSessionToken } from '../../core/tokens.ts';
-import { authenticate } from '../api-keys.ts';
 import type { ApiDeps } from '../app.ts';
+import { principalOf, requireScope } from '../auth.ts';
 import { MAX_WAIT_MS, type OperationRecord } from '../operations.ts';
 import type { SandboxRecord } from '../sandbox-store.ts';
 import {
@@ -33,13 +34,6 @@ import {
   toE2bListed,
   toE2bSandbox,
 } from './shapes.ts';
-
-declare module 'fastify' {
-  interface FastifyContextConfig {
-    /** True for E2B routes: authenticated by their own hook (`X-API-KEY`), not SPACE's. */
-    e2b?: boolean;
-  }
-}
 
 const SANDBOX_ID = new RegExp(ID_PATTERN);
 /** E2B's default lifetime when a create/connect names none, s (§1.4, §1.6). */
@@ -89,11 +83,14 @@ type IdReq = { Params: { id: string } };
 
 /** The E2B routes for `deps` (register without fastify-plugin: hooks and handlers stay inside). */
 export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
-  /** The sandbox as E2B sees it (ended ones are gone: 404), or a SANDBOX_NOT_FOUND error. */
-  async function liveRecord(id: string): Promise<SandboxRecord> {
+  /**
+   * Team `team`'s sandbox as E2B sees it (ended ones are gone: 404), or a SANDBOX_NOT_FOUND error
+   * (also for another team's sandbox).
+   */
+  async function liveRecord(id: string, team: string): Promise<SandboxRecord> {
     if (!SANDBOX_ID.test(id)) throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox "${id}" not found`);
     const rec = await deps.sandboxes.get(id);
-    if (!rec || e2bState(rec.state) === null) {
+    if (!rec || rec.team !== team || e2bState(rec.state) === null) {
       throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox "${id}" not found`, { sandboxId: id });
     }
     return rec;
@@ -107,6 +104,7 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
     const grant = await mintSessionToken(deps.signingKey, {
       sandboxId: rec.id,
       sessionId: rec.sessionId,
+      team: rec.team,
       scopes: ['commands', 'files'],
       ttlSec: Math.max(deps.config.sessionTokenTtlSec, deps.config.maxTimeoutSec),
     });
@@ -145,7 +143,7 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
 
   /** Extends (never shortens) the running lifetime to `timeoutSec` from now. */
   async function extendAtLeast(rec: SandboxRecord, timeoutSec: number): Promise<void> {
-    const cur = await liveRecord(rec.id);
+    const cur = await liveRecord(rec.id, rec.team);
     const leftSec = (Date.parse(cur.expiresAt) - Date.now()) / 1000;
     if (leftSec >= timeoutSec) return;
     await setTimeoutSec(rec.id, timeoutSec);
@@ -161,11 +159,11 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
   }
 
   /** Connect/resume: running ⇒ extend only (200), paused ⇒ resume (201), ending ⇒ 409. */
-  async function connect(id: string, timeoutSec: number) {
-    const rec = await liveRecord(id);
+  async function connect(id: string, team: string, timeoutSec: number) {
+    const rec = await liveRecord(id, team);
     const resumed = await runIt(rec);
     await extendAtLeast(rec, timeoutSec);
-    const now = await liveRecord(id);
+    const now = await liveRecord(id, team);
     return { status: resumed ? 201 : 200, body: toE2bSandbox(now, await envdToken(now)) };
   }
 
@@ -178,7 +176,9 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       if (typeof key !== 'string' || !key) {
         throw new SpaceError('UNAUTHENTICATED', 'missing X-API-KEY header (an API key of this SPACE)');
       }
-      req.apiKeyName = await authenticate(deps.redis, `Bearer ${key}`);
+      req.auth = await deps.apiKeys.authenticate(`Bearer ${key}`);
+      const scope = req.routeOptions.config.scope;
+      if (scope) requireScope(req.auth, scope);
     });
     app.setErrorHandler((err, req, reply) => {
       const body = err instanceof TimeoutOf ? { code: 504, message: err.message } : toE2bError(err);
@@ -187,7 +187,7 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       void reply.status(body.code).type('application/json').send(body);
     });
 
-    const create = async (req: { body: unknown; headers: Record<string, unknown> }, v1: boolean) => {
+    const create = async (req: FastifyRequest, v1: boolean) => {
       const b = req.body as CreateBody;
       const unsupported = [
         b.autoPause ? 'autoPause (lifecycle onTimeout: pause)' : null,
@@ -230,19 +230,21 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
         throw new SpaceError(isErrorCode(code) ? code : 'INTERNAL', out.error?.message ?? 'create failed');
       }
       await settle(out.operation.id, 2 * MAX_WAIT_MS);
-      const rec = await liveRecord(out.sandbox.id);
+      const rec = await liveRecord(out.sandbox.id, principalOf(req).team);
       deps.log.info({ [F.sandboxId]: rec.id, [F.templateId]: template }, 'e2b sandbox created');
       return toE2bSandbox(rec, await envdToken(rec));
     };
 
-    app.post('/sandboxes', { schema: { body: CreateSchema } }, async (req, reply) =>
+    const write = { scope: 'sandboxes:write' } as const;
+    const read = { scope: 'sandboxes:read' } as const;
+    app.post('/sandboxes', { schema: { body: CreateSchema }, config: write }, async (req, reply) =>
       reply.status(201).send(await create(req, true)),
     );
-    app.post('/v2/sandboxes', { schema: { body: CreateSchema } }, async (req, reply) =>
+    app.post('/v2/sandboxes', { schema: { body: CreateSchema }, config: write }, async (req, reply) =>
       reply.status(201).send(await create(req, false)),
     );
 
-    const list = async (q: Record<string, string | undefined>) => {
+    const list = async (q: Record<string, string | undefined>, team: string) => {
       if (q.order && q.order !== 'desc') throw new SpaceError('BAD_REQUEST', 'only order=desc is supported');
       const states = (q.state ?? 'running,paused').split(',').filter(Boolean);
       for (const s of states) {
@@ -256,6 +258,7 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
         limit,
         ...(q.nextToken ? { cursor: q.nextToken } : {}),
         state: spaceStates(states as E2bState[]),
+        team,
         ...(q.metadata ? { metadata: parseMetadataFilter(q.metadata) } : {}),
       });
       let rows = page.sandboxes;
@@ -268,20 +271,24 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       return { rows: rows.map(toE2bListed), next: page.nextCursor };
     };
     for (const url of ['/v2/sandboxes', '/sandboxes']) {
-      app.get<{ Querystring: Record<string, string | undefined> }>(url, async (req, reply) => {
-        const { rows, next } = await list(req.query);
-        if (next) void reply.header('x-next-token', next);
-        return rows;
-      });
+      app.get<{ Querystring: Record<string, string | undefined> }>(
+        url,
+        { config: read },
+        async (req, reply) => {
+          const { rows, next } = await list(req.query, principalOf(req).team);
+          if (next) void reply.header('x-next-token', next);
+          return rows;
+        },
+      );
     }
 
-    app.get<IdReq>('/sandboxes/:id', async (req) => {
-      const rec = await liveRecord(req.params.id);
+    app.get<IdReq>('/sandboxes/:id', { config: read }, async (req) => {
+      const rec = await liveRecord(req.params.id, principalOf(req).team);
       return toE2bDetail(rec, await envdToken(rec));
     });
 
-    app.delete<IdReq>('/sandboxes/:id', async (req, reply) => {
-      await liveRecord(req.params.id);
+    app.delete<IdReq>('/sandboxes/:id', { config: write }, async (req, reply) => {
+      await liveRecord(req.params.id, principalOf(req).team);
       const res = await app.inject({
         method: 'DELETE',
         url: `/v1/sandboxes/${req.params.id}`,
@@ -301,16 +308,16 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
 
     app.post<IdReq & { Body: { timeout: number } }>(
       '/sandboxes/:id/timeout',
-      { schema: { body: TimeoutSchema } },
+      { schema: { body: TimeoutSchema }, config: write },
       async (req, reply) => {
-        await liveRecord(req.params.id);
+        await liveRecord(req.params.id, principalOf(req).team);
         await setTimeoutSec(req.params.id, req.body.timeout);
         return reply.status(204).send();
       },
     );
 
-    app.post<IdReq>('/sandboxes/:id/pause', async (req, reply) => {
-      const rec = await liveRecord(req.params.id);
+    app.post<IdReq>('/sandboxes/:id/pause', { config: write }, async (req, reply) => {
+      const rec = await liveRecord(req.params.id, principalOf(req).team);
       if (e2bState(rec.state) === 'paused') {
         throw new SpaceError('SANDBOX_PAUSED', `sandbox "${rec.id}" is already paused`);
       }
@@ -320,20 +327,21 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
     });
 
     const connectRoute = async (
-      req: { params: { id: string }; body: unknown },
+      req: FastifyRequest<IdReq>,
       reply: { status(n: number): { send(b: unknown): unknown } },
     ) => {
       const timeout = (req.body as { timeout?: number } | undefined)?.timeout;
-      const r = await connect(req.params.id, timeout || E2B_DEFAULT_TIMEOUT_SEC);
+      const r = await connect(req.params.id, principalOf(req).team, timeout || E2B_DEFAULT_TIMEOUT_SEC);
       return reply.status(r.status).send(r.body);
     };
-    app.post<IdReq>('/sandboxes/:id/connect', { schema: { body: ConnectSchema } }, connectRoute);
-    app.post<IdReq>('/v2/sandboxes/:id/connect', { schema: { body: ConnectSchema } }, connectRoute);
+    const connectOpts = { schema: { body: ConnectSchema }, config: write };
+    app.post<IdReq>('/sandboxes/:id/connect', connectOpts, connectRoute);
+    app.post<IdReq>('/v2/sandboxes/:id/connect', connectOpts, connectRoute);
     // deprecated in E2B, still served: resume = connect that resumes a paused sandbox
-    app.post<IdReq>('/sandboxes/:id/resume', { schema: { body: ConnectSchema } }, connectRoute);
+    app.post<IdReq>('/sandboxes/:id/resume', connectOpts, connectRoute);
 
-    app.get<IdReq>('/sandboxes/:id/metrics', async (req, reply) => {
-      await liveRecord(req.params.id);
+    app.get<IdReq>('/sandboxes/:id/metrics', { config: read }, async (req, reply) => {
+      await liveRecord(req.params.id, principalOf(req).team);
       return reply
         .status(501)
         .send({ code: 501, message: 'sandbox metrics are not supported by this SPACE server yet' });

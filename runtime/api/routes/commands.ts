@@ -12,17 +12,26 @@ import { ensureRunning } from '../../core/lifecycle-requests.ts';
 import { F } from '../../core/log-fields.ts';
 import { mintSessionToken, type SessionScope } from '../../core/tokens.ts';
 import type { ApiDeps } from '../app.ts';
+import { principalOf } from '../auth.ts';
 import { CommandBody, CommandResponse, ErrorSchema, IdParams, StreamGrant, TokenBody } from '../schemas.ts';
 
-const errors = { 400: ErrorSchema, 401: ErrorSchema, 404: ErrorSchema, 409: ErrorSchema, 503: ErrorSchema };
+const errors = {
+  400: ErrorSchema,
+  401: ErrorSchema,
+  403: ErrorSchema,
+  404: ErrorSchema,
+  409: ErrorSchema,
+  429: ErrorSchema,
+  503: ErrorSchema,
+};
 
 export function commandRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
-  /** Running sandbox (resumed first when paused) + its alive node, or a coded error. */
-  async function liveSandbox(id: string) {
-    let rec = await deps.requireSandbox(id);
+  /** Running sandbox of `team` (resumed first when paused) + its alive node, or a coded error. */
+  async function liveSandbox(id: string, team: string) {
+    let rec = await deps.requireSandbox(id, team);
     if (rec.state === 'paused' || rec.state === 'pausing' || rec.state === 'resuming') {
       await ensureRunning(deps.redis, id, { timeoutMs: deps.config.resumeTimeoutMs, reason: 'command' });
-      rec = await deps.requireSandbox(id);
+      rec = await deps.requireSandbox(id, team);
     }
     if (rec.state !== 'running' || !rec.nodeId) {
       throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${rec.state}`, {
@@ -40,6 +49,7 @@ export function commandRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
     app.post(
       '/v1/sandboxes/:id/commands',
       {
+        config: { scope: 'sandboxes:write' },
         schema: {
           summary: 'Start a command; read its output from the returned stream URL',
           params: IdParams,
@@ -51,7 +61,8 @@ export function commandRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         const b = req.body;
         if (b.shell && b.args?.length)
           throw new SpaceError('BAD_REQUEST', 'give either args or shell, not both');
-        let { rec, node } = await liveSandbox(req.params.id);
+        const team = principalOf(req).team;
+        let { rec, node } = await liveSandbox(req.params.id, team);
         const commandId = newId('cmd');
         const start = {
           commandId,
@@ -74,12 +85,13 @@ export function commandRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
             timeoutMs: deps.config.resumeTimeoutMs,
             reason: 'command',
           });
-          ({ rec, node } = await liveSandbox(req.params.id));
+          ({ rec, node } = await liveSandbox(req.params.id, team));
           started = await deps.agents.startCommand(node, rec.id, start);
         }
         const grant = await mintSessionToken(deps.signingKey, {
           sandboxId: rec.id,
           sessionId: rec.sessionId,
+          team: rec.team,
           scopes: ['commands'],
           ttlSec: deps.config.sessionTokenTtlSec,
         });
@@ -101,6 +113,7 @@ export function commandRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
     app.post(
       '/v1/sandboxes/:id/tokens',
       {
+        config: { scope: 'sandboxes:write' },
         schema: {
           summary: 'Mint a session token for the sandbox’s data plane (files, commands)',
           params: IdParams,
@@ -109,11 +122,12 @@ export function commandRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         },
       },
       async (req, reply) => {
-        const { rec, node } = await liveSandbox(req.params.id);
+        const { rec, node } = await liveSandbox(req.params.id, principalOf(req).team);
         const scopes: SessionScope[] = req.body?.scopes ?? ['commands', 'files'];
         const grant = await mintSessionToken(deps.signingKey, {
           sandboxId: rec.id,
           sessionId: rec.sessionId,
+          team: rec.team,
           scopes,
           ttlSec: req.body?.ttlSec ?? deps.config.sessionTokenTtlSec,
         });

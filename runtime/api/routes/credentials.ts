@@ -1,55 +1,62 @@
 /**
- * Operator credentials: register (PUT, value write-only), list, get, delete. Values never leave
- * the control plane except to a node's gateway for the sandboxes granted them.
+ * A team's credentials: register (PUT, value write-only), list, get, delete. Values never leave
+ * the control plane except to a node's gateway for the sandboxes granted them. Every route acts on
+ * the key's own team: another team's credential of the same name is never read, listed,
+ * overwritten or deleted. Registering and deleting need `credentials:admin`.
  */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
 import { SpaceError } from '../../core/errors.ts';
 import type { ApiDeps } from '../app.ts';
+import { principalOf } from '../auth.ts';
 import { CREDENTIAL_NAME, CredentialBody, CredentialSchema, ErrorSchema } from '../schemas.ts';
 
 const NameParams = Type.Object({ name: Type.String({ pattern: CREDENTIAL_NAME }) });
-const errors = { 400: ErrorSchema, 401: ErrorSchema, 404: ErrorSchema };
+const errors = { 400: ErrorSchema, 401: ErrorSchema, 403: ErrorSchema, 404: ErrorSchema };
 
 export function credentialRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
   return async (app) => {
     app.put(
       '/v1/credentials/:name',
       {
+        config: { scope: 'credentials:admin' },
         schema: {
-          summary: 'Register or replace a credential (the value is never returned)',
+          summary: 'Register or replace one of the team’s credentials (the value is never returned)',
           params: NameParams,
           body: CredentialBody,
           response: { 200: CredentialSchema, ...errors },
         },
       },
       async (req) => {
-        const view = await deps.credentials.put(req.params.name, req.body);
-        req.log.info({ credential: view.name, domains: view.domains }, 'credential registered');
+        const team = principalOf(req).team;
+        const view = await deps.credentials.put(team, req.params.name, req.body);
+        req.log.info({ credential: view.name, team, domains: view.domains }, 'credential registered');
         return view;
       },
     );
     app.get(
       '/v1/credentials',
       {
+        config: { scope: 'credentials:read' },
         schema: {
-          summary: 'List credentials',
-          response: { 200: Type.Object({ credentials: Type.Array(CredentialSchema) }) },
+          summary: 'List the team’s credentials',
+          response: { 200: Type.Object({ credentials: Type.Array(CredentialSchema) }), ...errors },
         },
       },
-      async () => ({ credentials: await deps.credentials.list() }),
+      async (req) => ({ credentials: await deps.credentials.list(principalOf(req).team) }),
     );
     app.get(
       '/v1/credentials/:name',
       {
+        config: { scope: 'credentials:read' },
         schema: {
-          summary: 'Get a credential',
+          summary: 'Get one of the team’s credentials',
           params: NameParams,
           response: { 200: CredentialSchema, ...errors },
         },
       },
       async (req) => {
-        const view = await deps.credentials.view(req.params.name);
+        const view = await deps.credentials.view(principalOf(req).team, req.params.name);
         if (!view) throw new SpaceError('CREDENTIAL_NOT_FOUND', `no credential named ${req.params.name}`);
         return view;
       },
@@ -57,14 +64,15 @@ export function credentialRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
     app.delete(
       '/v1/credentials/:name',
       {
+        config: { scope: 'credentials:admin' },
         schema: {
-          summary: 'Delete a credential',
+          summary: 'Delete one of the team’s credentials',
           params: NameParams,
           response: { 204: Type.Null(), ...errors },
         },
       },
       async (req, reply) => {
-        if (!(await deps.credentials.remove(req.params.name))) {
+        if (!(await deps.credentials.remove(principalOf(req).team, req.params.name))) {
           throw new SpaceError('CREDENTIAL_NOT_FOUND', `no credential named ${req.params.name}`);
         }
         return reply.status(204).send(null);

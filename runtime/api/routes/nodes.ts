@@ -30,6 +30,7 @@ export function nodeRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
     app.get(
       '/v1/nodes',
       {
+        config: { scope: 'nodes:read' },
         schema: { summary: 'List nodes', response: { 200: Type.Object({ nodes: Type.Array(NodeSchema) }) } },
       },
       async () => ({ nodes: await deps.nodes.list() }),
@@ -40,6 +41,7 @@ export function nodeRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
     app.put(
       '/v1/deployment/target-version',
       {
+        config: { scope: 'deployment:admin' },
         schema: {
           summary:
             'Set the SPACE version VM deployments move to (each VM pulls its image repository at this tag and restarts its services)',
@@ -56,6 +58,7 @@ export function nodeRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
     app.get(
       '/v1/deployment/target-version',
       {
+        config: { scope: 'nodes:read' },
         schema: {
           summary: 'The SPACE version VM deployments move to (null when none was set)',
           response: { 200: Type.Object({ version: Type.Union([Type.String(), Type.Null()]) }) },
@@ -66,6 +69,7 @@ export function nodeRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
     app.get(
       '/v1/templates',
       {
+        config: { scope: 'nodes:read' },
         schema: {
           summary:
             'Templates built on some registered node; `ready` when at least one alive node has it (otherwise creates answer TEMPLATE_NOT_READY, retryable)',

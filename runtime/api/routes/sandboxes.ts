@@ -6,7 +6,7 @@ import { createHash } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
-import type { FastifyBaseLogger } from 'fastify';
+import type { FastifyRequest } from 'fastify';
 import { isDriverName, shapeProblem } from '../../core/drivers.ts';
 import { EgressPolicySchema, normalisePolicy } from '../../core/egress.ts';
 import { SpaceError } from '../../core/errors.ts';
@@ -16,6 +16,7 @@ import { F } from '../../core/log-fields.ts';
 import { IDEMPOTENCY_TTL_SEC, keys } from '../../core/redis-keys.ts';
 import type { SandboxState } from '../../core/types.ts';
 import type { ApiDeps } from '../app.ts';
+import { principalOf } from '../auth.ts';
 import { allowCredentialHosts } from '../credential-store.ts';
 import { knownTemplates, readyTemplates } from '../node-store.ts';
 import { operationToPublic } from '../operations.ts';
@@ -34,7 +35,15 @@ import {
 } from '../schemas.ts';
 import { sandboxUsage } from '../usage.ts';
 
-const errors = { 400: ErrorSchema, 401: ErrorSchema, 404: ErrorSchema, 409: ErrorSchema, 422: ErrorSchema };
+const errors = {
+  400: ErrorSchema,
+  401: ErrorSchema,
+  403: ErrorSchema,
+  404: ErrorSchema,
+  409: ErrorSchema,
+  422: ErrorSchema,
+  429: ErrorSchema,
+};
 
 /** Canonical JSON (sorted keys) so the same body always hashes the same. */
 function canonical(v: unknown): string {
@@ -53,6 +62,7 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
     app.post(
       '/v1/sandboxes',
       {
+        config: { scope: 'sandboxes:write' },
         schema: {
           summary: 'Create a sandbox (asynchronous)',
           headers: Type.Object({
@@ -64,6 +74,7 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
       },
       async (req, reply) => {
         const body = req.body;
+        const who = principalOf(req);
         const all = await deps.nodes.list();
         const templates = readyTemplates(all);
         if (!templates.has(body.template)) {
@@ -120,12 +131,14 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
           throw new SpaceError('BAD_REQUEST', `timeoutSec must be at most ${deps.config.maxTimeoutSec}`);
         }
         // validate everything before anything is written: bad input loses nothing
-        const grants = await deps.credentials.grant(body.credentials ?? []);
+        // only the team's own credentials can be granted (another team's name is not found)
+        const grants = await deps.credentials.grant(who.team, body.credentials ?? []);
+        const quotas = await deps.teams.quotas(who.team);
         const egress = allowCredentialHosts(normalisePolicy(body.egress), grants);
         const sandboxId = newSandboxId();
         const idemKey = req.headers['idempotency-key'];
         if (idemKey) {
-          const key = keys.idempotency(req.apiKeyName ?? '', idemKey);
+          const key = keys.idempotency(who.team, idemKey);
           const bodyHash = createHash('sha256').update(canonical(body)).digest('hex');
           const won = await deps.redis.set(
             key,
@@ -154,7 +167,15 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
             }
             throw new SpaceError('INTERNAL', 'the first request with this Idempotency-Key did not finish');
           }
-          const { sandbox, operation } = await createRecords(sandboxId);
+          let made: Awaited<ReturnType<typeof createRecords>>;
+          try {
+            made = await createRecords(sandboxId);
+          } catch (err) {
+            // refused (a quota): the key may be used again with a body that fits
+            await deps.redis.del(key);
+            throw err;
+          }
+          const { sandbox, operation } = made;
           await deps.redis.set(
             key,
             JSON.stringify({ bodyHash, sandboxId, operationId: operation.id }),
@@ -166,22 +187,30 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         return reply.status(202).send(await createRecords(sandboxId));
 
         async function createRecords(id: string) {
-          const rec = await deps.sandboxes.create({
-            id,
-            template: body.template,
-            vcpus: body.vcpus ?? 1,
-            memoryMiB: body.memoryMiB ?? 512,
-            timeoutSec,
-            autoPauseSec: body.autoPauseSec ?? deps.config.defaultAutoPauseSec,
-            apiKey: req.apiKeyName ?? '',
-            metadata: body.metadata ?? {},
-            // the sandbox sees placeholders, never credential values
-            env: { ...(body.env ?? {}), ...Object.fromEntries(grants.map((g) => [g.envVar, g.placeholder])) },
-            sessionId: newId('ses'),
-            egress,
-            grants,
-          });
-          const op = await deps.operations.enqueue('sandbox.create', id);
+          req.auditTarget = id;
+          const rec = await deps.sandboxes.create(
+            {
+              id,
+              template: body.template,
+              vcpus: body.vcpus ?? 1,
+              memoryMiB: body.memoryMiB ?? 512,
+              timeoutSec,
+              autoPauseSec: body.autoPauseSec ?? deps.config.defaultAutoPauseSec,
+              apiKey: who.keyId,
+              team: who.team,
+              metadata: body.metadata ?? {},
+              // the sandbox sees placeholders, never credential values
+              env: {
+                ...(body.env ?? {}),
+                ...Object.fromEntries(grants.map((g) => [g.envVar, g.placeholder])),
+              },
+              sessionId: newId('ses'),
+              egress,
+              grants,
+            },
+            quotas,
+          );
+          const op = await deps.operations.enqueue('sandbox.create', id, {}, who.team);
           deps.metrics.sandboxesCreated.inc({ template: body.template });
           req.log.info(
             { [F.sandboxId]: id, [F.operationId]: op.id, [F.templateId]: body.template },
@@ -195,8 +224,9 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
     app.get(
       '/v1/sandboxes',
       {
+        config: { scope: 'sandboxes:read' },
         schema: {
-          summary: 'List sandboxes, newest first',
+          summary: 'List the team’s sandboxes, newest first',
           querystring: ListSandboxesQuery,
           response: {
             200: Type.Object({
@@ -215,6 +245,7 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
           cursor: q.cursor,
           state: q.state ? (q.state.split(',') as SandboxState[]) : undefined,
           metadata,
+          team: principalOf(req).team,
         });
         return { sandboxes: page.sandboxes.map(toPublic), nextCursor: page.nextCursor };
       },
@@ -223,18 +254,20 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
     app.get(
       '/v1/sandboxes/:id',
       {
+        config: { scope: 'sandboxes:read' },
         schema: {
           summary: 'Get a sandbox',
           params: IdParams,
           response: { 200: Type.Ref(SandboxSchema), ...errors },
         },
       },
-      async (req) => toPublic(await deps.requireSandbox(req.params.id)),
+      async (req) => toPublic(await deps.requireSandbox(req.params.id, principalOf(req).team)),
     );
 
     app.delete(
       '/v1/sandboxes/:id',
       {
+        config: { scope: 'sandboxes:write' },
         schema: {
           summary: 'Kill a sandbox (asynchronous)',
           params: IdParams,
@@ -242,13 +275,13 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         },
       },
       async (req, reply) => {
-        const rec = await deps.requireSandbox(req.params.id);
+        const rec = await deps.requireSandbox(req.params.id, principalOf(req).team);
         // a repeated DELETE answers with the operation already under way (or done)
         const prior = await deps.redis.hget(keys.sandbox(rec.id), 'deleteOperationId');
         const priorOp = prior ? await deps.operations.get(prior) : null;
         if (priorOp && priorOp.state !== 'failed')
           return reply.status(202).send({ operation: operationToPublic(priorOp) });
-        const op = await deps.operations.enqueue('sandbox.delete', rec.id, { reason: 'request' });
+        const op = await deps.operations.enqueue('sandbox.delete', rec.id, { reason: 'request' }, rec.team);
         await deps.redis.hset(keys.sandbox(rec.id), 'deleteOperationId', op.id);
         return reply.status(202).send({ operation: operationToPublic(op) });
       },
@@ -259,9 +292,10 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
       kind: 'sandbox.pause' | 'sandbox.resume',
       id: string,
       mode: string | undefined,
-      log: FastifyBaseLogger,
+      req: FastifyRequest,
     ) {
-      const rec = await deps.requireSandbox(id);
+      const log = req.log;
+      const rec = await deps.requireSandbox(id, principalOf(req).team);
       const args: Record<string, string> = { reason: 'request' };
       if (mode) args.mode = mode;
       const asked = await requestLifecycle(deps.redis, kind, rec.id, args);
@@ -277,6 +311,7 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
     app.post(
       '/v1/sandboxes/:id/pause',
       {
+        config: { scope: 'sandboxes:write' },
         schema: {
           summary:
             'Pause a sandbox (asynchronous): files, processes, listening sockets and command output are kept; its running lifetime stops',
@@ -286,12 +321,13 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         },
       },
       async (req, reply) =>
-        reply.status(202).send(await askLifecycle('sandbox.pause', req.params.id, req.body?.mode, req.log)),
+        reply.status(202).send(await askLifecycle('sandbox.pause', req.params.id, req.body?.mode, req)),
     );
 
     app.post(
       '/v1/sandboxes/:id/resume',
       {
+        config: { scope: 'sandboxes:write' },
         schema: {
           summary: 'Resume a paused sandbox (asynchronous); the router and new commands also resume it',
           params: IdParams,
@@ -299,12 +335,13 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         },
       },
       async (req, reply) =>
-        reply.status(202).send(await askLifecycle('sandbox.resume', req.params.id, undefined, req.log)),
+        reply.status(202).send(await askLifecycle('sandbox.resume', req.params.id, undefined, req)),
     );
 
     app.get(
       '/v1/sandboxes/:id/usage',
       {
+        config: { scope: 'sandboxes:read' },
         schema: {
           summary: 'Active, idle and paused time of a sandbox over its whole life (s, vCPU-s, GiB-s)',
           params: IdParams,
@@ -312,7 +349,7 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         },
       },
       async (req) => {
-        const rec = await deps.requireSandbox(req.params.id);
+        const rec = await deps.requireSandbox(req.params.id, principalOf(req).team);
         return sandboxUsage(deps.redis, rec.id);
       },
     );
@@ -320,6 +357,7 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
     app.patch(
       '/v1/sandboxes/:id/egress',
       {
+        config: { scope: 'sandboxes:write' },
         schema: {
           summary:
             'Replace the egress policy of a running sandbox (connections it no longer allows are closed)',
@@ -329,7 +367,8 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         },
       },
       async (req) => {
-        const rec = await deps.requireSandbox(req.params.id);
+        const team = principalOf(req).team;
+        const rec = await deps.requireSandbox(req.params.id, team);
         const egress = allowCredentialHosts(normalisePolicy(req.body), rec.grants);
         if (rec.state !== 'running' || !rec.nodeId) {
           throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${rec.id} is ${rec.state}`, {
@@ -340,13 +379,14 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         await deps.agents.updateEgress(node, rec.id, egress);
         await deps.sandboxes.setEgress(rec.id, egress);
         req.log.info({ [F.sandboxId]: rec.id, egress }, 'egress policy replaced');
-        return toPublic(await deps.requireSandbox(rec.id));
+        return toPublic(await deps.requireSandbox(rec.id, team));
       },
     );
 
     app.post(
       '/v1/sandboxes/:id/timeout',
       {
+        config: { scope: 'sandboxes:write' },
         schema: {
           summary: 'Set the lifetime to timeoutSec from now',
           params: IdParams,
@@ -358,6 +398,8 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         if (req.body.timeoutSec > deps.config.maxTimeoutSec) {
           throw new SpaceError('BAD_REQUEST', `timeoutSec must be at most ${deps.config.maxTimeoutSec}`);
         }
+        const team = principalOf(req).team;
+        await deps.requireSandbox(req.params.id, team);
         const res = await deps.sandboxes.extend(req.params.id, req.body.timeoutSec);
         if (!res.ok) {
           if (res.current === null) throw new SpaceError('SANDBOX_NOT_FOUND', `no sandbox ${req.params.id}`);
@@ -365,7 +407,7 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
             state: res.current,
           });
         }
-        return toPublic(await deps.requireSandbox(req.params.id));
+        return toPublic(await deps.requireSandbox(req.params.id, team));
       },
     );
   };

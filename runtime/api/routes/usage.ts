@@ -1,7 +1,8 @@
-/** GET /v1/usage: active, idle and paused time summed over a range, grouped. */
+/** GET /v1/usage: the key's team's active, idle and paused time summed over a range, grouped. */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { SpaceError } from '../../core/errors.ts';
 import type { ApiDeps } from '../app.ts';
+import { principalOf } from '../auth.ts';
 import { ErrorSchema, UsageQuery, UsageReportSchema } from '../schemas.ts';
 import { queryUsage } from '../usage.ts';
 
@@ -13,11 +14,12 @@ export function usageRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
     app.get(
       '/v1/usage',
       {
+        config: { scope: 'usage:read' },
         schema: {
           summary:
-            'Usage in [from, to): seconds, vCPU-seconds and GiB-seconds of active, idle and paused time, grouped by sandbox, API key or template',
+            'The team’s usage in [from, to): seconds, vCPU-seconds and GiB-seconds of active, idle and paused time, grouped by sandbox, API key or template',
           querystring: UsageQuery,
-          response: { 200: UsageReportSchema, 400: ErrorSchema, 401: ErrorSchema },
+          response: { 200: UsageReportSchema, 400: ErrorSchema, 401: ErrorSchema, 403: ErrorSchema },
         },
       },
       async (req) => {
@@ -26,7 +28,12 @@ export function usageRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         if (Number.isNaN(fromMs) || Number.isNaN(toMs)) {
           throw new SpaceError('BAD_REQUEST', '`from` and `to` must be ISO 8601 times');
         }
-        return queryUsage(deps.redis, { fromMs, toMs }, req.query.groupBy ?? 'sandbox');
+        return queryUsage(
+          deps.redis,
+          { fromMs, toMs },
+          req.query.groupBy ?? 'sandbox',
+          principalOf(req).team,
+        );
       },
     );
   };

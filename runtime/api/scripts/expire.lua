@@ -17,7 +17,8 @@ for _, id in ipairs(due) do
     -- one delete per sandbox id: `op_t` + the id's random part (`sbx_…` and DNS-safe `sbx…` ids)
     local opId = 'op_t' .. (string.gsub(id, '^sbx_?', ''))
     redis.call('HSET', ARGV[1] .. 'operation:' .. opId, 'id', opId, 'kind', 'sandbox.delete', 'target', id,
-      'state', 'pending', 'args', '{"reason":"' .. reason .. '"}', 'createdAt', ARGV[2], 'updatedAt', ARGV[2])
+      'state', 'pending', 'args', '{"reason":"' .. reason .. '"}', 'createdAt', ARGV[2], 'updatedAt', ARGV[2],
+      'team', redis.call('HGET', sk, 'team') or '')
     redis.call('XADD', KEYS[2], '*', 'id', opId)
     table.insert(claimed, id)
   end

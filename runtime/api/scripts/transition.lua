@@ -5,6 +5,7 @@
 -- Lifetime: only running time counts. Entering `paused` stores the running time left
 -- (`timeLeftMs`) and sets the deadline to the paused retention (field `retentionMs`, which the
 -- caller passes); leaving `resuming` for `running` gives the time left back.
+-- Entering `killed` returns the sandbox's reservation of its team's quotas (see admit.lua).
 -- Returns { 1, target } on success, { 0, current } (current = '' when the sandbox is gone) otherwise.
 local current = redis.call('HGET', KEYS[1], 'state')
 if not current then return { 0, '' } end
@@ -35,5 +36,15 @@ elseif ARGV[1] == 'running' then
   redis.call('ZADD', KEYS[2], redis.call('HGET', KEYS[1], 'expiresAtMs'), id)
 elseif ARGV[1] == 'killing' or ARGV[1] == 'killed' then
   redis.call('ZREM', KEYS[2], id)
+end
+-- a killed sandbox returns what it reserved of its team's quotas (admit.lua), exactly once
+if ARGV[1] == 'killed' and redis.call('HGET', KEYS[1], 'quotaHeld') == '1' then
+  local f = redis.call('HMGET', KEYS[1], 'team', 'vcpus', 'memoryMiB')
+  local prefix = string.match(KEYS[1], '^(.*)sandbox:')
+  local tk = prefix .. 'team:' .. (f[1] or 'default') .. ':reserved'
+  redis.call('HINCRBY', tk, 'sandboxes', -1)
+  redis.call('HINCRBY', tk, 'vcpusMilli', -math.floor(tonumber(f[2]) * 1000 + 0.5))
+  redis.call('HINCRBY', tk, 'memoryMiB', -tonumber(f[3]))
+  redis.call('HSET', KEYS[1], 'quotaHeld', '0')
 end
 return { 1, ARGV[1] }

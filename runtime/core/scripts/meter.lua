@@ -5,7 +5,7 @@
 -- KEYS[4] sandbox:<id> hash, KEYS[5] usage:open set
 -- ARGV[1] key prefix, ARGV[2] sandbox id, ARGV[3] new state: active | idle | paused | ended,
 -- ARGV[4] retention of usage data (s), ARGV[5] only when the open state is this ('' = always)
--- The sandbox's dimensions (vcpus, memoryMiB, template, apiKey) and its autoPauseSec are read from
+-- The sandbox's dimensions (vcpus, memoryMiB, template, apiKey, team) and its autoPauseSec are read from
 -- its record, so every reporter agrees on them.
 -- Returns { previous state ('' if none), closed interval (ms), now (ms), state now ('' if ended) }.
 local t = redis.call('TIME')
@@ -53,10 +53,10 @@ end
 
 redis.call('HSET', KEYS[1], 'state', want, 'since', now)
 redis.call('SADD', KEYS[5], id)
-local dims = redis.call('HMGET', KEYS[4], 'vcpus', 'memoryMiB', 'template', 'apiKey', 'autoPauseSec')
+local dims = redis.call('HMGET', KEYS[4], 'vcpus', 'memoryMiB', 'template', 'apiKey', 'autoPauseSec', 'team')
 if redis.call('HEXISTS', KEYS[2], 'startedAt') == 0 then
   redis.call('HSET', KEYS[2], 'startedAt', now, 'vcpus', dims[1] or '0', 'memoryMiB', dims[2] or '0',
-    'template', dims[3] or '', 'apiKey', dims[4] or '')
+    'template', dims[3] or '', 'apiKey', dims[4] or '', 'team', dims[6] or '')
 end
 local autoPause = tonumber(dims[5] or '0') or 0
 if want == 'idle' and autoPause > 0 and sstate == 'running' then

@@ -17,7 +17,7 @@ end
 local id, now = ARGV[3], ARGV[4]
 redis.call('HSET', ARGV[1] .. 'operation:' .. id, 'id', id, 'kind', ARGV[2],
   'target', redis.call('HGET', KEYS[1], 'id'), 'state', 'pending', 'args', ARGV[5],
-  'createdAt', now, 'updatedAt', now)
+  'createdAt', now, 'updatedAt', now, 'team', redis.call('HGET', KEYS[1], 'team') or '')
 redis.call('XADD', KEYS[2], '*', 'id', id)
 redis.call('HSET', KEYS[1], field, id)
 return { id, state, 1 }

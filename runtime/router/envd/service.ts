@@ -37,6 +37,7 @@ import type { Dispatcher } from 'undici';
 import { SpaceError } from '../../core/errors.ts';
 import { ID_PATTERN } from '../../core/ids.ts';
 import { keys } from '../../core/redis-keys.ts';
+import { DEFAULT_TEAM } from '../../core/tenancy.ts';
 import { type SessionScope, verifySessionToken } from '../../core/tokens.ts';
 import type { RouterDeps } from '../app.ts';
 import { type EntryInfo, EntryInfoSchema, Filesystem, FileType } from './gen/filesystem/filesystem_pb.js';
@@ -52,6 +53,8 @@ const HOST = /^(\d{1,5})-([a-z0-9_]{8,64})\./;
 interface Target {
   sandboxId: string;
   token: string;
+  /** The token's team (the default team for tokens minted before teams). */
+  team: string;
 }
 const kTarget = createContextKey<Target | null>(null);
 
@@ -99,7 +102,7 @@ export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
   ): Promise<Dispatcher.ResponseData> {
     let up: Awaited<ReturnType<typeof deps.proxy.locator.locate>>;
     try {
-      up = await deps.proxy.locator.locate(t.sandboxId);
+      up = await deps.proxy.locator.locate(t.sandboxId, { team: t.team });
     } catch (err) {
       if (err instanceof SpaceError) throw connectErrorOf(err.status, err.code, err.message);
       throw err;
@@ -325,13 +328,14 @@ export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
       );
       return null;
     }
+    let team: string;
     try {
-      await verifySessionToken(deps.verifyKey, token, { sandboxId, scope });
+      team = (await verifySessionToken(deps.verifyKey, token, { sandboxId, scope })).team ?? DEFAULT_TEAM;
     } catch (err) {
       await envdError(reply, 401, err instanceof Error ? err.message : 'unauthorized');
       return null;
     }
-    return { sandboxId, token };
+    return { sandboxId, token, team };
   }
 
   for (const [prefix, scope] of [

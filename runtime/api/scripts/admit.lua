@@ -1,0 +1,41 @@
+-- Admit a new sandbox against its team's quotas and record it, in one step: a concurrent burst of
+-- creates admits exactly what the quotas allow, and a refused create leaves nothing behind (no
+-- record, no index entry, no reservation, no rate-window entry).
+-- KEYS[1] sandbox hash, KEYS[2] sandbox index zset, KEYS[3] team reserved hash
+-- (`sandboxes`, `vcpusMilli`, `memoryMiB`), KEYS[4] team creates zset (sliding 60 s window)
+-- ARGV[1] now (ms), ARGV[2] sandbox id, ARGV[3] sandboxes limit, ARGV[4] vCPU limit (milli),
+-- ARGV[5] memory limit (MiB), ARGV[6] creates-per-minute limit (limits: 0 = unlimited),
+-- ARGV[7] this sandbox's vCPUs (milli), ARGV[8] its memory (MiB), ARGV[9..] sandbox field/value pairs
+-- Returns { 1 } when admitted and recorded, or { 0, quota, limit, current } when refused.
+-- The reservation is returned exactly once when the sandbox reaches `killed` (transition.lua),
+-- marked by the record's `quotaHeld` field.
+local now = tonumber(ARGV[1])
+local cpu, mem = tonumber(ARGV[7]), tonumber(ARGV[8])
+local r = redis.call('HMGET', KEYS[3], 'sandboxes', 'vcpusMilli', 'memoryMiB')
+local used = { tonumber(r[1] or '0'), tonumber(r[2] or '0'), tonumber(r[3] or '0') }
+local limits = { tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]) }
+local asks = { 1, cpu, mem }
+local names = { 'sandboxes', 'vcpus', 'memoryMiB' }
+for i = 1, 3 do
+  if limits[i] > 0 and used[i] + asks[i] > limits[i] then
+    return { 0, names[i], limits[i], used[i] }
+  end
+end
+local perMinute = tonumber(ARGV[6])
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - 60000)
+if perMinute > 0 then
+  local recent = redis.call('ZCARD', KEYS[4])
+  if recent >= perMinute then return { 0, 'createsPerMinute', perMinute, recent } end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then return { 0, 'exists', 0, 0 } end
+redis.call('ZADD', KEYS[4], now, ARGV[2])
+redis.call('PEXPIRE', KEYS[4], 120000)
+redis.call('HINCRBY', KEYS[3], 'sandboxes', 1)
+redis.call('HINCRBY', KEYS[3], 'vcpusMilli', cpu)
+redis.call('HINCRBY', KEYS[3], 'memoryMiB', mem)
+for i = 9, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+redis.call('HSET', KEYS[1], 'quotaHeld', '1')
+redis.call('ZADD', KEYS[2], now, ARGV[2])
+return { 1 }
