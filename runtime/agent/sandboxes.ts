@@ -17,6 +17,7 @@ import type { EgressPolicy } from '../core/egress.ts';
 import { SpaceError } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
+import { inSpan } from '../core/tracing.ts';
 import type { PauseMode } from '../core/types.ts';
 import type { ActivityMeter } from './activity.ts';
 import { type Command, DETACH, resumePump, type StartCommand, startCommand } from './commands.ts';
@@ -602,18 +603,20 @@ export class SandboxManager {
     }) => Promise<InstanceInfo>,
   ): Promise<InstanceInfo> {
     const instanceId = newId('i', 12);
-    const network = await this.#o.networks.allocate(instanceId);
+    const network = await inSpan('agent.network.allocate', {}, () => this.#o.networks.allocate(instanceId));
     try {
       if (this.#o.driver.capabilities.network === 'tap') {
         network.tap = await this.#o.networks.attachTap(network);
       }
-      return await make({
-        instanceId,
-        template,
-        pidsLimit: this.#o.pidsLimit,
-        guestToken: randomBytes(32).toString('hex'),
-        network,
-      });
+      return await inSpan('agent.driver.start', { 'space.driver': this.#o.driver.name }, () =>
+        make({
+          instanceId,
+          template,
+          pidsLimit: this.#o.pidsLimit,
+          guestToken: randomBytes(32).toString('hex'),
+          network,
+        }),
+      );
     } catch (err) {
       await this.#o.networks.release(network).catch(() => {});
       throw err;
@@ -739,7 +742,7 @@ export class SandboxManager {
       if (inst) {
         guest = new GuestClient(inst.guest);
         try {
-          await guest.health();
+          await inSpan('agent.guest.health', {}, () => guest!.health());
         } catch (err) {
           log.warn({ err, [F.instanceId]: inst.instanceId }, 'warm slot unhealthy; booting cold');
           await guest.close();
@@ -749,12 +752,14 @@ export class SandboxManager {
         }
       }
       if (!inst) {
-        const made = await this.#make(req.template, shape);
+        const made = await inSpan('agent.instance.make', { 'space.template': req.template }, () =>
+          this.#make(req.template, shape),
+        );
         inst = made.inst;
         source = made.source;
         guest = new GuestClient(inst.guest);
       }
-      await guest!.init(req.env);
+      await inSpan('agent.guest.init', {}, () => guest!.init(req.env));
       const dir = this.#dir(req.sandboxId);
       await mkdir(join(dir, 'commands'), { recursive: true });
       const file: SandboxFile = {
@@ -773,7 +778,9 @@ export class SandboxManager {
       // gateway registration (DNS/80/443 of an unregistered source are refused). Without this a new
       // sandbox had no egress until a PATCH or the watchdog's next pass, and CIDR rules never applied
       // (found by test/attacks.int.test.ts).
-      await this.#applyEgress(req.sandboxId, inst, req.egress, req.credentials);
+      await inSpan('agent.egress.apply', {}, () =>
+        this.#applyEgress(req.sandboxId, inst!, req.egress, req.credentials),
+      );
       this.#sandboxes.set(sb.id, sb);
       this.#o.activity?.track(sb.id, { reported: null });
       log.info({ [F.instanceId]: inst.instanceId, source }, 'sandbox created');

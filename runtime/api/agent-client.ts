@@ -19,6 +19,7 @@ import {
 import type { EgressPolicy } from '../core/egress.ts';
 import { errorFromBody, SpaceError } from '../core/errors.ts';
 import { mintDispatchToken, type SigningKey } from '../core/tokens.ts';
+import { injectTraceHeaders, inSpan } from '../core/tracing.ts';
 import type { NodeInfo } from '../core/types.ts';
 
 export type { AgentCommandRequest, AgentCreateRequest };
@@ -38,29 +39,40 @@ export class AgentClient {
     body?: unknown,
     signal?: AbortSignal,
   ) {
-    const token = await mintDispatchToken(this.#key, node.id);
-    let res: Awaited<ReturnType<typeof request>>;
-    try {
-      res = await request(new URL(path, node.url), {
-        method,
-        headers: {
-          authorization: `Bearer ${token}`,
-          ...(body ? { 'content-type': 'application/json' } : {}),
-        },
-        body: body ? JSON.stringify(body) : undefined,
-        headersTimeout: this.#timeoutMs,
-        bodyTimeout: this.#timeoutMs,
-        signal,
-      });
-    } catch (err) {
-      throw new SpaceError('NODE_UNAVAILABLE', `node ${node.id} did not answer: ${(err as Error).message}`, {
-        nodeId: node.id,
-      });
-    }
-    const text = await res.body.text();
-    const json = text ? (JSON.parse(text) as unknown) : undefined;
-    if (res.statusCode >= 400) throw errorFromBody(res.statusCode, json, 'NODE_UNAVAILABLE');
-    return json as T;
+    // one span per dispatch, its context carried to the agent in `traceparent`
+    return inSpan(
+      'api.dispatch',
+      { 'http.request.method': method, 'url.path': path, 'space.node.id': node.id },
+      async () => {
+        const token = await mintDispatchToken(this.#key, node.id);
+        let res: Awaited<ReturnType<typeof request>>;
+        try {
+          res = await request(new URL(path, node.url), {
+            method,
+            headers: {
+              ...injectTraceHeaders({ authorization: `Bearer ${token}` }),
+              ...(body ? { 'content-type': 'application/json' } : {}),
+            },
+            body: body ? JSON.stringify(body) : undefined,
+            headersTimeout: this.#timeoutMs,
+            bodyTimeout: this.#timeoutMs,
+            signal,
+          });
+        } catch (err) {
+          throw new SpaceError(
+            'NODE_UNAVAILABLE',
+            `node ${node.id} did not answer: ${(err as Error).message}`,
+            {
+              nodeId: node.id,
+            },
+          );
+        }
+        const text = await res.body.text();
+        const json = text ? (JSON.parse(text) as unknown) : undefined;
+        if (res.statusCode >= 400) throw errorFromBody(res.statusCode, json, 'NODE_UNAVAILABLE');
+        return json as T;
+      },
+    );
   }
 
   /**

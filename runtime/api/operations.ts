@@ -18,6 +18,7 @@ import { SpaceError } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
 import { KEY_PREFIX, keys, OPERATION_GROUP, OPERATION_TTL_SEC } from '../core/redis-keys.ts';
+import { currentTraceparent, inSpan, traceContextFrom } from '../core/tracing.ts';
 import type { Operation, OperationKind, OperationState } from '../core/types.ts';
 import { type ScriptedRedis, withScripts } from './redis-scripts.ts';
 
@@ -37,6 +38,8 @@ export interface OperationRecord extends Operation {
    * operations written before teams (their target sandbox's team then decides).
    */
   team: string | null;
+  /** W3C `traceparent` of the request that queued it (tracing on), so the worker's spans join it. */
+  traceparent?: string;
 }
 
 const iso = (ms: string | undefined) => new Date(Number(ms ?? 0)).toISOString();
@@ -53,12 +56,13 @@ function fromHash(h: Record<string, string>): OperationRecord | null {
     updatedAt: iso(h.updatedAt),
     args: JSON.parse(h.args ?? '{}') as Record<string, string>,
     team: h.team || null,
+    ...(h.traceparent ? { traceparent: h.traceparent } : {}),
   };
 }
 
 /** Public JSON of an operation. */
 export function operationToPublic(op: OperationRecord): Operation {
-  const { args: _args, team: _team, ...pub } = op;
+  const { args: _args, team: _team, traceparent: _tp, ...pub } = op;
   return pub;
 }
 
@@ -77,21 +81,21 @@ export class OperationStore {
   ): Promise<OperationRecord> {
     const id = newId('op');
     const now = String(Date.now());
-    await this.redis
-      .multi()
-      .hset(keys.operation(id), {
-        id,
-        kind,
-        target,
-        state: 'pending',
-        args: JSON.stringify(args),
-        createdAt: now,
-        updatedAt: now,
-        team,
-      })
-      .xadd(keys.operationQueue(), '*', 'id', id)
-      .exec();
-    return (await this.get(id))!;
+    const traceparent = currentTraceparent();
+    const hash: Record<string, string> = {
+      id,
+      kind,
+      target,
+      state: 'pending',
+      args: JSON.stringify(args),
+      createdAt: now,
+      updatedAt: now,
+      team,
+      ...(traceparent ? { traceparent } : {}),
+    };
+    await this.redis.multi().hset(keys.operation(id), hash).xadd(keys.operationQueue(), '*', 'id', id).exec();
+    // what was just written, without reading it back (one round trip less on every create)
+    return fromHash(hash)!;
   }
 
   async get(id: string): Promise<OperationRecord | null> {
@@ -302,7 +306,12 @@ export class OperationWorker {
         const started = Date.now();
         let outcome: { state: 'succeeded' } | { state: 'failed'; error: SpaceError };
         try {
-          await this.#handlers[op.kind](op);
+          await inSpan(
+            `operation.${op.kind}`,
+            { 'space.operation.id': op.id, 'space.target': op.target },
+            () => this.#handlers[op.kind](op),
+            op.traceparent ? traceContextFrom({ traceparent: op.traceparent }) : undefined,
+          );
           outcome = { state: 'succeeded' };
         } catch (err) {
           const e =

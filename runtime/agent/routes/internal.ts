@@ -21,6 +21,7 @@ import { validateGrants } from '../../core/credentials.ts';
 import { EgressPolicySchema, normalisePolicy } from '../../core/egress.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { verifyDispatchToken } from '../../core/tokens.ts';
+import { inSpan, traceContextFrom } from '../../core/tracing.ts';
 import type { AgentDeps } from '../app.ts';
 import { startOptions } from '../commands.ts';
 
@@ -32,25 +33,33 @@ export function internalRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       await verifyDispatchToken(deps.verifyKey, m[1]!, deps.config.nodeId);
     });
 
-    app.post(AGENT_ROUTES.sandboxes, { schema: { body: AgentCreateRequestSchema } }, async (req) => {
-      const b = req.body;
-      const sb = await deps.sandboxes.create({
-        sandboxId: b.sandboxId,
-        sessionId: b.sessionId,
-        template: b.template,
-        vcpus: b.vcpus,
-        memoryMiB: b.memoryMiB,
-        env: b.env,
-        expiresAtMs: b.expiresAtMs,
-        egress: normalisePolicy(b.egress),
-        credentials: validateGrants(b.credentials),
-      });
-      return {
-        instanceId: sb.instance.instanceId,
-        fromWarmPool: sb.source === 'warm',
-        source: sb.source,
-      } satisfies AgentCreateResponse;
-    });
+    app.post(AGENT_ROUTES.sandboxes, { schema: { body: AgentCreateRequestSchema } }, async (req) =>
+      inSpan(
+        'agent.sandboxes.create',
+        { 'space.sandbox.id': req.body.sandboxId },
+        async (span) => {
+          const b = req.body;
+          const sb = await deps.sandboxes.create({
+            sandboxId: b.sandboxId,
+            sessionId: b.sessionId,
+            template: b.template,
+            vcpus: b.vcpus,
+            memoryMiB: b.memoryMiB,
+            env: b.env,
+            expiresAtMs: b.expiresAtMs,
+            egress: normalisePolicy(b.egress),
+            credentials: validateGrants(b.credentials),
+          });
+          span.setAttribute('space.instance.source', sb.source);
+          return {
+            instanceId: sb.instance.instanceId,
+            fromWarmPool: sb.source === 'warm',
+            source: sb.source,
+          } satisfies AgentCreateResponse;
+        },
+        traceContextFrom(req.headers),
+      ),
+    );
 
     app.put(
       AGENT_ROUTES.egress,
@@ -70,9 +79,11 @@ export function internalRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       AGENT_ROUTES.commands,
       { schema: { params: Type.Object({ id: Sid }), body: AgentCommandRequestSchema } },
       async (req, reply) => {
-        const cmd = await deps.sandboxes.startCommand(
-          req.params.id,
-          startOptions(req.body.commandId, req.body),
+        const cmd = await inSpan(
+          'agent.commands.start',
+          { 'space.sandbox.id': req.params.id },
+          () => deps.sandboxes.startCommand(req.params.id, startOptions(req.body.commandId, req.body)),
+          traceContextFrom(req.headers),
         );
         return reply.status(201).send({ commandId: cmd.id, pid: cmd.pid } satisfies AgentCommandResponse);
       },

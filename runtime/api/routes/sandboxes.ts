@@ -14,6 +14,7 @@ import { newId, newSandboxId } from '../../core/ids.ts';
 import { requestLifecycle } from '../../core/lifecycle-requests.ts';
 import { F } from '../../core/log-fields.ts';
 import { IDEMPOTENCY_TTL_SEC, keys } from '../../core/redis-keys.ts';
+import { inSpan, traceContextFrom } from '../../core/tracing.ts';
 import type { SandboxState } from '../../core/types.ts';
 import type { ApiDeps } from '../app.ts';
 import { principalOf } from '../auth.ts';
@@ -72,153 +73,175 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
           response: { 202: SandboxAndOperation, ...errors },
         },
       },
-      async (req, reply) => {
-        const body = req.body;
-        const who = principalOf(req);
-        const all = await deps.nodes.list();
-        const templates = readyTemplates(all);
-        if (!templates.has(body.template)) {
-          // transient states get retryable codes: a template some node holds but no live node
-          // serves now is not ready; with no live node at all, nothing can be said about it
-          if (knownTemplates(all).has(body.template)) {
-            throw new SpaceError(
-              'TEMPLATE_NOT_READY',
-              `template "${body.template}" has no live node right now`,
-              {
-                template: body.template,
-              },
-            );
-          }
-          if (!all.some((n) => n.alive)) {
-            throw new SpaceError('NODE_UNAVAILABLE', 'no node is heartbeating right now', {
-              template: body.template,
+      async (req, reply) =>
+        inSpan(
+          'api.sandboxes.create',
+          {},
+          async () => {
+            const body = req.body;
+            const who = principalOf(req);
+            const all = await inSpan('redis.nodes.list', {}, () => deps.nodes.list());
+            const templates = readyTemplates(all);
+            if (!templates.has(body.template)) {
+              // transient states get retryable codes: a template some node holds but no live node
+              // serves now is not ready; with no live node at all, nothing can be said about it
+              if (knownTemplates(all).has(body.template)) {
+                throw new SpaceError(
+                  'TEMPLATE_NOT_READY',
+                  `template "${body.template}" has no live node right now`,
+                  {
+                    template: body.template,
+                  },
+                );
+              }
+              if (!all.some((n) => n.alive)) {
+                throw new SpaceError('NODE_UNAVAILABLE', 'no node is heartbeating right now', {
+                  template: body.template,
+                });
+              }
+              throw new SpaceError(
+                'TEMPLATE_NOT_FOUND',
+                `no template "${body.template}" on any available node`,
+                {
+                  template: body.template,
+                  known: [...templates].sort(),
+                },
+              );
+            }
+            const nodes = all.filter((n) => n.alive && n.schedulable);
+            const vcpus = body.vcpus ?? 1;
+            const memoryMiB = body.memoryMiB ?? 512;
+            if (nodes.length > 0 && !nodes.some((n) => n.vcpus >= vcpus && n.memoryMiB >= memoryMiB)) {
+              // no node could ever hold it: say so now rather than through a failed operation
+              const largest = nodes.reduce((a, n) => (n.memoryMiB > a.memoryMiB ? n : a));
+              throw new SpaceError(
+                'NODE_CAPACITY_EXHAUSTED',
+                `no node is large enough for ${vcpus} vCPU / ${memoryMiB} MiB (largest: ${largest.vcpus} vCPU / ${largest.memoryMiB} MiB)`,
+                { vcpus, memoryMiB },
+              );
+            }
+            const able = nodes.filter((n) => n.templates.includes(body.template));
+            const problems = able.flatMap((n) => {
+              const why = isDriverName(n.driver)
+                ? shapeProblem(n.driver, { vcpus, memoryMiB })
+                : `unknown driver ${n.driver}`;
+              return why ? [why] : [];
             });
-          }
-          throw new SpaceError('TEMPLATE_NOT_FOUND', `no template "${body.template}" on any available node`, {
-            template: body.template,
-            known: [...templates].sort(),
-          });
-        }
-        const nodes = all.filter((n) => n.alive && n.schedulable);
-        const vcpus = body.vcpus ?? 1;
-        const memoryMiB = body.memoryMiB ?? 512;
-        if (nodes.length > 0 && !nodes.some((n) => n.vcpus >= vcpus && n.memoryMiB >= memoryMiB)) {
-          // no node could ever hold it: say so now rather than through a failed operation
-          const largest = nodes.reduce((a, n) => (n.memoryMiB > a.memoryMiB ? n : a));
-          throw new SpaceError(
-            'NODE_CAPACITY_EXHAUSTED',
-            `no node is large enough for ${vcpus} vCPU / ${memoryMiB} MiB (largest: ${largest.vcpus} vCPU / ${largest.memoryMiB} MiB)`,
-            { vcpus, memoryMiB },
-          );
-        }
-        const able = nodes.filter((n) => n.templates.includes(body.template));
-        const problems = able.flatMap((n) => {
-          const why = isDriverName(n.driver)
-            ? shapeProblem(n.driver, { vcpus, memoryMiB })
-            : `unknown driver ${n.driver}`;
-          return why ? [why] : [];
-        });
-        if (able.length > 0 && problems.length === able.length) {
-          // every node that could hold the template runs a driver that cannot run this shape
-          throw new SpaceError('SHAPE_UNSUPPORTED', [...new Set(problems)].join('; '), {
-            vcpus,
-            memoryMiB,
-            drivers: [...new Set(able.map((n) => n.driver))].sort(),
-          });
-        }
-        const timeoutSec = body.timeoutSec ?? deps.config.defaultTimeoutSec;
-        if (timeoutSec > deps.config.maxTimeoutSec) {
-          throw new SpaceError('BAD_REQUEST', `timeoutSec must be at most ${deps.config.maxTimeoutSec}`);
-        }
-        // validate everything before anything is written: bad input loses nothing
-        // only the team's own credentials can be granted (another team's name is not found)
-        const grants = await deps.credentials.grant(who.team, body.credentials ?? []);
-        const quotas = await deps.teams.quotas(who.team);
-        const egress = allowCredentialHosts(normalisePolicy(body.egress), grants);
-        const sandboxId = newSandboxId();
-        const idemKey = req.headers['idempotency-key'];
-        if (idemKey) {
-          const key = keys.idempotency(who.team, idemKey);
-          const bodyHash = createHash('sha256').update(canonical(body)).digest('hex');
-          const won = await deps.redis.set(
-            key,
-            JSON.stringify({ bodyHash, sandboxId }),
-            'EX',
-            IDEMPOTENCY_TTL_SEC,
-            'NX',
-          );
-          if (won !== 'OK') {
-            const prior = JSON.parse((await deps.redis.get(key)) ?? '{}') as {
-              bodyHash?: string;
-              sandboxId?: string;
-              operationId?: string;
-            };
-            if (prior.bodyHash !== bodyHash) {
-              throw new SpaceError('IDEMPOTENCY_CONFLICT', 'Idempotency-Key was used with a different body');
+            if (able.length > 0 && problems.length === able.length) {
+              // every node that could hold the template runs a driver that cannot run this shape
+              throw new SpaceError('SHAPE_UNSUPPORTED', [...new Set(problems)].join('; '), {
+                vcpus,
+                memoryMiB,
+                drivers: [...new Set(able.map((n) => n.driver))].sort(),
+              });
             }
-            // the first request may still be writing its records: wait briefly for them
-            for (let i = 0; i < 50; i++) {
-              const cur = JSON.parse((await deps.redis.get(key)) ?? '{}') as typeof prior;
-              const sb = cur.sandboxId ? await deps.sandboxes.get(cur.sandboxId) : null;
-              const op = cur.operationId ? await deps.operations.get(cur.operationId) : null;
-              if (sb && op)
-                return reply.status(202).send({ sandbox: toPublic(sb), operation: operationToPublic(op) });
-              await sleep(20);
+            const timeoutSec = body.timeoutSec ?? deps.config.defaultTimeoutSec;
+            if (timeoutSec > deps.config.maxTimeoutSec) {
+              throw new SpaceError('BAD_REQUEST', `timeoutSec must be at most ${deps.config.maxTimeoutSec}`);
             }
-            throw new SpaceError('INTERNAL', 'the first request with this Idempotency-Key did not finish');
-          }
-          let made: Awaited<ReturnType<typeof createRecords>>;
-          try {
-            made = await createRecords(sandboxId);
-          } catch (err) {
-            // refused (a quota): the key may be used again with a body that fits
-            await deps.redis.del(key);
-            throw err;
-          }
-          const { sandbox, operation } = made;
-          await deps.redis.set(
-            key,
-            JSON.stringify({ bodyHash, sandboxId, operationId: operation.id }),
-            'EX',
-            IDEMPOTENCY_TTL_SEC,
-          );
-          return reply.status(202).send({ sandbox, operation });
-        }
-        return reply.status(202).send(await createRecords(sandboxId));
+            // validate everything before anything is written: bad input loses nothing
+            // only the team's own credentials can be granted (another team's name is not found)
+            const grants = await deps.credentials.grant(who.team, body.credentials ?? []);
+            const quotas = await deps.teams.quotas(who.team);
+            const egress = allowCredentialHosts(normalisePolicy(body.egress), grants);
+            const sandboxId = newSandboxId();
+            const idemKey = req.headers['idempotency-key'];
+            if (idemKey) {
+              const key = keys.idempotency(who.team, idemKey);
+              const bodyHash = createHash('sha256').update(canonical(body)).digest('hex');
+              const won = await deps.redis.set(
+                key,
+                JSON.stringify({ bodyHash, sandboxId }),
+                'EX',
+                IDEMPOTENCY_TTL_SEC,
+                'NX',
+              );
+              if (won !== 'OK') {
+                const prior = JSON.parse((await deps.redis.get(key)) ?? '{}') as {
+                  bodyHash?: string;
+                  sandboxId?: string;
+                  operationId?: string;
+                };
+                if (prior.bodyHash !== bodyHash) {
+                  throw new SpaceError(
+                    'IDEMPOTENCY_CONFLICT',
+                    'Idempotency-Key was used with a different body',
+                  );
+                }
+                // the first request may still be writing its records: wait briefly for them
+                for (let i = 0; i < 50; i++) {
+                  const cur = JSON.parse((await deps.redis.get(key)) ?? '{}') as typeof prior;
+                  const sb = cur.sandboxId ? await deps.sandboxes.get(cur.sandboxId) : null;
+                  const op = cur.operationId ? await deps.operations.get(cur.operationId) : null;
+                  if (sb && op)
+                    return reply
+                      .status(202)
+                      .send({ sandbox: toPublic(sb), operation: operationToPublic(op) });
+                  await sleep(20);
+                }
+                throw new SpaceError(
+                  'INTERNAL',
+                  'the first request with this Idempotency-Key did not finish',
+                );
+              }
+              let made: Awaited<ReturnType<typeof createRecords>>;
+              try {
+                made = await createRecords(sandboxId);
+              } catch (err) {
+                // refused (a quota): the key may be used again with a body that fits
+                await deps.redis.del(key);
+                throw err;
+              }
+              const { sandbox, operation } = made;
+              await deps.redis.set(
+                key,
+                JSON.stringify({ bodyHash, sandboxId, operationId: operation.id }),
+                'EX',
+                IDEMPOTENCY_TTL_SEC,
+              );
+              return reply.status(202).send({ sandbox, operation });
+            }
+            return reply.status(202).send(await createRecords(sandboxId));
 
-        async function createRecords(id: string) {
-          req.auditTarget = id;
-          const rec = await deps.sandboxes.create(
-            {
-              id,
-              template: body.template,
-              vcpus: body.vcpus ?? 1,
-              memoryMiB: body.memoryMiB ?? 512,
-              timeoutSec,
-              autoPauseSec: body.autoPauseSec ?? deps.config.defaultAutoPauseSec,
-              apiKey: who.keyId,
-              team: who.team,
-              metadata: body.metadata ?? {},
-              // the sandbox sees placeholders, never credential values
-              env: {
-                ...(body.env ?? {}),
-                ...Object.fromEntries(grants.map((g) => [g.envVar, g.placeholder])),
-              },
-              sessionId: newId('ses'),
-              egress,
-              grants,
-            },
-            quotas,
-          );
-          const op = await deps.operations.enqueue('sandbox.create', id, {}, who.team);
-          deps.metrics.sandboxesCreated.inc({ template: body.template });
-          req.log.info(
-            { [F.sandboxId]: id, [F.operationId]: op.id, [F.templateId]: body.template },
-            'sandbox accepted',
-          );
-          return { sandbox: toPublic(rec), operation: operationToPublic(op) };
-        }
-      },
+            async function createRecords(id: string) {
+              req.auditTarget = id;
+              const rec = await inSpan('redis.sandbox.create', {}, () =>
+                deps.sandboxes.create(
+                  {
+                    id,
+                    template: body.template,
+                    vcpus: body.vcpus ?? 1,
+                    memoryMiB: body.memoryMiB ?? 512,
+                    timeoutSec,
+                    autoPauseSec: body.autoPauseSec ?? deps.config.defaultAutoPauseSec,
+                    apiKey: who.keyId,
+                    team: who.team,
+                    metadata: body.metadata ?? {},
+                    // the sandbox sees placeholders, never credential values
+                    env: {
+                      ...(body.env ?? {}),
+                      ...Object.fromEntries(grants.map((g) => [g.envVar, g.placeholder])),
+                    },
+                    sessionId: newId('ses'),
+                    egress,
+                    grants,
+                  },
+                  quotas,
+                ),
+              );
+              const op = await inSpan('redis.operation.enqueue', {}, () =>
+                deps.operations.enqueue('sandbox.create', id, {}, who.team),
+              );
+              deps.metrics.sandboxesCreated.inc({ template: body.template });
+              req.log.info(
+                { [F.sandboxId]: id, [F.operationId]: op.id, [F.templateId]: body.template },
+                'sandbox accepted',
+              );
+              return { sandbox: toPublic(rec), operation: operationToPublic(op) };
+            }
+          },
+          traceContextFrom(req.headers),
+        ),
     );
 
     app.get(

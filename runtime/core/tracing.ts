@@ -1,0 +1,176 @@
+/**
+ * Tracing: OpenTelemetry spans for the hops of create and exec (API request, Redis scripts, the
+ * operation worker, the agent's claim or boot, network setup, guest init, egress registration,
+ * stream open), so the latency budget can be seen rather than guessed.
+ *
+ * Spans are exported only when configured, by OpenTelemetry's own variables
+ * (`OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`: OTLP over HTTP, per the
+ * OpenTelemetry specification's exporter environment variables) and/or by `SPACE_TRACE_FILE` (one
+ * finished span per line as JSON, see {@link TraceFileSpan}: what the benchmarks summarise).
+ * Unconfigured, the OpenTelemetry API's no-op tracer is used and a span costs a function call.
+ *
+ * Context crosses processes in W3C `traceparent` headers ({@link injectTraceHeaders},
+ * {@link traceContextFrom}); an operation carries its request's `traceparent` in its arguments, so
+ * the worker's spans join the trace of the request that queued it.
+ */
+import { appendFileSync } from 'node:fs';
+import {
+  type Attributes,
+  type Context,
+  context,
+  propagation,
+  type Span,
+  SpanStatusCode,
+  trace,
+} from '@opentelemetry/api';
+import { type ExportResult, ExportResultCode } from '@opentelemetry/core';
+import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http';
+import { resourceFromAttributes } from '@opentelemetry/resources';
+import {
+  BatchSpanProcessor,
+  type ReadableSpan,
+  SimpleSpanProcessor,
+  type SpanExporter,
+  type SpanProcessor,
+} from '@opentelemetry/sdk-trace-base';
+import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
+
+/** The tracer every SPACE component uses (no-op until {@link startTracing} registers a provider). */
+export const tracer = trace.getTracer('space');
+
+/** One line of a `SPACE_TRACE_FILE`. Times in ms since the Unix epoch; duration in ms. */
+export interface TraceFileSpan {
+  name: string;
+  /** `service.name` of the process that made the span (`space-api`, `space-agent`, …). */
+  service: string;
+  traceId: string;
+  spanId: string;
+  /** Parent span id; absent for a trace's root. */
+  parentId?: string;
+  startMs: number;
+  durationMs: number;
+  /** `ok`, or `error` with the exception's message in `error`. */
+  status: 'ok' | 'error';
+  error?: string;
+  attributes: Attributes;
+}
+
+const hrMs = (t: [number, number]) => t[0] * 1000 + t[1] / 1e6;
+
+/** Writes finished spans to a file as JSON lines ({@link TraceFileSpan}); appends, never truncates. */
+class TraceFileExporter implements SpanExporter {
+  readonly path: string;
+  readonly service: string;
+  constructor(path: string, service: string) {
+    this.path = path;
+    this.service = service;
+  }
+
+  export(spans: ReadableSpan[], done: (r: ExportResult) => void): void {
+    try {
+      const lines = spans.map((s) => {
+        const line: TraceFileSpan = {
+          name: s.name,
+          service: this.service,
+          traceId: s.spanContext().traceId,
+          spanId: s.spanContext().spanId,
+          parentId: s.parentSpanContext?.spanId,
+          startMs: hrMs(s.startTime),
+          durationMs: hrMs(s.duration),
+          status: s.status.code === SpanStatusCode.ERROR ? 'error' : 'ok',
+          ...(s.status.message ? { error: s.status.message } : {}),
+          attributes: s.attributes,
+        };
+        return `${JSON.stringify(line)}\n`;
+      });
+      appendFileSync(this.path, lines.join(''));
+      done({ code: ExportResultCode.SUCCESS });
+    } catch (err) {
+      done({ code: ExportResultCode.FAILED, error: err as Error });
+    }
+  }
+
+  async shutdown(): Promise<void> {}
+}
+
+/** A registered tracer provider; `shutdown` flushes what is still buffered. */
+export interface Tracing {
+  /** Where spans go: `otlp`, `file:<path>`. */
+  exporters: string[];
+  shutdown(): Promise<void>;
+}
+
+/**
+ * Registers a tracer provider for this process when tracing is configured (see the module's
+ * docstring); returns null, registering nothing, when it is not. Call once per process, first.
+ * @param service `service.name` of the spans (e.g. `space-api`).
+ */
+export function startTracing(service: string, env: NodeJS.ProcessEnv = process.env): Tracing | null {
+  const processors: SpanProcessor[] = [];
+  const exporters: string[] = [];
+  if (env.OTEL_EXPORTER_OTLP_ENDPOINT || env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) {
+    processors.push(new BatchSpanProcessor(new OTLPTraceExporter()));
+    exporters.push('otlp');
+  }
+  if (env.SPACE_TRACE_FILE) {
+    // synchronous, one span at a time: a benchmark reads the file right after its last request
+    processors.push(new SimpleSpanProcessor(new TraceFileExporter(env.SPACE_TRACE_FILE, service)));
+    exporters.push(`file:${env.SPACE_TRACE_FILE}`);
+  }
+  if (!processors.length) return null;
+  const provider = new NodeTracerProvider({
+    resource: resourceFromAttributes({ 'service.name': service }),
+    spanProcessors: processors,
+  });
+  provider.register();
+  return { exporters, shutdown: () => provider.shutdown() };
+}
+
+/**
+ * Runs `fn` inside a new span named `name` (a child of the active span, or of `parent`), ends it when
+ * `fn` settles, and marks it failed (with the error's `code` as `error.code`) when `fn` throws.
+ * Returns or rethrows what `fn` did.
+ */
+export async function inSpan<T>(
+  name: string,
+  attributes: Attributes,
+  fn: (span: Span) => Promise<T>,
+  parent?: Context,
+): Promise<T> {
+  return tracer.startActiveSpan(name, { attributes }, parent ?? context.active(), async (span) => {
+    try {
+      return await fn(span);
+    } catch (err) {
+      const e = err as { message?: string; code?: unknown };
+      span.setStatus({ code: SpanStatusCode.ERROR, message: e?.message });
+      if (typeof e?.code === 'string') span.setAttribute('error.code', e.code);
+      throw err;
+    } finally {
+      span.end();
+    }
+  });
+}
+
+/** Adds the active span's W3C trace headers (`traceparent`, `tracestate`) to `headers`; returns it. */
+export function injectTraceHeaders<H extends Record<string, string>>(headers: H): H {
+  propagation.inject(context.active(), headers);
+  return headers;
+}
+
+/** The trace context carried by incoming headers (or a `{ traceparent }` record), for {@link inSpan}. */
+export function traceContextFrom(carrier: Record<string, unknown>): Context {
+  return propagation.extract(context.active(), carrier, {
+    get: (c, k) => {
+      const v = (c as Record<string, unknown>)[k];
+      return typeof v === 'string' || Array.isArray(v) ? (v as string | string[]) : undefined;
+    },
+    keys: (c) => Object.keys(c as object),
+  });
+}
+
+/** The active span's `traceparent` (to store with queued work), or undefined outside a sampled trace. */
+export function currentTraceparent(): string | undefined {
+  const h: Record<string, string> = {};
+  propagation.inject(context.active(), h);
+  return h.traceparent;
+}
