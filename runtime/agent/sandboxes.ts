@@ -735,14 +735,19 @@ export class SandboxManager {
   async #create(req: CreateSandbox): Promise<LocalSandbox> {
     const log = this.#o.log.child({ [F.sandboxId]: req.sandboxId });
     const shape = { vcpus: req.vcpus, memoryMiB: req.memoryMiB };
-    let inst = this.#warm?.claim(req.template, shape) ?? null;
+    let inst: InstanceInfo | null = this.#warm?.claim(req.template, shape) ?? null;
     let source: InstanceSource = 'warm';
     let guest: GuestClient | null = null;
+    let registered = false;
     try {
       if (inst) {
+        // a claim binds identity and applies what the request changes, nothing else: the warm
+        // instance already has its network, default-deny rules and an answering guest. Its init
+        // (one round trip) doubles as the liveness check: a slot that died in the pool is
+        // replaced by a boot
         guest = new GuestClient(inst.guest);
         try {
-          await inSpan('agent.guest.health', {}, () => guest!.health());
+          await inSpan('agent.guest.init', {}, () => guest!.init(req.env));
         } catch (err) {
           log.warn({ err, [F.instanceId]: inst.instanceId }, 'warm slot unhealthy; booting cold');
           await guest.close();
@@ -758,37 +763,48 @@ export class SandboxManager {
         inst = made.inst;
         source = made.source;
         guest = new GuestClient(inst.guest);
+        await inSpan('agent.guest.init', {}, () => guest!.init(req.env));
       }
-      await inSpan('agent.guest.init', {}, () => guest!.init(req.env));
+      const made = inst;
       const dir = this.#dir(req.sandboxId);
-      await mkdir(join(dir, 'commands'), { recursive: true });
       const file: SandboxFile = {
         req: { ...req, env: {} },
-        instance: inst,
+        instance: made,
         source,
         fromWarmPool: source === 'warm',
         createdAt: Date.now(),
       };
-      await writeFile(join(dir, 'sandbox.json'), JSON.stringify(file), { mode: 0o600 });
-      if (this.#tombstones.has(req.sandboxId)) {
-        throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox ${req.sandboxId} was deleted while being created`);
-      }
-      const sb = localSandbox(req, inst, guest!, source);
       // The policy must be in force before the sandbox is visible as created: its CIDR rules and its
       // gateway registration (DNS/80/443 of an unregistered source are refused). Without this a new
       // sandbox had no egress until a PATCH or the watchdog's next pass, and CIDR rules never applied
-      // (found by test/attacks.int.test.ts).
-      await inSpan('agent.egress.apply', {}, () =>
-        this.#applyEgress(req.sandboxId, inst!, req.egress, req.credentials),
-      );
+      // (found by test/attacks.int.test.ts). The state file and the policy do not depend on each
+      // other: both at once. A fresh instance's network has no CIDR rules yet, so none are
+      // replaced when the policy names none.
+      await Promise.all([
+        (async () => {
+          await mkdir(join(dir, 'commands'), { recursive: true });
+          await writeFile(join(dir, 'sandbox.json'), JSON.stringify(file), { mode: 0o600 });
+        })(),
+        inSpan('agent.egress.apply', {}, async () => {
+          registered = true;
+          await this.#applyEgress(req.sandboxId, made, req.egress, req.credentials, { fresh: true });
+        }),
+      ]);
+      if (this.#tombstones.has(req.sandboxId)) {
+        throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox ${req.sandboxId} was deleted while being created`);
+      }
+      const sb = localSandbox(req, made, guest!, source);
       this.#sandboxes.set(sb.id, sb);
       this.#o.activity?.track(sb.id, { reported: null });
-      log.info({ [F.instanceId]: inst.instanceId, source }, 'sandbox created');
+      log.info({ [F.instanceId]: made.instanceId, source }, 'sandbox created');
       return sb;
     } catch (err) {
       await guest?.close();
-      if (inst)
+      if (inst) {
+        // a registration that may have landed goes with the instance (its address is reused)
+        if (registered) await this.#o.gateway?.unregister(inst.network.sandboxAddress).catch(() => {});
         await this.discard(inst).catch((e) => log.error({ err: e }, 'discard after failed create failed'));
+      }
       await rm(this.#dir(req.sandboxId), { recursive: true, force: true });
       throw err;
     }
@@ -853,9 +869,17 @@ export class SandboxManager {
     inst: InstanceInfo,
     egress: EgressPolicy,
     credentials: CredentialGrant[],
+    opts: { fresh?: boolean } = {},
   ): Promise<void> {
-    await this.#o.networks.setCidrAllows(inst.network, egress.cidrs);
-    await this.#o.gateway?.register(inst.network.sandboxAddress, { sandboxId, policy: egress, credentials });
+    // `fresh`: the network was just made (no CIDR rules): an empty list changes nothing there
+    const cidrs =
+      opts.fresh && egress.cidrs.length === 0
+        ? undefined
+        : this.#o.networks.setCidrAllows(inst.network, egress.cidrs);
+    await Promise.all([
+      cidrs,
+      this.#o.gateway?.register(inst.network.sandboxAddress, { sandboxId, policy: egress, credentials }),
+    ]);
   }
 
   /** Replaces a running sandbox's egress policy (credential grants stay as they were). */
