@@ -744,6 +744,15 @@ export class SandboxManager {
   }
 
   async #create(req: CreateSandbox): Promise<LocalSandbox> {
+    try {
+      return await this.#claimOrMake(req);
+    } finally {
+      // the pool is topped up once this create is done, never while it runs
+      this.#warm?.refill();
+    }
+  }
+
+  async #claimOrMake(req: CreateSandbox): Promise<LocalSandbox> {
     const log = this.#o.log.child({ [F.sandboxId]: req.sandboxId });
     const shape = { vcpus: req.vcpus, memoryMiB: req.memoryMiB };
     let inst: InstanceInfo | null = this.#warm?.claim(req.template, shape) ?? null;
