@@ -215,6 +215,11 @@ export class SandboxManager {
   /** Watchdog re-registrations with the gateway in flight, by sandbox id. */
   readonly #registering = new Map<string, Promise<void>>();
   readonly #snapshots = new Map<string, SnapshotRef>();
+  /**
+   * Guest clients of warm slots by instance id, connected when the slot was made and pinged by
+   * every watchdog pass, so a claim's first guest call reuses an open connection.
+   */
+  readonly #warmGuests = new Map<string, GuestClient>();
   /** Pause/resume in flight per sandbox (one at a time). */
   readonly #lifecycle = new Map<string, Promise<unknown>>();
   readonly #boots: Semaphore;
@@ -543,7 +548,12 @@ export class SandboxManager {
    * of this shape, booted otherwise. Undoes the network if the driver fails.
    */
   async boot(template: string, shape: { vcpus: number; memoryMiB: number }): Promise<InstanceInfo> {
-    return (await this.#make(template, shape)).inst;
+    const { inst } = await this.#make(template, shape);
+    // the slot's guest connection is opened now, not by the claim (see #warmGuests)
+    const guest = new GuestClient(inst.guest);
+    await guest.health().catch(() => {});
+    this.#warmGuests.set(inst.instanceId, guest);
+    return inst;
   }
 
   async #make(
@@ -710,6 +720,7 @@ export class SandboxManager {
 
   /** Destroys an instance and frees its network. Idempotent. */
   async discard(inst: InstanceInfo): Promise<void> {
+    await this.#takeWarmGuest(inst)?.close();
     await this.#o.driver.destroy(inst.instanceId);
     await this.#o.networks.release(inst.network);
   }
@@ -733,6 +744,15 @@ export class SandboxManager {
   }
 
   async #create(req: CreateSandbox): Promise<LocalSandbox> {
+    try {
+      return await this.#claimOrMake(req);
+    } finally {
+      // the pool is topped up once this create is done, never while it runs
+      this.#warm?.refill();
+    }
+  }
+
+  async #claimOrMake(req: CreateSandbox): Promise<LocalSandbox> {
     const log = this.#o.log.child({ [F.sandboxId]: req.sandboxId });
     const shape = { vcpus: req.vcpus, memoryMiB: req.memoryMiB };
     let inst: InstanceInfo | null = this.#warm?.claim(req.template, shape) ?? null;
@@ -745,7 +765,7 @@ export class SandboxManager {
         // instance already has its network, default-deny rules and an answering guest. Its init
         // (one round trip) doubles as the liveness check: a slot that died in the pool is
         // replaced by a boot
-        guest = new GuestClient(inst.guest);
+        guest = this.#takeWarmGuest(inst) ?? new GuestClient(inst.guest);
         try {
           await inSpan('agent.guest.init', {}, () => guest!.init(req.env));
         } catch (err) {
@@ -1044,6 +1064,13 @@ export class SandboxManager {
       await sb.guest.close();
     }
     this.#sandboxes.clear();
+    await this.#closeWarmGuests();
+  }
+
+  async #closeWarmGuests(): Promise<void> {
+    const guests = [...this.#warmGuests.values()];
+    this.#warmGuests.clear();
+    await Promise.allSettled(guests.map((g) => g.close()));
   }
 
   /**
@@ -1059,7 +1086,11 @@ export class SandboxManager {
     // (idempotent; restores egress after a gateway restart): a slow health check below must not
     // hold it up. A sandbox being deleted is left out: registering it again would outlive the
     // delete's unregistration (a dead sandbox's policy on an address the pool hands out again)
-    await Promise.allSettled(this.list().map((sb) => this.#registerAgain(sb)));
+    await Promise.allSettled([
+      ...this.list().map((sb) => this.#registerAgain(sb)),
+      // keeps each warm slot's guest connection open (a dead slot is replaced when claimed)
+      ...[...this.#warmGuests.values()].map((g) => g.health()),
+    ]);
     const states = new Map((await this.#o.driver.list()).map((i) => [i.instanceId, i.state]));
     const crashed: string[] = [];
     for (const sb of this.list()) {
@@ -1081,6 +1112,13 @@ export class SandboxManager {
       await this.#endCrashed(sb, onCrash);
     }
     return crashed;
+  }
+
+  /** The warm slot's guest client, now owned by the caller (undefined for other instances). */
+  #takeWarmGuest(inst: InstanceInfo): GuestClient | undefined {
+    const g = this.#warmGuests.get(inst.instanceId);
+    this.#warmGuests.delete(inst.instanceId);
+    return g;
   }
 
   /**
@@ -1173,6 +1211,7 @@ export class SandboxManager {
       (i) => !owned.has(i.instanceId),
     );
     await Promise.allSettled(strays.map((i) => this.discard(i)));
+    await this.#closeWarmGuests();
     if (strays.length) this.#o.log.info({ instances: strays.length }, 'unowned instances destroyed');
   }
 

@@ -52,12 +52,14 @@ export class WarmPool {
     return [...this.#ready.values()].flat().map((i) => i.instanceId);
   }
 
-  /** Takes a ready instance of `template` with `shape`, or null; starts a refill. */
+  /**
+   * Takes a ready instance of `template` with `shape`, or null. Does not refill: the caller calls
+   * {@link refill} once its claim is done, so the boot that replaces the slot (network setup, a
+   * runsc start: hundreds of ms of CPU) never competes with the claim it follows.
+   */
   claim(template: string, shape: WarmShape): InstanceInfo | null {
     if (shape.vcpus !== this.shape.vcpus || shape.memoryMiB !== this.shape.memoryMiB) return null;
-    const inst = this.#ready.get(template)?.shift() ?? null;
-    this.refill();
-    return inst;
+    return this.#ready.get(template)?.shift() ?? null;
   }
 
   /** Boots instances until every template has `size` ready or booting. */

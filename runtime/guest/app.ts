@@ -172,6 +172,9 @@ export function createGuestApp(config: GuestConfig): GuestApp {
   // Uploads and output streams may last as long as they need: no request or idle timeout.
   server.requestTimeout = 0;
   server.timeout = 0;
+  // the agent opens its connection when a warm slot is made and pings it while the slot waits:
+  // kept open longer than those pings apart, a claim's first call needs no new connection
+  server.keepAliveTimeout = 65_000;
 
   let closing: Promise<void> | undefined;
   function close(): Promise<void> {
