@@ -1,0 +1,77 @@
+/**
+ * Tracing end to end: one create's spans form one trace across the API request, the operation
+ * queued in Redis, the dispatch and the agent (W3C traceparent over HTTP and in the operation
+ * record), written by the SPACE_TRACE_FILE exporter.
+ */
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { trace } from '@opentelemetry/api';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startTracing, type TraceFileSpan, type Tracing } from '../runtime/core/tracing.ts';
+import { type Stack, startStack } from './stack.ts';
+
+describe('tracing', () => {
+  let s: Stack;
+  let dir: string;
+  let tracing: Tracing | null;
+  const file = () => join(dir, 'spans.jsonl');
+  beforeAll(async () => {
+    dir = await mkdtemp(join(tmpdir(), 'space-trace-'));
+    expect(startTracing('space-test', {})).toBeNull(); // nothing configured: nothing registered
+    tracing = startTracing('space-test', { SPACE_TRACE_FILE: file() });
+    s = await startStack({ SPACE_WARM_POOL_SIZE: '1' });
+  });
+  afterAll(async () => {
+    await s?.stop();
+    await tracing?.shutdown();
+    trace.disable();
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  it('a create is one trace: request → operation → dispatch → agent claim or boot', async () => {
+    expect(tracing?.exporters).toEqual([`file:${file()}`]);
+    const id = await s.createSandbox();
+    const spans = (await readFile(file(), 'utf8'))
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as TraceFileSpan);
+    const agent = spans.find(
+      (x) => x.name === 'agent.sandboxes.create' && x.attributes['space.sandbox.id'] === id,
+    );
+    expect(agent).toBeDefined();
+    const inTrace = spans.filter((x) => x.traceId === agent!.traceId);
+    const byId = new Map(inTrace.map((x) => [x.spanId, x]));
+    // walk up from the agent's span to the root: every hop is there, in this order
+    const chain: string[] = [];
+    for (
+      let cur: TraceFileSpan | undefined = agent;
+      cur;
+      cur = cur.parentId ? byId.get(cur.parentId) : undefined
+    )
+      chain.push(cur.name);
+    expect(chain).toEqual([
+      'agent.sandboxes.create',
+      'api.dispatch',
+      'operation.sandbox.create',
+      'redis.operation.enqueue', // the operation carries the context it was queued in
+      'api.sandboxes.create',
+    ]);
+    // the claim's own steps hang under the agent's span, each with a duration
+    const steps = inTrace.filter((x) => x.parentId === agent!.spanId).map((x) => x.name);
+    expect(steps).toEqual(expect.arrayContaining(['agent.guest.init', 'agent.egress.apply']));
+    for (const x of inTrace) expect(x.durationMs).toBeGreaterThanOrEqual(0);
+    expect(inTrace.find((x) => x.name === 'api.sandboxes.create')!.parentId).toBeUndefined();
+  });
+
+  it('a failed hop is marked with its error code', async () => {
+    const res = await s.call('POST', '/v1/sandboxes', { template: 'no-such-template' });
+    expect(res.status).toBe(404);
+    const spans = (await readFile(file(), 'utf8'))
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as TraceFileSpan);
+    const failed = spans.filter((x) => x.name === 'api.sandboxes.create' && x.status === 'error');
+    expect(failed.at(-1)?.attributes['error.code']).toBe('TEMPLATE_NOT_FOUND');
+  });
+});
