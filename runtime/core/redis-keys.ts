@@ -65,7 +65,10 @@ export const keys = {
   teamUsage: (team: string) => `${KEY_PREFIX}team:${team}:reserved`,
   /** Sorted set: a team's sandbox creates of the last minute (member sandbox id, score ms); admit.lua. */
   teamCreates: (team: string) => `${KEY_PREFIX}team:${team}:creates`,
-  /** Sorted set: a team's open router streams (member stream id, score = last refresh ms). */
+  /**
+   * Sorted set: a team's open command streams (member = stream id, score = lease expiry ms on
+   * Redis's clock); agents admit, renew and remove them (`agent/scripts/team-stream.lua`).
+   */
   teamStreams: (team: string) => `${KEY_PREFIX}team:${team}:streams`,
   /** Stream: a team's audit log (every mutating API call), trimmed by age and length. */
   teamAudit: (team: string) => `${KEY_PREFIX}team:${team}:audit`,

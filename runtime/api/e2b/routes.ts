@@ -105,6 +105,7 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       sandboxId: rec.id,
       sessionId: rec.sessionId,
       team: rec.team,
+      maxStreams: (await deps.teams.quotas(rec.team)).streams,
       scopes: ['commands', 'files'],
       ttlSec: Math.max(deps.config.sessionTokenTtlSec, deps.config.maxTimeoutSec),
     });
