@@ -63,6 +63,11 @@ export const keys = {
   teamIndex: () => `${KEY_PREFIX}teams`,
   /** Hash: what a team's live sandboxes reserve (`sandboxes`, `vcpusMilli`, `memoryMiB`); admit.lua, transition.lua. */
   teamUsage: (team: string) => `${KEY_PREFIX}team:${team}:reserved`,
+  /**
+   * Sorted set: a team's sandboxes (member id, score = createdAt ms), written with the global index
+   * by admit.lua; the team's listing reads only this (pruned lazily like the global one).
+   */
+  teamSandboxes: (team: string) => `${KEY_PREFIX}team:${team}:sandboxes`,
   /** Sorted set: a team's sandbox creates of the last minute (member sandbox id, score ms); admit.lua. */
   teamCreates: (team: string) => `${KEY_PREFIX}team:${team}:creates`,
   /**
