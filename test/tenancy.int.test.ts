@@ -216,6 +216,34 @@ describe('two teams on one stack', () => {
     expect(denied.status).toBe(403);
   });
 
+  it('an E2B create and kill are one audit entry each (the E2B route), not two', async () => {
+    const e2b = (method: string, path: string, body?: unknown) =>
+      request(new URL(path, s.apiUrl), {
+        method: method as 'GET',
+        headers: {
+          'x-api-key': B.apiKey,
+          // a client cannot mark its own call as an inner one to go unaudited
+          'x-space-inner-call': 'guess',
+          ...(body ? { 'content-type': 'application/json' } : {}),
+        },
+        body: body ? JSON.stringify(body) : undefined,
+      }).then(async (r) => ({ status: r.statusCode, text: await r.body.text() }));
+    const made = await e2b('POST', '/sandboxes', { templateID: 'base', timeout: 60 });
+    expect(made.status, made.text).toBe(201);
+    const id = (JSON.parse(made.text) as { sandboxID: string }).sandboxID;
+    expect((await e2b('DELETE', `/sandboxes/${id}`)).status).toBe(204);
+    const log = await B.call<{ entries: { action: string; target: string; result: string }[] }>(
+      'GET',
+      '/v1/audit?limit=1000',
+    );
+    expect(
+      log.body.entries
+        .filter((e) => e.target === id)
+        .map((e) => `${e.action} ${e.result}`)
+        .sort(),
+    ).toEqual(['DELETE /sandboxes/:id ok', 'POST /sandboxes ok']);
+  });
+
   it('a key lacking a scope gets 403 SCOPE_DENIED naming it, on every route that needs it', async () => {
     for (const scope of ALL_SCOPES) {
       const k = s.as(
