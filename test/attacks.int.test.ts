@@ -35,7 +35,15 @@ import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEFAULT_DENY_CIDRS } from '../runtime/gateway/addresses.ts';
 import type { WorldConfig } from './attack-world.ts';
-import { collect, leftovers, NO_LEFTOVERS, readEvents, type Stack, startStack } from './stack.ts';
+import {
+  collect,
+  leftovers,
+  NO_LEFTOVERS,
+  readEvents,
+  type Stack,
+  type StackClient,
+  startStack,
+} from './stack.ts';
 
 const run = promisify(execFile);
 const TAG = randomBytes(2).toString('hex');
@@ -62,9 +70,11 @@ const NODE_REFRESH_MS = 500;
 /** E9: the gateway's credential cache time in this run (its default), ms. */
 const CREDENTIAL_CACHE_MS = 2000;
 /** Every attempt the suite makes (asserted, so a silently skipped attack shows). */
-const EXPECTED_ATTEMPTS = 229;
+const EXPECTED_ATTEMPTS = 231;
 const RT_TABLE = String(19_800 + N);
 const REAL = `sk-real-${randomBytes(20).toString('hex')}`;
+/** Team `tb`'s value of its own `cred-api` (same name, same host as the default team's REAL). */
+const REAL_TB = `sk-team-b-${randomBytes(20).toString('hex')}`;
 const HANDSHAKE_MS = 2000;
 const MAX_CONNS = 16;
 
@@ -441,6 +451,11 @@ function forbidden(h: Hit): string | null {
     if (auths.some((a) => a.includes(REAL)) && !/^\/(ok|echo|t22)/.test(String(h.url)))
       return `real credential sent on ${h.url}`;
     if (auths.some((a) => a.includes('attacker'))) return 'cred received the attacker-chosen Authorization';
+    // the two teams' values of one credential name: each only where its own team's sandbox sent it
+    if (auths.some((a) => a.includes(REAL_TB)) && h.url !== '/ok-team-tb')
+      return `team tb's credential sent on ${h.url}`;
+    if (auths.some((a) => a.includes(REAL)) && h.url === '/ok-team-tb')
+      return "the default team's credential sent for team tb's sandbox";
   }
   return null;
 }
@@ -470,7 +485,7 @@ async function batch(
 ): Promise<Map<string, Out>> {
   const before = await snap();
   const payload = attempts.map(({ judge: _j, t: _t, what: _w, ...p }) => p);
-  const r = await s.exec(id, {
+  const r = await ownerOf(id).exec(id, {
     cmd: 'python3',
     args: ['/tmp/atk.py', JSON.stringify(payload), ...(opts.parallel ? ['par'] : [])],
     user: opts.user ?? 'user',
@@ -805,9 +820,12 @@ let phA = '';
 let phB = '';
 let addrA = '';
 let addrB = '';
+/** The API client that owns each sandbox made with another team's key (default: the bootstrap key's). */
+const owners = new Map<string, StackClient>();
+const ownerOf = (id: string): StackClient => owners.get(id) ?? s;
 
 async function upload(id: string): Promise<void> {
-  const { url, token } = await s.token(id);
+  const { url, token } = await ownerOf(id).token(id);
   const script = await readFile(fileURLToPath(new URL('./attack-guest.py', import.meta.url)));
   const res = await request(`${url}/files?path=${encodeURIComponent('/tmp/atk.py')}`, {
     method: 'PUT',
@@ -837,7 +855,7 @@ async function sandbox(body: Record<string, unknown>): Promise<string> {
 }
 
 async function placeholderOf(id: string): Promise<string> {
-  const r = await s.exec(id, { cmd: 'printenv', args: ['CRED_API'] });
+  const r = await ownerOf(id).exec(id, { cmd: 'printenv', args: ['CRED_API'] });
   const ph = r.stdout.toString().trim();
   expect(ph).toMatch(/^space_ph_[a-z0-9]{32}$/);
   return ph;
@@ -1015,6 +1033,59 @@ describe('egress attack suite', () => {
     expect(out.get('pos-env')).toMatchObject({ found: [] });
     expect(JSON.stringify(out.get('pos-env'))).toContain(phA); // the sandbox holds the placeholder only
     expect(allOutput).not.toContain(REAL);
+  });
+
+  it("teams: two teams' credentials of one name for one host; each upstream request carries its own team's value", async () => {
+    expect((await s.call('POST', '/v1/teams', { id: 'tb' })).status).toBe(201);
+    const made = await s.call<{ secret: string }>('POST', '/v1/keys', {
+      name: 'tb-admin',
+      team: 'tb',
+      scopes: ['sandboxes:read', 'sandboxes:write', 'credentials:admin'],
+    });
+    expect(made.status).toBe(201);
+    const TB = s.as(made.body.secret);
+    CANARIES.push(REAL_TB);
+    const put = await TB.call('PUT', '/v1/credentials/cred-api', {
+      domains: ['api.cred.test'],
+      value: REAL_TB,
+    });
+    expect(put.status).toBe(200);
+    const C = await TB.createSandbox({ timeoutSec: 900, egress: POLICY, credentials: ['cred-api'] });
+    owners.set(C, TB);
+    await upload(C);
+    const phC = await placeholderOf(C);
+    await addressOf(C);
+    /** The far side saw exactly one request on `path`, carrying exactly `value`. */
+    const carried =
+      (path: string, value: string, other: string): Judge =>
+      (_o, far) => {
+        const seen = far.filter((h) => h.role === 'cred' && h.url === path).map((h) => h.auths ?? []);
+        if (seen.some((a) => a.some((x) => x.includes(other))))
+          return `the other team's value reached ${path}`;
+        if (seen.length !== 1 || seen[0]!.join() !== `Bearer ${value}`)
+          return `invalid: upstream saw ${JSON.stringify(seen).slice(0, 200)} on ${path}`;
+        return null;
+      };
+    const via = (ph: string, path: string, value: string, other: string) =>
+      atk(
+        'TEAM',
+        `team-${path.slice(9)}-own-value`,
+        `HTTPS api.cred.test with its own placeholder: upstream gets ${path.slice(9)}'s cred-api`,
+        'tls',
+        tls('api.cred.test', 'api.cred.test', {
+          resolve: true,
+          verify: true,
+          req: get(path, 'api.cred.test', [`Authorization: Bearer ${ph}`]),
+        }),
+        carried(path, value, other),
+      );
+    await batch('A', A, [via(phA, '/ok-team-default', REAL, REAL_TB)]);
+    await batch('C (team tb)', C, [via(phC, '/ok-team-tb', REAL_TB, REAL)]);
+    for (const r of rows.splice(-2)) {
+      expect(r.verdict, JSON.stringify(r)).toBe('blocked');
+      rows.push(r);
+    }
+    expect(allOutput).not.toContain(REAL_TB);
   });
 
   it('E1–E3 + IP literal from the credential sandbox (E4 variant "credential")', async () => {

@@ -10,7 +10,10 @@ import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
+import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { keys } from '../runtime/core/redis-keys.ts';
+import { DEFAULT_TEAM } from '../runtime/core/tenancy.ts';
 import { freePort } from './redis-server.ts';
 
 const run = promisify(execFile);
@@ -61,6 +64,121 @@ describe('space CLI against `space up`', () => {
       await once(up, 'exit');
     }
     await rm(home, { recursive: true, force: true });
+  });
+
+  it("issue 13's done-when: `space keys create --team other` gives a key that cannot see, touch or bill against the first team's sandboxes, nor touch credentials", async () => {
+    const cli = (args: string[], key?: string) =>
+      run(process.execPath, [SPACE, ...args], { env: key ? { ...env, SPACE_API_KEY: key } : env }).then(
+        (r) => ({ code: 0, stdout: r.stdout, stderr: r.stderr }),
+        (e: { code: number; stdout: string; stderr: string }) => e,
+      );
+    // the first team (the bootstrap key's): a sandbox, a command run in it, a credential
+    const mine = JSON.parse((await cli(['sandbox', 'create', '--template', 'base', '--json'])).stdout) as {
+      id: string;
+    };
+    expect((await cli(['exec', mine.id, '--', 'true'])).code).toBe(0);
+    const local = JSON.parse(await readFile(join(home, 'local.json'), 'utf8')) as { apiUrl: string };
+    const bootstrap = (await readFile(join(home, 'api-key'), 'utf8')).trim();
+    const api = async (key: string, method: string, path: string, body?: unknown) => {
+      const res = await fetch(new URL(path, local.apiUrl), {
+        method,
+        headers: {
+          authorization: `Bearer ${key}`,
+          ...(body === undefined ? {} : { 'content-type': 'application/json' }),
+        },
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+      const text = await res.text();
+      return {
+        status: res.status,
+        body: (text ? JSON.parse(text) : {}) as { error?: { code: string }; domains?: string[] },
+      };
+    };
+    expect(
+      (
+        await api(bootstrap, 'PUT', '/v1/credentials/openai', {
+          domains: ['api.openai.com'],
+          value: 'sk-first-team',
+        })
+      ).status,
+    ).toBe(200);
+
+    // the other team and its key, through the CLI
+    expect((await cli(['teams', 'create', 'other'])).code).toBe(0);
+    const made = await cli(['keys', 'create', '--name', 'agent', '--team', 'other']);
+    expect(made.code, made.stderr).toBe(0);
+    const other = made.stdout.trim();
+    expect(other).toMatch(/^\S+$/);
+    expect(made.stderr).toMatch(/of team other/);
+
+    // see: not in its list, not found by id, not in its usage
+    const listed = JSON.parse((await cli(['sandbox', 'ls', '--json'], other)).stdout) as {
+      sandboxes: { id: string }[];
+    };
+    expect(listed.sandboxes.map((x) => x.id)).not.toContain(mine.id);
+    const notFound = expect.stringMatching(/SANDBOX_NOT_FOUND/);
+    // touch: read, exec, lifetime, pause, delete, files, its usage — each as for a sandbox that does not exist
+    for (const args of [
+      ['sandbox', 'get', mine.id],
+      ['exec', mine.id, '--', 'true'],
+      ['sandbox', 'timeout', mine.id, '600'],
+      ['sandbox', 'pause', mine.id],
+      ['sandbox', 'rm', mine.id],
+      ['files', 'ls', mine.id, '/tmp'],
+      ['sandbox', 'usage', mine.id],
+    ]) {
+      const r = await cli(args, other);
+      expect([args.join(' '), r.code, r.stderr]).toEqual([args.join(' '), 125, notFound]);
+    }
+    // bill: nothing of the first team's in the other team's usage; the first team's still has it
+    const usageOther = await cli(['--json', 'usage', '--group-by', 'sandbox', '--since', '1h'], other);
+    expect(usageOther.code, usageOther.stderr).toBe(0);
+    expect(usageOther.stdout).not.toContain(mine.id);
+    const usageMine = await cli(['--json', 'usage', '--group-by', 'sandbox', '--since', '1h']);
+    expect(usageMine.stdout).toContain(mine.id);
+
+    // credentials: cannot register, replace, delete, read or grant the first team's
+    expect(
+      (await api(other, 'PUT', '/v1/credentials/openai', { domains: ['api.openai.com'], value: 'sk-theirs' }))
+        .body.error?.code,
+    ).toBe('SCOPE_DENIED');
+    expect((await api(other, 'DELETE', '/v1/credentials/openai')).body.error?.code).toBe('SCOPE_DENIED');
+    expect((await api(other, 'GET', '/v1/credentials/openai')).body.error?.code).toBe('CREDENTIAL_NOT_FOUND');
+    expect(JSON.stringify((await api(other, 'GET', '/v1/credentials')).body)).not.toContain('openai');
+    const grant = await api(other, 'POST', '/v1/sandboxes', { template: 'base', credentials: ['openai'] });
+    expect(grant.body.error?.code).toBe('CREDENTIAL_NOT_FOUND');
+
+    // even the other team's credentials admin registers its own `openai`, never the first team's
+    const admin = (
+      await cli([
+        'keys',
+        'create',
+        '--name',
+        'creds',
+        '--team',
+        'other',
+        '--scope',
+        'credentials:admin,credentials:read',
+      ])
+    ).stdout.trim();
+    expect(
+      (await api(admin, 'PUT', '/v1/credentials/openai', { domains: ['api.openai.com'], value: 'sk-theirs' }))
+        .status,
+    ).toBe(200);
+    expect((await api(admin, 'DELETE', '/v1/credentials/openai')).status).toBe(204);
+    const redis = new Redis(inject('redisUrl'));
+    try {
+      expect(await redis.hget(keys.credential(DEFAULT_TEAM, 'openai'), 'value')).toBe('sk-first-team');
+    } finally {
+      redis.disconnect();
+    }
+
+    // and the first team's sandbox and credential are as they were
+    const still = JSON.parse((await cli(['--json', 'sandbox', 'get', mine.id])).stdout) as { state: string };
+    expect(still.state).toBe('running');
+    const cred = await api(bootstrap, 'GET', '/v1/credentials/openai');
+    expect([cred.status, cred.body.domains]).toEqual([200, ['api.openai.com']]);
+    expect((await cli(['sandbox', 'rm', mine.id])).code).toBe(0);
   });
 
   it('creates, execs with the exit code, and stops cleanly on SIGINT', async () => {

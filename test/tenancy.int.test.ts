@@ -17,7 +17,15 @@ import { loadSigningKey, mintSessionToken } from '../runtime/core/tokens.ts';
 import { redisCredentialSource } from '../runtime/gateway/credential-source.ts';
 import { freePort } from './redis-server.ts';
 import { type RouterProcess, startRouterProcess } from './router-process.ts';
-import { clientOf, leftovers, NO_LEFTOVERS, type Stack, type StackClient, startStack } from './stack.ts';
+import {
+  clientOf,
+  leftovers,
+  NO_LEFTOVERS,
+  type Stack,
+  type StackClient,
+  startStack,
+  waitFor,
+} from './stack.ts';
 
 type Err = { error: { code: string; message: string; details?: Record<string, unknown> } };
 type Made = { key: { id: string; team: string; scopes: string[] }; secret: string };
@@ -208,6 +216,34 @@ describe('two teams on one stack', () => {
     expect(denied.status).toBe(403);
   });
 
+  it('an E2B create and kill are one audit entry each (the E2B route), not two', async () => {
+    const e2b = (method: string, path: string, body?: unknown) =>
+      request(new URL(path, s.apiUrl), {
+        method: method as 'GET',
+        headers: {
+          'x-api-key': B.apiKey,
+          // a client cannot mark its own call as an inner one to go unaudited
+          'x-space-inner-call': 'guess',
+          ...(body ? { 'content-type': 'application/json' } : {}),
+        },
+        body: body ? JSON.stringify(body) : undefined,
+      }).then(async (r) => ({ status: r.statusCode, text: await r.body.text() }));
+    const made = await e2b('POST', '/sandboxes', { templateID: 'base', timeout: 60 });
+    expect(made.status, made.text).toBe(201);
+    const id = (JSON.parse(made.text) as { sandboxID: string }).sandboxID;
+    expect((await e2b('DELETE', `/sandboxes/${id}`)).status).toBe(204);
+    const log = await B.call<{ entries: { action: string; target: string; result: string }[] }>(
+      'GET',
+      '/v1/audit?limit=1000',
+    );
+    expect(
+      log.body.entries
+        .filter((e) => e.target === id)
+        .map((e) => `${e.action} ${e.result}`)
+        .sort(),
+    ).toEqual(['DELETE /sandboxes/:id ok', 'POST /sandboxes ok']);
+  });
+
   it('a key lacking a scope gets 403 SCOPE_DENIED naming it, on every route that needs it', async () => {
     for (const scope of ALL_SCOPES) {
       const k = s.as(
@@ -369,6 +405,84 @@ describe('two teams on one stack', () => {
     });
     await served.body.dump();
     expect(served.statusCode).toBe(200);
+  });
+
+  it('open streams: a team holds at most its quota, through the router and on the agent directly; a dead lease stops counting', async () => {
+    expect((await s.call('PATCH', '/v1/teams/tb', { quotas: { streams: 2 } })).status).toBe(200);
+    // the limit travels in the session token: this one is minted under the new quota
+    const started = await B.call<{ command: { id: string }; stream: { url: string; token: string } }>(
+      'POST',
+      `/v1/sandboxes/${sbxB}/commands`,
+      { cmd: 'sleep', args: ['60'] },
+    );
+    expect(started.status).toBe(201);
+    const { url, token } = started.body.stream;
+    const direct = url.replace(/^https?:\/\/[^/]+/, s.agent.url.replace(/\/$/, ''));
+    expect(direct).not.toBe(url);
+    const auth = { authorization: `Bearer ${token}` };
+    const open: Awaited<ReturnType<typeof request>>[] = [];
+    const streamsB = keys.teamStreams('tb');
+    try {
+      // one through the router, one on the agent directly: both count
+      for (const u of [url, direct]) {
+        const r = await request(u, { headers: auth });
+        expect(r.statusCode).toBe(200);
+        open.push(r);
+      }
+      expect(await s.redis.zcard(streamsB)).toBe(2);
+      for (const u of [url, direct]) {
+        const refused = await request(u, { headers: auth });
+        const body = (await refused.body.json()) as Err;
+        expect(refused.statusCode).toBe(429);
+        expect(body.error.code).toBe('RATE_LIMITED');
+        expect(body.error.details).toMatchObject({ quota: 'streams', limit: 2, current: 2 });
+      }
+      // another team's streams are its own: A opens one while B is full
+      const a = await A.call<{ stream: { url: string; token: string } }>(
+        'POST',
+        `/v1/sandboxes/${sbxA}/commands`,
+        {
+          cmd: 'true',
+        },
+      );
+      const ra = await request(a.body.stream.url, {
+        headers: { authorization: `Bearer ${a.body.stream.token}` },
+      });
+      expect(ra.statusCode).toBe(200);
+      await ra.body.dump();
+      /** Closes the oldest open stream, waits until `left` leases remain, opens one on `u`. */
+      const closeOneThenOpen = async (left: number, u: string) => {
+        open.shift()?.body.destroy();
+        await waitFor('the closed stream to leave the count', async () =>
+          (await s.redis.zcard(streamsB)) === left ? true : undefined,
+        );
+        const r = await request(u, { headers: auth });
+        expect(r.statusCode).toBe(200);
+        open.push(r);
+      };
+      // a closed stream frees its place at once
+      await closeOneThenOpen(1, url);
+      // leases: one a dead agent left behind (expired) does not count, a live one does
+      await s.redis.zadd(streamsB, Date.now() - 1000, 'dead-agent-stream');
+      await closeOneThenOpen(2, direct);
+      expect(await s.redis.zscore(streamsB, 'dead-agent-stream')).toBeNull();
+      await s.redis.zadd(streamsB, Date.now() + 60_000, 'live-elsewhere');
+      const overLive = await request(url, { headers: auth });
+      expect(overLive.statusCode).toBe(429);
+      await overLive.body.dump();
+    } finally {
+      for (const r of open) r.body.destroy();
+      await s.redis.zrem(streamsB, 'live-elsewhere');
+      await request(url.replace(/events$/, 'signal'), {
+        method: 'POST',
+        headers: { ...auth, 'content-type': 'application/json' },
+        body: JSON.stringify({ signal: 'SIGKILL' }),
+      }).then((r) => r.body.dump());
+      expect((await s.call('PATCH', '/v1/teams/tb', { quotas: { streams: null } })).status).toBe(200);
+    }
+    await waitFor('every stream of B to leave the count', async () =>
+      (await s.redis.zcard(streamsB)) === 0 ? true : undefined,
+    );
   });
 
   it('usage is per team', async () => {

@@ -16,6 +16,7 @@ import type { AgentReconciler } from './reconcile.ts';
 import { dataPlaneRoutes } from './routes/data-plane.ts';
 import { internalRoutes } from './routes/internal.ts';
 import type { SandboxManager } from './sandboxes.ts';
+import type { TeamStreams } from './team-streams.ts';
 import type { WarmPool } from './warm-pool.ts';
 
 /** Everything the agent's routes use. */
@@ -29,6 +30,8 @@ export interface AgentDeps {
   activity?: ActivityMeter;
   /** The node's reconciliation with the control plane (its counter is served at /metrics). */
   reconciler?: AgentReconciler;
+  /** Counts each team's open command streams against its quota (absent: not counted). */
+  teamStreams?: TeamStreams;
 }
 
 /** Builds the agent app (not listening). */

@@ -25,6 +25,7 @@ import { AgentReconciler } from './reconcile.ts';
 import { NodeRegistry } from './registry.ts';
 import { SandboxManager } from './sandboxes.ts';
 import { scrubCredentialValues } from './state-scrub.ts';
+import { TeamStreams } from './team-streams.ts';
 import { listTemplateDefinitions, resolveTemplate } from './templates.ts';
 import { vmImage } from './vm-image.ts';
 import { WarmPool } from './warm-pool.ts';
@@ -181,7 +182,17 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     }
   })().finally(() => warm.refill());
 
-  const app = await buildAgentApp({ config, log, verifyKey, sandboxes, warm, activity, reconciler });
+  const teamStreams = new TeamStreams({ redis, log: log.child({ component: 'team-streams' }) });
+  const app = await buildAgentApp({
+    config,
+    log,
+    verifyKey,
+    sandboxes,
+    warm,
+    activity,
+    reconciler,
+    teamStreams,
+  });
   await app.listen({ host: config.host, port: config.port });
   const port = (app.server.address() as { port: number }).port;
   const registry = new NodeRegistry({

@@ -135,7 +135,7 @@ export const apiSettings = {
   ),
   teamMaxStreams: setting.int(
     'SPACE_TEAM_MAX_STREAMS',
-    'Default quota: command output streams a team may hold open at once (0: unlimited). Declared and shown per team; not yet enforced (the router does not count streams per team yet).',
+    'Default quota: command output streams a team may hold open at once, through the router or on agents directly (0: unlimited). Carried in the session tokens minted from then on; over it: RATE_LIMITED.',
     1000,
     0,
   ),

@@ -25,6 +25,7 @@ export interface SpaceScripts {
     indexKey: string,
     teamReservedKey: string,
     teamCreatesKey: string,
+    teamIndexKey: string,
     ...argv: string[]
   ): Promise<[1] | [0, string, number, number]>;
   spaceExpire(
@@ -62,7 +63,7 @@ export function withScripts(redis: Redis): ScriptedRedis {
   if (typeof r.spaceTransition === 'function') return r;
   redis.defineCommand('spaceTransition', { numberOfKeys: 2, lua: src('transition') });
   redis.defineCommand('spacePlace', { numberOfKeys: 2, lua: src('place') });
-  redis.defineCommand('spaceAdmit', { numberOfKeys: 4, lua: src('admit') });
+  redis.defineCommand('spaceAdmit', { numberOfKeys: 5, lua: src('admit') });
   redis.defineCommand('spaceRelease', { numberOfKeys: 1, lua: src('release') });
   redis.defineCommand('spaceExpire', { numberOfKeys: 2, lua: src('expire') });
   redis.defineCommand('spaceExtend', { numberOfKeys: 2, lua: src('extend') });

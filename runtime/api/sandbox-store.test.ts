@@ -16,7 +16,7 @@ beforeEach(async () => {
   await redis.flushdb();
 });
 
-const make = (id: string, now: number, metadata: Record<string, string> = {}) =>
+const make = (id: string, now: number, metadata: Record<string, string> = {}, team = 'default') =>
   store.create(
     {
       id,
@@ -29,7 +29,7 @@ const make = (id: string, now: number, metadata: Record<string, string> = {}) =>
       sessionId: 'ses_aaaaaaaaaaaaaaaaaaaa',
       egress: normalisePolicy(undefined),
       grants: [],
-      team: 'default',
+      team,
     },
     UNLIMITED_QUOTAS,
     now,
@@ -83,6 +83,38 @@ describe('SandboxStore', () => {
       sandboxes: [],
       nextCursor: null,
     });
+  });
+
+  it("lists a team's sandboxes from its own index; records from before the index join it at start", async () => {
+    const mk = (id: string, team: string, now: number) => make(id, now, {}, team);
+    await mk('sbx_teamaaaaaaaaaaaaaaaa', 'ta', 1000);
+    await mk('sbx_teambbbbbbbbbbbbbbbb', 'tb', 1001);
+    await mk('sbx_teamaaaaaaaaaaaaaaab', 'ta', 1002);
+    expect(await redis.zrange(keys.teamSandboxes('ta'), 0, -1)).toEqual([
+      'sbx_teamaaaaaaaaaaaaaaaa',
+      'sbx_teamaaaaaaaaaaaaaaab',
+    ]);
+    const ids = async (team: string) => (await store.list({ limit: 10, team })).sandboxes.map((x) => x.id);
+    expect(await ids('ta')).toEqual(['sbx_teamaaaaaaaaaaaaaaab', 'sbx_teamaaaaaaaaaaaaaaaa']);
+    expect(await ids('tb')).toEqual(['sbx_teambbbbbbbbbbbbbbbb']);
+    // a record made before the team indexes (no team field: the default team's) and one of ta's
+    // that only the global index holds
+    await redis.hset(keys.sandbox('sbx_oldoldoldoldoldoldol'), {
+      id: 'sbx_oldoldoldoldoldoldol',
+      state: 'running',
+    });
+    await redis.zadd(keys.sandboxIndex(), 900, 'sbx_oldoldoldoldoldoldol');
+    await redis.zrem(keys.teamSandboxes('ta'), 'sbx_teamaaaaaaaaaaaaaaaa');
+    expect(await ids('default')).toEqual([]);
+    expect(await store.indexTeams()).toBe(2);
+    expect(await store.indexTeams()).toBe(0);
+    expect(await ids('default')).toEqual(['sbx_oldoldoldoldoldoldol']);
+    expect(await ids('ta')).toEqual(['sbx_teamaaaaaaaaaaaaaaab', 'sbx_teamaaaaaaaaaaaaaaaa']);
+    // an expired record leaves both indexes when listed
+    await redis.del(keys.sandbox('sbx_teambbbbbbbbbbbbbbbb'));
+    expect(await ids('tb')).toEqual([]);
+    expect(await redis.zscore(keys.sandboxIndex(), 'sbx_teambbbbbbbbbbbbbbbb')).toBeNull();
+    expect(await redis.exists(keys.teamSandboxes('tb'))).toBe(0);
   });
 
   it('allows only the transitions of the lifecycle table', async () => {

@@ -186,6 +186,7 @@ export class SandboxStore {
       keys.sandboxIndex(),
       keys.teamUsage(s.team),
       keys.teamCreates(s.team),
+      keys.teamSandboxes(s.team),
       String(now),
       s.id,
       String(quotas.sandboxes),
@@ -244,7 +245,7 @@ export class SandboxStore {
     let offset = 0;
     for (;;) {
       const page = await this.redis.zrevrangebyscore(
-        keys.sandboxIndex(),
+        keys.teamSandboxes(opts.team),
         max,
         '-inf',
         'WITHSCORES',
@@ -268,10 +269,15 @@ export class SandboxStore {
         }
         const rec = await this.get(id);
         if (!rec) {
-          await this.redis.zrem(keys.sandboxIndex(), id); // record expired: prune the index lazily
+          // record expired: prune the indexes lazily
+          await this.redis
+            .multi()
+            .zrem(keys.teamSandboxes(opts.team), id)
+            .zrem(keys.sandboxIndex(), id)
+            .exec();
           continue;
         }
-        if (rec.team !== opts.team) continue;
+        if (rec.team !== opts.team) continue; // never, unless someone wrote the index by hand
         if (opts.state && !opts.state.includes(rec.state)) continue;
         if (opts.metadata && !Object.entries(opts.metadata).every(([k, v]) => rec.metadata[k] === v))
           continue;
@@ -283,6 +289,26 @@ export class SandboxStore {
       }
       skipId = null;
     }
+  }
+
+  /**
+   * Adds every indexed sandbox to its team's index (records from before teams: the default team's)
+   * unless it is there already; returns how many were added. Run at API start, so sandboxes made
+   * before the per-team indexes existed are listed. Idempotent.
+   */
+  async indexTeams(): Promise<number> {
+    let added = 0;
+    let cursor = '0';
+    do {
+      const [next, flat] = await this.redis.zscan(keys.sandboxIndex(), cursor, 'COUNT', 500);
+      cursor = next;
+      for (let i = 0; i < flat.length; i += 2) {
+        const id = flat[i]!;
+        const team = (await this.redis.hget(keys.sandbox(id), 'team')) || DEFAULT_TEAM;
+        added += await this.redis.zadd(keys.teamSandboxes(team), 'NX', flat[i + 1]!, id);
+      }
+    } while (cursor !== '0');
+    return added;
   }
 
   /** Moves the sandbox to `to` if its current state may lead there; sets `fields` in the same step. */

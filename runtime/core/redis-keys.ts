@@ -63,9 +63,17 @@ export const keys = {
   teamIndex: () => `${KEY_PREFIX}teams`,
   /** Hash: what a team's live sandboxes reserve (`sandboxes`, `vcpusMilli`, `memoryMiB`); admit.lua, transition.lua. */
   teamUsage: (team: string) => `${KEY_PREFIX}team:${team}:reserved`,
+  /**
+   * Sorted set: a team's sandboxes (member id, score = createdAt ms), written with the global index
+   * by admit.lua; the team's listing reads only this (pruned lazily like the global one).
+   */
+  teamSandboxes: (team: string) => `${KEY_PREFIX}team:${team}:sandboxes`,
   /** Sorted set: a team's sandbox creates of the last minute (member sandbox id, score ms); admit.lua. */
   teamCreates: (team: string) => `${KEY_PREFIX}team:${team}:creates`,
-  /** Sorted set: a team's open router streams (member stream id, score = last refresh ms). */
+  /**
+   * Sorted set: a team's open command streams (member = stream id, score = lease expiry ms on
+   * Redis's clock); agents admit, renew and remove them (`agent/scripts/team-stream.lua`).
+   */
   teamStreams: (team: string) => `${KEY_PREFIX}team:${team}:streams`,
   /** Stream: a team's audit log (every mutating API call), trimmed by age and length. */
   teamAudit: (team: string) => `${KEY_PREFIX}team:${team}:audit`,

@@ -67,7 +67,10 @@ export interface TeamQuotas {
   memoryMiB: number;
   /** Sandbox creates accepted in any 60 s window. */
   createsPerMinute: number;
-  /** Command output streams open at once through the router (declared; not yet enforced). */
+  /**
+   * Command output streams open at once (through the router or on an agent directly); counted by
+   * agents with leases in Redis, the limit carried in session tokens (`agent/team-streams.ts`).
+   */
   streams: number;
 }
 

@@ -3,9 +3,12 @@
  *
  * - A **session token** lets a client use the data plane of one sandbox session: claims
  *   `sub` = sandbox id, `sid` = session id, `scope` = space-separated scopes, `team` = the team
- *   owning the sandbox, `exp`, `aud` = `space-data-plane`. The router refuses a token whose team is
- *   not the sandbox's (a token without `team`, minted before teams, counts as the default team's). Minted by the API (private key), verified offline by the node agent
- *   (public key) — no call back to the control plane.
+ *   owning the sandbox, `streams` = the team's open-streams quota when the token was minted, `exp`,
+ *   `aud` = `space-data-plane`. The router refuses a token whose team is not the sandbox's (a token
+ *   without `team`, minted before teams, counts as the default team's). The agent counts each
+ *   command stream against `streams` (a token without it is not counted). Minted by the API
+ *   (private key), verified offline by the node agent (public key) — no call back to the control
+ *   plane.
  * - A **dispatch token** authenticates the API to a node agent's internal routes: `aud` =
  *   `space-agent`, `sub` = node id, 60 s lifetime.
  */
@@ -42,6 +45,11 @@ export interface SessionClaims {
   scopes: SessionScope[];
   /** Team owning the sandbox; null for tokens minted before teams (the default team's). */
   team: string | null;
+  /**
+   * The team's open-streams quota when the token was minted (0 = unlimited); null for tokens
+   * minted before the quota was enforced (their streams are not counted).
+   */
+  maxStreams: number | null;
   /** Epoch seconds. */
   expiresAt: number;
 }
@@ -72,11 +80,27 @@ export async function loadVerifyKey(path: string): Promise<VerifyKey> {
  */
 export async function mintSessionToken(
   key: SigningKey,
-  c: { sandboxId: string; sessionId: string; team: string; scopes: readonly SessionScope[]; ttlSec: number },
+  c: {
+    sandboxId: string;
+    sessionId: string;
+    team: string;
+    scopes: readonly SessionScope[];
+    ttlSec: number;
+    /**
+     * The team's open-streams quota in force now (0 = unlimited). Absent: the token's streams are
+     * not counted (only tests mint such tokens; every API mint passes it).
+     */
+    maxStreams?: number;
+  },
 ): Promise<{ token: string; expiresAt: number }> {
   const now = Math.floor(Date.now() / 1000);
   const expiresAt = now + c.ttlSec;
-  const token = await new SignJWT({ sid: c.sessionId, scope: c.scopes.join(' '), team: c.team })
+  const token = await new SignJWT({
+    sid: c.sessionId,
+    scope: c.scopes.join(' '),
+    team: c.team,
+    ...(c.maxStreams === undefined ? {} : { streams: c.maxStreams }),
+  })
     .setProtectedHeader({ alg: ALG, typ: 'JWT' })
     .setIssuer(ISSUER)
     .setAudience(DATA_PLANE_AUDIENCE)
@@ -127,6 +151,10 @@ export async function verifySessionToken(
     sessionId: payload.sid,
     scopes: scopes.filter((s): s is SessionScope => (SESSION_SCOPES as string[]).includes(s)),
     team: typeof payload.team === 'string' ? payload.team : null,
+    maxStreams:
+      typeof payload.streams === 'number' && Number.isInteger(payload.streams) && payload.streams >= 0
+        ? payload.streams
+        : null,
     expiresAt: payload.exp ?? 0,
   };
 }

@@ -12,7 +12,8 @@ import type { FastifyRequest } from 'fastify';
 import { AgentCommandRequestSchema, type AgentCommandResponse } from '../../core/agent-protocol.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { ID_PATTERN, newId } from '../../core/ids.ts';
-import { type SessionScope, verifySessionToken } from '../../core/tokens.ts';
+import { DEFAULT_TEAM } from '../../core/tenancy.ts';
+import { type SessionClaims, type SessionScope, verifySessionToken } from '../../core/tokens.ts';
 import type { AgentDeps } from '../app.ts';
 import { startOptions } from '../commands.ts';
 import type { LocalSandbox } from '../sandboxes.ts';
@@ -27,6 +28,8 @@ const PathQuery = Type.Object({ path: Type.String({ minLength: 1, maxLength: 409
 export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
   /** Ends the activity (metering) and guest hold of each authorised request once its response closes. */
   const activityEnds = new WeakMap<object, () => void>();
+  /** The verified session token of each authorised request. */
+  const claimsOf = new WeakMap<object, SessionClaims>();
 
   /**
    * Verifies the session token for sandbox `id` and scope; returns the sandbox and counts the
@@ -48,6 +51,7 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
     const sb = deps.sandboxes.get(id);
     if (claims.sessionId !== sb.sessionId)
       throw new SpaceError('TOKEN_SCOPE', 'token is for another session');
+    claimsOf.set(req.raw, claims);
     // a guest call holds the guest until its response closes: a pause waits for it first
     const release = needsGuest ? deps.sandboxes.holdGuest(id).release : () => {};
     const endActivity = deps.sandboxes.beginActivity(id);
@@ -89,6 +93,12 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
           throw new SpaceError('BAD_REQUEST', `Last-Event-ID ${from} is beyond the stream`);
         if (sb.streams >= deps.config.maxStreams)
           throw new SpaceError('RATE_LIMITED', 'too many open streams');
+        // the team's open-streams quota: the limit is the token's, the count the team's in Redis
+        const claims = claimsOf.get(req.raw);
+        const closeTeamStream =
+          claims?.maxStreams != null && deps.teamStreams
+            ? await deps.teamStreams.open(claims.team ?? DEFAULT_TEAM, claims.maxStreams)
+            : () => {};
         sb.streams += 1;
         reply.hijack();
         try {
@@ -98,6 +108,7 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
           reply.raw.destroy();
         } finally {
           sb.streams -= 1;
+          closeTeamStream();
         }
       },
     );

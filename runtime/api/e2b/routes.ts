@@ -21,7 +21,7 @@ import { requestLifecycle } from '../../core/lifecycle-requests.ts';
 import { F } from '../../core/log-fields.ts';
 import { mintSessionToken } from '../../core/tokens.ts';
 import type { ApiDeps } from '../app.ts';
-import { principalOf, requireScope } from '../auth.ts';
+import { innerCallHeaders, principalOf, requireScope } from '../auth.ts';
 import { MAX_WAIT_MS, type OperationRecord } from '../operations.ts';
 import type { SandboxRecord } from '../sandbox-store.ts';
 import {
@@ -105,6 +105,7 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       sandboxId: rec.id,
       sessionId: rec.sessionId,
       team: rec.team,
+      maxStreams: (await deps.teams.quotas(rec.team)).streams,
       scopes: ['commands', 'files'],
       ttlSec: Math.max(deps.config.sessionTokenTtlSec, deps.config.maxTimeoutSec),
     });
@@ -209,7 +210,11 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       const res = await app.inject({
         method: 'POST',
         url: '/v1/sandboxes',
-        headers: { authorization: `Bearer ${req.headers['x-api-key']}`, 'content-type': 'application/json' },
+        headers: {
+          authorization: `Bearer ${req.headers['x-api-key']}`,
+          'content-type': 'application/json',
+          ...innerCallHeaders(),
+        },
         payload: {
           template,
           timeoutSec: Math.min(timeoutSec, deps.config.maxTimeoutSec),
@@ -229,6 +234,7 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
         }
         throw new SpaceError(isErrorCode(code) ? code : 'INTERNAL', out.error?.message ?? 'create failed');
       }
+      req.auditTarget = out.sandbox.id;
       await settle(out.operation.id, 2 * MAX_WAIT_MS);
       const rec = await liveRecord(out.sandbox.id, principalOf(req).team);
       deps.log.info({ [F.sandboxId]: rec.id, [F.templateId]: template }, 'e2b sandbox created');
@@ -292,7 +298,7 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       const res = await app.inject({
         method: 'DELETE',
         url: `/v1/sandboxes/${req.params.id}`,
-        headers: { authorization: `Bearer ${req.headers['x-api-key']}` },
+        headers: { authorization: `Bearer ${req.headers['x-api-key']}`, ...innerCallHeaders() },
       });
       const out = res.json() as { operation?: { id: string }; error?: { code: string; message: string } };
       if (!out.operation) {

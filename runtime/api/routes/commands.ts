@@ -92,6 +92,7 @@ export function commandRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
           sandboxId: rec.id,
           sessionId: rec.sessionId,
           team: rec.team,
+          maxStreams: (await deps.teams.quotas(rec.team)).streams,
           scopes: ['commands'],
           ttlSec: deps.config.sessionTokenTtlSec,
         });
@@ -128,6 +129,7 @@ export function commandRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
           sandboxId: rec.id,
           sessionId: rec.sessionId,
           team: rec.team,
+          maxStreams: (await deps.teams.quotas(rec.team)).streams,
           scopes,
           ttlSec: req.body?.ttlSec ?? deps.config.sessionTokenTtlSec,
         });

@@ -2,7 +2,8 @@
 -- creates admits exactly what the quotas allow, and a refused create leaves nothing behind (no
 -- record, no index entry, no reservation, no rate-window entry).
 -- KEYS[1] sandbox hash, KEYS[2] sandbox index zset, KEYS[3] team reserved hash
--- (`sandboxes`, `vcpusMilli`, `memoryMiB`), KEYS[4] team creates zset (sliding 60 s window)
+-- (`sandboxes`, `vcpusMilli`, `memoryMiB`), KEYS[4] team creates zset (sliding 60 s window),
+-- KEYS[5] the team's sandbox index zset
 -- ARGV[1] now (ms), ARGV[2] sandbox id, ARGV[3] sandboxes limit, ARGV[4] vCPU limit (milli),
 -- ARGV[5] memory limit (MiB), ARGV[6] creates-per-minute limit (limits: 0 = unlimited),
 -- ARGV[7] this sandbox's vCPUs (milli), ARGV[8] its memory (MiB), ARGV[9..] sandbox field/value pairs
@@ -38,4 +39,5 @@ for i = 9, #ARGV, 2 do
 end
 redis.call('HSET', KEYS[1], 'quotaHeld', '1')
 redis.call('ZADD', KEYS[2], now, ARGV[2])
+redis.call('ZADD', KEYS[5], now, ARGV[2])
 return { 1 }
