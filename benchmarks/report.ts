@@ -20,8 +20,10 @@ export const DEFAULT_RESULTS_DIR = fileURLToPath(new URL('./results/', import.me
 
 /** What a run measured on: software, hardware and the stack's shape. */
 export const RunInfoSchema = Type.Object({
-  /** `git rev-parse HEAD` of this checkout, or `unknown`. */
+  /** `git rev-parse HEAD` of this checkout when the run started, or `unknown`. */
   commit: Type.String(),
+  /** True when tracked files differed from that commit (the code run is not exactly the commit). */
+  dirty: Type.Boolean(),
   node: Type.String(),
   /** CPU model of the host running the benchmark (the first core's `model name`). */
   cpuModel: Type.String(),
@@ -68,21 +70,27 @@ export interface BenchOutput {
   svg: string;
 }
 
-/** `git rev-parse HEAD` of this checkout, or `unknown` outside git. */
-export function gitCommit(): string {
-  try {
-    return execFileSync('git', ['rev-parse', 'HEAD'], {
+/** `git rev-parse HEAD` of this checkout (`unknown` outside git), and whether tracked files differ from it. */
+export function gitCommit(): { commit: string; dirty: boolean } {
+  const git = (args: string[]) =>
+    execFileSync('git', args, {
       cwd: fileURLToPath(new URL('.', import.meta.url)),
       encoding: 'utf8',
       stdio: ['ignore', 'pipe', 'ignore'],
     }).trim();
+  try {
+    return {
+      commit: git(['rev-parse', 'HEAD']),
+      dirty: git(['status', '--porcelain', '--untracked-files=no']) !== '',
+    };
   } catch {
-    return 'unknown';
+    return { commit: 'unknown', dirty: false };
   }
 }
 
-/** This host's facts plus what the caller knows of the target. */
+/** This host's facts plus what the caller knows of the target (and the commit, read at the run's start). */
 export function runInfo(t: {
+  git?: { commit: string; dirty: boolean };
   target: string | null;
   drivers: string[];
   poolSize: number | null;
@@ -90,7 +98,7 @@ export function runInfo(t: {
   date?: Date;
 }): RunInfo {
   return {
-    commit: gitCommit(),
+    ...(t.git ?? gitCommit()),
     node: process.version,
     cpuModel: cpus()[0]?.model.trim() ?? 'unknown',
     cores: cpus().length,
@@ -106,7 +114,7 @@ export function runInfo(t: {
 /** One line saying what the run was measured on (printed under every table). Pure. */
 export function runLine(r: RunInfo): string {
   return (
-    `measured ${r.date} on ${r.cores}× ${r.cpuModel}, Linux ${r.kernel}, Node ${r.node}, commit ${r.commit.slice(0, 12)}` +
+    `measured ${r.date} on ${r.cores}× ${r.cpuModel}, Linux ${r.kernel}, Node ${r.node}, commit ${r.commit.slice(0, 12)}${r.dirty ? ' (with uncommitted changes)' : ''}` +
     (r.target
       ? `; target ${r.target}, driver ${r.drivers.join('+') || 'unknown'}, warm pool ${r.poolSize ?? 'unknown'}` +
         (r.stackStartedByBench ? ' (stack started by the benchmark)' : '')

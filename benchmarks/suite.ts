@@ -10,6 +10,7 @@ import { type ProgressFactory, progressFactory } from './progress.ts';
 import {
   type BenchOutput,
   DEFAULT_RESULTS_DIR,
+  gitCommit,
   type RunInfo,
   runInfo,
   saveOutput,
@@ -47,6 +48,7 @@ export async function runWithContext(
   measure: (ctx: BenchContext) => Promise<BenchOutput>,
 ): Promise<BenchOutput> {
   const date = new Date();
+  const git = gitCommit();
   const target = o.needsStack
     ? await openTarget({
         target: o.target,
@@ -63,6 +65,7 @@ export async function runWithContext(
       cacheDir: o.cacheDir,
       runInfo: async (drivers) =>
         runInfo({
+          git,
           date,
           target: target?.apiUrl ?? null,
           drivers:
