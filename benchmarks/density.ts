@@ -64,34 +64,32 @@ export function parseStatFile(text: string): Record<string, number> {
 
 const MIB = 1_048_576;
 
-/** One read of a gVisor instance's cgroup; null when it has none. */
+/** Where each cgroup version keeps an instance's memory figures (the driver's cgroupsPath `/space/<id>`). */
+const CGROUP_LAYOUTS = [
+  {
+    version: 'cgroup v1',
+    dir: '/sys/fs/cgroup/memory/space',
+    usage: 'memory.usage_in_bytes',
+    inactive: 'total_inactive_file',
+  },
+  { version: 'cgroup v2', dir: '/sys/fs/cgroup/space', usage: 'memory.current', inactive: 'inactive_file' },
+] as const;
+
+/** One read of a gVisor instance's cgroup (v1 or v2, whichever the host has); null when it has none. */
 async function readCgroup(instanceId: string): Promise<Omit<DensitySample, 'sandboxId' | 'driver'> | null> {
-  const v1 = join('/sys/fs/cgroup/memory/space', instanceId);
-  const v2 = join('/sys/fs/cgroup/space', instanceId);
   const text = (f: string) => readFile(f, 'utf8').catch(() => null);
-  const usage1 = await text(join(v1, 'memory.usage_in_bytes'));
-  if (usage1 !== null) {
-    const stat = parseStatFile((await text(join(v1, 'memory.stat'))) ?? '');
-    const procs = ((await text(join(v1, 'cgroup.procs'))) ?? '').split('\n').filter(Boolean).length;
-    const usage = Number(usage1.trim());
+  for (const l of CGROUP_LAYOUTS) {
+    const dir = join(l.dir, instanceId);
+    const usageText = await text(join(dir, l.usage));
+    if (usageText === null) continue;
+    const stat = parseStatFile((await text(join(dir, 'memory.stat'))) ?? '');
+    const procs = ((await text(join(dir, 'cgroup.procs'))) ?? '').split('\n').filter(Boolean).length;
+    const usage = Number(usageText.trim());
     return {
       instanceId,
-      source: 'cgroup v1',
+      source: l.version,
       usageMiB: usage / MIB,
-      workingSetMiB: (usage - (stat['total_inactive_file'] ?? 0)) / MIB,
-      processes: procs,
-    };
-  }
-  const usage2 = await text(join(v2, 'memory.current'));
-  if (usage2 !== null) {
-    const stat = parseStatFile((await text(join(v2, 'memory.stat'))) ?? '');
-    const procs = ((await text(join(v2, 'cgroup.procs'))) ?? '').split('\n').filter(Boolean).length;
-    const usage = Number(usage2.trim());
-    return {
-      instanceId,
-      source: 'cgroup v2',
-      usageMiB: usage / MIB,
-      workingSetMiB: (usage - (stat['inactive_file'] ?? 0)) / MIB,
+      workingSetMiB: (usage - (stat[l.inactive] ?? 0)) / MIB,
       processes: procs,
     };
   }

@@ -5,6 +5,7 @@
  * measures. See each command's module for what it measures and how.
  */
 import { fileURLToPath } from 'node:url';
+import { agentSettings } from '../runtime/agent/config.ts';
 import { apiSettings } from '../runtime/api/config.ts';
 import { type ProgressFactory, progressFactory } from './progress.ts';
 import {
@@ -36,7 +37,8 @@ export interface ContextOptions {
   json: boolean;
   target?: string;
   apiKey?: string;
-  pool: number;
+  /** Warm pool of a stack the benchmark starts; undefined: SPACE_WARM_POOL_SIZE, else the agent's default. */
+  pool: number | undefined;
   needsStack: boolean;
   cacheDir: string;
   note: (line: string) => void;
@@ -53,7 +55,7 @@ export async function runWithContext(
     ? await openTarget({
         target: o.target,
         apiKey: o.apiKey,
-        pool: o.pool,
+        pool: o.pool ?? agentPoolSize(),
         log: (l) => o.note(`space bench: ${l}`),
       })
     : null;
@@ -89,6 +91,17 @@ export function writeOutput(out: BenchOutput, o: { save: boolean; plot: boolean;
     return ['table.md', 'result.json', 'plot.svg'].map((f) => `${folder}/${f}`);
   }
   return o.plot ? [savePlot(out, dir)] : [];
+}
+
+/** The warm pool a local agent keeps: SPACE_WARM_POOL_SIZE, else the agent config's default. */
+export function agentPoolSize(env: NodeJS.ProcessEnv = process.env): number {
+  const v = Number(env['SPACE_WARM_POOL_SIZE']);
+  return Number.isInteger(v) &&
+    v >= 0 &&
+    env['SPACE_WARM_POOL_SIZE'] !== '' &&
+    env['SPACE_WARM_POOL_SIZE'] !== undefined
+    ? v
+    : (agentSettings.warmPoolSize.default as number);
 }
 
 /** `latency` (see latency.ts). */

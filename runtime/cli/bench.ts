@@ -25,6 +25,10 @@ import {
 import { DEFAULT_CACHE_DIR } from './template.ts';
 
 type Suite = typeof import('../../benchmarks/suite.ts');
+/** The options a suite command takes (declared once, in benchmarks/suite.ts). */
+type Options<K extends 'latency' | 'exec' | 'pauseResume' | 'density' | 'throughput' | 'cost'> = Parameters<
+  Suite[K]
+>[1];
 
 /** Options every bench command takes. */
 interface CommonOptions {
@@ -70,7 +74,8 @@ async function runBench(
   cmd: Command,
   o: CommonOptions,
   needsStack: boolean,
-  defaultPool: number,
+  /** Warm pool for a stack the benchmark starts (undefined: the agent's default). */
+  defaultPool: number | undefined,
   measure: (suite: Suite, ctx: BenchContext) => Promise<BenchOutput>,
 ): Promise<void> {
   const suite = await import('../../benchmarks/suite.ts');
@@ -144,50 +149,38 @@ Examples:
     )
     .option('--floor-runs <count>', 'samples of the driver floor', parsePositiveInt('--floor-runs'), 10)
     .option('--no-floor', 'skip the driver floor')
-    .action(
-      async (
-        o: CommonOptions & {
-          n: number;
-          concurrency: number[];
-          phases: ('warm' | 'cold')[];
-          coldMemory: number;
-          floorRuns: number;
-          floor: boolean;
-        },
-        cmd: Command,
-      ) => {
-        await runBench(cmd, o, true, Math.max(...o.concurrency), (suite, ctx) => suite.latency(ctx, o));
-      },
-    );
+    .action(async (o: CommonOptions & Options<'latency'>, cmd: Command) => {
+      await runBench(cmd, o, true, Math.max(...o.concurrency), (suite, ctx) => suite.latency(ctx, o));
+    });
 
   common(
     bench.command('exec').description('command round trip and stdout stream throughput on one sandbox'),
-    '2',
+    'the agent’s',
   )
     .option('--n <count>', 'round trips', parsePositiveInt('--n'), 30)
     .option('--streams <count>', 'stream runs', parsePositiveInt('--streams'), 5)
     .option('--stream-mib <MiB>', 'stdout per stream run', parsePositiveInt('--stream-mib'), 16)
-    .action(async (o: CommonOptions & { n: number; streams: number; streamMib: number }, cmd: Command) => {
-      await runBench(cmd, o, true, 2, (suite, ctx) => suite.exec(ctx, o));
+    .action(async (o: CommonOptions & Options<'exec'>, cmd: Command) => {
+      await runBench(cmd, o, true, undefined, (suite, ctx) => suite.exec(ctx, o));
     });
 
   common(
     bench
       .command('pause-resume')
       .description('pause, resume and resume-on-traffic latency, beside the gVisor driver’s own'),
-    '2',
+    'the agent’s',
   )
     .option('--n <count>', 'samples per figure', parsePositiveInt('--n'), 5)
     .option('--no-floor', 'skip the driver floor (remote targets, or no root)')
-    .action(async (o: CommonOptions & { n: number; floor: boolean }, cmd: Command) => {
-      await runBench(cmd, o, true, 2, (suite, ctx) => suite.pauseResume(ctx, o));
+    .action(async (o: CommonOptions & Options<'pauseResume'>, cmd: Command) => {
+      await runBench(cmd, o, true, undefined, (suite, ctx) => suite.pauseResume(ctx, o));
     });
 
   common(
     bench
       .command('density')
       .description('host memory and processes per idle sandbox, per driver (on the stack’s host)'),
-    '2',
+    'the agent’s',
   )
     .option('--n <count>', 'idle sandboxes', parsePositiveInt('--n'), 8)
     .option('--settle <s>', 'seconds to wait before reading', parseNonNegativeInt('--settle'), 10)
@@ -197,8 +190,8 @@ Examples:
       parsePositiveInt('--reads'),
       3,
     )
-    .action(async (o: CommonOptions & { n: number; settle: number; reads: number }, cmd: Command) => {
-      await runBench(cmd, o, true, 2, (suite, ctx) => suite.density(ctx, o));
+    .action(async (o: CommonOptions & Options<'density'>, cmd: Command) => {
+      await runBench(cmd, o, true, undefined, (suite, ctx) => suite.density(ctx, o));
     });
 
   common(
@@ -210,15 +203,10 @@ Examples:
     .option('--concurrency <n>', 'workers creating in parallel', parsePositiveInt('--concurrency'), 8)
     .option('--duration <s>', 'window, seconds (≤ 600)', parsePositiveInt('--duration'), 30)
     .option('--max-creates <n>', 'stop after this many creates', parsePositiveInt('--max-creates'), 2000)
-    .action(
-      async (
-        o: CommonOptions & { concurrency: number; duration: number; maxCreates: number },
-        cmd: Command,
-      ) => {
-        if (o.duration > 600) throw usageError('--duration is at most 600 s');
-        await runBench(cmd, o, true, o.concurrency, (suite, ctx) => suite.throughput(ctx, o));
-      },
-    );
+    .action(async (o: CommonOptions & Options<'throughput'>, cmd: Command) => {
+      if (o.duration > 600) throw usageError('--duration is at most 600 s');
+      await runBench(cmd, o, true, o.concurrency, (suite, ctx) => suite.throughput(ctx, o));
+    });
 
   common(
     bench
@@ -226,7 +214,7 @@ Examples:
       .description(
         'USD per active hour per cloud and instance type: SPACE self-hosted vs wall-clock and per-session billing',
       ),
-    '2',
+    'the agent’s',
   )
     .option(
       '--trace <name=file>',
@@ -264,23 +252,8 @@ Examples:
       1,
     )
     .option('--cloud <list>', 'only these clouds (linode, coreweave, crusoe)')
-    .action(
-      async (
-        o: CommonOptions & {
-          trace?: Record<string, string>;
-          density?: number;
-          densityN: number;
-          vcpus: number;
-          memoryGib: number;
-          reserveMib: number;
-          autoPause?: number;
-          utilisation: number;
-          cloud?: string;
-        },
-        cmd: Command,
-      ) => {
-        if (o.utilisation > 1) throw usageError('--utilisation is a share in (0, 1]');
-        await runBench(cmd, o, o.density === undefined, 2, (suite, ctx) => suite.cost(ctx, o));
-      },
-    );
+    .action(async (o: CommonOptions & Options<'cost'>, cmd: Command) => {
+      if (o.utilisation > 1) throw usageError('--utilisation is a share in (0, 1]');
+      await runBench(cmd, o, o.density === undefined, undefined, (suite, ctx) => suite.cost(ctx, o));
+    });
 }
