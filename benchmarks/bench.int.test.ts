@@ -4,66 +4,35 @@
  * Markdown table, write a JSON document that fits the schema (with what it ran on) and an SVG that
  * parses. Benchmarks are not timed tests: no figure is asserted beyond being measured.
  */
-import { type ChildProcess, execFile, spawn } from 'node:child_process';
-import { once } from 'node:events';
+import { execFile } from 'node:child_process';
 import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
-import { freePort } from '../test/redis-server.ts';
+import { SPACE, type SpaceUp, startSpaceUp } from '../test/space-up.ts';
 import type { CreateSample } from './latency.ts';
 import { isSvg, validateDocument } from './output-checks.ts';
 import type { BenchDocument } from './report.ts';
 
 const run = promisify(execFile);
-const SPACE = join(import.meta.dirname, '..', 'runtime', 'cli', 'space.ts');
 
 describe('space bench on a tiny N against a real local stack', () => {
   let home: string;
   let results: string;
-  let up: ChildProcess;
+  let up: SpaceUp;
   let env: NodeJS.ProcessEnv;
-  let output = '';
 
   beforeAll(async () => {
     home = await mkdtemp(join(tmpdir(), 'space-bench-'));
     results = join(home, 'results');
     const pool = `10.${100 + Math.floor(Math.random() * 100)}.0.0/16`;
     env = { ...process.env, SPACE_HOME: home, SPACE_NETWORK_POOL: pool };
-    up = spawn(
-      process.execPath,
-      [
-        SPACE,
-        'up',
-        '--api-port',
-        String(await freePort()),
-        '--agent-port',
-        String(await freePort()),
-        '--router-port',
-        String(await freePort()),
-        '--redis-url',
-        inject('redisUrl'),
-        '--warm',
-        '1',
-      ],
-      { env, stdio: ['ignore', 'pipe', 'pipe'] },
-    );
-    up.stdout?.on('data', (d: Buffer) => (output += d.toString()));
-    up.stderr?.on('data', (d: Buffer) => (output += d.toString()));
-    const deadline = Date.now() + 180_000;
-    while (!output.includes('SPACE is running')) {
-      if (up.exitCode !== null || Date.now() > deadline)
-        throw new Error(`space up did not start:\n${output}`);
-      await new Promise((r) => setTimeout(r, 200));
-    }
+    up = await startSpaceUp(env, inject('redisUrl'), ['--warm', '1']);
   });
 
   afterAll(async () => {
-    if (up && up.exitCode === null) {
-      up.kill('SIGINT'); // the agent destroys its sandboxes
-      await once(up, 'exit');
-    }
+    await up?.stop(); // the agent destroys its sandboxes
     await rm(home, { recursive: true, force: true });
   });
 

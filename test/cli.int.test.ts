@@ -4,62 +4,33 @@
  * hello; exit 3'` prints hello and exits 3; Ctrl-C (SIGINT) stops everything and leaves no
  * sandbox, namespace, cgroup or process behind.
  */
-import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
-import { freePort } from './redis-server.ts';
+import { SPACE, type SpaceUp, startSpaceUp } from './space-up.ts';
 
 const run = promisify(execFile);
-const SPACE = join(import.meta.dirname, '..', 'runtime', 'cli', 'space.ts');
 
 describe('space CLI against `space up`', () => {
   let home: string;
-  let up: ChildProcess;
+  let up: SpaceUp;
   let env: NodeJS.ProcessEnv;
-  let output = '';
   let routerPort = 0;
   const pool = `10.${100 + Math.floor(Math.random() * 100)}.0.0/16`;
 
   beforeAll(async () => {
     home = await mkdtemp(join(tmpdir(), 'space-cli-'));
-    const [apiPort, agentPort] = [await freePort(), await freePort()];
-    routerPort = await freePort();
     env = { ...process.env, SPACE_HOME: home, SPACE_NETWORK_POOL: pool, SPACE_WARM_POOL_SIZE: '1' };
-    up = spawn(
-      process.execPath,
-      [
-        SPACE,
-        'up',
-        '--api-port',
-        String(apiPort),
-        '--agent-port',
-        String(agentPort),
-        '--router-port',
-        String(routerPort),
-        '--redis-url',
-        inject('redisUrl'),
-      ],
-      { env, stdio: ['ignore', 'pipe', 'pipe'] },
-    );
-    up.stdout?.on('data', (d: Buffer) => (output += d.toString()));
-    up.stderr?.on('data', (d: Buffer) => (output += d.toString()));
-    const deadline = Date.now() + 180_000;
-    while (!output.includes('SPACE is running')) {
-      if (up.exitCode !== null || Date.now() > deadline)
-        throw new Error(`space up did not start:\n${output}`);
-      await new Promise((r) => setTimeout(r, 200));
-    }
+    up = await startSpaceUp(env, inject('redisUrl'));
+    routerPort = up.routerPort;
   });
 
   afterAll(async () => {
-    if (up && up.exitCode === null) {
-      up.kill('SIGINT'); // never SIGKILL: the stack must get to destroy its sandboxes
-      await once(up, 'exit');
-    }
+    await up?.stop(); // never SIGKILL: the stack must get to destroy its sandboxes
     await rm(home, { recursive: true, force: true });
   });
 
@@ -157,8 +128,8 @@ describe('space CLI against `space up`', () => {
     };
     expect(listed.sandboxes.map((x) => x.id)).toContain(sandbox.id);
 
-    up.kill('SIGINT');
-    const [code] = (await once(up, 'exit')) as [number];
+    up.proc.kill('SIGINT');
+    const [code] = (await once(up.proc, 'exit')) as [number];
     expect(code).toBe(0);
     const prefix = `${pool.split('.').slice(0, 2).join('.')}.`;
     const addrs = JSON.parse((await run('ip', ['-j', '-4', 'addr', 'show'])).stdout) as {
@@ -170,7 +141,7 @@ describe('space CLI against `space up`', () => {
     const instances = await readdir(join(home, 'agent', 'driver', 'instances')).catch(() => [] as string[]);
     expect(instances).toEqual([]);
     const cgroups = await readdir('/sys/fs/cgroup/memory/space').catch(() => [] as string[]);
-    expect(cgroups.filter((c) => c.startsWith('i_') && output.includes(c))).toEqual([]);
+    expect(cgroups.filter((c) => c.startsWith('i_') && up.output().includes(c))).toEqual([]);
   });
 });
 
