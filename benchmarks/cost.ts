@@ -333,26 +333,27 @@ export async function costOutput(
     summary: { rows },
     assumptions,
   };
+  // a dot per option and trace: bars have no zero on a log scale, and the figures span 100×
   const spec = {
-    title: '$ per active hour (log scale)',
+    title: 'USD per active hour (log scale)',
     data: {
       values: rows
         .flatMap((r) =>
           traces.map((t) => ({
-            option: `${r.option}${r.option.startsWith('SPACE') ? ` — ${r.host.split(' (')[0]}` : ''}`,
+            option: r.option.startsWith('SPACE') ? `SPACE on ${r.host.split(' (')[0]}` : r.option,
             trace: t.name,
             usd: r.perTrace[t.name]!.usdPerActiveHour,
           })),
         )
         .filter((v) => Number.isFinite(v.usd) && v.usd > 0),
     },
-    mark: 'bar',
+    mark: { type: 'point', filled: true, size: 90 },
     width: 420,
     encoding: {
-      y: { field: 'option', type: 'nominal', title: null, sort: null },
+      y: { field: 'option', type: 'nominal', title: null, sort: null, axis: { labelLimit: 360 } },
       x: { field: 'usd', type: 'quantitative', title: 'USD per active hour', scale: { type: 'log' } },
       color: { field: 'trace', type: 'nominal' },
-      yOffset: { field: 'trace' },
+      shape: { field: 'trace', type: 'nominal' },
     },
   };
   return {
