@@ -366,16 +366,19 @@ export async function latencyOutput(
   const points: PlotPoint[] = [];
   for (const s of r.samples) {
     if (s.error !== undefined || !s.source) continue;
-    points.push({ series: `${s.source} ready`, value: s.readyMs, panel: `concurrency ${s.concurrency}` });
+    const panel = { panel: `concurrency ${s.concurrency}`, panelOrder: s.concurrency };
+    points.push({ series: `${s.source} ready`, value: s.readyMs, ...panel });
     points.push({
       series: `${s.source} first output`,
       value: s.firstOutputMs,
-      panel: `concurrency ${s.concurrency}`,
+      ...panel,
     });
   }
   if (r.floor && 'samples' in r.floor) {
     for (const c of r.params.concurrency) {
-      for (const v of r.floor.samples) points.push({ series: 'floor', value: v, panel: `concurrency ${c}` });
+      for (const v of r.floor.samples) {
+        points.push({ series: 'floor', value: v, panel: `concurrency ${c}`, panelOrder: c });
+      }
     }
   }
   const table = markdownTable(header, body, [true, false, false, true, true, true, true, true, true]);

@@ -163,6 +163,8 @@ export interface PlotPoint {
   value: number;
   /** Optional facet (one panel per distinct value), e.g. `concurrency 8`. */
   panel?: string;
+  /** Order of the panel (ascending; default: the panels' names in text order), e.g. 8. */
+  panelOrder?: number;
 }
 
 /**
@@ -199,7 +201,16 @@ export function distributionSpec(
     return {
       title,
       data: { values },
-      facet: { row: { field: 'panel', type: 'nominal', title: null } },
+      facet: {
+        row: {
+          field: 'panel',
+          type: 'nominal',
+          title: null,
+          ...(points.some((p) => p.panelOrder !== undefined)
+            ? { sort: { field: 'panelOrder', op: 'min' } }
+            : {}),
+        },
+      },
       spec: { width: 560, ...layer },
       resolve: { scale: { y: 'independent' } },
     };
