@@ -50,6 +50,7 @@ export function parseIntList(what: string) {
   };
 }
 
+/** Adds the options every bench command takes (see {@link CommonOptions}) to `cmd`. */
 function common(cmd: Command, poolDefault: string): Command {
   return cmd
     .option('--target <url>', 'API URL of a remote stack (default: the local stack, started if none runs)')
@@ -98,6 +99,7 @@ async function runBench(
   for (const f of written) note(`space bench: wrote ${f}`);
 }
 
+/** Registers `space bench` and its commands (latency, exec, pause-resume, density, throughput, cost). */
 export function registerBench(program: Command): void {
   const bench = program
     .command('bench')
