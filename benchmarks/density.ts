@@ -9,11 +9,12 @@
  *   `/sys/fs/cgroup/space/<instance>/`, v2): `usage` = memory.usage_in_bytes / memory.current
  *   (what the driver's `stats()` reports, page cache included), `workingSet` = usage − inactive
  *   file pages (what the kernel could not drop), and `processes` = host processes in the cgroup;
- * - VMM drivers (no cgroup of their own): the VMM process's VmRSS as `usage` and `workingSet`,
- *   `processes` = the VMM and its descendants.
+ * - VMM drivers (no cgroup of their own): the VmRSS of the VMM process (the one the agent recorded,
+ *   else the host processes whose command line names the instance) and its descendants, summed, as
+ *   `usage` and `workingSet`; `processes` = how many there are.
  * The sandbox → instance mapping comes from the agent's record `<state>/sandboxes/<id>/sandbox.json`.
  */
-import { readFile } from 'node:fs/promises';
+import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { ProgressFactory } from './progress.ts';
 import {
@@ -106,22 +107,42 @@ async function processTree(pid: number): Promise<number[]> {
   return out;
 }
 
-/** One read of a VMM instance's process; null when it is gone. */
+/**
+ * Host pids whose command line names `instanceId` as a whole argument (a VMM started for it: QEMU's
+ * `-name`, Firecracker's `--id`), without their own descendants listed twice.
+ */
+async function pidsNaming(instanceId: string): Promise<number[]> {
+  const out: number[] = [];
+  for (const entry of await readdir('/proc').catch(() => [] as string[])) {
+    if (!/^\d+$/.test(entry)) continue;
+    const argv = (await readFile(`/proc/${entry}/cmdline`, 'utf8').catch(() => '')).split('\0');
+    if (argv.some((a) => a === instanceId || a.split(/[=,/]/).includes(instanceId))) out.push(Number(entry));
+  }
+  return out;
+}
+
+/**
+ * One read of a VMM instance: the summed VmRSS of the process the agent recorded (or, failing that,
+ * those whose command line names the instance) and of their descendants; null when none is found.
+ */
 async function readProcess(
   instanceId: string,
-  pid: number,
+  pid: number | undefined,
 ): Promise<Omit<DensitySample, 'sandboxId' | 'driver'> | null> {
-  const status = await readFile(`/proc/${pid}/status`, 'utf8').catch(() => '');
-  const m = /^VmRSS:\s+(\d+)\s+kB/m.exec(status);
-  if (!m) return null;
-  const rss = (Number(m[1]) * 1024) / MIB;
-  return {
-    instanceId,
-    source: 'process rss',
-    usageMiB: rss,
-    workingSetMiB: rss,
-    processes: (await processTree(pid)).length,
-  };
+  const roots = pid ? [pid] : await pidsNaming(instanceId);
+  const pids = new Set<number>();
+  for (const r of roots) for (const p of await processTree(r)) pids.add(p);
+  let kib = 0;
+  let seen = 0;
+  for (const p of pids) {
+    const m = /^VmRSS:\s+(\d+)\s+kB/m.exec(await readFile(`/proc/${p}/status`, 'utf8').catch(() => ''));
+    if (!m) continue;
+    kib += Number(m[1]);
+    seen++;
+  }
+  if (!seen) return null;
+  const rss = (kib * 1024) / MIB;
+  return { instanceId, source: 'process rss', usageMiB: rss, workingSetMiB: rss, processes: seen };
 }
 
 /** The agent's record of sandbox `id` on a local stack: its instance id and host pid. */
@@ -170,9 +191,7 @@ export async function measureDensity(
       if (r) await new Promise((res) => setTimeout(res, 1000));
       for (const id of ids) {
         const inst = await instanceOf(stateDir, id);
-        const one =
-          (await readCgroup(inst.instanceId)) ??
-          (inst.pid ? await readProcess(inst.instanceId, inst.pid) : null);
+        const one = (await readCgroup(inst.instanceId)) ?? (await readProcess(inst.instanceId, inst.pid));
         if (!one) throw new Error(`sandbox ${id} (${inst.instanceId}): no cgroup and no VMM process to read`);
         reads.set(id, [...(reads.get(id) ?? []), one]);
       }
