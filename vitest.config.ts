@@ -29,7 +29,12 @@ export default defineConfig({
         extends: true,
         test: {
           name: 'int',
-          include: ['runtime/**/*.int.test.ts', 'test/**/*.int.test.ts', 'providers/**/*.int.test.ts'],
+          include: [
+            'runtime/**/*.int.test.ts',
+            'test/**/*.int.test.ts',
+            'providers/**/*.int.test.ts',
+            'benchmarks/**/*.int.test.ts',
+          ],
           exclude: [...SLOW, 'node_modules/**'],
           testTimeout: 120_000,
           hookTimeout: 600_000,

@@ -19,9 +19,14 @@ export interface BenchClient {
   waitOp(id: string): Promise<void>;
   /**
    * Reads an SSE command stream to its end; returns ms from `t0` (a `performance.now()` value) to
-   * its first stdout event and to its exit event (NaN when absent).
+   * its first stdout event and to its exit event (NaN when absent), and the stdout bytes it carried
+   * (decoded from the events' base64).
    */
-  streamTimes(url: string, token: string, t0: number): Promise<{ first: number; exit: number }>;
+  streamTimes(
+    url: string,
+    token: string,
+    t0: number,
+  ): Promise<{ first: number; exit: number; stdoutBytes: number }>;
 }
 
 /** A client for the API at `apiUrl` with `apiKey`. */
@@ -66,15 +71,19 @@ export function benchClient(ep: { apiUrl: string; apiKey: string }): BenchClient
       const res = await request(url, { headers: { authorization: `Bearer ${token}` } });
       let first = Number.NaN;
       let exit = Number.NaN;
+      let stdoutBytes = 0;
       const parser = createParser({
         onEvent: (e) => {
-          if (e.event === 'stdout' && Number.isNaN(first)) first = performance.now() - t0;
+          if (e.event === 'stdout') {
+            if (Number.isNaN(first)) first = performance.now() - t0;
+            stdoutBytes += Buffer.byteLength((JSON.parse(e.data) as { data: string }).data, 'base64');
+          }
           if (e.event === 'exit') exit = performance.now() - t0;
         },
       });
       const dec = new TextDecoder();
       for await (const chunk of res.body) parser.feed(dec.decode(chunk as Buffer, { stream: true }));
-      return { first, exit };
+      return { first, exit, stdoutBytes };
     },
   };
 }

@@ -15,12 +15,12 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { InstanceSpec, SandboxNetwork } from '../runtime/agent/drivers/driver.ts';
-import { probeBoot, QemuDriver } from '../runtime/agent/drivers/qemu.ts';
-import { makeInstanceDisk } from '../runtime/agent/drivers/vm-common.ts';
+import { QemuDriver } from '../runtime/agent/drivers/qemu.ts';
 import { SandboxNetworks } from '../runtime/agent/network.ts';
 import { buildTemplate } from '../runtime/agent/templates.ts';
 import { vmImage } from '../runtime/agent/vm-image.ts';
 import { TEST_CACHE_DIR } from '../test/cache-dir.ts';
+import { measureQemuFloor } from './floor.ts';
 
 const N = Math.max(1, Number(process.argv[2] ?? 3));
 const CACHE = TEST_CACHE_DIR;
@@ -70,25 +70,8 @@ async function main(): Promise<void> {
   };
   const results: Record<string, number[]> = { floor: [], cold: [], restore: [], pauseResume: [] };
   try {
-    const floorNet = await network(`i-benchfloor${process.pid % 1000}`);
-    for (let i = 0; i < N; i++) {
-      const disk = join(stateDir, `floor-${i}.img`);
-      await makeInstanceDisk(disk, 256, 'bench');
-      const r = await probeBoot({
-        kvm: KVM,
-        kernel: image.kernel!.bzImage,
-        initrd: image.kernel!.initrd,
-        probe: 'late',
-        timeoutMs: 120_000,
-        memoryMiB: 512,
-        rootfsImage: image.rootfsImage,
-        disk,
-        netns: floorNet.netns,
-      });
-      if (!r.ok) throw new Error(`floor boot failed: ${r.output}`);
-      results.floor!.push(r.ms);
-      await rm(disk, { force: true });
-    }
+    // the floor of `space bench latency` for the qemu driver, on its own /24
+    results.floor = await measureQemuFloor({ runs: N, kvm: KVM, cacheDir: CACHE, pool: '10.79.44.0/24' });
     let keep: InstanceSpec | undefined;
     for (let i = 0; i < N; i++) {
       const s = await spec();

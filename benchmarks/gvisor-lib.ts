@@ -9,7 +9,7 @@
  */
 import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdir, rm } from 'node:fs/promises';
+import { mkdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import type {
@@ -19,7 +19,13 @@ import type {
   TemplateImage,
 } from '../runtime/agent/drivers/driver.ts';
 import { waitForHealth } from '../runtime/agent/drivers/guest-health.ts';
-import { GvisorDriver } from '../runtime/agent/drivers/gvisor.ts';
+import {
+  buildOciSpec,
+  GvisorDriver,
+  removeCgroups,
+  runscGlobalArgs,
+  runscStartCommand,
+} from '../runtime/agent/drivers/gvisor.ts';
 import type { SandboxNetworks } from '../runtime/agent/network.ts';
 
 const run = promisify(execFile);
@@ -213,6 +219,90 @@ export async function measureGvisor(o: GvisorBenchOptions): Promise<GvisorFigure
     return f;
   } finally {
     for (const id of [...live.keys()]) await drop(id);
+    await rm(o.stateDir, { recursive: true, force: true });
+  }
+}
+
+/** Inputs of {@link runscTemplateFloor}. */
+export interface TemplateFloorOptions {
+  image: TemplateImage;
+  /** Samples (≥ 1). */
+  runs: number;
+  /** Scratch directory (bundle, read-only root mount, runsc root); made and removed by the call. */
+  stateDir: string;
+  platform: 'ptrace' | 'systrap';
+  runscBinary?: string;
+  /** Called after each sample (progress). */
+  onSample?: () => void;
+}
+
+/**
+ * The gVisor driver's floor for one template: a bare `runsc run` of `/bin/true` on the template's
+ * own root filesystem (its overlay lowers mounted read-only), with the driver's global flags and
+ * resource limits but `--network=none` and no guest daemon — sandbox start, one process, exit and
+ * teardown. Needs root. Everything it makes is removed before it returns.
+ * @returns one wall-clock sample per run, ms (spawn of runsc to its exit).
+ * @throws Error when runsc or the mount fails.
+ */
+export async function runscTemplateFloor(o: TemplateFloorOptions): Promise<number[]> {
+  const runsc = o.runscBinary ?? 'runsc';
+  const root = join(o.stateDir, 'rootfs');
+  const bundle = join(o.stateDir, 'bundle');
+  const runscRoot = join(o.stateDir, 'runsc');
+  await mkdir(root, { recursive: true });
+  await mkdir(bundle, { recursive: true });
+  await mkdir(runscRoot, { recursive: true });
+  // a read-only overlay needs two lowers at least; one layer is bind-mounted read-only instead
+  if (o.image.lowerDirs.length > 1) {
+    await run('mount', [
+      '-t',
+      'overlay',
+      'space-floor',
+      '-o',
+      `ro,lowerdir=${o.image.lowerDirs.join(':')}`,
+      root,
+    ]);
+  } else {
+    await run('mount', ['--bind', '-o', 'ro', o.image.lowerDirs[0]!, root]);
+  }
+  const samples: number[] = [];
+  const ids: string[] = [];
+  try {
+    for (let i = 0; i < o.runs; i++) {
+      const id = `floor-${process.pid}-${i}`;
+      ids.push(id);
+      const spec = buildOciSpec({
+        spec: {
+          instanceId: id,
+          template: o.image.template,
+          image: o.image,
+          vcpus: 1,
+          memoryMiB: 512,
+          diskMiB: 0,
+          pidsLimit: 256,
+          guestToken: '',
+          network: { netns: 'none' } as SandboxNetwork,
+        },
+        rootPath: root,
+        guestArgv: ['/bin/true'],
+      }) as { root: { readonly: boolean }; linux: { namespaces: { type: string }[] } };
+      spec.root.readonly = true;
+      spec.linux.namespaces = spec.linux.namespaces.filter((n) => n.type !== 'network');
+      await writeFile(join(bundle, 'config.json'), JSON.stringify(spec));
+      const global = [...runscGlobalArgs({ root: runscRoot, platform: o.platform }), '--network=none'];
+      const cmd = runscStartCommand(runsc, global, ['run', `--bundle=${bundle}`, id]);
+      const t = performance.now();
+      await run(cmd.cmd, cmd.args);
+      samples.push(performance.now() - t);
+      o.onSample?.();
+    }
+    return samples;
+  } finally {
+    for (const id of ids) {
+      await run(runsc, [`--root=${runscRoot}`, 'delete', '--force', id]).catch(() => {});
+      await removeCgroups(id);
+    }
+    await run('umount', [root]).catch(() => run('umount', ['-l', root]).catch(() => {}));
     await rm(o.stateDir, { recursive: true, force: true });
   }
 }

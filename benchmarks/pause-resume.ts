@@ -1,10 +1,6 @@
-#!/usr/bin/env node
 /**
- * Pause and resume latency as a client sees them, against a running SPACE (the local stack by
- * default: `npm start` in another terminal; or `--target URL --api-key K`), beside the driver's
- * own bare cost measured in the same run (local gVisor nodes only).
- *
- *   npm run bench:pause -- [--n 5] [--no-floor] [--out FILE]
+ * `space bench pause-resume` (also `npm run bench:pause`): pause and resume latency as a client sees
+ * them, beside the driver's own bare cost measured in the same run (local gVisor nodes only).
  *
  * Figures (ms, each sample one request, sequential):
  * - `pause-frozen`, `resume-frozen`, `pause-hibernated`, `resume-hibernated`: POST …/pause or
@@ -17,153 +13,140 @@
  *   has nothing to do.
  * - Driver floors (`--no-floor` skips; needs root, runs on this host): the gVisor driver's own
  *   `pause`, `resume` (to /health), `snapshot` and snapshot `restore`, from `gvisor-lib.ts`.
- * Prints min / p50 / max per figure and writes JSON (commit, Node, CPU, target, samples) to
- * `benchmarks/results/`.
  */
-import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { mkdtemp } from 'node:fs/promises';
-import { cpus, tmpdir } from 'node:os';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { Command } from 'commander';
-import { directoryImage } from '../runtime/agent/images.ts';
-import { SandboxNetworks } from '../runtime/agent/network.ts';
-import { buildTemplate } from '../runtime/agent/templates.ts';
-import { resolveEndpoint } from '../runtime/cli/local.ts';
-import { TEST_CACHE_DIR } from '../test/cache-dir.ts';
-import { benchClient } from './api.ts';
-import { measureGvisor, median } from './gvisor-lib.ts';
+import type { BenchClient } from './api.ts';
+import { baseDirectoryImage, gvisorPlatform } from './floor.ts';
+import type { ProgressFactory } from './progress.ts';
+import {
+  BENCH_SCHEMA,
+  type BenchDocument,
+  type BenchOutput,
+  composeMarkdown,
+  distributionSpec,
+  figureTable,
+  type PlotPoint,
+  type RunInfo,
+  renderSvg,
+} from './report.ts';
+import { summarise } from './stats.ts';
 
-interface Opts {
-  n: string;
-  floor: boolean;
-  target?: string;
-  apiKey?: string;
-  out?: string;
-}
+/** Samples (ms) by figure name, in the order first measured. */
+export type PauseResumeSamples = Record<string, number[]>;
 
-const opts = new Command('pause-resume')
-  .description('Pause/resume and resume-on-traffic latency against a running SPACE, beside the driver floor')
-  .option('--n <count>', 'samples per figure', '5')
-  .option('--no-floor', 'skip the driver floor (remote targets, or no root)')
-  .option('--target <url>', 'API URL (default: the local stack)')
-  .option('--api-key <key>', 'API key (default: the local stack’s)')
-  .option('--out <file>', 'JSON results file (default: benchmarks/results/pause-resume-<time>.json)')
-  .parse()
-  .opts<Opts>();
-const ep = resolveEndpoint({ apiUrl: opts.target, apiKey: opts.apiKey });
-const n = Number(opts.n);
-if (!Number.isInteger(n) || n < 1) throw new Error('--n takes a positive integer');
-
-const { api, waitOp, waitReady, streamTimes } = benchClient(ep);
-
-/** ms from the POST to the operation's success. */
-async function timedOp(path: string, body?: unknown): Promise<number> {
-  const t0 = performance.now();
-  const { operation } = await api<{ operation: { id: string } }>('POST', path, body);
-  await waitOp(operation.id);
-  return performance.now() - t0;
-}
-
-/** ms from POST /commands (`echo x`) until the first stdout event. */
-async function firstOutput(id: string): Promise<number> {
-  const t0 = performance.now();
-  const res = await api<{ stream: { url: string; token: string } }>('POST', `/v1/sandboxes/${id}/commands`, {
-    cmd: 'echo',
-    args: ['x'],
-  });
-  return (await streamTimes(res.stream.url, res.stream.token, t0)).first;
-}
-
-const samples: Record<string, number[]> = {};
-function add(k: string, v: number): void {
-  samples[k] = [...(samples[k] ?? []), v];
-}
-
-const created: string[] = [];
-await waitReady('base');
-try {
-  for (const mode of ['frozen', 'hibernated'] as const) {
-    const { sandbox, operation } = await api<{ sandbox: { id: string }; operation: { id: string } }>(
-      'POST',
-      '/v1/sandboxes',
-      { template: 'base', autoPauseSec: 0 },
-    );
-    created.push(sandbox.id);
+/** Measures the API figures (see the module doc) on two sandboxes it creates and deletes. */
+export async function measurePauseResume(
+  client: BenchClient,
+  o: { n: number; progress: ProgressFactory },
+): Promise<PauseResumeSamples> {
+  const { api, waitOp, streamTimes } = client;
+  const samples: PauseResumeSamples = {};
+  const add = (k: string, v: number) => {
+    samples[k] = [...(samples[k] ?? []), v];
+  };
+  /** ms from the POST to the operation's success. */
+  const timedOp = async (path: string, body?: unknown) => {
+    const t0 = performance.now();
+    const { operation } = await api<{ operation: { id: string } }>('POST', path, body);
     await waitOp(operation.id);
-    const path = `/v1/sandboxes/${sandbox.id}`;
-    for (let i = 0; i < n; i++) {
-      add(`pause-${mode}`, await timedOp(`${path}/pause`, { mode }));
-      add(`resume-${mode}`, await timedOp(`${path}/resume`));
-      await timedOp(`${path}/pause`, { mode });
-      add(`traffic-${mode}`, await firstOutput(sandbox.id));
-      add('traffic-running', await firstOutput(sandbox.id));
-      add('op-noop', await timedOp(`${path}/resume`));
-      process.stderr.write(`${mode} ${i + 1}/${n}\n`);
+    return performance.now() - t0;
+  };
+  /** ms from POST /commands (`echo x`) until the first stdout event. */
+  const firstOutput = async (id: string) => {
+    const t0 = performance.now();
+    const res = await api<{ stream: { url: string; token: string } }>(
+      'POST',
+      `/v1/sandboxes/${id}/commands`,
+      {
+        cmd: 'echo',
+        args: ['x'],
+      },
+    );
+    return (await streamTimes(res.stream.url, res.stream.token, t0)).first;
+  };
+  const created: string[] = [];
+  try {
+    for (const mode of ['frozen', 'hibernated'] as const) {
+      const bar = o.progress.phase(`pause-resume ${mode}`, o.n);
+      const { sandbox, operation } = await api<{ sandbox: { id: string }; operation: { id: string } }>(
+        'POST',
+        '/v1/sandboxes',
+        { template: 'base', autoPauseSec: 0 },
+      );
+      created.push(sandbox.id);
+      await waitOp(operation.id);
+      const path = `/v1/sandboxes/${sandbox.id}`;
+      for (let i = 0; i < o.n; i++) {
+        add(`pause-${mode}`, await timedOp(`${path}/pause`, { mode }));
+        add(`resume-${mode}`, await timedOp(`${path}/resume`));
+        await timedOp(`${path}/pause`, { mode });
+        add(`traffic-${mode}`, await firstOutput(sandbox.id));
+        add('traffic-running', await firstOutput(sandbox.id));
+        add('op-noop', await timedOp(`${path}/resume`));
+        bar.tick();
+      }
+      bar.stop();
     }
+  } finally {
+    for (const id of created) await api('DELETE', `/v1/sandboxes/${id}`).catch(() => {});
   }
-} finally {
-  for (const id of created) await api('DELETE', `/v1/sandboxes/${id}`).catch(() => {});
+  return samples;
 }
 
-if (opts.floor) {
-  process.stderr.write('driver floor (gVisor, this host)…\n');
-  const nodeBinary = [
-    fileURLToPath(new URL('../node_modules/node/bin/node', import.meta.url)),
-    process.execPath,
-  ].find((p) => existsSync(p))!;
-  await buildTemplate('base', { cacheDir: TEST_CACHE_DIR });
-  const image = await directoryImage('base', TEST_CACHE_DIR, {
-    nodeBinary,
-    tiniBinary: '/usr/bin/tini-static',
-  });
+/**
+ * The gVisor driver's own pause, resume, snapshot and restore on this host (`floor-driver-*`, ms),
+ * `n` samples each. Needs root; builds/reuses template `base` in `cacheDir`.
+ */
+export async function pauseResumeFloor(n: number, cacheDir: string): Promise<PauseResumeSamples> {
+  const [{ SandboxNetworks }, { measureGvisor }] = await Promise.all([
+    import('../runtime/agent/network.ts'),
+    import('./gvisor-lib.ts'),
+  ]);
   const f = await measureGvisor({
-    platform: 'ptrace',
+    platform: await gvisorPlatform(),
     runs: n,
     stateDir: await mkdtemp(join(tmpdir(), 'space-bench-pause-')),
-    image,
+    image: await baseDirectoryImage(cacheDir),
     nets: new SandboxNetworks({ pool: '10.79.3.0/24' }),
     loops: false,
     idPrefix: 'pr',
   });
-  samples['floor-driver-pause'] = f.pause;
-  samples['floor-driver-resume'] = f.resume;
-  samples['floor-driver-snapshot'] = f.snapshot;
-  samples['floor-driver-restore'] = f.restoreCreate;
+  return {
+    'floor-driver-pause': f.pause,
+    'floor-driver-resume': f.resume,
+    'floor-driver-snapshot': f.snapshot,
+    'floor-driver-restore': f.restoreCreate,
+  };
 }
 
-const fmt = (x: number) => x.toFixed(1).padStart(9);
-console.log(
-  `${'figure'.padEnd(24)}${'min'.padStart(9)}${'p50'.padStart(9)}${'max'.padStart(9)}  (ms, n=${n})`,
-);
-for (const [k, xs] of Object.entries(samples)) {
-  console.log(`${k.padEnd(24)}${fmt(Math.min(...xs))}${fmt(median(xs))}${fmt(Math.max(...xs))}`);
+/** The table, JSON document and plot of a pause-resume run. */
+export async function pauseResumeOutput(
+  samples: PauseResumeSamples,
+  params: { n: number; floor: boolean },
+  run: RunInfo,
+): Promise<BenchOutput> {
+  const figs = Object.entries(samples).map(([name, xs]) => ({ name, unit: 'ms', samples: xs }));
+  const doc: BenchDocument = {
+    schema: BENCH_SCHEMA,
+    command: 'pause-resume',
+    run,
+    params,
+    samples,
+    summary: Object.fromEntries(figs.map((f) => [f.name, summarise(f.samples)])),
+    assumptions: [
+      'Sequential, one request at a time; an operation is timed from its POST to its success (long-poll).',
+      'traffic-* is the resume a client pays on its first command to a paused sandbox (POST /commands → first stdout event).',
+      params.floor
+        ? 'floor-driver-* are the gVisor driver’s own calls on this host, measured in this run.'
+        : 'Driver floor not measured (--no-floor).',
+    ],
+  };
+  const points: PlotPoint[] = figs.flatMap((f) => f.samples.map((value) => ({ series: f.name, value })));
+  return {
+    doc,
+    markdown: composeMarkdown(`space bench pause-resume — n=${params.n}`, figureTable(figs), doc),
+    svg: await renderSvg(distributionSpec('Pause / resume (ms, log scale)', 'ms', points, true)),
+  };
 }
-const commit = (() => {
-  try {
-    return execFileSync('git', ['rev-parse', '--short', 'HEAD'], { encoding: 'utf8' }).trim();
-  } catch {
-    return 'unknown';
-  }
-})();
-const out =
-  opts.out ?? `benchmarks/results/pause-resume-${new Date().toISOString().replace(/[:.]/g, '-')}.json`;
-mkdirSync(join(out, '..'), { recursive: true });
-writeFileSync(
-  out,
-  JSON.stringify(
-    {
-      commit,
-      node: process.version,
-      cpu: cpus()[0]?.model,
-      cpus: cpus().length,
-      target: ep.apiUrl,
-      n,
-      samples,
-    },
-    null,
-    2,
-  ),
-);
-console.log(`results: ${out}`);

@@ -5,6 +5,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { Command, CommanderError } from 'commander';
+import { registerBench } from './bench.ts';
 import { registerDoctor } from './doctor.ts';
 import { registerExec } from './exec.ts';
 import { registerFiles } from './files.ts';
@@ -79,6 +80,7 @@ Examples:
   registerKeys(program);
   registerTemplate(program);
   registerDoctor(program);
+  registerBench(program);
   return program;
 }
 

@@ -1,0 +1,395 @@
+/**
+ * `space bench latency`: sandbox creation latency as a client sees it, under concurrency, beside
+ * the driver's floor measured in the same run.
+ *
+ * For each concurrency C of the sweep (default 1, 8, 32), N creates (default N = 32) in waves of C
+ * simultaneous POST /v1/sandboxes, in two phases:
+ * - `warm`: the default shape (the warm pool's); before each wave the benchmark waits until the pool
+ *   holds min(C, pool) ready instances, so the wave is what a full pool does with C at once;
+ * - `cold`: a shape the pool does not hold (`--cold-memory`, default 640 MiB), so the node must make
+ *   every instance (snapshot restore or boot, whichever it does).
+ * Each create is timed from its POST to: `accepted` (the POST answered), `ready` (its operation
+ * succeeded, long-polled), `first output` (the first stdout event of `echo ready` posted once ready).
+ * Every sample is then **classified by what the API says the create did** — the sandbox's
+ * `createdFrom` (`warm` claim, `snapshot` restore, `boot`) — never by the phase: a warm-phase create
+ * that found the pool empty counts as the snapshot or boot it was. Creates the API refused (e.g.
+ * capacity) are counted as errors, not timed.
+ */
+import type { BenchClient } from './api.ts';
+import { type FloorResult, measureFloor } from './floor.ts';
+import type { ProgressFactory } from './progress.ts';
+import {
+  BENCH_SCHEMA,
+  type BenchDocument,
+  type BenchOutput,
+  composeMarkdown,
+  distributionSpec,
+  markdownTable,
+  type PlotPoint,
+  type RunInfo,
+  renderSvg,
+} from './report.ts';
+import type { BenchTarget } from './stack.ts';
+import { fmt, type Summary, summarise } from './stats.ts';
+
+/** How the node made a sandbox's instance, as the API reports it (`createdFrom`). */
+export type CreateSource = 'warm' | 'snapshot' | 'boot';
+/** Every source, in table order. */
+export const CREATE_SOURCES: readonly CreateSource[] = ['warm', 'snapshot', 'boot'];
+/** Which shape the create asked for (see the module doc); not a classification. */
+export type LatencyPhase = 'warm' | 'cold';
+
+/** One create, as measured. Times in ms from the POST; NaN when not reached. */
+export interface CreateSample {
+  concurrency: number;
+  phase: LatencyPhase;
+  /** Wave number within the phase (0-based). */
+  wave: number;
+  /** What the API says the create did; null when it failed before telling. */
+  source: CreateSource | null;
+  acceptedMs: number;
+  readyMs: number;
+  firstOutputMs: number;
+  /** The failure (HTTP status and body, or the operation's error), when the create failed. */
+  error?: string;
+}
+
+/** The three timed figures of a create. */
+export const LATENCY_METRICS = [
+  ['acceptedMs', 'accepted'],
+  ['readyMs', 'ready'],
+  ['firstOutputMs', 'first output'],
+] as const;
+
+/**
+ * The successful samples of `source` at `concurrency` — the only ones a figure of that class may
+ * count (a warm figure counts warm claims only, whatever phase they ran in). Pure.
+ */
+export function samplesOf(
+  all: readonly CreateSample[],
+  source: CreateSource,
+  concurrency: number,
+): CreateSample[] {
+  return all.filter((s) => s.error === undefined && s.source === source && s.concurrency === concurrency);
+}
+
+/** One row of the latency summary: a concurrency, a class, a metric. */
+export interface LatencyRow {
+  concurrency: number;
+  source: CreateSource;
+  metric: (typeof LATENCY_METRICS)[number][1];
+  summary: Summary;
+  /** p50 of this figure ÷ p50 of the floor (NaN without a floor, and for `accepted`). */
+  p50OverFloor: number;
+}
+
+/** Summary rows (every concurrency × class that has samples × metric). Pure. */
+export function latencyRows(all: readonly CreateSample[], floorP50: number): LatencyRow[] {
+  const rows: LatencyRow[] = [];
+  for (const c of [...new Set(all.map((s) => s.concurrency))].sort((a, b) => a - b)) {
+    for (const source of CREATE_SOURCES) {
+      const xs = samplesOf(all, source, c);
+      if (!xs.length) continue;
+      for (const [key, metric] of LATENCY_METRICS) {
+        const summary = summarise(xs.map((s) => s[key]));
+        // accepted is the API's answer alone: no floor to compare it with
+        const p50OverFloor = key === 'acceptedMs' ? Number.NaN : summary.p50 / floorP50;
+        rows.push({ concurrency: c, source, metric, summary, p50OverFloor });
+      }
+    }
+  }
+  return rows;
+}
+
+/** Failed creates per concurrency and phase (counted, never timed). Pure. */
+export function errorCounts(
+  all: readonly CreateSample[],
+): { concurrency: number; phase: LatencyPhase; errors: number; first: string }[] {
+  const out = new Map<string, { concurrency: number; phase: LatencyPhase; errors: number; first: string }>();
+  for (const s of all) {
+    if (s.error === undefined) continue;
+    const k = `${s.concurrency}/${s.phase}`;
+    const e = out.get(k) ?? { concurrency: s.concurrency, phase: s.phase, errors: 0, first: s.error };
+    e.errors++;
+    out.set(k, e);
+  }
+  return [...out.values()];
+}
+
+/** Markdown rows of {@link latencyRows} (ms, one decimal for the ratio). Pure. */
+export function latencyTableRows(rows: readonly LatencyRow[]): string[][] {
+  return rows.map((r) => [
+    String(r.concurrency),
+    r.source,
+    r.metric,
+    String(r.summary.n),
+    fmt(r.summary.p50),
+    fmt(r.summary.p90),
+    fmt(r.summary.p99),
+    fmt(r.summary.max),
+    Number.isFinite(r.p50OverFloor) ? `${r.p50OverFloor.toFixed(1)}×` : '-',
+  ]);
+}
+
+/** Options of {@link measureCreates}. */
+export interface CreateRunOptions {
+  client: BenchClient;
+  concurrency: number;
+  n: number;
+  phase: LatencyPhase;
+  /** Extra create body (the cold phase's shape). */
+  body: Record<string, unknown>;
+  /** Before each wave (warm phase: wait for the pool). */
+  beforeWave?: (size: number) => Promise<void>;
+  progress: ProgressFactory;
+}
+
+/**
+ * Times one create (see the module doc) and deletes the sandbox afterwards (not timed). Never
+ * throws: a failure becomes the sample's `error`.
+ */
+export async function timeCreate(
+  client: BenchClient,
+  body: Record<string, unknown>,
+  meta: Pick<CreateSample, 'concurrency' | 'phase' | 'wave'>,
+): Promise<CreateSample> {
+  const s: CreateSample = {
+    ...meta,
+    source: null,
+    acceptedMs: Number.NaN,
+    readyMs: Number.NaN,
+    firstOutputMs: Number.NaN,
+  };
+  let id: string | undefined;
+  const t0 = performance.now();
+  try {
+    const res = await client.api<{ sandbox: { id: string }; operation: { id: string } }>(
+      'POST',
+      '/v1/sandboxes',
+      {
+        template: 'base',
+        timeoutSec: 300,
+        ...body,
+      },
+    );
+    s.acceptedMs = performance.now() - t0;
+    id = res.sandbox.id;
+    await client.waitOp(res.operation.id);
+    s.readyMs = performance.now() - t0;
+    const cmd = await client.api<{ stream: { url: string; token: string } }>(
+      'POST',
+      `/v1/sandboxes/${id}/commands`,
+      {
+        cmd: 'echo',
+        args: ['ready'],
+      },
+    );
+    s.firstOutputMs = (await client.streamTimes(cmd.stream.url, cmd.stream.token, t0)).first;
+    const rec = await client.api<{ createdFrom: CreateSource | null; fromWarmPool: boolean }>(
+      'GET',
+      `/v1/sandboxes/${id}`,
+    );
+    // older APIs had only fromWarmPool: then a non-warm create is a boot (no snapshots then)
+    s.source = rec.createdFrom ?? (rec.fromWarmPool ? 'warm' : 'boot');
+  } catch (err) {
+    s.error = (err as Error).message.slice(0, 300);
+  } finally {
+    if (id) await client.api('DELETE', `/v1/sandboxes/${id}`).catch(() => {});
+  }
+  return s;
+}
+
+/** N creates in waves of `concurrency` (see the module doc). */
+export async function measureCreates(o: CreateRunOptions): Promise<CreateSample[]> {
+  const out: CreateSample[] = [];
+  const bar = o.progress.phase(`latency c=${o.concurrency} ${o.phase}`, o.n);
+  try {
+    for (let wave = 0, done = 0; done < o.n; wave++) {
+      const size = Math.min(o.concurrency, o.n - done);
+      await o.beforeWave?.(size);
+      const batch = await Promise.all(
+        Array.from({ length: size }, () =>
+          timeCreate(o.client, o.body, { concurrency: o.concurrency, phase: o.phase, wave }).then((s) => {
+            bar.tick();
+            return s;
+          }),
+        ),
+      );
+      out.push(...batch);
+      done += size;
+    }
+  } finally {
+    bar.stop();
+  }
+  return out;
+}
+
+/**
+ * Waits until `warm()` reports at least `want` ready instances, or until it has not grown for
+ * `stableMs` (a pool smaller than `want` is then as full as it gets), at most `timeoutMs`.
+ * @returns the last count seen.
+ */
+export async function waitForPool(
+  warm: () => Promise<number>,
+  want: number,
+  o: { stableMs?: number; timeoutMs?: number; pollMs?: number } = {},
+): Promise<number> {
+  const stableMs = o.stableMs ?? 5_000;
+  const deadline = Date.now() + (o.timeoutMs ?? 180_000);
+  let last = -1;
+  let since = Date.now();
+  for (;;) {
+    const n = await warm();
+    if (n >= want) return n;
+    if (n !== last) {
+      last = n;
+      since = Date.now();
+    } else if (Date.now() - since >= stableMs || Date.now() > deadline) return n;
+    await new Promise((r) => setTimeout(r, o.pollMs ?? 100));
+  }
+}
+
+/** The floor's p50 (NaN when skipped). Pure. */
+export function floorP50(f: FloorResult | null): number {
+  return f && 'samples' in f ? summarise(f.samples).p50 : Number.NaN;
+}
+
+/** Parameters of a latency run (as printed in the JSON). */
+export interface LatencyParams {
+  n: number;
+  concurrency: number[];
+  phases: LatencyPhase[];
+  /** MiB of the cold phase's shape. */
+  coldMemoryMiB: number;
+  floorRuns: number;
+  /** Ready warm instances the pool held when the run started. */
+  poolSeen: number;
+}
+
+/** Runs the whole latency benchmark: floor first, then every concurrency × phase. */
+export async function runLatency(
+  t: BenchTarget,
+  p: Omit<LatencyParams, 'poolSeen'>,
+  o: { progress: ProgressFactory; cacheDir: string; floor: boolean; note: (line: string) => void },
+): Promise<{ params: LatencyParams; samples: CreateSample[]; floor: FloorResult | null; drivers: string[] }> {
+  const drivers = [...new Set((await t.nodes()).filter((n) => n.alive).map((n) => n.driver))];
+  o.note(`waiting for the warm pool to fill (${t.poolSize ?? 'size unknown'})…`);
+  const poolSeen = await waitForPool(() => t.warm('base'), t.poolSize ?? Number.POSITIVE_INFINITY, {
+    stableMs: 5_000,
+    timeoutMs: 300_000,
+  });
+  let floor: FloorResult | null = null;
+  if (o.floor) {
+    const driver = drivers[0] ?? 'unknown';
+    if (!t.local) floor = { driver, skipped: 'the stack is not on this host (--target)' };
+    else {
+      const bar = o.progress.phase(`floor (${driver})`, p.floorRuns);
+      try {
+        floor = await measureFloor(driver, p.floorRuns, { cacheDir: o.cacheDir, onSample: () => bar.tick() });
+      } finally {
+        bar.stop();
+      }
+    }
+  }
+  const samples: CreateSample[] = [];
+  for (const c of p.concurrency) {
+    for (const phase of p.phases) {
+      samples.push(
+        ...(await measureCreates({
+          client: t.client,
+          concurrency: c,
+          n: p.n,
+          phase,
+          body: phase === 'cold' ? { memoryMiB: p.coldMemoryMiB } : {},
+          beforeWave:
+            phase === 'warm'
+              ? async (size) => {
+                  await waitForPool(() => t.warm('base'), Math.min(size, poolSeen), { stableMs: 3_000 });
+                }
+              : undefined,
+          progress: o.progress,
+        })),
+      );
+    }
+  }
+  return { params: { ...p, poolSeen }, samples, floor, drivers };
+}
+
+/** The table, JSON document and plot of a latency run. */
+export async function latencyOutput(
+  r: { params: LatencyParams; samples: CreateSample[]; floor: FloorResult | null },
+  run: RunInfo,
+): Promise<BenchOutput> {
+  const fp50 = floorP50(r.floor);
+  const rows = latencyRows(r.samples, fp50);
+  const floorSummary = r.floor && 'samples' in r.floor ? summarise(r.floor.samples) : null;
+  const header = ['C', 'class', 'figure', 'n', 'p50 ms', 'p90 ms', 'p99 ms', 'max ms', 'p50 ÷ floor'];
+  const body = latencyTableRows(rows);
+  if (floorSummary) {
+    body.push([
+      '-',
+      'floor',
+      r.floor!.driver,
+      String(floorSummary.n),
+      fmt(floorSummary.p50),
+      fmt(floorSummary.p90),
+      fmt(floorSummary.p99),
+      fmt(floorSummary.max),
+      '1.0×',
+    ]);
+  }
+  const errors = errorCounts(r.samples);
+  const notes = [
+    r.floor
+      ? 'samples' in r.floor
+        ? `Floor: ${r.floor.what}, measured in this run.`
+        : `Floor not measured: ${r.floor.skipped}.`
+      : 'Floor not measured (--no-floor).',
+    `Classes are what the API reports per create (createdFrom): warm = pool claim, snapshot = snapshot restore, boot = cold boot. Warm phase: default shape after the pool held min(C, ${r.params.poolSeen}) instances; cold phase: ${r.params.coldMemoryMiB} MiB, a shape the pool does not hold.`,
+    ...errors.map(
+      (e) =>
+        `C=${e.concurrency} ${e.phase} phase: ${e.errors} create(s) failed, not timed (first: ${e.first})`,
+    ),
+  ];
+  const doc: BenchDocument = {
+    schema: BENCH_SCHEMA,
+    command: 'latency',
+    run,
+    params: { ...r.params },
+    samples: { creates: r.samples, floor: r.floor },
+    summary: { rows, errors, floorP50Ms: Number.isFinite(fp50) ? fp50 : null },
+    assumptions: [
+      'Percentiles are nearest-rank (a measured value; p99 of fewer than 100 samples is the max).',
+      'Times are wall clock on the benchmark client from the POST /v1/sandboxes; sandboxes are deleted after each sample, untimed.',
+    ],
+  };
+  const points: PlotPoint[] = [];
+  for (const s of r.samples) {
+    if (s.error !== undefined || !s.source) continue;
+    const panel = { panel: `concurrency ${s.concurrency}`, panelOrder: s.concurrency };
+    points.push({ series: `${s.source} ready`, value: s.readyMs, ...panel });
+    points.push({
+      series: `${s.source} first output`,
+      value: s.firstOutputMs,
+      ...panel,
+    });
+  }
+  if (r.floor && 'samples' in r.floor) {
+    for (const c of r.params.concurrency) {
+      for (const v of r.floor.samples) {
+        points.push({ series: 'floor', value: v, panel: `concurrency ${c}`, panelOrder: c });
+      }
+    }
+  }
+  const table = markdownTable(header, body, [true, false, false, true, true, true, true, true, true]);
+  return {
+    doc,
+    markdown: composeMarkdown(
+      `space bench latency — N=${r.params.n} per concurrency and phase`,
+      table,
+      doc,
+      notes,
+    ),
+    svg: await renderSvg(distributionSpec('Create latency (ms, log scale)', 'ms from POST', points, true)),
+  };
+}
