@@ -2431,9 +2431,21 @@ describe('egress attack suite', () => {
       );
       // a gateway restart: every running sandbox is registered again by the agent, and only those
       // (deletes of earlier tests may still be under way: wait until the registry is the running set)
+      // every team's running sandboxes (a key lists only its own team's)
       const running = async () =>
-        (await s.call<{ sandboxes: { id: string }[] }>('GET', '/v1/sandboxes?state=running')).body.sandboxes
+        (
+          await Promise.all(
+            [s, ...new Set(owners.values())].map(
+              async (c) =>
+                (
+                  await c.call<{ sandboxes: { id: string }[] }>('GET', '/v1/sandboxes?state=running')
+                ).body.sandboxes,
+            ),
+          )
+        )
+          .flat()
           .map((x) => x.id)
+          .filter((id, i, all) => all.indexOf(id) === i)
           .sort();
       const registered = () =>
         s

@@ -213,6 +213,21 @@ describe('SandboxStore', () => {
     expect(await redis.zscore(keys.deadlines(), 'sbx_pauseclock000000001')).toBe('53000');
   });
 
+  it('a sandbox deleted while being paused has no pause (its record stays valid for the API)', async () => {
+    await make('sbx_pausekill00000000001', 0);
+    await store.transition('sbx_pausekill00000000001', 'running', {}, 0);
+    await store.transition(
+      'sbx_pausekill00000000001',
+      'pausing',
+      { pauseMode: 'hibernated', retentionMs: '5000' },
+      1_000,
+    );
+    expect(await store.markKilling('sbx_pausekill00000000001', 'request')).toEqual({ ok: true });
+    const rec = (await store.get('sbx_pausekill00000000001'))!;
+    expect(rec.state).toBe('killing');
+    expect(rec.pause).toBeNull();
+  });
+
   it('a sandbox paused past its retention is killed with reason retention', async () => {
     await make('sbx_retention0000000001', 0);
     await store.transition('sbx_retention0000000001', 'running', {}, 0);

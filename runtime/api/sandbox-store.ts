@@ -78,8 +78,10 @@ function fromHash(h: Record<string, string>): SandboxRecord | null {
     memoryMiB: Number(h.memoryMiB),
     timeoutSec: Number(h.timeoutSec),
     autoPauseSec: Number(h.autoPauseSec ?? 0),
+    // only a sandbox that reached `paused` has a pause to describe: one deleted while it was
+    // being paused holds the asked mode but no pausedAtMs (and answered 500 on GET: pausedAt '')
     pause:
-      h.pauseMode === 'frozen' || h.pauseMode === 'hibernated'
+      (h.pauseMode === 'frozen' || h.pauseMode === 'hibernated') && h.pausedAtMs
         ? {
             mode: h.pauseMode,
             reason: h.pauseReason === 'idle' ? 'idle' : 'request',
