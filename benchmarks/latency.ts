@@ -29,6 +29,7 @@ import {
   type RunInfo,
   renderSvg,
 } from './report.ts';
+import { type BudgetRow, budgetTable } from './spans.ts';
 import type { BenchTarget } from './stack.ts';
 import { fmt, type Summary, summarise } from './stats.ts';
 
@@ -317,7 +318,13 @@ export async function runLatency(
 
 /** The table, JSON document and plot of a latency run. */
 export async function latencyOutput(
-  r: { params: LatencyParams; samples: CreateSample[]; floor: FloorResult | null },
+  r: {
+    params: LatencyParams;
+    samples: CreateSample[];
+    floor: FloorResult | null;
+    /** Where the time went, from the stack's spans (null: the stack's spans are not at hand). */
+    budget?: BudgetRow[] | null;
+  },
   run: RunInfo,
 ): Promise<BenchOutput> {
   const fp50 = floorP50(r.floor);
@@ -357,7 +364,7 @@ export async function latencyOutput(
     run,
     params: { ...r.params },
     samples: { creates: r.samples, floor: r.floor },
-    summary: { rows, errors, floorP50Ms: Number.isFinite(fp50) ? fp50 : null },
+    summary: { rows, errors, floorP50Ms: Number.isFinite(fp50) ? fp50 : null, budget: r.budget ?? null },
     assumptions: [
       'Percentiles are nearest-rank (a measured value; p99 of fewer than 100 samples is the max).',
       'Times are wall clock on the benchmark client from the POST /v1/sandboxes; sandboxes are deleted after each sample, untimed.',
@@ -381,7 +388,10 @@ export async function latencyOutput(
       }
     }
   }
-  const table = markdownTable(header, body, [true, false, false, true, true, true, true, true, true]);
+  const main = markdownTable(header, body, [true, false, false, true, true, true, true, true, true]);
+  const table = r.budget?.length
+    ? `${main}\n\nWhere the time went: each hop's span (OpenTelemetry, from the stack's SPACE_TRACE_FILE), per kind of create:\n\n${budgetTable(r.budget)}`
+    : main;
   return {
     doc,
     markdown: composeMarkdown(

@@ -6,7 +6,10 @@
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { once } from 'node:events';
+import { rm } from 'node:fs/promises';
 import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { request } from 'undici';
 import { readLocalState, resolveEndpoint, spaceHome } from '../runtime/cli/local.ts';
@@ -33,6 +36,12 @@ export interface BenchTarget {
   /** Warm pool size the benchmark asked for, when it started the stack; null when not known. */
   poolSize: number | null;
   stackStartedByBench: boolean;
+  /**
+   * The `SPACE_TRACE_FILE` the stack's services write their spans to (see runtime/core/tracing.ts):
+   * set for a stack the benchmark started, null otherwise (a running stack traces where its operator
+   * configured, if at all).
+   */
+  traceFile: string | null;
   nodes(): Promise<NodeView[]>;
   /** Ready warm instances of `template` over alive nodes. */
   warm(template: string): Promise<number>;
@@ -75,7 +84,8 @@ async function readyz(apiUrl: string): Promise<boolean> {
 
 function makeTarget(
   ep: { apiUrl: string; apiKey: string },
-  extra: Pick<BenchTarget, 'local' | 'agentStateDir' | 'poolSize' | 'stackStartedByBench' | 'close'>,
+  extra: Pick<BenchTarget, 'local' | 'agentStateDir' | 'poolSize' | 'stackStartedByBench' | 'close'> &
+    Partial<Pick<BenchTarget, 'traceFile'>>,
 ): BenchTarget {
   const client = benchClient(ep);
   const nodes = async () => (await client.api<{ nodes: NodeView[] }>('GET', '/v1/nodes')).nodes;
@@ -86,6 +96,7 @@ function makeTarget(
     async warm(template) {
       return (await nodes()).filter((n) => n.alive).reduce((a, n) => a + (n.warm[template] ?? 0), 0);
     },
+    traceFile: null,
     ...extra,
   };
 }
@@ -142,7 +153,12 @@ async function startLocalStack(o: TargetOptions, home: string): Promise<BenchTar
     String(o.pool),
   ];
   o.log?.(`starting the local stack: space up --warm ${o.pool} (ports ${api}, ${agent}, ${router})`);
-  const child: ChildProcess = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  // the services write their spans here: the latency command prints where the time went
+  const traceFile = join(tmpdir(), `space-bench-spans-${process.pid}-${Date.now()}.jsonl`);
+  const child: ChildProcess = spawn(process.execPath, args, {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, SPACE_TRACE_FILE: traceFile },
+  });
   let out = '';
   let err = '';
   child.stdout!.on('data', (d: Buffer) => {
@@ -174,7 +190,11 @@ async function startLocalStack(o: TargetOptions, home: string): Promise<BenchTar
     agentStateDir: `${home}/agent`,
     poolSize: o.pool,
     stackStartedByBench: true,
-    close: stop,
+    traceFile,
+    close: async () => {
+      await stop();
+      await rm(traceFile, { force: true });
+    },
   });
   try {
     await t.client.waitReady('base');

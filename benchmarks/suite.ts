@@ -4,6 +4,7 @@
  * plot ({@link BenchOutput}). runtime/cli/bench.ts parses the options and prints; this module
  * measures. See each command's module for what it measures and how.
  */
+import { existsSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { agentSettings } from '../runtime/agent/config.ts';
 import { apiSettings } from '../runtime/api/config.ts';
@@ -128,7 +129,10 @@ export async function latency(
     },
     { progress: ctx.progress, cacheDir: ctx.cacheDir, floor: o.floor, note: ctx.note },
   );
-  return latencyOutput(r, await ctx.runInfo(r.drivers));
+  const { readSpans, spanBudget } = await import('./spans.ts');
+  const traceFile = ctx.target!.traceFile;
+  const budget = traceFile && existsSync(traceFile) ? spanBudget(readSpans(traceFile)) : null;
+  return latencyOutput({ ...r, budget }, await ctx.runInfo(r.drivers));
 }
 
 /** `exec` (see exec.ts). */

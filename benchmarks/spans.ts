@@ -1,0 +1,75 @@
+/**
+ * The latency budget of a benchmark run: the OpenTelemetry spans the stack wrote to its
+ * `SPACE_TRACE_FILE` (see runtime/core/tracing.ts), grouped per hop and per kind of create (the
+ * `space.instance.source` the agent put on its create span: warm claim, snapshot restore, boot), so
+ * a latency table comes with where the time went. Pure apart from reading the file.
+ */
+import { readFileSync } from 'node:fs';
+import type { TraceFileSpan } from '../runtime/core/tracing.ts';
+import { markdownTable } from './report.ts';
+import { fmt, percentile } from './stats.ts';
+
+/** One hop's durations (ms) over the creates of one kind. */
+export interface BudgetRow {
+  /** Kind of create whose trace the span belongs to (`warm`, `snapshot`, `boot`). */
+  source: string;
+  /** Span name (e.g. `agent.guest.init`). */
+  span: string;
+  n: number;
+  p50Ms: number;
+  p90Ms: number;
+}
+
+/** Reads a trace file (JSON lines); lines that do not parse are skipped. */
+export function readSpans(path: string): TraceFileSpan[] {
+  const out: TraceFileSpan[] = [];
+  for (const line of readFileSync(path, 'utf8').split('\n')) {
+    if (!line.trim()) continue;
+    try {
+      out.push(JSON.parse(line) as TraceFileSpan);
+    } catch {
+      // a line cut by a process that stopped mid-write
+    }
+  }
+  return out;
+}
+
+/**
+ * Groups the spans of every create trace (a trace holding an `agent.sandboxes.create` span with a
+ * `space.instance.source`) by kind and span name; spans of other traces (warm-pool refills,
+ * deletes) are left out. Rows are sorted by kind, then by p50 descending.
+ */
+export function spanBudget(spans: readonly TraceFileSpan[]): BudgetRow[] {
+  const sourceOf = new Map<string, string>();
+  for (const s of spans) {
+    const src = s.attributes['space.instance.source'];
+    if (s.name === 'agent.sandboxes.create' && typeof src === 'string') sourceOf.set(s.traceId, src);
+  }
+  const groups = new Map<string, { source: string; span: string; ms: number[] }>();
+  for (const s of spans) {
+    const source = sourceOf.get(s.traceId);
+    if (!source) continue;
+    const key = `${source}\u0000${s.name}`;
+    const g = groups.get(key) ?? { source, span: s.name, ms: [] };
+    g.ms.push(s.durationMs);
+    groups.set(key, g);
+  }
+  return [...groups.values()]
+    .map((g) => ({
+      source: g.source,
+      span: g.span,
+      n: g.ms.length,
+      p50Ms: percentile(g.ms, 50),
+      p90Ms: percentile(g.ms, 90),
+    }))
+    .sort((a, b) => a.source.localeCompare(b.source) || b.p50Ms - a.p50Ms);
+}
+
+/** The budget as a Markdown table (ms with one decimal). */
+export function budgetTable(rows: readonly BudgetRow[]): string {
+  return markdownTable(
+    ['create', 'span', 'n', 'p50 ms', 'p90 ms'],
+    rows.map((r) => [r.source, r.span, String(r.n), fmt(r.p50Ms, 1), fmt(r.p90Ms, 1)]),
+    [false, false, true, true, true],
+  );
+}
