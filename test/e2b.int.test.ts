@@ -5,23 +5,26 @@
  */
 import { join } from 'node:path';
 import { CommandExitError, Sandbox } from 'e2b';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { freePort } from './redis-server.ts';
 import { type RouterProcess, startRouterProcess } from './router-process.ts';
 import { leftovers, NO_LEFTOVERS, type Stack, startStack } from './stack.ts';
 
 let s: Stack;
 let router: RouterProcess;
+/** A second router replica on the same Redis: nothing about a sandbox may live in one router. */
+let router2: RouterProcess;
 const saved = { ...process.env };
 
 beforeAll(async () => {
   const port = await freePort();
   s = await startStack({ SPACE_ROUTER_URL: `http://127.0.0.1:${port}` });
-  router = await startRouterProcess({
-    SPACE_ROUTER_PORT: String(port),
+  const routerEnv = {
     SPACE_REDIS_URL: s.redisUrl,
     SPACE_VERIFY_KEY_FILE: join(s.dir, 'key.pub.pem'),
-  });
+  };
+  router = await startRouterProcess({ ...routerEnv, SPACE_ROUTER_PORT: String(port) });
+  router2 = await startRouterProcess({ ...routerEnv, SPACE_ROUTER_PORT: String(await freePort()) });
   // the whole migration: three variables
   process.env.E2B_API_URL = s.apiUrl;
   process.env.E2B_SANDBOX_URL = router.url;
@@ -30,6 +33,7 @@ beforeAll(async () => {
 afterAll(async () => {
   process.env = saved;
   await router?.stop();
+  await router2?.stop();
   if (!s) return;
   await s.stop();
   expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
@@ -94,5 +98,40 @@ describe('e2b SDK: envd data plane through the router', () => {
       await sbx.kill();
     }
     expect(await sbx.isRunning()).toBe(false);
+  });
+});
+
+describe('e2b SDK: commands across router replicas', () => {
+  it('lists, reattaches to, feeds, closes and kills commands through a second router', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      // started through router 1 (E2B_SANDBOX_URL) …
+      const cat = await sbx.commands.run('cat', { background: true, stdin: true });
+      // … and driven through router 2, which never saw the start
+      const viaB = await Sandbox.connect(sbx.sandboxId, { sandboxUrl: router2.url });
+      const listed = await viaB.commands.list();
+      expect(listed.find((p) => p.pid === cat.pid)).toMatchObject({
+        cmd: '/bin/bash',
+        args: ['-l', '-c', 'cat'],
+      });
+      const seen: string[] = [];
+      const again = await viaB.commands.connect(cat.pid, { onStdout: (d) => void seen.push(d) });
+      await viaB.commands.sendStdin(cat.pid, 'ping\n');
+      await vi.waitFor(() => expect(seen.join('')).toBe('ping\n'), { timeout: 10_000 });
+      await viaB.commands.closeStdin(cat.pid);
+      // EOF ends cat: both handles see the same output and exit
+      expect(await again.wait()).toMatchObject({ exitCode: 0, stdout: 'ping\n' });
+      expect(await cat.wait()).toMatchObject({ exitCode: 0, stdout: 'ping\n' });
+      expect((await viaB.commands.list()).map((p) => p.pid)).not.toContain(cat.pid);
+
+      const sleeper = await sbx.commands.run('sleep 600', { background: true });
+      expect((await viaB.commands.list()).map((p) => p.pid)).toContain(sleeper.pid);
+      expect(await viaB.commands.kill(sleeper.pid)).toBe(true);
+      await expect(sleeper.wait()).rejects.toBeInstanceOf(CommandExitError);
+      // gone: kill answers false (NotFound), as with E2B
+      expect(await viaB.commands.kill(sleeper.pid)).toBe(false);
+    } finally {
+      await sbx.kill();
+    }
   });
 });

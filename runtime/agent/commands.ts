@@ -21,12 +21,26 @@ export const DETACH = 'detach';
 /** Reconnects to a guest output stream before declaring the command lost. */
 const MAX_RECONNECTS = 5;
 
+/**
+ * What a command was started as, kept with it (and in its record on disk) so it can be listed and
+ * found by pid from any router replica: the agent is the one place that knows (E2B `Process.List`,
+ * selectors by pid or tag).
+ */
+export interface CommandConfig {
+  cmd: string;
+  args: string[];
+  env: Record<string, string>;
+  cwd?: string;
+  tag?: string;
+}
+
 /** A command the agent started, with its spool. */
 export interface Command {
   id: string;
   sandboxId: string;
   pid: number;
   startedAt: number;
+  config: CommandConfig;
   spool: Spool;
   /** Set once the exit frame is spooled. */
   exit: ProcessExit | null;
@@ -47,6 +61,18 @@ export interface StartCommand {
   user: 'user' | 'root';
   stdin?: boolean | string;
   timeoutMs?: number;
+  tag?: string;
+}
+
+/** The listed configuration of a start request. Pure. */
+export function commandConfig(r: StartCommand): CommandConfig {
+  return {
+    cmd: r.cmd,
+    args: r.args,
+    env: r.env,
+    ...(r.cwd !== undefined ? { cwd: r.cwd } : {}),
+    ...(r.tag !== undefined ? { tag: r.tag } : {}),
+  };
 }
 
 /**
@@ -65,6 +91,7 @@ export function startOptions(commandId: string, b: Omit<AgentCommandRequest, 'co
     user: b.user,
     stdin: b.stdin,
     timeoutMs: b.timeoutMs,
+    tag: b.tag,
   };
 }
 
@@ -107,6 +134,7 @@ export async function startCommand(o: {
     sandboxId: o.sandboxId,
     pid: info.pid,
     startedAt: Date.now(),
+    config: commandConfig(r),
     spool,
     exit: null,
     abort,

@@ -19,7 +19,14 @@ import { newId } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
 import type { PauseMode } from '../core/types.ts';
 import type { ActivityMeter } from './activity.ts';
-import { type Command, DETACH, resumePump, type StartCommand, startCommand } from './commands.ts';
+import {
+  type Command,
+  type CommandConfig,
+  DETACH,
+  resumePump,
+  type StartCommand,
+  startCommand,
+} from './commands.ts';
 import type { Driver, InstanceInfo, SandboxNetwork, SnapshotRef, TemplateImage } from './drivers/driver.ts';
 import type { GatewayClient } from './gateway-client.ts';
 import { GuestClient } from './guest-client.ts';
@@ -855,7 +862,7 @@ export class SandboxManager {
     if (ended) void cmd.done.finally(ended);
     await writeFile(
       join(this.#dir(id), 'commands', `${cmd.id}.json`),
-      JSON.stringify({ pid: cmd.pid, startedAt: cmd.startedAt }),
+      JSON.stringify({ pid: cmd.pid, startedAt: cmd.startedAt, config: cmd.config }),
     );
     return cmd;
   }
@@ -934,13 +941,19 @@ export class SandboxManager {
     for (const name of await readdir(dir).catch(() => [] as string[])) {
       if (!name.endsWith('.json')) continue;
       const id = name.slice(0, -'.json'.length);
-      const meta = JSON.parse(await readFile(join(dir, name), 'utf8')) as { pid: number; startedAt: number };
+      const meta = JSON.parse(await readFile(join(dir, name), 'utf8')) as {
+        pid: number;
+        startedAt: number;
+        /** Absent in records of agents before commands were listed. */
+        config?: CommandConfig;
+      };
       const spool = await Spool.open(join(dir, `${id}.out`));
       const cmd: Command = {
         id,
         sandboxId: sb.id,
         pid: meta.pid,
         startedAt: meta.startedAt,
+        config: meta.config ?? { cmd: '', args: [], env: {} },
         spool,
         exit: null,
         abort: new AbortController(),

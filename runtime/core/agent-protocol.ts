@@ -80,6 +80,8 @@ export const AgentCommandRequestSchema = Type.Object({
   stdin: Type.Optional(Type.Union([Type.Boolean(), Type.String()])),
   /** ms. */
   timeoutMs: Type.Optional(Type.Integer({ minimum: 1 })),
+  /** The caller's own name for the command (E2B's process tag), listed back with it. */
+  tag: Type.Optional(Type.String({ maxLength: 256 })),
 });
 export type AgentCommandRequest = Static<typeof AgentCommandRequestSchema>;
 

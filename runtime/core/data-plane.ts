@@ -40,6 +40,9 @@ export const DATA_PLANE_ROUTES = [
     scope: 'commands',
     stream: true,
   },
+  // the commands of the sandbox (running ones; `?all=true` also ended ones), filtered by `pid` or
+  // `tag`: how any router replica finds a command by the pid an E2B client holds
+  { name: 'command.list', method: 'GET', path: '/v1/sandboxes/:id/commands', scope: 'commands' },
   { name: 'command.get', method: 'GET', path: '/v1/sandboxes/:id/commands/:cmd', scope: 'commands' },
   { name: 'command.stdin', method: 'POST', path: '/v1/sandboxes/:id/commands/:cmd/stdin', scope: 'commands' },
   {
@@ -61,6 +64,26 @@ export const DATA_PLANE_ROUTES = [
   { name: 'fs.mkdir', method: 'POST', path: '/v1/sandboxes/:id/fs/mkdir', scope: 'files' },
   { name: 'fs.remove', method: 'DELETE', path: '/v1/sandboxes/:id/fs', scope: 'files' },
 ] as const satisfies readonly DataPlaneRoute[];
+
+/**
+ * One row of `GET /v1/sandboxes/:id/commands` (`{ commands: CommandSummary[] }`, newest first).
+ * `cmd`/`args`/`env`/`cwd` are what the command was started with (empty for commands an agent
+ * before this field re-adopted).
+ */
+export interface CommandSummary {
+  /** Command id (`cmd…`). */
+  id: string;
+  /** Process id in the sandbox. */
+  pid: number;
+  running: boolean;
+  /** Epoch ms. */
+  startedAt: number;
+  cmd: string;
+  args: string[];
+  env: Record<string, string>;
+  cwd?: string;
+  tag?: string;
+}
 
 /**
  * The session token of a data-plane request: `Authorization: Bearer <t>` first, else `?token=`.

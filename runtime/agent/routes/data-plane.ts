@@ -10,6 +10,7 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
 import type { FastifyRequest } from 'fastify';
 import { AgentCommandRequestSchema, type AgentCommandResponse } from '../../core/agent-protocol.ts';
+import type { CommandSummary } from '../../core/data-plane.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { ID_PATTERN, newId } from '../../core/ids.ts';
 import { type SessionScope, verifySessionToken } from '../../core/tokens.ts';
@@ -115,6 +116,42 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         const sb = await authorise(req, req.params.id, 'commands');
         const cmd = await deps.sandboxes.startCommand(sb.id, startOptions(newId('cmd'), req.body));
         return reply.status(201).send({ commandId: cmd.id, pid: cmd.pid } satisfies AgentCommandResponse);
+      },
+    );
+
+    app.get(
+      '/v1/sandboxes/:id/commands',
+      {
+        schema: {
+          params: SandboxParams,
+          querystring: Type.Object({
+            ...TokenQuery,
+            pid: Type.Optional(Type.Integer({ minimum: 0 })),
+            tag: Type.Optional(Type.String({ maxLength: 256 })),
+            all: Type.Optional(Type.Boolean()),
+          }),
+        },
+      },
+      async (req) => {
+        const sb = await authorise(req, req.params.id, 'commands', false);
+        const { pid, tag, all } = req.query;
+        const commands: CommandSummary[] = [...sb.commands.values()]
+          .filter(
+            (c) =>
+              (all === true || c.exit === null) &&
+              (pid === undefined || c.pid === pid) &&
+              (tag === undefined || c.config.tag === tag),
+          )
+          // newest first: a pid the kernel reused names the latest command that had it
+          .sort((a, b) => b.startedAt - a.startedAt)
+          .map((c) => ({
+            id: c.id,
+            pid: c.pid,
+            running: c.exit === null,
+            startedAt: c.startedAt,
+            ...c.config,
+          }));
+        return { commands };
       },
     );
 

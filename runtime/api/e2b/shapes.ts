@@ -10,10 +10,10 @@ import type { SandboxRecord } from '../sandbox-store.ts';
 /**
  * The envd version SPACE's E2B data plane reports. The SDK switches features on by it (§2.8):
  * 0.4.0 = users are handled by the daemon (the SDK sends no `user`), `stdin: false` allowed;
- * below 0.5.2 `closeStdin()` and below 0.5.7 octet-stream/gzip uploads stay off (multipart is
- * used), below 0.6.2 file metadata stays off — none of those is implemented yet.
+ * 0.5.2 = `closeStdin()`. Below 0.5.7 octet-stream/gzip uploads stay off (multipart is used),
+ * below 0.6.2 file metadata stays off: not implemented yet.
  */
-export const ENVD_VERSION = '0.4.0';
+export const ENVD_VERSION = '0.5.2';
 
 /** `clientID` is required in E2B's schema and ignored by the SDK. */
 const CLIENT_ID = 'space';
