@@ -3,8 +3,10 @@
  * gVisor sandboxes, Redis) and a router process: the SDK is pointed at SPACE only through
  * E2B_API_URL (the API), E2B_SANDBOX_URL (the router) and E2B_API_KEY (a SPACE API key).
  */
+
+import { createHash, randomBytes } from 'node:crypto';
 import { join } from 'node:path';
-import { CommandExitError, Sandbox } from 'e2b';
+import { CommandExitError, FileNotFoundError, type FilesystemEvent, FilesystemEventType, Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { freePort } from './redis-server.ts';
 import { type RouterProcess, startRouterProcess } from './router-process.ts';
@@ -130,6 +132,108 @@ describe('e2b SDK: commands across router replicas', () => {
       await expect(sleeper.wait()).rejects.toBeInstanceOf(CommandExitError);
       // gone: kill answers false (NotFound), as with E2B
       expect(await viaB.commands.kill(sleeper.pid)).toBe(false);
+    } finally {
+      await sbx.kill();
+    }
+  });
+});
+
+describe('e2b SDK: files', () => {
+  it('makes dirs, stats, renames, removes and checks existence in the SDK’s terms', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      // true when made, false when already there
+      expect(await sbx.files.makeDir('/home/user/d1/d2')).toBe(true);
+      expect(await sbx.files.makeDir('/home/user/d1/d2')).toBe(false);
+      await sbx.files.write('d1/a.txt', 'abc'); // relative: under the user's home
+      expect(await sbx.files.getInfo('/home/user/d1/a.txt')).toMatchObject({
+        name: 'a.txt',
+        type: 'file',
+        path: '/home/user/d1/a.txt',
+        size: 3,
+        mode: 0o644,
+        permissions: '-rw-r--r--',
+        owner: 'user',
+      });
+      expect(await sbx.files.getInfo('/home/user/d1')).toMatchObject({ type: 'dir', mode: 0o755 });
+
+      // rename makes the destination's parents, as envd does
+      const moved = await sbx.files.rename('/home/user/d1/a.txt', '/home/user/d3/b.txt');
+      expect(moved).toMatchObject({ name: 'b.txt', path: '/home/user/d3/b.txt', type: 'file' });
+      expect(await sbx.files.exists('/home/user/d1/a.txt')).toBe(false);
+      expect(await sbx.files.exists('/home/user/d3/b.txt')).toBe(true);
+      expect(await sbx.files.read('/home/user/d3/b.txt')).toBe('abc');
+      await expect(sbx.files.rename('/home/user/nope', '/home/user/x')).rejects.toBeInstanceOf(
+        FileNotFoundError,
+      );
+      await expect(sbx.files.getInfo('/home/user/nope')).rejects.toBeInstanceOf(FileNotFoundError);
+
+      // remove is recursive, and removing what is not there is no error (envd)
+      await sbx.files.remove('/home/user/d1');
+      expect(await sbx.files.exists('/home/user/d1')).toBe(false);
+      await sbx.files.remove('/home/user/d1');
+    } finally {
+      await sbx.kill();
+    }
+  });
+
+  it('watches a directory: create, write and remove events, recursively (inotify under gVisor)', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      await sbx.files.makeDir('/home/user/w');
+      const events: FilesystemEvent[] = [];
+      const handle = await sbx.files.watchDir('/home/user/w', (e) => void events.push(e), {
+        recursive: true,
+      });
+      await sbx.files.write('/home/user/w/new.txt', 'one');
+      await sbx.commands.run('mkdir -p /home/user/w/sub && echo x > /home/user/w/sub/deep.txt');
+      await sbx.files.write('/home/user/w/new.txt', 'overwritten');
+      await sbx.files.remove('/home/user/w/new.txt');
+      const seen = (name: string, type: FilesystemEventType) =>
+        events.some((e) => e.name === name && e.type === type);
+      await vi.waitFor(
+        () => {
+          expect(seen('new.txt', FilesystemEventType.CREATE)).toBe(true);
+          expect(events.filter((e) => e.name === 'new.txt' && e.type === 'write').length).toBeGreaterThan(1);
+          expect(seen('new.txt', FilesystemEventType.REMOVE)).toBe(true);
+          expect(seen('sub', FilesystemEventType.CREATE)).toBe(true);
+          expect(seen('sub/deep.txt', FilesystemEventType.CREATE)).toBe(true);
+          expect(seen('sub/deep.txt', FilesystemEventType.WRITE)).toBe(true);
+        },
+        { timeout: 10_000 },
+      );
+      // the upload's temp file is never reported
+      expect(events.filter((e) => e.name.includes('.space-upload-'))).toEqual([]);
+      await handle.stop();
+      // a watch open while the sandbox is killed does not hold the kill up
+      await sbx.files.watchDir('/home/user/w', () => {});
+      const t0 = Date.now();
+      await sbx.kill();
+      expect(Date.now() - t0).toBeLessThan(15_000);
+    } finally {
+      await sbx.kill();
+    }
+  });
+
+  it('moves 20 MiB of random bytes both ways, multipart and octet-stream (gzip), byte for byte', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      const bytes = randomBytes(20 * 1024 * 1024);
+      const sha = createHash('sha256').update(bytes).digest('hex');
+      const ab = bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length);
+      await sbx.files.write('/home/user/big.bin', ab); // multipart
+      await sbx.files.write('/home/user/big.gz.bin', ab, { gzip: true }); // octet-stream + gzip
+      await sbx.files.write('/home/user/big.raw.bin', new Blob([bytes]).stream(), { useOctetStream: true });
+      const sums = await sbx.commands.run('sha256sum big.bin big.gz.bin big.raw.bin', { cwd: '/home/user' });
+      expect(
+        sums.stdout
+          .split('\n')
+          .filter(Boolean)
+          .map((l) => l.split(/\s+/)[0]),
+      ).toEqual([sha, sha, sha]);
+      const back = await sbx.files.read('/home/user/big.gz.bin', { format: 'bytes' });
+      expect(back.length).toBe(bytes.length);
+      expect(createHash('sha256').update(back).digest('hex')).toBe(sha);
     } finally {
       await sbx.kill();
     }

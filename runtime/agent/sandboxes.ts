@@ -90,6 +90,11 @@ export interface LocalSandbox {
   /** Open data-plane streams (bounded by config). */
   streams: number;
   /**
+   * Aborts of open guest streams that are not commands (directory watches): cut before the guest
+   * connection closes, which would otherwise wait for them to end on their own.
+   */
+  guestStreams: Set<AbortController>;
+  /**
    * `frozen` while a pause holds its instance in memory, `pausing` while a pause waits for the
    * guest calls in flight to finish (new ones are refused); null when it runs.
    */
@@ -116,6 +121,7 @@ function localSandbox(
     source,
     commands: new Map(),
     streams: 0,
+    guestStreams: new Set(),
     guestCalls: 0,
     paused: null,
     egress: req.egress,
@@ -406,6 +412,7 @@ export class SandboxManager {
       }),
     );
     sb.commands.clear();
+    for (const a of sb.guestStreams) a.abort();
     await sb.guest.close();
   }
 
@@ -790,6 +797,7 @@ export class SandboxManager {
     if (sb) {
       const log = this.#o.log.child({ [F.sandboxId]: id });
       for (const c of sb.commands.values()) c.abort.abort();
+      for (const a of sb.guestStreams) a.abort();
       await sb.guest.close();
       await this.#o.gateway
         ?.unregister(sb.instance.network.sandboxAddress)
@@ -988,6 +996,7 @@ export class SandboxManager {
           await c.spool.close();
         }),
       );
+      for (const a of sb.guestStreams) a.abort();
       await sb.guest.close();
     }
     this.#sandboxes.clear();

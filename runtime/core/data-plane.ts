@@ -63,6 +63,9 @@ export const DATA_PLANE_ROUTES = [
   { name: 'fs.list', method: 'GET', path: '/v1/sandboxes/:id/fs/list', scope: 'files' },
   { name: 'fs.mkdir', method: 'POST', path: '/v1/sandboxes/:id/fs/mkdir', scope: 'files' },
   { name: 'fs.remove', method: 'DELETE', path: '/v1/sandboxes/:id/fs', scope: 'files' },
+  { name: 'fs.rename', method: 'POST', path: '/v1/sandboxes/:id/fs/rename', scope: 'files' },
+  // NDJSON lines of core/guest-protocol.ts WatchEvent, `start` first, until the client leaves
+  { name: 'fs.watch', method: 'GET', path: '/v1/sandboxes/:id/fs/watch', scope: 'files', stream: true },
 ] as const satisfies readonly DataPlaneRoute[];
 
 /**

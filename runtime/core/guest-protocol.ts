@@ -23,6 +23,8 @@
  * | GET | /fs/list?path=P | → `{ entries: FileStat[] }` sorted by name |
  * | POST | /fs/mkdir | `{ path, parents? }` → 200 {@link FileStat} |
  * | DELETE | /fs?path=P&recursive=1 | → 204 |
+ * | POST | /fs/rename | `{ from, to }` → 200 {@link FileStat} of the moved entry (parents of `to` created) |
+ * | GET | /fs/watch?path=P&recursive=1 | → `application/x-ndjson`: {@link WatchEvent} lines, `start` first, until the reader leaves |
  *
  * Output frames: `[type: u8][length: u32 big-endian][payload: length bytes]`; type 1 = stdout bytes,
  * 2 = stderr bytes, 3 = exit (payload is JSON {@link ProcessExit}; always the last frame).
@@ -118,4 +120,16 @@ export interface FileStat {
    * dangles or points where files cannot be read.
    */
   target?: { path: string; type: 'file' | 'dir' | 'symlink' | 'other'; size: number } | null;
+}
+
+/**
+ * One line of a directory watch. `start` comes once, when the watch is armed (changes after it
+ * are reported); the others name an entry relative to the watched directory (`sub/file.txt` when
+ * recursive). A new non-empty file reports `create` then `write`; a file replaced by a rename
+ * (every upload) reports `write`.
+ */
+export interface WatchEvent {
+  type: 'start' | 'create' | 'write' | 'remove' | 'rename' | 'chmod';
+  /** Absent on `start`. */
+  name?: string;
 }

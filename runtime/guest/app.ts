@@ -13,6 +13,7 @@ import { isObject, readJson, sendError, sendJson, sendNoContent } from './http.t
 import { log as defaultLog, type Logger } from './log.ts';
 import { ProcessManager } from './processes.ts';
 import type { Identity } from './users.ts';
+import { serveWatch } from './watch.ts';
 
 /** Protocol version reported by GET /health. */
 export const GUEST_VERSION = '1';
@@ -159,6 +160,9 @@ export function createGuestApp(config: GuestConfig): GuestApp {
       return sendJson(res, 200, { entries: await files.list(query) });
     if (path === '/fs/mkdir' && method === 'POST')
       return sendJson(res, 200, await files.mkdir(await readJson(req)));
+    if (path === '/fs/rename' && method === 'POST')
+      return sendJson(res, 200, await files.rename(await readJson(req)));
+    if (path === '/fs/watch' && method === 'GET') return serveWatch(res, query, config.home, log);
     if (path === '/fs' && method === 'DELETE') {
       await files.remove(query);
       return sendNoContent(res);

@@ -301,6 +301,64 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       },
     );
 
+    app.post(
+      '/v1/sandboxes/:id/fs/rename',
+      {
+        schema: {
+          params: SandboxParams,
+          querystring: Type.Object(TokenQuery),
+          body: Type.Object(
+            {
+              from: Type.String({ minLength: 1, maxLength: 4096 }),
+              to: Type.String({ minLength: 1, maxLength: 4096 }),
+            },
+            { additionalProperties: false },
+          ),
+        },
+      },
+      async (req) => {
+        const sb = await authorise(req, req.params.id, 'files');
+        return sb.guest.rename(req.body.from, req.body.to);
+      },
+    );
+
+    app.get(
+      '/v1/sandboxes/:id/fs/watch',
+      {
+        schema: {
+          params: SandboxParams,
+          querystring: Type.Object({
+            path: Type.String({ minLength: 1, maxLength: 4096 }),
+            recursive: Type.Optional(Type.Boolean()),
+            ...TokenQuery,
+          }),
+        },
+      },
+      async (req, reply) => {
+        // a watch lasts as long as its client: it must not hold the guest against a pause
+        const sb = await authorise(req, req.params.id, 'files', false);
+        if (sb.streams >= deps.config.maxStreams)
+          throw new SpaceError('RATE_LIMITED', 'too many open streams');
+        const abort = new AbortController();
+        reply.raw.once('close', () => abort.abort());
+        // a delete or hibernation cuts it (the guest connection waits for nothing)
+        sb.guestStreams.add(abort);
+        abort.signal.addEventListener('abort', () => sb.guestStreams.delete(abort), { once: true });
+        const body = await sb.guest.watch(req.query.path, req.query.recursive ?? false, abort.signal);
+        sb.streams += 1;
+        reply.hijack();
+        reply.raw.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' });
+        reply.raw.flushHeaders();
+        try {
+          await pipeline(body, reply.raw);
+        } catch {
+          reply.raw.destroy();
+        } finally {
+          sb.streams -= 1;
+        }
+      },
+    );
+
     app.delete(
       '/v1/sandboxes/:id/fs',
       {

@@ -10,10 +10,11 @@ import type { SandboxRecord } from '../sandbox-store.ts';
 /**
  * The envd version SPACE's E2B data plane reports. The SDK switches features on by it (§2.8):
  * 0.4.0 = users are handled by the daemon (the SDK sends no `user`), `stdin: false` allowed;
- * 0.5.2 = `closeStdin()`. Below 0.5.7 octet-stream/gzip uploads stay off (multipart is used),
- * below 0.6.2 file metadata stays off: not implemented yet.
+ * 0.5.2 = `closeStdin()`; 0.5.7 = octet-stream and gzip uploads (`useOctetStream`, `gzip`,
+ * ReadableStream bodies). Below 0.6.2 file metadata (`X-Metadata-*` → xattrs) and below 0.6.3
+ * watch `includeEntry` stay off: not implemented.
  */
-export const ENVD_VERSION = '0.5.2';
+export const ENVD_VERSION = '0.5.7';
 
 /** `clientID` is required in E2B's schema and ignored by the SDK. */
 const CLIENT_ID = 'space';

@@ -13,26 +13,11 @@ import { Code, ConnectError, type ConnectRouter, type HandlerContext } from '@co
 import { createParser } from 'eventsource-parser';
 import type { CommandSummary } from '../../core/data-plane.ts';
 import { Process, type ProcessEventSchema, type ProcessSelector, Signal } from './gen/process/process_pb.js';
-import { ENVD_USERS, type EnvdUser, envdPath, envdUserOf } from './paths.ts';
-import { connectErrorOfBody, sandboxPath, type Target, target, type Upstream } from './upstream.ts';
+import { ENVD_USERS, envdPath } from './paths.ts';
+import { connectErrorOfBody, sandboxPath, type Target, target, type Upstream, userOf } from './upstream.ts';
 
 /** One message of a Start or Connect stream (both carry a single `ProcessEvent`). */
 type EventMessage = { event: MessageInitShape<typeof ProcessEventSchema> };
-
-/**
- * The user a call acts as (Basic auth username; §2.1).
- * @throws ConnectError InvalidArgument for a user SPACE sandboxes do not have.
- */
-export function userOf(ctx: HandlerContext): EnvdUser {
-  const user = envdUserOf(ctx.requestHeader.get('authorization'));
-  if (!user) {
-    throw new ConnectError(
-      `unknown user: SPACE sandboxes offer ${Object.keys(ENVD_USERS).join(' and ')}`,
-      Code.InvalidArgument,
-    );
-  }
-  return user;
-}
 
 /**
  * The `end` event of a SPACE exit record: exit code (-1 when killed by a signal), `exited`,

@@ -19,6 +19,7 @@
 import type { IncomingMessage } from 'node:http';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
+import { createGunzip } from 'node:zlib';
 import { ConnectError, type ConnectRouter, createContextValues } from '@connectrpc/connect';
 import { connectNodeAdapter } from '@connectrpc/connect-node';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
@@ -28,7 +29,7 @@ import { keys } from '../../core/redis-keys.ts';
 import { type SessionScope, verifySessionToken } from '../../core/tokens.ts';
 import type { RouterDeps } from '../app.ts';
 import { filesystemService } from './filesystem.ts';
-import { envdPath, envdSandboxOf } from './paths.ts';
+import { ENVD_USERS, type EnvdUser, envdPath, envdSandboxOf } from './paths.ts';
 import { processService } from './process.ts';
 import { createUpstream, kTarget, sandboxPath, type Target } from './upstream.ts';
 
@@ -105,18 +106,20 @@ export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
     return reply.status(204).send();
   });
 
-  app.get<{ Querystring: { path?: string; signature?: string } }>('/files', async (req, reply) => {
+  app.get<{ Querystring: FilesQuery }>('/files', async (req, reply) => {
     if (req.query.signature) return envdError(reply, 401, 'signed URLs are not supported by SPACE yet');
     const t = await check(req, reply, 'files');
     if (!t) return reply;
-    const path = envdPath(req.query.path ?? '');
+    const home = homeOf(req.query.username);
+    if (!home) return envdError(reply, 401, `unknown user "${req.query.username}"`);
+    const path = envdPath(req.query.path ?? '', home);
     const res = await up.request(t, 'GET', `${base(t)}/files?path=${encodeURIComponent(path)}`).catch((e) => {
       throw e instanceof ConnectError ? new SpaceError('SANDBOX_NOT_FOUND', e.rawMessage) : e;
     });
     if (res.statusCode >= 400) {
       const text = await res.body.text();
       const status = res.statusCode === 404 ? 404 : res.statusCode;
-      return envdError(reply, status, status === 404 ? `path '${path}' does not exist` : text);
+      return envdError(reply, status, status === 404 ? `path '${path}' does not exist` : messageOf(text));
     }
     reply.hijack();
     reply.raw.writeHead(200, {
@@ -128,13 +131,40 @@ export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
     return reply;
   });
 
-  app.post<{ Querystring: { path?: string; signature?: string } }>('/files', async (req, reply) => {
+  app.post<{ Querystring: FilesQuery }>('/files', async (req, reply) => {
     if (req.query.signature) return envdError(reply, 401, 'signed URLs are not supported by SPACE yet');
     const t = await check(req, reply, 'files');
     if (!t) return reply;
+    const home = homeOf(req.query.username);
+    if (!home) return envdError(reply, 401, `unknown user "${req.query.username}"`);
     const type = String(req.headers['content-type'] ?? '');
+    const out: { name: string; type: 'file'; path: string }[] = [];
+    /** Streams one file to the agent; answers the envd error itself and returns false when refused. */
+    const put = async (path: string, body: Readable | Buffer): Promise<boolean> => {
+      const res = await up.request(t, 'PUT', `${base(t)}/files?path=${encodeURIComponent(path)}`, {
+        raw: body,
+      });
+      const text = await res.body.text();
+      if (res.statusCode >= 400) {
+        await envdError(reply, res.statusCode === 413 ? 507 : res.statusCode, messageOf(text));
+        return false;
+      }
+      out.push({ name: path.split('/').pop() ?? path, type: 'file', path });
+      return true;
+    };
+    if (type.startsWith('application/octet-stream')) {
+      // envd ≥ 0.5.7: the raw body, one file, `path` required, optionally gzip-encoded (§2.7)
+      if (!req.query.path) return envdError(reply, 400, 'path is required for an octet-stream upload');
+      const encoding = String(req.headers['content-encoding'] ?? 'identity').toLowerCase();
+      if (encoding !== 'identity' && encoding !== 'gzip') {
+        return envdError(reply, 400, `unsupported Content-Encoding "${encoding}"`);
+      }
+      const body = encoding === 'gzip' ? req.raw.pipe(createGunzip()) : req.raw;
+      if (!(await put(envdPath(req.query.path, home), body))) return reply;
+      return reply.status(200).send(out);
+    }
     if (!type.startsWith('multipart/form-data')) {
-      return envdError(reply, 400, 'only multipart/form-data uploads are supported (envd < 0.5.7)');
+      return envdError(reply, 400, 'upload with multipart/form-data or application/octet-stream');
     }
     // the Fetch API's multipart parser (buffers each part; bounded by the client's file sizes)
     const form = await new Request('http://envd/files', {
@@ -143,18 +173,35 @@ export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
       body: Readable.toWeb(req.raw) as ReadableStream,
       duplex: 'half',
     } as RequestInit).formData();
-    const out: { name: string; type: 'file'; path: string }[] = [];
     for (const [field, value] of form.entries()) {
       if (field !== 'file' || typeof value === 'string') continue;
-      const path = envdPath(req.query.path ?? value.name);
-      const res = await up.request(t, 'PUT', `${base(t)}/files?path=${encodeURIComponent(path)}`, {
-        raw: Buffer.from(await value.arrayBuffer()),
-      });
-      const text = await res.body.text();
-      if (res.statusCode >= 400) return envdError(reply, res.statusCode, text);
-      out.push({ name: path.split('/').pop() ?? path, type: 'file', path });
+      const path = envdPath(req.query.path ?? value.name, home);
+      if (!(await put(path, Buffer.from(await value.arrayBuffer())))) return reply;
     }
     if (!out.length) return envdError(reply, 400, 'no file part in the upload');
     return reply.status(200).send(out);
   });
+}
+
+/** Query of `/files` (§2.7). */
+interface FilesQuery {
+  path?: string;
+  username?: string;
+  signature?: string;
+  signature_expiration?: string;
+}
+
+/** Home of the `username` of a `/files` request (default user when absent), or undefined. */
+function homeOf(username: string | undefined): string | undefined {
+  if (!username) return ENVD_USERS.user;
+  return Object.hasOwn(ENVD_USERS, username) ? ENVD_USERS[username as EnvdUser] : undefined;
+}
+
+/** The message of an agent's `{ error: { message } }` body (or the text itself). */
+function messageOf(text: string): string {
+  try {
+    return (JSON.parse(text) as { error: { message: string } }).error.message;
+  } catch {
+    return text;
+  }
 }

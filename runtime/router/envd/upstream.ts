@@ -9,6 +9,7 @@ import { Code, ConnectError, createContextKey, type HandlerContext } from '@conn
 import type { Dispatcher } from 'undici';
 import { SpaceError } from '../../core/errors.ts';
 import type { RouterDeps } from '../app.ts';
+import { ENVD_USERS, type EnvdUser, envdUserOf } from './paths.ts';
 
 /** Who a checked envd request is for: the sandbox and the session token that was verified for it. */
 export interface Target {
@@ -24,6 +25,21 @@ export function target(ctx: HandlerContext): Target {
   const t = ctx.values.get(kTarget);
   if (!t) throw new ConnectError('no sandbox for this request', Code.Unauthenticated);
   return t;
+}
+
+/**
+ * The user a call acts as (Basic auth username; §2.1).
+ * @throws ConnectError InvalidArgument for a user SPACE sandboxes do not have.
+ */
+export function userOf(ctx: HandlerContext): EnvdUser {
+  const user = envdUserOf(ctx.requestHeader.get('authorization'));
+  if (!user) {
+    throw new ConnectError(
+      `unknown user: SPACE sandboxes offer ${Object.keys(ENVD_USERS).join(' and ')}`,
+      Code.InvalidArgument,
+    );
+  }
+  return user;
 }
 
 /** A Connect error for a SPACE error code and HTTP status (an agent's error body, or a thrown one). Pure. */
