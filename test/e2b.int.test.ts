@@ -6,7 +6,14 @@
 
 import { createHash, randomBytes } from 'node:crypto';
 import { join } from 'node:path';
-import { CommandExitError, FileNotFoundError, type FilesystemEvent, FilesystemEventType, Sandbox } from 'e2b';
+import {
+  CommandExitError,
+  FileNotFoundError,
+  type FilesystemEvent,
+  FilesystemEventType,
+  Sandbox,
+  SandboxNotFoundError,
+} from 'e2b';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { freePort } from './redis-server.ts';
 import { type RouterProcess, startRouterProcess } from './router-process.ts';
@@ -234,6 +241,40 @@ describe('e2b SDK: files', () => {
       const back = await sbx.files.read('/home/user/big.gz.bin', { format: 'bytes' });
       expect(back.length).toBe(bytes.length);
       expect(createHash('sha256').update(back).digest('hex')).toBe(sha);
+    } finally {
+      await sbx.kill();
+    }
+  });
+});
+
+describe('e2b SDK: pause, resume, connect', () => {
+  it('pauses (false when already paused), lists it paused, resumes on connect and on traffic', async () => {
+    const sbx = await Sandbox.create({ metadata: { suite: 'e2b-pause' } });
+    try {
+      await sbx.files.write('/home/user/keep.txt', 'kept');
+      const bg = await sbx.commands.run('sleep 600', { background: true });
+      expect(await sbx.pause()).toBe(true);
+      expect(await Sandbox.pause(sbx.sandboxId)).toBe(false);
+      expect((await sbx.getInfo()).state).toBe('paused');
+      const listed = await Sandbox.list({ query: { metadata: { suite: 'e2b-pause' } } }).nextItems();
+      expect(listed.map((x) => [x.sandboxId, x.state])).toEqual([[sbx.sandboxId, 'paused']]);
+
+      // connect resumes it, synchronously: running when it answers, memory and files kept
+      const again = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 120_000 });
+      expect((await again.getInfo()).state).toBe('running');
+      expect(await again.files.read('/home/user/keep.txt')).toBe('kept');
+      expect((await again.commands.list()).map((p) => p.pid)).toContain(bg.pid);
+      // connecting to a running sandbox only extends its lifetime
+      const info = await again.getInfo();
+      await Sandbox.connect(sbx.sandboxId, { timeoutMs: 1_000 });
+      expect((await again.getInfo()).endAt.getTime()).toBe(info.endAt.getTime());
+
+      // paused again, the next envd call through the router resumes it
+      expect(await again.pause()).toBe(true);
+      expect((await again.commands.run('cat /home/user/keep.txt')).stdout).toBe('kept');
+      expect((await again.getInfo()).state).toBe('running');
+
+      await expect(Sandbox.connect('sbxnosuchsandbox0000000')).rejects.toBeInstanceOf(SandboxNotFoundError);
     } finally {
       await sbx.kill();
     }
