@@ -280,3 +280,38 @@ describe('e2b SDK: pause, resume, connect', () => {
     }
   });
 });
+
+describe('e2b SDK: PTY', () => {
+  it('creates a terminal of the asked size, types into it, resizes it, sees its exit and kills one', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      let out = '';
+      const dec = new TextDecoder();
+      const enc = (text: string) => new TextEncoder().encode(text);
+      const term = await sbx.pty.create({
+        cols: 80,
+        rows: 24,
+        onData: (d) => {
+          out += dec.decode(d, { stream: true });
+        },
+      });
+      await sbx.pty.sendInput(term.pid, enc('stty size; tty; echo TERM=$TERM\n'));
+      await vi.waitFor(() => expect(out).toContain('TERM=xterm-256color'), { timeout: 10_000 });
+      expect(out).toContain('24 80');
+      expect(out).toMatch(/\/dev\/pts\/\d+/);
+      // a resize reaches the terminal (TIOCSWINSZ; the shell sees the new size)
+      await sbx.pty.resize(term.pid, { cols: 100, rows: 30 });
+      await sbx.pty.sendInput(term.pid, enc('stty size\n'));
+      await vi.waitFor(() => expect(out).toContain('30 100'), { timeout: 10_000 });
+      expect((await sbx.commands.list()).map((p) => p.pid)).toContain(term.pid);
+      await sbx.pty.sendInput(term.pid, enc('exit 0\n'));
+      expect(await term.wait()).toMatchObject({ exitCode: 0 });
+
+      const other = await sbx.pty.create({ cols: 40, rows: 10, onData: () => {} });
+      expect(await sbx.pty.kill(other.pid)).toBe(true);
+      await expect(other.wait()).rejects.toBeInstanceOf(CommandExitError);
+    } finally {
+      await sbx.kill();
+    }
+  });
+});

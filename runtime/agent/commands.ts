@@ -8,7 +8,7 @@ import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
-import type { AgentCommandRequest } from '../core/agent-protocol.ts';
+import type { AgentCommandRequest, PtySize } from '../core/agent-protocol.ts';
 import { SpaceError } from '../core/errors.ts';
 import { FRAME_EXIT, type ProcessExit, type ProcessStartRequest } from '../core/guest-protocol.ts';
 import { F } from '../core/log-fields.ts';
@@ -32,6 +32,8 @@ export interface CommandConfig {
   env: Record<string, string>;
   cwd?: string;
   tag?: string;
+  /** Set when it runs on a pseudo-terminal (its size at start). */
+  pty?: PtySize;
 }
 
 /** A command the agent started, with its spool. */
@@ -62,6 +64,7 @@ export interface StartCommand {
   stdin?: boolean | string;
   timeoutMs?: number;
   tag?: string;
+  pty?: PtySize;
 }
 
 /** The listed configuration of a start request. Pure. */
@@ -72,6 +75,7 @@ export function commandConfig(r: StartCommand): CommandConfig {
     env: r.env,
     ...(r.cwd !== undefined ? { cwd: r.cwd } : {}),
     ...(r.tag !== undefined ? { tag: r.tag } : {}),
+    ...(r.pty ? { pty: r.pty } : {}),
   };
 }
 
@@ -92,6 +96,7 @@ export function startOptions(commandId: string, b: Omit<AgentCommandRequest, 'co
     stdin: b.stdin,
     timeoutMs: b.timeoutMs,
     tag: b.tag,
+    pty: b.pty,
   };
 }
 
@@ -112,9 +117,11 @@ export async function startCommand(o: {
     env: r.env,
     cwd: r.cwd,
     user: r.user,
-    stdin: r.stdin !== undefined && r.stdin !== false,
+    // a terminal's input is always open: it is how keys reach it
+    stdin: r.pty !== undefined || (r.stdin !== undefined && r.stdin !== false),
     timeoutMs: r.timeoutMs,
     tag: r.commandId,
+    ...(r.pty ? { pty: r.pty } : {}),
   };
   await mkdir(o.dir, { recursive: true });
   const spool = await Spool.open(join(o.dir, `${r.commandId}.out`));

@@ -118,6 +118,10 @@ export class GuestClient {
   async closeStdin(pid: number): Promise<void> {
     await this.#json('POST', `/processes/${pid}/stdin/close`);
   }
+  /** Sets a PTY process's terminal size (characters). */
+  async resize(pid: number, cols: number, rows: number): Promise<void> {
+    await this.#json('POST', `/processes/${pid}/resize`, { cols, rows });
+  }
   async signal(pid: number, signal: string): Promise<void> {
     await this.#json('POST', `/processes/${pid}/signal`, { signal });
   }

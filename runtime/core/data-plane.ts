@@ -51,6 +51,13 @@ export const DATA_PLANE_ROUTES = [
     path: '/v1/sandboxes/:id/commands/:cmd/stdin/close',
     scope: 'commands',
   },
+  // a PTY command's terminal size
+  {
+    name: 'command.resize',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/commands/:cmd/resize',
+    scope: 'commands',
+  },
   {
     name: 'command.signal',
     method: 'POST',
@@ -86,6 +93,8 @@ export interface CommandSummary {
   env: Record<string, string>;
   cwd?: string;
   tag?: string;
+  /** Set when it runs on a pseudo-terminal: its size at start. */
+  pty?: { cols: number; rows: number };
 }
 
 /**

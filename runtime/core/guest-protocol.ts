@@ -16,6 +16,7 @@
  * | GET | /processes/:pid/output?offset=N | → `application/octet-stream`, a stream of frames (below) from byte N of the frame stream |
  * | POST | /processes/:pid/stdin | raw bytes → 204 once written (409 PROCESS_EXITED after exit or close) |
  * | POST | /processes/:pid/stdin/close | → 204 |
+ * | POST | /processes/:pid/resize | `{ cols, rows }` → 204 (a PTY process's terminal size; 409 PROCESS_EXITED, 400 without a PTY) |
  * | POST | /processes/:pid/signal | `{ signal: "SIGTERM" }` → 204 (to the process group; SIGKILL and SIGTERM to every process the command started) |
  * | GET | /files?path=P | → raw bytes (404 FILE_NOT_FOUND, 409 FILE_CONFLICT if a directory) |
  * | PUT | /files?path=P&mode=0644 | raw bytes → 200 {@link FileStat}; atomic: temp file, fsync, rename |
@@ -77,6 +78,11 @@ export interface ProcessStartRequest {
   timeoutMs?: number;
   /** Caller's id for the process (the API's command id); echoed in ProcessInfo. */
   tag?: string;
+  /**
+   * Run it on a pseudo-terminal of this size (characters): its output comes as stdout frames,
+   * stdin (kept open) is typed into the terminal. Needs python3 in the sandbox (see guest/pty.ts).
+   */
+  pty?: { cols: number; rows: number };
 }
 
 /** How a process ended. */

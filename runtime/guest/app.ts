@@ -12,6 +12,7 @@ import { Files } from './files.ts';
 import { isObject, readJson, sendError, sendJson, sendNoContent } from './http.ts';
 import { log as defaultLog, type Logger } from './log.ts';
 import { ProcessManager } from './processes.ts';
+import { parsePtySize } from './pty.ts';
 import type { Identity } from './users.ts';
 import { serveWatch } from './watch.ts';
 
@@ -45,7 +46,7 @@ export interface GuestApp {
   close(): Promise<void>;
 }
 
-const PROCESS_ROUTE = /^\/processes\/(\d{1,10})(\/output|\/stdin|\/stdin\/close|\/signal)?$/;
+const PROCESS_ROUTE = /^\/processes\/(\d{1,10})(\/output|\/stdin|\/stdin\/close|\/signal|\/resize)?$/;
 
 /** Builds the guest's HTTP server (not listening). */
 export function createGuestApp(config: GuestConfig): GuestApp {
@@ -140,6 +141,11 @@ export function createGuestApp(config: GuestConfig): GuestApp {
       }
       if (sub === '/stdin/close' && method === 'POST') {
         await p.closeStdin();
+        return sendNoContent(res);
+      }
+      if (sub === '/resize' && method === 'POST') {
+        const size = parsePtySize(await readJson(req));
+        p.resize(size.cols, size.rows);
         return sendNoContent(res);
       }
       if (sub === '/signal' && method === 'POST') {

@@ -9,7 +9,11 @@ import { pipeline } from 'node:stream/promises';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
 import type { FastifyRequest } from 'fastify';
-import { AgentCommandRequestSchema, type AgentCommandResponse } from '../../core/agent-protocol.ts';
+import {
+  AgentCommandRequestSchema,
+  type AgentCommandResponse,
+  PtySizeSchema,
+} from '../../core/agent-protocol.ts';
 import type { CommandSummary } from '../../core/data-plane.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { ID_PATTERN, newId } from '../../core/ids.ts';
@@ -194,6 +198,21 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         const sb = await authorise(req, req.params.id, 'commands');
         const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
         await sb.guest.closeStdin(cmd.pid);
+        return reply.status(204).send();
+      },
+    );
+
+    app.post(
+      '/v1/sandboxes/:id/commands/:cmd/resize',
+      {
+        schema: { params: CommandParams, querystring: Type.Object(TokenQuery), body: PtySizeSchema },
+      },
+      async (req, reply) => {
+        const sb = await authorise(req, req.params.id, 'commands');
+        const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
+        if (cmd.exit) throw new SpaceError('PROCESS_EXITED', 'the command has exited');
+        if (!cmd.config.pty) throw new SpaceError('BAD_REQUEST', 'the command has no terminal to resize');
+        await sb.guest.resize(cmd.pid, req.body.cols, req.body.rows);
         return reply.status(204).send();
       },
     );

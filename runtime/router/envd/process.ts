@@ -79,8 +79,11 @@ export function processService(up: Upstream) {
     return found;
   }
 
-  /** The command's events as envd messages: `start`, its output from the beginning, `end`. */
-  async function* events(t: Target, cmd: { id: string; pid: number }, ctx: HandlerContext) {
+  /**
+   * The command's events as envd messages: `start`, its output from the beginning, `end`. A PTY
+   * command's output (SPACE stdout) is envd's `pty` data.
+   */
+  async function* events(t: Target, cmd: { id: string; pid: number; pty?: unknown }, ctx: HandlerContext) {
     yield { event: { event: { case: 'start', value: { pid: cmd.pid } } } } satisfies EventMessage;
     const res = await up.request(
       t,
@@ -101,8 +104,9 @@ export function processService(up: Upstream) {
         for (const e of pending.splice(0)) {
           if (e.event === 'stdout' || e.event === 'stderr') {
             const bytes = Buffer.from((JSON.parse(e.data) as { data: string }).data, 'base64');
+            const output = cmd.pty && e.event === 'stdout' ? ('pty' as const) : e.event;
             yield {
-              event: { event: { case: 'data', value: { output: { case: e.event, value: bytes } } } },
+              event: { event: { case: 'data', value: { output: { case: output, value: bytes } } } },
             } satisfies EventMessage;
           } else if (e.event === 'exit') {
             yield endEvent(JSON.parse(e.data) as Parameters<typeof endEvent>[0]);
@@ -116,17 +120,14 @@ export function processService(up: Upstream) {
     throw new ConnectError('the command stream ended without an exit', Code.Unavailable);
   }
 
-  const pidOf = (sel: ProcessSelector | undefined) =>
-    sel?.selector.case === 'pid' ? sel.selector.value : undefined;
-
   return (router: ConnectRouter) =>
     router.service(Process, {
       async *start(req, ctx) {
         const t = target(ctx);
         const p = req.process;
         if (!p?.cmd) throw new ConnectError('process.cmd is required', Code.InvalidArgument);
-        if (req.pty)
-          throw new ConnectError('PTY sessions are not supported by SPACE yet', Code.Unimplemented);
+        // envd: a PTY without a size is 80×24 (the SDK always sends one)
+        const pty = req.pty ? { cols: req.pty.size?.cols || 80, rows: req.pty.size?.rows || 24 } : undefined;
         const user = userOf(ctx);
         const timeoutMs = ctx.timeoutMs();
         const started = await up.json<{ commandId: string; pid: number }>(
@@ -142,10 +143,11 @@ export function processService(up: Upstream) {
             user,
             stdin: req.stdin === true,
             ...(req.tag !== undefined ? { tag: req.tag } : {}),
+            ...(pty ? { pty } : {}),
             ...(timeoutMs && timeoutMs > 0 ? { timeoutMs } : {}),
           },
         );
-        yield* events(t, { id: started.commandId, pid: started.pid }, ctx);
+        yield* events(t, { id: started.commandId, pid: started.pid, pty }, ctx);
       },
       async *connect(req, ctx) {
         const t = target(ctx);
@@ -174,8 +176,12 @@ export function processService(up: Upstream) {
         const t = target(ctx);
         const cmd = await commandOf(t, req.process);
         const input = req.input?.input;
-        if (input?.case !== 'stdin') {
-          throw new ConnectError('only stdin input is supported (no PTY)', Code.Unimplemented);
+        if (input?.case !== 'stdin' && input?.case !== 'pty') {
+          throw new ConnectError('input must be stdin or pty bytes', Code.InvalidArgument);
+        }
+        // both reach a PTY process's terminal; a plain process has no terminal to type into
+        if (input.case === 'pty' && !cmd.pty) {
+          throw new ConnectError('the process has no PTY: send stdin input', Code.InvalidArgument);
         }
         const res = await up.request(t, 'POST', `${sandboxPath(t)}/commands/${cmd.id}/stdin`, {
           raw: Buffer.from(input.value),
@@ -191,11 +197,15 @@ export function processService(up: Upstream) {
         return {};
       },
       async update(req, ctx) {
-        target(ctx);
-        throw new ConnectError(
-          `PTY sessions are not supported by SPACE yet (process ${pidOf(req.process)})`,
-          Code.Unimplemented,
-        );
+        const t = target(ctx);
+        const cmd = await commandOf(t, req.process);
+        const size = req.pty?.size;
+        if (!size) return {}; // nothing to change
+        await up.json(t, 'POST', `${sandboxPath(t)}/commands/${cmd.id}/resize`, {
+          cols: size.cols,
+          rows: size.rows,
+        });
+        return {};
       },
     });
 }
