@@ -7,6 +7,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import {
+  ALL_TRAFFIC,
   CommandExitError,
   FileNotFoundError,
   type FilesystemEvent,
@@ -312,6 +313,51 @@ describe('e2b SDK: PTY', () => {
       await expect(other.wait()).rejects.toBeInstanceOf(CommandExitError);
     } finally {
       await sbx.kill();
+    }
+  });
+});
+
+describe('e2b SDK: egress', () => {
+  /** The sandbox's SPACE egress policy, read from SPACE's own API. */
+  const policyOf = async (id: string) => {
+    const r = await fetch(`${s.apiUrl}/v1/sandboxes/${id}`, {
+      headers: { authorization: `Bearer ${s.apiKey}` },
+    });
+    return ((await r.json()) as { egress: { mode: string; allow: string[]; deny: string[] } }).egress;
+  };
+
+  it('maps allowInternetAccess and network allow/deny lists onto SPACE egress policies', async () => {
+    const open = await Sandbox.create();
+    const closed = await Sandbox.create({ allowInternetAccess: false });
+    const listed = await Sandbox.create({
+      network: { denyOut: [ALL_TRAFFIC], allowOut: ['pypi.org', '*.pythonhosted.org'] },
+    });
+    try {
+      // E2B's default is internet on
+      expect(await policyOf(open.sandboxId)).toMatchObject({ mode: 'allow-all', deny: [] });
+      expect(await policyOf(closed.sandboxId)).toMatchObject({ mode: 'deny-all' });
+      expect(await policyOf(listed.sandboxId)).toMatchObject({
+        mode: 'allow-list',
+        allow: ['pypi.org', '*.pythonhosted.org'],
+      });
+      expect((await closed.getInfo()).allowInternetAccess).toBe(false);
+      expect((await open.getInfo()).allowInternetAccess).toBe(true);
+      // enforced by the gateway: a denied name does not even resolve
+      const denied = await closed.commands
+        .run('curl -sS -m 5 http://example.com', { timeoutMs: 20_000 })
+        .catch((e) => e);
+      expect(denied).toBeInstanceOf(CommandExitError);
+
+      // updateNetwork replaces the whole configuration
+      await closed.updateNetwork({ allowInternetAccess: true, denyOut: ['example.com'] });
+      expect(await policyOf(closed.sandboxId)).toMatchObject({ mode: 'allow-all', deny: ['example.com'] });
+
+      // what SPACE cannot enforce is refused, not half-applied
+      await expect(Sandbox.create({ network: { allowOut: ['1.1.1.1'] } })).rejects.toThrow(
+        /not supported.*1\.1\.1\.1/,
+      );
+    } finally {
+      await Promise.all([open.kill(), closed.kill(), listed.kill()]);
     }
   });
 });
