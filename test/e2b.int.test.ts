@@ -4,8 +4,11 @@
  * E2B_API_URL (the API), E2B_SANDBOX_URL (the router) and E2B_API_KEY (a SPACE API key).
  */
 
+import { execFile } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
 import {
   ALL_TRAFFIC,
   CommandExitError,
@@ -359,5 +362,29 @@ describe('e2b SDK: egress', () => {
     } finally {
       await Promise.all([open.kill(), closed.kill(), listed.kill()]);
     }
+  });
+});
+
+describe('space e2b env', () => {
+  it('is the whole migration: the quickstart script runs after eval "$(space e2b env)"', async () => {
+    const root = fileURLToPath(new URL('..', import.meta.url));
+    const { stdout, stderr } = await promisify(execFile)(
+      'bash',
+      ['-c', 'eval "$(node runtime/cli/space.ts e2b env)" && node examples/e2b-quickstart.mjs'],
+      {
+        cwd: root,
+        timeout: 120_000,
+        // nothing E2B-related inherited: only what `space e2b env` prints
+        env: {
+          PATH: process.env.PATH ?? '',
+          HOME: process.env.HOME ?? '',
+          SPACE_API_URL: s.apiUrl,
+          SPACE_API_KEY: s.apiKey,
+          SPACE_ROUTER_URL: router.url,
+        },
+      },
+    );
+    expect(stderr).toBe('');
+    expect(stdout).toBe('hello from sandbox\nfile listed\n');
   });
 });

@@ -6,6 +6,7 @@
 import { readFileSync } from 'node:fs';
 import { Command, CommanderError } from 'commander';
 import { registerDoctor } from './doctor.ts';
+import { registerE2b } from './e2b.ts';
 import { registerExec } from './exec.ts';
 import { registerFiles } from './files.ts';
 import { registerOps } from './ops.ts';
@@ -74,6 +75,7 @@ Examples:
   registerFiles(program);
   registerOps(program);
   registerUsage(program);
+  registerE2b(program);
   registerTemplate(program);
   registerDoctor(program);
   return program;
