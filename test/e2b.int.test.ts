@@ -3,25 +3,41 @@
  * gVisor sandboxes, Redis) and a router process: the SDK is pointed at SPACE only through
  * E2B_API_URL (the API), E2B_SANDBOX_URL (the router) and E2B_API_KEY (a SPACE API key).
  */
+
+import { execFile } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
 import { join } from 'node:path';
-import { CommandExitError, Sandbox } from 'e2b';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import {
+  ALL_TRAFFIC,
+  CommandExitError,
+  FileNotFoundError,
+  type FilesystemEvent,
+  FilesystemEventType,
+  Sandbox,
+  SandboxNotFoundError,
+} from 'e2b';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { freePort } from './redis-server.ts';
 import { type RouterProcess, startRouterProcess } from './router-process.ts';
 import { leftovers, NO_LEFTOVERS, type Stack, startStack } from './stack.ts';
 
 let s: Stack;
 let router: RouterProcess;
+/** A second router replica on the same Redis: nothing about a sandbox may live in one router. */
+let router2: RouterProcess;
 const saved = { ...process.env };
 
 beforeAll(async () => {
   const port = await freePort();
   s = await startStack({ SPACE_ROUTER_URL: `http://127.0.0.1:${port}` });
-  router = await startRouterProcess({
-    SPACE_ROUTER_PORT: String(port),
+  const routerEnv = {
     SPACE_REDIS_URL: s.redisUrl,
     SPACE_VERIFY_KEY_FILE: join(s.dir, 'key.pub.pem'),
-  });
+  };
+  router = await startRouterProcess({ ...routerEnv, SPACE_ROUTER_PORT: String(port) });
+  router2 = await startRouterProcess({ ...routerEnv, SPACE_ROUTER_PORT: String(await freePort()) });
   // the whole migration: three variables
   process.env.E2B_API_URL = s.apiUrl;
   process.env.E2B_SANDBOX_URL = router.url;
@@ -30,6 +46,7 @@ beforeAll(async () => {
 afterAll(async () => {
   process.env = saved;
   await router?.stop();
+  await router2?.stop();
   if (!s) return;
   await s.stop();
   expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
@@ -94,5 +111,280 @@ describe('e2b SDK: envd data plane through the router', () => {
       await sbx.kill();
     }
     expect(await sbx.isRunning()).toBe(false);
+  });
+});
+
+describe('e2b SDK: commands across router replicas', () => {
+  it('lists, reattaches to, feeds, closes and kills commands through a second router', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      // started through router 1 (E2B_SANDBOX_URL) …
+      const cat = await sbx.commands.run('cat', { background: true, stdin: true });
+      // … and driven through router 2, which never saw the start
+      const viaB = await Sandbox.connect(sbx.sandboxId, { sandboxUrl: router2.url });
+      const listed = await viaB.commands.list();
+      expect(listed.find((p) => p.pid === cat.pid)).toMatchObject({
+        cmd: '/bin/bash',
+        args: ['-l', '-c', 'cat'],
+      });
+      const seen: string[] = [];
+      const again = await viaB.commands.connect(cat.pid, { onStdout: (d) => void seen.push(d) });
+      await viaB.commands.sendStdin(cat.pid, 'ping\n');
+      await vi.waitFor(() => expect(seen.join('')).toBe('ping\n'), { timeout: 10_000 });
+      await viaB.commands.closeStdin(cat.pid);
+      // EOF ends cat: both handles see the same output and exit
+      expect(await again.wait()).toMatchObject({ exitCode: 0, stdout: 'ping\n' });
+      expect(await cat.wait()).toMatchObject({ exitCode: 0, stdout: 'ping\n' });
+      expect((await viaB.commands.list()).map((p) => p.pid)).not.toContain(cat.pid);
+
+      const sleeper = await sbx.commands.run('sleep 600', { background: true });
+      expect((await viaB.commands.list()).map((p) => p.pid)).toContain(sleeper.pid);
+      expect(await viaB.commands.kill(sleeper.pid)).toBe(true);
+      await expect(sleeper.wait()).rejects.toBeInstanceOf(CommandExitError);
+      // gone: kill answers false (NotFound), as with E2B
+      expect(await viaB.commands.kill(sleeper.pid)).toBe(false);
+    } finally {
+      await sbx.kill();
+    }
+  });
+});
+
+describe('e2b SDK: files', () => {
+  it('makes dirs, stats, renames, removes and checks existence in the SDK’s terms', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      // true when made, false when already there
+      expect(await sbx.files.makeDir('/home/user/d1/d2')).toBe(true);
+      expect(await sbx.files.makeDir('/home/user/d1/d2')).toBe(false);
+      await sbx.files.write('d1/a.txt', 'abc'); // relative: under the user's home
+      expect(await sbx.files.getInfo('/home/user/d1/a.txt')).toMatchObject({
+        name: 'a.txt',
+        type: 'file',
+        path: '/home/user/d1/a.txt',
+        size: 3,
+        mode: 0o644,
+        permissions: '-rw-r--r--',
+        owner: 'user',
+      });
+      expect(await sbx.files.getInfo('/home/user/d1')).toMatchObject({ type: 'dir', mode: 0o755 });
+
+      // rename makes the destination's parents, as envd does
+      const moved = await sbx.files.rename('/home/user/d1/a.txt', '/home/user/d3/b.txt');
+      expect(moved).toMatchObject({ name: 'b.txt', path: '/home/user/d3/b.txt', type: 'file' });
+      expect(await sbx.files.exists('/home/user/d1/a.txt')).toBe(false);
+      expect(await sbx.files.exists('/home/user/d3/b.txt')).toBe(true);
+      expect(await sbx.files.read('/home/user/d3/b.txt')).toBe('abc');
+      await expect(sbx.files.rename('/home/user/nope', '/home/user/x')).rejects.toBeInstanceOf(
+        FileNotFoundError,
+      );
+      await expect(sbx.files.getInfo('/home/user/nope')).rejects.toBeInstanceOf(FileNotFoundError);
+
+      // remove is recursive, and removing what is not there is no error (envd)
+      await sbx.files.remove('/home/user/d1');
+      expect(await sbx.files.exists('/home/user/d1')).toBe(false);
+      await sbx.files.remove('/home/user/d1');
+    } finally {
+      await sbx.kill();
+    }
+  });
+
+  it('watches a directory: create, write and remove events, recursively (inotify under gVisor)', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      await sbx.files.makeDir('/home/user/w');
+      const events: FilesystemEvent[] = [];
+      const handle = await sbx.files.watchDir('/home/user/w', (e) => void events.push(e), {
+        recursive: true,
+      });
+      await sbx.files.write('/home/user/w/new.txt', 'one');
+      await sbx.commands.run('mkdir -p /home/user/w/sub && echo x > /home/user/w/sub/deep.txt');
+      await sbx.files.write('/home/user/w/new.txt', 'overwritten');
+      await sbx.files.remove('/home/user/w/new.txt');
+      const seen = (name: string, type: FilesystemEventType) =>
+        events.some((e) => e.name === name && e.type === type);
+      await vi.waitFor(
+        () => {
+          expect(seen('new.txt', FilesystemEventType.CREATE)).toBe(true);
+          expect(events.filter((e) => e.name === 'new.txt' && e.type === 'write').length).toBeGreaterThan(1);
+          expect(seen('new.txt', FilesystemEventType.REMOVE)).toBe(true);
+          expect(seen('sub', FilesystemEventType.CREATE)).toBe(true);
+          expect(seen('sub/deep.txt', FilesystemEventType.CREATE)).toBe(true);
+          expect(seen('sub/deep.txt', FilesystemEventType.WRITE)).toBe(true);
+        },
+        { timeout: 10_000 },
+      );
+      // the upload's temp file is never reported
+      expect(events.filter((e) => e.name.includes('.space-upload-'))).toEqual([]);
+      await handle.stop();
+      // a watch open while the sandbox is killed does not hold the kill up
+      await sbx.files.watchDir('/home/user/w', () => {});
+      const t0 = Date.now();
+      await sbx.kill();
+      expect(Date.now() - t0).toBeLessThan(15_000);
+    } finally {
+      await sbx.kill();
+    }
+  });
+
+  it('moves 20 MiB of random bytes both ways, multipart and octet-stream (gzip), byte for byte', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      const bytes = randomBytes(20 * 1024 * 1024);
+      const sha = createHash('sha256').update(bytes).digest('hex');
+      const ab = bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length);
+      await sbx.files.write('/home/user/big.bin', ab); // multipart
+      await sbx.files.write('/home/user/big.gz.bin', ab, { gzip: true }); // octet-stream + gzip
+      await sbx.files.write('/home/user/big.raw.bin', new Blob([bytes]).stream(), { useOctetStream: true });
+      const sums = await sbx.commands.run('sha256sum big.bin big.gz.bin big.raw.bin', { cwd: '/home/user' });
+      expect(
+        sums.stdout
+          .split('\n')
+          .filter(Boolean)
+          .map((l) => l.split(/\s+/)[0]),
+      ).toEqual([sha, sha, sha]);
+      const back = await sbx.files.read('/home/user/big.gz.bin', { format: 'bytes' });
+      expect(back.length).toBe(bytes.length);
+      expect(createHash('sha256').update(back).digest('hex')).toBe(sha);
+    } finally {
+      await sbx.kill();
+    }
+  });
+});
+
+describe('e2b SDK: pause, resume, connect', () => {
+  it('pauses (false when already paused), lists it paused, resumes on connect and on traffic', async () => {
+    const sbx = await Sandbox.create({ metadata: { suite: 'e2b-pause' } });
+    try {
+      await sbx.files.write('/home/user/keep.txt', 'kept');
+      const bg = await sbx.commands.run('sleep 600', { background: true });
+      expect(await sbx.pause()).toBe(true);
+      expect(await Sandbox.pause(sbx.sandboxId)).toBe(false);
+      expect((await sbx.getInfo()).state).toBe('paused');
+      const listed = await Sandbox.list({ query: { metadata: { suite: 'e2b-pause' } } }).nextItems();
+      expect(listed.map((x) => [x.sandboxId, x.state])).toEqual([[sbx.sandboxId, 'paused']]);
+
+      // connect resumes it, synchronously: running when it answers, memory and files kept
+      const again = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 120_000 });
+      expect((await again.getInfo()).state).toBe('running');
+      expect(await again.files.read('/home/user/keep.txt')).toBe('kept');
+      expect((await again.commands.list()).map((p) => p.pid)).toContain(bg.pid);
+      // connecting to a running sandbox only extends its lifetime
+      const info = await again.getInfo();
+      await Sandbox.connect(sbx.sandboxId, { timeoutMs: 1_000 });
+      expect((await again.getInfo()).endAt.getTime()).toBe(info.endAt.getTime());
+
+      // paused again, the next envd call through the router resumes it
+      expect(await again.pause()).toBe(true);
+      expect((await again.commands.run('cat /home/user/keep.txt')).stdout).toBe('kept');
+      expect((await again.getInfo()).state).toBe('running');
+
+      await expect(Sandbox.connect('sbxnosuchsandbox0000000')).rejects.toBeInstanceOf(SandboxNotFoundError);
+    } finally {
+      await sbx.kill();
+    }
+  });
+});
+
+describe('e2b SDK: PTY', () => {
+  it('creates a terminal of the asked size, types into it, resizes it, sees its exit and kills one', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      let out = '';
+      const dec = new TextDecoder();
+      const enc = (text: string) => new TextEncoder().encode(text);
+      const term = await sbx.pty.create({
+        cols: 80,
+        rows: 24,
+        onData: (d) => {
+          out += dec.decode(d, { stream: true });
+        },
+      });
+      await sbx.pty.sendInput(term.pid, enc('stty size; tty; echo TERM=$TERM\n'));
+      await vi.waitFor(() => expect(out).toContain('TERM=xterm-256color'), { timeout: 10_000 });
+      expect(out).toContain('24 80');
+      expect(out).toMatch(/\/dev\/pts\/\d+/);
+      // a resize reaches the terminal (TIOCSWINSZ; the shell sees the new size)
+      await sbx.pty.resize(term.pid, { cols: 100, rows: 30 });
+      await sbx.pty.sendInput(term.pid, enc('stty size\n'));
+      await vi.waitFor(() => expect(out).toContain('30 100'), { timeout: 10_000 });
+      expect((await sbx.commands.list()).map((p) => p.pid)).toContain(term.pid);
+      await sbx.pty.sendInput(term.pid, enc('exit 0\n'));
+      expect(await term.wait()).toMatchObject({ exitCode: 0 });
+
+      const other = await sbx.pty.create({ cols: 40, rows: 10, onData: () => {} });
+      expect(await sbx.pty.kill(other.pid)).toBe(true);
+      await expect(other.wait()).rejects.toBeInstanceOf(CommandExitError);
+    } finally {
+      await sbx.kill();
+    }
+  });
+});
+
+describe('e2b SDK: egress', () => {
+  /** The sandbox's SPACE egress policy, read from SPACE's own API. */
+  const policyOf = async (id: string) => {
+    const r = await fetch(`${s.apiUrl}/v1/sandboxes/${id}`, {
+      headers: { authorization: `Bearer ${s.apiKey}` },
+    });
+    return ((await r.json()) as { egress: { mode: string; allow: string[]; deny: string[] } }).egress;
+  };
+
+  it('maps allowInternetAccess and network allow/deny lists onto SPACE egress policies', async () => {
+    const open = await Sandbox.create();
+    const closed = await Sandbox.create({ allowInternetAccess: false });
+    const listed = await Sandbox.create({
+      network: { denyOut: [ALL_TRAFFIC], allowOut: ['pypi.org', '*.pythonhosted.org'] },
+    });
+    try {
+      // E2B's default is internet on
+      expect(await policyOf(open.sandboxId)).toMatchObject({ mode: 'allow-all', deny: [] });
+      expect(await policyOf(closed.sandboxId)).toMatchObject({ mode: 'deny-all' });
+      expect(await policyOf(listed.sandboxId)).toMatchObject({
+        mode: 'allow-list',
+        allow: ['pypi.org', '*.pythonhosted.org'],
+      });
+      expect((await closed.getInfo()).allowInternetAccess).toBe(false);
+      expect((await open.getInfo()).allowInternetAccess).toBe(true);
+      // enforced by the gateway: a denied name does not even resolve
+      const denied = await closed.commands
+        .run('curl -sS -m 5 http://example.com', { timeoutMs: 20_000 })
+        .catch((e) => e);
+      expect(denied).toBeInstanceOf(CommandExitError);
+
+      // updateNetwork replaces the whole configuration
+      await closed.updateNetwork({ allowInternetAccess: true, denyOut: ['example.com'] });
+      expect(await policyOf(closed.sandboxId)).toMatchObject({ mode: 'allow-all', deny: ['example.com'] });
+
+      // what SPACE cannot enforce is refused, not half-applied
+      await expect(Sandbox.create({ network: { allowOut: ['1.1.1.1'] } })).rejects.toThrow(
+        /not supported.*1\.1\.1\.1/,
+      );
+    } finally {
+      await Promise.all([open.kill(), closed.kill(), listed.kill()]);
+    }
+  });
+});
+
+describe('space e2b env', () => {
+  it('is the whole migration: the quickstart script runs after eval "$(space e2b env)"', async () => {
+    const root = fileURLToPath(new URL('..', import.meta.url));
+    const { stdout, stderr } = await promisify(execFile)(
+      'bash',
+      ['-c', 'eval "$(node runtime/cli/space.ts e2b env)" && node examples/e2b-quickstart.mjs'],
+      {
+        cwd: root,
+        timeout: 120_000,
+        // nothing E2B-related inherited: only what `space e2b env` prints
+        env: {
+          PATH: process.env.PATH ?? '',
+          HOME: process.env.HOME ?? '',
+          SPACE_API_URL: s.apiUrl,
+          SPACE_API_KEY: s.apiKey,
+          SPACE_ROUTER_URL: router.url,
+        },
+      },
+    );
+    expect(stderr).toBe('');
+    expect(stdout).toBe('hello from sandbox\nfile listed\n');
   });
 });

@@ -8,7 +8,7 @@ import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
-import type { AgentCommandRequest } from '../core/agent-protocol.ts';
+import type { AgentCommandRequest, PtySize } from '../core/agent-protocol.ts';
 import { SpaceError } from '../core/errors.ts';
 import { FRAME_EXIT, type ProcessExit, type ProcessStartRequest } from '../core/guest-protocol.ts';
 import { F } from '../core/log-fields.ts';
@@ -21,12 +21,28 @@ export const DETACH = 'detach';
 /** Reconnects to a guest output stream before declaring the command lost. */
 const MAX_RECONNECTS = 5;
 
+/**
+ * What a command was started as, kept with it (and in its record on disk) so it can be listed and
+ * found by pid from any router replica: the agent is the one place that knows (E2B `Process.List`,
+ * selectors by pid or tag).
+ */
+export interface CommandConfig {
+  cmd: string;
+  args: string[];
+  env: Record<string, string>;
+  cwd?: string;
+  tag?: string;
+  /** Set when it runs on a pseudo-terminal (its size at start). */
+  pty?: PtySize;
+}
+
 /** A command the agent started, with its spool. */
 export interface Command {
   id: string;
   sandboxId: string;
   pid: number;
   startedAt: number;
+  config: CommandConfig;
   spool: Spool;
   /** Set once the exit frame is spooled. */
   exit: ProcessExit | null;
@@ -47,6 +63,20 @@ export interface StartCommand {
   user: 'user' | 'root';
   stdin?: boolean | string;
   timeoutMs?: number;
+  tag?: string;
+  pty?: PtySize;
+}
+
+/** The listed configuration of a start request. Pure. */
+export function commandConfig(r: StartCommand): CommandConfig {
+  return {
+    cmd: r.cmd,
+    args: r.args,
+    env: r.env,
+    ...(r.cwd !== undefined ? { cwd: r.cwd } : {}),
+    ...(r.tag !== undefined ? { tag: r.tag } : {}),
+    ...(r.pty ? { pty: r.pty } : {}),
+  };
 }
 
 /**
@@ -65,6 +95,8 @@ export function startOptions(commandId: string, b: Omit<AgentCommandRequest, 'co
     user: b.user,
     stdin: b.stdin,
     timeoutMs: b.timeoutMs,
+    tag: b.tag,
+    pty: b.pty,
   };
 }
 
@@ -85,9 +117,11 @@ export async function startCommand(o: {
     env: r.env,
     cwd: r.cwd,
     user: r.user,
-    stdin: r.stdin !== undefined && r.stdin !== false,
+    // a terminal's input is always open: it is how keys reach it
+    stdin: r.pty !== undefined || (r.stdin !== undefined && r.stdin !== false),
     timeoutMs: r.timeoutMs,
     tag: r.commandId,
+    ...(r.pty ? { pty: r.pty } : {}),
   };
   await mkdir(o.dir, { recursive: true });
   const spool = await Spool.open(join(o.dir, `${r.commandId}.out`));
@@ -107,6 +141,7 @@ export async function startCommand(o: {
     sandboxId: o.sandboxId,
     pid: info.pid,
     startedAt: Date.now(),
+    config: commandConfig(r),
     spool,
     exit: null,
     abort,

@@ -6,7 +6,13 @@
 import type { Readable } from 'node:stream';
 import { type Dispatcher, Pool } from 'undici';
 import { errorFromBody, SpaceError } from '../core/errors.ts';
-import type { FileStat, GuestHealth, ProcessInfo, ProcessStartRequest } from '../core/guest-protocol.ts';
+import type {
+  FileStat,
+  GuestHealth,
+  ProcessInfo,
+  ProcessStartRequest,
+  WatchEvent,
+} from '../core/guest-protocol.ts';
 import type { GuestEndpoint } from './drivers/driver.ts';
 
 /** Timeout of a control call to the guest (not of streams), ms. */
@@ -112,6 +118,10 @@ export class GuestClient {
   async closeStdin(pid: number): Promise<void> {
     await this.#json('POST', `/processes/${pid}/stdin/close`);
   }
+  /** Sets a PTY process's terminal size (characters). */
+  async resize(pid: number, cols: number, rows: number): Promise<void> {
+    await this.#json('POST', `/processes/${pid}/resize`, { cols, rows });
+  }
   async signal(pid: number, signal: string): Promise<void> {
     await this.#json('POST', `/processes/${pid}/signal`, { signal });
   }
@@ -123,6 +133,19 @@ export class GuestClient {
   }
   mkdir(path: string, parents: boolean): Promise<FileStat> {
     return this.#json('POST', '/fs/mkdir', { path, parents });
+  }
+  rename(from: string, to: string): Promise<FileStat> {
+    return this.#json('POST', '/fs/rename', { from, to });
+  }
+  /** A directory watch: NDJSON {@link WatchEvent} lines, `start` first (no body timeout). */
+  async watch(path: string, recursive: boolean, signal?: AbortSignal): Promise<Readable> {
+    const res = await this.request({
+      method: 'GET',
+      path: `/fs/watch?path=${encodeURIComponent(path)}${recursive ? '&recursive=1' : ''}`,
+      expect: 'stream',
+      signal,
+    });
+    return res.body;
   }
   async remove(path: string, recursive: boolean): Promise<void> {
     await this.#json('DELETE', `/fs?path=${encodeURIComponent(path)}${recursive ? '&recursive=1' : ''}`);

@@ -20,7 +20,14 @@ import { F } from '../core/log-fields.ts';
 import { inSpan } from '../core/tracing.ts';
 import type { PauseMode } from '../core/types.ts';
 import type { ActivityMeter } from './activity.ts';
-import { type Command, DETACH, resumePump, type StartCommand, startCommand } from './commands.ts';
+import {
+  type Command,
+  type CommandConfig,
+  DETACH,
+  resumePump,
+  type StartCommand,
+  startCommand,
+} from './commands.ts';
 import type {
   Driver,
   InstanceEndCause,
@@ -91,6 +98,11 @@ export interface LocalSandbox {
   /** Open data-plane streams (bounded by config). */
   streams: number;
   /**
+   * Aborts of open guest streams that are not commands (directory watches): cut before the guest
+   * connection closes, which would otherwise wait for them to end on their own.
+   */
+  guestStreams: Set<AbortController>;
+  /**
    * `frozen` while a pause holds its instance in memory, `pausing` while a pause waits for the
    * guest calls in flight to finish (new ones are refused); null when it runs.
    */
@@ -119,6 +131,7 @@ function localSandbox(
     source,
     commands: new Map(),
     streams: 0,
+    guestStreams: new Set(),
     guestCalls: 0,
     paused: null,
     egress: req.egress,
@@ -437,6 +450,7 @@ export class SandboxManager {
       }),
     );
     sb.commands.clear();
+    for (const a of sb.guestStreams) a.abort();
     await sb.guest.close();
   }
 
@@ -858,6 +872,7 @@ export class SandboxManager {
     if (sb) {
       const log = this.#o.log.child({ [F.sandboxId]: id });
       for (const c of sb.commands.values()) c.abort.abort();
+      for (const a of sb.guestStreams) a.abort();
       await sb.guest.close();
       await this.#registering.get(id); // no re-registration may land after the unregistration
       await this.#o.gateway
@@ -941,7 +956,7 @@ export class SandboxManager {
     if (ended) void cmd.done.finally(ended);
     await writeFile(
       join(this.#dir(id), 'commands', `${cmd.id}.json`),
-      JSON.stringify({ pid: cmd.pid, startedAt: cmd.startedAt }),
+      JSON.stringify({ pid: cmd.pid, startedAt: cmd.startedAt, config: cmd.config }),
     );
     return cmd;
   }
@@ -1020,13 +1035,19 @@ export class SandboxManager {
     for (const name of await readdir(dir).catch(() => [] as string[])) {
       if (!name.endsWith('.json')) continue;
       const id = name.slice(0, -'.json'.length);
-      const meta = JSON.parse(await readFile(join(dir, name), 'utf8')) as { pid: number; startedAt: number };
+      const meta = JSON.parse(await readFile(join(dir, name), 'utf8')) as {
+        pid: number;
+        startedAt: number;
+        /** Absent in records of agents before commands were listed. */
+        config?: CommandConfig;
+      };
       const spool = await Spool.open(join(dir, `${id}.out`));
       const cmd: Command = {
         id,
         sandboxId: sb.id,
         pid: meta.pid,
         startedAt: meta.startedAt,
+        config: meta.config ?? { cmd: '', args: [], env: {} },
         spool,
         exit: null,
         abort: new AbortController(),
@@ -1061,6 +1082,7 @@ export class SandboxManager {
           await c.spool.close();
         }),
       );
+      for (const a of sb.guestStreams) a.abort();
       await sb.guest.close();
     }
     this.#sandboxes.clear();

@@ -7,6 +7,7 @@ import { readFileSync } from 'node:fs';
 import { Command, CommanderError } from 'commander';
 import { registerBench } from './bench.ts';
 import { registerDoctor } from './doctor.ts';
+import { registerE2b } from './e2b.ts';
 import { registerExec } from './exec.ts';
 import { registerFiles } from './files.ts';
 import { registerKeys } from './keys.ts';
@@ -78,6 +79,7 @@ Examples:
   registerOps(program);
   registerUsage(program);
   registerKeys(program);
+  registerE2b(program);
   registerTemplate(program);
   registerDoctor(program);
   registerBench(program);

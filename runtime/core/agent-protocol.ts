@@ -67,6 +67,13 @@ export const AgentCreateResponseSchema = Type.Object({
 });
 export type AgentCreateResponse = Static<typeof AgentCreateResponseSchema>;
 
+/** A terminal size in characters (1–1000 each way). */
+export const PtySizeSchema = Type.Object({
+  cols: Type.Integer({ minimum: 1, maximum: 1000 }),
+  rows: Type.Integer({ minimum: 1, maximum: 1000 }),
+});
+export type PtySize = Static<typeof PtySizeSchema>;
+
 /** Body of POST /internal/v1/sandboxes/:id/commands. */
 export const AgentCommandRequestSchema = Type.Object({
   commandId: PlatformIdSchema,
@@ -80,6 +87,13 @@ export const AgentCommandRequestSchema = Type.Object({
   stdin: Type.Optional(Type.Union([Type.Boolean(), Type.String()])),
   /** ms. */
   timeoutMs: Type.Optional(Type.Integer({ minimum: 1 })),
+  /** The caller's own name for the command (E2B's process tag), listed back with it. */
+  tag: Type.Optional(Type.String({ maxLength: 256 })),
+  /**
+   * Run on a pseudo-terminal of this size: stdout carries the terminal's output, stdin (always
+   * open) is its input, stderr only the guest's own complaints (e.g. no python3 in the template).
+   */
+  pty: Type.Optional(PtySizeSchema),
 });
 export type AgentCommandRequest = Static<typeof AgentCommandRequestSchema>;
 

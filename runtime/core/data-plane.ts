@@ -40,12 +40,22 @@ export const DATA_PLANE_ROUTES = [
     scope: 'commands',
     stream: true,
   },
+  // the commands of the sandbox (running ones; `?all=true` also ended ones), filtered by `pid` or
+  // `tag`: how any router replica finds a command by the pid an E2B client holds
+  { name: 'command.list', method: 'GET', path: '/v1/sandboxes/:id/commands', scope: 'commands' },
   { name: 'command.get', method: 'GET', path: '/v1/sandboxes/:id/commands/:cmd', scope: 'commands' },
   { name: 'command.stdin', method: 'POST', path: '/v1/sandboxes/:id/commands/:cmd/stdin', scope: 'commands' },
   {
     name: 'command.stdin-close',
     method: 'POST',
     path: '/v1/sandboxes/:id/commands/:cmd/stdin/close',
+    scope: 'commands',
+  },
+  // a PTY command's terminal size
+  {
+    name: 'command.resize',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/commands/:cmd/resize',
     scope: 'commands',
   },
   {
@@ -60,7 +70,32 @@ export const DATA_PLANE_ROUTES = [
   { name: 'fs.list', method: 'GET', path: '/v1/sandboxes/:id/fs/list', scope: 'files' },
   { name: 'fs.mkdir', method: 'POST', path: '/v1/sandboxes/:id/fs/mkdir', scope: 'files' },
   { name: 'fs.remove', method: 'DELETE', path: '/v1/sandboxes/:id/fs', scope: 'files' },
+  { name: 'fs.rename', method: 'POST', path: '/v1/sandboxes/:id/fs/rename', scope: 'files' },
+  // NDJSON lines of core/guest-protocol.ts WatchEvent, `start` first, until the client leaves
+  { name: 'fs.watch', method: 'GET', path: '/v1/sandboxes/:id/fs/watch', scope: 'files', stream: true },
 ] as const satisfies readonly DataPlaneRoute[];
+
+/**
+ * One row of `GET /v1/sandboxes/:id/commands` (`{ commands: CommandSummary[] }`, newest first).
+ * `cmd`/`args`/`env`/`cwd` are what the command was started with (empty for commands an agent
+ * before this field re-adopted).
+ */
+export interface CommandSummary {
+  /** Command id (`cmd…`). */
+  id: string;
+  /** Process id in the sandbox. */
+  pid: number;
+  running: boolean;
+  /** Epoch ms. */
+  startedAt: number;
+  cmd: string;
+  args: string[];
+  env: Record<string, string>;
+  cwd?: string;
+  tag?: string;
+  /** Set when it runs on a pseudo-terminal: its size at start. */
+  pty?: { cols: number; rows: number };
+}
 
 /**
  * The session token of a data-plane request: `Authorization: Bearer <t>` first, else `?token=`.

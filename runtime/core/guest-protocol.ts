@@ -16,6 +16,7 @@
  * | GET | /processes/:pid/output?offset=N | → `application/octet-stream`, a stream of frames (below) from byte N of the frame stream |
  * | POST | /processes/:pid/stdin | raw bytes → 204 once written (409 PROCESS_EXITED after exit or close) |
  * | POST | /processes/:pid/stdin/close | → 204 |
+ * | POST | /processes/:pid/resize | `{ cols, rows }` → 204 (a PTY process's terminal size; 409 PROCESS_EXITED, 400 without a PTY) |
  * | POST | /processes/:pid/signal | `{ signal: "SIGTERM" }` → 204 (to the process group; SIGKILL and SIGTERM to every process the command started) |
  * | GET | /files?path=P | → raw bytes (404 FILE_NOT_FOUND, 409 FILE_CONFLICT if a directory) |
  * | PUT | /files?path=P&mode=0644 | raw bytes → 200 {@link FileStat}; atomic: temp file, fsync, rename |
@@ -23,6 +24,8 @@
  * | GET | /fs/list?path=P | → `{ entries: FileStat[] }` sorted by name |
  * | POST | /fs/mkdir | `{ path, parents? }` → 200 {@link FileStat} |
  * | DELETE | /fs?path=P&recursive=1 | → 204 |
+ * | POST | /fs/rename | `{ from, to }` → 200 {@link FileStat} of the moved entry (parents of `to` created) |
+ * | GET | /fs/watch?path=P&recursive=1 | → `application/x-ndjson`: {@link WatchEvent} lines, `start` first, until the reader leaves |
  *
  * Output frames: `[type: u8][length: u32 big-endian][payload: length bytes]`; type 1 = stdout bytes,
  * 2 = stderr bytes, 3 = exit (payload is JSON {@link ProcessExit}; always the last frame).
@@ -75,6 +78,11 @@ export interface ProcessStartRequest {
   timeoutMs?: number;
   /** Caller's id for the process (the API's command id); echoed in ProcessInfo. */
   tag?: string;
+  /**
+   * Run it on a pseudo-terminal of this size (characters): its output comes as stdout frames,
+   * stdin (kept open) is typed into the terminal. Needs python3 in the sandbox (see guest/pty.ts).
+   */
+  pty?: { cols: number; rows: number };
 }
 
 /** How a process ended. */
@@ -118,4 +126,16 @@ export interface FileStat {
    * dangles or points where files cannot be read.
    */
   target?: { path: string; type: 'file' | 'dir' | 'symlink' | 'other'; size: number } | null;
+}
+
+/**
+ * One line of a directory watch. `start` comes once, when the watch is armed (changes after it
+ * are reported); the others name an entry relative to the watched directory (`sub/file.txt` when
+ * recursive). A new non-empty file reports `create` then `write`; a file replaced by a rename
+ * (every upload) reports `write`.
+ */
+export interface WatchEvent {
+  type: 'start' | 'create' | 'write' | 'remove' | 'rename' | 'chmod';
+  /** Absent on `start`. */
+  name?: string;
 }

@@ -12,7 +12,9 @@ import { Files } from './files.ts';
 import { isObject, readJson, sendError, sendJson, sendNoContent } from './http.ts';
 import { log as defaultLog, type Logger } from './log.ts';
 import { ProcessManager } from './processes.ts';
+import { parsePtySize } from './pty.ts';
 import type { Identity } from './users.ts';
+import { serveWatch } from './watch.ts';
 
 /** Protocol version reported by GET /health. */
 export const GUEST_VERSION = '1';
@@ -44,7 +46,7 @@ export interface GuestApp {
   close(): Promise<void>;
 }
 
-const PROCESS_ROUTE = /^\/processes\/(\d{1,10})(\/output|\/stdin|\/stdin\/close|\/signal)?$/;
+const PROCESS_ROUTE = /^\/processes\/(\d{1,10})(\/output|\/stdin|\/stdin\/close|\/signal|\/resize)?$/;
 
 /** Builds the guest's HTTP server (not listening). */
 export function createGuestApp(config: GuestConfig): GuestApp {
@@ -141,6 +143,11 @@ export function createGuestApp(config: GuestConfig): GuestApp {
         await p.closeStdin();
         return sendNoContent(res);
       }
+      if (sub === '/resize' && method === 'POST') {
+        const size = parsePtySize(await readJson(req));
+        p.resize(size.cols, size.rows);
+        return sendNoContent(res);
+      }
       if (sub === '/signal' && method === 'POST') {
         const body = await readJson(req);
         if (!isObject(body) || typeof body.signal !== 'string') {
@@ -159,6 +166,9 @@ export function createGuestApp(config: GuestConfig): GuestApp {
       return sendJson(res, 200, { entries: await files.list(query) });
     if (path === '/fs/mkdir' && method === 'POST')
       return sendJson(res, 200, await files.mkdir(await readJson(req)));
+    if (path === '/fs/rename' && method === 'POST')
+      return sendJson(res, 200, await files.rename(await readJson(req)));
+    if (path === '/fs/watch' && method === 'GET') return serveWatch(res, query, config.home, log);
     if (path === '/fs' && method === 'DELETE') {
       await files.remove(query);
       return sendNoContent(res);

@@ -25,6 +25,9 @@ export interface FilesOptions {
   log: Logger;
 }
 
+/** Name prefix of an upload's temp file (renamed into place when complete; watchers skip it). */
+export const UPLOAD_TEMP_PREFIX = '.space-upload-';
+
 /** Default permission bits of a new file. */
 export const DEFAULT_FILE_MODE = 0o644;
 /** Permission bits of a new directory. */
@@ -208,7 +211,7 @@ export class Files {
     if (previous?.isDirectory()) throw new SpaceError('FILE_CONFLICT', `${path} is a directory`, { path });
     await this.#mkdirp(dir, path);
 
-    const temp = posix.join(dir, `.space-upload-${randomBytes(8).toString('hex')}`);
+    const temp = posix.join(dir, `${UPLOAD_TEMP_PREFIX}${randomBytes(8).toString('hex')}`);
     let fh: Awaited<ReturnType<typeof open>>;
     try {
       fh = await open(temp, 'wx', 0o600);
@@ -322,6 +325,32 @@ export class Files {
       }
     }
     return toFileStat(path, await stat(real));
+  }
+
+  /**
+   * POST /fs/rename: `{ from, to }` moves a file or directory (missing parents of `to` are
+   * created; an existing file at `to` is replaced, as rename(2) does); answers the moved entry.
+   */
+  async rename(body: unknown): Promise<FileStat> {
+    if (!isObject(body)) throw new SpaceError('BAD_REQUEST', 'body must be a json object');
+    const from = resolveSandboxPath(body.from, this.#opts.home);
+    const to = resolveSandboxPath(body.to, this.#opts.home);
+    if (from === '/' || to === '/')
+      throw new SpaceError('PATH_INVALID', 'refusing to move /', { path: from });
+    const realFrom = await realTarget(from, false);
+    const realTo = await realTarget(to, false);
+    try {
+      await lstat(realFrom);
+    } catch (err) {
+      throw fsError(err, from, 'read');
+    }
+    await this.#mkdirp(posix.dirname(realTo), to);
+    try {
+      await rename(realFrom, realTo);
+    } catch (err) {
+      throw fsError(err, to, 'write');
+    }
+    return toFileStat(to, await lstat(realTo));
   }
 
   /** DELETE /fs: a file, an empty directory, or (recursive) a whole tree. */

@@ -20,6 +20,7 @@ import type { ProcessExit, ProcessInfo, ProcessStartRequest } from '../core/gues
 import { isObject, parseEnv } from './http.ts';
 import { errorFields, type Logger } from './log.ts';
 import { OutputStream } from './output.ts';
+import { PTY_PYTHON, parsePtySize, ptyArgv, resizeLine } from './pty.ts';
 import { COMMAND_MARKER_ENV, signalCommand } from './tree.ts';
 import type { Identity } from './users.ts';
 
@@ -75,6 +76,7 @@ interface StartSpec {
   stdin: boolean;
   timeoutMs: number;
   tag: string | undefined;
+  pty: { cols: number; rows: number } | undefined;
 }
 
 function bad(message: string): SpaceError {
@@ -83,7 +85,7 @@ function bad(message: string): SpaceError {
 
 function parseStart(body: unknown, home: string): StartSpec {
   if (!isObject(body)) throw bad('body must be a json object');
-  const { cmd, args, shell, env, cwd, user, stdin, timeoutMs, tag } = body as {
+  const { cmd, args, shell, env, cwd, user, stdin, timeoutMs, tag, pty } = body as {
     [K in keyof ProcessStartRequest]?: unknown;
   };
   if (typeof cmd !== 'string' || cmd === '') throw bad('cmd must be a non-empty string');
@@ -116,12 +118,21 @@ function parseStart(body: unknown, home: string): StartSpec {
     stdin: stdin === true,
     timeoutMs: Math.min(Math.floor((timeoutMs as number | undefined) ?? 0), MAX_TIMER_MS),
     tag,
+    pty: pty === undefined ? undefined : parsePtySize(pty),
   };
 }
 
 /** Exit code and message for a spawn failure, as a shell would report it. */
-function spawnFailure(cmd: string, code: string | undefined, what: 'cmd' | 'cwd'): [number, string] {
+function spawnFailure(
+  cmd: string,
+  code: string | undefined,
+  what: 'cmd' | 'cwd',
+  spec?: Pick<StartSpec, 'pty'>,
+): [number, string] {
   const exitCode = code === 'ENOENT' ? 127 : 126;
+  if (spec?.pty && what === 'cmd' && code === 'ENOENT') {
+    return [exitCode, `a terminal (pty) needs ${PTY_PYTHON} in the sandbox's template, and it has none`];
+  }
   if (what === 'cwd') {
     const why =
       code === 'ENOENT'
@@ -152,6 +163,8 @@ export class ManagedProcess {
   exit: ProcessExit | undefined;
   #child: ChildProcess | undefined;
   #stdin: Writable | null = null;
+  /** fd 3 of a PTY helper: resize lines (pty.ts); null without a terminal. */
+  #control: Writable | null = null;
   #stdinClosed = true;
   #stdinQueue: Promise<void> = Promise.resolve();
   #pipes: Readable[] = [];
@@ -210,9 +223,24 @@ export class ManagedProcess {
     this.output.finish(this.exit);
   }
 
+  /**
+   * Sets the terminal size of a PTY process.
+   * @throws SpaceError BAD_REQUEST without a terminal, PROCESS_EXITED once it exited.
+   */
+  resize(cols: number, rows: number): void {
+    if (!this.#control) throw bad('the process has no terminal');
+    if (!this.running || this.#control.destroyed) throw processExited('the process has exited');
+    this.#control.write(resizeLine(cols, rows));
+  }
+
   /** Takes over a spawned child. */
   adopt(child: ChildProcess, timeoutMs: number): void {
     this.#child = child;
+    const control = child.stdio[3];
+    if (control && 'write' in control) {
+      this.#control = control;
+      control.on('error', () => {});
+    }
     if (child.stdin) {
       this.#stdin = child.stdin;
       this.#stdinClosed = false;
@@ -355,6 +383,7 @@ export class ManagedProcess {
     else if (kill && this.active && !keepBackground) this.killGroup('SIGKILL');
     if (!keepBackground) for (const pipe of this.#pipes) pipe.destroy();
     this.#stdin?.destroy();
+    this.#control?.destroy();
     if (this.#timeoutTimer) clearTimeout(this.#timeoutTimer);
     if (this.#graceTimer) clearTimeout(this.#graceTimer);
     if (this.#retentionTimer) clearTimeout(this.#retentionTimer);
@@ -479,8 +508,11 @@ export class ProcessManager {
       (this.#opts.canSwitchUser && who.uid !== 0 && !(await canEnter(spec.cwd, who)) ? 'EACCES' : undefined);
     if (cwdError) return this.#failed(spec, ...spawnFailure(spec.cwd, cwdError, 'cwd'));
 
-    const file = spec.shell ? '/bin/sh' : spec.cmd;
-    const argv = spec.shell ? ['-c', spec.cmd] : spec.args;
+    const direct = spec.shell ? '/bin/sh' : spec.cmd;
+    const directArgv = spec.shell ? ['-c', spec.cmd] : spec.args;
+    // on a terminal, the PTY helper runs in the command's place and execs it (pty.ts)
+    const file = spec.pty ? PTY_PYTHON : direct;
+    const argv = spec.pty ? ptyArgv(spec.pty.cols, spec.pty.rows, direct, directArgv) : directArgv;
     const ids = this.#opts.canSwitchUser ? { uid: who.uid, gid: who.gid } : {};
     let child: ChildProcess;
     try {
@@ -489,14 +521,14 @@ export class ProcessManager {
         env,
         ...ids,
         detached: true,
-        stdio: [spec.stdin ? 'pipe' : 'ignore', 'pipe', 'pipe'],
+        stdio: spec.pty ? ['pipe', 'pipe', 'pipe', 'pipe'] : [spec.stdin ? 'pipe' : 'ignore', 'pipe', 'pipe'],
       });
     } catch (err) {
-      return this.#failed(spec, ...spawnFailure(spec.cmd, (err as NodeJS.ErrnoException).code, 'cmd'));
+      return this.#failed(spec, ...spawnFailure(file, (err as NodeJS.ErrnoException).code, 'cmd', spec));
     }
     if (child.pid === undefined) {
       const err = await new Promise<NodeJS.ErrnoException>((resolve) => child.once('error', resolve));
-      return this.#failed(spec, ...spawnFailure(spec.cmd, err.code, 'cmd'));
+      return this.#failed(spec, ...spawnFailure(file, err.code, 'cmd', spec));
     }
     child.on('error', (err) => log('warn', 'child error', { pid: child.pid, ...errorFields(err) }));
     const pid = child.pid;

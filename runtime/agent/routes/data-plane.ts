@@ -9,7 +9,12 @@ import { pipeline } from 'node:stream/promises';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
 import type { FastifyRequest } from 'fastify';
-import { AgentCommandRequestSchema, type AgentCommandResponse } from '../../core/agent-protocol.ts';
+import {
+  AgentCommandRequestSchema,
+  type AgentCommandResponse,
+  PtySizeSchema,
+} from '../../core/agent-protocol.ts';
+import type { CommandSummary } from '../../core/data-plane.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { ID_PATTERN, newId } from '../../core/ids.ts';
 import { DEFAULT_TEAM } from '../../core/tenancy.ts';
@@ -130,6 +135,42 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
     );
 
     app.get(
+      '/v1/sandboxes/:id/commands',
+      {
+        schema: {
+          params: SandboxParams,
+          querystring: Type.Object({
+            ...TokenQuery,
+            pid: Type.Optional(Type.Integer({ minimum: 0 })),
+            tag: Type.Optional(Type.String({ maxLength: 256 })),
+            all: Type.Optional(Type.Boolean()),
+          }),
+        },
+      },
+      async (req) => {
+        const sb = await authorise(req, req.params.id, 'commands', false);
+        const { pid, tag, all } = req.query;
+        const commands: CommandSummary[] = [...sb.commands.values()]
+          .filter(
+            (c) =>
+              (all === true || c.exit === null) &&
+              (pid === undefined || c.pid === pid) &&
+              (tag === undefined || c.config.tag === tag),
+          )
+          // newest first: a pid the kernel reused names the latest command that had it
+          .sort((a, b) => b.startedAt - a.startedAt)
+          .map((c) => ({
+            id: c.id,
+            pid: c.pid,
+            running: c.exit === null,
+            startedAt: c.startedAt,
+            ...c.config,
+          }));
+        return { commands };
+      },
+    );
+
+    app.get(
       '/v1/sandboxes/:id/commands/:cmd',
       { schema: { params: CommandParams, querystring: Type.Object(TokenQuery) } },
       async (req) => {
@@ -168,6 +209,21 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         const sb = await authorise(req, req.params.id, 'commands');
         const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
         await sb.guest.closeStdin(cmd.pid);
+        return reply.status(204).send();
+      },
+    );
+
+    app.post(
+      '/v1/sandboxes/:id/commands/:cmd/resize',
+      {
+        schema: { params: CommandParams, querystring: Type.Object(TokenQuery), body: PtySizeSchema },
+      },
+      async (req, reply) => {
+        const sb = await authorise(req, req.params.id, 'commands');
+        const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
+        if (cmd.exit) throw new SpaceError('PROCESS_EXITED', 'the command has exited');
+        if (!cmd.config.pty) throw new SpaceError('BAD_REQUEST', 'the command has no terminal to resize');
+        await sb.guest.resize(cmd.pid, req.body.cols, req.body.rows);
         return reply.status(204).send();
       },
     );
@@ -272,6 +328,64 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       async (req) => {
         const sb = await authorise(req, req.params.id, 'files');
         return sb.guest.mkdir(req.body.path, req.body.parents ?? false);
+      },
+    );
+
+    app.post(
+      '/v1/sandboxes/:id/fs/rename',
+      {
+        schema: {
+          params: SandboxParams,
+          querystring: Type.Object(TokenQuery),
+          body: Type.Object(
+            {
+              from: Type.String({ minLength: 1, maxLength: 4096 }),
+              to: Type.String({ minLength: 1, maxLength: 4096 }),
+            },
+            { additionalProperties: false },
+          ),
+        },
+      },
+      async (req) => {
+        const sb = await authorise(req, req.params.id, 'files');
+        return sb.guest.rename(req.body.from, req.body.to);
+      },
+    );
+
+    app.get(
+      '/v1/sandboxes/:id/fs/watch',
+      {
+        schema: {
+          params: SandboxParams,
+          querystring: Type.Object({
+            path: Type.String({ minLength: 1, maxLength: 4096 }),
+            recursive: Type.Optional(Type.Boolean()),
+            ...TokenQuery,
+          }),
+        },
+      },
+      async (req, reply) => {
+        // a watch lasts as long as its client: it must not hold the guest against a pause
+        const sb = await authorise(req, req.params.id, 'files', false);
+        if (sb.streams >= deps.config.maxStreams)
+          throw new SpaceError('RATE_LIMITED', 'too many open streams');
+        const abort = new AbortController();
+        reply.raw.once('close', () => abort.abort());
+        // a delete or hibernation cuts it (the guest connection waits for nothing)
+        sb.guestStreams.add(abort);
+        abort.signal.addEventListener('abort', () => sb.guestStreams.delete(abort), { once: true });
+        const body = await sb.guest.watch(req.query.path, req.query.recursive ?? false, abort.signal);
+        sb.streams += 1;
+        reply.hijack();
+        reply.raw.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' });
+        reply.raw.flushHeaders();
+        try {
+          await pipeline(body, reply.raw);
+        } catch {
+          reply.raw.destroy();
+        } finally {
+          sb.streams -= 1;
+        }
       },
     );
 

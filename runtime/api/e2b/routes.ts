@@ -25,8 +25,10 @@ import { innerCallHeaders, principalOf, requireScope } from '../auth.ts';
 import { MAX_WAIT_MS, type OperationRecord } from '../operations.ts';
 import type { SandboxRecord } from '../sandbox-store.ts';
 import {
+  type E2bNetwork,
   type E2bState,
   e2bState,
+  egressOf,
   parseMetadataFilter,
   spaceStates,
   toE2bDetail,
@@ -47,12 +49,19 @@ interface CreateBody {
   allow_internet_access?: boolean;
   autoPause?: boolean;
   autoResume?: unknown;
-  network?: unknown;
+  network?: E2bNetwork;
   mcp?: unknown;
   volumeMounts?: unknown;
   iam?: unknown;
   secure?: boolean;
 }
+
+const NetworkProps = {
+  allowOut: { type: 'array', items: { type: 'string', maxLength: 1024 }, maxItems: 1000 },
+  denyOut: { type: 'array', items: { type: 'string', maxLength: 1024 }, maxItems: 1000 },
+  allowPublicTraffic: { type: 'boolean' },
+  httpsPorts: { type: 'array' },
+} as const;
 
 const CreateSchema = {
   type: 'object',
@@ -63,9 +72,15 @@ const CreateSchema = {
     metadata: { type: 'object', additionalProperties: { type: 'string' } },
     envVars: { type: 'object', additionalProperties: { type: 'string' } },
     allow_internet_access: { type: 'boolean' },
+    network: { type: 'object', properties: NetworkProps },
     autoPause: { type: 'boolean' },
     secure: { type: 'boolean' },
   },
+} as const;
+
+const NetworkSchema = {
+  type: 'object',
+  properties: { ...NetworkProps, allow_internet_access: { type: 'boolean' } },
 } as const;
 
 const TimeoutSchema = {
@@ -193,11 +208,9 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       const unsupported = [
         b.autoPause ? 'autoPause (lifecycle onTimeout: pause)' : null,
         b.autoResume !== undefined ? 'autoResume' : null,
-        b.network !== undefined ? 'network' : null,
         b.mcp !== undefined ? 'mcp' : null,
         b.volumeMounts !== undefined ? 'volumeMounts' : null,
         b.iam !== undefined ? 'iam' : null,
-        b.allow_internet_access === false ? 'allowInternetAccess: false' : null,
       ].filter(Boolean);
       if (unsupported.length) {
         throw new SpaceError(
@@ -205,6 +218,7 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
           `not supported by this SPACE server yet: ${unsupported.join(', ')}`,
         );
       }
+      const egress = egressOf(b.allow_internet_access, b.network);
       const template = (b.templateID ?? 'base').split(':')[0] ?? 'base';
       const timeoutSec = b.timeout || (v1 ? 15 : E2B_DEFAULT_TIMEOUT_SEC);
       const res = await app.inject({
@@ -220,6 +234,7 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
           timeoutSec: Math.min(timeoutSec, deps.config.maxTimeoutSec),
           metadata: b.metadata ?? {},
           env: b.envVars ?? {},
+          egress,
         },
       });
       const out = res.json() as {
@@ -345,6 +360,33 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
     app.post<IdReq>('/v2/sandboxes/:id/connect', connectOpts, connectRoute);
     // deprecated in E2B, still served: resume = connect that resumes a paused sandbox
     app.post<IdReq>('/sandboxes/:id/resume', connectOpts, connectRoute);
+
+    // PUT …/network replaces the whole egress configuration (§1.8), as SPACE's PATCH …/egress does
+    app.put<IdReq & { Body: E2bNetwork & { allow_internet_access?: boolean } }>(
+      '/sandboxes/:id/network',
+      { schema: { body: NetworkSchema }, config: write },
+      async (req, reply) => {
+        await liveRecord(req.params.id, principalOf(req).team);
+        const res = await app.inject({
+          method: 'PATCH',
+          url: `/v1/sandboxes/${req.params.id}/egress`,
+          headers: {
+            authorization: `Bearer ${req.headers['x-api-key']}`,
+            'content-type': 'application/json',
+            ...innerCallHeaders(),
+          },
+          payload: egressOf(req.body.allow_internet_access, req.body),
+        });
+        if (res.statusCode >= 400) {
+          const out = res.json() as { error?: { code: string; message: string } };
+          throw new SpaceError(
+            isErrorCode(out.error?.code) ? out.error.code : 'INTERNAL',
+            out.error?.message ?? '',
+          );
+        }
+        return reply.status(204).send();
+      },
+    );
 
     app.get<IdReq>('/sandboxes/:id/metrics', { config: read }, async (req, reply) => {
       await liveRecord(req.params.id, principalOf(req).team);

@@ -3,6 +3,8 @@
  * Source of every external fact: shared/reference/e2b-protocol.md §1 (E2B's `spec/openapi.yml`
  * as read by the JS SDK 2.45–2.51).
  */
+import { isIP } from 'node:net';
+import type { EgressPolicy, EgressPolicyInput } from '../../core/egress.ts';
 import { SpaceError } from '../../core/errors.ts';
 import type { SandboxState } from '../../core/types.ts';
 import type { SandboxRecord } from '../sandbox-store.ts';
@@ -10,10 +12,11 @@ import type { SandboxRecord } from '../sandbox-store.ts';
 /**
  * The envd version SPACE's E2B data plane reports. The SDK switches features on by it (§2.8):
  * 0.4.0 = users are handled by the daemon (the SDK sends no `user`), `stdin: false` allowed;
- * below 0.5.2 `closeStdin()` and below 0.5.7 octet-stream/gzip uploads stay off (multipart is
- * used), below 0.6.2 file metadata stays off — none of those is implemented yet.
+ * 0.5.2 = `closeStdin()`; 0.5.7 = octet-stream and gzip uploads (`useOctetStream`, `gzip`,
+ * ReadableStream bodies). Below 0.6.2 file metadata (`X-Metadata-*` → xattrs) and below 0.6.3
+ * watch `includeEntry` stay off: not implemented.
  */
-export const ENVD_VERSION = '0.4.0';
+export const ENVD_VERSION = '0.5.7';
 
 /** `clientID` is required in E2B's schema and ignored by the SDK. */
 const CLIENT_ID = 'space';
@@ -98,7 +101,7 @@ export function toE2bListed(rec: SandboxRecord) {
 
 /** `SandboxDetail` (get answer). */
 export function toE2bDetail(rec: SandboxRecord, envdAccessToken: string) {
-  return { ...toE2bListed(rec), envdAccessToken, domain: null };
+  return { ...toE2bListed(rec), envdAccessToken, domain: null, ...networkOf(rec.egress) };
 }
 
 /**
@@ -121,4 +124,69 @@ export function parseMetadataFilter(raw: string): Record<string, string> {
   } catch {
     throw new SpaceError('BAD_REQUEST', 'metadata filter is not URL-encoded key=value pairs');
   }
+}
+
+/** E2B's sandbox network options (create's `network`, `PUT …/network`; §1.4, §1.8). */
+export interface E2bNetwork {
+  allowOut?: string[];
+  denyOut?: string[];
+  rules?: unknown;
+  egressProxy?: unknown;
+  allowPublicTraffic?: boolean;
+  maskRequestHost?: unknown;
+  httpsPorts?: unknown[];
+}
+
+/** E2B's "all traffic" CIDR (the SDK's `ALL_TRAFFIC`): in `denyOut` it makes the base deny-all. */
+const ALL_TRAFFIC = '0.0.0.0/0';
+
+/** True for an IP address or CIDR (E2B lists both next to domain names). */
+const isAddress = (entry: string) => isIP(entry.split('/')[0] ?? '') !== 0;
+
+/**
+ * The SPACE egress policy for E2B's `allow_internet_access` and `network` (§1.4): internet on by
+ * default (`allow-all`); `allow_internet_access: false` or `denyOut` holding `0.0.0.0/0` make
+ * the base `deny-all`, and then `allowOut` names are the allow list (`allow-list`); `denyOut`
+ * names are denied either way. SPACE egress is by name, through its gateway (HTTP/HTTPS): IP and
+ * CIDR entries other than `0.0.0.0/0`, `rules`, `egressProxy`, `maskRequestHost`, `httpsPorts`
+ * and `allowPublicTraffic: false` are refused rather than half-applied.
+ * @throws SpaceError BAD_REQUEST naming every unsupported part.
+ */
+export function egressOf(
+  allowInternet: boolean | undefined,
+  network: E2bNetwork | undefined,
+): EgressPolicyInput {
+  const net = network ?? {};
+  const allowOut = net.allowOut ?? [];
+  const denyOut = net.denyOut ?? [];
+  const problems = [
+    ...allowOut.filter(isAddress).map((e) => `network.allowOut "${e}" (IP/CIDR: SPACE allows by name)`),
+    ...denyOut
+      .filter((e) => isAddress(e) && e !== ALL_TRAFFIC)
+      .map((e) => `network.denyOut "${e}" (IP/CIDR other than ${ALL_TRAFFIC})`),
+    net.rules !== undefined ? 'network.rules' : null,
+    net.egressProxy !== undefined ? 'network.egressProxy' : null,
+    net.maskRequestHost !== undefined ? 'network.maskRequestHost' : null,
+    net.httpsPorts?.length ? 'network.httpsPorts' : null,
+    net.allowPublicTraffic === false ? 'network.allowPublicTraffic: false' : null,
+  ].filter((p): p is string => p !== null);
+  if (problems.length) {
+    throw new SpaceError('BAD_REQUEST', `not supported by this SPACE server: ${problems.join(', ')}`);
+  }
+  const deny = denyOut.filter((e) => !isAddress(e));
+  const denyAll = allowInternet === false || denyOut.includes(ALL_TRAFFIC);
+  if (!denyAll) return { mode: 'allow-all', deny };
+  return allowOut.length ? { mode: 'allow-list', allow: allowOut, deny } : { mode: 'deny-all', deny };
+}
+
+/** `allowInternetAccess` and `network` of a sandbox's detail, read back from its SPACE policy. */
+export function networkOf(egress: EgressPolicy) {
+  return {
+    allowInternetAccess: egress.mode === 'allow-all',
+    network: {
+      ...(egress.mode === 'allow-all' ? {} : { denyOut: [ALL_TRAFFIC, ...egress.deny] }),
+      ...(egress.mode === 'allow-all' && egress.deny.length ? { denyOut: egress.deny } : {}),
+      ...(egress.mode === 'allow-list' ? { allowOut: egress.allow } : {}),
+    },
+  };
 }

@@ -11,300 +11,43 @@
  * before anything else happens, as on the router's own routes.
  *
  * Source of every external fact: shared/reference/e2b-protocol.md §2 (envd) and §3 (routing).
- * Implemented: Process.Start/SendInput/SendSignal, Filesystem.Stat/ListDir/MakeDir/Remove,
- * GET /files, POST /files (multipart), GET /health. The rest answers Connect `unimplemented`.
- * Limits of this increment: pid → command lookups live in this router process's memory (one
- * router replica); signed `/files` URLs are refused (the router cannot check a signature made
- * with a token it does not hold); ListDir depth is 1; users other than `user` are not offered.
+ * The services live in `process.ts` and `filesystem.ts`; their calls on the agent in `upstream.ts`.
+ * Nothing about a sandbox is kept in this process: any number of router replicas serve it.
+ * Limits: signed `/files` URLs are refused (the router cannot check a signature made with a
+ * token it does not hold); ListDir depth is 1.
  */
 import type { IncomingMessage } from 'node:http';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { create } from '@bufbuild/protobuf';
-import { timestampFromMs } from '@bufbuild/protobuf/wkt';
-import {
-  Code,
-  ConnectError,
-  type ConnectRouter,
-  createContextKey,
-  createContextValues,
-  type HandlerContext,
-} from '@connectrpc/connect';
+import { createGunzip } from 'node:zlib';
+import { ConnectError, type ConnectRouter, createContextValues } from '@connectrpc/connect';
 import { connectNodeAdapter } from '@connectrpc/connect-node';
-import { createParser } from 'eventsource-parser';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import type { Dispatcher } from 'undici';
 import { SpaceError } from '../../core/errors.ts';
 import { ID_PATTERN } from '../../core/ids.ts';
 import { keys } from '../../core/redis-keys.ts';
 import { DEFAULT_TEAM } from '../../core/tenancy.ts';
 import { type SessionScope, verifySessionToken } from '../../core/tokens.ts';
 import type { RouterDeps } from '../app.ts';
-import { type EntryInfo, EntryInfoSchema, Filesystem, FileType } from './gen/filesystem/filesystem_pb.js';
-import { Process, Signal } from './gen/process/process_pb.js';
+import { filesystemService } from './filesystem.ts';
+import { ENVD_USERS, type EnvdUser, envdPath, envdSandboxOf } from './paths.ts';
+import { processService } from './process.ts';
+import { createUpstream, kTarget, sandboxPath, type Target } from './upstream.ts';
 
-/** envd's port: the host form is `49983-<sandboxId>.<domain>` (§3). */
-const ENVD_PORT = '49983';
-const HOME = '/home/user';
 const SANDBOX_ID = new RegExp(ID_PATTERN);
-const HOST = /^(\d{1,5})-([a-z0-9_]{8,64})\./;
-
-/** Who a checked envd request is for. */
-interface Target {
-  sandboxId: string;
-  token: string;
-  /** The token's team (the default team for tokens minted before teams). */
-  team: string;
-}
-const kTarget = createContextKey<Target | null>(null);
-
-/** The sandbox an envd request names (header first, then host), or undefined. Pure. */
-export function envdSandboxOf(headers: IncomingMessage['headers']): string | undefined {
-  const header = headers['e2b-sandbox-id'];
-  if (typeof header === 'string' && header) return header;
-  const host = String(headers.host ?? headers[':authority'] ?? '');
-  const m = HOST.exec(host);
-  return m && m[1] === ENVD_PORT ? m[2] : undefined;
-}
-
-/** Absolute path for an envd path (relative ones are under the user's home, §2.5). Pure. */
-export function envdPath(p: string): string {
-  if (!p) return HOME;
-  return p.startsWith('/') ? p : `${HOME}/${p}`;
-}
-
-/** A Connect error for a SPACE error (or an agent's error body). */
-function connectErrorOf(status: number, code: string, message: string): ConnectError {
-  if (code === 'SANDBOX_NOT_FOUND' || code === 'SANDBOX_NOT_RUNNING' || code === 'NODE_UNAVAILABLE') {
-    return new ConnectError(message, Code.Unavailable);
-  }
-  if (status === 404) return new ConnectError(message, Code.NotFound);
-  if (status === 400 || status === 422) return new ConnectError(message, Code.InvalidArgument);
-  if (status === 401) return new ConnectError(message, Code.Unauthenticated);
-  if (status === 403) return new ConnectError(message, Code.PermissionDenied);
-  if (status === 409) return new ConnectError(message, Code.FailedPrecondition);
-  if (status === 429) return new ConnectError(message, Code.ResourceExhausted);
-  return new ConnectError(message, Code.Internal);
-}
 
 /** Builds the envd routes on the router `app`. */
 export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
   /** Checked requests → their target (read by the Connect handlers through context values). */
   const targets = new WeakMap<IncomingMessage, Target>();
-  /** `<sandboxId>:<pid>` → SPACE command id (this process only). */
-  const commands = new Map<string, string>();
+  const up = createUpstream(deps);
+  const base = sandboxPath;
 
-  async function agent(
-    t: Target,
-    method: Dispatcher.HttpMethod,
-    path: string,
-    body?: { json?: unknown; raw?: Buffer | Readable },
-  ): Promise<Dispatcher.ResponseData> {
-    let up: Awaited<ReturnType<typeof deps.proxy.locator.locate>>;
-    try {
-      up = await deps.proxy.locator.locate(t.sandboxId, { team: t.team });
-    } catch (err) {
-      if (err instanceof SpaceError) throw connectErrorOf(err.status, err.code, err.message);
-      throw err;
-    }
-    const headers: Record<string, string> = { authorization: `Bearer ${t.token}` };
-    let payload: string | Buffer | Readable | null = null;
-    if (body?.json !== undefined) {
-      headers['content-type'] = 'application/json';
-      payload = JSON.stringify(body.json);
-    } else if (body?.raw !== undefined) {
-      headers['content-type'] = 'application/octet-stream';
-      payload = body.raw;
-    }
-    return deps.proxy.dispatcher.request({ origin: up.url, path, method, headers, body: payload });
-  }
-
-  /** The agent's JSON answer, or its error as a ConnectError. */
-  async function agentJson<T>(t: Target, method: Dispatcher.HttpMethod, path: string, json?: unknown) {
-    const res = await agent(t, method, path, json === undefined ? undefined : { json });
-    const text = await res.body.text();
-    if (res.statusCode >= 400) {
-      let err = { code: '', message: text };
-      try {
-        err = (JSON.parse(text) as { error: typeof err }).error;
-      } catch {}
-      throw connectErrorOf(res.statusCode, err.code, err.message);
-    }
-    return (text ? JSON.parse(text) : {}) as T;
-  }
-
-  function target(ctx: HandlerContext): Target {
-    const t = ctx.values.get(kTarget);
-    if (!t) throw new ConnectError('no sandbox for this request', Code.Unauthenticated);
-    return t;
-  }
-
-  function commandOf(t: Target, pid: number | undefined): string {
-    const id = pid === undefined ? undefined : commands.get(`${t.sandboxId}:${pid}`);
-    if (!id) throw new ConnectError(`process with pid ${pid} not found`, Code.NotFound);
-    return id;
-  }
-
-  const base = (t: Target) => `/v1/sandboxes/${t.sandboxId}`;
-  const q = (path: string) => `?path=${encodeURIComponent(envdPath(path))}`;
-
-  interface FileStat {
-    name: string;
-    path: string;
-    type: 'file' | 'dir' | 'symlink' | 'other';
-    size: number;
-    mode: number;
-    mtimeMs: number;
-    target?: { path: string; type: string } | null;
-  }
-  const modeText = (type: string, mode: number) =>
-    (type === 'dir' ? 'd' : '-') +
-    [6, 3, 0].map((s) => ['r', 'w', 'x'].map((c, i) => (mode & ((4 >> i) << s) ? c : '-')).join('')).join('');
-  const entry = (f: FileStat): EntryInfo => {
-    const kind = f.type === 'symlink' ? (f.target?.type ?? 'other') : f.type;
-    return create(EntryInfoSchema, {
-      name: f.name,
-      type: kind === 'dir' ? FileType.DIRECTORY : kind === 'file' ? FileType.FILE : FileType.UNSPECIFIED,
-      path: f.path,
-      size: BigInt(f.size),
-      mode: f.mode & 0o777,
-      permissions: modeText(kind, f.mode),
-      owner: 'user',
-      group: 'user',
-      modifiedTime: timestampFromMs(f.mtimeMs),
-      ...(f.type === 'symlink' && f.target ? { symlinkTarget: f.target.path } : {}),
-    });
-  };
-
-  const routes = (router: ConnectRouter) => {
-    router.service(Process, {
-      async *start(req, ctx) {
-        const t = target(ctx);
-        const p = req.process;
-        if (!p?.cmd) throw new ConnectError('process.cmd is required', Code.InvalidArgument);
-        if (req.pty)
-          throw new ConnectError('PTY sessions are not supported by SPACE yet', Code.Unimplemented);
-        const timeoutMs = ctx.timeoutMs();
-        const started = await agentJson<{ commandId: string; pid: number }>(
-          t,
-          'POST',
-          `${base(t)}/commands`,
-          {
-            cmd: p.cmd,
-            args: p.args,
-            shell: false,
-            env: p.envs,
-            ...(p.cwd ? { cwd: envdPath(p.cwd) } : {}),
-            user: 'user',
-            stdin: req.stdin === true,
-            ...(timeoutMs && timeoutMs > 0 ? { timeoutMs } : {}),
-          },
-        );
-        commands.set(`${t.sandboxId}:${started.pid}`, started.commandId);
-        yield { event: { event: { case: 'start', value: { pid: started.pid } } } };
-        const res = await agent(t, 'GET', `${base(t)}/commands/${started.commandId}/events`);
-        if (res.statusCode !== 200) {
-          throw connectErrorOf(res.statusCode, '', await res.body.text());
-        }
-        const pending: { event: string; data: string }[] = [];
-        const parser = createParser({
-          onEvent: (e) => pending.push({ event: e.event ?? 'message', data: e.data }),
-        });
-        const decoder = new TextDecoder();
-        try {
-          for await (const chunk of res.body) {
-            parser.feed(decoder.decode(chunk as Buffer, { stream: true }));
-            for (const e of pending.splice(0)) {
-              if (e.event === 'stdout' || e.event === 'stderr') {
-                const bytes = Buffer.from((JSON.parse(e.data) as { data: string }).data, 'base64');
-                yield {
-                  event: { event: { case: 'data', value: { output: { case: e.event, value: bytes } } } },
-                };
-              } else if (e.event === 'exit') {
-                const x = JSON.parse(e.data) as {
-                  exitCode: number | null;
-                  signal: string | null;
-                  error?: string;
-                };
-                const exitCode = x.exitCode ?? -1;
-                const status = x.signal
-                  ? `signal: ${x.signal.replace(/^SIG/, '').toLowerCase()}`
-                  : `exit status ${exitCode}`;
-                yield {
-                  event: {
-                    event: {
-                      case: 'end',
-                      value: {
-                        exitCode,
-                        exited: x.exitCode !== null,
-                        status,
-                        ...(exitCode !== 0 ? { error: x.error ?? status } : {}),
-                      },
-                    },
-                  },
-                };
-                return;
-              }
-            }
-          }
-        } finally {
-          res.body.destroy();
-          commands.delete(`${t.sandboxId}:${started.pid}`);
-        }
-        throw new ConnectError('the command stream ended without an exit', Code.Unavailable);
-      },
-      async sendSignal(req, ctx) {
-        const t = target(ctx);
-        const pid = req.process?.selector.case === 'pid' ? req.process.selector.value : undefined;
-        const cmd = commandOf(t, pid);
-        const signal = req.signal === Signal.SIGTERM ? 'SIGTERM' : 'SIGKILL';
-        await agentJson(t, 'POST', `${base(t)}/commands/${cmd}/signal`, { signal });
-        return {};
-      },
-      async sendInput(req, ctx) {
-        const t = target(ctx);
-        const pid = req.process?.selector.case === 'pid' ? req.process.selector.value : undefined;
-        const cmd = commandOf(t, pid);
-        if (req.input?.input.case !== 'stdin') {
-          throw new ConnectError('only stdin input is supported (no PTY)', Code.Unimplemented);
-        }
-        const res = await agent(t, 'POST', `${base(t)}/commands/${cmd}/stdin`, {
-          raw: Buffer.from(req.input.input.value),
-        });
-        const text = await res.body.text();
-        if (res.statusCode >= 400) throw connectErrorOf(res.statusCode, '', text);
-        return {};
-      },
-    });
-    router.service(Filesystem, {
-      async stat(req, ctx) {
-        const t = target(ctx);
-        return { entry: entry(await agentJson<FileStat>(t, 'GET', `${base(t)}/fs/stat${q(req.path)}`)) };
-      },
-      async listDir(req, ctx) {
-        const t = target(ctx);
-        const out = await agentJson<{ entries: FileStat[] }>(t, 'GET', `${base(t)}/fs/list${q(req.path)}`);
-        return { entries: out.entries.filter((f) => f.type !== 'other').map(entry) };
-      },
-      async makeDir(req, ctx) {
-        const t = target(ctx);
-        const f = await agentJson<FileStat>(t, 'POST', `${base(t)}/fs/mkdir`, {
-          path: envdPath(req.path),
-          parents: true,
-        });
-        return { entry: entry(f) };
-      },
-      async remove(req, ctx) {
-        const t = target(ctx);
-        const res = await agent(t, 'DELETE', `${base(t)}/fs${q(req.path)}&recursive=true`);
-        const text = await res.body.text();
-        if (res.statusCode >= 400 && res.statusCode !== 404) throw connectErrorOf(res.statusCode, '', text);
-        return {};
-      },
-    });
-  };
   const connect = connectNodeAdapter({
-    routes,
+    routes: (router: ConnectRouter) => {
+      processService(up)(router);
+      filesystemService(up)(router);
+    },
     contextValues: (req) => createContextValues().set(kTarget, targets.get(req as IncomingMessage) ?? null),
   });
 
@@ -365,18 +108,20 @@ export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
     return reply.status(204).send();
   });
 
-  app.get<{ Querystring: { path?: string; signature?: string } }>('/files', async (req, reply) => {
+  app.get<{ Querystring: FilesQuery }>('/files', async (req, reply) => {
     if (req.query.signature) return envdError(reply, 401, 'signed URLs are not supported by SPACE yet');
     const t = await check(req, reply, 'files');
     if (!t) return reply;
-    const path = envdPath(req.query.path ?? '');
-    const res = await agent(t, 'GET', `${base(t)}/files?path=${encodeURIComponent(path)}`).catch((e) => {
+    const home = homeOf(req.query.username);
+    if (!home) return envdError(reply, 401, `unknown user "${req.query.username}"`);
+    const path = envdPath(req.query.path ?? '', home);
+    const res = await up.request(t, 'GET', `${base(t)}/files?path=${encodeURIComponent(path)}`).catch((e) => {
       throw e instanceof ConnectError ? new SpaceError('SANDBOX_NOT_FOUND', e.rawMessage) : e;
     });
     if (res.statusCode >= 400) {
       const text = await res.body.text();
       const status = res.statusCode === 404 ? 404 : res.statusCode;
-      return envdError(reply, status, status === 404 ? `path '${path}' does not exist` : text);
+      return envdError(reply, status, status === 404 ? `path '${path}' does not exist` : messageOf(text));
     }
     reply.hijack();
     reply.raw.writeHead(200, {
@@ -388,13 +133,40 @@ export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
     return reply;
   });
 
-  app.post<{ Querystring: { path?: string; signature?: string } }>('/files', async (req, reply) => {
+  app.post<{ Querystring: FilesQuery }>('/files', async (req, reply) => {
     if (req.query.signature) return envdError(reply, 401, 'signed URLs are not supported by SPACE yet');
     const t = await check(req, reply, 'files');
     if (!t) return reply;
+    const home = homeOf(req.query.username);
+    if (!home) return envdError(reply, 401, `unknown user "${req.query.username}"`);
     const type = String(req.headers['content-type'] ?? '');
+    const out: { name: string; type: 'file'; path: string }[] = [];
+    /** Streams one file to the agent; answers the envd error itself and returns false when refused. */
+    const put = async (path: string, body: Readable | Buffer): Promise<boolean> => {
+      const res = await up.request(t, 'PUT', `${base(t)}/files?path=${encodeURIComponent(path)}`, {
+        raw: body,
+      });
+      const text = await res.body.text();
+      if (res.statusCode >= 400) {
+        await envdError(reply, res.statusCode === 413 ? 507 : res.statusCode, messageOf(text));
+        return false;
+      }
+      out.push({ name: path.split('/').pop() ?? path, type: 'file', path });
+      return true;
+    };
+    if (type.startsWith('application/octet-stream')) {
+      // envd ≥ 0.5.7: the raw body, one file, `path` required, optionally gzip-encoded (§2.7)
+      if (!req.query.path) return envdError(reply, 400, 'path is required for an octet-stream upload');
+      const encoding = String(req.headers['content-encoding'] ?? 'identity').toLowerCase();
+      if (encoding !== 'identity' && encoding !== 'gzip') {
+        return envdError(reply, 400, `unsupported Content-Encoding "${encoding}"`);
+      }
+      const body = encoding === 'gzip' ? req.raw.pipe(createGunzip()) : req.raw;
+      if (!(await put(envdPath(req.query.path, home), body))) return reply;
+      return reply.status(200).send(out);
+    }
     if (!type.startsWith('multipart/form-data')) {
-      return envdError(reply, 400, 'only multipart/form-data uploads are supported (envd < 0.5.7)');
+      return envdError(reply, 400, 'upload with multipart/form-data or application/octet-stream');
     }
     // the Fetch API's multipart parser (buffers each part; bounded by the client's file sizes)
     const form = await new Request('http://envd/files', {
@@ -403,18 +175,35 @@ export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
       body: Readable.toWeb(req.raw) as ReadableStream,
       duplex: 'half',
     } as RequestInit).formData();
-    const out: { name: string; type: 'file'; path: string }[] = [];
     for (const [field, value] of form.entries()) {
       if (field !== 'file' || typeof value === 'string') continue;
-      const path = envdPath(req.query.path ?? value.name);
-      const res = await agent(t, 'PUT', `${base(t)}/files?path=${encodeURIComponent(path)}`, {
-        raw: Buffer.from(await value.arrayBuffer()),
-      });
-      const text = await res.body.text();
-      if (res.statusCode >= 400) return envdError(reply, res.statusCode, text);
-      out.push({ name: path.split('/').pop() ?? path, type: 'file', path });
+      const path = envdPath(req.query.path ?? value.name, home);
+      if (!(await put(path, Buffer.from(await value.arrayBuffer())))) return reply;
     }
     if (!out.length) return envdError(reply, 400, 'no file part in the upload');
     return reply.status(200).send(out);
   });
+}
+
+/** Query of `/files` (§2.7). */
+interface FilesQuery {
+  path?: string;
+  username?: string;
+  signature?: string;
+  signature_expiration?: string;
+}
+
+/** Home of the `username` of a `/files` request (default user when absent), or undefined. */
+function homeOf(username: string | undefined): string | undefined {
+  if (!username) return ENVD_USERS.user;
+  return Object.hasOwn(ENVD_USERS, username) ? ENVD_USERS[username as EnvdUser] : undefined;
+}
+
+/** The message of an agent's `{ error: { message } }` body (or the text itself). */
+function messageOf(text: string): string {
+  try {
+    return (JSON.parse(text) as { error: { message: string } }).error.message;
+  } catch {
+    return text;
+  }
 }

@@ -1,0 +1,144 @@
+/**
+ * How the router's envd layer talks to a sandbox's agent: the data-plane routes of
+ * `core/data-plane.ts`, authorised by the request's own session token (the E2B access token), and
+ * SPACE's errors turned into Connect errors in the E2B SDK's terms (shared/reference/
+ * e2b-protocol.md §2.6: Unavailable reads as "sandbox not running", NotFound as not found, …).
+ */
+import type { Readable } from 'node:stream';
+import { Code, ConnectError, createContextKey, type HandlerContext } from '@connectrpc/connect';
+import type { Dispatcher } from 'undici';
+import { SpaceError } from '../../core/errors.ts';
+import type { RouterDeps } from '../app.ts';
+import { ENVD_USERS, type EnvdUser, envdUserOf } from './paths.ts';
+
+/** Who a checked envd request is for: the sandbox and the session token that was verified for it. */
+export interface Target {
+  sandboxId: string;
+  token: string;
+  /** The token's team (the default team for tokens minted before teams). */
+  team: string;
+}
+
+/** Context key the Connect handlers read their checked {@link Target} from. */
+export const kTarget = createContextKey<Target | null>(null);
+
+/** The checked target of a Connect call. @throws ConnectError Unauthenticated when none was set. */
+export function target(ctx: HandlerContext): Target {
+  const t = ctx.values.get(kTarget);
+  if (!t) throw new ConnectError('no sandbox for this request', Code.Unauthenticated);
+  return t;
+}
+
+/**
+ * The user a call acts as (Basic auth username; §2.1).
+ * @throws ConnectError InvalidArgument for a user SPACE sandboxes do not have.
+ */
+export function userOf(ctx: HandlerContext): EnvdUser {
+  const user = envdUserOf(ctx.requestHeader.get('authorization'));
+  if (!user) {
+    throw new ConnectError(
+      `unknown user: SPACE sandboxes offer ${Object.keys(ENVD_USERS).join(' and ')}`,
+      Code.InvalidArgument,
+    );
+  }
+  return user;
+}
+
+/** A Connect error for a SPACE error code and HTTP status (an agent's error body, or a thrown one). Pure. */
+export function connectErrorOf(status: number, code: string, message: string): ConnectError {
+  if (code === 'SANDBOX_NOT_FOUND' || code === 'SANDBOX_NOT_RUNNING' || code === 'NODE_UNAVAILABLE') {
+    return new ConnectError(message, Code.Unavailable);
+  }
+  if (status === 404) return new ConnectError(message, Code.NotFound);
+  if (status === 400 || status === 422) return new ConnectError(message, Code.InvalidArgument);
+  if (status === 401) return new ConnectError(message, Code.Unauthenticated);
+  if (status === 403) return new ConnectError(message, Code.PermissionDenied);
+  if (status === 409) return new ConnectError(message, Code.FailedPrecondition);
+  if (status === 413) return new ConnectError(message, Code.ResourceExhausted);
+  if (status === 429) return new ConnectError(message, Code.ResourceExhausted);
+  if (status === 501) return new ConnectError(message, Code.Unimplemented);
+  return new ConnectError(message, Code.Internal);
+}
+
+/** The `{ error: { code, message } }` body of an agent's refusal, as a Connect error. Pure. */
+export function connectErrorOfBody(status: number, text: string): ConnectError {
+  let err = { code: '', message: text };
+  try {
+    err = (JSON.parse(text) as { error: typeof err }).error;
+  } catch {}
+  return connectErrorOf(status, err.code, err.message);
+}
+
+/** Calls on one sandbox's agent data plane. */
+export interface Upstream {
+  /**
+   * Sends a request to the agent serving `t.sandboxId` (resuming a paused sandbox first, as the
+   * router does for its own routes), with `t.token` as the bearer. The answer is returned as is.
+   * @throws ConnectError Unavailable when the sandbox is gone or its node is down.
+   */
+  request(
+    t: Target,
+    method: Dispatcher.HttpMethod,
+    path: string,
+    body?: { json?: unknown; raw?: Buffer | Readable; type?: string },
+    signal?: AbortSignal,
+  ): Promise<Dispatcher.ResponseData>;
+  /**
+   * As {@link Upstream.request}, for JSON answers: the parsed body, or the agent's refusal as a
+   * ConnectError.
+   */
+  json<T>(t: Target, method: Dispatcher.HttpMethod, path: string, json?: unknown): Promise<T>;
+}
+
+/** The agent client of the envd layer over the router's locator and upstream dispatcher. */
+export function createUpstream(deps: RouterDeps): Upstream {
+  const up: Upstream = {
+    async request(t, method, path, body, signal) {
+      let loc: Awaited<ReturnType<typeof deps.proxy.locator.locate>>;
+      try {
+        loc = await deps.proxy.locator.locate(t.sandboxId, { team: t.team });
+      } catch (err) {
+        if (err instanceof SpaceError) throw connectErrorOf(err.status, err.code, err.message);
+        throw err;
+      }
+      const headers: Record<string, string> = { authorization: `Bearer ${t.token}` };
+      let payload: string | Buffer | Readable | null = null;
+      if (body?.json !== undefined) {
+        headers['content-type'] = 'application/json';
+        payload = JSON.stringify(body.json);
+      } else if (body?.raw !== undefined) {
+        headers['content-type'] = body.type ?? 'application/octet-stream';
+        payload = body.raw;
+      }
+      try {
+        return await deps.proxy.dispatcher.request({
+          origin: loc.url,
+          path,
+          method,
+          headers,
+          body: payload,
+          ...(signal ? { signal } : {}),
+        });
+      } catch (err) {
+        if (signal?.aborted) throw new ConnectError('the client went away', Code.Canceled);
+        throw new ConnectError(
+          `node of sandbox ${t.sandboxId} did not answer`,
+          Code.Unavailable,
+          undefined,
+          [],
+          err,
+        );
+      }
+    },
+    async json<T>(t: Target, method: Dispatcher.HttpMethod, path: string, json?: unknown) {
+      const res = await up.request(t, method, path, json === undefined ? undefined : { json });
+      const text = await res.body.text();
+      if (res.statusCode >= 400) throw connectErrorOfBody(res.statusCode, text);
+      return (text ? JSON.parse(text) : {}) as T;
+    },
+  };
+  return up;
+}
+
+/** The agent data-plane path of sandbox `t` (`/v1/sandboxes/<id>`). Pure. */
+export const sandboxPath = (t: Target): string => `/v1/sandboxes/${t.sandboxId}`;
