@@ -4,7 +4,7 @@
  * hello; exit 3'` prints hello and exits 3; Ctrl-C (SIGINT) stops everything and leaves no
  * sandbox, namespace, cgroup or process behind.
  */
-import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import { type ChildProcess, execFile } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -14,48 +14,25 @@ import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { keys } from '../runtime/core/redis-keys.ts';
 import { DEFAULT_TEAM } from '../runtime/core/tenancy.ts';
-import { freePort } from './redis-server.ts';
+import { SPACE, startSpaceUp } from './space-up.ts';
 
 const run = promisify(execFile);
-const SPACE = join(import.meta.dirname, '..', 'runtime', 'cli', 'space.ts');
 
 describe('space CLI against `space up`', () => {
   let home: string;
   let up: ChildProcess;
+  let output: () => string = () => '';
   let env: NodeJS.ProcessEnv;
-  let output = '';
   let routerPort = 0;
   const pool = `10.${100 + Math.floor(Math.random() * 100)}.0.0/16`;
 
   beforeAll(async () => {
     home = await mkdtemp(join(tmpdir(), 'space-cli-'));
-    const [apiPort, agentPort] = [await freePort(), await freePort()];
-    routerPort = await freePort();
     env = { ...process.env, SPACE_HOME: home, SPACE_NETWORK_POOL: pool, SPACE_WARM_POOL_SIZE: '1' };
-    up = spawn(
-      process.execPath,
-      [
-        SPACE,
-        'up',
-        '--api-port',
-        String(apiPort),
-        '--agent-port',
-        String(agentPort),
-        '--router-port',
-        String(routerPort),
-        '--redis-url',
-        inject('redisUrl'),
-      ],
-      { env, stdio: ['ignore', 'pipe', 'pipe'] },
-    );
-    up.stdout?.on('data', (d: Buffer) => (output += d.toString()));
-    up.stderr?.on('data', (d: Buffer) => (output += d.toString()));
-    const deadline = Date.now() + 180_000;
-    while (!output.includes('SPACE is running')) {
-      if (up.exitCode !== null || Date.now() > deadline)
-        throw new Error(`space up did not start:\n${output}`);
-      await new Promise((r) => setTimeout(r, 200));
-    }
+    const started = await startSpaceUp(env, inject('redisUrl'));
+    up = started.proc;
+    routerPort = started.routerPort;
+    output = started.output;
   });
 
   afterAll(async () => {
@@ -349,7 +326,7 @@ describe('space CLI against `space up`', () => {
     const instances = await readdir(join(home, 'agent', 'driver', 'instances')).catch(() => [] as string[]);
     expect(instances).toEqual([]);
     const cgroups = await readdir('/sys/fs/cgroup/memory/space').catch(() => [] as string[]);
-    expect(cgroups.filter((c) => c.startsWith('i_') && output.includes(c))).toEqual([]);
+    expect(cgroups.filter((c) => c.startsWith('i_') && output().includes(c))).toEqual([]);
   });
 });
 

@@ -30,6 +30,13 @@ const CommandParams = Type.Object({ id: Sid, cmd: Sid });
 const TokenQuery = { token: Type.Optional(Type.String({ maxLength: 4096 })) };
 const PathQuery = Type.Object({ path: Type.String({ minLength: 1, maxLength: 4096 }), ...TokenQuery });
 
+/** `?path=…&recursive=…` (plus the token) of the watch and remove routes. */
+const PathRecursiveQuery = Type.Object({
+  path: Type.String({ minLength: 1, maxLength: 4096 }),
+  recursive: Type.Optional(Type.Boolean()),
+  ...TokenQuery,
+});
+
 export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
   /** Ends the activity (metering) and guest hold of each authorised request once its response closes. */
   const activityEnds = new WeakMap<object, () => void>();
@@ -357,11 +364,7 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       {
         schema: {
           params: SandboxParams,
-          querystring: Type.Object({
-            path: Type.String({ minLength: 1, maxLength: 4096 }),
-            recursive: Type.Optional(Type.Boolean()),
-            ...TokenQuery,
-          }),
+          querystring: PathRecursiveQuery,
         },
       },
       async (req, reply) => {
@@ -394,11 +397,7 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       {
         schema: {
           params: SandboxParams,
-          querystring: Type.Object({
-            path: Type.String({ minLength: 1, maxLength: 4096 }),
-            recursive: Type.Optional(Type.Boolean()),
-            ...TokenQuery,
-          }),
+          querystring: PathRecursiveQuery,
         },
       },
       async (req, reply) => {
