@@ -17,7 +17,7 @@ import type { EgressPolicy } from '../core/egress.ts';
 import { SpaceError } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
-import { inSpan } from '../core/tracing.ts';
+import { inSpan, untraced } from '../core/tracing.ts';
 import type { PauseMode } from '../core/types.ts';
 import type { ActivityMeter } from './activity.ts';
 import {
@@ -762,7 +762,7 @@ export class SandboxManager {
       return await this.#claimOrMake(req);
     } finally {
       // the pool is topped up once this create is done, never while it runs
-      this.#warm?.refill();
+      untraced(() => this.#warm?.refill()); // not part of this create's trace
     }
   }
 

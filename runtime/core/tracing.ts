@@ -19,6 +19,7 @@ import {
   type Context,
   context,
   propagation,
+  ROOT_CONTEXT,
   type Span,
   SpanStatusCode,
   trace,
@@ -173,4 +174,12 @@ export function currentTraceparent(): string | undefined {
   const h: Record<string, string> = {};
   propagation.inject(context.active(), h);
   return h.traceparent;
+}
+
+/**
+ * Runs `fn` outside any trace: background work a request sets off (a warm-pool refill after a
+ * claim) must not be counted in that request's trace.
+ */
+export function untraced<T>(fn: () => T): T {
+  return context.with(ROOT_CONTEXT, fn);
 }
