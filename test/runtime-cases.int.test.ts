@@ -350,16 +350,27 @@ describe('runtime cases', () => {
   it('a sandbox sees no host path and no platform source: nothing bind-mounted, only the guest under /opt/space', async () => {
     const r = await s.exec(id, {
       cmd: 'sh',
-      args: ['-c', 'cat /proc/mounts; echo ---; ls /opt/space/runtime; echo ---; ls /opt/space/runtime/core'],
+      args: [
+        '-c',
+        'cat /proc/mounts; echo ---; cd /opt/space && find . -type f | sort; echo ---; grep -E "^// runtime/" runtime/guest/main.cjs | sort -u',
+      ],
       user: 'root',
     });
-    const [mounts, top, core] = r.stdout.toString().split('---\n');
+    const [mounts, files, modules] = r.stdout.toString().split('---\n');
     // the platform's tree and the host's Node were bind-mounted here once; now nothing from the host is
     expect(mounts).not.toMatch(/\/opt\/space/);
     expect(mounts).not.toMatch(/\/work\/|\/var\/lib\/space|node_modules/);
-    expect(top!.trim().split('\n').sort()).toEqual(['core', 'guest']);
-    // only what the guest imports: no API, agent or gateway code, no token or key handling
-    expect(core!.trim().split('\n').sort()).toEqual(['errors.ts', 'guest-protocol.ts']);
+    expect(files!.trim().split('\n')).toEqual(['./bin/node', './bin/tini', './runtime/guest/main.cjs']);
+    // the daemon is one bundle of only what the guest imports (esbuild marks each module it holds):
+    // no API, agent or gateway code, no token or key handling
+    const held = modules!
+      .trim()
+      .split('\n')
+      .map((l) => l.slice(3));
+    expect(
+      held.filter((m) => !/^runtime\/(guest\/[a-z-]+|core\/(errors|guest-protocol))\.ts$/.test(m)),
+    ).toEqual([]);
+    expect(held).toContain('runtime/guest/main.ts');
     const src = await s.exec(id, {
       cmd: 'sh',
       args: [

@@ -55,7 +55,7 @@ describe('guest files: names and paths', () => {
       '/proc',
       '/sys/kernel',
       '/dev/null',
-      '/opt/space/runtime/guest/main.ts',
+      '/opt/space/runtime/guest/main.cjs',
       '',
     ];
     for (const p of bad) {

@@ -383,7 +383,7 @@ describe(`GvisorDriver (real runsc, ${DEFAULT_GVISOR_PLATFORM})`, () => {
   );
 
   it.skipIf(!existsSync(join(RUNTIME_DIR, 'guest/main.ts')))(
-    'boots the real guest daemon (default guestArgv: tini + node 24 + runtime/guest/main.ts)',
+    'boots the real guest daemon (default guestArgv: tini + node 24 + the bundled runtime/guest/main.ts)',
     async () => {
       const real = new GvisorDriver(config({ guestArgv: undefined }));
       const spec = await newSpec(512);
