@@ -337,7 +337,8 @@ describe('lifecycle', () => {
 describe('warm pool', () => {
   let s: Stack;
   beforeAll(async () => {
-    s = await startStack({ SPACE_WARM_POOL_SIZE: '2' });
+    // two starts at a time, so a burst of 8 must queue at the start gate
+    s = await startStack({ SPACE_WARM_POOL_SIZE: '2', SPACE_CREATE_CONCURRENCY: '2' });
   });
   afterAll(async () => {
     if (!s) return;
@@ -363,4 +364,44 @@ describe('warm pool', () => {
       false,
     );
   });
+
+  it('a burst larger than the pool: the rest restore from the snapshot, a few at a time; the pool grows for the next', async () => {
+    const snap = await waitFor(
+      'the template snapshot',
+      async () => s.agent.sandboxes.snapshots().get('base'),
+      120_000,
+    );
+    await waitFor('2 warm slots', async () => (s.agent.warm.counts().base === 2 ? true : undefined), 60_000);
+    await sleep(1500); // one heartbeat publishes the counts
+    const most = { running: 0, waitingCreates: 0 };
+    const sampler = setInterval(() => {
+      const st = s.agent.sandboxes.startStats();
+      most.running = Math.max(most.running, st.running.create + st.running.refill);
+      most.waitingCreates = Math.max(most.waitingCreates, st.waiting.create);
+    }, 10);
+    const ids = await Promise.all(
+      Array.from({ length: 8 }, () => s.createSandbox({ vcpus: snap.vcpus, memoryMiB: snap.memoryMiB })),
+    ).finally(() => clearInterval(sampler));
+    const from: Record<string, number> = {};
+    for (const id of ids) {
+      const rec = await s.call<{ createdFrom: string }>('GET', `/v1/sandboxes/${id}`);
+      from[rec.body.createdFrom] = (from[rec.body.createdFrom] ?? 0) + 1;
+    }
+    // the pool's two slots (and any refilled meanwhile), then restores: no create paid for a boot
+    expect(from.boot ?? 0).toBe(0);
+    expect(from.warm).toBeGreaterThanOrEqual(2);
+    expect((from.warm ?? 0) + (from.snapshot ?? 0)).toBe(8);
+    expect(from.snapshot).toBeGreaterThan(0);
+    expect(most.running).toBeLessThanOrEqual(2);
+    expect(most.waitingCreates).toBeGreaterThan(0);
+    // the burst is demand: the pool now aims higher than its minimum and fills towards it
+    const target = s.agent.warm.target('base');
+    expect(target).toBeGreaterThan(2);
+    await waitFor(
+      'the pool to grow',
+      async () => ((s.agent.warm.counts().base ?? 0) >= 3 ? true : undefined),
+      60_000,
+    );
+    for (const id of ids) await s.call('DELETE', `/v1/sandboxes/${id}`);
+  }, 240_000);
 });

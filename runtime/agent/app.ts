@@ -85,6 +85,27 @@ export async function buildAgentApp(deps: AgentDeps): Promise<FastifyInstance> {
       for (const [t, n] of Object.entries(deps.warm?.counts() ?? {})) this.set({ template: t }, n);
     },
   });
+  new Gauge({
+    name: 'space_agent_warm_target',
+    help: "Slots each template's warm pool aims to hold now (grows with recent creates, bounded by memory).",
+    labelNames: ['template'],
+    registers: [registry],
+    collect() {
+      for (const [t, n] of Object.entries(deps.warm?.targets() ?? {})) this.set({ template: t }, n);
+    },
+  });
+  new Gauge({
+    name: 'space_agent_instance_starts',
+    help: 'Instance starts (boots and snapshot restores) at the start gate, by kind (create, refill) and state (running, waiting).',
+    labelNames: ['kind', 'state'],
+    registers: [registry],
+    collect() {
+      const st = deps.sandboxes.startStats();
+      for (const state of ['running', 'waiting'] as const) {
+        for (const kind of ['create', 'refill'] as const) this.set({ kind, state }, st[state][kind]);
+      }
+    },
+  });
 
   if (deps.reconciler) registry.registerMetric(deps.reconciler.metric);
 

@@ -29,6 +29,12 @@ export interface NodeState {
   schedulable: boolean;
   templates: string[];
   warm: Record<string, number>;
+  /**
+   * What the warm slots (ready and being made) hold, at the pool's shape, and that shape: placement
+   * counts the held part against the node's capacity, less the one slot a create of that shape
+   * claims. Milli-vCPUs and MiB.
+   */
+  warmHeld: { vcpusMilli: number; memoryMiB: number; slotVcpusMilli: number; slotMemoryMiB: number };
   /** Ids of the sandboxes this agent runs (the API reconciles its records against them). */
   sandboxes: string[];
 }
@@ -93,6 +99,10 @@ export class NodeRegistry {
         hibernateStore: r.hibernateStore,
         schedulable: s.schedulable ? '1' : '0',
         templates: s.templates.join(','),
+        warmVcpusMilli: String(s.warmHeld.vcpusMilli),
+        warmMemoryMiB: String(s.warmHeld.memoryMiB),
+        warmSlotVcpusMilli: String(s.warmHeld.slotVcpusMilli),
+        warmSlotMemoryMiB: String(s.warmHeld.slotMemoryMiB),
         heartbeatAt: String(Date.now()),
         inventoryAt: String(at),
       })

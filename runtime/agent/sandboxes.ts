@@ -40,6 +40,7 @@ import type { GatewayClient } from './gateway-client.ts';
 import { GuestClient } from './guest-client.ts';
 import type { SandboxNetworks } from './network.ts';
 import { Spool } from './spool.ts';
+import { StartGate, type StartKind } from './start-gate.ts';
 import type { WarmPool } from './warm-pool.ts';
 
 /** What the API sends to create a sandbox. */
@@ -174,26 +175,6 @@ async function guestAnswers(inst: InstanceInfo): Promise<boolean> {
 /** Tombstones older than this are forgotten (ms): far longer than any create can take. */
 const TOMBSTONE_TTL_MS = 24 * 3600 * 1000;
 
-/** Counting semaphore for cold boots. */
-class Semaphore {
-  #free: number;
-  readonly #waiters: (() => void)[] = [];
-  constructor(n: number) {
-    this.#free = n;
-  }
-  async run<T>(fn: () => Promise<T>): Promise<T> {
-    if (this.#free > 0) this.#free -= 1;
-    else await new Promise<void>((r) => this.#waiters.push(r));
-    try {
-      return await fn();
-    } finally {
-      const next = this.#waiters.shift();
-      if (next) next();
-      else this.#free += 1;
-    }
-  }
-}
-
 export interface SandboxManagerOptions {
   stateDir: string;
   driver: Driver;
@@ -203,7 +184,10 @@ export interface SandboxManagerOptions {
   pidsLimit: number;
   /** Writable disk per sandbox, MiB. */
   diskMiB: number;
+  /** Instances started (booted or restored) at once (SPACE_CREATE_CONCURRENCY). */
   createConcurrency: number;
+  /** Of those, warm-pool refills at once (SPACE_WARM_REFILL_CONCURRENCY, ≤ createConcurrency). */
+  refillConcurrency: number;
   spoolLimitBytes: number;
   /** The node's egress gateway; null: sandboxes get no egress at all. */
   gateway: GatewayClient | null;
@@ -235,7 +219,8 @@ export class SandboxManager {
   readonly #warmGuests = new Map<string, GuestClient>();
   /** Pause/resume in flight per sandbox (one at a time). */
   readonly #lifecycle = new Map<string, Promise<unknown>>();
-  readonly #boots: Semaphore;
+  /** Instance starts: creates go first, refills yield (start-gate.ts). */
+  readonly #starts: StartGate;
   #warm: WarmPool | null = null;
   #closing = false;
   /** The crash reporter of the last watchdog pass, for crashes found between passes. */
@@ -243,7 +228,7 @@ export class SandboxManager {
 
   constructor(o: SandboxManagerOptions) {
     this.#o = o;
-    this.#boots = new Semaphore(o.createConcurrency);
+    this.#starts = new StartGate(o.createConcurrency, Math.min(o.refillConcurrency, o.createConcurrency));
   }
 
   /** Attaches the warm pool (made after the manager, since it boots through it). */
@@ -261,6 +246,18 @@ export class SandboxManager {
 
   list(): LocalSandbox[] {
     return [...this.#sandboxes.values()];
+  }
+
+  /** Memory the node's sandboxes reserve (their shapes), MiB; warm slots not included. */
+  reservedMiB(): number {
+    let mib = 0;
+    for (const sb of this.#sandboxes.values()) mib += sb.instance.memoryMiB;
+    return mib;
+  }
+
+  /** Instance starts running and waiting at the start gate, by kind (metrics). */
+  startStats(): ReturnType<StartGate['stats']> {
+    return this.#starts.stats();
   }
 
   /** The running sandbox or SANDBOX_NOT_FOUND. */
@@ -518,7 +515,7 @@ export class SandboxManager {
     }
     const file = JSON.parse(raw) as HibernatedFile;
     const started = Date.now();
-    const inst = await this.#boots.run(() =>
+    const inst = await this.#starts.run('create', () =>
       this.#one(req.template, (spec) => this.#restore(file.snapshot, spec)),
     );
     try {
@@ -562,7 +559,7 @@ export class SandboxManager {
    * of this shape, booted otherwise. Undoes the network if the driver fails.
    */
   async boot(template: string, shape: { vcpus: number; memoryMiB: number }): Promise<InstanceInfo> {
-    const { inst } = await this.#make(template, shape);
+    const { inst } = await this.#make(template, shape, 'refill');
     // the slot's guest connection is opened now, not by the claim (see #warmGuests)
     const guest = new GuestClient(inst.guest);
     await guest.health().catch(() => {});
@@ -573,6 +570,7 @@ export class SandboxManager {
   async #make(
     template: string,
     shape: { vcpus: number; memoryMiB: number },
+    kind: StartKind,
   ): Promise<{ inst: InstanceInfo; source: 'snapshot' | 'boot' }> {
     const image = await this.#o.templateImage(template);
     const snap = this.#snapshots.get(template);
@@ -584,7 +582,7 @@ export class SandboxManager {
       snap.diskMiB === this.#o.diskMiB
         ? snap
         : null;
-    return this.#boots.run(async () => {
+    return this.#starts.run(kind, async () => {
       if (restoreFrom) {
         try {
           return {
@@ -711,7 +709,7 @@ export class SandboxManager {
     }
     await rm(dir, { recursive: true, force: true });
     this.#snapshots.delete(template);
-    const { inst } = await this.#make(template, shape);
+    const { inst } = await this.#make(template, shape, 'create');
     try {
       const ref = await this.#o.driver.snapshot(inst.instanceId, dir);
       this.#snapshots.set(template, ref);
@@ -792,7 +790,7 @@ export class SandboxManager {
       }
       if (!inst) {
         const made = await inSpan('agent.instance.make', { 'space.template': req.template }, () =>
-          this.#make(req.template, shape),
+          this.#make(req.template, shape, 'create'),
         );
         inst = made.inst;
         source = made.source;

@@ -127,6 +127,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     pidsLimit: config.pidsLimit,
     diskMiB: config.diskMiB,
     createConcurrency: config.createConcurrency,
+    refillConcurrency: config.warmRefillConcurrency,
     spoolLimitBytes: config.spoolLimitBytes,
     gateway,
     baseEnv: config.trustedCaFile ? { NODE_EXTRA_CA_CERTS: '/etc/ssl/certs/ca-certificates.crt' } : {},
@@ -163,8 +164,13 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   if (swept.length) log.info({ sandboxes: swept }, 'hibernated snapshots of ended sandboxes removed');
   const warm = new WarmPool({
     templates: warmTemplates(config).filter((t) => ready.includes(t)),
-    size: config.warmPoolSize,
+    min: config.warmPoolSize,
+    max: Math.max(config.warmPoolSize, config.warmPoolMax),
     shape: { vcpus: config.warmVcpus, memoryMiB: config.warmMemoryMiB },
+    parallel: Math.min(config.warmRefillConcurrency, config.createConcurrency),
+    share: config.warmMemoryShare,
+    capacityMiB: config.memoryMiB,
+    reservedMiB: () => sandboxes.reservedMiB(),
     boot: (t) => sandboxes.boot(t, { vcpus: config.warmVcpus, memoryMiB: config.warmMemoryMiB }),
     discard: (i) => sandboxes.discard(i),
     log: log.child({ component: 'warm-pool' }),
@@ -180,7 +186,11 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
           log.warn({ err, 'template.id': t }, 'template snapshot failed; creates boot'),
         );
     }
-  })().finally(() => warm.refill());
+  })().finally(() => {
+    warm.refill();
+    // re-sized every heartbeat: grows with demand, shrinks once it has passed
+    warm.start(config.heartbeatMs);
+  });
 
   const teamStreams = new TeamStreams({ redis, log: log.child({ component: 'team-streams' }) });
   const app = await buildAgentApp({
@@ -219,6 +229,11 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       schedulable: true,
       templates: ready,
       warm: warm.counts(),
+      warmHeld: {
+        ...warm.held(),
+        slotVcpusMilli: Math.round(config.warmVcpus * 1000),
+        slotMemoryMiB: config.warmMemoryMiB,
+      },
       sandboxes: sandboxes.list().map((sb) => sb.id),
     }),
     rejoin: async () => {

@@ -72,9 +72,9 @@ export const setting = {
     default: def,
     doc,
   }),
-  number: (env: string, doc: string, def: number, min = 0): Setting<TNumber> => ({
+  number: (env: string, doc: string, def: number, min = 0, max = Number.MAX_VALUE): Setting<TNumber> => ({
     env,
-    schema: Type.Number({ minimum: min }),
+    schema: Type.Number({ minimum: min, maximum: max }),
     default: def,
     doc,
   }),
