@@ -81,7 +81,7 @@ export const agentSettings = {
   ),
   warmMemoryShare: setting.number(
     'SPACE_WARM_MEMORY_SHARE',
-    'Largest fraction of SPACE_NODE_MEMORY_MIB that demand may fill with warm instances (each counted at SPACE_WARM_MEMORY_MIB, as placement counts it).',
+    'Largest fraction of SPACE_NODE_MEMORY_MIB that demand may fill with warm instances (each counted at SPACE_WARM_MEMORY_MIB, the reservation it becomes once claimed).',
     0.5,
     0,
     1,

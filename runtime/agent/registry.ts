@@ -30,11 +30,11 @@ export interface NodeState {
   templates: string[];
   warm: Record<string, number>;
   /**
-   * What the warm slots (ready and being made) hold, at the pool's shape, and that shape: placement
-   * counts the held part against the node's capacity, less the one slot a create of that shape
-   * claims. Milli-vCPUs and MiB.
+   * The memory the warm slots (ready and being made) hold, MiB, one slot's share of it, and the
+   * pool's shape (milli-vCPUs, MiB): placement counts the held memory as used, less one slot's
+   * share when a create of exactly that shape claims a slot.
    */
-  warmHeld: { vcpusMilli: number; memoryMiB: number; slotVcpusMilli: number; slotMemoryMiB: number };
+  warmHeld: { memoryMiB: number; slotFootprintMiB: number; slotVcpusMilli: number; slotMemoryMiB: number };
   /** Ids of the sandboxes this agent runs (the API reconciles its records against them). */
   sandboxes: string[];
 }
@@ -99,8 +99,8 @@ export class NodeRegistry {
         hibernateStore: r.hibernateStore,
         schedulable: s.schedulable ? '1' : '0',
         templates: s.templates.join(','),
-        warmVcpusMilli: String(s.warmHeld.vcpusMilli),
         warmMemoryMiB: String(s.warmHeld.memoryMiB),
+        warmSlotFootprintMiB: String(s.warmHeld.slotFootprintMiB),
         warmSlotVcpusMilli: String(s.warmHeld.slotVcpusMilli),
         warmSlotMemoryMiB: String(s.warmHeld.slotMemoryMiB),
         heartbeatAt: String(Date.now()),

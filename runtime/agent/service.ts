@@ -171,6 +171,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     share: config.warmMemoryShare,
     capacityMiB: config.memoryMiB,
     reservedMiB: () => sandboxes.reservedMiB(),
+    footprint: async (i) => (await driver.stats(i.instanceId)).memoryBytes,
     boot: (t) => sandboxes.boot(t, { vcpus: config.warmVcpus, memoryMiB: config.warmMemoryMiB }),
     discard: (i) => sandboxes.discard(i),
     log: log.child({ component: 'warm-pool' }),
@@ -229,11 +230,15 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       schedulable: true,
       templates: ready,
       warm: warm.counts(),
-      warmHeld: {
-        ...warm.held(),
-        slotVcpusMilli: Math.round(config.warmVcpus * 1000),
-        slotMemoryMiB: config.warmMemoryMiB,
-      },
+      warmHeld: (() => {
+        const h = warm.held();
+        return {
+          memoryMiB: h.memoryMiB,
+          slotFootprintMiB: h.footprintMiB,
+          slotVcpusMilli: Math.round(config.warmVcpus * 1000),
+          slotMemoryMiB: config.warmMemoryMiB,
+        };
+      })(),
       sandboxes: sandboxes.list().map((sb) => sb.id),
     }),
     rejoin: async () => {

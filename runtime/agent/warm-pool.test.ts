@@ -51,7 +51,8 @@ describe('warm pool', () => {
     await filled(p);
     expect(p.counts()).toEqual({ base: 2 });
     expect(seen.maxInFlight).toBe(1);
-    expect(p.held()).toEqual({ slots: 2, vcpusMilli: 2000, memoryMiB: 1024 });
+    // before a measurement a slot counts at its shape
+    expect(p.held()).toEqual({ slots: 2, memoryMiB: 1024, footprintMiB: 512 });
   });
 
   it('grows with a burst of creates of its shape, within its bounds, and at most `parallel` refills in flight', async () => {
@@ -87,6 +88,13 @@ describe('warm pool', () => {
     reserved = 19_660 - 3 * 512;
     await filled(p);
     expect(p.counts()).toEqual({ base: 3 });
+  });
+
+  it('counts each slot at the largest footprint a tick measured', async () => {
+    const { p } = pool({ footprint: async (i) => (i.instanceId === 'i_1' ? 30 : 28.5) * 1_048_576 });
+    await filled(p);
+    await p.tick();
+    expect(p.held()).toEqual({ slots: 2, memoryMiB: 60, footprintMiB: 30 });
   });
 
   it('drains: refills stop and every ready slot is discarded', async () => {

@@ -2,7 +2,8 @@
  * Warm pool: per template, instances made ahead of demand (network, default-deny egress, an
  * answering guest), so a create becomes a claim. The count of ready slots is published in the
  * node's heartbeat, where the API's placement script prefers nodes that have one, and the memory
- * the slots hold is counted against the node's capacity there. A placement that counted on a slot
+ * the slots hold (their measured footprint: they run nothing) is counted against the node's
+ * capacity there. A placement that counted on a slot
  * another create took meanwhile simply makes an instance here (a snapshot restore when it can).
  *
  * Size: from the creates seen lately and the node's free memory (pool-sizing.ts), between
@@ -38,6 +39,11 @@ export interface WarmPoolOptions {
   capacityMiB: number;
   /** Memory the node's sandboxes reserve now, MiB (slots not included). */
   reservedMiB: () => number;
+  /**
+   * Host memory one instance holds now, bytes (the driver's `stats()`); sampled by {@link tick} on
+   * a few ready slots. Without it (or before a sample) a slot counts at its shape's memory.
+   */
+  footprint?: (inst: InstanceInfo) => Promise<number>;
   /** Window over which creates are counted, ms (default 60 000). */
   demandWindowMs?: number;
   boot: (template: string) => Promise<InstanceInfo>;
@@ -53,6 +59,8 @@ export class WarmPool {
   readonly #refillTimes = new RecentDurations(10, 1000);
   readonly templates: readonly string[];
   readonly shape: WarmShape;
+  /** Largest footprint of the last sample of ready slots, MiB; null before one. */
+  #footprintMiB: number | null = null;
   #stopped = false;
   #timer: NodeJS.Timeout | null = null;
   readonly #pending = new Set<Promise<void>>();
@@ -78,17 +86,16 @@ export class WarmPool {
   }
 
   /**
-   * What the pool's slots (ready and being made) hold of the node: milli-vCPUs and MiB at the
-   * pool's shape, the reservation each becomes when claimed.
+   * What the pool's slots (ready and being made) hold of the node's memory, MiB: each at the
+   * largest footprint last measured (they run nothing, so they use no CPU and cannot grow until
+   * claimed; the claim's own reservation covers them from then on), or at the pool's shape before
+   * a measurement.
    */
-  held(): { vcpusMilli: number; memoryMiB: number; slots: number } {
+  held(): { slots: number; memoryMiB: number; footprintMiB: number } {
     let slots = 0;
     for (const t of this.templates) slots += (this.#ready.get(t)?.length ?? 0) + (this.#filling.get(t) ?? 0);
-    return {
-      slots,
-      vcpusMilli: Math.round(slots * this.shape.vcpus * 1000),
-      memoryMiB: slots * this.shape.memoryMiB,
-    };
+    const footprintMiB = this.#footprintMiB ?? this.shape.memoryMiB;
+    return { slots, memoryMiB: slots * footprintMiB, footprintMiB };
   }
 
   /** Instance ids held by the pool (not bound to a sandbox). */
@@ -136,10 +143,14 @@ export class WarmPool {
     }
   }
 
-  /** Tops every pool up and discards ready slots beyond the target (demand has passed). */
+  /**
+   * Tops every pool up, discards ready slots beyond the target (demand has passed) and measures the
+   * footprint of up to 4 ready slots.
+   */
   async tick(): Promise<void> {
     if (this.#stopped) return;
     this.refill();
+    await this.#measure();
     const now = Date.now();
     const extra: InstanceInfo[] = [];
     for (const t of this.templates) {
@@ -151,6 +162,15 @@ export class WarmPool {
       this.#o.log.info({ count: extra.length }, 'warm pool shrinks: demand has passed');
       await Promise.allSettled(extra.map((i) => this.#o.discard(i)));
     }
+  }
+
+  async #measure(): Promise<void> {
+    const footprint = this.#o.footprint;
+    if (!footprint) return;
+    const sample = [...this.#ready.values()].flat().slice(0, 4);
+    const bytes = await Promise.all(sample.map((i) => footprint(i).catch(() => null)));
+    const seen = bytes.filter((b): b is number => b !== null && b > 0);
+    if (seen.length) this.#footprintMiB = Math.ceil(Math.max(...seen) / 1_048_576);
   }
 
   /** Runs {@link tick} every `periodMs` until {@link drain}. */

@@ -165,25 +165,26 @@ describe('SandboxStore', () => {
   });
 
   it('counts warm slots against the node, less the slot a create of their shape claims', async () => {
-    // 1024 MiB, all of it in two warm slots of 1 vCPU / 512 MiB (as the agent's heartbeat says)
+    // 1024 MiB; two warm slots of 1 vCPU / 512 MiB hold 256 MiB each (as the agent's heartbeat says)
     await addNode('held-node', 4, 1024, 2);
     await redis.hset(keys.node('held-node'), {
-      warmVcpusMilli: '2000',
-      warmMemoryMiB: '1024',
+      warmMemoryMiB: '512',
+      warmSlotFootprintMiB: '256',
       warmSlotVcpusMilli: '1000',
       warmSlotMemoryMiB: '512',
     });
-    // another shape cannot claim a slot, and the slots leave it no room
-    const big = { ...(await make('sbx_held000000000000001', 1)), memoryMiB: 1024 };
+    // another shape cannot claim a slot, and the slots leave it too little room
+    const big = { ...(await make('sbx_held000000000000001', 1)), memoryMiB: 768 };
     expect(await store.place(big)).toEqual({ nodeId: null, reason: 'full' });
     // the slots' own shape claims one: it fits, and that slot's share moves to the sandbox
     expect(await store.place(await make('sbx_held000000000000002', 2))).toEqual({
       nodeId: 'held-node',
       fromWarm: true,
     });
-    expect(
-      await redis.hmget(keys.node('held-node'), 'usedMemoryMiB', 'warmMemoryMiB', 'warmVcpusMilli'),
-    ).toEqual(['512', '512', '1000']);
+    expect(await redis.hmget(keys.node('held-node'), 'usedMemoryMiB', 'warmMemoryMiB')).toEqual([
+      '512',
+      '256',
+    ]);
     expect(await store.place(await make('sbx_held000000000000003', 3))).toEqual({
       nodeId: 'held-node',
       fromWarm: true,

@@ -8,8 +8,9 @@
 -- its snapshot is readable)
 -- Returns { nodeId, fromWarm (0/1) } or { '', reason } with reason 'no_nodes' | 'full'.
 -- A node whose driver cannot run the shape is passed over as if it were full.
--- Warm slots hold resources too: a node's warm{VcpusMilli,MemoryMiB} (its heartbeat) count as used,
--- less one slot when this create claims one (a slot of the template with exactly this shape).
+-- Warm slots hold memory too: a node's warmMemoryMiB (its heartbeat: the slots' measured footprint)
+-- counts as used, less one slot's share (warmSlotFootprintMiB) when this create claims a slot (one
+-- of the template with exactly this shape: warmSlot{VcpusMilli,MemoryMiB}).
 -- Agents that do not report them (older ones) count as before: slots free, any slot a claim.
 local placed = redis.call('HGET', KEYS[2], 'nodeId')
 if placed and placed ~= '' then
@@ -27,18 +28,16 @@ for _, node in ipairs(redis.call('SMEMBERS', KEYS[1])) do
     alive = alive + 1
     local f = redis.call('HMGET', nk, 'schedulable', 'vcpusMilli', 'memoryMiB', 'maxSandboxes',
       'usedVcpusMilli', 'usedMemoryMiB', 'sandboxes', 'driver', 'hibernateStore',
-      'warmVcpusMilli', 'warmMemoryMiB', 'warmSlotVcpusMilli', 'warmSlotMemoryMiB')
+      'warmMemoryMiB', 'warmSlotFootprintMiB', 'warmSlotVcpusMilli', 'warmSlotMemoryMiB')
     local slot = tonumber(redis.call('HGET', nk .. ':warm', template) or '0') > 0
     local slotCpu, slotMem = tonumber(f[12] or ''), tonumber(f[13] or '')
     if slot and slotCpu and slotMem then slot = slotCpu == cpu and slotMem == mem end
-    local heldCpu, heldMem = tonumber(f[10] or '0'), tonumber(f[11] or '0')
-    if slot and slotCpu and slotMem then
-      heldCpu, heldMem = math.max(0, heldCpu - slotCpu), math.max(0, heldMem - slotMem)
-    end
+    local heldMem = tonumber(f[10] or '0')
+    if slot then heldMem = math.max(0, heldMem - tonumber(f[11] or '0')) end
     local fits = f[1] == '1'
       and (store == '' or f[9] == store)
       and string.find(drivers, ',' .. (f[8] or '') .. ',', 1, true) ~= nil
-      and tonumber(f[5] or '0') + heldCpu + cpu <= tonumber(f[2] or '0')
+      and tonumber(f[5] or '0') + cpu <= tonumber(f[2] or '0')
       and tonumber(f[6] or '0') + heldMem + mem <= tonumber(f[3] or '0')
       and tonumber(f[7] or '0') + 1 <= tonumber(f[4] or '0')
     if fits then
@@ -61,10 +60,8 @@ redis.call('HINCRBY', nk, 'sandboxes', 1)
 if bestWarm == 1 then
   redis.call('HINCRBY', nk .. ':warm', template, -1)
   -- the claimed slot's share now counts as this sandbox's until the node's next heartbeat
-  if redis.call('HEXISTS', nk, 'warmSlotMemoryMiB') == 1 then
-    redis.call('HINCRBY', nk, 'warmVcpusMilli', -cpu)
-    redis.call('HINCRBY', nk, 'warmMemoryMiB', -mem)
-  end
+  local share = tonumber(redis.call('HGET', nk, 'warmSlotFootprintMiB') or '0')
+  if share > 0 then redis.call('HINCRBY', nk, 'warmMemoryMiB', -share) end
 end
 redis.call('SADD', nk .. ':sandboxes', id)
 redis.call('HSET', KEYS[2], 'nodeId', best, 'fromWarmPool', tostring(bestWarm), 'released', '0')
