@@ -173,7 +173,8 @@ describe('QemuDriver (real microVMs under TCG)', () => {
       );
     }
     expect(mounts).toMatch(/^overlay \/ overlay /m);
-    expect(runtimeDirs!.trim().split('\n').sort()).toEqual(['core', 'guest']);
+    // the guest daemon ships as one bundle under runtime/guest (no separate core sources)
+    expect(runtimeDirs!.trim().split('\n').sort()).toEqual(['guest']);
     expect(optSpace).not.toContain('guest-token'); // read and deleted by the guest daemon
     expect(rest).toContain(image.kernel!.version);
     expect(rest).toContain('sandbox');
