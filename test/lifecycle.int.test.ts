@@ -365,6 +365,24 @@ describe('warm pool', () => {
     );
   });
 
+  it('a warm slot that died in the pool is undone and the create falls back to a cold start', async () => {
+    await waitFor('2 warm slots', async () => (s.agent.warm.counts().base === 2 ? true : undefined), 60_000);
+    // the slot a claim takes next (the pool hands out its oldest first): kill its whole instance
+    const dead = s.agent.warm.instanceIds()[0]!;
+    await new Promise<void>((done) => execFile('pkill', ['-9', '-f', dead], () => done()));
+    const id = await s.createSandbox();
+    const rec = await s.call<{ createdFrom: string; state: string }>('GET', `/v1/sandboxes/${id}`);
+    expect(rec.body.state).toBe('running');
+    expect(rec.body.createdFrom).not.toBe('warm');
+    const r = await s.exec(id, { cmd: 'sh', args: ['-c', 'echo alive'] });
+    expect(r.stdout.toString()).toBe('alive\n');
+    // the dead slot is gone from the pool and from the node's inventory; only the new sandbox's
+    // state directory exists for this id
+    expect(s.agent.warm.instanceIds()).not.toContain(dead);
+    expect(s.agent.sandboxes.get(id).instance.instanceId).not.toBe(dead);
+    await s.call('DELETE', `/v1/sandboxes/${id}`);
+  }, 120_000);
+
   it('a burst larger than the pool: the rest restore from the snapshot, a few at a time; the pool grows for the next', async () => {
     const snap = await waitFor(
       'the template snapshot',
