@@ -58,5 +58,9 @@ describe('latency classification', () => {
     let n = 0;
     expect(await waitForPool(async () => ++n, 3, { pollMs: 1 })).toBe(3);
     expect(await waitForPool(async () => 2, 5, { stableMs: 20, pollMs: 5 })).toBe(2);
+    // an empty pool is still filling, however long it stays empty: only the timeout ends the wait
+    const t0 = Date.now();
+    expect(await waitForPool(async () => 0, 5, { stableMs: 20, timeoutMs: 150, pollMs: 5 })).toBe(0);
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(150);
   });
 });
