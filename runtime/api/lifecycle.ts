@@ -129,7 +129,7 @@ async function teardown(
 async function create(d: LifecycleDeps, op: OperationRecord): Promise<void> {
   const id = op.target;
   const log = d.log.child({ [F.sandboxId]: id, [F.operationId]: op.id });
-  let rec = await d.sandboxes.get(id);
+  const rec = await d.sandboxes.get(id);
   if (!rec) throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox ${id} vanished`);
   if (rec.state !== 'creating') {
     if (rec.state === 'running') return; // a previous run of this operation finished the work
@@ -147,9 +147,12 @@ async function create(d: LifecycleDeps, op: OperationRecord): Promise<void> {
     await d.sandboxes.markKilled(id, 'create_failed', err.message);
     throw err;
   }
-  rec = (await d.sandboxes.get(id))!;
+  // place.lua changed only the node fields of the record: nothing below reads them from `rec`
   try {
-    const node = await d.nodes.requireAlive(placed.nodeId);
+    const [node, credentials] = await Promise.all([
+      d.nodes.requireAlive(placed.nodeId),
+      d.credentials.resolve(rec.grants),
+    ]);
     const req = {
       sandboxId: id,
       sessionId: rec.sessionId,
@@ -159,7 +162,7 @@ async function create(d: LifecycleDeps, op: OperationRecord): Promise<void> {
       env: rec.env,
       expiresAtMs: rec.expiresAtMs,
       egress: rec.egress,
-      credentials: await d.credentials.resolve(rec.grants),
+      credentials,
     };
     const out = await d.nodes.whileAlive(node.id, (signal) => d.agents.createSandbox(node, req, signal));
     const createdFrom = out.source ?? (out.fromWarmPool ? 'warm' : 'boot');

@@ -201,7 +201,8 @@ export class SandboxStore {
     );
     if (res[0] === 0)
       throw quotaError(s.team, { quota: res[1], limit: res[2], current: res[3] } as QuotaRefusal);
-    return (await this.get(s.id))!;
+    // what admit.lua wrote is exactly `fields` (plus quotaHeld): no read back
+    return fromHash({ ...fields, quotaHeld: '1' })!;
   }
 
   /** What team `team`'s live sandboxes reserve now (counted by admit.lua and transition.lua). */

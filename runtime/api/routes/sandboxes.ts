@@ -80,6 +80,9 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
           async () => {
             const body = req.body;
             const who = principalOf(req);
+            // the team's quotas are read beside the node list: one Redis round trip, not two
+            const quotasRead = deps.teams.quotas(who.team);
+            quotasRead.catch(() => {}); // awaited below; a refusal on the template must not leave it unhandled
             const all = await inSpan('redis.nodes.list', {}, () => deps.nodes.list());
             const templates = readyTemplates(all);
             if (!templates.has(body.template)) {
@@ -142,7 +145,7 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
             // validate everything before anything is written: bad input loses nothing
             // only the team's own credentials can be granted (another team's name is not found)
             const grants = await deps.credentials.grant(who.team, body.credentials ?? []);
-            const quotas = await deps.teams.quotas(who.team);
+            const quotas = await quotasRead;
             const egress = allowCredentialHosts(normalisePolicy(body.egress), grants);
             const sandboxId = newSandboxId();
             const idemKey = req.headers['idempotency-key'];
