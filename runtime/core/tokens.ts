@@ -159,15 +159,23 @@ export async function verifySessionToken(
   };
 }
 
-/** Signs a short-lived token the API sends on calls to node `nodeId`'s internal routes. */
-export async function mintDispatchToken(key: SigningKey, nodeId: string): Promise<string> {
+/**
+ * Signs a short-lived token the API sends on calls to node `nodeId`'s internal routes: issued at
+ * `nowMs` (whole seconds, floored), expiring {@link DISPATCH_TOKEN_TTL_SEC} later.
+ */
+export async function mintDispatchToken(
+  key: SigningKey,
+  nodeId: string,
+  nowMs = Date.now(),
+): Promise<string> {
+  const iat = Math.floor(nowMs / 1000);
   return new SignJWT({})
     .setProtectedHeader({ alg: ALG, typ: 'JWT' })
     .setIssuer(ISSUER)
     .setAudience(AGENT_AUDIENCE)
     .setSubject(nodeId)
-    .setIssuedAt()
-    .setExpirationTime(`${DISPATCH_TOKEN_TTL_SEC}s`)
+    .setIssuedAt(iat)
+    .setExpirationTime(iat + DISPATCH_TOKEN_TTL_SEC)
     .sign(key);
 }
 
