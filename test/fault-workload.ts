@@ -135,3 +135,308 @@ export function watchOperation(
 export function terminal(states: readonly string[]): string[] {
   return states.filter((x) => x === 'succeeded' || x === 'failed');
 }
+
+/** A sandbox of the workload: its id and the stream of its numbered-lines command. */
+interface Streamed {
+  id: string;
+  stream: { url: string; token: string };
+}
+
+/**
+ * A command printing numbered lines (one every 100 ms) read over SSE, resumed with
+ * `Last-Event-ID` after every drop. Keeps every number it read, so {@link LineStream.check} can
+ * tell whether a line was lost or repeated across a fault.
+ */
+export class LineStream {
+  readonly id: string;
+  /** Every number read, in order. */
+  readonly numbers: number[] = [];
+  /** Failed (re)connections: what the client saw (status 0 = no answer). */
+  readonly refused: Seen[] = [];
+  /** How many times the stream dropped and was resumed. */
+  resumes = 0;
+  /** True once the stream ended for good (its sandbox is gone, or it exited). */
+  ended = false;
+  readonly #stream: { url: string; token: string };
+  readonly #abort = new AbortController();
+  #lastId = '';
+  #partial = '';
+  readonly #loop: Promise<void>;
+
+  constructor(sandbox: Streamed) {
+    this.id = sandbox.id;
+    this.#stream = sandbox.stream;
+    this.#loop = this.#run();
+  }
+
+  async #run(): Promise<void> {
+    while (!this.#abort.signal.aborted && !this.ended) {
+      try {
+        const res = await request(this.#stream.url, {
+          headers: {
+            authorization: `Bearer ${this.#stream.token}`,
+            ...(this.#lastId ? { 'last-event-id': this.#lastId } : {}),
+          },
+          signal: this.#abort.signal,
+        });
+        if (res.statusCode !== 200) {
+          const text = await res.body.text();
+          const code = (JSON.parse(text || '{}') as { error?: { code?: string } }).error?.code ?? null;
+          this.refused.push({ status: res.statusCode, code });
+          // the sandbox (or its command) is gone for good: nothing more will come
+          if (res.statusCode === 404 || res.statusCode === 410) this.ended = true;
+        } else {
+          const parser = createParser({
+            onEvent: (e) => {
+              if (e.id) this.#lastId = e.id;
+              if (e.event === 'exit') this.ended = true;
+              if (e.event !== 'stdout') return;
+              const text = this.#partial + Buffer.from(JSON.parse(e.data).data, 'base64').toString();
+              const parts = text.split('\n');
+              this.#partial = parts.pop() ?? '';
+              for (const p of parts) this.numbers.push(Number(p));
+            },
+          });
+          const decoder = new TextDecoder();
+          for await (const chunk of res.body) parser.feed(decoder.decode(chunk as Buffer, { stream: true }));
+        }
+      } catch (err) {
+        if (this.#abort.signal.aborted) return;
+        this.refused.push({ status: 0, code: (err as { code?: string }).code ?? (err as Error).name });
+      }
+      if (this.#abort.signal.aborted || this.ended) return;
+      this.resumes += 1;
+      await sleep(200);
+    }
+  }
+
+  /** Resolves once `count` more lines than now have been read (throws after `timeoutMs`). */
+  async more(count: number, timeoutMs = 30_000): Promise<void> {
+    const want = this.numbers.length + count;
+    const until = Date.now() + timeoutMs;
+    while (this.numbers.length < want) {
+      if (Date.now() > until)
+        throw new Error(`stream of ${this.id}: no new lines (${this.numbers.length} read)`);
+      await sleep(100);
+    }
+  }
+
+  /** Whether the lines read are 0, 1, 2, … without a gap or a repeat; the first bad index, else -1. */
+  check(): number {
+    return this.numbers.findIndex((n, i) => n !== i);
+  }
+
+  /** Stops reading. */
+  async stop(): Promise<void> {
+    this.#abort.abort();
+    await this.#loop;
+  }
+}
+
+/** One create → delete round of {@link Churn}. */
+export interface ChurnRound {
+  sandboxId: string | null;
+  /** The operations it started (create, then delete) and every state each showed. */
+  ops: { kind: 'create' | 'delete'; id: string; watch: OperationWatch }[];
+}
+
+/**
+ * A create → delete loop (one sandbox at a time). Refused calls are retried (they are what
+ * clients saw), a create that failed starts a new round, a failed delete is asked again until the
+ * record says `killed` — so at the end every sandbox it made is gone and every operation ended.
+ */
+export class Churn {
+  readonly rounds: ChurnRound[] = [];
+  readonly refused: Seen[] = [];
+  readonly #s: FaultStack;
+  #stopped = false;
+  readonly #loop: Promise<void>;
+
+  constructor(s: FaultStack) {
+    this.#s = s;
+    this.#loop = this.#run();
+  }
+
+  async #accepted(method: string, path: string, body?: unknown): Promise<Record<string, unknown> | null> {
+    // a round in flight is finished even after stop(): nothing it made may be left behind
+    const until = Date.now() + 120_000;
+    while (Date.now() < until) {
+      const res = await tryCall<Record<string, unknown>>(this.#s, method, path, body);
+      if (res.status === 202 || res.status === 200) return res.body;
+      this.refused.push(res);
+      if (res.status === 404 && method === 'DELETE') return null;
+      if (this.#stopped && method === 'POST') return null;
+      await sleep(500);
+    }
+    return null;
+  }
+
+  async #run(): Promise<void> {
+    while (!this.#stopped) {
+      const round: ChurnRound = { sandboxId: null, ops: [] };
+      const created = (await this.#accepted('POST', '/v1/sandboxes', {
+        template: 'base',
+        vcpus: 0.5,
+        memoryMiB: 128,
+      })) as { sandbox: { id: string }; operation: { id: string } } | null;
+      if (!created) continue;
+      this.rounds.push(round);
+      round.sandboxId = created.sandbox.id;
+      const cw = watchOperation(this.#s, created.operation.id, { extraMs: 1000 });
+      round.ops.push({ kind: 'create', id: created.operation.id, watch: cw });
+      await cw.done;
+      // delete whatever the create did: until the record says killed
+      for (let i = 0; i < 20; i++) {
+        const rec = await tryCall<{ state: string }>(this.#s, 'GET', `/v1/sandboxes/${created.sandbox.id}`);
+        if (rec.status === 200 && rec.body?.state === 'killed') break;
+        if (rec.status !== 200) {
+          this.refused.push(rec);
+          await sleep(500);
+          continue;
+        }
+        const del = (await this.#accepted('DELETE', `/v1/sandboxes/${created.sandbox.id}`)) as {
+          operation: { id: string };
+        } | null;
+        if (!del) break;
+        const dw = watchOperation(this.#s, del.operation.id, { extraMs: 1000 });
+        round.ops.push({ kind: 'delete', id: del.operation.id, watch: dw });
+        await dw.done;
+        if (dw.states.at(-1) !== 'succeeded') await sleep(1000);
+      }
+    }
+  }
+
+  /** Operations that never ended, or ended more than once (a flip). */
+  problems(): string[] {
+    const out: string[] = [];
+    for (const r of this.rounds) {
+      for (const o of r.ops) {
+        const t = terminal(o.watch.states);
+        if (t.length === 0) out.push(`${o.kind} ${o.id} never ended: ${o.watch.states.join('→')}`);
+        if (t.length > 1) out.push(`${o.kind} ${o.id} flipped: ${o.watch.states.join('→')}`);
+      }
+    }
+    return out;
+  }
+
+  /** Codes the churn's operations failed with (e.g. `{ NODE_UNAVAILABLE: 1 }`). */
+  failures(): Record<string, number> {
+    const out: Record<string, number> = {};
+    for (const r of this.rounds) {
+      for (const o of r.ops) {
+        if (o.watch.states.at(-1) !== 'failed') continue;
+        const k = `${o.kind} ${o.watch.errorCode ?? ''}`;
+        out[k] = (out[k] ?? 0) + 1;
+      }
+    }
+    return out;
+  }
+
+  /** Ends the loop after the round in flight (which finishes: its sandbox is deleted). */
+  async stop(): Promise<void> {
+    this.#stopped = true;
+    await this.#loop;
+  }
+}
+
+/**
+ * Runs a short command (`echo ok`) every 500 ms in a probe sandbox and records each try. When
+ * the probe's sandbox is gone (declared lost), it makes a new one, so the probe measures when a
+ * client can run commands again, not whether that one sandbox survived.
+ */
+export class ExecProbe {
+  readonly tries: { at: number; end: number; ok: boolean; seen: Seen }[] = [];
+  /** Probe sandboxes it made (the first is given; later ones replace a lost one). */
+  readonly made: string[] = [];
+  readonly #s: FaultStack;
+  #sandbox: string;
+  #stopped = false;
+  readonly #loop: Promise<void>;
+
+  constructor(s: FaultStack, sandboxId: string) {
+    this.#s = s;
+    this.#sandbox = sandboxId;
+    this.#loop = this.#run();
+  }
+
+  /** The sandbox it currently probes. */
+  get sandbox(): string {
+    return this.#sandbox;
+  }
+
+  async #once(): Promise<Seen> {
+    const res = await tryCall<{ stream: { url: string; token: string } }>(
+      this.#s,
+      'POST',
+      `/v1/sandboxes/${this.#sandbox}/commands`,
+      { cmd: 'echo', args: ['ok'] },
+      5000,
+    );
+    if (res.status !== 201 || !res.body) return res;
+    try {
+      const r = await request(res.body.stream.url, {
+        headers: { authorization: `Bearer ${res.body.stream.token}` },
+        signal: AbortSignal.timeout(5000),
+      });
+      const text = await r.body.text();
+      if (r.statusCode !== 200) return { status: r.statusCode, code: 'STREAM' };
+      return text.includes('"exit"') || text.includes('event: exit')
+        ? { status: 200, code: null }
+        : { status: 0, code: 'NO_EXIT' };
+    } catch (err) {
+      return { status: 0, code: (err as { code?: string }).code ?? (err as Error).name };
+    }
+  }
+
+  async #run(): Promise<void> {
+    while (!this.#stopped) {
+      const at = Date.now();
+      const seen = await this.#once();
+      this.tries.push({ at, end: Date.now(), ok: seen.status === 200 && seen.code === null, seen });
+      // the probe's sandbox ended (declared lost): probe with a new one
+      if (seen.code === 'SANDBOX_NOT_FOUND' || seen.code === 'SANDBOX_NOT_RUNNING') {
+        const rec = await tryCall<{ state: string }>(this.#s, 'GET', `/v1/sandboxes/${this.#sandbox}`);
+        if (rec.status === 404 || rec.body?.state === 'killed') {
+          const made = await tryCall<{ sandbox: { id: string } }>(this.#s, 'POST', '/v1/sandboxes', {
+            template: 'base',
+            vcpus: 0.5,
+            memoryMiB: 128,
+          });
+          if (made.status === 202 && made.body) {
+            this.#sandbox = made.body.sandbox.id;
+            this.made.push(this.#sandbox);
+          }
+        }
+      }
+      await sleep(Math.max(0, 500 - (Date.now() - at)));
+    }
+  }
+
+  /**
+   * Waits until the probe works again after a fault injected at `since` (epoch ms): the newest try
+   * succeeded, and so did every try after the first success that followed the last failure.
+   * Returns the time from `since` to the end of that first success (ms) — the recovery time a
+   * client saw — and what the failed tries since `since` got.
+   * @throws Error when it has not recovered within `timeoutMs` (default 120 s).
+   */
+  async recovered(since: number, timeoutMs = 120_000): Promise<{ ms: number; failed: Seen[] }> {
+    const until = Date.now() + timeoutMs;
+    for (;;) {
+      const after = this.tries.filter((t) => t.at >= since);
+      let lastFail = -1;
+      after.forEach((t, i) => {
+        if (!t.ok) lastFail = i;
+      });
+      const first = after.find((t, i) => i > lastFail && t.ok);
+      if (first) return { ms: first.end - since, failed: after.filter((t) => !t.ok).map((t) => t.seen) };
+      if (Date.now() > until)
+        throw new Error(`exec probe did not recover: ${JSON.stringify(after.slice(-3))}`);
+      await sleep(100);
+    }
+  }
+
+  async stop(): Promise<void> {
+    this.#stopped = true;
+    await this.#loop;
+  }
+}
