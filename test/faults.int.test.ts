@@ -2,8 +2,11 @@
  * The fault suite (`npm run test:faults`): each case of ../shared/cases/faults.md (F1–F5) injected
  * for real into a stack whose parts are separate processes (kill -9, SIGSTOP/SIGCONT, a killed
  * gateway), checking the node as well as the records: after each, node inventory = records =
- * reservations, and no operation ended twice. Each case logs how long recovery took and what the
- * client saw (`fault …` lines) — the figures for the issue's closing note.
+ * reservations, and no operation ended twice. The `workload-…` cases run faults.md's workload
+ * (test/fault-workload.ts: line streams, create/delete churn, exec probe) around API, agent, Redis
+ * and gateway kill -9 and agent SIGSTOP (short, past the node-lost grace). Each case logs how long
+ * recovery took and what the clients saw (`fault …` lines) — the figures for the issue's closing
+ * note and the README's fault table.
  */
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
