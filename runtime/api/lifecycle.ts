@@ -18,6 +18,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import { SpaceError } from '../core/errors.ts';
 import { F } from '../core/log-fields.ts';
+import { isRedisUnavailable } from '../core/redis-errors.ts';
 import type { NodeInfo, OperationKind, PauseMode, SandboxState } from '../core/types.ts';
 import { KILL_REASONS, type KillReason } from '../core/types.ts';
 import { reportUsage, type UsageState } from '../core/usage.ts';
@@ -181,6 +182,9 @@ async function create(d: LifecycleDeps, op: OperationRecord): Promise<void> {
     log.info({ [F.nodeId]: node.id, createdFrom }, 'sandbox running');
     await meter(d, rec, 'idle', undefined);
   } catch (err) {
+    // Redis away is no reason to give the sandbox up: the worker runs this create again once Redis
+    // is back (place.lua keeps the node, the agent answers a create it made with what it made)
+    if (isRedisUnavailable(err)) throw err;
     const e =
       err instanceof SpaceError ? err : new SpaceError('INTERNAL', 'create failed', {}, { cause: err });
     if ((await d.sandboxes.get(id))?.state === 'creating') {
@@ -362,6 +366,8 @@ async function resume(d: LifecycleDeps, op: OperationRecord): Promise<void> {
       await d.agents.resumeSandbox(node, id, {});
     }
   } catch (err) {
+    // Redis away: the worker runs the resume again once it is back (the sandbox stays `resuming`)
+    if (isRedisUnavailable(err)) throw err;
     const e =
       err instanceof SpaceError ? err : new SpaceError('INTERNAL', 'resume failed', {}, { cause: err });
     if (!hib && (e.code === 'SANDBOX_NOT_FOUND' || e.code === 'INSTANCE_LOST')) {

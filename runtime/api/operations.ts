@@ -9,14 +9,18 @@
  * replica reclaims the entry (XAUTOCLAIM) only after it sat unrenewed for {@link RECLAIM_IDLE_MS}
  * — i.e. only when its owner died or lost Redis, never while the owner still works on it. Handlers
  * are idempotent (the node recognises a dispatch it already carried out), so a reclaimed
- * operation can run again. All of this is generic over operation kinds.
+ * operation can run again. A Redis outage is never an outcome: the owner retries its bookkeeping
+ * and runs a handler that failed only for want of Redis again (a new run) once Redis answers.
+ * All of this is generic over operation kinds.
  */
 import { EventEmitter } from 'node:events';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { SpaceError } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
+import { isRedisUnavailable } from '../core/redis-errors.ts';
 import { KEY_PREFIX, keys, OPERATION_GROUP, OPERATION_TTL_SEC } from '../core/redis-keys.ts';
 import { currentTraceparent, inSpan, traceContextFrom } from '../core/tracing.ts';
 import type { Operation, OperationKind, OperationState } from '../core/types.ts';
@@ -288,6 +292,27 @@ export class OperationWorker {
     }
   }
 
+  /**
+   * Runs `step` (a Redis round trip of the bookkeeping) again while it fails only because Redis
+   * is away, backing off 100 ms → 2 s, until it succeeds, fails otherwise, or the worker stops.
+   * @throws what `step` throws when that is not a Redis outage, or the outage error once stopped.
+   */
+  async #untilRedis<T>(step: () => Promise<T>): Promise<T> {
+    for (let wait = 100; ; wait = Math.min(wait * 2, 2000)) {
+      try {
+        return await step();
+      } catch (err) {
+        if (this.#stopped || !isRedisUnavailable(err)) throw err;
+        await sleep(wait);
+      }
+    }
+  }
+
+  /** Resolves once Redis answers a PING again (or the worker stops). */
+  async #redisBack(): Promise<void> {
+    await this.#untilRedis(() => this.#store.redis.ping()).catch(() => {});
+  }
+
   async #process(entryId: string, opId: string): Promise<void> {
     const log = this.#log.child({ [F.operationId]: opId });
     // renew this worker's claim while the handler runs, so no other replica reclaims a live run
@@ -300,48 +325,66 @@ export class OperationWorker {
       this.#reclaimIdleMs / (RECLAIM_IDLE_MS / LEASE_RENEW_MS),
     );
     try {
-      const op = await this.#store.get(opId);
-      const run = op ? await this.#store.start(op.id, this.#consumer) : null;
+      // Redis may drop at any step (a restart, a failover). The owner itself carries on once it is
+      // back — it does not leave the operation to another replica's reclaim 30 s later: each
+      // bookkeeping step is retried, and a handler that failed only because Redis was away runs
+      // again as a new run (handlers are idempotent), so the outage never becomes the outcome.
+      const op = await this.#untilRedis(() => this.#store.get(opId));
+      let run = op ? await this.#untilRedis(() => this.#store.start(op.id, this.#consumer)) : null;
       if (op && run !== null) {
         const started = Date.now();
-        let outcome: { state: 'succeeded' } | { state: 'failed'; error: SpaceError };
-        try {
-          await inSpan(
-            `operation.${op.kind}`,
-            { 'space.operation.id': op.id, 'space.target': op.target },
-            () => this.#handlers[op.kind](op),
-            op.traceparent ? traceContextFrom({ traceparent: op.traceparent }) : undefined,
-          );
-          outcome = { state: 'succeeded' };
-        } catch (err) {
-          const e =
-            err instanceof SpaceError
-              ? err
-              : new SpaceError('INTERNAL', 'operation failed unexpectedly', {}, { cause: err });
-          if (!(err instanceof SpaceError)) log.error({ err }, 'operation crashed');
-          outcome = { state: 'failed', error: e };
+        let outcome: { state: 'succeeded' } | { state: 'failed'; error: SpaceError } | null = null;
+        while (outcome === null && run !== null) {
+          try {
+            await inSpan(
+              `operation.${op.kind}`,
+              { 'space.operation.id': op.id, 'space.target': op.target },
+              () => this.#handlers[op.kind](op),
+              op.traceparent ? traceContextFrom({ traceparent: op.traceparent }) : undefined,
+            );
+            outcome = { state: 'succeeded' };
+          } catch (err) {
+            if (isRedisUnavailable(err)) {
+              // stopping: leave it pending for the next owner rather than record the outage
+              if (this.#stopped) throw err;
+              log.warn({ run, cause: String(err) }, 'operation interrupted by a redis outage; it runs again');
+              await this.#redisBack();
+              // a new run (fencing token): null when it ended meanwhile, e.g. run by a replica
+              run = await this.#untilRedis(() => this.#store.start(op.id, this.#consumer));
+              continue;
+            }
+            const e =
+              err instanceof SpaceError
+                ? err
+                : new SpaceError('INTERNAL', 'operation failed unexpectedly', {}, { cause: err });
+            if (!(err instanceof SpaceError)) log.error({ err }, 'operation crashed');
+            outcome = { state: 'failed', error: e };
+          }
         }
-        const ended = await this.#store.finish(
-          op.id,
-          run,
-          outcome.state,
-          outcome.state === 'failed' ? outcome.error : undefined,
-        );
-        const fields = {
-          kind: op.kind,
-          [F.sandboxId]: op.target,
-          [F.durationMs]: Date.now() - started,
-          run,
-          ...(outcome.state === 'failed' ? { code: outcome.error.code, msg: outcome.error.message } : {}),
-        };
-        if (!ended) log.warn(fields, 'operation outcome dropped: it had ended or a newer run owns it');
-        else log.info(fields, `operation ${outcome.state}`);
+        if (outcome !== null && run !== null) {
+          const final = outcome;
+          const fence = run;
+          const ended = await this.#untilRedis(() =>
+            this.#store.finish(op.id, fence, final.state, final.state === 'failed' ? final.error : undefined),
+          );
+          const fields = {
+            kind: op.kind,
+            [F.sandboxId]: op.target,
+            [F.durationMs]: Date.now() - started,
+            run,
+            ...(final.state === 'failed' ? { code: final.error.code, msg: final.error.message } : {}),
+          };
+          if (!ended) log.warn(fields, 'operation outcome dropped: it had ended or a newer run owns it');
+          else log.info(fields, `operation ${final.state}`);
+        } else log.info({ kind: op.kind }, 'operation ended by another run during a redis outage');
       }
-      await this.#store.redis
-        .multi()
-        .xack(keys.operationQueue(), OPERATION_GROUP, entryId)
-        .xdel(keys.operationQueue(), entryId)
-        .exec();
+      await this.#untilRedis(() =>
+        this.#store.redis
+          .multi()
+          .xack(keys.operationQueue(), OPERATION_GROUP, entryId)
+          .xdel(keys.operationQueue(), entryId)
+          .exec(),
+      );
     } catch (err) {
       // left pending: another worker reclaims it once its lease lapses
       log.error({ err }, 'operation bookkeeping failed');

@@ -8,6 +8,7 @@ import type { Logger } from 'pino';
 import { SpaceError } from '../core/errors.ts';
 import { requestLifecycle } from '../core/lifecycle-requests.ts';
 import { F } from '../core/log-fields.ts';
+import { isRedisUnavailable } from '../core/redis-errors.ts';
 import { keys } from '../core/redis-keys.ts';
 import type { Reconciler } from './reconciler.ts';
 import type { SandboxStore } from './sandbox-store.ts';
@@ -48,6 +49,8 @@ export class Reaper {
         await this.#reconciler.pass();
       }
     } catch (err) {
+      // nodes cannot heartbeat while Redis is away: the reconciler must not count that silence
+      if (isRedisUnavailable(err)) this.#reconciler?.noteStoreOutage();
       this.#log.error({ err }, 'expiry sweep failed');
     }
   }

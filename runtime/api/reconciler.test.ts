@@ -72,6 +72,21 @@ describe('Reconciler', () => {
     });
   });
 
+  it('redis-outage-past-grace: silence while Redis was away does not make a node lost', async () => {
+    const own = new Reconciler(sandboxes, new OperationStore(redis), pino({ level: 'silent' }));
+    const t0 = Date.now() - 10 * 60_000;
+    await runningOn('n2', 'sbx_recon0000000000009', t0);
+    // Redis was away longer than the grace: the alive key expired, the last heartbeat is old
+    await redis.del(keys.nodeAlive('n2'));
+    await redis.hset(keys.node('n2'), 'heartbeatAt', String(Date.now() - NODE_LOST_GRACE_MS - 30_000));
+    own.noteStoreOutage(Date.now() - 1000);
+    expect(await own.pass()).toEqual({ lost: [], requeued: [] });
+    expect(await redis.hget(keys.node('n2'), 'lostAt')).toBeNull();
+    expect((await sandboxes.get('sbx_recon0000000000009'))?.state).toBe('running');
+    // a node still silent a whole grace after Redis came back is lost
+    expect((await own.pass(Date.now() + NODE_LOST_GRACE_MS + 1000)).lost).toEqual(['sbx_recon0000000000009']);
+  });
+
   it('declares lost a sandbox an alive node stopped reporting, and records a crash the node saw', async () => {
     const t0 = Date.now() - 10 * 60_000;
     await runningOn('n2', 'sbx_recon0000000000002', t0);

@@ -2,7 +2,7 @@
  * Reconciliation of sandbox records with what nodes really run (the control plane's half; the
  * node's half is `agent/reconcile.ts`). Every pass:
  * - a node that stopped heartbeating more than the node-lost grace ago is fenced (`lostAt` in its
- *   hash): from then on deletes of its sandboxes finish without it, and the node destroys every
+ *   hash) — silence while Redis itself was away does not count (see `noteStoreOutage`): from then on deletes of its sandboxes finish without it, and the node destroys every
  *   sandbox the control plane ended before it may announce itself alive again;
  * - a live sandbox placed on a node that stopped heartbeating more than {@link NODE_LOST_GRACE_MS}
  *   ago, or missing from its alive node's inventory although it was live well before that
@@ -38,6 +38,8 @@ export class Reconciler {
   readonly #operations: OperationStore;
   readonly #log: Logger;
   readonly #graceMs: number;
+  /** When this process last found Redis unreachable (epoch ms; 0: never). */
+  #storeOutageAt = 0;
 
   /** `nodeLostGraceMs` defaults to {@link NODE_LOST_GRACE_MS}. */
   constructor(
@@ -66,6 +68,17 @@ export class Reconciler {
     return true;
   }
 
+  /**
+   * Tells the reconciler that Redis could not be reached at `now` (epoch ms). While Redis is away
+   * no node can heartbeat, so that silence is the control plane's, not the node's: a node counts
+   * as silent only since its last heartbeat or the end of the outage, whichever is later. Without
+   * this, an outage longer than the node-lost grace had every node declared lost, and every
+   * sandbox killed, on the first pass after Redis came back.
+   */
+  noteStoreOutage(now = Date.now()): void {
+    this.#storeOutageAt = Math.max(this.#storeOutageAt, now);
+  }
+
   /** One pass over every node; returns the sandbox ids it acted on. */
   async pass(now = Date.now()): Promise<{ lost: string[]; requeued: string[] }> {
     const redis = this.#sandboxes.redis;
@@ -80,7 +93,7 @@ export class Reconciler {
         redis.hgetall(keys.nodeEnded(node)),
         redis.hget(keys.node(node), 'heartbeatAt'),
       ]);
-      const deadFor = alive === 1 ? 0 : now - Number(heartbeatAt ?? 0);
+      const deadFor = alive === 1 ? 0 : now - Math.max(Number(heartbeatAt ?? 0), this.#storeOutageAt);
       const lostNode = deadFor > this.#graceMs;
       if (lostNode && (await redis.hsetnx(keys.node(node), 'lostAt', String(now))) === 1) {
         // the fence: the node must reconcile before it may heartbeat again (agent/registry.ts)

@@ -4,6 +4,7 @@
  */
 import { readFile } from 'node:fs/promises';
 import { Redis } from 'ioredis';
+import type { Logger } from 'pino';
 import { createLogger } from '../core/log-fields.ts';
 import { DEFAULT_TEAM } from '../core/tenancy.ts';
 import { loadSigningKey } from '../core/tokens.ts';
@@ -27,13 +28,17 @@ export async function startApi(
   opts: { bootstrapKeyFile?: string } = {},
 ): Promise<RunningApi> {
   const log = createLogger('api', config.logLevel);
-  const redis = new Redis(config.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 3 });
+  const redis = watchConnection(
+    new Redis(config.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 3 }),
+    log,
+    'main',
+  );
   await redis.connect();
   const deps = createApiDeps({
     config,
     log,
     redis,
-    subscriber: redis.duplicate(),
+    subscriber: watchConnection(redis.duplicate(), log, 'subscriber'),
     signingKey: await loadSigningKey(config.signingKeyFile),
   });
   // the default team owns everything made before teams; keys from then join it with every scope
@@ -49,7 +54,7 @@ export async function startApi(
     ? { cert: await readFile(config.tlsCertFile), key: await readFile(config.tlsKeyFile) }
     : undefined;
   const app = await buildApp(deps, tls ? { tls } : {});
-  const runtime = createApiRuntime(deps, redis.duplicate());
+  const runtime = createApiRuntime(deps, watchConnection(redis.duplicate(), log, 'worker'));
   await runtime.start();
   await app.listen({ host: config.host, port: config.port });
   const port = (app.server.address() as { port: number }).port;
@@ -68,4 +73,24 @@ export async function startApi(
       return closing;
     },
   };
+}
+
+/**
+ * Logs a Redis connection's outage once when it begins (`redis connection lost`, warn) and once
+ * when it ends (`redis connection ready`), instead of ioredis's "Unhandled error event" with a
+ * stack on stderr for every failed reconnect. Returns `conn`.
+ */
+function watchConnection(conn: Redis, log: Logger, role: string): Redis {
+  let down = false;
+  conn.on('error', (err: Error) => {
+    if (down) return;
+    down = true;
+    log.warn({ redis: role, cause: String(err) }, 'redis connection lost');
+  });
+  conn.on('ready', () => {
+    if (!down) return;
+    down = false;
+    log.info({ redis: role }, 'redis connection ready');
+  });
+  return conn;
 }

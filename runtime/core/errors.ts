@@ -104,6 +104,11 @@ export const ERROR_CODES = {
     doc: 'No node has room for the sandbox (CPU, memory or sandbox count).',
   },
   NODE_UNAVAILABLE: { status: 503, retryable: true, doc: 'The node holding the sandbox is not reachable.' },
+  CONTROL_PLANE_UNAVAILABLE: {
+    status: 503,
+    retryable: true,
+    doc: 'The control plane’s store (Redis) cannot be reached right now (restarting, failing over); retry after the `Retry-After` header’s seconds.',
+  },
   DRIVER_FAILED: {
     status: 500,
     retryable: true,

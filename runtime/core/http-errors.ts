@@ -1,11 +1,13 @@
 /**
  * The one Fastify error handler every SPACE HTTP service installs: renders
  * `{ error: { code, message, details? } }` from {@link SpaceError}, maps Fastify's own errors
- * (validation, body size, content type) onto stable codes, logs ≥ 500 at `error` and the rest
- * at `info`.
+ * (validation, body size, content type) onto stable codes, turns a Redis outage into 503
+ * `CONTROL_PLANE_UNAVAILABLE` with `Retry-After` (see `redis-errors.ts`), logs ≥ 500 at `error`
+ * and the rest at `info`.
  */
 import type { FastifyError, FastifyInstance, FastifyRequest } from 'fastify';
 import { type ErrorCode, SpaceError } from './errors.ts';
+import { CONTROL_PLANE_RETRY_AFTER_SEC, fromRedisOutage } from './redis-errors.ts';
 
 /** Maps a Fastify/avvio error code to a SPACE code. */
 function fromFastify(err: FastifyError): SpaceError | null {
@@ -33,14 +35,20 @@ export function installErrorHandlers(
   translate?: (err: FastifyError, req: FastifyRequest) => Promise<unknown>,
 ): void {
   app.setErrorHandler(async (original: FastifyError, req, reply) => {
-    const err = (translate ? await translate(original, req).catch(() => original) : original) as FastifyError;
+    const translated = translate ? await translate(original, req).catch(() => original) : original;
+    const err = fromRedisOutage(translated) as FastifyError;
     const known =
       err instanceof SpaceError
         ? err
         : (fromFastify(err) ?? new SpaceError('INTERNAL', 'internal error', undefined, { cause: err }));
-    if (known.status >= 500) req.log.error({ err, code: known.code }, 'request failed');
+    if (known.code === 'CONTROL_PLANE_UNAVAILABLE') {
+      // one line without a stack per refused request: during a Redis restart there are many
+      req.log.error({ code: known.code, cause: String(known.cause) }, 'request failed: redis unavailable');
+    } else if (known.status >= 500) req.log.error({ err, code: known.code }, 'request failed');
     else req.log.info({ code: known.code, msg: known.message }, 'request refused');
     if (reply.sent || reply.raw.headersSent) return;
+    if (known.code === 'CONTROL_PLANE_UNAVAILABLE')
+      reply.header('retry-after', CONTROL_PLANE_RETRY_AFTER_SEC);
     return reply.status(known.status).type('application/json').send(known.toBody());
   });
   app.setNotFoundHandler((req, reply) => {

@@ -19,6 +19,7 @@ import { isErrorCode, SpaceError } from '../../core/errors.ts';
 import { ID_PATTERN } from '../../core/ids.ts';
 import { requestLifecycle } from '../../core/lifecycle-requests.ts';
 import { F } from '../../core/log-fields.ts';
+import { CONTROL_PLANE_RETRY_AFTER_SEC, fromRedisOutage } from '../../core/redis-errors.ts';
 import { mintSessionToken } from '../../core/tokens.ts';
 import type { ApiDeps } from '../app.ts';
 import { innerCallHeaders, principalOf, requireScope } from '../auth.ts';
@@ -196,8 +197,11 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       const scope = req.routeOptions.config.scope;
       if (scope) requireScope(req.auth, scope);
     });
-    app.setErrorHandler((err, req, reply) => {
+    app.setErrorHandler((original, req, reply) => {
+      const err = fromRedisOutage(original);
       const body = err instanceof TimeoutOf ? { code: 504, message: err.message } : toE2bError(err);
+      if (err instanceof SpaceError && err.code === 'CONTROL_PLANE_UNAVAILABLE')
+        void reply.header('retry-after', CONTROL_PLANE_RETRY_AFTER_SEC);
       if (body.code >= 500) req.log.error({ err }, 'e2b request failed');
       else req.log.info({ code: body.code, msg: body.message }, 'e2b request refused');
       void reply.status(body.code).type('application/json').send(body);
