@@ -752,6 +752,8 @@ describe('vm stacks: config changes reach existing VMs through space:VmConfig', 
       // the API imports the key from its hash: the key itself is in no user data
       const sha = createHash('sha256').update(SECRETS.bootstrapApiKey).digest('hex');
       expect(services['space-api']!['SPACE_BOOTSTRAP_API_KEY_SHA256']).toBe(sha);
+      // and the version: pulumi up with a new space:version upgrades the VMs in place
+      expect(vc!.inputs['version']).toBe(VARIANTS[name]!.version);
       // every VM applies it
       for (const s of Object.values(scripts)) expect(s).toContain('space-config-sync.timer');
       expect(vc!.inputs['apiUrl']).toMatch(

@@ -290,6 +290,8 @@ function deployVms(cfg: StackConfig, image?: pulumi.Resource): Record<string, pu
       {
         apiUrl,
         apiKey: cfg.secrets.bootstrapApiKey,
+        // a version bump reaches the VMs too: each moves to it in place (space-version-sync)
+        version: cfg.version,
         services: pulumi
           .all([routerUrl, keySha])
           .apply(([url, sha]) =>

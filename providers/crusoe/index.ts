@@ -214,6 +214,8 @@ export function deployCrusoe(
         apiUrl,
         ...(cfg.acme ? { plainApiUrl: pulumi.interpolate`http://${publicIp}:${API_PORT}` } : {}),
         apiKey: cfg.secrets.bootstrapApiKey,
+        // a version bump reaches the VMs too: each moves to it in place (space-version-sync)
+        version: cfg.version,
         services: pulumi
           .all([control.resource, keySha])
           .apply(([resource, sha]) =>

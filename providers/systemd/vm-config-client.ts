@@ -19,6 +19,12 @@ export interface VmConfigInputs {
   readonly apiKey: string;
   /** Env of every VM service (`space-api`, `space-agent@<pool>`, …). */
   readonly services: Record<string, Record<string, string>>;
+  /**
+   * The SPACE version VMs should run (`space:version`): written to
+   * `PUT /v1/deployment/target-version` after the configuration, so a version bump in `pulumi up`
+   * upgrades VMs in place (each VM's `space-version-sync`). Absent: the target is left as it is.
+   */
+  readonly version?: string;
   /** How long to wait for the API to answer (a new control VM boots, pulls, starts), s. Default 1200. */
   readonly timeoutSec?: number;
 }
@@ -27,6 +33,8 @@ export interface VmConfigInputs {
 export interface VmConfigOutputs {
   readonly apiUrl: string;
   readonly services: Record<string, Record<string, string>>;
+  /** The target version written, when one was. */
+  readonly version?: string;
   /** True once a write went over `apiUrl` as HTTPS: from then on `plainApiUrl` is never used. */
   readonly httpsConfirmed: boolean;
 }
@@ -61,13 +69,20 @@ export async function writeVmConfig(
   for (;;) {
     for (const base of urls) {
       let res: Response;
-      try {
-        res = await f(`${base.replace(/\/$/, '')}/v1/deployment/vm-config`, {
+      const put = (path: string, body: unknown) =>
+        f(`${base.replace(/\/$/, '')}${path}`, {
           method: 'PUT',
           headers: { authorization: `Bearer ${i.apiKey}`, 'content-type': 'application/json' },
-          body: JSON.stringify({ services: i.services }),
+          body: JSON.stringify(body),
           signal: AbortSignal.timeout(30_000),
         });
+      try {
+        res = await put('/v1/deployment/vm-config', { services: i.services });
+        // the configuration first: a VM that moves to the new version restarts with it
+        if (res.ok && i.version !== undefined) {
+          await res.text();
+          res = await put('/v1/deployment/target-version', { version: i.version });
+        }
       } catch (err) {
         const cause = (err as { cause?: { code?: string; message?: string } }).cause;
         last = `${base}: ${cause?.code ?? cause?.message ?? (err as Error).message}`;
@@ -75,12 +90,17 @@ export async function writeVmConfig(
       }
       const text = await res.text();
       if (res.ok) {
-        return { apiUrl: i.apiUrl, services: i.services, httpsConfirmed: https && base === i.apiUrl };
+        return {
+          apiUrl: i.apiUrl,
+          services: i.services,
+          ...(i.version === undefined ? {} : { version: i.version }),
+          httpsConfirmed: https && base === i.apiUrl,
+        };
       }
       last = `${base}: HTTP ${res.status} ${text.slice(0, 300)}`;
       if (!RETRYABLE_STATUS.has(res.status)) {
         throw new VmConfigError(
-          `PUT /v1/deployment/vm-config failed (${last})${res.status === 401 ? ': the API does not know space:bootstrapApiKey (was it changed after the control VM was made, or revoked?)' : ''}`,
+          `writing the VM configuration failed (${last})${res.status === 401 ? ': the API does not know space:bootstrapApiKey (was it changed after the control VM was made, or revoked?)' : ''}`,
         );
       }
     }

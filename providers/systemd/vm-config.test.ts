@@ -82,6 +82,19 @@ describe('space:VmConfig provider', () => {
     });
   });
 
+  it('with a version, sets the target version after the configuration (a version bump upgrades VMs in place)', async () => {
+    const a = await api(() => 200);
+    const out = await client.writeVmConfig(
+      { apiUrl: a.url, apiKey: KEY, services, version: '0.2.0', timeoutSec: 5 },
+      { allowPlain: false },
+    );
+    expect(out.version).toBe('0.2.0');
+    expect(a.seen.map((x) => [x.url, x.body])).toEqual([
+      ['/v1/deployment/vm-config', { services }],
+      ['/v1/deployment/target-version', { version: '0.2.0' }],
+    ]);
+  });
+
   it('a refused key fails at once, naming the key', async () => {
     const a = await api(() => 401);
     await expect(

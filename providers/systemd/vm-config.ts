@@ -6,7 +6,8 @@
  *
  * Why every `up`: the API's Redis is the state of record and Pulumi cannot read it back (`read`
  * does not work for dynamic resources), so a restore or a hand edit would otherwise stay; writing
- * the same document again restarts nothing. So `pulumi preview` always lists this resource as an
+ * the same document again restarts nothing. With `version`, it also sets the deployment's target
+ * version, so bumping `space:version` and running `pulumi up` upgrades the VMs in place. So `pulumi preview` always lists this resource as an
  * update. Deleting it leaves the VMs' configuration as it is.
  *
  * The serialized provider captures only the URL of `vm-config-client.ts` (loaded when a method
@@ -59,6 +60,8 @@ export interface VmConfigArgs {
   readonly apiKey: pulumi.Input<string>;
   /** Env of every VM service, from `controlServiceEnv` / `agentServiceEnv`. */
   readonly services: pulumi.Input<Record<string, Record<string, string>>>;
+  /** `space:version`: VMs move to it (`PUT /v1/deployment/target-version`). Default: left as it is. */
+  readonly version?: pulumi.Input<string>;
   /** Wait for the API up to this long, s. Default 1200 (a new control VM boots and pulls first). */
   readonly timeoutSec?: pulumi.Input<number>;
 }
