@@ -846,3 +846,40 @@ describe('crusoe: TLS on the control VM from an ACME CA', () => {
     expect(fails(withSecrets(tlsRaw))).toEqual([]);
   });
 });
+
+/** The API's environment in a rendered stack: its Deployment's env, or the control VM's env file. */
+function apiEnvOf(recorded: RecordedResource[]): Record<string, string> {
+  const dep = recorded.find(
+    (r) =>
+      r.type === 'kubernetes:apps/v1:Deployment' &&
+      ((unwrapSecrets(r.inputs) as Obj)['metadata'] as Obj)['name'] === 'space-api',
+  );
+  if (dep) {
+    const c = (podSpecOf(dep)['containers'] as Obj[])[0]!;
+    return Object.fromEntries(
+      ((c['env'] as Obj[]) ?? [])
+        .filter((e) => typeof e['value'] === 'string')
+        .map((e) => [e['name'], e['value']]),
+    ) as Record<string, string>;
+  }
+  const control = vmScripts(recorded)['space-control'];
+  return Object.fromEntries(
+    (envFilesOf(control ?? '')['space-api'] ?? '')
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]),
+  );
+}
+
+describe.each(Object.entries(VARIANTS))('exposure of stack %s', (name, base) => {
+  // finding "agent URLs handed to clients are private addresses": the API hands out data-plane
+  // URLs on SPACE_ROUTER_URL, and without it, the agent's own (private) URL
+  it('the API hands clients the router’s public URL, never an agent’s address', async () => {
+    const url = apiEnvOf(await render(withSecrets(base)))['SPACE_ROUTER_URL'];
+    expect(url, 'SPACE_ROUTER_URL').toMatch(/^https?:\/\/[^/]+\/?$/);
+    const u = new URL(url!);
+    expect(u.port, 'not the agent port').not.toBe('8081');
+    expect(u.hostname).not.toMatch(/^(10\.|192\.168\.|172\.(1[6-9]|2\d|3[01])\.)/);
+    if (name !== 'kind') expect(u.hostname).not.toMatch(/^(127\.|localhost$)/);
+  });
+});
