@@ -659,7 +659,12 @@ export function controlPlan(a: ControlArgs): VmPlan {
             'touch /etc/space/space-api.tls.env /etc/space/space-router.tls.env',
           ]
         : []),
-      `systemctl enable --now space-keys.service ${a.acme ? 'space-tls.service ' : ''}space-api.service space-router.service space-version-sync.timer space-config-sync.timer`,
+      'systemctl enable --now space-keys.service space-api.service space-router.service space-version-sync.timer space-config-sync.timer',
+      // not --now: a first certificate can fail (names not pointed yet) and a failed start would
+      // stop this script before it marks the VM provisioned; the unit retries on its own
+      ...(a.acme
+        ? ['systemctl enable space-tls.service', 'systemctl start --no-block space-tls.service']
+        : []),
     ],
   };
 }
