@@ -886,3 +886,39 @@ describe.each(Object.entries(VARIANTS))('exposure of stack %s', (name, base) => 
     if (name !== 'kind') expect(u.hostname).not.toMatch(/^(127\.|localhost$)/);
   });
 });
+
+describe('akamai vm: TLS at the NodeBalancer', () => {
+  // finding "no TLS except on one path": the vm path terminates TLS on the NodeBalancer
+  it('https on 443 (API) and 8443 (router) with the certificate, its key kept secret; clients and pulumi up use the names', async () => {
+    const key = 'nodebalancer-tls-key-5d1e';
+    const recorded = await render(
+      withSecrets({
+        ...VARIANTS['akamai']!,
+        apiTlsCertificate: CA.certPem,
+        apiTlsKey: key,
+        tlsHostnames: JSON.stringify({ api: 'api.space.example.com', router: 'router.space.example.com' }),
+      }),
+    );
+    const configs = recorded.filter((r) => r.type === 'linode:index/nodeBalancerConfig:NodeBalancerConfig');
+    expect(configs.map((c) => [c.inputs['port'], c.inputs['protocol']]).sort()).toEqual([
+      [443, 'https'],
+      [8443, 'https'],
+    ]);
+    for (const c of configs) {
+      expect(isWireSecret(c.inputs['sslKey'])).toBe(true);
+      expect(unwrapSecrets(c.inputs['sslCert'])).toBe(CA.certPem);
+    }
+    expect(recorded.flatMap((r) => plaintextOccurrences(r.inputs, key))).toEqual([]);
+    expect(apiEnvOf(recorded)['SPACE_ROUTER_URL']).toBe('https://router.space.example.com:8443');
+    expect(vmConfigOf(recorded)[0]!.inputs['apiUrl']).toBe('https://api.space.example.com');
+    // the names are those of the certificate: without it they are refused
+    expect(
+      fails(
+        withSecrets({
+          ...VARIANTS['akamai']!,
+          tlsHostnames: JSON.stringify({ api: 'a.example.com', router: 'r.example.com' }),
+        }),
+      ),
+    ).toEqual([expect.stringContaining('space:tlsHostnames: on akamai in vm mode')]);
+  });
+});
