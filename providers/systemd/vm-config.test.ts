@@ -3,7 +3,7 @@
  * API does: it waits for an API that is still booting, fails at once on a refused key, writes on
  * every `pulumi up`, and uses plain HTTP only until HTTPS has worked once.
  */
-import { execFileSync } from 'node:child_process';
+import { execFile, execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { createServer as createTlsServer } from 'node:https';
@@ -161,5 +161,28 @@ describe('space:VmConfig provider', () => {
       );
       expect(plain.seen).toHaveLength(1);
     });
+  });
+});
+
+describe('the default loader (what the serialized provider runs)', () => {
+  it('loads vm-config-client.ts under plain Node 24, outside vitest, and writes', async () => {
+    const a = await api(() => 200);
+    const script =
+      "const { vmConfigProvider } = await import('./providers/systemd/vm-config.ts');" +
+      `const r = await vmConfigProvider().create({ apiUrl: '${a.url}', apiKey: 'k', services: {}, timeoutSec: 5 });` +
+      'console.log(JSON.stringify(r));';
+    const out = await new Promise<string>((resolve, reject) =>
+      execFile(
+        process.execPath,
+        ['--input-type=module', '-e', script],
+        { cwd: new URL('../..', import.meta.url) },
+        (err, stdout) => (err ? reject(err) : resolve(stdout)),
+      ),
+    );
+    expect(JSON.parse(out)).toEqual({
+      id: 'vm-config',
+      outs: { apiUrl: a.url, services: {}, httpsConfirmed: false },
+    });
+    expect(a.seen).toHaveLength(1);
   });
 });
