@@ -295,6 +295,8 @@ export function agentEnvironment(
   gateway: Pick<GatewayOptions, 'enabled'> = { enabled: false },
 ): Record<string, string> {
   return {
+    // a node has no shell to build templates on: the agent builds its warm templates at first start
+    SPACE_BUILD_TEMPLATES: 'warm',
     ...overrides,
     ...(gateway.enabled
       ? {

@@ -1,4 +1,6 @@
 /** Address plan of the `vm` mode, shared by the clouds that use it. */
+import { createHash } from 'node:crypto';
+import * as pulumi from '@pulumi/pulumi';
 
 /** The `n`-th host address of an IPv4 CIDR (n = 1 is the first after the network address). */
 export function hostAddress(cidr: string, n: number): string {
@@ -12,4 +14,18 @@ export function hostAddress(cidr: string, n: number): string {
 /** The control VM's private address: the subnet's 10th host (clouds reserve the first few). */
 export function controlAddress(privateCidr: string): string {
   return hostAddress(privateCidr, 10);
+}
+
+/**
+ * SHA-256 (hex) of `space:bootstrapApiKey`, for the API's `SPACE_BOOTSTRAP_API_KEY_SHA256` in the
+ * control VM's user data (undefined without the key). Deliberately not secret: user data is not a
+ * secret place, the hash of a key with 190+ random bits cannot be turned back into it, and a
+ * secret user data would hide every diff of it.
+ */
+export function bootstrapKeySha256(cfg: {
+  readonly secrets: { readonly bootstrapApiKey?: pulumi.Output<string> };
+}): pulumi.Output<string | undefined> {
+  const key = cfg.secrets.bootstrapApiKey;
+  if (!key) return pulumi.output(undefined);
+  return pulumi.unsecret(key.apply((k) => createHash('sha256').update(k).digest('hex')));
 }

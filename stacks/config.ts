@@ -9,6 +9,7 @@ import * as pulumi from '@pulumi/pulumi';
 import { CLOUDS, type Cloud, instanceType } from '../providers/catalogue.ts';
 import { cloudProfiles, type DeployMode, type NodePool, parseNodePools } from '../providers/node-pool.ts';
 import { checkEnvOverrides, DEFAULT_IMAGE_REPOSITORY } from '../providers/runtime-settings.ts';
+import { LETS_ENCRYPT_DIRECTORY } from '../providers/systemd/cloud-init.ts';
 import { agentSettings } from '../runtime/agent/config.ts';
 import { buildDenySet, type Cidr, parseCidr } from '../runtime/gateway/addresses.ts';
 import { caFromPem } from '../runtime/gateway/ca.ts';
@@ -172,8 +173,8 @@ export const CONFIG_KEYS = {
   routerUrl: {
     type: 'string',
     default:
-      'kind: `http://127.0.0.1:8082`; akamai `vm`: the NodeBalancer’s router port; with `tlsHostnames`: `https://<router>`',
-    doc: 'Public base URL of the router (`SPACE_ROUTER_URL`): the data-plane URL the API hands to clients. Required where no default applies (coreweave and akamai `kubernetes` without `tlsHostnames`, crusoe).',
+      'kind: `http://127.0.0.1:8082`; akamai `vm`: the NodeBalancer’s router port (with `tlsHostnames`: `https://<router>:8443`); kubernetes with `tlsHostnames`: `https://<router>`; crusoe with `tlsHostnames`: `https://<router>:8082`',
+    doc: 'Public base URL of the router (`SPACE_ROUTER_URL`): the data-plane URL the API hands to clients. Required where no default applies (coreweave and akamai `kubernetes` without `tlsHostnames`, crusoe without `tlsHostnames`).',
   },
   tlsIssuer: {
     type: 'string',
@@ -182,8 +183,24 @@ export const CONFIG_KEYS = {
   },
   tlsHostnames: {
     type: 'object',
-    clouds: ['akamai', 'coreweave', 'kind'],
-    doc: '`{ "api": "<dns name>", "router": "<dns name>" }`: the names on the certificate; point them at the `space-api` and `space-router` load balancers.',
+    doc: '`{ "api": "<dns name>", "router": "<dns name>" }`: the names clients use and the certificate carries. Kubernetes: with `tlsIssuer`, point them at the `space-api` and `space-router` load balancers; Akamai `vm`: the names on `apiTlsCertificate`, pointed at the NodeBalancer; Crusoe: the control VM gets the certificate from an ACME CA (`acmeEmail`), point both at its address (output `controlPublicIp`).',
+  },
+  acmeEmail: {
+    type: 'string',
+    clouds: ['crusoe'],
+    doc: 'Account e-mail for the ACME CA that issues the control VM’s certificate (certbot, HTTP-01: port 80 is opened to all while `tlsHostnames` is set). Required with `tlsHostnames` on Crusoe.',
+  },
+  acmeServer: {
+    type: 'string',
+    default: 'Let’s Encrypt production (`https://acme-v02.api.letsencrypt.org/directory`)',
+    clouds: ['crusoe'],
+    doc: 'ACME directory URL (e.g. Let’s Encrypt staging while testing).',
+  },
+  bootstrapApiKey: {
+    type: 'string',
+    secret: true,
+    clouds: ['akamai', 'crusoe'],
+    doc: 'An API key the deployment makes for itself (`space_` + at least 32 letters or digits: `echo space_$(openssl rand -hex 24)`): the API imports its SHA-256 as an admin key, and every `pulumi up` writes the VMs’ configuration through it (`space:VmConfig`). Required in `vm` mode; use it as your first API key too.',
   },
   lkeFirewallToken: {
     type: 'string',
@@ -261,6 +278,12 @@ export interface StackConfig {
   readonly apiTlsCertificate: string | undefined;
   /** `space:routerUrl`, when set. */
   readonly routerUrl: string | undefined;
+  /** ACME TLS on the Crusoe control VM, when `space:tlsHostnames` is set there. */
+  readonly acme:
+    | { readonly hostnames: readonly string[]; readonly email: string; readonly server: string }
+    | undefined;
+  /** Akamai `vm`: the names `space:apiTlsCertificate` carries (`space:tlsHostnames`), when set. */
+  readonly vmTlsHostnames: { readonly api: string; readonly router: string } | undefined;
   /** cert-manager TLS (`kubernetes` mode), when `space:tlsIssuer` and `space:tlsHostnames` are set. */
   readonly tls:
     | { readonly issuer: string; readonly apiHostname: string; readonly routerHostname: string }
@@ -281,6 +304,7 @@ export interface StackConfig {
     readonly apiTlsKey?: pulumi.Output<string>;
     readonly gatewayCaKey?: pulumi.Output<string>;
     readonly lkeFirewallToken?: pulumi.Output<string>;
+    readonly bootstrapApiKey?: pulumi.Output<string>;
   };
 }
 
@@ -521,31 +545,64 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
   const hostnames = json('tlsHostnames') as { api?: unknown; router?: unknown } | undefined;
   const dns = /^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$/i;
   let tls: StackConfig['tls'];
-  if (has('tlsIssuer') !== has('tlsHostnames'))
-    problems.push('space:tlsIssuer and space:tlsHostnames: set both (cert-manager TLS) or neither');
-  else if (hostnames !== undefined) {
-    if (mode !== 'kubernetes')
+  let acme: StackConfig['acme'];
+  let vmTlsHostnames: StackConfig['vmTlsHostnames'];
+  const names =
+    hostnames !== undefined &&
+    typeof hostnames.api === 'string' &&
+    dns.test(hostnames.api) &&
+    typeof hostnames.router === 'string' &&
+    dns.test(hostnames.router)
+      ? { api: hostnames.api, router: hostnames.router }
+      : undefined;
+  if (hostnames !== undefined && !names)
+    problems.push('space:tlsHostnames: must be { "api": "<dns name>", "router": "<dns name>" }');
+  if (cloud === 'crusoe') {
+    // no load balancer here: the control VM gets its certificate from an ACME CA itself
+    const email = raw('acmeEmail');
+    const server = raw('acmeServer') ?? LETS_ENCRYPT_DIRECTORY;
+    if (email !== undefined && !/^[^\s@]+@[^\s@]+$/.test(email))
+      problems.push(`space:acmeEmail: not an e-mail address ("${email}")`);
+    if (!/^https:\/\/\S+$/.test(server))
+      problems.push(`space:acmeServer: must be an https:// URL ("${server}")`);
+    if (hostnames === undefined) {
+      for (const k of ['acmeEmail', 'acmeServer'] as const)
+        if (has(k)) problems.push(`space:${k}: only with space:tlsHostnames (the names to certify)`);
+    } else if (email === undefined)
+      problems.push('space:acmeEmail: required with space:tlsHostnames on crusoe (the ACME account e-mail)');
+    else if (names) acme = { hostnames: [...new Set([names.api, names.router])], email, server };
+  } else if (mode === 'vm') {
+    if (has('tlsIssuer'))
       problems.push('space:tlsIssuer: kubernetes mode only (VMs: the load balancer’s TLS)');
-    else if (
-      typeof hostnames.api !== 'string' ||
-      !dns.test(hostnames.api) ||
-      typeof hostnames.router !== 'string' ||
-      !dns.test(hostnames.router)
-    )
-      problems.push('space:tlsHostnames: must be { "api": "<dns name>", "router": "<dns name>" }');
-    else tls = { issuer: raw('tlsIssuer')!, apiHostname: hostnames.api, routerHostname: hostnames.router };
-  }
+    else if (hostnames !== undefined && !has('apiTlsCertificate'))
+      problems.push(
+        'space:tlsHostnames: on akamai in vm mode these are the names on space:apiTlsCertificate; set it too',
+      );
+    else vmTlsHostnames = names;
+  } else if (has('tlsIssuer') !== has('tlsHostnames'))
+    problems.push('space:tlsIssuer and space:tlsHostnames: set both (cert-manager TLS) or neither');
+  else if (names) tls = { issuer: raw('tlsIssuer')!, apiHostname: names.api, routerHostname: names.router };
   const routerUrl = raw('routerUrl');
   if (routerUrl !== undefined && !/^https?:\/\/[^/\s]+\/?$/.test(routerUrl))
     problems.push('space:routerUrl: must be http(s)://host[:port]');
   const routerUrlDefaulted =
     cloud === 'kind' ||
     (cloud === 'akamai' && mode === 'vm') ||
-    (mode === 'kubernetes' && has('tlsHostnames'));
+    (mode === 'kubernetes' && has('tlsHostnames')) ||
+    (cloud === 'crusoe' && has('tlsHostnames'));
   if (routerUrl === undefined && !routerUrlDefaulted)
     problems.push(
       `space:routerUrl: required on ${cloud} in ${mode} mode (the router's public address is not known before it exists; clients reach sandboxes only through it)`,
     );
+  const bootstrapApiKey = raw('bootstrapApiKey');
+  if (mode === 'vm' && bootstrapApiKey === undefined)
+    problems.push(
+      'space:bootstrapApiKey: required in vm mode (pulumi config set --secret space:bootstrapApiKey "space_$(openssl rand -hex 24)"): every pulumi up writes the VMs’ configuration through the API with it',
+    );
+  else if (mode !== 'vm' && bootstrapApiKey !== undefined)
+    problems.push('space:bootstrapApiKey: vm mode only (Kubernetes reconfigures pods itself)');
+  else if (bootstrapApiKey !== undefined && !/^space_[A-Za-z0-9]{32,}$/.test(bootstrapApiKey))
+    problems.push('space:bootstrapApiKey: must be "space_" and at least 32 letters or digits');
   if (has('apiTlsCertificate') !== has('apiTlsKey'))
     problems.push('space:apiTlsCertificate and space:apiTlsKey: set both or neither');
   if (cloud === 'crusoe') {
@@ -579,6 +636,8 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
     apiTlsCertificate: raw('apiTlsCertificate'),
     routerUrl,
     tls,
+    acme,
+    vmTlsHostnames,
     nodeCidrs,
     nodeTolerations,
     crusoeProjectId: raw('crusoeProjectId') ?? '',
@@ -596,6 +655,7 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
           'apiTlsKey',
           'gatewayCaKey',
           'lkeFirewallToken',
+          'bootstrapApiKey',
         ] as const
       )
         .filter((k) => raw(k) !== undefined)

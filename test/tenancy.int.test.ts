@@ -113,6 +113,8 @@ function routes(id: string, op: string): { method: string; path: string; body?: 
       body: { version: 'v1' },
       scope: 'deployment:admin',
     },
+    { method: 'GET', path: '/v1/deployment/vm-config', scope: 'deployment:admin' },
+    { method: 'PUT', path: '/v1/deployment/vm-config', body: { services: {} }, scope: 'deployment:admin' },
     { method: 'GET', path: '/v1/credentials', scope: 'credentials:read' },
     { method: 'GET', path: '/v1/credentials/nope', scope: 'credentials:read' },
     {

@@ -17,8 +17,16 @@ import { runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
 import { type PublicExposure, Runtime } from '../kubernetes/runtime.ts';
 import { NODE_LABEL, POOL_LABEL } from '../node-pool.ts';
 import { AGENT_PORT, API_PORT, imageRef, REDIS_PORT, ROUTER_PORT } from '../runtime-settings.ts';
-import { agentPlan, controlPlan, toCloudConfig } from '../systemd/cloud-init.ts';
-import { controlAddress } from '../vm-network.ts';
+import {
+  type AgentArgs,
+  agentPlan,
+  agentServiceEnv,
+  controlPlan,
+  controlServiceEnv,
+  toCloudConfig,
+} from '../systemd/cloud-init.ts';
+import { VmConfig } from '../systemd/vm-config.ts';
+import { bootstrapKeySha256, controlAddress } from '../vm-network.ts';
 import { lkeFirewallObjects } from './lke-firewall.ts';
 
 /** Linode's range for NodeBalancer-to-backend traffic (Linode NodeBalancer docs; unverified here). */
@@ -167,9 +175,29 @@ function deployVms(cfg: StackConfig, image?: pulumi.Resource): Record<string, pu
   });
   const routerScheme = cfg.apiTlsCertificate ? 'https' : 'http';
   // the API hands out the router's address on the NodeBalancer (or the operator's name for it)
+  // the names the certificate carries (space:tlsHostnames) when given, else the NodeBalancer's address
   const routerUrl = cfg.routerUrl
     ? pulumi.output(cfg.routerUrl)
-    : pulumi.interpolate`${routerScheme}://${nb.ipv4}:${akamaiRouterPort(cfg)}`;
+    : cfg.vmTlsHostnames
+      ? pulumi.output(`https://${cfg.vmTlsHostnames.router}:${akamaiRouterPort(cfg)}`)
+      : pulumi.interpolate`${routerScheme}://${nb.ipv4}:${akamaiRouterPort(cfg)}`;
+  const keySha = bootstrapKeySha256(cfg);
+  const controlArgs = (url: string, sha: string | undefined) => ({
+    ...vmArgs,
+    apiEnv: cfg.apiEnv,
+    routerUrl: url,
+    ...(sha ? { bootstrapKeySha256: sha } : {}),
+  });
+  const agentArgs = (pool: (typeof cfg.nodePools)[number]): AgentArgs => ({
+    ...vmArgs,
+    pool,
+    controlAddress: controlAddress(cfg.privateCidr),
+    gatewayEnabled: cfg.gatewayEnabled,
+    gatewayUpstreamDns: cfg.gatewayUpstreamDns,
+    gatewayDenyCidrs: cfg.gatewayDenyCidrs,
+    gatewayEnv: cfg.gatewayEnv,
+    agentEnv: cfg.agentEnv,
+  });
   const control = new linode.Instance(
     'space-control',
     {
@@ -180,9 +208,9 @@ function deployVms(cfg: StackConfig, image?: pulumi.Resource): Record<string, pu
       privateIp: true,
       interfaces: iface(controlAddress(cfg.privateCidr)),
       firewallId: id(controlFw),
-      metadatas: routerUrl.apply((url) =>
-        userData(toCloudConfig(controlPlan({ ...vmArgs, apiEnv: cfg.apiEnv, routerUrl: url }))),
-      ),
+      metadatas: pulumi
+        .all([routerUrl, keySha])
+        .apply(([url, sha]) => userData(toCloudConfig(controlPlan(controlArgs(url, sha))))),
       tags,
       ...ssh,
     },
@@ -211,20 +239,7 @@ function deployVms(cfg: StackConfig, image?: pulumi.Resource): Record<string, pu
             privateIp: true,
             interfaces: iface(),
             firewallId: id(nodesFw),
-            metadatas: userData(
-              toCloudConfig(
-                agentPlan({
-                  ...vmArgs,
-                  pool,
-                  controlAddress: controlAddress(cfg.privateCidr),
-                  gatewayEnabled: cfg.gatewayEnabled,
-                  gatewayUpstreamDns: cfg.gatewayUpstreamDns,
-                  gatewayDenyCidrs: cfg.gatewayDenyCidrs,
-                  gatewayEnv: cfg.gatewayEnv,
-                  agentEnv: cfg.agentEnv,
-                }),
-              ),
-            ),
+            metadatas: userData(toCloudConfig(agentPlan(agentArgs(pool)))),
             tags: [...tags, `space-pool-${pool.name}`],
             ...ssh,
           },
@@ -265,8 +280,32 @@ function deployVms(cfg: StackConfig, image?: pulumi.Resource): Record<string, pu
     label: 'space-control-router',
     address: pulumi.interpolate`${control.privateIpAddress}:${ROUTER_PORT}`,
   });
+  const apiUrl = cfg.vmTlsHostnames
+    ? pulumi.output(`https://${cfg.vmTlsHostnames.api}`)
+    : pulumi.interpolate`${tls ? 'https' : 'http'}://${nb.ipv4}`;
+  if (cfg.secrets.bootstrapApiKey) {
+    // every pulumi up: what a VM made now would get, written for the VMs that exist
+    new VmConfig(
+      'space-vm-config',
+      {
+        apiUrl,
+        apiKey: cfg.secrets.bootstrapApiKey,
+        // a version bump reaches the VMs too: each moves to it in place (space-version-sync)
+        version: cfg.version,
+        services: pulumi
+          .all([routerUrl, keySha])
+          .apply(([url, sha]) =>
+            Object.assign(
+              controlServiceEnv(controlArgs(url, sha)),
+              ...cfg.nodePools.map((pool) => agentServiceEnv(agentArgs(pool))),
+            ),
+          ),
+      },
+      { dependsOn: [control, ...nodes] },
+    );
+  }
   return {
-    apiUrl: pulumi.interpolate`${tls ? 'https' : 'http'}://${nb.ipv4}`,
+    apiUrl,
     routerUrl,
     controlIp: control.ipv4s.apply((ips) => ips[0]),
     nodeIps: nodes.map((n) => n.ipv4s.apply((ips) => ips[0])),

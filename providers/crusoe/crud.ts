@@ -217,6 +217,18 @@ export function instancePrivateIpv4(resource: unknown): string | undefined {
   return address || undefined;
 }
 
+/**
+ * The public IPv4 address of a VM as the API reports it: `network_interfaces[0].ips[0].
+ * public_ipv4.address` (the same object as the private address; the request asks for a dynamic
+ * public address there). Undefined when absent.
+ */
+export function instancePublicIpv4(resource: unknown): string | undefined {
+  const r = resource as
+    | { network_interfaces?: { ips?: { public_ipv4?: { address?: string } }[] }[] }
+    | undefined;
+  return r?.network_interfaces?.[0]?.ips?.[0]?.public_ipv4?.address || undefined;
+}
+
 /** GET the resource; outputs keep the inputs and add the API's view. */
 export async function read(
   kind: CrusoeKind,

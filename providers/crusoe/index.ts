@@ -12,8 +12,19 @@ import * as pulumi from '@pulumi/pulumi';
 import type { StackConfig } from '../../stacks/config.ts';
 import { isVmmDriver } from '../node-pool.ts';
 import { AGENT_PORT, API_PORT, REDIS_PORT, ROUTER_PORT } from '../runtime-settings.ts';
-import { agentPlan, controlPlan, toShellScript } from '../systemd/cloud-init.ts';
-import { instancePrivateIpv4 } from './crud.ts';
+import {
+  type AgentArgs,
+  agentPlan,
+  agentServiceEnv,
+  type ControlArgs,
+  controlPlan,
+  controlServiceEnv,
+  LETS_ENCRYPT_DIRECTORY,
+  toShellScript,
+} from '../systemd/cloud-init.ts';
+import { VmConfig } from '../systemd/vm-config.ts';
+import { bootstrapKeySha256 } from '../vm-network.ts';
+import { instancePrivateIpv4, instancePublicIpv4 } from './crud.ts';
 import { FirewallRule, Instance, Subnet } from './provider.ts';
 
 /** One Crusoe VPC firewall rule, plain values. */
@@ -46,6 +57,9 @@ export function crusoeFirewallRules(cfg: StackConfig): CrusoeRule[] {
     // clients reach the API and the router (both on the control VM), never an agent
     ingress('space-api', cfg.clientCidrs, API_PORT),
     ingress('space-router', cfg.clientCidrs, ROUTER_PORT),
+    // ACME HTTP-01: the CA validates from addresses it does not publish, so port 80 is open to all
+    // (only certbot listens there, while it asks for or renews the certificate)
+    ...(cfg.acme ? [ingress('space-acme-http', ['0.0.0.0/0'], 80)] : []),
     ingress('space-redis-private', [cfg.privateCidr], REDIS_PORT),
     // dispatch (API) and forwarding (router) to the agents, inside the subnet only
     ingress('space-dispatch-private', [cfg.privateCidr], AGENT_PORT),
@@ -70,6 +84,25 @@ export function controlPrivateAddress(resource: unknown): string {
       'crusoe: the control VM reports no private IPv4 (network_interfaces[0].ips[0].private_ipv4)',
     );
   return address;
+}
+
+/** The control VM's public address, from the VM the API created (fails loudly when absent). */
+export function controlPublicAddress(resource: unknown): string {
+  const address = instancePublicIpv4(resource);
+  if (!address)
+    throw new Error(
+      'crusoe: the control VM reports no public IPv4 (network_interfaces[0].ips[0].public_ipv4)',
+    );
+  return address;
+}
+
+/** The API's URL on Crusoe: its TLS name when `space:tlsHostnames` is set, else the control VM's address. Pure. */
+export function crusoeApiUrl(
+  cfg: Pick<StackConfig, 'acme'>,
+  names: { api?: string },
+  publicIp: string,
+): string {
+  return cfg.acme && names.api ? `https://${names.api}:${API_PORT}` : `http://${publicIp}:${API_PORT}`;
 }
 
 /** Deploys SPACE on Crusoe VMs. */
@@ -117,17 +150,41 @@ export function deployCrusoe(
   // `space-upgrade` on each VM (docs/deployment.md), so the startup script is ignored after creation
   // and with space:imageBuild, no VM is made before its image is pushed
   const keepVms = { ignoreChanges: ['startupScript'], dependsOn: [previous, ...(image ? [image] : [])] };
+  const names = { api: cfg.acme?.hostnames[0] };
+  // the TLS unit is always there (no names: plain HTTP), so TLS can be turned on later through
+  // the VM configuration without replacing the control VM
+  const acme = cfg.acme ?? { hostnames: [], email: '', server: LETS_ENCRYPT_DIRECTORY };
+  // without a name the router's public address is not known before the VM exists: routerUrl is required
+  const routerUrl = cfg.routerUrl ?? `https://${cfg.acme!.hostnames.at(-1)}:${ROUTER_PORT}`;
+  const keySha = bootstrapKeySha256(cfg);
+  const controlArgs = (sha: string | undefined): ControlArgs => ({
+    ...vmArgs,
+    apiEnv: cfg.apiEnv,
+    routerUrl,
+    acme,
+    ...(sha ? { bootstrapKeySha256: sha } : {}),
+  });
   const control = new Instance(
     'space-control',
     {
       ...vmCommon,
       name: `space-control-${pulumi.getStack()}`,
       type: cfg.controlInstanceType,
-      startupScript: toShellScript(controlPlan({ ...vmArgs, apiEnv: cfg.apiEnv, routerUrl: cfg.routerUrl! })),
+      startupScript: keySha.apply((sha) => toShellScript(controlPlan(controlArgs(sha)))),
       nestedVirtualization: false,
     },
     keepVms,
   );
+  const agentArgs = (pool: (typeof cfg.nodePools)[number], controlAddress: string): AgentArgs => ({
+    ...vmArgs,
+    pool,
+    controlAddress,
+    gatewayEnabled: cfg.gatewayEnabled,
+    gatewayUpstreamDns: cfg.gatewayUpstreamDns,
+    gatewayDenyCidrs: cfg.gatewayDenyCidrs,
+    gatewayEnv: cfg.gatewayEnv,
+    agentEnv: cfg.agentEnv,
+  });
   const nodes = cfg.nodePools.flatMap((pool) =>
     Array.from(
       { length: pool.count },
@@ -139,18 +196,7 @@ export function deployCrusoe(
             name: `space-node-${pool.name}-${i}-${pulumi.getStack()}`,
             type: pool.instanceType,
             startupScript: control.resource.apply((resource) =>
-              toShellScript(
-                agentPlan({
-                  ...vmArgs,
-                  pool,
-                  controlAddress: controlPrivateAddress(resource),
-                  gatewayEnabled: cfg.gatewayEnabled,
-                  gatewayUpstreamDns: cfg.gatewayUpstreamDns,
-                  gatewayDenyCidrs: cfg.gatewayDenyCidrs,
-                  gatewayEnv: cfg.gatewayEnv,
-                  agentEnv: cfg.agentEnv,
-                }),
-              ),
+              toShellScript(agentPlan(agentArgs(pool, controlPrivateAddress(resource)))),
             ),
             nestedVirtualization: isVmmDriver(pool.driver),
           },
@@ -158,8 +204,37 @@ export function deployCrusoe(
         ),
     ),
   );
+  const publicIp = control.resource.apply(controlPublicAddress);
+  const apiUrl = publicIp.apply((ip) => crusoeApiUrl(cfg, names, ip));
+  if (cfg.secrets.bootstrapApiKey) {
+    // every pulumi up: what a VM made now would get, written for the VMs that exist
+    new VmConfig(
+      'space-vm-config',
+      {
+        apiUrl,
+        ...(cfg.acme ? { plainApiUrl: pulumi.interpolate`http://${publicIp}:${API_PORT}` } : {}),
+        apiKey: cfg.secrets.bootstrapApiKey,
+        // a version bump reaches the VMs too: each moves to it in place (space-version-sync)
+        version: cfg.version,
+        services: pulumi
+          .all([control.resource, keySha])
+          .apply(([resource, sha]) =>
+            Object.assign(
+              controlServiceEnv(controlArgs(sha)),
+              ...cfg.nodePools.map((pool) =>
+                agentServiceEnv(agentArgs(pool, controlPrivateAddress(resource))),
+              ),
+            ),
+          ),
+      },
+      { dependsOn: [control, ...nodes] },
+    );
+  }
   return {
+    apiUrl,
+    routerUrl,
     controlVm: control.id,
+    controlPublicIp: publicIp,
     controlPrivateAddress: control.resource.apply(controlPrivateAddress),
     nodeVms: nodes.map((n) => n.id),
   };

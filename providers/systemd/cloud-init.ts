@@ -21,7 +21,12 @@
  * at every boot before the gateway starts.
  */
 import { stringify } from 'yaml';
-import { DEPLOY_TARGET_VERSION_KEY, VERSION_TAG } from '../../runtime/core/redis-keys.ts';
+import { renderEnvFile } from '../../runtime/core/env-file.ts';
+import {
+  DEPLOY_TARGET_VERSION_KEY,
+  DEPLOY_VM_CONFIG_KEY,
+  VERSION_TAG,
+} from '../../runtime/core/redis-keys.ts';
 import type { NodePool } from '../node-pool.ts';
 import {
   AGENT_PORT,
@@ -45,6 +50,9 @@ import {
   routerEnvironment,
   SERVICE_COMMANDS,
   SIGNING_KEY_FILE,
+  TLS_CERT_FILE,
+  TLS_DIR,
+  TLS_KEY_FILE,
   VERIFY_KEY_FILE,
 } from '../runtime-settings.ts';
 
@@ -76,10 +84,38 @@ export interface VmCommonArgs {
   readonly privateCidr: string;
 }
 
+/**
+ * TLS on the control VM itself, from an ACME CA (certbot, HTTP-01 on port 80): for clouds with no
+ * load balancer that terminates TLS here (Crusoe).
+ */
+export interface AcmeArgs {
+  /** DNS names on the certificate (the API's and the router's); empty: plain HTTP. */
+  readonly hostnames: readonly string[];
+  /** Account e-mail given to the CA. */
+  readonly email: string;
+  /** ACME directory URL. */
+  readonly server: string;
+}
+
+/** Let's Encrypt's production ACME directory (letsencrypt.org/docs/acme-protocol-updates). */
+export const LETS_ENCRYPT_DIRECTORY = 'https://acme-v02.api.letsencrypt.org/directory';
+
 /** Arguments of the control role. */
 export interface ControlArgs extends VmCommonArgs {
   /** Extra API settings. Default none. */
   readonly apiEnv?: Readonly<Record<string, string>>;
+  /**
+   * SHA-256 (hex) of the API key the deployment holds (`space:bootstrapApiKey`): the API imports it,
+   * so `pulumi up` can write the VM configuration. Not a secret (the key is 190+ random bits).
+   * Default none.
+   */
+  readonly bootstrapKeySha256?: string;
+  /**
+   * ACME TLS on the control VM (`space-tls` unit). Absent: the VM has no such unit (a load balancer
+   * in front terminates TLS, or none does). Present with no hostnames: the unit exists and serves
+   * nothing, so TLS can be turned on later through the VM configuration.
+   */
+  readonly acme?: AcmeArgs;
   /**
    * The router's public base URL (`SPACE_ROUTER_URL` of the API): the cloud's load balancer in front
    * of the router, or the control VM's public address. Clients get data-plane URLs there only.
@@ -107,11 +143,77 @@ export interface AgentArgs extends VmCommonArgs {
   readonly agentEnv?: Readonly<Record<string, string>>;
 }
 
-const envFile = (vars: Record<string, string>) =>
-  `${Object.entries(vars)
-    .sort(([a], [b]) => a.localeCompare(b))
-    .map(([k, v]) => `${k}=${v}`)
-    .join('\n')}\n`;
+const envFile = renderEnvFile;
+
+/**
+ * The env of every service of a VM role, by VM service name (the fields of
+ * `space:deploy:vm-config`): what cloud-init writes at first boot and what `pulumi up` writes
+ * through `PUT /v1/deployment/vm-config` afterwards, from one function so the two agree byte for
+ * byte (a VM restarts a service only when its file changes).
+ */
+export type VmServiceEnv = Record<string, Record<string, string>>;
+
+/** Where a VM keeps a service's env file and which unit reads it. */
+interface SyncedService {
+  /** Field in `space:deploy:vm-config`. */
+  readonly service: string;
+  readonly file: string;
+  /** Unit restarted when the file changes. */
+  readonly unit: string;
+}
+
+/** The control VM's services: API, router, and with {@link ControlArgs.acme} the TLS unit. Pure. */
+export function controlServiceEnv(a: ControlArgs): VmServiceEnv {
+  const redisUrl = `redis://127.0.0.1:${REDIS_PORT}`;
+  return {
+    'space-api': {
+      ...apiEnvironment(a.apiEnv, { routerUrl: a.routerUrl }),
+      ...(a.bootstrapKeySha256 ? { SPACE_BOOTSTRAP_API_KEY_SHA256: a.bootstrapKeySha256 } : {}),
+      SPACE_REDIS_URL: redisUrl,
+    },
+    // the router: Redis and the verify key the control VM made (space-keys), nothing else
+    'space-router': { ...routerEnvironment(), SPACE_REDIS_URL: redisUrl },
+    ...(a.acme
+      ? {
+          'space-tls': {
+            // always present (maybe empty): an empty file would read as "no configuration"
+            SPACE_TLS_HOSTNAMES: a.acme.hostnames.join(','),
+            SPACE_ACME_EMAIL: a.acme.email,
+            SPACE_ACME_SERVER: a.acme.server,
+          },
+        }
+      : {}),
+  };
+}
+
+/** The VM service name of the agent of `pool` (agents of different pools differ: driver, labels). */
+export const agentService = (pool: string) => `space-agent@${pool}`;
+
+/** A node VM's services: the gateway (unless disabled) and the agent of its pool. Pure. */
+export function agentServiceEnv(a: AgentArgs): VmServiceEnv {
+  const gw = a.gatewayEnabled ?? true;
+  const redisUrl = `redis://${a.controlAddress}:${REDIS_PORT}`;
+  return {
+    ...(gw
+      ? {
+          'space-gateway': {
+            ...gatewayEnvironment({
+              enabled: true,
+              ...(a.gatewayUpstreamDns ? { upstreamDns: a.gatewayUpstreamDns } : {}),
+              ...(a.gatewayDenyCidrs ? { denyCidrs: a.gatewayDenyCidrs } : {}),
+              ...(a.gatewayEnv ? { env: a.gatewayEnv } : {}),
+            }),
+            // the gateway reads credential values from the state of record itself (as the agent does)
+            SPACE_REDIS_URL: redisUrl,
+          },
+        }
+      : {}),
+    [agentService(a.pool.name)]: {
+      ...agentEnvironment(a.pool, a.agentEnv, { enabled: gw }),
+      SPACE_REDIS_URL: redisUrl,
+    },
+  };
+}
 
 /** `/etc/space/image.env`: the only place a VM names the image; `space-upgrade` rewrites it. */
 function imageFile(a: VmCommonArgs): VmFile {
@@ -246,27 +348,195 @@ function versionSyncFiles(redisHost: string, spreadSec: number): VmFile[] {
   ];
 }
 
+/**
+ * Configuration changes without SSH: a timer on every VM reads the deployment's VM configuration
+ * from Redis ({@link DEPLOY_VM_CONFIG_KEY}, written by `pulumi up` through
+ * `PUT /v1/deployment/vm-config`) once a minute and, for each of this VM's services whose field
+ * differs from its env file, replaces the file and restarts that unit only. A field that is absent
+ * leaves the file as it is; a value that is not an env file (every line `NAME=value`) is refused.
+ * `services` are applied in order (TLS before the API; the gateway before the agent).
+ */
+function configSyncFiles(redisHost: string, services: readonly SyncedService[]): VmFile[] {
+  return [
+    {
+      path: '/usr/local/sbin/space-config-sync',
+      mode: '0755',
+      content: [
+        '#!/bin/sh',
+        '# applies the deployment VM configuration in Redis: a changed env file is replaced and its unit restarted',
+        'set -u',
+        'rc=0',
+        '# apply <service> <env file> <unit>',
+        'apply() {',
+        `  v=$(redis-cli -h ${redisHost} -p ${REDIS_PORT} --raw HGET ${DEPLOY_VM_CONFIG_KEY} "$1") || { echo "space-config-sync: Redis unreachable" >&2; exit 1; }`,
+        '  [ -n "$v" ] || return 0',
+        `  printf '%s\\n' "$v" > "$2.sync"`,
+        `  if grep -Evq '^[A-Za-z_][A-Za-z0-9_]*=' "$2.sync"; then`,
+        '    echo "space-config-sync: refusing $1: not an env file" >&2',
+        '    rm -f "$2.sync"; rc=1; return 0',
+        '  fi',
+        '  if cmp -s "$2.sync" "$2"; then rm -f "$2.sync"; return 0; fi',
+        '  mv "$2.sync" "$2"',
+        '  echo "space-config-sync: $1 changed; restarting $3"',
+        '  systemctl restart "$3" || rc=1',
+        '}',
+        ...services.map((x) => `apply ${x.service} ${x.file} ${x.unit}`),
+        'exit $rc',
+        '',
+      ].join('\n'),
+    },
+    {
+      path: '/etc/systemd/system/space-config-sync.service',
+      mode: '0644',
+      content: [
+        '[Unit]',
+        'Description=SPACE: apply the deployment VM configuration',
+        'Wants=network-online.target',
+        'After=network-online.target',
+        '',
+        '[Service]',
+        'Type=oneshot',
+        'ExecStart=/usr/local/sbin/space-config-sync',
+        '',
+      ].join('\n'),
+    },
+    {
+      path: '/etc/systemd/system/space-config-sync.timer',
+      mode: '0644',
+      content: [
+        '[Unit]',
+        'Description=SPACE: check the deployment VM configuration every minute',
+        '',
+        '[Timer]',
+        'OnBootSec=1min',
+        'OnUnitInactiveSec=1min',
+        '',
+        '[Install]',
+        'WantedBy=timers.target',
+        '',
+      ].join('\n'),
+    },
+  ];
+}
+
+/**
+ * ACME TLS on the control VM: `space-tls` (bash) asks certbot for one certificate naming
+ * `SPACE_TLS_HOSTNAMES` (HTTP-01, certbot's standalone server on port 80), copies it to
+ * {@link TLS_DIR} and writes the API's and the router's TLS env files (`*.tls.env`), restarting
+ * them only when what they serve changed. It runs at every boot (a unit, ordered before them), when
+ * the VM configuration changes `space-tls`, and as certbot's deploy hook after each renewal
+ * (Debian's certbot package renews from its own timer). Idempotent: certbot keeps a certificate
+ * until it is due. Until a certificate exists (DNS not pointed yet, CA unreachable) the API and the
+ * router serve plain HTTP, and the unit retries every 5 minutes; with no hostnames they serve
+ * plain HTTP.
+ */
+function acmeFiles(): VmFile[] {
+  const live = '/etc/letsencrypt/live/space';
+  return [
+    {
+      path: '/usr/local/sbin/space-tls',
+      mode: '0755',
+      content: [
+        '#!/bin/bash',
+        '# usage: space-tls [--installed]  (--installed: certbot deploy hook, installs without asking the CA)',
+        'set -euo pipefail',
+        'conf=/etc/space/space-tls.env',
+        'get() { sed -n "s/^$1=//p" "$conf" 2>/dev/null | head -n 1; }',
+        'hosts=$(get SPACE_TLS_HOSTNAMES)',
+        'email=$(get SPACE_ACME_EMAIL)',
+        'server=$(get SPACE_ACME_SERVER)',
+        `live=${live}`,
+        // biome-ignore lint/suspicious/noTemplateCurlyInString: bash parameter expansion, not a template
+        'if [ -n "$hosts" ] && [ "${1:-}" != "--installed" ]; then',
+        '  [[ "$hosts" =~ ^[a-z0-9.-]+(,[a-z0-9.-]+)*$ ]] || { echo "space-tls: bad SPACE_TLS_HOSTNAMES" >&2; exit 2; }',
+        '  [[ "$email" =~ ^[^[:space:]@]+@[^[:space:]@]+$ ]] || { echo "space-tls: bad SPACE_ACME_EMAIL" >&2; exit 2; }',
+        '  [[ "$server" =~ ^https://[^[:space:]]+$ ]] || { echo "space-tls: bad SPACE_ACME_SERVER" >&2; exit 2; }',
+        '  domains=()',
+        '  IFS=, read -ra names <<< "$hosts"',
+        // biome-ignore lint/suspicious/noTemplateCurlyInString: bash parameter expansion, not a template
+        '  for h in "${names[@]}"; do domains+=(-d "$h"); done',
+        '  certbot certonly --standalone --non-interactive --agree-tos --email "$email" --server "$server" \\',
+        // biome-ignore lint/suspicious/noTemplateCurlyInString: bash parameter expansion, not a template
+        '    --cert-name space --keep-until-expiring --expand "${domains[@]}" \\',
+        '    --deploy-hook "/usr/local/sbin/space-tls --installed"',
+        'fi',
+        'restart=""',
+        'api_env=""',
+        'router_env=""',
+        'if [ -n "$hosts" ] && [ -s "$live/fullchain.pem" ] && [ -s "$live/privkey.pem" ]; then',
+        `  mkdir -p -m 0700 ${TLS_DIR}`,
+        `  if ! cmp -s "$live/fullchain.pem" ${TLS_CERT_FILE} || ! cmp -s "$live/privkey.pem" ${TLS_KEY_FILE}; then`,
+        `    install -m 0644 "$live/fullchain.pem" ${TLS_CERT_FILE}.new`,
+        `    install -m 0600 "$live/privkey.pem" ${TLS_KEY_FILE}.new`,
+        `    mv ${TLS_CERT_FILE}.new ${TLS_CERT_FILE}`,
+        `    mv ${TLS_KEY_FILE}.new ${TLS_KEY_FILE}`,
+        '    restart="space-api space-router"',
+        '  fi',
+        `  api_env=$(printf 'SPACE_API_TLS_CERT_FILE=%s\\nSPACE_API_TLS_KEY_FILE=%s' ${TLS_CERT_FILE} ${TLS_KEY_FILE})`,
+        `  router_env=$(printf 'SPACE_ROUTER_TLS_CERT_FILE=%s\\nSPACE_ROUTER_TLS_KEY_FILE=%s' ${TLS_CERT_FILE} ${TLS_KEY_FILE})`,
+        'fi',
+        "# put <unit> <content>: rewrites the unit's TLS env file when it differs",
+        'put() {',
+        '  f=/etc/space/$1.tls.env',
+        '  if [ ! -e "$f" ] || [ "$(cat "$f")" != "$2" ]; then',
+        '    if [ -n "$2" ]; then printf \'%s\\n\' "$2" > "$f"; else : > "$f"; fi',
+        '    restart="$restart $1"',
+        '  fi',
+        '}',
+        'put space-api "$api_env"',
+        'put space-router "$router_env"',
+        '# try-restart: at boot they are not running yet and start after this unit',
+        'if [ -n "$restart" ]; then systemctl try-restart $restart; fi',
+        '',
+      ].join('\n'),
+    },
+    {
+      path: '/etc/systemd/system/space-tls.service',
+      mode: '0644',
+      content: [
+        '[Unit]',
+        'Description=SPACE: ACME certificate of the API and the router',
+        'Wants=network-online.target',
+        'After=network-online.target',
+        'Before=space-api.service space-router.service',
+        '',
+        '[Service]',
+        'Type=oneshot',
+        'ExecStart=/usr/local/sbin/space-tls',
+        // DNS not pointed at the VM yet, the CA unreachable: try again, while the API serves plain HTTP
+        'Restart=on-failure',
+        'RestartSec=300',
+        '',
+        '[Install]',
+        'WantedBy=multi-user.target',
+        '',
+      ].join('\n'),
+    },
+  ];
+}
+
 /** The control VM: Redis on the private network, the API, its own key pair. */
 export function controlPlan(a: ControlArgs): VmPlan {
-  const redisUrl = `redis://127.0.0.1:${REDIS_PORT}`;
+  const env = controlServiceEnv(a);
+  const synced: SyncedService[] = [
+    // TLS first: a new certificate or name set is in place before the API and router restart
+    ...(a.acme ? [{ service: 'space-tls', file: '/etc/space/space-tls.env', unit: 'space-tls' }] : []),
+    { service: 'space-api', file: '/etc/space/space-api.env', unit: 'space-api' },
+    { service: 'space-router', file: '/etc/space/space-router.env', unit: 'space-router' },
+  ];
+  // with ACME, the API and the router read their TLS settings from a second env file the
+  // `space-tls` unit writes once a certificate exists (empty until then: they serve plain HTTP)
+  const tlsServe = (unit: string) =>
+    a.acme ? [`-v ${TLS_DIR}:${TLS_DIR}:ro`, `--env-file /etc/space/${unit}.tls.env`] : [];
+  const tlsPre = (unit: string) =>
+    a.acme
+      ? [`ExecStartPre=/bin/sh -c 'mkdir -p -m 0700 ${TLS_DIR} && touch /etc/space/${unit}.tls.env'`]
+      : [];
   return {
-    packages: ['podman', 'redis-server', 'openssl', 'nftables'],
+    packages: ['podman', 'redis-server', 'openssl', 'nftables', ...(a.acme ? ['certbot'] : [])],
     files: [
       imageFile(a),
-      {
-        path: '/etc/space/space-api.env',
-        mode: '0644',
-        content: envFile({
-          ...apiEnvironment(a.apiEnv, { routerUrl: a.routerUrl }),
-          SPACE_REDIS_URL: redisUrl,
-        }),
-      },
-      {
-        // the router: Redis and the verify key the control VM made (space-keys), nothing else
-        path: '/etc/space/space-router.env',
-        mode: '0644',
-        content: envFile({ ...routerEnvironment(), SPACE_REDIS_URL: redisUrl }),
-      },
+      ...synced.map((x) => ({ path: x.file, mode: '0644', content: envFile(env[x.service]!) })),
       {
         path: '/etc/redis/redis.conf.d/space.conf',
         mode: '0644',
@@ -354,18 +624,27 @@ export function controlPlan(a: ControlArgs): VmPlan {
         'space-api',
         'SPACE API',
         SERVICE_COMMANDS.api,
-        [`-v ${KEY_DIR}:${KEY_DIR}:ro`, `-v /var/lib/space/api:/var/lib/space/api`],
+        [`-v ${KEY_DIR}:${KEY_DIR}:ro`, `-v /var/lib/space/api:/var/lib/space/api`, ...tlsServe('space-api')],
         ['After=space-keys.service redis-server.service', 'Requires=space-keys.service'],
+        tlsPre('space-api'),
       ),
       unit(
         'space-router',
         'SPACE data-plane router',
         SERVICE_COMMANDS.router,
-        [`-v ${VERIFY_KEY_FILE}:${VERIFY_KEY_FILE}:ro`, '--cap-drop all', '--security-opt no-new-privileges'],
+        [
+          `-v ${VERIFY_KEY_FILE}:${VERIFY_KEY_FILE}:ro`,
+          '--cap-drop all',
+          '--security-opt no-new-privileges',
+          ...tlsServe('space-router'),
+        ],
         ['After=space-keys.service redis-server.service', 'Requires=space-keys.service'],
+        tlsPre('space-router'),
       ),
+      ...(a.acme ? acmeFiles() : []),
       upgradeScript(a, ['space-router', 'space-api']),
       ...versionSyncFiles('127.0.0.1', 0),
+      ...configSyncFiles('127.0.0.1', synced),
     ],
     commands: [
       `mkdir -p /var/lib/space/api ${KEY_DIR}`,
@@ -374,7 +653,18 @@ export function controlPlan(a: ControlArgs): VmPlan {
       'systemctl enable --now space-control-guard.service',
       'systemctl restart redis-server',
       'podman pull "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"',
-      'systemctl enable --now space-keys.service space-api.service space-router.service space-version-sync.timer',
+      ...(a.acme
+        ? [
+            `mkdir -p -m 0700 ${TLS_DIR}`,
+            'touch /etc/space/space-api.tls.env /etc/space/space-router.tls.env',
+          ]
+        : []),
+      'systemctl enable --now space-keys.service space-api.service space-router.service space-version-sync.timer space-config-sync.timer',
+      // not --now: a first certificate can fail (names not pointed yet) and a failed start would
+      // stop this script before it marks the VM provisioned; the unit retries on its own
+      ...(a.acme
+        ? ['systemctl enable space-tls.service', 'systemctl start --no-block space-tls.service']
+        : []),
     ],
   };
 }
@@ -382,10 +672,15 @@ export function controlPlan(a: ControlArgs): VmPlan {
 /** An agent VM of `pool`: the verify key from the control VM, then the agent (and gateway). */
 export function agentPlan(a: AgentArgs): VmPlan {
   const gw = a.gatewayEnabled ?? true;
-  const env = {
-    ...agentEnvironment(a.pool, a.agentEnv, { enabled: gw }),
-    SPACE_REDIS_URL: `redis://${a.controlAddress}:${REDIS_PORT}`,
-  };
+  const services = agentServiceEnv(a);
+  const env = services[agentService(a.pool.name)]!;
+  const synced: SyncedService[] = [
+    // the gateway first: its restart restarts the agent too (PartOf)
+    ...(gw
+      ? [{ service: 'space-gateway', file: '/etc/space/space-gateway.env', unit: 'space-gateway' }]
+      : []),
+    { service: agentService(a.pool.name), file: '/etc/space/space-agent.env', unit: 'space-agent' },
+  ];
   // the gateway first: restarting it restarts the agent too (PartOf), which re-registers its sandboxes
   const units = [...(gw ? ['space-gateway'] : []), 'space-agent'];
   const agentMounts = [
@@ -467,10 +762,11 @@ export function agentPlan(a: AgentArgs): VmPlan {
             ]
           : [],
       ),
-      ...(gw ? gatewayFiles(a) : []),
+      ...(gw ? gatewayFiles(services['space-gateway']!) : []),
       upgradeScript(a, units),
       // nodes spread their restarts over five minutes
       ...versionSyncFiles(a.controlAddress, 300),
+      ...configSyncFiles(a.controlAddress, synced),
     ],
     commands: [
       `mkdir -p ${KEY_DIR} ${AGENT_STATE_DIR} /var/run/netns`,
@@ -479,7 +775,7 @@ export function agentPlan(a: AgentArgs): VmPlan {
       ...(a.pool.driver === 'gvisor' ? [] : ['modprobe kvm_intel || modprobe kvm_amd || true']),
       'podman pull "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"',
       'systemctl daemon-reload',
-      `systemctl enable --now space-node-env.service ${[...(gw ? ['space-gateway-guard'] : []), ...units].map((u) => `${u}.service`).join(' ')} space-version-sync.timer`,
+      `systemctl enable --now space-node-env.service ${[...(gw ? ['space-gateway-guard'] : []), ...units].map((u) => `${u}.service`).join(' ')} space-version-sync.timer space-config-sync.timer`,
     ],
   };
 }
@@ -489,23 +785,10 @@ export function agentPlan(a: AgentArgs): VmPlan {
  * every boot, before the gateway), and its unit (root, no capabilities; the CA is made on first
  * start in `GATEWAY_CA_DIR`, which only it mounts read-write).
  */
-function gatewayFiles(a: AgentArgs): VmFile[] {
+function gatewayFiles(env: Record<string, string>): VmFile[] {
   const mkdirs = `ExecStartPre=/bin/mkdir -p -m 0700 ${GATEWAY_RUN_DIR} ${GATEWAY_CA_DIR}`;
   return [
-    {
-      path: '/etc/space/space-gateway.env',
-      mode: '0644',
-      content: envFile({
-        ...gatewayEnvironment({
-          enabled: true,
-          ...(a.gatewayUpstreamDns ? { upstreamDns: a.gatewayUpstreamDns } : {}),
-          ...(a.gatewayDenyCidrs ? { denyCidrs: a.gatewayDenyCidrs } : {}),
-          ...(a.gatewayEnv ? { env: a.gatewayEnv } : {}),
-        }),
-        // the gateway reads credential values from the state of record itself (as the agent does)
-        SPACE_REDIS_URL: `redis://${a.controlAddress}:${REDIS_PORT}`,
-      }),
-    },
+    { path: '/etc/space/space-gateway.env', mode: '0644', content: envFile(env) },
     { path: '/etc/space/gateway-guard.nft', mode: '0644', content: gatewayGuardRuleset() },
     {
       path: '/etc/systemd/system/space-gateway-guard.service',

@@ -13,7 +13,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import type { NodePool } from '../node-pool.ts';
-import { agentPlan, controlPlan, PROVISIONED_MARKER, toShellScript } from './cloud-init.ts';
+import {
+  agentPlan,
+  controlPlan,
+  LETS_ENCRYPT_DIRECTORY,
+  PROVISIONED_MARKER,
+  toShellScript,
+} from './cloud-init.ts';
 
 const root = process.getuid?.() === 0;
 const pool: NodePool = {
@@ -26,7 +32,7 @@ const pool: NodePool = {
 };
 const common = { version: '0.1.0', imageRepository: 'registry.example/space', privateCidr: '10.10.0.0/24' };
 
-const STUBS = ['apt-get', 'systemctl', 'podman', 'nft', 'modprobe', 'redis-cli', 'openssl'];
+const STUBS = ['apt-get', 'systemctl', 'podman', 'nft', 'modprobe', 'redis-cli', 'openssl', 'certbot'];
 const work = mkdtempSync(join(tmpdir(), 'space-startup-'));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
 
@@ -61,7 +67,18 @@ function inOverlay(script: string, steps: string[]): string {
 
 describe.skipIf(!root)('the startup script, run at every boot (Crusoe)', () => {
   const cases = {
-    control: toShellScript(controlPlan({ ...common, routerUrl: 'http://203.0.113.9:8082' })),
+    // as the Crusoe stack renders it: the ACME TLS unit is always there (names come later, if ever)
+    control: toShellScript(
+      controlPlan({
+        ...common,
+        routerUrl: 'https://router.space.example.com:8082',
+        acme: {
+          hostnames: ['api.space.example.com'],
+          email: 'ops@example.com',
+          server: LETS_ENCRYPT_DIRECTORY,
+        },
+      }),
+    ),
     agent: toShellScript(agentPlan({ ...common, pool, controlAddress: '10.10.0.7' })),
   };
 
@@ -91,6 +108,8 @@ describe.skipIf(!root)('the startup script, run at every boot (Crusoe)', () => {
     expect(out).toContain('marked\nSPACE_IMAGE=registry.example/space:0.1.0\n');
     expect(out).toMatch(/^apt-get install -y podman redis-server/m);
     expect(out).toContain('systemctl enable --now space-control-guard.service');
+    expect(out).toMatch(/^systemctl enable --now .*space-config-sync\.timer$/m);
+    expect(out).toContain('systemctl start --no-block space-tls.service');
     expect(out).toContain('podman pull registry.example/space:0.1.0');
   });
 });

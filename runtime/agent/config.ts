@@ -61,6 +61,12 @@ export const agentSettings = {
     ['auto', 'off'] as const,
     'auto',
   ),
+  buildTemplates: setting.oneOf(
+    'SPACE_BUILD_TEMPLATES',
+    'At start, build the templates this node has not built yet: `warm` (the warm templates, debootstrap from the Debian archive: minutes, once per node and definition) or `off` (build them with `space template build`). Deployments set `warm`: their nodes have no shell to build on.',
+    ['off', 'warm'] as const,
+    'off',
+  ),
   warmTemplates: setting.optionalString(
     'SPACE_WARM_TEMPLATES',
     'Comma list of templates to keep warm (default: base).',

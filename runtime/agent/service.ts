@@ -26,7 +26,7 @@ import { NodeRegistry } from './registry.ts';
 import { SandboxManager } from './sandboxes.ts';
 import { scrubCredentialValues } from './state-scrub.ts';
 import { TeamStreams } from './team-streams.ts';
-import { listTemplateDefinitions, resolveTemplate } from './templates.ts';
+import { buildTemplate, ensureTemplates, listTemplateDefinitions, resolveTemplate } from './templates.ts';
 import { vmImage } from './vm-image.ts';
 import { WarmPool } from './warm-pool.ts';
 
@@ -104,15 +104,20 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   await networks.ensureFirewall();
   await networks.adopt();
 
-  const ready: string[] = [];
-  for (const t of await listTemplateDefinitions()) {
-    try {
-      await resolveTemplate(t, config.cacheDir);
-      ready.push(t);
-    } catch {
-      log.warn({ 'template.id': t }, 'template not built on this node; build it with `space template build`');
-    }
-  }
+  // a deployed node has no shell to run `space template build` on: it builds its warm templates
+  // itself at the first start (SPACE_BUILD_TEMPLATES=warm), before it registers as able to run them
+  const ready = await ensureTemplates(await listTemplateDefinitions(), {
+    resolve: (t) => resolveTemplate(t, config.cacheDir),
+    build: (t) => {
+      log.info({ 'template.id': t }, 'template build started');
+      return buildTemplate(t, {
+        cacheDir: config.cacheDir,
+        onProgress: (m) => log.info({ 'template.id': t }, m),
+      });
+    },
+    toBuild: new Set(config.buildTemplates === 'warm' ? warmTemplates(config) : []),
+    warn: (t, message, err) => log.warn({ 'template.id': t, ...(err ? { err } : {}) }, message),
+  });
 
   const activity = new ActivityMeter({
     redis,

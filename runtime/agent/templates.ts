@@ -217,6 +217,43 @@ export async function resolveTemplate(
   return join(dir, 'rootfs');
 }
 
+/**
+ * Which of `names` this node can serve: each is resolved (built already); one that is not is built
+ * when it is in `build` (the agent's start with `SPACE_BUILD_TEMPLATES=warm`), else reported with
+ * `warn`. A build that fails is reported and leaves the template not ready (creates answer
+ * TEMPLATE_NOT_READY), never stops the agent. Returns the ready names, in `names` order.
+ */
+export async function ensureTemplates(
+  names: readonly string[],
+  deps: {
+    resolve(name: string): Promise<unknown>;
+    build(name: string): Promise<unknown>;
+    /** Templates to build when they are not built. */
+    toBuild: ReadonlySet<string>;
+    warn(name: string, message: string, err?: unknown): void;
+  },
+): Promise<string[]> {
+  const ready: string[] = [];
+  for (const t of names) {
+    try {
+      await deps.resolve(t);
+      ready.push(t);
+      continue;
+    } catch {}
+    if (!deps.toBuild.has(t)) {
+      deps.warn(t, 'template not built on this node; build it with `space template build`');
+      continue;
+    }
+    try {
+      await deps.build(t);
+      ready.push(t);
+    } catch (err) {
+      deps.warn(t, 'template build failed', err);
+    }
+  }
+  return ready;
+}
+
 const inFlight = new Map<string, Promise<BuiltTemplate>>();
 
 /**

@@ -73,6 +73,18 @@ end
 redis.call('SADD', ARGV[1] .. 'teams', '${DEFAULT_TEAM}')
 return ARGV[2]`;
 
+// A deployment-provisioned key, once: made unless its import was recorded (a revoke then sticks).
+// KEYS[1] import marker, KEYS[2] apikey hash, KEYS[3] apikey-id, KEYS[4] team key set
+// ARGV[1] id, ARGV[2] name, ARGV[3] scopes, ARGV[4] now, ARGV[5] sha
+const IMPORT_LUA = `
+if redis.call('SET', KEYS[1], ARGV[1], 'NX') == false then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('HSET', KEYS[2], 'id', ARGV[1], 'name', ARGV[2], 'team', '${DEFAULT_TEAM}', 'scopes', ARGV[3],
+  'createdAt', ARGV[4], 'expiresAtMs', '')
+redis.call('SET', KEYS[3], ARGV[5])
+redis.call('SADD', KEYS[4], ARGV[1])
+return 1`;
+
 // Sets lastUsedAt only on a key that still exists (a revoke racing with a request must not leave a
 // stub hash behind). KEYS[1] apikey hash; ARGV[1] now
 const TOUCH_LUA = `if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'lastUsedAt', ARGV[1]) end`;
@@ -268,6 +280,39 @@ export class ApiKeyStore {
     const { sha: _sha, ...previous } = await this.get(team, id);
     return { ...made, previous };
   }
+}
+
+/** What `SPACE_BOOTSTRAP_API_KEY_SHA256` holds: the SHA-256 of a key, 64 lower-case hex digits. */
+export const KEY_SHA256 = /^[0-9a-f]{64}$/;
+
+/**
+ * Imports a key the deployment made (Pulumi holds it as a secret and hands the API only its
+ * SHA-256, `SPACE_BOOTSTRAP_API_KEY_SHA256`): an admin of the default team with every scope, named
+ * `deployment`. Once per hash, atomically (replicas may start together): a key revoked later is
+ * not imported again. Returns whether it was made now. @throws Error when `sha256Hex` is not
+ * {@link KEY_SHA256}.
+ */
+export async function importBootstrapKey(
+  redis: Redis,
+  sha256Hex: string,
+  now = Date.now(),
+): Promise<boolean> {
+  if (!KEY_SHA256.test(sha256Hex)) throw new Error('bootstrap key: not a SHA-256 hex digest');
+  const id = newId('key');
+  const made = await redis.eval(
+    IMPORT_LUA,
+    4,
+    keys.bootstrapKeyImported(sha256Hex),
+    keys.apiKey(sha256Hex),
+    keys.apiKeyById(id),
+    keys.teamApiKeys(DEFAULT_TEAM),
+    id,
+    'deployment',
+    ALL_SCOPES.join(' '),
+    String(now),
+    sha256Hex,
+  );
+  return made === 1;
 }
 
 /**

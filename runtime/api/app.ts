@@ -29,6 +29,7 @@ import { type ScriptedRedis, withScripts } from './redis-scripts.ts';
 import { auditRoutes } from './routes/audit.ts';
 import { commandRoutes } from './routes/commands.ts';
 import { credentialRoutes } from './routes/credentials.ts';
+import { deploymentRoutes } from './routes/deployment.ts';
 import { keyRoutes } from './routes/keys.ts';
 import { nodeRoutes } from './routes/nodes.ts';
 import { operationRoutes } from './routes/operations.ts';
@@ -161,6 +162,7 @@ export async function buildApp(
   await app.register(operationRoutes(deps));
   await app.register(commandRoutes(deps));
   await app.register(nodeRoutes(deps));
+  await app.register(deploymentRoutes(deps));
   await app.register(credentialRoutes(deps));
   await app.register(usageRoutes(deps));
   await app.register(keyRoutes(deps));

@@ -14,6 +14,10 @@ export const apiSettings = {
     'SPACE_BOOTSTRAP_API_KEY_FILE',
     'If set and absent, a first API key is created at start and written to this file (mode 0600).',
   ),
+  bootstrapKeySha256: setting.optionalString(
+    'SPACE_BOOTSTRAP_API_KEY_SHA256',
+    'SHA-256 (hex) of an API key the deployment made (Pulumi holds the key as a secret): imported once at start as an admin of the default team; a revoked one stays revoked.',
+  ),
   logLevel: setting.oneOf(
     'SPACE_LOG_LEVEL',
     'pino log level.',
@@ -179,6 +183,9 @@ export function loadApiConfig(env: NodeJS.ProcessEnv = process.env): ApiConfig {
     throw new ConfigError('api', [
       'SPACE_API_TLS_CERT_FILE and SPACE_API_TLS_KEY_FILE: set both (HTTPS) or neither (plain HTTP)',
     ]);
+  }
+  if (config.bootstrapKeySha256 && !/^[0-9a-f]{64}$/.test(config.bootstrapKeySha256)) {
+    throw new ConfigError('api', ['SPACE_BOOTSTRAP_API_KEY_SHA256: must be 64 lower-case hex digits']);
   }
   return config;
 }

@@ -8,7 +8,7 @@ import type { Logger } from 'pino';
 import { createLogger } from '../core/log-fields.ts';
 import { DEFAULT_TEAM } from '../core/tenancy.ts';
 import { loadSigningKey } from '../core/tokens.ts';
-import { bootstrapApiKeyFile } from './api-keys.ts';
+import { bootstrapApiKeyFile, importBootstrapKey } from './api-keys.ts';
 import { buildApp, createApiDeps, createApiRuntime } from './app.ts';
 import type { ApiConfig } from './config.ts';
 
@@ -21,7 +21,8 @@ export interface RunningApi {
 /**
  * Starts the API: makes the default team if missing and migrates API keys from before teams into
  * it. With `bootstrapKeyFile`, a first API key (an admin of the default team: every scope) is
- * created and written there (0600) unless that file exists.
+ * created and written there (0600) unless that file exists. With `SPACE_BOOTSTRAP_API_KEY_SHA256`
+ * the key the deployment made is imported (once; see `importBootstrapKey`).
  */
 export async function startApi(
   config: ApiConfig,
@@ -49,6 +50,9 @@ export async function startApi(
   if (indexed > 0) log.info({ sandboxes: indexed }, 'sandboxes added to their teams’ indexes');
   if (opts.bootstrapKeyFile && (await bootstrapApiKeyFile(deps.apiKeys, opts.bootstrapKeyFile))) {
     log.info({ file: opts.bootstrapKeyFile, team: DEFAULT_TEAM }, 'api key created');
+  }
+  if (config.bootstrapKeySha256 && (await importBootstrapKey(redis, config.bootstrapKeySha256))) {
+    log.info({ team: DEFAULT_TEAM }, 'deployment api key imported');
   }
   const tls = config.tlsCertFile
     ? { cert: await readFile(config.tlsCertFile), key: await readFile(config.tlsKeyFile) }

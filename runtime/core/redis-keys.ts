@@ -31,6 +31,16 @@ export const USAGE_RETENTION_SEC = 35 * 24 * 3600;
 export const DEPLOY_TARGET_VERSION_KEY = 'space:deploy:target-version';
 /** What a target version may look like: an image tag (docs.docker.com "image tag" grammar). */
 export const VERSION_TAG = /^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$/;
+/**
+ * Hash: the deployment's VM configuration (`PUT /v1/deployment/vm-config`): field = a VM service
+ * ({@link VM_SERVICE}, e.g. `space-api`, `space-agent@default`), value = its env file
+ * (`core/env-file.ts`). Outside the runtime's prefix: read by the `space-config-sync` timer on every
+ * VM (providers/systemd/cloud-init.ts), which rewrites a service's env file and restarts it when
+ * its field changed. No TTL: it is the deployment's desired state.
+ */
+export const DEPLOY_VM_CONFIG_KEY = 'space:deploy:vm-config';
+/** A VM service name in {@link DEPLOY_VM_CONFIG_KEY}: a unit, and for agents `@<pool>`. */
+export const VM_SERVICE = /^space-[a-z][a-z0-9-]{0,40}(@[a-z0-9][a-z0-9-]{0,40})?$/;
 
 export const keys = {
   /** Hash: one sandbox record (fields of `Sandbox`, metadata/env as JSON). */
@@ -55,6 +65,11 @@ export const keys = {
   apiKey: (sha256Hex: string) => `${KEY_PREFIX}apikey:${sha256Hex}`,
   /** String: an API key's id → the SHA-256 hex of its secret (revoke, rotate, list by id). */
   apiKeyById: (id: string) => `${KEY_PREFIX}apikey-id:${id}`,
+  /**
+   * String: set once a deployment-provisioned key (`SPACE_BOOTSTRAP_API_KEY_SHA256`) was imported,
+   * so a revoked one is not brought back by the next API start. No TTL.
+   */
+  bootstrapKeyImported: (sha256Hex: string) => `${KEY_PREFIX}apikey-bootstrap:${sha256Hex}`,
   /** Set: ids of a team's API keys. */
   teamApiKeys: (team: string) => `${KEY_PREFIX}team:${team}:keys`,
   /** Hash: a team (`id`, `createdAt`, `quotas` JSON of overrides). */

@@ -34,7 +34,8 @@ export const API_SCOPES = {
   'keys:admin': 'Create, list, rotate and revoke the team’s API keys (granting at most its own scopes).',
   'nodes:read': 'List nodes and templates (platform-wide, no tenant data).',
   'teams:admin': 'Platform administration: create and list teams, set their quotas, manage keys of any team.',
-  'deployment:admin': 'Set the SPACE version VM deployments move to (platform-wide).',
+  'deployment:admin':
+    'Set and read what VM deployments run: the SPACE version they move to and their services’ configuration (platform-wide).',
 } as const;
 
 /** One API-key scope. */
