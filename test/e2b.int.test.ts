@@ -2,6 +2,8 @@
  * The official `e2b` SDK (pinned 2.51.0), unchanged, against a real local stack (API, agent,
  * gVisor sandboxes, Redis) and a router process: the SDK is pointed at SPACE only through
  * E2B_API_URL (the API), E2B_SANDBOX_URL (the router) and E2B_API_KEY (a SPACE API key).
+ * The oldest SDK SPACE claims (2.14.1, devDependency `e2b-oldest`) runs the core subset
+ * (create, commands.run, files write/read, kill); everything else runs on the newest.
  */
 
 import { execFile } from 'node:child_process';
@@ -9,6 +11,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
+import * as e2b from 'e2b';
 import {
   ALL_TRAFFIC,
   CommandExitError,
@@ -18,6 +21,7 @@ import {
   Sandbox,
   SandboxNotFoundError,
 } from 'e2b';
+import * as e2bOldest from 'e2b-oldest';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { freePort } from './redis-server.ts';
 import { type RouterProcess, startRouterProcess } from './router-process.ts';
@@ -84,16 +88,26 @@ describe('e2b SDK: control plane', () => {
   });
 });
 
-describe('e2b SDK: envd data plane through the router', () => {
-  it('runs commands (stdout, exit codes, a failing command), files write/read/list, background kill', async () => {
-    const sbx = await Sandbox.create();
+/**
+ * The SDK versions SPACE claims, newest and oldest (2.14.0 sends no E2b-Sandbox-Id on `/files`,
+ * so it cannot reach a sandbox through E2B_SANDBOX_URL). The oldest is typed as the newest: the
+ * core calls used here have the same shape in both.
+ */
+const SDKS = [
+  ['2.51.0 (newest)', e2b],
+  ['2.14.1 (oldest)', e2bOldest as unknown as typeof e2b],
+] as const;
+
+describe.each(SDKS)('e2b SDK %s: envd data plane through the router', (_, sdk) => {
+  it('creates, runs commands (stdout, exit codes), writes/reads/lists files, kills a background command and the sandbox', async () => {
+    const sbx = await sdk.Sandbox.create();
     try {
       expect(await sbx.isRunning()).toBe(true);
       const r = await sbx.commands.run('echo hi');
       expect(r.stdout).toBe('hi\n');
       expect(r.exitCode).toBe(0);
       const err = await sbx.commands.run('echo oops >&2; exit 3').catch((e: unknown) => e);
-      expect(err).toBeInstanceOf(CommandExitError);
+      expect(err).toBeInstanceOf(sdk.CommandExitError);
       expect((err as CommandExitError).exitCode).toBe(3);
       expect((err as CommandExitError).stderr).toBe('oops\n');
 
@@ -106,11 +120,12 @@ describe('e2b SDK: envd data plane through the router', () => {
       const bg = await sbx.commands.run('sleep 600', { background: true });
       expect(bg.pid).toBeGreaterThan(0);
       expect(await sbx.commands.kill(bg.pid)).toBe(true);
-      await expect(bg.wait()).rejects.toBeInstanceOf(CommandExitError);
+      await expect(bg.wait()).rejects.toBeInstanceOf(sdk.CommandExitError);
     } finally {
       await sbx.kill();
     }
     expect(await sbx.isRunning()).toBe(false);
+    expect(await sdk.Sandbox.kill(sbx.sandboxId)).toBe(false);
   });
 });
 
