@@ -22,6 +22,7 @@ import {
   SandboxNotFoundError,
 } from 'e2b';
 import * as e2bOldest from 'e2b-oldest';
+import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { freePort } from './redis-server.ts';
 import { type RouterProcess, startRouterProcess } from './router-process.ts';
@@ -263,6 +264,106 @@ describe('e2b SDK: files', () => {
     } finally {
       await sbx.kill();
     }
+  });
+});
+
+describe('e2b SDK: signed /files URLs', () => {
+  it('uploadUrl/downloadUrl work without a token; tampered, moved, expired and killed ones are refused', async () => {
+    const sbx = await Sandbox.create();
+    const bytes = randomBytes(100_000);
+    const envdUrl = new URL(router.url);
+    try {
+      // upload: a plain multipart POST that carries no token, only the URL's signature; the
+      // sandbox is named the way a client behind E2B_SANDBOX_URL does (header)
+      const up = new URL(await sbx.uploadUrl('/home/user/signed.bin'));
+      expect(up.searchParams.get('signature')).toMatch(/^v1_[A-Za-z0-9+/]+$/);
+      const form = new FormData();
+      form.append('file', new Blob([bytes]), '/home/user/signed.bin');
+      const posted = await fetch(up, {
+        method: 'POST',
+        body: form,
+        headers: { 'e2b-sandbox-id': sbx.sandboxId },
+      });
+      expect(posted.status).toBe(200);
+      expect(await posted.json()).toEqual([
+        { name: 'signed.bin', type: 'file', path: '/home/user/signed.bin' },
+      ]);
+      const back = await sbx.files.read('/home/user/signed.bin', { format: 'bytes' });
+      expect(Buffer.from(back).equals(bytes)).toBe(true);
+
+      // download by host routing (49983-<id>.<domain>), from a handle made by connect: one
+      // token per sandbox, so what create signed and what connect signs agree
+      const again = await Sandbox.connect(sbx.sandboxId);
+      const down = new URL(await again.downloadUrl('/home/user/signed.bin'));
+      const byHost = async (url: URL) => {
+        const res = await request(`${envdUrl.origin}${url.pathname}${url.search}`, {
+          headers: { host: `49983-${sbx.sandboxId}.space.test` },
+        });
+        return { status: res.statusCode, body: Buffer.from(await res.body.arrayBuffer()) };
+      };
+      const got = await byHost(down);
+      expect(got.status).toBe(200);
+      expect(got.body.equals(bytes)).toBe(true);
+      // an expiring URL within its time works
+      expect(
+        (
+          await byHost(
+            new URL(await sbx.downloadUrl('/home/user/signed.bin', { useSignatureExpiration: 60 })),
+          )
+        ).status,
+      ).toBe(200);
+
+      const refused = async (url: URL, message: string) => {
+        const r = await byHost(url);
+        expect([r.status, JSON.parse(r.body.toString())]).toEqual([401, { code: 401, message }]);
+      };
+      // tampered signature
+      const tampered = new URL(down);
+      const sig = tampered.searchParams.get('signature') ?? '';
+      tampered.searchParams.set('signature', `${sig.slice(0, -2)}${sig.endsWith('AA') ? 'BB' : 'AA'}`);
+      await refused(tampered, 'invalid signature');
+      // the signature of one path does not open another, nor an upload
+      const moved = new URL(down);
+      moved.searchParams.set('path', '/home/user/.bashrc');
+      await refused(moved, 'invalid signature');
+      const asUpload = await fetch(down, {
+        method: 'POST',
+        body: form,
+        headers: { 'e2b-sandbox-id': sbx.sandboxId },
+      });
+      expect(asUpload.status).toBe(401);
+      // expired (signed 10 s in the past), and an expiration moved on after signing
+      const expired = new URL(
+        await sbx.downloadUrl('/home/user/signed.bin', { useSignatureExpiration: -10 }),
+      );
+      await refused(expired, 'signature is already expired');
+      const extended = new URL(expired);
+      extended.searchParams.set('signature_expiration', String(Math.floor(Date.now() / 1000) + 3600));
+      await refused(extended, 'invalid signature');
+      // neither token nor signature
+      const bare = new URL(down);
+      bare.searchParams.delete('signature');
+      await refused(
+        bare,
+        'unauthorized access, please provide a valid access token or method signing if supported',
+      );
+    } finally {
+      await sbx.kill();
+    }
+    // a killed sandbox's URLs open nothing: its token is gone with it
+    const after = await request(`${envdUrl.origin}/files?path=%2Fhome%2Fuser%2Fsigned.bin`, {
+      headers: { host: `49983-${sbx.sandboxId}.space.test` },
+    });
+    await after.body.dump();
+    expect(after.statusCode).toBeGreaterThanOrEqual(400);
+    const late = new URL(await sbx.downloadUrl('/home/user/signed.bin'));
+    const lateRes = await request(`${envdUrl.origin}${late.pathname}${late.search}`, {
+      headers: { host: `49983-${sbx.sandboxId}.space.test` },
+    });
+    expect([lateRes.statusCode, await lateRes.body.json()]).toEqual([
+      401,
+      { code: 401, message: 'invalid signature' },
+    ]);
   });
 });
 
