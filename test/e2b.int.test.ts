@@ -204,6 +204,40 @@ describe('e2b SDK: files', () => {
     }
   });
 
+  it('r10: reports a symlink as envd does (getInfo, list) and a download of it sends the target', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      await sbx.commands.run(
+        'head -c 1000000 /dev/urandom > big.bin && chmod 600 big.bin && ln -s big.bin big.lnk && mkdir d && ln -s d dl && ln -s nowhere dead',
+        { cwd: '/home/user' },
+      );
+      // envd: the link's own lstat (size = length of "big.bin", Go text Lrwxrwxrwx) typed as its target
+      expect(await sbx.files.getInfo('/home/user/big.lnk')).toMatchObject({
+        name: 'big.lnk',
+        path: '/home/user/big.lnk',
+        type: 'file',
+        size: 7,
+        mode: 0o600,
+        permissions: 'Lrwxrwxrwx',
+        symlinkTarget: '/home/user/big.bin',
+      });
+      expect(await sbx.files.getInfo('dl')).toMatchObject({ type: 'dir', symlinkTarget: '/home/user/d' });
+      const dead = await sbx.files.getInfo('dead');
+      expect([dead.type, dead.size, dead.symlinkTarget]).toEqual([undefined, 7, '/home/user/dead']);
+      // a listing types links the same way
+      const listed = Object.fromEntries((await sbx.files.list('/home/user')).map((e) => [e.name, e]));
+      expect(listed['big.lnk']).toMatchObject({ type: 'file', size: 7, symlinkTarget: '/home/user/big.bin' });
+      expect(listed.dl).toMatchObject({ type: 'dir', symlinkTarget: '/home/user/d' });
+      // what a download of the link sends: the whole target, byte for byte
+      const sum = (await sbx.commands.run('sha256sum big.bin', { cwd: '/home/user' })).stdout.split(' ')[0];
+      const got = await sbx.files.read('/home/user/big.lnk', { format: 'bytes' });
+      expect(got.length).toBe(1_000_000);
+      expect(createHash('sha256').update(got).digest('hex')).toBe(sum);
+    } finally {
+      await sbx.kill();
+    }
+  });
+
   it('watches a directory: create, write and remove events, recursively (inotify under gVisor)', async () => {
     const sbx = await Sandbox.create();
     try {

@@ -35,20 +35,27 @@ export function modeText(type: string, mode: number): string {
   );
 }
 
-/** envd's EntryInfo of a SPACE FileStat. Pure. */
+/**
+ * envd's EntryInfo of a SPACE FileStat. Pure. A symlink is reported as envd does (its entry is
+ * the link's `lstat` with the target's type): `type` and `mode` of what it resolves to (a dangling
+ * one: unspecified type, mode 0, and its own path as `symlinkTarget`), `size` of the link itself
+ * (the length of what it points to), `permissions` the link's own Go text (`Lrwxrwxrwx`).
+ */
 export function entryOf(f: FileStat): EntryInfo {
-  const kind = f.type === 'symlink' ? (f.target?.type ?? 'other') : f.type;
+  const link = f.type === 'symlink';
+  const kind = link ? (f.target?.type ?? 'other') : f.type;
+  const mode = link ? (f.target ? (f.target.mode ?? f.mode) : 0) : f.mode;
   return create(EntryInfoSchema, {
     name: f.name,
     type: kind === 'dir' ? FileType.DIRECTORY : kind === 'file' ? FileType.FILE : FileType.UNSPECIFIED,
     path: f.path,
     size: BigInt(f.size),
-    mode: f.mode & 0o777,
-    permissions: modeText(kind, f.mode),
+    mode: mode & 0o777,
+    permissions: link ? `L${modeText('file', f.mode).slice(1)}` : modeText(kind, f.mode),
     owner: 'user',
     group: 'user',
     modifiedTime: timestampFromMs(f.mtimeMs),
-    ...(f.type === 'symlink' && f.target ? { symlinkTarget: f.target.path } : {}),
+    ...(link ? { symlinkTarget: f.target?.path ?? f.path } : {}),
   });
 }
 
