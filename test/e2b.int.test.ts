@@ -276,6 +276,36 @@ describe('e2b SDK: files', () => {
     }
   });
 
+  it('counts open watchDir streams against the team’s stream quota, like command streams', async () => {
+    const made = await s.call('POST', '/v1/teams', { id: 'e2bwatch', quotas: { streams: 2 } });
+    expect(made.status).toBe(201);
+    const key = await s.call<{ secret: string }>('POST', '/v1/keys', {
+      name: 'e2b-watch',
+      team: 'e2bwatch',
+      scopes: ['sandboxes:read', 'sandboxes:write'],
+    });
+    expect(key.status).toBe(201);
+    const sbx = await Sandbox.create({ apiKey: key.body.secret });
+    try {
+      const w1 = await sbx.files.watchDir('/home/user', () => {});
+      const w2 = await sbx.files.watchDir('/tmp', () => {});
+      // the quota is full: a third watch and a command's output stream are refused
+      await expect(sbx.files.watchDir('/home/user', () => {})).rejects.toThrow(
+        /team e2bwatch has 2 of its 2 streams open/,
+      );
+      await expect(sbx.commands.run('true')).rejects.toThrow(/2 of its 2 streams open/);
+      // a stopped watch gives its stream back
+      await w1.stop();
+      await vi.waitFor(async () => expect((await sbx.commands.run('echo ok')).stdout).toBe('ok\n'), {
+        timeout: 10_000,
+        interval: 500,
+      });
+      await w2.stop();
+    } finally {
+      await sbx.kill();
+    }
+  });
+
   it('moves 20 MiB of random bytes both ways, multipart and octet-stream (gzip), byte for byte', async () => {
     const sbx = await Sandbox.create();
     try {
