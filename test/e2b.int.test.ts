@@ -545,6 +545,259 @@ describe('e2b SDK: egress', () => {
   });
 });
 
+/**
+ * shared/cases/runtime.md through the SDK. The same cases run against SPACE's own API in
+ * runtime-cases.int.test.ts (r1–r13), packages.int.test.ts (r14 installs), bad-input (r18) and
+ * the guest's unit tests (r15); here each is driven the way an E2B user would. Not here: r16/r17
+ * (the `space` CLI's own exit codes and --json, no SDK path), r5's 256 MiB upload and r8's 100-way
+ * burst (sizes kept to what a shared 2-core CI machine runs; the API tests run the full sizes).
+ */
+describe('e2b SDK: runtime cases', () => {
+  let sbx: Sandbox;
+  beforeAll(async () => {
+    sbx = await Sandbox.create({ timeoutMs: 600_000 });
+  });
+  afterAll(async () => {
+    await sbx?.kill();
+  });
+  /** Lines of `ps` naming the r7/r11 sleepers still alive (as root: sees every process). */
+  const sleepers = async () =>
+    (
+      await sbx.commands.run('ps -eo args | grep -E "^(sleep|python3 -c) .*101[1-4]" || true', {
+        user: 'root',
+      })
+    ).stdout;
+
+  it('r1-two-readers-one-drops: the reader that stays gets every line after the other disconnects', async () => {
+    const h = await sbx.commands.run('seq 1 1000000', { background: true });
+    let seen = 0;
+    const second = await sbx.commands.connect(h.pid, {
+      onStdout: (d) => {
+        seen += d.length;
+        if (seen > 1_000_000) void second.disconnect();
+      },
+    });
+    const r = await h.wait();
+    expect(r.exitCode).toBe(0);
+    const lines = r.stdout.split('\n');
+    expect(lines.length).toBe(1_000_001);
+    expect([lines[0], lines[999_999], lines[1_000_000]]).toEqual(['1', '1000000', '']);
+    expect(seen).toBeGreaterThan(1_000_000);
+  }, 120_000);
+
+  it('r2-cannot-start: a missing binary is 127, true is 0, a directory is 126, each at once', async () => {
+    const t0 = Date.now();
+    const missing = await sbx.commands.run('no-such-binary').catch((e: unknown) => e);
+    expect(missing).toBeInstanceOf(CommandExitError);
+    expect((missing as CommandExitError).exitCode).toBe(127);
+    expect((missing as CommandExitError).stderr).toMatch(/no-such-binary: command not found/);
+    expect((await sbx.commands.run('true')).exitCode).toBe(0);
+    const dir = await sbx.commands.run('/tmp').catch((e: unknown) => e);
+    expect((dir as CommandExitError).exitCode).toBe(126);
+    expect((dir as CommandExitError).stderr).toMatch(/Is a directory/);
+    expect(Date.now() - t0).toBeLessThan(10_000);
+  });
+
+  it('r3-big-burst: 4 MiB in one write to stdout, then stderr, then interleaved, byte-exact', async () => {
+    const py = [
+      'import base64, hashlib, os, sys',
+      'd = base64.b64encode(os.urandom(3145728))',
+      'assert len(d) == 4194304',
+      'open("/tmp/r3.sha", "w").write(hashlib.sha256(d + d).hexdigest())',
+      'sys.stdout.buffer.write(d); sys.stdout.flush()',
+      'sys.stderr.buffer.write(d); sys.stderr.flush()',
+      'for i in range(0, len(d), 65536):',
+      '    sys.stdout.buffer.write(d[i:i + 65536]); sys.stdout.flush()',
+      '    sys.stderr.buffer.write(d[i:i + 65536]); sys.stderr.flush()',
+    ].join('\n');
+    await sbx.files.write('/tmp/r3.py', py);
+    const r = await sbx.commands.run('python3 /tmp/r3.py', { timeoutMs: 120_000 });
+    const want = await sbx.files.read('/tmp/r3.sha');
+    expect([r.stdout.length, r.stderr.length]).toEqual([8_388_608, 8_388_608]);
+    expect(createHash('sha256').update(r.stdout).digest('hex')).toBe(want);
+    expect(createHash('sha256').update(r.stderr).digest('hex')).toBe(want);
+  }, 180_000);
+
+  it('r4-names-that-break-parsers: names round-trip through write, list, read and remove; escapes and platform paths are refused', async () => {
+    const names = ['🙂.txt', 'naïve.txt', 'a b.txt', 'x%2Fy', '-rf', 'new\nline', `${'n'.repeat(251)}.txt`];
+    await sbx.files.makeDir('/home/user/r4');
+    for (const [i, name] of names.entries()) await sbx.files.write(`/home/user/r4/${name}`, `content ${i}`);
+    const listed = (await sbx.files.list('/home/user/r4')).map((e) => e.name).sort();
+    expect(listed).toEqual([...names].sort());
+    for (const [i, name] of names.entries()) {
+      expect(await sbx.files.read(`/home/user/r4/${name}`)).toBe(`content ${i}`);
+      await sbx.files.remove(`/home/user/r4/${name}`);
+    }
+    expect(await sbx.files.list('/home/user/r4')).toEqual([]);
+    // escapes are refused with a clear error, not resolved, and so are the platform's own paths
+    await expect(sbx.files.write('/home/user/r4/../r4.txt', 'up')).rejects.toThrow(
+      /must not contain a ".." segment/,
+    );
+    await expect(sbx.files.read('../user/r4.txt')).rejects.toThrow(/".." segment/);
+    await expect(sbx.files.write('/opt/space/x', 'no')).rejects.toThrow(/platform-owned/);
+    await expect(sbx.files.read('/proc/self/environ')).rejects.toThrow(/platform-owned/);
+  });
+
+  it('r5-interrupted-upload: 1 MiB round-trips; an upload that breaks off leaves the previous file', async () => {
+    const bytes = randomBytes(1024 * 1024);
+    await sbx.files.write('/home/user/r5.bin', new Blob([bytes]));
+    const back = await sbx.files.read('/home/user/r5.bin', { format: 'bytes' });
+    expect(Buffer.from(back).equals(bytes)).toBe(true);
+    let sent = 0;
+    const breaking = new ReadableStream<Uint8Array>({
+      pull(c) {
+        if (sent >= 4) return c.error(new Error('client went away'));
+        sent += 1;
+        c.enqueue(randomBytes(256 * 1024));
+      },
+    });
+    await expect(sbx.files.write('/home/user/r5.bin', breaking, { useOctetStream: true })).rejects.toThrow();
+    await vi.waitFor(async () => {
+      const now = await sbx.files.read('/home/user/r5.bin', { format: 'bytes' });
+      expect(Buffer.from(now).equals(bytes)).toBe(true);
+    });
+    // and no temp file of the broken upload is left beside it
+    await vi.waitFor(async () =>
+      expect((await sbx.files.list('/home/user')).filter((e) => e.name.includes('.space-upload-'))).toEqual(
+        [],
+      ),
+    );
+  });
+
+  it('r6-stdin-that-closes-early: EOF at once, early close, writes after exit refused, 10 MB round-trip', async () => {
+    const t0 = Date.now();
+    const cat = await sbx.commands.run('cat', { background: true, stdin: true });
+    await sbx.commands.sendStdin(cat.pid, '123\n');
+    await sbx.commands.closeStdin(cat.pid);
+    expect(await cat.wait()).toMatchObject({ exitCode: 0, stdout: '123\n' });
+    expect(Date.now() - t0).toBeLessThan(5_000);
+    // no stdin asked for: cat sees EOF at once
+    expect(await sbx.commands.run('cat', { timeoutMs: 10_000 })).toMatchObject({ exitCode: 0, stdout: '' });
+    // the process is gone: stdin for it is an error, not silence
+    await expect(sbx.commands.sendStdin(cat.pid, 'late')).rejects.toThrow();
+    // 10 MB of binary stdin, in 1 MiB messages
+    const data = randomBytes(10 * 1024 * 1024);
+    const sum = await sbx.commands.run('sha256sum', { background: true, stdin: true });
+    for (let i = 0; i < data.length; i += 1024 * 1024) {
+      await sbx.commands.sendStdin(sum.pid, data.subarray(i, i + 1024 * 1024));
+    }
+    await sbx.commands.closeStdin(sum.pid);
+    expect((await sum.wait()).stdout.split(' ')[0]).toBe(createHash('sha256').update(data).digest('hex'));
+  }, 120_000);
+
+  it('r7-r11-kill-means-everything: a timeout and a kill end setsid, setpgid and double-forked processes', async () => {
+    const cmd = [
+      'sleep 1011 &',
+      'setsid sleep 1012 &',
+      'python3 -c "import os,time; os.setpgid(0,0); time.sleep(1013)" &',
+      '(nohup sleep 1014 >/dev/null 2>&1 &) &',
+      'wait',
+    ].join(' ');
+    const allRunning = async () =>
+      vi.waitFor(async () => expect((await sleepers()).split('\n').filter(Boolean)).toHaveLength(4), {
+        timeout: 10_000,
+        interval: 200,
+      });
+    const timed = sbx.commands.run(cmd, { timeoutMs: 1500 }).catch((e: unknown) => e);
+    await allRunning();
+    expect(await timed).toBeInstanceOf(Error);
+    await vi.waitFor(async () => expect(await sleepers()).toBe(''), { timeout: 10_000, interval: 200 });
+
+    const bg = await sbx.commands.run(cmd, { background: true });
+    await allRunning();
+    expect(await sbx.commands.kill(bg.pid)).toBe(true);
+    await expect(bg.wait()).rejects.toBeInstanceOf(CommandExitError);
+    await vi.waitFor(async () => expect(await sleepers()).toBe(''), { timeout: 10_000, interval: 200 });
+  }, 60_000);
+
+  it('r12-background-servers-outlive-their-exec: `&` and `nohup … &` servers answer from a later command', async () => {
+    expect((await sbx.commands.run('cd /tmp && python3 -m http.server 8000 &')).exitCode).toBe(0);
+    expect((await sbx.commands.run('cd /tmp && nohup python3 -m http.server 8001 &')).exitCode).toBe(0);
+    // http.server looks its address up before it listens: allow the resolver's timeouts (40 s)
+    const probe = [
+      'import time, urllib.request',
+      'for port in (8000, 8001):',
+      '    for _ in range(400):',
+      '        try:',
+      '            print(port, urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).status); break',
+      '        except OSError: time.sleep(0.1)',
+      '    else: print(port, "down")',
+    ].join('\n');
+    await sbx.files.write('/tmp/r12.py', probe);
+    expect((await sbx.commands.run('python3 /tmp/r12.py', { timeoutMs: 90_000 })).stdout).toBe(
+      '8000 200\n8001 200\n',
+    );
+    // the bracket keeps pkill from matching its own command line
+    await sbx.commands.run('pkill -f "[h]ttp.server 800"', { user: 'root' });
+    await vi.waitFor(async () =>
+      expect((await sbx.commands.run('pgrep -f "[h]ttp.server 800" || true')).stdout).toBe(''),
+    );
+  }, 120_000);
+
+  it('r13-exhaustion-hits-the-offender: a full /tmp is ENOSPC inside, and the next command runs', async () => {
+    const kb = Number((await sbx.commands.run("df -k /tmp | tail -1 | awk '{print $2}'")).stdout);
+    expect(kb).toBeGreaterThan(0);
+    const dd = await sbx.commands.run(
+      `dd if=/dev/zero of=/tmp/fill bs=1M count=${Math.ceil(kb / 1024) + 64} 2>&1; echo "dd=$?"`,
+      { timeoutMs: 120_000 },
+    );
+    expect(dd.stdout).toMatch(/No space left on device/);
+    expect(dd.stdout).not.toContain('dd=0');
+    expect((await sbx.commands.run('rm /tmp/fill && echo next')).stdout).toBe('next\n');
+  }, 180_000);
+
+  it('r14-template-tools: venv + pip, npm, npx, git, curl and localhost work in base', async () => {
+    const r = await sbx.commands.run(
+      'python3 -m venv /tmp/v && /tmp/v/bin/pip --version && npm --version && npx --version && git --version && curl --version && getent hosts localhost',
+      { timeoutMs: 120_000 },
+    );
+    expect(r.stdout).toMatch(/^pip \d+/m);
+    expect(r.stdout).toMatch(/^git version/m);
+    expect(r.stdout).toMatch(/^curl \d+/m);
+    expect(r.stdout).toMatch(/^(127\.0\.0\.1|::1)\s+localhost/m);
+  }, 180_000);
+
+  it('r15-cwd-with-the-users-rights: user with cwd /root is refused before the command starts; root may', async () => {
+    const err = await sbx.commands.run('pwd', { cwd: '/root' }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(CommandExitError);
+    expect((err as CommandExitError).exitCode).toBe(126);
+    expect((err as CommandExitError).stdout).toBe('');
+    expect((err as CommandExitError).error).toMatch(/permission denied/);
+    expect((await sbx.commands.run('pwd', { cwd: '/root', user: 'root' })).stdout).toBe('/root\n');
+  });
+
+  it('r8-burst-of-creates: 6 concurrent creates give 6 distinct, usable sandboxes', async () => {
+    const made = await Promise.all(Array.from({ length: 6 }, () => Sandbox.create()));
+    try {
+      expect(new Set(made.map((x) => x.sandboxId)).size).toBe(6);
+      await Promise.all(
+        made.map(async (x) => {
+          await x.files.write('/home/user/who', x.sandboxId);
+          expect((await x.commands.run('cat /home/user/who')).stdout).toBe(x.sandboxId);
+        }),
+      );
+    } finally {
+      await Promise.all(made.map((x) => x.kill()));
+    }
+  }, 180_000);
+
+  it('r9-kill-races: extended timeouts hold, then lapse; two concurrent kills both succeed once', async () => {
+    const x = await Sandbox.create({ timeoutMs: 4_000 });
+    for (let i = 0; i < 3; i++) {
+      await new Promise((r) => setTimeout(r, 2_500));
+      await x.setTimeout(4_000);
+      expect(await x.isRunning()).toBe(true);
+    }
+    // stop extending: it ends on its own, within its grace
+    await vi.waitFor(async () => expect(await x.isRunning()).toBe(false), { timeout: 20_000, interval: 500 });
+    const y = await Sandbox.create();
+    const both = await Promise.all([Sandbox.kill(y.sandboxId), Sandbox.kill(y.sandboxId)]);
+    expect(both.filter(Boolean).length).toBeGreaterThanOrEqual(1);
+    expect(await y.isRunning()).toBe(false);
+    expect(await Sandbox.kill(y.sandboxId)).toBe(false);
+  }, 120_000);
+});
+
 describe('space e2b env', () => {
   it('is the whole migration: the quickstart script runs after eval "$(space e2b env)"', async () => {
     const root = fileURLToPath(new URL('..', import.meta.url));
