@@ -195,6 +195,33 @@ describe('e2b SDK: files', () => {
       );
       await expect(sbx.files.getInfo('/home/user/nope')).rejects.toBeInstanceOf(FileNotFoundError);
 
+      // list depth: 1 is the directory itself; deeper walks real directories, each entry
+      // followed by what is under it (envd's WalkDir order)
+      await sbx.commands.run(
+        'mkdir -p d1/d2/d4 && echo x > d1/d2/d4/deep.txt && ln -s /home/user/d1 d1link',
+        {
+          cwd: '/home/user',
+        },
+      );
+      const paths = async (depth: number) =>
+        (await sbx.files.list('/home/user', { depth })).map((e) => e.path).filter((p) => /\/d[0-9l]/.test(p));
+      expect(await paths(1)).toEqual(['/home/user/d1', '/home/user/d1link', '/home/user/d3']);
+      expect(await paths(2)).toEqual([
+        '/home/user/d1',
+        '/home/user/d1/d2',
+        '/home/user/d1link',
+        '/home/user/d3',
+        '/home/user/d3/b.txt',
+      ]);
+      const deep = await sbx.files.list('/home/user', { depth: 4 });
+      expect(deep.find((e) => e.path === '/home/user/d1/d2/d4/deep.txt')).toMatchObject({
+        name: 'deep.txt',
+        type: 'file',
+        size: 2,
+      });
+      // the symlink is listed, not walked
+      expect(deep.filter((e) => e.path.startsWith('/home/user/d1link/'))).toEqual([]);
+
       // remove is recursive, and removing what is not there is no error (envd)
       await sbx.files.remove('/home/user/d1');
       expect(await sbx.files.exists('/home/user/d1')).toBe(false);

@@ -59,6 +59,12 @@ export function entryOf(f: FileStat): EntryInfo {
   });
 }
 
+/**
+ * Most entries one ListDir answers (a deep listing of a big tree would otherwise cost the router
+ * one agent call per directory and memory without bound); more is ResourceExhausted.
+ */
+export const MAX_LIST_ENTRIES = 10_000;
+
 /** The Filesystem service's handlers over `up`. */
 export function filesystemService(up: Upstream) {
   /** The absolute path of a request path for the call's user (relative = under their home). */
@@ -74,12 +80,30 @@ export function filesystemService(up: Upstream) {
       },
       async listDir(req, ctx) {
         const t = target(ctx);
-        const out = await up.json<{ entries: FileStat[] }>(
-          t,
-          'GET',
-          `${sandboxPath(t)}/fs/list${q(req.path, ctx)}`,
-        );
-        return { entries: out.entries.filter((f) => f.type !== 'other').map(entryOf) };
+        // envd: depth 0 means 1; deeper levels walk real directories (never a symlink's), each
+        // entry followed by what is under it, as Go's WalkDir does
+        const depth = req.depth || 1;
+        const entries: EntryInfo[] = [];
+        const walk = async (path: string, level: number): Promise<void> => {
+          const out = await up.json<{ entries: FileStat[] }>(
+            t,
+            'GET',
+            `${sandboxPath(t)}/fs/list?path=${encodeURIComponent(path)}`,
+          );
+          for (const f of out.entries) {
+            if (f.type === 'other') continue;
+            if (entries.length >= MAX_LIST_ENTRIES) {
+              throw new ConnectError(
+                `more than ${MAX_LIST_ENTRIES} entries under ${abs(req.path, ctx)} at depth ${depth}: list with a smaller depth`,
+                Code.ResourceExhausted,
+              );
+            }
+            entries.push(entryOf(f));
+            if (f.type === 'dir' && level < depth) await walk(f.path, level + 1);
+          }
+        };
+        await walk(abs(req.path, ctx), 1);
+        return { entries };
       },
       async makeDir(req, ctx) {
         const t = target(ctx);

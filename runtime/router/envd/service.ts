@@ -15,7 +15,7 @@
  * Nothing about a sandbox is kept in this process: any number of router replicas serve it.
  * Signed `/files` URLs (`uploadUrl()`/`downloadUrl()`) are checked against the sandbox's envd
  * access token, which the API keeps in Redis (`keys.e2bEnvdToken`) for exactly that.
- * Limit: ListDir depth is 1.
+ * ListDir walks any depth, one agent call per directory, at most `MAX_LIST_ENTRIES` entries.
  */
 import type { IncomingMessage } from 'node:http';
 import { Readable } from 'node:stream';
