@@ -2,6 +2,8 @@
  * The official `e2b` SDK (pinned 2.51.0), unchanged, against a real local stack (API, agent,
  * gVisor sandboxes, Redis) and a router process: the SDK is pointed at SPACE only through
  * E2B_API_URL (the API), E2B_SANDBOX_URL (the router) and E2B_API_KEY (a SPACE API key).
+ * The oldest SDK SPACE claims (2.14.1, devDependency `e2b-oldest`) runs the core subset
+ * (create, commands.run, files write/read, kill); everything else runs on the newest.
  */
 
 import { execFile } from 'node:child_process';
@@ -9,6 +11,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
+import * as e2b from 'e2b';
 import {
   ALL_TRAFFIC,
   CommandExitError,
@@ -18,6 +21,8 @@ import {
   Sandbox,
   SandboxNotFoundError,
 } from 'e2b';
+import * as e2bOldest from 'e2b-oldest';
+import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { freePort } from './redis-server.ts';
 import { type RouterProcess, startRouterProcess } from './router-process.ts';
@@ -84,16 +89,26 @@ describe('e2b SDK: control plane', () => {
   });
 });
 
-describe('e2b SDK: envd data plane through the router', () => {
-  it('runs commands (stdout, exit codes, a failing command), files write/read/list, background kill', async () => {
-    const sbx = await Sandbox.create();
+/**
+ * The SDK versions SPACE claims, newest and oldest (2.14.0 sends no E2b-Sandbox-Id on `/files`,
+ * so it cannot reach a sandbox through E2B_SANDBOX_URL). The oldest is typed as the newest: the
+ * core calls used here have the same shape in both.
+ */
+const SDKS = [
+  ['2.51.0 (newest)', e2b],
+  ['2.14.1 (oldest)', e2bOldest as unknown as typeof e2b],
+] as const;
+
+describe.each(SDKS)('e2b SDK %s: envd data plane through the router', (_, sdk) => {
+  it('creates, runs commands (stdout, exit codes), writes/reads/lists files, kills a background command and the sandbox', async () => {
+    const sbx = await sdk.Sandbox.create();
     try {
       expect(await sbx.isRunning()).toBe(true);
       const r = await sbx.commands.run('echo hi');
       expect(r.stdout).toBe('hi\n');
       expect(r.exitCode).toBe(0);
       const err = await sbx.commands.run('echo oops >&2; exit 3').catch((e: unknown) => e);
-      expect(err).toBeInstanceOf(CommandExitError);
+      expect(err).toBeInstanceOf(sdk.CommandExitError);
       expect((err as CommandExitError).exitCode).toBe(3);
       expect((err as CommandExitError).stderr).toBe('oops\n');
 
@@ -106,11 +121,12 @@ describe('e2b SDK: envd data plane through the router', () => {
       const bg = await sbx.commands.run('sleep 600', { background: true });
       expect(bg.pid).toBeGreaterThan(0);
       expect(await sbx.commands.kill(bg.pid)).toBe(true);
-      await expect(bg.wait()).rejects.toBeInstanceOf(CommandExitError);
+      await expect(bg.wait()).rejects.toBeInstanceOf(sdk.CommandExitError);
     } finally {
       await sbx.kill();
     }
     expect(await sbx.isRunning()).toBe(false);
+    expect(await sdk.Sandbox.kill(sbx.sandboxId)).toBe(false);
   });
 });
 
@@ -179,10 +195,71 @@ describe('e2b SDK: files', () => {
       );
       await expect(sbx.files.getInfo('/home/user/nope')).rejects.toBeInstanceOf(FileNotFoundError);
 
+      // list depth: 1 is the directory itself; deeper walks real directories, each entry
+      // followed by what is under it (envd's WalkDir order)
+      await sbx.commands.run(
+        'mkdir -p d1/d2/d4 && echo x > d1/d2/d4/deep.txt && ln -s /home/user/d1 d1link',
+        {
+          cwd: '/home/user',
+        },
+      );
+      const paths = async (depth: number) =>
+        (await sbx.files.list('/home/user', { depth })).map((e) => e.path).filter((p) => /\/d[0-9l]/.test(p));
+      expect(await paths(1)).toEqual(['/home/user/d1', '/home/user/d1link', '/home/user/d3']);
+      expect(await paths(2)).toEqual([
+        '/home/user/d1',
+        '/home/user/d1/d2',
+        '/home/user/d1link',
+        '/home/user/d3',
+        '/home/user/d3/b.txt',
+      ]);
+      const deep = await sbx.files.list('/home/user', { depth: 4 });
+      expect(deep.find((e) => e.path === '/home/user/d1/d2/d4/deep.txt')).toMatchObject({
+        name: 'deep.txt',
+        type: 'file',
+        size: 2,
+      });
+      // the symlink is listed, not walked
+      expect(deep.filter((e) => e.path.startsWith('/home/user/d1link/'))).toEqual([]);
+
       // remove is recursive, and removing what is not there is no error (envd)
       await sbx.files.remove('/home/user/d1');
       expect(await sbx.files.exists('/home/user/d1')).toBe(false);
       await sbx.files.remove('/home/user/d1');
+    } finally {
+      await sbx.kill();
+    }
+  });
+
+  it('r10: reports a symlink as envd does (getInfo, list) and a download of it sends the target', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      await sbx.commands.run(
+        'head -c 1000000 /dev/urandom > big.bin && chmod 600 big.bin && ln -s big.bin big.lnk && mkdir d && ln -s d dl && ln -s nowhere dead',
+        { cwd: '/home/user' },
+      );
+      // envd: the link's own lstat (size = length of "big.bin", Go text Lrwxrwxrwx) typed as its target
+      expect(await sbx.files.getInfo('/home/user/big.lnk')).toMatchObject({
+        name: 'big.lnk',
+        path: '/home/user/big.lnk',
+        type: 'file',
+        size: 7,
+        mode: 0o600,
+        permissions: 'Lrwxrwxrwx',
+        symlinkTarget: '/home/user/big.bin',
+      });
+      expect(await sbx.files.getInfo('dl')).toMatchObject({ type: 'dir', symlinkTarget: '/home/user/d' });
+      const dead = await sbx.files.getInfo('dead');
+      expect([dead.type, dead.size, dead.symlinkTarget]).toEqual([undefined, 7, '/home/user/dead']);
+      // a listing types links the same way
+      const listed = Object.fromEntries((await sbx.files.list('/home/user')).map((e) => [e.name, e]));
+      expect(listed['big.lnk']).toMatchObject({ type: 'file', size: 7, symlinkTarget: '/home/user/big.bin' });
+      expect(listed.dl).toMatchObject({ type: 'dir', symlinkTarget: '/home/user/d' });
+      // what a download of the link sends: the whole target, byte for byte
+      const sum = (await sbx.commands.run('sha256sum big.bin', { cwd: '/home/user' })).stdout.split(' ')[0];
+      const got = await sbx.files.read('/home/user/big.lnk', { format: 'bytes' });
+      expect(got.length).toBe(1_000_000);
+      expect(createHash('sha256').update(got).digest('hex')).toBe(sum);
     } finally {
       await sbx.kill();
     }
@@ -226,6 +303,36 @@ describe('e2b SDK: files', () => {
     }
   });
 
+  it('counts open watchDir streams against the team’s stream quota, like command streams', async () => {
+    const made = await s.call('POST', '/v1/teams', { id: 'e2bwatch', quotas: { streams: 2 } });
+    expect(made.status).toBe(201);
+    const key = await s.call<{ secret: string }>('POST', '/v1/keys', {
+      name: 'e2b-watch',
+      team: 'e2bwatch',
+      scopes: ['sandboxes:read', 'sandboxes:write'],
+    });
+    expect(key.status).toBe(201);
+    const sbx = await Sandbox.create({ apiKey: key.body.secret });
+    try {
+      const w1 = await sbx.files.watchDir('/home/user', () => {});
+      const w2 = await sbx.files.watchDir('/tmp', () => {});
+      // the quota is full: a third watch and a command's output stream are refused
+      await expect(sbx.files.watchDir('/home/user', () => {})).rejects.toThrow(
+        /team e2bwatch has 2 of its 2 streams open/,
+      );
+      await expect(sbx.commands.run('true')).rejects.toThrow(/2 of its 2 streams open/);
+      // a stopped watch gives its stream back
+      await w1.stop();
+      await vi.waitFor(async () => expect((await sbx.commands.run('echo ok')).stdout).toBe('ok\n'), {
+        timeout: 10_000,
+        interval: 500,
+      });
+      await w2.stop();
+    } finally {
+      await sbx.kill();
+    }
+  });
+
   it('moves 20 MiB of random bytes both ways, multipart and octet-stream (gzip), byte for byte', async () => {
     const sbx = await Sandbox.create();
     try {
@@ -248,6 +355,106 @@ describe('e2b SDK: files', () => {
     } finally {
       await sbx.kill();
     }
+  });
+});
+
+describe('e2b SDK: signed /files URLs', () => {
+  it('uploadUrl/downloadUrl work without a token; tampered, moved, expired and killed ones are refused', async () => {
+    const sbx = await Sandbox.create();
+    const bytes = randomBytes(100_000);
+    const envdUrl = new URL(router.url);
+    try {
+      // upload: a plain multipart POST that carries no token, only the URL's signature; the
+      // sandbox is named the way a client behind E2B_SANDBOX_URL does (header)
+      const up = new URL(await sbx.uploadUrl('/home/user/signed.bin'));
+      expect(up.searchParams.get('signature')).toMatch(/^v1_[A-Za-z0-9+/]+$/);
+      const form = new FormData();
+      form.append('file', new Blob([bytes]), '/home/user/signed.bin');
+      const posted = await fetch(up, {
+        method: 'POST',
+        body: form,
+        headers: { 'e2b-sandbox-id': sbx.sandboxId },
+      });
+      expect(posted.status).toBe(200);
+      expect(await posted.json()).toEqual([
+        { name: 'signed.bin', type: 'file', path: '/home/user/signed.bin' },
+      ]);
+      const back = await sbx.files.read('/home/user/signed.bin', { format: 'bytes' });
+      expect(Buffer.from(back).equals(bytes)).toBe(true);
+
+      // download by host routing (49983-<id>.<domain>), from a handle made by connect: one
+      // token per sandbox, so what create signed and what connect signs agree
+      const again = await Sandbox.connect(sbx.sandboxId);
+      const down = new URL(await again.downloadUrl('/home/user/signed.bin'));
+      const byHost = async (url: URL) => {
+        const res = await request(`${envdUrl.origin}${url.pathname}${url.search}`, {
+          headers: { host: `49983-${sbx.sandboxId}.space.test` },
+        });
+        return { status: res.statusCode, body: Buffer.from(await res.body.arrayBuffer()) };
+      };
+      const got = await byHost(down);
+      expect(got.status).toBe(200);
+      expect(got.body.equals(bytes)).toBe(true);
+      // an expiring URL within its time works
+      expect(
+        (
+          await byHost(
+            new URL(await sbx.downloadUrl('/home/user/signed.bin', { useSignatureExpiration: 60 })),
+          )
+        ).status,
+      ).toBe(200);
+
+      const refused = async (url: URL, message: string) => {
+        const r = await byHost(url);
+        expect([r.status, JSON.parse(r.body.toString())]).toEqual([401, { code: 401, message }]);
+      };
+      // tampered signature
+      const tampered = new URL(down);
+      const sig = tampered.searchParams.get('signature') ?? '';
+      tampered.searchParams.set('signature', `${sig.slice(0, -2)}${sig.endsWith('AA') ? 'BB' : 'AA'}`);
+      await refused(tampered, 'invalid signature');
+      // the signature of one path does not open another, nor an upload
+      const moved = new URL(down);
+      moved.searchParams.set('path', '/home/user/.bashrc');
+      await refused(moved, 'invalid signature');
+      const asUpload = await fetch(down, {
+        method: 'POST',
+        body: form,
+        headers: { 'e2b-sandbox-id': sbx.sandboxId },
+      });
+      expect(asUpload.status).toBe(401);
+      // expired (signed 10 s in the past), and an expiration moved on after signing
+      const expired = new URL(
+        await sbx.downloadUrl('/home/user/signed.bin', { useSignatureExpiration: -10 }),
+      );
+      await refused(expired, 'signature is already expired');
+      const extended = new URL(expired);
+      extended.searchParams.set('signature_expiration', String(Math.floor(Date.now() / 1000) + 3600));
+      await refused(extended, 'invalid signature');
+      // neither token nor signature
+      const bare = new URL(down);
+      bare.searchParams.delete('signature');
+      await refused(
+        bare,
+        'unauthorized access, please provide a valid access token or method signing if supported',
+      );
+    } finally {
+      await sbx.kill();
+    }
+    // a killed sandbox's URLs open nothing: its token is gone with it
+    const after = await request(`${envdUrl.origin}/files?path=%2Fhome%2Fuser%2Fsigned.bin`, {
+      headers: { host: `49983-${sbx.sandboxId}.space.test` },
+    });
+    await after.body.dump();
+    expect(after.statusCode).toBeGreaterThanOrEqual(400);
+    const late = new URL(await sbx.downloadUrl('/home/user/signed.bin'));
+    const lateRes = await request(`${envdUrl.origin}${late.pathname}${late.search}`, {
+      headers: { host: `49983-${sbx.sandboxId}.space.test` },
+    });
+    expect([lateRes.statusCode, await lateRes.body.json()]).toEqual([
+      401,
+      { code: 401, message: 'invalid signature' },
+    ]);
   });
 });
 
@@ -363,6 +570,259 @@ describe('e2b SDK: egress', () => {
       await Promise.all([open.kill(), closed.kill(), listed.kill()]);
     }
   });
+});
+
+/**
+ * shared/cases/runtime.md through the SDK. The same cases run against SPACE's own API in
+ * runtime-cases.int.test.ts (r1–r13), packages.int.test.ts (r14 installs), bad-input (r18) and
+ * the guest's unit tests (r15); here each is driven the way an E2B user would. Not here: r16/r17
+ * (the `space` CLI's own exit codes and --json, no SDK path), r5's 256 MiB upload and r8's 100-way
+ * burst (sizes kept to what a shared 2-core CI machine runs; the API tests run the full sizes).
+ */
+describe('e2b SDK: runtime cases', () => {
+  let sbx: Sandbox;
+  beforeAll(async () => {
+    sbx = await Sandbox.create({ timeoutMs: 600_000 });
+  });
+  afterAll(async () => {
+    await sbx?.kill();
+  });
+  /** Lines of `ps` naming the r7/r11 sleepers still alive (as root: sees every process). */
+  const sleepers = async () =>
+    (
+      await sbx.commands.run('ps -eo args | grep -E "^(sleep|python3 -c) .*101[1-4]" || true', {
+        user: 'root',
+      })
+    ).stdout;
+
+  it('r1-two-readers-one-drops: the reader that stays gets every line after the other disconnects', async () => {
+    const h = await sbx.commands.run('seq 1 1000000', { background: true });
+    let seen = 0;
+    const second = await sbx.commands.connect(h.pid, {
+      onStdout: (d) => {
+        seen += d.length;
+        if (seen > 1_000_000) void second.disconnect();
+      },
+    });
+    const r = await h.wait();
+    expect(r.exitCode).toBe(0);
+    const lines = r.stdout.split('\n');
+    expect(lines.length).toBe(1_000_001);
+    expect([lines[0], lines[999_999], lines[1_000_000]]).toEqual(['1', '1000000', '']);
+    expect(seen).toBeGreaterThan(1_000_000);
+  }, 120_000);
+
+  it('r2-cannot-start: a missing binary is 127, true is 0, a directory is 126, each at once', async () => {
+    const t0 = Date.now();
+    const missing = await sbx.commands.run('no-such-binary').catch((e: unknown) => e);
+    expect(missing).toBeInstanceOf(CommandExitError);
+    expect((missing as CommandExitError).exitCode).toBe(127);
+    expect((missing as CommandExitError).stderr).toMatch(/no-such-binary: command not found/);
+    expect((await sbx.commands.run('true')).exitCode).toBe(0);
+    const dir = await sbx.commands.run('/tmp').catch((e: unknown) => e);
+    expect((dir as CommandExitError).exitCode).toBe(126);
+    expect((dir as CommandExitError).stderr).toMatch(/Is a directory/);
+    expect(Date.now() - t0).toBeLessThan(10_000);
+  });
+
+  it('r3-big-burst: 4 MiB in one write to stdout, then stderr, then interleaved, byte-exact', async () => {
+    const py = [
+      'import base64, hashlib, os, sys',
+      'd = base64.b64encode(os.urandom(3145728))',
+      'assert len(d) == 4194304',
+      'open("/tmp/r3.sha", "w").write(hashlib.sha256(d + d).hexdigest())',
+      'sys.stdout.buffer.write(d); sys.stdout.flush()',
+      'sys.stderr.buffer.write(d); sys.stderr.flush()',
+      'for i in range(0, len(d), 65536):',
+      '    sys.stdout.buffer.write(d[i:i + 65536]); sys.stdout.flush()',
+      '    sys.stderr.buffer.write(d[i:i + 65536]); sys.stderr.flush()',
+    ].join('\n');
+    await sbx.files.write('/tmp/r3.py', py);
+    const r = await sbx.commands.run('python3 /tmp/r3.py', { timeoutMs: 120_000 });
+    const want = await sbx.files.read('/tmp/r3.sha');
+    expect([r.stdout.length, r.stderr.length]).toEqual([8_388_608, 8_388_608]);
+    expect(createHash('sha256').update(r.stdout).digest('hex')).toBe(want);
+    expect(createHash('sha256').update(r.stderr).digest('hex')).toBe(want);
+  }, 180_000);
+
+  it('r4-names-that-break-parsers: names round-trip through write, list, read and remove; escapes and platform paths are refused', async () => {
+    const names = ['🙂.txt', 'naïve.txt', 'a b.txt', 'x%2Fy', '-rf', 'new\nline', `${'n'.repeat(251)}.txt`];
+    await sbx.files.makeDir('/home/user/r4');
+    for (const [i, name] of names.entries()) await sbx.files.write(`/home/user/r4/${name}`, `content ${i}`);
+    const listed = (await sbx.files.list('/home/user/r4')).map((e) => e.name).sort();
+    expect(listed).toEqual([...names].sort());
+    for (const [i, name] of names.entries()) {
+      expect(await sbx.files.read(`/home/user/r4/${name}`)).toBe(`content ${i}`);
+      await sbx.files.remove(`/home/user/r4/${name}`);
+    }
+    expect(await sbx.files.list('/home/user/r4')).toEqual([]);
+    // escapes are refused with a clear error, not resolved, and so are the platform's own paths
+    await expect(sbx.files.write('/home/user/r4/../r4.txt', 'up')).rejects.toThrow(
+      /must not contain a ".." segment/,
+    );
+    await expect(sbx.files.read('../user/r4.txt')).rejects.toThrow(/".." segment/);
+    await expect(sbx.files.write('/opt/space/x', 'no')).rejects.toThrow(/platform-owned/);
+    await expect(sbx.files.read('/proc/self/environ')).rejects.toThrow(/platform-owned/);
+  });
+
+  it('r5-interrupted-upload: 1 MiB round-trips; an upload that breaks off leaves the previous file', async () => {
+    const bytes = randomBytes(1024 * 1024);
+    await sbx.files.write('/home/user/r5.bin', new Blob([bytes]));
+    const back = await sbx.files.read('/home/user/r5.bin', { format: 'bytes' });
+    expect(Buffer.from(back).equals(bytes)).toBe(true);
+    let sent = 0;
+    const breaking = new ReadableStream<Uint8Array>({
+      pull(c) {
+        if (sent >= 4) return c.error(new Error('client went away'));
+        sent += 1;
+        c.enqueue(randomBytes(256 * 1024));
+      },
+    });
+    await expect(sbx.files.write('/home/user/r5.bin', breaking, { useOctetStream: true })).rejects.toThrow();
+    await vi.waitFor(async () => {
+      const now = await sbx.files.read('/home/user/r5.bin', { format: 'bytes' });
+      expect(Buffer.from(now).equals(bytes)).toBe(true);
+    });
+    // and no temp file of the broken upload is left beside it
+    await vi.waitFor(async () =>
+      expect((await sbx.files.list('/home/user')).filter((e) => e.name.includes('.space-upload-'))).toEqual(
+        [],
+      ),
+    );
+  });
+
+  it('r6-stdin-that-closes-early: EOF at once, early close, writes after exit refused, 10 MB round-trip', async () => {
+    const t0 = Date.now();
+    const cat = await sbx.commands.run('cat', { background: true, stdin: true });
+    await sbx.commands.sendStdin(cat.pid, '123\n');
+    await sbx.commands.closeStdin(cat.pid);
+    expect(await cat.wait()).toMatchObject({ exitCode: 0, stdout: '123\n' });
+    expect(Date.now() - t0).toBeLessThan(5_000);
+    // no stdin asked for: cat sees EOF at once
+    expect(await sbx.commands.run('cat', { timeoutMs: 10_000 })).toMatchObject({ exitCode: 0, stdout: '' });
+    // the process is gone: stdin for it is an error, not silence
+    await expect(sbx.commands.sendStdin(cat.pid, 'late')).rejects.toThrow();
+    // 10 MB of binary stdin, in 1 MiB messages
+    const data = randomBytes(10 * 1024 * 1024);
+    const sum = await sbx.commands.run('sha256sum', { background: true, stdin: true });
+    for (let i = 0; i < data.length; i += 1024 * 1024) {
+      await sbx.commands.sendStdin(sum.pid, data.subarray(i, i + 1024 * 1024));
+    }
+    await sbx.commands.closeStdin(sum.pid);
+    expect((await sum.wait()).stdout.split(' ')[0]).toBe(createHash('sha256').update(data).digest('hex'));
+  }, 120_000);
+
+  it('r7-r11-kill-means-everything: a timeout and a kill end setsid, setpgid and double-forked processes', async () => {
+    const cmd = [
+      'sleep 1011 &',
+      'setsid sleep 1012 &',
+      'python3 -c "import os,time; os.setpgid(0,0); time.sleep(1013)" &',
+      '(nohup sleep 1014 >/dev/null 2>&1 &) &',
+      'wait',
+    ].join(' ');
+    const allRunning = async () =>
+      vi.waitFor(async () => expect((await sleepers()).split('\n').filter(Boolean)).toHaveLength(4), {
+        timeout: 10_000,
+        interval: 200,
+      });
+    const timed = sbx.commands.run(cmd, { timeoutMs: 1500 }).catch((e: unknown) => e);
+    await allRunning();
+    expect(await timed).toBeInstanceOf(Error);
+    await vi.waitFor(async () => expect(await sleepers()).toBe(''), { timeout: 10_000, interval: 200 });
+
+    const bg = await sbx.commands.run(cmd, { background: true });
+    await allRunning();
+    expect(await sbx.commands.kill(bg.pid)).toBe(true);
+    await expect(bg.wait()).rejects.toBeInstanceOf(CommandExitError);
+    await vi.waitFor(async () => expect(await sleepers()).toBe(''), { timeout: 10_000, interval: 200 });
+  }, 60_000);
+
+  it('r12-background-servers-outlive-their-exec: `&` and `nohup … &` servers answer from a later command', async () => {
+    expect((await sbx.commands.run('cd /tmp && python3 -m http.server 8000 &')).exitCode).toBe(0);
+    expect((await sbx.commands.run('cd /tmp && nohup python3 -m http.server 8001 &')).exitCode).toBe(0);
+    // http.server looks its address up before it listens: allow the resolver's timeouts (40 s)
+    const probe = [
+      'import time, urllib.request',
+      'for port in (8000, 8001):',
+      '    for _ in range(400):',
+      '        try:',
+      '            print(port, urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).status); break',
+      '        except OSError: time.sleep(0.1)',
+      '    else: print(port, "down")',
+    ].join('\n');
+    await sbx.files.write('/tmp/r12.py', probe);
+    expect((await sbx.commands.run('python3 /tmp/r12.py', { timeoutMs: 90_000 })).stdout).toBe(
+      '8000 200\n8001 200\n',
+    );
+    // the bracket keeps pkill from matching its own command line
+    await sbx.commands.run('pkill -f "[h]ttp.server 800"', { user: 'root' });
+    await vi.waitFor(async () =>
+      expect((await sbx.commands.run('pgrep -f "[h]ttp.server 800" || true')).stdout).toBe(''),
+    );
+  }, 120_000);
+
+  it('r13-exhaustion-hits-the-offender: a full /tmp is ENOSPC inside, and the next command runs', async () => {
+    const kb = Number((await sbx.commands.run("df -k /tmp | tail -1 | awk '{print $2}'")).stdout);
+    expect(kb).toBeGreaterThan(0);
+    const dd = await sbx.commands.run(
+      `dd if=/dev/zero of=/tmp/fill bs=1M count=${Math.ceil(kb / 1024) + 64} 2>&1; echo "dd=$?"`,
+      { timeoutMs: 120_000 },
+    );
+    expect(dd.stdout).toMatch(/No space left on device/);
+    expect(dd.stdout).not.toContain('dd=0');
+    expect((await sbx.commands.run('rm /tmp/fill && echo next')).stdout).toBe('next\n');
+  }, 180_000);
+
+  it('r14-template-tools: venv + pip, npm, npx, git, curl and localhost work in base', async () => {
+    const r = await sbx.commands.run(
+      'python3 -m venv /tmp/v && /tmp/v/bin/pip --version && npm --version && npx --version && git --version && curl --version && getent hosts localhost',
+      { timeoutMs: 120_000 },
+    );
+    expect(r.stdout).toMatch(/^pip \d+/m);
+    expect(r.stdout).toMatch(/^git version/m);
+    expect(r.stdout).toMatch(/^curl \d+/m);
+    expect(r.stdout).toMatch(/^(127\.0\.0\.1|::1)\s+localhost/m);
+  }, 180_000);
+
+  it('r15-cwd-with-the-users-rights: user with cwd /root is refused before the command starts; root may', async () => {
+    const err = await sbx.commands.run('pwd', { cwd: '/root' }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(CommandExitError);
+    expect((err as CommandExitError).exitCode).toBe(126);
+    expect((err as CommandExitError).stdout).toBe('');
+    expect((err as CommandExitError).error).toMatch(/permission denied/);
+    expect((await sbx.commands.run('pwd', { cwd: '/root', user: 'root' })).stdout).toBe('/root\n');
+  });
+
+  it('r8-burst-of-creates: 6 concurrent creates give 6 distinct, usable sandboxes', async () => {
+    const made = await Promise.all(Array.from({ length: 6 }, () => Sandbox.create()));
+    try {
+      expect(new Set(made.map((x) => x.sandboxId)).size).toBe(6);
+      await Promise.all(
+        made.map(async (x) => {
+          await x.files.write('/home/user/who', x.sandboxId);
+          expect((await x.commands.run('cat /home/user/who')).stdout).toBe(x.sandboxId);
+        }),
+      );
+    } finally {
+      await Promise.all(made.map((x) => x.kill()));
+    }
+  }, 180_000);
+
+  it('r9-kill-races: extended timeouts hold, then lapse; two concurrent kills both succeed once', async () => {
+    const x = await Sandbox.create({ timeoutMs: 4_000 });
+    for (let i = 0; i < 3; i++) {
+      await new Promise((r) => setTimeout(r, 2_500));
+      await x.setTimeout(4_000);
+      expect(await x.isRunning()).toBe(true);
+    }
+    // stop extending: it ends on its own, within its grace
+    await vi.waitFor(async () => expect(await x.isRunning()).toBe(false), { timeout: 20_000, interval: 500 });
+    const y = await Sandbox.create();
+    const both = await Promise.all([Sandbox.kill(y.sandboxId), Sandbox.kill(y.sandboxId)]);
+    expect(both.filter(Boolean).length).toBeGreaterThanOrEqual(1);
+    expect(await y.isRunning()).toBe(false);
+    expect(await Sandbox.kill(y.sandboxId)).toBe(false);
+  }, 120_000);
 });
 
 describe('space e2b env', () => {

@@ -123,9 +123,10 @@ export interface FileStat {
   mtimeMs: number;
   /**
    * For a symlink: what it resolves to (and so what a download of it sends), or null when it
-   * dangles or points where files cannot be read.
+   * dangles or points where files cannot be read. Listings carry it too. `mode` (the target's
+   * permission bits) is absent from guests older than the E2B symlink fix.
    */
-  target?: { path: string; type: 'file' | 'dir' | 'symlink' | 'other'; size: number } | null;
+  target?: { path: string; type: 'file' | 'dir' | 'symlink' | 'other'; size: number; mode?: number } | null;
 }
 
 /**

@@ -20,6 +20,11 @@ export const IDEMPOTENCY_TTL_SEC = 24 * 3600;
 export const OPERATION_TTL_SEC = 7 * 24 * 3600;
 /** How long a killed sandbox's record is kept (s): a week, so clients can read why it ended. */
 export const KILLED_SANDBOX_TTL_SEC = 7 * 24 * 3600;
+/**
+ * How long a stored envd access token is served (s): its token's lifetime less a minute, so a
+ * stored token always has a minute left; after that the E2B routes mint and store a new one.
+ */
+export const envdTokenTtlSec = (tokenTtlSec: number): number => Math.max(60, tokenTtlSec - 60);
 /** How long usage data (minute buckets, per-sandbox totals after the end) is kept (s): 35 days. */
 export const USAGE_RETENTION_SEC = 35 * 24 * 3600;
 
@@ -126,6 +131,12 @@ export const keys = {
   usageMinute: (minute: number) => `${KEY_PREFIX}usage:m:${minute}`,
   /** Sorted set: idle running sandboxes, score = when the idle timer pauses them (ms). */
   autoPause: () => `${KEY_PREFIX}autopause`,
+  /**
+   * String: the envd access token the E2B routes hand out for a sandbox (a session token), kept so
+   * every create/connect/get answers the same one and the router can check `/files` URLs the SDK
+   * signed with it. TTL {@link envdTokenTtlSec}; `transition.lua` deletes it when the sandbox is killed.
+   */
+  e2bEnvdToken: (id: string) => `${KEY_PREFIX}e2b:envd-token:${id}`,
 } as const;
 
 /** Consumer group of {@link keys.operationQueue}. */

@@ -262,17 +262,7 @@ export class Files {
       throw fsError(err, path, 'read');
     }
     const out = toFileStat(path, st);
-    if (out.type === 'symlink') {
-      out.target = await realTarget(path, true)
-        .then(
-          async (t) => {
-            const ts = await stat(t);
-            return { path: t, type: typeOf(ts), size: ts.size };
-          },
-          () => null,
-        )
-        .catch(() => null);
-    }
+    if (out.type === 'symlink') out.target = await linkTarget(path);
     return out;
   }
 
@@ -299,6 +289,12 @@ export class Files {
         if (st) entries.push(toFileStat(posix.join(path, names[i + j]!), st));
       });
     }
+    // a listed symlink says what it resolves to, as stat does (E2B clients type it by its target)
+    await Promise.all(
+      entries.map(async (e) => {
+        if (e.type === 'symlink') e.target = await linkTarget(e.path);
+      }),
+    );
     return entries;
   }
 
@@ -380,5 +376,19 @@ async function syncDir(dir: string): Promise<void> {
     }
   } catch {
     // Some file systems refuse fsync on directories; the rename itself is still atomic.
+  }
+}
+
+/**
+ * What the symlink at `path` resolves to (following every link), or null when it dangles or
+ * resolves where files cannot be read (a platform-owned location).
+ */
+async function linkTarget(path: string): Promise<FileStat['target']> {
+  try {
+    const t = await realTarget(path, true);
+    const ts = await stat(t);
+    return { path: t, type: typeOf(ts), size: ts.size, mode: ts.mode & 0o7777 };
+  } catch {
+    return null;
   }
 }

@@ -372,12 +372,24 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         const sb = await authorise(req, req.params.id, 'files', false);
         if (sb.streams >= deps.config.maxStreams)
           throw new SpaceError('RATE_LIMITED', 'too many open streams');
+        // a watch is an open stream like a command's: it counts against the team's quota
+        const claims = claimsOf.get(req.raw);
+        const closeTeamStream =
+          claims?.maxStreams != null && deps.teamStreams
+            ? await deps.teamStreams.open(claims.team ?? DEFAULT_TEAM, claims.maxStreams)
+            : () => {};
         const abort = new AbortController();
         reply.raw.once('close', () => abort.abort());
         // a delete or hibernation cuts it (the guest connection waits for nothing)
         sb.guestStreams.add(abort);
         abort.signal.addEventListener('abort', () => sb.guestStreams.delete(abort), { once: true });
-        const body = await sb.guest.watch(req.query.path, req.query.recursive ?? false, abort.signal);
+        let body: Awaited<ReturnType<typeof sb.guest.watch>>;
+        try {
+          body = await sb.guest.watch(req.query.path, req.query.recursive ?? false, abort.signal);
+        } catch (err) {
+          closeTeamStream();
+          throw err;
+        }
         sb.streams += 1;
         reply.hijack();
         reply.raw.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' });
@@ -388,6 +400,7 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
           reply.raw.destroy();
         } finally {
           sb.streams -= 1;
+          closeTeamStream();
         }
       },
     );

@@ -20,6 +20,7 @@ import { ID_PATTERN } from '../../core/ids.ts';
 import { requestLifecycle } from '../../core/lifecycle-requests.ts';
 import { F } from '../../core/log-fields.ts';
 import { CONTROL_PLANE_RETRY_AFTER_SEC, fromRedisOutage } from '../../core/redis-errors.ts';
+import { envdTokenTtlSec, keys } from '../../core/redis-keys.ts';
 import { mintSessionToken } from '../../core/tokens.ts';
 import type { ApiDeps } from '../app.ts';
 import { innerCallHeaders, principalOf, requireScope } from '../auth.ts';
@@ -114,18 +115,26 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
 
   /**
    * The envd access token of a sandbox: a SPACE session token with both data-plane scopes, for
-   * the sandbox's current session, valid as long as the longest lifetime a client may set.
+   * the sandbox's current session, valid as long as the longest lifetime a client may set. One
+   * per sandbox, kept in Redis (`keys.e2bEnvdToken`): create, connect and get answer the same
+   * token, and the router checks `/files` URLs the SDK signed with it. Minted when absent (first
+   * create, or the stored one is within a minute of its end); `SET NX` makes racing mints agree.
    */
   async function envdToken(rec: SandboxRecord): Promise<string> {
+    const key = keys.e2bEnvdToken(rec.id);
+    const stored = await deps.redis.get(key);
+    if (stored) return stored;
+    const ttlSec = Math.max(deps.config.sessionTokenTtlSec, deps.config.maxTimeoutSec);
     const grant = await mintSessionToken(deps.signingKey, {
       sandboxId: rec.id,
       sessionId: rec.sessionId,
       team: rec.team,
       maxStreams: (await deps.teams.quotas(rec.team)).streams,
       scopes: ['commands', 'files'],
-      ttlSec: Math.max(deps.config.sessionTokenTtlSec, deps.config.maxTimeoutSec),
+      ttlSec,
     });
-    return grant.token;
+    const set = await deps.redis.set(key, grant.token, 'EX', envdTokenTtlSec(ttlSec), 'NX');
+    return set ? grant.token : ((await deps.redis.get(key)) ?? grant.token);
   }
 
   /**

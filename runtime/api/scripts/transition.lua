@@ -5,6 +5,7 @@
 -- Lifetime: only running time counts. Entering `paused` stores the running time left
 -- (`timeLeftMs`) and sets the deadline to the paused retention (field `retentionMs`, which the
 -- caller passes); leaving `resuming` for `running` gives the time left back.
+-- Entering `killing`/`killed` deletes the sandbox's E2B envd access token.
 -- Entering `killed` returns the sandbox's reservation of its team's quotas (see admit.lua).
 -- Returns { 1, target } on success, { 0, current } (current = '' when the sandbox is gone) otherwise.
 local current = redis.call('HGET', KEYS[1], 'state')
@@ -36,6 +37,8 @@ elseif ARGV[1] == 'running' then
   redis.call('ZADD', KEYS[2], redis.call('HGET', KEYS[1], 'expiresAtMs'), id)
 elseif ARGV[1] == 'killing' or ARGV[1] == 'killed' then
   redis.call('ZREM', KEYS[2], id)
+  -- its E2B envd access token (redis-keys.ts e2bEnvdToken) signs no more /files URLs
+  redis.call('DEL', string.match(KEYS[1], '^(.*)sandbox:') .. 'e2b:envd-token:' .. id)
 end
 -- a killed sandbox returns what it reserved of its team's quotas (admit.lua), exactly once
 if ARGV[1] == 'killed' and redis.call('HGET', KEYS[1], 'quotaHeld') == '1' then

@@ -35,22 +35,35 @@ export function modeText(type: string, mode: number): string {
   );
 }
 
-/** envd's EntryInfo of a SPACE FileStat. Pure. */
+/**
+ * envd's EntryInfo of a SPACE FileStat. Pure. A symlink is reported as envd does (its entry is
+ * the link's `lstat` with the target's type): `type` and `mode` of what it resolves to (a dangling
+ * one: unspecified type, mode 0, and its own path as `symlinkTarget`), `size` of the link itself
+ * (the length of what it points to), `permissions` the link's own Go text (`Lrwxrwxrwx`).
+ */
 export function entryOf(f: FileStat): EntryInfo {
-  const kind = f.type === 'symlink' ? (f.target?.type ?? 'other') : f.type;
+  const link = f.type === 'symlink';
+  const kind = link ? (f.target?.type ?? 'other') : f.type;
+  const mode = link ? (f.target ? (f.target.mode ?? f.mode) : 0) : f.mode;
   return create(EntryInfoSchema, {
     name: f.name,
     type: kind === 'dir' ? FileType.DIRECTORY : kind === 'file' ? FileType.FILE : FileType.UNSPECIFIED,
     path: f.path,
     size: BigInt(f.size),
-    mode: f.mode & 0o777,
-    permissions: modeText(kind, f.mode),
+    mode: mode & 0o777,
+    permissions: link ? `L${modeText('file', f.mode).slice(1)}` : modeText(kind, f.mode),
     owner: 'user',
     group: 'user',
     modifiedTime: timestampFromMs(f.mtimeMs),
-    ...(f.type === 'symlink' && f.target ? { symlinkTarget: f.target.path } : {}),
+    ...(link ? { symlinkTarget: f.target?.path ?? f.path } : {}),
   });
 }
+
+/**
+ * Most entries one ListDir answers (a deep listing of a big tree would otherwise cost the router
+ * one agent call per directory and memory without bound); more is ResourceExhausted.
+ */
+export const MAX_LIST_ENTRIES = 10_000;
 
 /** The Filesystem service's handlers over `up`. */
 export function filesystemService(up: Upstream) {
@@ -67,12 +80,30 @@ export function filesystemService(up: Upstream) {
       },
       async listDir(req, ctx) {
         const t = target(ctx);
-        const out = await up.json<{ entries: FileStat[] }>(
-          t,
-          'GET',
-          `${sandboxPath(t)}/fs/list${q(req.path, ctx)}`,
-        );
-        return { entries: out.entries.filter((f) => f.type !== 'other').map(entryOf) };
+        // envd: depth 0 means 1; deeper levels walk real directories (never a symlink's), each
+        // entry followed by what is under it, as Go's WalkDir does
+        const depth = req.depth || 1;
+        const entries: EntryInfo[] = [];
+        const walk = async (path: string, level: number): Promise<void> => {
+          const out = await up.json<{ entries: FileStat[] }>(
+            t,
+            'GET',
+            `${sandboxPath(t)}/fs/list?path=${encodeURIComponent(path)}`,
+          );
+          for (const f of out.entries) {
+            if (f.type === 'other') continue;
+            if (entries.length >= MAX_LIST_ENTRIES) {
+              throw new ConnectError(
+                `more than ${MAX_LIST_ENTRIES} entries under ${abs(req.path, ctx)} at depth ${depth}: list with a smaller depth`,
+                Code.ResourceExhausted,
+              );
+            }
+            entries.push(entryOf(f));
+            if (f.type === 'dir' && level < depth) await walk(f.path, level + 1);
+          }
+        };
+        await walk(abs(req.path, ctx), 1);
+        return { entries };
       },
       async makeDir(req, ctx) {
         const t = target(ctx);

@@ -13,8 +13,9 @@
  * Source of every external fact: shared/reference/e2b-protocol.md §2 (envd) and §3 (routing).
  * The services live in `process.ts` and `filesystem.ts`; their calls on the agent in `upstream.ts`.
  * Nothing about a sandbox is kept in this process: any number of router replicas serve it.
- * Limits: signed `/files` URLs are refused (the router cannot check a signature made with a
- * token it does not hold); ListDir depth is 1.
+ * Signed `/files` URLs (`uploadUrl()`/`downloadUrl()`) are checked against the sandbox's envd
+ * access token, which the API keeps in Redis (`keys.e2bEnvdToken`) for exactly that.
+ * ListDir walks any depth, one agent call per directory, at most `MAX_LIST_ENTRIES` entries.
  */
 import type { IncomingMessage } from 'node:http';
 import { Readable } from 'node:stream';
@@ -32,6 +33,7 @@ import type { RouterDeps } from '../app.ts';
 import { filesystemService } from './filesystem.ts';
 import { ENVD_USERS, type EnvdUser, envdPath, envdSandboxOf } from './paths.ts';
 import { processService } from './process.ts';
+import { checkEnvdSignature, type EnvdFileOperation } from './signature.ts';
 import { createUpstream, kTarget, sandboxPath, type Target } from './upstream.ts';
 
 const SANDBOX_ID = new RegExp(ID_PATTERN);
@@ -55,14 +57,45 @@ export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
   const envdError = (reply: FastifyReply, code: number, message: string) =>
     reply.status(code).type('application/json; charset=utf-8').send({ code, message });
 
-  /** Verifies sandbox + token for `scope`; answers 401 itself and returns null when refused. */
-  async function check(req: FastifyRequest, reply: FastifyReply, scope: SessionScope) {
+  /**
+   * Verifies sandbox + token for `scope`; answers 401 itself and returns null when refused.
+   * `signed` (only `/files`): a request without `X-Access-Token` may carry a signature instead
+   * (§2.7), checked against the sandbox's stored envd access token, which then stands for it.
+   */
+  async function check(
+    req: FastifyRequest,
+    reply: FastifyReply,
+    scope: SessionScope,
+    signed?: { query: FilesQuery; operation: EnvdFileOperation },
+  ) {
     const sandboxId = envdSandboxOf(req.headers);
     if (!sandboxId || !SANDBOX_ID.test(sandboxId)) {
       await envdError(reply, 400, 'no sandbox: set the E2b-Sandbox-Id header or use 49983-<id>.<domain>');
       return null;
     }
-    const token = req.headers['x-access-token'];
+    let token = req.headers['x-access-token'];
+    if ((typeof token !== 'string' || !token) && signed?.query.signature) {
+      // no token stored = no live sandbox handed one out: nothing can have signed this URL
+      const stored = await deps.redis.get(keys.e2bEnvdToken(sandboxId));
+      const q = signed.query;
+      const refusal = stored
+        ? checkEnvdSignature(
+            {
+              path: q.path ?? '',
+              operation: signed.operation,
+              user: q.username ?? '',
+              signature: q.signature ?? '',
+              expiration: q.signature_expiration,
+            },
+            stored,
+          )
+        : 'invalid signature';
+      if (refusal) {
+        await envdError(reply, 401, refusal);
+        return null;
+      }
+      token = stored ?? '';
+    }
     if (typeof token !== 'string' || !token) {
       await envdError(
         reply,
@@ -109,8 +142,7 @@ export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
   });
 
   app.get<{ Querystring: FilesQuery }>('/files', async (req, reply) => {
-    if (req.query.signature) return envdError(reply, 401, 'signed URLs are not supported by SPACE yet');
-    const t = await check(req, reply, 'files');
+    const t = await check(req, reply, 'files', { query: req.query, operation: 'read' });
     if (!t) return reply;
     const home = homeOf(req.query.username);
     if (!home) return envdError(reply, 401, `unknown user "${req.query.username}"`);
@@ -134,8 +166,7 @@ export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
   });
 
   app.post<{ Querystring: FilesQuery }>('/files', async (req, reply) => {
-    if (req.query.signature) return envdError(reply, 401, 'signed URLs are not supported by SPACE yet');
-    const t = await check(req, reply, 'files');
+    const t = await check(req, reply, 'files', { query: req.query, operation: 'write' });
     if (!t) return reply;
     const home = homeOf(req.query.username);
     if (!home) return envdError(reply, 401, `unknown user "${req.query.username}"`);
