@@ -682,7 +682,7 @@ export class SandboxManager {
    * Makes the template's snapshot on this node when the driver can snapshot and restore: boots one
    * instance of `shape`, snapshots it once its guest answers, and throws the instance away. Later
    * cold creates of that shape restore from it instead of booting. Reuses a snapshot left on disk by
-   * an earlier agent when it was taken from the same image. Returns null when the driver cannot.
+   * an earlier agent when it was taken from the same image and driver settings (`snapshotKey`). Returns null when the driver cannot.
    * @throws SpaceError DRIVER_FAILED / SNAPSHOT_UNSUPPORTED when making it fails (nothing is left).
    */
   async prepareSnapshot(
@@ -696,7 +696,7 @@ export class SandboxManager {
       this.#o.stateDir,
       'snapshots',
       template,
-      image.digest,
+      this.#o.driver.snapshotKey ? `${image.digest}-${this.#o.driver.snapshotKey}` : image.digest,
       `${shape.vcpus}x${shape.memoryMiB}x${this.#o.diskMiB}`,
     );
     const saved = await readFile(join(dir, 'snapshot.json'), 'utf8').catch(() => null);

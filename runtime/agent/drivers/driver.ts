@@ -225,6 +225,13 @@ export interface InstanceStats {
 export interface Driver {
   readonly name: DriverName;
   readonly capabilities: DriverCapabilities;
+  /**
+   * For drivers that snapshot: a short digest (hex) of the settings a snapshot captures beyond
+   * the image (the guest's argv, the platform). The agent keeps template snapshots per image and
+   * per this key, so changing such a setting makes a new snapshot instead of restoring processes
+   * started under the old one. Absent: snapshots are keyed by image only.
+   */
+  readonly snapshotKey?: string;
   /** Checks host prerequisites (binaries, KVM) and throws one DRIVER_FAILED error listing what is missing. */
   preflight(): Promise<void>;
   /** Makes and boots an instance; resolves when the guest daemon answers /health. Undoes all on failure. */

@@ -99,6 +99,20 @@ describe('gvisor pure helpers', () => {
     expect(new GvisorDriver({ stateDir: '/x' }).capabilities.snapshot).toBe(false);
   });
 
+  it('keys snapshots by what a checkpoint holds beyond the image: guest argv and platform', () => {
+    const base = new GvisorDriver({ stateDir: '/x', snapshots: true });
+    expect(base.snapshotKey).toMatch(/^[0-9a-f]{16}$/);
+    // settings a checkpoint does not hold leave the key alone
+    expect(new GvisorDriver({ stateDir: '/y', snapshots: true, healthTimeoutMs: 5 }).snapshotKey).toBe(
+      base.snapshotKey,
+    );
+    const argv = new GvisorDriver({ stateDir: '/x', guestArgv: ['/bin/node', '--jitless', '/main.cjs'] });
+    expect(argv.snapshotKey).not.toBe(base.snapshotKey);
+    expect(new GvisorDriver({ stateDir: '/x', platform: 'ptrace' }).snapshotKey).not.toBe(
+      new GvisorDriver({ stateDir: '/x', platform: 'systrap' }).snapshotKey,
+    );
+  });
+
   it('reads the runsc release date from --version output', () => {
     expect(runscRelease('runsc version 0.0~20240729.0\nspec: 1.2.0\n')).toBe(20240729);
     expect(runscRelease('runsc version release-20250512.0\nspec: 1.1.0\n')).toBe(20250512);

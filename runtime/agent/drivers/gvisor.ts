@@ -29,6 +29,7 @@
  * host end, which is harmless: nftables hands DNS to the gateway whatever address it was sent to.
  */
 import { execFile, spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { mkdir, open, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -427,6 +428,8 @@ export class GvisorDriver implements Driver {
     ownKernel: false,
   };
   private readonly cfg: Required<Omit<GvisorConfig, 'log'>> & Pick<GvisorConfig, 'log'>;
+  /** Digest of the guest argv and platform: what a checkpoint holds beyond the image. */
+  readonly snapshotKey: string;
 
   constructor(config: GvisorConfig) {
     this.capabilities.snapshot = this.capabilities.restore = config.snapshots ?? false;
@@ -441,6 +444,10 @@ export class GvisorDriver implements Driver {
       checkpointCompression: config.checkpointCompression ?? 'none',
       snapshots: config.snapshots ?? false,
     };
+    this.snapshotKey = createHash('sha256')
+      .update(JSON.stringify({ argv: this.cfg.guestArgv, platform: this.cfg.platform }))
+      .digest('hex')
+      .slice(0, 16);
   }
 
   /**
