@@ -5,16 +5,28 @@
 import { createParser } from 'eventsource-parser';
 import { request } from 'undici';
 
+/** An API answer with HTTP status ≥ 400 (`status`); the message carries the body. */
+export class ApiStatusError extends Error {
+  readonly status: number;
+  constructor(status: number, message: string) {
+    super(message);
+    this.name = 'ApiStatusError';
+    this.status = status;
+  }
+}
+
 /** A benchmark's view of one SPACE endpoint. */
 export interface BenchClient {
   /** Calls the API; throws with the status and body on HTTP ≥ 400. */
   api<T>(method: string, path: string, body?: unknown): Promise<T>;
   /**
-   * Waits (at most `timeoutMs`) until an alive node has `template` ready — a stack that was just
-   * started registers its node a few seconds after its API answers.
-   * @throws Error naming what is missing when the time is up.
+   * Waits (at most `timeoutMs`, default 180 000) until an alive node has `template` ready — a stack
+   * that was just started registers its node a few seconds after its API answers. What waiting
+   * cannot fix ends the wait at once: the API refusing the key (401/403), or an API that has not
+   * answered at all for `unreachableMs` (default 15 000).
+   * @throws Error naming what is missing (the key, the API, or a ready node).
    */
-  waitReady(template: string, timeoutMs?: number): Promise<void>;
+  waitReady(template: string, timeoutMs?: number, unreachableMs?: number): Promise<void>;
   /** Long-polls operation `id` until it succeeded; throws when it failed or did not finish. */
   waitOp(id: string): Promise<void>;
   /**
@@ -41,18 +53,33 @@ export function benchClient(ep: { apiUrl: string; apiKey: string }): BenchClient
       body: body ? JSON.stringify(body) : undefined,
     });
     const text = await res.body.text();
-    if (res.statusCode >= 400) throw new Error(`${method} ${path}: ${res.statusCode} ${text}`);
+    if (res.statusCode >= 400)
+      throw new ApiStatusError(res.statusCode, `${method} ${path}: ${res.statusCode} ${text}`);
     return (text ? JSON.parse(text) : {}) as T;
   }
   return {
     api,
-    async waitReady(template, timeoutMs = 180_000) {
+    async waitReady(template, timeoutMs = 180_000, unreachableMs = 15_000) {
       const until = Date.now() + timeoutMs;
+      let answeredAt = Date.now();
       for (;;) {
-        const { nodes } = await api<{ nodes: { alive: boolean; templates: string[] }[] }>(
-          'GET',
-          '/v1/nodes',
-        ).catch(() => ({ nodes: [] }));
+        const { nodes } = await api<{ nodes: { alive: boolean; templates: string[] }[] }>('GET', '/v1/nodes')
+          .then((r) => {
+            answeredAt = Date.now();
+            return r;
+          })
+          .catch((err: unknown) => {
+            if (err instanceof ApiStatusError && (err.status === 401 || err.status === 403)) {
+              throw new Error(`the API at ${ep.apiUrl} refused the API key (${err.status}): check --api-key`);
+            }
+            if (!(err instanceof ApiStatusError) && Date.now() - answeredAt > unreachableMs) {
+              throw new Error(
+                `the API at ${ep.apiUrl} did not answer for ${unreachableMs} ms: ${(err as Error).message}`,
+              );
+            }
+            if (err instanceof ApiStatusError) answeredAt = Date.now(); // it answered, if not yet ready
+            return { nodes: [] };
+          });
         if (nodes.some((n) => n.alive && n.templates.includes(template))) return;
         if (Date.now() > until)
           throw new Error(`no alive node has template "${template}" after ${timeoutMs} ms`);
