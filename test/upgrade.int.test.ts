@@ -15,9 +15,11 @@ import { existsSync, mkdirSync, realpathSync, symlinkSync, writeFileSync } from 
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { pathToFileURL } from 'node:url';
 import { createParser } from 'eventsource-parser';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { TEST_CACHE_DIR } from './cache-dir.ts';
 import { converged, type FaultStack, startFaultStack } from './fault-stack.ts';
 import { NO_LEFTOVERS, waitFor } from './stack.ts';
 
@@ -140,14 +142,29 @@ async function allAnswer(): Promise<void> {
   }
 }
 
+/**
+ * Builds `base` as the previous release defines it, in the shared cache: its definition differs
+ * from today's (R14 added packages), so it has a cache entry of its own, which only a machine that
+ * once ran that release had. A fresh CI machine had none, and the old agent served no template.
+ */
+function buildPreviousBase(tree: string): void {
+  const mod = pathToFileURL(join(tree, 'runtime/agent/templates.ts')).href;
+  const script = `const m = await import(${JSON.stringify(mod)}); await m.buildTemplate('base', { cacheDir: ${JSON.stringify(TEST_CACHE_DIR)} });`;
+  execFileSync(process.execPath, ['--input-type=module', '-e', script], {
+    stdio: 'inherit',
+    timeout: 900_000,
+  });
+}
+
 beforeAll(async () => {
   old = previousTree();
+  buildPreviousBase(old);
   s = await startFaultStack(
     // upgrades keep sandboxes: SIGTERM drains the agent and leaves them to be re-adopted
     { SPACE_AGENT_ON_SHUTDOWN: 'keep', SPACE_NODE_LOST_GRACE_MS: '120000' },
     { roots: { gateway: old, agent: old, api: old }, apiUsesRouter: true },
   );
-}, 300_000);
+}, 900_000);
 
 afterAll(async () => {
   for (const id of sandboxes) await s?.call('DELETE', `/v1/sandboxes/${id}`).catch(() => {});
