@@ -2,8 +2,17 @@ import { defineConfig } from 'vitest/config';
 
 // Two projects: `unit` (fast, needs only a real Redis) and `int` (real runsc, namespaces,
 // nftables; runs as root). Both get a throwaway redis-server from test/global-setup.ts.
-/** The fault suite and the upgrade rehearsal (see the `slow` project). */
-const SLOW = ['test/faults.int.test.ts', 'test/upgrade.int.test.ts'];
+/**
+ * Minutes-long whole-system suites (see the `slow` project): the fault suite, the upgrade
+ * rehearsal, the lifecycle suite (its R8 burst boots 100 sandboxes) and the benchmark commands on
+ * a tiny N (each starts a stack of its own).
+ */
+const SLOW = [
+  'test/faults.int.test.ts',
+  'test/upgrade.int.test.ts',
+  'test/lifecycle.int.test.ts',
+  'benchmarks/bench.int.test.ts',
+];
 
 export default defineConfig({
   test: {
@@ -43,8 +52,8 @@ export default defineConfig({
       {
         extends: true,
         test: {
-          // whole-system suites that run every service as its own process (minutes each): their
-          // own CI steps (`npm run test:slow`), so the default `npm test` stays well under 15 min
+          // whole-system suites of minutes each: their own CI step (`npm run test:slow`), so the
+          // default `npm test` stays well under 15 min (~16 min with them, ~12 without)
           name: 'slow',
           include: SLOW,
           testTimeout: 300_000,
