@@ -21,6 +21,11 @@ export const GUEST_CALL_TIMEOUT_MS = 15_000;
 export class GuestClient {
   readonly #pool: Pool;
   readonly endpoint: GuestEndpoint;
+  /**
+   * Set by {@link initInBackground} until the guest took its settings: every other call waits for
+   * it, and fails with GUEST_UNAVAILABLE for good when the guest refused them.
+   */
+  #settling: Promise<void> | null = null;
 
   constructor(endpoint: GuestEndpoint) {
     this.endpoint = endpoint;
@@ -35,12 +40,20 @@ export class GuestClient {
   async request(
     opts: Omit<Dispatcher.RequestOptions, 'origin'> & { expect?: 'stream' },
   ): Promise<Dispatcher.ResponseData> {
+    if (this.#settling) await this.#settling;
+    return this.#request(opts);
+  }
+
+  async #request(
+    opts: Omit<Dispatcher.RequestOptions, 'origin'> & { expect?: 'stream' },
+  ): Promise<Dispatcher.ResponseData> {
     let res: Dispatcher.ResponseData;
+    const { expect, ...rest } = opts;
     try {
       res = await this.#pool.request({
         headersTimeout: GUEST_CALL_TIMEOUT_MS,
-        bodyTimeout: opts.expect === 'stream' ? 0 : GUEST_CALL_TIMEOUT_MS,
-        ...opts,
+        bodyTimeout: expect === 'stream' ? 0 : GUEST_CALL_TIMEOUT_MS,
+        ...rest,
         headers: {
           ...(opts.headers as Record<string, string> | undefined),
           authorization: `Bearer ${this.endpoint.token}`,
@@ -70,8 +83,13 @@ export class GuestClient {
     return res;
   }
 
-  async #json<T>(method: Dispatcher.HttpMethod, path: string, body?: unknown): Promise<T> {
-    const res = await this.request({
+  async #json<T>(
+    method: Dispatcher.HttpMethod,
+    path: string,
+    body?: unknown,
+    o: { ungated?: boolean } = {},
+  ): Promise<T> {
+    const res = await (o.ungated ? this.#request.bind(this) : this.request.bind(this))({
       method,
       path,
       headers: body === undefined ? {} : { 'content-type': 'application/json' },
@@ -92,8 +110,41 @@ export class GuestClient {
     return this.#json('POST', '/token', { token });
   }
 
+  /** Gives the guest the sandbox-wide env (POST /init) and waits for its answer. */
   init(env: Record<string, string>): Promise<void> {
     return this.#json('POST', '/init', { env });
+  }
+
+  /**
+   * Gives the guest the sandbox-wide env (POST /init) without holding the caller up: every later
+   * call through this client waits until the guest answered, so no command ever starts without its
+   * env. When the guest refuses or does not answer, those calls fail with GUEST_UNAVAILABLE naming
+   * why, and so do all later ones (the caller ends the sandbox: see the returned promise).
+   * @returns the init's own outcome (rejects with the guest's error).
+   */
+  initInBackground(env: Record<string, string>): Promise<void> {
+    const sent = this.#json<void>('POST', '/init', { env }, { ungated: true });
+    const settling = sent.then(
+      () => {
+        if (this.#settling === settling) this.#settling = null;
+      },
+      (err: unknown) => {
+        throw new SpaceError(
+          'GUEST_UNAVAILABLE',
+          `the guest did not take the sandbox's settings: ${(err as Error).message}`,
+          undefined,
+          { cause: err },
+        );
+      },
+    );
+    settling.catch(() => {}); // seen by the calls that wait on it, not unhandled meanwhile
+    this.#settling = settling;
+    return sent;
+  }
+
+  /** Resolves once no {@link initInBackground} is pending (whatever its outcome). */
+  async settled(): Promise<void> {
+    await this.#settling?.catch(() => {});
   }
   start(req: ProcessStartRequest): Promise<ProcessInfo> {
     return this.#json('POST', '/processes', req);

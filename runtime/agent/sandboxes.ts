@@ -8,7 +8,7 @@
  * nothing is left behind on either order.
  */
 import { randomBytes } from 'node:crypto';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { cp, mkdir, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join, resolve, sep } from 'node:path';
 import type { Logger } from 'pino';
@@ -159,6 +159,24 @@ export function crashMessage(cause: InstanceEndCause | undefined): string {
   }
 }
 
+/**
+ * Whether host process `pid` still runs: it has a `/proc/<pid>/stat` and is not a zombie (`Z`,
+ * killed but not yet reaped by its parent — a SIGKILLed runsc sandbox whose parent is an init that
+ * reaps late stays one) or dead (`X`). A pid the kernel handed to another process since reads as
+ * running; callers treat this as a cheap first check only (a file read, no process spawned).
+ */
+export function processAlive(pid: number): boolean {
+  let stat: string;
+  try {
+    stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  } catch {
+    return false;
+  }
+  // `pid (comm) S …`: comm may hold spaces and parentheses, the state follows the last ')'
+  const state = stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3);
+  return state !== 'Z' && state !== 'X' && state !== '';
+}
+
 /** Whether an instance's guest daemon answers /health (the ground truth of "alive"). */
 async function guestAnswers(inst: InstanceInfo): Promise<boolean> {
   const g = new GuestClient(inst.guest);
@@ -297,6 +315,8 @@ export class SandboxManager {
   async #quiesce(sb: LocalSandbox, timeoutMs = 10_000): Promise<void> {
     sb.paused = 'pausing';
     const until = Date.now() + timeoutMs;
+    // a claim's env may still be on its way into the guest: it lands before the guest is frozen
+    await sb.guest.settled();
     while (sb.guestCalls > 0) {
       if (Date.now() > until) {
         sb.paused = null;
@@ -779,30 +799,28 @@ export class SandboxManager {
       return this.#bindHost(req, made, from);
     };
     try {
+      let init: Promise<void> | null = null;
+      if (inst && inst.pid !== undefined && !processAlive(inst.pid)) {
+        // a slot that died in the pool since the last watchdog pass (see #evictDeadWarm)
+        log.warn({ [F.instanceId]: inst.instanceId }, 'warm slot is gone; booting cold');
+        await this.discard(inst).catch(() => {});
+        inst = null;
+      }
       if (inst) {
         // A claim binds identity and applies what the request changes, nothing else: the warm
-        // instance already has its network, default-deny rules and an answering guest. The guest's
-        // init (one round trip, which doubles as the liveness check) and the host side (state
-        // file, egress policy, gateway registration) do not depend on each other: both at once. A
-        // slot that died in the pool is undone (registration, state directory) and replaced by a
-        // boot.
+        // instance already has its network, default-deny rules and an answering guest (the
+        // watchdog evicts slots whose guest stops answering). The create waits for the host side
+        // (state file, egress policy, gateway registration) only; the guest's env goes in the
+        // background, and every call to the guest waits for it (GuestClient.initInBackground), so
+        // no command runs without it. A guest that refuses it ends the sandbox as crashed
+        // (#guestInitFailed). This took one round trip into the sandbox, 15–30 ms under gVisor's
+        // ptrace platform on a 2-core VM, off every warm create.
         const claimed = inst;
         guest = this.#takeWarmGuest(claimed) ?? new GuestClient(claimed.guest);
-        const host = bind(claimed, 'warm');
-        try {
-          await inSpan('agent.guest.init', {}, () => guest!.init(req.env));
-        } catch (err) {
-          log.warn({ err, [F.instanceId]: claimed.instanceId }, 'warm slot unhealthy; booting cold');
-          await host.catch(() => {});
-          await this.#o.gateway?.unregister(claimed.network.sandboxAddress).catch(() => {});
-          registered = false;
-          await guest.close();
-          await this.discard(claimed).catch(() => {});
-          await rm(this.#dir(req.sandboxId), { recursive: true, force: true });
-          inst = null;
-          guest = null;
-        }
-        if (inst) await host;
+        const g = guest;
+        init = inSpan('agent.guest.init', {}, () => g.initInBackground(req.env));
+        init.catch(() => {}); // handled once the sandbox exists (below), or undone with it
+        await bind(claimed, 'warm');
       }
       if (!inst) {
         const made = await inSpan('agent.instance.make', { 'space.template': req.template }, () =>
@@ -825,6 +843,7 @@ export class SandboxManager {
       }
       const sb = localSandbox(req, made, guest!, source);
       this.#sandboxes.set(sb.id, sb);
+      init?.catch((err: unknown) => this.#guestInitFailed(sb, err));
       this.#o.activity?.track(sb.id, { reported: null });
       log.info({ [F.instanceId]: made.instanceId, source }, 'sandbox created');
       return sb;
@@ -1133,11 +1152,7 @@ export class SandboxManager {
     // (idempotent; restores egress after a gateway restart): a slow health check below must not
     // hold it up. A sandbox being deleted is left out: registering it again would outlive the
     // delete's unregistration (a dead sandbox's policy on an address the pool hands out again)
-    await Promise.allSettled([
-      ...this.list().map((sb) => this.#registerAgain(sb)),
-      // keeps each warm slot's guest connection open (a dead slot is replaced when claimed)
-      ...[...this.#warmGuests.values()].map((g) => g.health()),
-    ]);
+    await Promise.allSettled([...this.list().map((sb) => this.#registerAgain(sb)), this.#checkWarmSlots()]);
     const states = new Map((await this.#o.driver.list()).map((i) => [i.instanceId, i.state]));
     const crashed: string[] = [];
     for (const sb of this.list()) {
@@ -1159,6 +1174,59 @@ export class SandboxManager {
       await this.#endCrashed(sb, onCrash);
     }
     return crashed;
+  }
+
+  /**
+   * A claimed instance's guest did not take the sandbox's env (GuestClient.initInBackground): the
+   * sandbox cannot run what it is asked to, so it ends as crashed (reported through the watchdog's
+   * `onCrash`, then deleted), as an instance that stopped on its own does. Nothing when it is being
+   * deleted already.
+   */
+  async #guestInitFailed(sb: LocalSandbox, err: unknown): Promise<void> {
+    if (this.#tombstones.has(sb.id) || this.#sandboxes.get(sb.id) !== sb || sb.crashed) return;
+    const message = `the sandbox's guest did not start: ${(err as Error).message}`;
+    sb.crashed = message;
+    this.#o.log.warn({ err, [F.sandboxId]: sb.id, [F.instanceId]: sb.instance.instanceId }, message);
+    try {
+      await this.#onCrash?.(sb.id, message);
+    } catch (e) {
+      this.#o.log.error(
+        { err: e, [F.sandboxId]: sb.id },
+        'reporting a sandbox whose guest did not start failed',
+      );
+    }
+    await this.delete(sb.id).catch((e: unknown) =>
+      this.#o.log.error(
+        { err: e, [F.sandboxId]: sb.id },
+        'deleting a sandbox whose guest did not start failed',
+      ),
+    );
+  }
+
+  /**
+   * Health-checks every ready warm slot's guest (keeping its connection open for the claim) and
+   * replaces the slots whose guest does not answer: a claim no longer asks the guest before it
+   * answers, so a dead slot must leave the pool here.
+   */
+  async #checkWarmSlots(): Promise<void> {
+    await Promise.allSettled(
+      [...this.#warmGuests].map(async ([instanceId, g]) => {
+        if (
+          await g.health().then(
+            () => true,
+            () => false,
+          )
+        )
+          return;
+        const inst = this.#warm?.evict(instanceId);
+        if (!inst) return; // claimed meanwhile: the claim owns it now
+        this.#o.log.warn({ [F.instanceId]: instanceId }, 'warm slot stopped answering; replacing it');
+        await this.discard(inst).catch((err: unknown) =>
+          this.#o.log.warn({ err, [F.instanceId]: instanceId }, 'discarding a dead warm slot failed'),
+        );
+        this.#warm?.refill();
+      }),
+    );
   }
 
   /** The warm slot's guest client, now owned by the caller (undefined for other instances). */

@@ -107,3 +107,17 @@ describe('warm pool', () => {
     expect(seen.discarded.sort()).toEqual(['i_1', 'i_2']);
   });
 });
+
+describe('warm pool eviction', () => {
+  it('takes out the named ready slot only, and nothing once it is claimed', async () => {
+    const { p } = pool();
+    await filled(p);
+    const [first, second] = p.instanceIds();
+    expect(p.evict(second!)?.instanceId).toBe(second);
+    expect(p.instanceIds()).toEqual([first]);
+    expect(p.evict(second!)).toBeNull();
+    expect(p.claim('base', shape)?.instanceId).toBe(first);
+    expect(p.evict(first!)).toBeNull();
+    expect(p.counts()).toEqual({ base: 0 });
+  });
+});

@@ -129,6 +129,18 @@ export class WarmPool {
     return this.#ready.get(template)?.shift() ?? null;
   }
 
+  /**
+   * Takes ready instance `instanceId` out of the pool (a slot found dead), or null when the pool
+   * does not hold it (claimed meanwhile). The caller discards it and may {@link refill}.
+   */
+  evict(instanceId: string): InstanceInfo | null {
+    for (const list of this.#ready.values()) {
+      const i = list.findIndex((inst) => inst.instanceId === instanceId);
+      if (i >= 0) return list.splice(i, 1)[0]!;
+    }
+    return null;
+  }
+
   /** Starts making instances until every template has its target ready or being made. */
   refill(): void {
     if (this.#stopped) return;

@@ -71,19 +71,28 @@ describe('gvisor pure helpers', () => {
     ]);
     const restore = runscRestoreCommand('runsc', ['--root=/r'], '/b', '/snap', 'i-2');
     expect(restore.cmd).toBe('unshare');
-    expect(restore.args.slice(-7)).toEqual([
+    expect(restore.args.slice(-8)).toEqual([
       'runsc',
       '--root=/r',
       'restore',
       '--detach',
       '--bundle=/b',
       '--image-path=/snap',
+      '--pid-file=/b/sandbox.pid',
       'i-2',
     ]);
     expect(restore.args.join(' ')).toMatch(/mount -t tmpfs .* \/proc\/sys\/net && exec "\$@"/);
     const run = runscRunCommand('runsc', ['--root=/r'], '/b', 'i-1');
     expect(run.cmd).toBe('unshare');
-    expect(run.args.slice(-6)).toEqual(['runsc', '--root=/r', 'run', '--detach', '--bundle=/b', 'i-1']);
+    expect(run.args.slice(-7)).toEqual([
+      'runsc',
+      '--root=/r',
+      'run',
+      '--detach',
+      '--bundle=/b',
+      '--pid-file=/b/sandbox.pid',
+      'i-1',
+    ]);
     expect(run.args.join(' ')).toMatch(/mount -t tmpfs .* \/proc\/sys\/net && exec "\$@"/);
   });
 

@@ -301,9 +301,13 @@ export function runscGlobalArgs(o: {
   ];
 }
 
+/** Where runsc writes the host pid of an instance's sandbox process (`--pid-file`), in its bundle. */
+export const SANDBOX_PID_FILE = 'sandbox.pid';
+
 /**
- * Command + argv that starts the container: `runsc … run --detach` in a private mount namespace where
- * `/proc/sys/net` is hidden under an empty tmpfs. See {@link runscStartCommand}. Pure.
+ * Command + argv that starts the container: `runsc … run --detach --pid-file=<bundle>/sandbox.pid`
+ * in a private mount namespace where `/proc/sys/net` is hidden under an empty tmpfs. See
+ * {@link runscStartCommand}. Pure.
  */
 export function runscRunCommand(
   runsc: string,
@@ -311,13 +315,19 @@ export function runscRunCommand(
   bundle: string,
   id: string,
 ): { cmd: string; args: string[] } {
-  return runscStartCommand(runsc, global, ['run', '--detach', `--bundle=${bundle}`, id]);
+  return runscStartCommand(runsc, global, [
+    'run',
+    '--detach',
+    `--bundle=${bundle}`,
+    `--pid-file=${join(bundle, SANDBOX_PID_FILE)}`,
+    id,
+  ]);
 }
 
 /**
  * Command + argv that restores the container from a checkpoint image directory:
- * `runsc … restore --detach --bundle=<bundle> --image-path=<image> <id>`, wrapped as in
- * {@link runscStartCommand}. Pure.
+ * `runsc … restore --detach --bundle=<bundle> --image-path=<image> --pid-file=<bundle>/sandbox.pid
+ * <id>`, wrapped as in {@link runscStartCommand}. Pure.
  */
 export function runscRestoreCommand(
   runsc: string,
@@ -331,6 +341,7 @@ export function runscRestoreCommand(
     '--detach',
     `--bundle=${bundle}`,
     `--image-path=${imagePath}`,
+    `--pid-file=${join(bundle, SANDBOX_PID_FILE)}`,
     id,
   ]);
 }
@@ -521,7 +532,7 @@ export class GvisorDriver implements Driver {
       );
     }
     this.cfg.log?.('instance created', { id, ms: Date.now() - createdAt });
-    return instanceInfo({ spec, createdAt }, 'running');
+    return instanceInfo({ spec, createdAt, ...(await this.sandboxPid(id)) }, 'running');
   }
 
   /**
@@ -586,7 +597,7 @@ export class GvisorDriver implements Driver {
       );
     }
     this.cfg.log?.('instance restored', { id, from: snapshot.instanceId, ms: Date.now() - createdAt });
-    return instanceInfo({ spec: full, createdAt }, 'running');
+    return instanceInfo({ spec: full, createdAt, ...(await this.sandboxPid(id)) }, 'running');
   }
 
   /**
@@ -597,7 +608,10 @@ export class GvisorDriver implements Driver {
     // this instance's record and state only: the agent calls this once per sandbox after a list()
     const persisted = await this.readPersisted(instanceId);
     if (!persisted) throw new SpaceError('INSTANCE_LOST', `instance ${instanceId} is gone`, { instanceId });
-    const info = instanceInfo(persisted, mapRunscStatus(await this.runscStatus(instanceId)));
+    const info = instanceInfo(
+      { ...persisted, ...(await this.sandboxPid(instanceId)) },
+      mapRunscStatus(await this.runscStatus(instanceId)),
+    );
     if (info.state === 'paused') this.#frozen.add(instanceId);
     return info;
   }
@@ -848,6 +862,16 @@ export class GvisorDriver implements Driver {
     await writeFile(join(rootfs, GUEST_PATHS.token.slice(1)), spec.guestToken, { mode: 0o400 });
     // DNS goes to the host end (nftables hands it to the node's gateway whatever address is used)
     await writeFile(join(rootfs, 'etc/resolv.conf'), `nameserver ${spec.network.hostAddress}\n`);
+  }
+
+  /**
+   * `{ pid }` of the instance's runsc sandbox process as runsc wrote it at start (`--pid-file`), or
+   * `{}` when it wrote none (an instance started by an older agent).
+   */
+  private async sandboxPid(instanceId: string): Promise<{ pid?: number }> {
+    const text = await readFile(join(this.instanceDir(instanceId), SANDBOX_PID_FILE), 'utf8').catch(() => '');
+    const pid = Number.parseInt(text.trim(), 10);
+    return Number.isSafeInteger(pid) && pid > 1 ? { pid } : {};
   }
 
   /** instance.json of an instance, or undefined when it has none. */

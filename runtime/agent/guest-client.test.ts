@@ -1,0 +1,80 @@
+import { once } from 'node:events';
+import { createServer, type IncomingMessage, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { afterEach, describe, expect, it } from 'vitest';
+import { SpaceError } from '../core/errors.ts';
+import { GuestClient } from './guest-client.ts';
+
+/**
+ * A loopback server speaking the two guest routes these tests use (POST /init, GET /health), in
+ * the guest's JSON shapes (core/guest-protocol.ts): it records the order requests arrive in and
+ * answers /init when the test releases it, with `initStatus`.
+ */
+async function guestStandIn(initStatus: number) {
+  const seen: string[] = [];
+  let release: () => void = () => {};
+  const released = new Promise<void>((r) => (release = r));
+  const server: Server = createServer(async (req: IncomingMessage, res) => {
+    for await (const _ of req); // drain the body
+    seen.push(`${req.method} ${req.url}`);
+    if (req.url === '/init') {
+      await released;
+      res.writeHead(initStatus, { 'content-type': 'application/json' });
+      res.end(initStatus < 400 ? '' : JSON.stringify({ error: { code: 'BAD_REQUEST', message: 'bad env' } }));
+      return;
+    }
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.end(JSON.stringify({ ok: true }));
+  });
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  const { port } = server.address() as AddressInfo;
+  const client = new GuestClient({ host: '127.0.0.1', port, token: 't' });
+  return { seen, release, server, client };
+}
+
+const open: { server: Server; client: GuestClient }[] = [];
+afterEach(async () => {
+  for (const o of open.splice(0)) {
+    await o.client.close();
+    o.server.close();
+  }
+});
+
+describe('guest client: env sent in the background', () => {
+  it('holds every later call until the guest answered the init', async () => {
+    const g = await guestStandIn(204);
+    open.push(g);
+    const init = g.client.initInBackground({ A: '1' });
+    const health = g.client.health();
+    await new Promise((r) => setTimeout(r, 100));
+    // the health call has not reached the guest while the init is unanswered
+    expect(g.seen).toEqual(['POST /init']);
+    g.release();
+    await init;
+    await health;
+    expect(g.seen).toEqual(['POST /init', 'GET /health']);
+    await g.client.settled();
+  });
+
+  it('fails every later call with GUEST_UNAVAILABLE naming why when the guest refused it', async () => {
+    const g = await guestStandIn(400);
+    open.push(g);
+    const init = g.client.initInBackground({ A: '1' });
+    const health = g.client.health();
+    g.release();
+    await expect(init).rejects.toMatchObject({ code: 'BAD_REQUEST' });
+    for (const call of [() => health, () => g.client.health()]) {
+      const err = await call().then(
+        () => null,
+        (e: unknown) => e,
+      );
+      expect(err).toBeInstanceOf(SpaceError);
+      expect(err).toMatchObject({ code: 'GUEST_UNAVAILABLE' });
+      expect((err as Error).message).toMatch(/did not take the sandbox's settings: bad env/);
+    }
+    // nothing after the init reached the guest
+    expect(g.seen).toEqual(['POST /init']);
+    await g.client.settled(); // resolves whatever the outcome
+  });
+});
