@@ -180,7 +180,10 @@ async function create(d: LifecycleDeps, op: OperationRecord): Promise<void> {
       });
     }
     log.info({ [F.nodeId]: node.id, createdFrom }, 'sandbox running');
-    await meter(d, rec, 'idle', undefined);
+    // Not awaited: the worker's finish follows on the same Redis connection, so Redis records the
+    // idle interval before the operation reads as succeeded, and the create's answer does not wait
+    // a round trip for it (a failure only logs, as before).
+    void meter(d, rec, 'idle', undefined);
   } catch (err) {
     // Redis away is no reason to give the sandbox up: the worker runs this create again once Redis
     // is back (place.lua keeps the node, the agent answers a create it made with what it made)

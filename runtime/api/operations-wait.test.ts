@@ -1,7 +1,8 @@
 /** The long-poll of GET /v1/operations/:id?waitMs= against a real Redis: its 60 s cap and its wake-up. */
 import { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeEach, describe, expect, inject, it, vi } from 'vitest';
-import { MAX_WAIT_MS, OperationStore, OperationWaiter } from './operations.ts';
+import { SpaceError } from '../core/errors.ts';
+import { MAX_WAIT_MS, OperationStore, OperationWaiter, publishedRecord } from './operations.ts';
 
 const redis = new Redis(inject('redisUrl'), { db: 4 });
 const sub = new Redis(inject('redisUrl'), { db: 4 });
@@ -42,5 +43,39 @@ describe('operation long-poll', () => {
     const run = await store.start(op.id, 'test-worker');
     await store.finish(op.id, run!, 'succeeded');
     expect(await p).toMatchObject({ id: op.id, state: 'succeeded' });
+  });
+
+  it('a finish publishes the finished record, which the waiter answers with as Redis holds it', async () => {
+    const op = await store.enqueue('sandbox.create', 'sbx_z', { a: 1 }, 'default');
+    const run = await store.start(op.id, 'test-worker');
+    const listener = new Redis(inject('redisUrl'), { db: 4 });
+    const channel = `space:v1:operation:${op.id}:events`;
+    await listener.subscribe(channel);
+    const message = new Promise<string>((resolve) =>
+      listener.once('message', (_c: string, m: string) => resolve(m)),
+    );
+    const p = waiter.wait(op.id, MAX_WAIT_MS);
+    await new Promise((r) => setTimeout(r, 50));
+    await store.finish(op.id, run!, 'failed', new SpaceError('NODE_UNAVAILABLE', 'node n1 did not answer'));
+    const published = publishedRecord(await message);
+    const stored = await store.get(op.id);
+    expect(published).toEqual(stored);
+    expect(published).toMatchObject({ state: 'failed' });
+    expect(await p).toEqual(stored);
+    listener.disconnect();
+  });
+
+  it('other messages on the channel are not taken for a finished record', () => {
+    for (const m of [
+      'running',
+      'succeeded',
+      '[',
+      '["id"]',
+      '[1,2]',
+      '{"state":"succeeded"}',
+      '["id","op_1","state","running"]',
+    ]) {
+      expect(publishedRecord(m)).toBeNull();
+    }
   });
 });

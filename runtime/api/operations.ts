@@ -149,6 +149,26 @@ export class OperationStore {
 const TERMINAL: ReadonlySet<OperationState> = new Set(['succeeded', 'failed']);
 
 /**
+ * The finished operation a channel message carries (operation-finish.lua publishes HGETALL's flat
+ * field/value array as JSON), or null for any other message (`running`, an older API's bare state).
+ * Pure.
+ */
+export function publishedRecord(message: string): OperationRecord | null {
+  if (!message.startsWith('[')) return null;
+  let flat: unknown;
+  try {
+    flat = JSON.parse(message);
+  } catch {
+    return null;
+  }
+  if (!Array.isArray(flat) || flat.length % 2 !== 0 || !flat.every((v) => typeof v === 'string')) return null;
+  const hash: Record<string, string> = {};
+  for (let i = 0; i < flat.length; i += 2) hash[flat[i] as string] = flat[i + 1] as string;
+  const op = fromHash(hash);
+  return op && TERMINAL.has(op.state) ? op : null;
+}
+
+/**
  * Long-polling: one subscriber connection per API process listens to every operation channel and
  * wakes local waiters; a waiter re-reads Redis after subscribing, so no change is missed.
  */
@@ -162,7 +182,9 @@ export class OperationWaiter {
     this.#sub = subscriber;
     this.#store = store;
     this.#events.setMaxListeners(0);
-    this.#sub.on('pmessage', (_pattern: string, channel: string) => this.#events.emit(channel));
+    this.#sub.on('pmessage', (_pattern: string, channel: string, message: string) =>
+      this.#events.emit(channel, message),
+    );
   }
 
   /** Returns the operation once terminal or after `waitMs`, whichever is first. */
@@ -171,22 +193,28 @@ export class OperationWaiter {
     await this.#ready;
     const channel = keys.operationChannel(id);
     const deadline = Date.now() + Math.min(waitMs, MAX_WAIT_MS);
+    let published: OperationRecord | null = null;
     for (;;) {
-      let wake: () => void = () => {};
-      const changed = new Promise<void>((resolve) => {
+      let wake: (message: string) => void = () => {};
+      const changed = new Promise<string>((resolve) => {
         wake = resolve;
         this.#events.once(channel, wake);
       });
-      const op = await this.#store.get(id);
+      // a finish publishes the finished record (operation-finish.lua): no read back
+      const op = published ?? (await this.#store.get(id));
       const left = deadline - Date.now();
       if (!op || TERMINAL.has(op.state) || left <= 0) {
         this.#events.off(channel, wake);
         return op;
       }
       let timer: NodeJS.Timeout | undefined;
-      await Promise.race([changed, new Promise<void>((r) => (timer = setTimeout(r, left)))]);
+      const message = await Promise.race([
+        changed,
+        new Promise<null>((r) => (timer = setTimeout(() => r(null), left))),
+      ]);
       clearTimeout(timer);
       this.#events.off(channel, wake);
+      published = message === null ? null : publishedRecord(message);
     }
   }
 
