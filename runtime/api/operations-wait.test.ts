@@ -46,7 +46,7 @@ describe('operation long-poll', () => {
   });
 
   it('a finish publishes the finished record, which the waiter answers with as Redis holds it', async () => {
-    const op = await store.enqueue('sandbox.create', 'sbx_z', { a: 1 }, 'default');
+    const op = await store.enqueue('sandbox.create', 'sbx_z', { a: '1' }, 'default');
     const run = await store.start(op.id, 'test-worker');
     const listener = new Redis(inject('redisUrl'), { db: 4 });
     const channel = `space:v1:operation:${op.id}:events`;
