@@ -32,10 +32,17 @@ describe('tracing', () => {
   it('a create is one trace: request → operation → dispatch → agent claim or boot', async () => {
     expect(tracing?.exporters).toEqual([`file:${file()}`]);
     const id = await s.createSandbox();
-    const spans = (await readFile(file(), 'utf8'))
-      .trim()
-      .split('\n')
-      .map((l) => JSON.parse(l) as TraceFileSpan);
+    const read = async () =>
+      (await readFile(file(), 'utf8'))
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l) as TraceFileSpan);
+    // a span is written when it ends, and a warm claim's guest init ends after the create answered
+    let spans = await read();
+    for (let i = 0; i < 100 && !spans.some((x) => x.name === 'agent.guest.init'); i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      spans = await read();
+    }
     const agent = spans.find(
       (x) => x.name === 'agent.sandboxes.create' && x.attributes['space.sandbox.id'] === id,
     );
