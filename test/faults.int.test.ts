@@ -41,6 +41,13 @@ describe('faults', { timeout: 240_000 }, () => {
   let s: FaultStack;
 
   async function create(): Promise<string> {
+    // a case may start right after one that stalled the agent: its node must count as alive again
+    // before the API takes a create for it (else TEMPLATE_NOT_READY, seen on a loaded CI host)
+    await waitFor(
+      'the node to count as alive',
+      async () => ((await s.redis.exists(keys.nodeAlive(s.nodeId))) === 1 ? true : undefined),
+      60_000,
+    );
     const res = await s.call<{ sandbox: { id: string }; operation: { id: string } }>(
       'POST',
       '/v1/sandboxes',
