@@ -173,7 +173,7 @@ export function processAlive(pid: number): boolean {
     return false;
   }
   // `pid (comm) S …`: comm may hold spaces and parentheses, the state follows the last ')'
-  const state = stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3);
+  const state = stat.charAt(stat.lastIndexOf(')') + 2);
   return state !== 'Z' && state !== 'X' && state !== '';
 }
 
@@ -801,7 +801,7 @@ export class SandboxManager {
     try {
       let init: Promise<void> | null = null;
       if (inst && inst.pid !== undefined && !processAlive(inst.pid)) {
-        // a slot that died in the pool since the last watchdog pass (see #evictDeadWarm)
+        // a slot that died in the pool since the last watchdog pass (see #checkWarmSlots)
         log.warn({ [F.instanceId]: inst.instanceId }, 'warm slot is gone; booting cold');
         await this.discard(inst).catch(() => {});
         inst = null;
