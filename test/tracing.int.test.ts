@@ -31,15 +31,20 @@ describe('tracing', () => {
 
   it('a create is one trace: request → operation → dispatch → agent claim or boot', async () => {
     expect(tracing?.exporters).toEqual([`file:${file()}`]);
-    const id = await s.createSandbox();
+    // with an env, so the claim has a guest init to trace (a fresh guest's env is empty: an empty
+    // one is not sent)
+    const id = await s.createSandbox({ env: { TRACED: '1' } });
     const read = async () =>
       (await readFile(file(), 'utf8'))
         .trim()
         .split('\n')
         .map((l) => JSON.parse(l) as TraceFileSpan);
-    // a span is written when it ends, and a warm claim's guest init ends after the create answered
+    // a span is written when it ends, and a warm claim's guest init and egress step end after the
+    // create answered
+    const done = (xs: TraceFileSpan[]) =>
+      ['agent.guest.init', 'agent.egress.apply'].every((n) => xs.some((x) => x.name === n));
     let spans = await read();
-    for (let i = 0; i < 100 && !spans.some((x) => x.name === 'agent.guest.init'); i++) {
+    for (let i = 0; i < 100 && !done(spans); i++) {
       await new Promise((r) => setTimeout(r, 100));
       spans = await read();
     }

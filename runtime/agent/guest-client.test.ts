@@ -78,3 +78,53 @@ describe('guest client: env sent in the background', () => {
     await g.client.settled(); // resolves whatever the outcome
   });
 });
+
+describe('guest client: host-side steps held behind the create', () => {
+  const deferred = () => {
+    let resolve: () => void = () => {};
+    let reject: (e: unknown) => void = () => {};
+    const p = new Promise<void>((res, rej) => {
+      resolve = res;
+      reject = rej;
+    });
+    return { p, resolve, reject };
+  };
+
+  it('holds calls until every held step is done, whichever order they end in', async () => {
+    const g = await guestStandIn(204);
+    open.push(g);
+    g.release();
+    const a = deferred();
+    const b = deferred();
+    g.client.holdUntil(a.p, (e) => new SpaceError('GUEST_UNAVAILABLE', String(e)));
+    g.client.holdUntil(b.p, (e) => new SpaceError('GUEST_UNAVAILABLE', String(e)));
+    const health = g.client.health();
+    b.resolve();
+    await new Promise((r) => setTimeout(r, 50));
+    expect(g.seen).toEqual([]); // step a is still pending
+    a.resolve();
+    await health;
+    expect(g.seen).toEqual(['GET /health']);
+  });
+
+  it('fails held and later calls with the failed step’s error, and never reaches the guest', async () => {
+    const g = await guestStandIn(204);
+    open.push(g);
+    g.release();
+    const step = deferred();
+    g.client.holdUntil(
+      step.p,
+      (e) => new SpaceError('GUEST_UNAVAILABLE', `egress not in force: ${(e as Error).message}`),
+    );
+    const held = g.client.health();
+    step.reject(new Error('gateway down'));
+    for (const call of [() => held, () => g.client.health()]) {
+      await expect(call()).rejects.toMatchObject({
+        code: 'GUEST_UNAVAILABLE',
+        message: 'egress not in force: gateway down',
+      });
+    }
+    expect(g.seen).toEqual([]);
+    await g.client.settled();
+  });
+});

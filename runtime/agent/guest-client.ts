@@ -22,8 +22,8 @@ export class GuestClient {
   readonly #pool: Pool;
   readonly endpoint: GuestEndpoint;
   /**
-   * Set by {@link initInBackground} until the guest took its settings: every other call waits for
-   * it, and fails with GUEST_UNAVAILABLE for good when the guest refused them.
+   * Set by {@link holdUntil} (and {@link initInBackground}) until every step it was given is done:
+   * every call to the guest waits for it, and fails for good with the step's error when one failed.
    */
   #settling: Promise<void> | null = null;
 
@@ -124,25 +124,44 @@ export class GuestClient {
    */
   initInBackground(env: Record<string, string>): Promise<void> {
     const sent = this.#json<void>('POST', '/init', { env }, { ungated: true });
-    const settling = sent.then(
-      () => {
-        if (this.#settling === settling) this.#settling = null;
-      },
-      (err: unknown) => {
-        throw new SpaceError(
+    this.holdUntil(
+      sent,
+      (err) =>
+        new SpaceError(
           'GUEST_UNAVAILABLE',
           `the guest did not take the sandbox's settings: ${(err as Error).message}`,
           undefined,
           { cause: err },
-        );
-      },
+        ),
     );
-    settling.catch(() => {}); // seen by the calls that wait on it, not unhandled meanwhile
-    this.#settling = settling;
     return sent;
   }
 
-  /** Resolves once no {@link initInBackground} is pending (whatever its outcome). */
+  /**
+   * Holds every call through this client (but not `step` itself) until `step` is done: a host-side
+   * step of a claim that must be in force before anything runs in the sandbox (its env, its egress
+   * policy) but that the create does not wait for. Steps held at once are all waited for. When a
+   * step fails, every held and later call fails with `failure(err)`, for good: the caller ends the
+   * sandbox.
+   */
+  holdUntil(step: Promise<unknown>, failure: (err: unknown) => SpaceError): void {
+    const before = this.#settling;
+    const settling: Promise<void> = Promise.all([
+      before,
+      step.then(
+        () => {},
+        (err: unknown) => {
+          throw failure(err);
+        },
+      ),
+    ]).then(() => {
+      if (this.#settling === settling) this.#settling = null;
+    });
+    settling.catch(() => {}); // seen by the calls that wait on it, not unhandled meanwhile
+    this.#settling = settling;
+  }
+
+  /** Resolves once no step held by {@link holdUntil} is pending (whatever its outcome). */
   async settled(): Promise<void> {
     await this.#settling?.catch(() => {});
   }

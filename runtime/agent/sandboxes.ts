@@ -798,6 +798,8 @@ export class SandboxManager {
       registered = true;
       return this.#bindHost(req, made, from);
     };
+    /** A warm claim's egress step, left to finish behind the create (see below). */
+    let egress: Promise<void> | null = null;
     try {
       let init: Promise<void> | null = null;
       if (inst && inst.pid !== undefined && !processAlive(inst.pid)) {
@@ -809,18 +811,40 @@ export class SandboxManager {
       if (inst) {
         // A claim binds identity and applies what the request changes, nothing else: the warm
         // instance already has its network, default-deny rules and an answering guest (the
-        // watchdog evicts slots whose guest stops answering). The create waits for the host side
-        // (state file, egress policy, gateway registration) only; the guest's env goes in the
-        // background, and every call to the guest waits for it (GuestClient.initInBackground), so
-        // no command runs without it. A guest that refuses it ends the sandbox as crashed
-        // (#guestInitFailed). This took one round trip into the sandbox, 15–30 ms under gVisor's
-        // ptrace platform on a 2-core VM, off every warm create.
+        // watchdog evicts slots whose guest stops answering). The create waits for the state file
+        // only. The guest's env (when the request has one: a fresh guest's is empty) and the egress
+        // policy (CIDR rules, gateway registration) go in the background, and every call to the
+        // guest waits for both (GuestClient.holdUntil): nothing runs in the sandbox before its
+        // policy is in force, and until then the slot's default-deny holds (the gateway refuses an
+        // unregistered source). A step that fails ends the sandbox as crashed (#claimStepFailed).
+        // These were a round trip into the sandbox (15–30 ms under gVisor's ptrace platform on a
+        // 2-core VM) and one to the gateway (~3 ms quiet) off every warm create.
         const claimed = inst;
         guest = this.#takeWarmGuest(claimed) ?? new GuestClient(claimed.guest);
         const g = guest;
-        init = inSpan('agent.guest.init', {}, () => g.initInBackground(req.env));
-        init.catch(() => {}); // handled once the sandbox exists (below), or undone with it
-        await bind(claimed, 'warm');
+        if (Object.keys(req.env).length > 0) {
+          init = inSpan('agent.guest.init', {}, () => g.initInBackground(req.env));
+          init.catch(() => {}); // handled once the sandbox exists (below), or undone with it
+        }
+        registered = true;
+        egress = this.#trackRegistration(
+          req.sandboxId,
+          inSpan('agent.egress.apply', {}, () =>
+            this.#applyEgress(req.sandboxId, claimed, req.egress, req.credentials, { fresh: true }),
+          ),
+        );
+        egress.catch(() => {}); // as the init's
+        g.holdUntil(
+          egress,
+          (err) =>
+            new SpaceError(
+              'GUEST_UNAVAILABLE',
+              `the sandbox's egress policy could not be put in force: ${(err as Error).message}`,
+              undefined,
+              { cause: err },
+            ),
+        );
+        await this.#writeState(req, claimed, 'warm');
       }
       if (!inst) {
         const made = await inSpan('agent.instance.make', { 'space.template': req.template }, () =>
@@ -843,14 +867,19 @@ export class SandboxManager {
       }
       const sb = localSandbox(req, made, guest!, source);
       this.#sandboxes.set(sb.id, sb);
-      init?.catch((err: unknown) => this.#guestInitFailed(sb, err));
+      init?.catch((err: unknown) => this.#claimStepFailed(sb, "the sandbox's guest did not start", err));
+      egress?.catch((err: unknown) =>
+        this.#claimStepFailed(sb, "the sandbox's egress policy could not be put in force", err),
+      );
       this.#o.activity?.track(sb.id, { reported: null });
       log.info({ [F.instanceId]: made.instanceId, source }, 'sandbox created');
       return sb;
     } catch (err) {
       await guest?.close();
       if (inst) {
-        // a registration that may have landed goes with the instance (its address is reused)
+        // a registration that may have landed goes with the instance (its address is reused),
+        // after one still in flight, so the unregistration is the gateway's last word
+        await egress?.catch(() => {});
         if (registered) await this.#o.gateway?.unregister(inst.network.sandboxAddress).catch(() => {});
         await this.discard(inst).catch((e) => log.error({ err: e }, 'discard after failed create failed'));
       }
@@ -860,15 +889,26 @@ export class SandboxManager {
   }
 
   /**
-   * The host side of binding an instance to a sandbox: its state file and its egress policy. The
-   * policy must be in force before the sandbox is visible as created: its CIDR rules and its gateway
-   * registration (DNS/80/443 of an unregistered source are refused). Without this a new sandbox had
-   * no egress until a PATCH or the watchdog's next pass, and CIDR rules never applied (found by
-   * test/attacks.int.test.ts). The state file and the policy do not depend on each other: both at
-   * once. A fresh instance's network has no CIDR rules yet, so none are replaced when the policy
-   * names none.
+   * The host side of binding a freshly made (not warm) instance to a sandbox: its state file and
+   * its egress policy. The policy must be in force before anything runs in the sandbox: its CIDR
+   * rules and its gateway registration (DNS/80/443 of an unregistered source are refused). Without
+   * this a new sandbox had no egress until a PATCH or the watchdog's next pass, and CIDR rules never
+   * applied (found by test/attacks.int.test.ts). A warm claim applies the same policy behind the
+   * create, holding guest calls until it is in force (#claimOrMake). The state file and the policy
+   * do not depend on each other: both at once. A fresh instance's network has no CIDR rules yet, so
+   * none are replaced when the policy names none.
    */
   async #bindHost(req: CreateSandbox, inst: InstanceInfo, source: InstanceSource): Promise<void> {
+    await Promise.all([
+      this.#writeState(req, inst, source),
+      inSpan('agent.egress.apply', {}, () =>
+        this.#applyEgress(req.sandboxId, inst, req.egress, req.credentials, { fresh: true }),
+      ),
+    ]);
+  }
+
+  /** Writes the sandbox's state file (what an agent restart adopts it from; env left out). */
+  async #writeState(req: CreateSandbox, inst: InstanceInfo, source: InstanceSource): Promise<void> {
     const dir = this.#dir(req.sandboxId);
     const file: SandboxFile = {
       req: { ...req, env: {} },
@@ -877,15 +917,8 @@ export class SandboxManager {
       fromWarmPool: source === 'warm',
       createdAt: Date.now(),
     };
-    await Promise.all([
-      (async () => {
-        await mkdir(join(dir, 'commands'), { recursive: true });
-        await writeFile(join(dir, 'sandbox.json'), JSON.stringify(file), { mode: 0o600 });
-      })(),
-      inSpan('agent.egress.apply', {}, () =>
-        this.#applyEgress(req.sandboxId, inst, req.egress, req.credentials, { fresh: true }),
-      ),
-    ]);
+    await mkdir(join(dir, 'commands'), { recursive: true });
+    await writeFile(join(dir, 'sandbox.json'), JSON.stringify(file), { mode: 0o600 });
   }
 
   /**
@@ -964,6 +997,7 @@ export class SandboxManager {
   /** Replaces a running sandbox's egress policy (credential grants stay as they were). */
   async updateEgress(id: string, egress: EgressPolicy): Promise<void> {
     const sb = this.get(id);
+    await this.#registering.get(id); // a claim's registration still in flight lands first
     await this.#applyEgress(id, sb.instance, egress, sb.credentials);
     sb.egress = egress;
     const file = join(this.#dir(id), 'sandbox.json');
@@ -1140,6 +1174,15 @@ export class SandboxManager {
   }
 
   /**
+   * Sets where sandboxes that end on their own are reported (id, why), from now on: a claim step
+   * that fails before the watchdog's first pass (#claimStepFailed) is recorded as crashed, not
+   * found missing later as lost. {@link watch} sets it too.
+   */
+  reportCrashesTo(onCrash: (id: string, message: string) => Promise<void>): void {
+    this.#onCrash = onCrash;
+  }
+
+  /**
    * One watchdog pass: a sandbox whose instance stopped on its own (out of memory, a fork bomb
    * exhausting pids, a kernel failure) is torn down here — its streams end with an exit event at
    * once — and reported through `onCrash` so the control plane records why it ended. Every live
@@ -1177,14 +1220,15 @@ export class SandboxManager {
   }
 
   /**
-   * A claimed instance's guest did not take the sandbox's env (GuestClient.initInBackground): the
-   * sandbox cannot run what it is asked to, so it ends as crashed (reported through the watchdog's
-   * `onCrash`, then deleted), as an instance that stopped on its own does. Nothing when it is being
-   * deleted already.
+   * A step a claim left to finish behind the create failed (GuestClient.holdUntil: the guest did
+   * not take the sandbox's env, or its egress policy could not be put in force): the sandbox cannot
+   * run what it is asked to, so it ends as crashed (reported through the watchdog's `onCrash`, then
+   * deleted), as an instance that stopped on its own does. `what` opens the message. Nothing when
+   * it is being deleted or has crashed already.
    */
-  async #guestInitFailed(sb: LocalSandbox, err: unknown): Promise<void> {
+  async #claimStepFailed(sb: LocalSandbox, what: string, err: unknown): Promise<void> {
     if (this.#tombstones.has(sb.id) || this.#sandboxes.get(sb.id) !== sb || sb.crashed) return;
-    const message = `the sandbox's guest did not start: ${(err as Error).message}`;
+    const message = `${what}: ${(err as Error).message}`;
     sb.crashed = message;
     this.#o.log.warn({ err, [F.sandboxId]: sb.id, [F.instanceId]: sb.instance.instanceId }, message);
     try {
@@ -1192,13 +1236,13 @@ export class SandboxManager {
     } catch (e) {
       this.#o.log.error(
         { err: e, [F.sandboxId]: sb.id },
-        'reporting a sandbox whose guest did not start failed',
+        'reporting a sandbox whose claim step failed failed',
       );
     }
     await this.delete(sb.id).catch((e: unknown) =>
       this.#o.log.error(
         { err: e, [F.sandboxId]: sb.id },
-        'deleting a sandbox whose guest did not start failed',
+        'deleting a sandbox whose claim step failed failed',
       ),
     );
   }
@@ -1237,25 +1281,39 @@ export class SandboxManager {
   }
 
   /**
+   * Records `p`, a registration of sandbox `id` with the gateway, as in flight (with any already
+   * in flight), so a delete or a policy change waits for it: the gateway's last word on an address
+   * is always the latest one sent. Returns `p`.
+   */
+  #trackRegistration(id: string, p: Promise<void>): Promise<void> {
+    const all = Promise.allSettled([this.#registering.get(id), p]).then(() => {
+      if (this.#registering.get(id) === all) this.#registering.delete(id);
+    });
+    this.#registering.set(id, all);
+    return p;
+  }
+
+  /**
    * Registers a live sandbox with the gateway again (the watchdog). Skipped once a delete has begun
    * (its tombstone is set before it unregisters); a delete waits for one still in flight, so the
    * unregistration is always the gateway's last word on that address.
    */
   #registerAgain(sb: LocalSandbox): Promise<void> {
     if (this.#tombstones.has(sb.id)) return Promise.resolve();
-    const p = (async () => {
-      await this.#o.gateway
-        ?.register(sb.instance.network.sandboxAddress, {
-          sandboxId: sb.id,
-          policy: sb.egress,
-          credentials: sb.credentials,
-        })
-        .catch((err: unknown) =>
-          this.#o.log.warn({ err, [F.sandboxId]: sb.id }, 'gateway re-registration failed'),
-        );
-    })().finally(() => this.#registering.delete(sb.id));
-    this.#registering.set(sb.id, p);
-    return p;
+    return this.#trackRegistration(
+      sb.id,
+      (async () => {
+        await this.#o.gateway
+          ?.register(sb.instance.network.sandboxAddress, {
+            sandboxId: sb.id,
+            policy: sb.egress,
+            credentials: sb.credentials,
+          })
+          .catch((err: unknown) =>
+            this.#o.log.warn({ err, [F.sandboxId]: sb.id }, 'gateway re-registration failed'),
+          );
+      })(),
+    );
   }
 
   /**

@@ -254,12 +254,14 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   reconciler.start(config.heartbeatMs);
   // watchdog: notice sandboxes that died on their own, and keep the gateway's registrations current
   let watching: Promise<unknown> | null = null;
+  const reportCrash = async (id: string, message: string) => {
+    await redis.hset(keys.nodeEnded(config.nodeId), id, message);
+  };
+  sandboxes.reportCrashesTo(reportCrash);
   const watchdog = setInterval(() => {
     if (watching) return;
     watching = sandboxes
-      .watch(async (id, message) => {
-        await redis.hset(keys.nodeEnded(config.nodeId), id, message);
-      })
+      .watch(reportCrash)
       .catch((err: unknown) => log.error({ err }, 'watchdog pass failed'))
       .finally(() => (watching = null));
   }, config.watchdogMs);
