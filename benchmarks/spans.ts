@@ -4,8 +4,9 @@
  * `space.instance.source` the agent put on its create span: warm claim, snapshot restore, boot), so
  * a latency table comes with where the time went. Pure apart from reading the file.
  */
-import { readFileSync } from 'node:fs';
-import type { TraceFileSpan } from '../runtime/core/tracing.ts';
+import { readFileSync, statSync } from 'node:fs';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { TRACE_FILE_FLUSH_MS, type TraceFileSpan } from '../runtime/core/tracing.ts';
 import { markdownTable } from './report.ts';
 import { fmt, percentile } from './stats.ts';
 
@@ -18,6 +19,32 @@ export interface BudgetRow {
   n: number;
   p50Ms: number;
   p90Ms: number;
+}
+
+/**
+ * Waits until trace file `path` has not grown for three of the services' flush periods
+ * ({@link TRACE_FILE_FLUSH_MS}), at most `maxMs` (ms): spans are appended in batches, after the
+ * requests they describe answered.
+ */
+export async function settledTraceFile(path: string, maxMs = 5000): Promise<void> {
+  const size = () => {
+    try {
+      return statSync(path).size;
+    } catch {
+      return -1;
+    }
+  };
+  const until = Date.now() + maxMs;
+  let last = size();
+  let stableSince = Date.now();
+  while (Date.now() < until && Date.now() - stableSince < 3 * TRACE_FILE_FLUSH_MS) {
+    await sleep(TRACE_FILE_FLUSH_MS / 2);
+    const now = size();
+    if (now !== last) {
+      last = now;
+      stableSince = Date.now();
+    }
+  }
 }
 
 /** Reads a trace file (JSON lines); lines that do not parse are skipped. */

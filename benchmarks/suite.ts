@@ -129,8 +129,9 @@ export async function latency(
     },
     { progress: ctx.progress, cacheDir: ctx.cacheDir, floor: o.floor, note: ctx.note },
   );
-  const { readSpans, spanBudget } = await import('./spans.ts');
+  const { readSpans, settledTraceFile, spanBudget } = await import('./spans.ts');
   const traceFile = ctx.target!.traceFile;
+  if (traceFile) await settledTraceFile(traceFile);
   const budget = traceFile && existsSync(traceFile) ? spanBudget(readSpans(traceFile)) : null;
   return latencyOutput({ ...r, budget }, await ctx.runInfo(r.drivers));
 }

@@ -8,7 +8,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { trace } from '@opentelemetry/api';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startTracing, type TraceFileSpan, type Tracing } from '../runtime/core/tracing.ts';
+import {
+  startTracing,
+  TRACE_FILE_FLUSH_MS,
+  type TraceFileSpan,
+  type Tracing,
+} from '../runtime/core/tracing.ts';
 import { type Stack, startStack } from './stack.ts';
 
 describe('tracing', () => {
@@ -35,14 +40,16 @@ describe('tracing', () => {
     // one is not sent)
     const id = await s.createSandbox({ env: { TRACED: '1' } });
     const read = async () =>
-      (await readFile(file(), 'utf8'))
-        .trim()
+      (await readFile(file(), 'utf8').catch(() => ''))
         .split('\n')
+        .filter((l) => l.trim())
         .map((l) => JSON.parse(l) as TraceFileSpan);
-    // a span is written when it ends, and a warm claim's guest init and egress step end after the
-    // create answered
+    // a span is written (in a batch) after it ends, and a warm claim's guest init and egress step
+    // end after the create answered
     const done = (xs: TraceFileSpan[]) =>
-      ['agent.guest.init', 'agent.egress.apply'].every((n) => xs.some((x) => x.name === n));
+      ['agent.sandboxes.create', 'agent.guest.init', 'agent.egress.apply'].every((n) =>
+        xs.some((x) => x.name === n),
+      );
     let spans = await read();
     for (let i = 0; i < 100 && !done(spans); i++) {
       await new Promise((r) => setTimeout(r, 100));
@@ -79,11 +86,18 @@ describe('tracing', () => {
   it('a failed hop is marked with its error code', async () => {
     const res = await s.call('POST', '/v1/sandboxes', { template: 'no-such-template' });
     expect(res.status).toBe(404);
-    const spans = (await readFile(file(), 'utf8'))
-      .trim()
-      .split('\n')
-      .map((l) => JSON.parse(l) as TraceFileSpan);
-    const failed = spans.filter((x) => x.name === 'api.sandboxes.create' && x.status === 'error');
+    // spans are appended in batches (TRACE_FILE_FLUSH_MS): wait for the failed one
+    const failedSpans = async () =>
+      (await readFile(file(), 'utf8'))
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l) as TraceFileSpan)
+        .filter((x) => x.name === 'api.sandboxes.create' && x.status === 'error');
+    let failed = await failedSpans();
+    for (let i = 0; i < 50 && failed.length === 0; i++) {
+      await new Promise((r) => setTimeout(r, TRACE_FILE_FLUSH_MS));
+      failed = await failedSpans();
+    }
     expect(failed.at(-1)?.attributes['error.code']).toBe('TEMPLATE_NOT_FOUND');
   });
 });
