@@ -40,14 +40,14 @@ describe('operation long-poll', () => {
     const op = await store.enqueue('sandbox.create', 'sbx_y', {}, 'default');
     const p = waiter.wait(op.id, MAX_WAIT_MS);
     await new Promise((r) => setTimeout(r, 50));
-    const run = await store.start(op.id, 'test-worker');
+    const run = (await store.start(op.id, 'test-worker'))?.run;
     await store.finish(op.id, run!, 'succeeded');
     expect(await p).toMatchObject({ id: op.id, state: 'succeeded' });
   });
 
   it('a finish publishes the finished record, which the waiter answers with as Redis holds it', async () => {
     const op = await store.enqueue('sandbox.create', 'sbx_z', { a: '1' }, 'default');
-    const run = await store.start(op.id, 'test-worker');
+    const run = (await store.start(op.id, 'test-worker'))?.run;
     const listener = new Redis(inject('redisUrl'), { db: 4 });
     const channel = `space:v1:operation:${op.id}:events`;
     await listener.subscribe(channel);

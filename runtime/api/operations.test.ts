@@ -37,8 +37,16 @@ function worker(handler: OperationHandler, reclaimIdleMs: number): OperationWork
 describe('operations end once', () => {
   it('f3-finished-never-changes: a finished operation keeps its first outcome', async () => {
     const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaaa', {}, 'default');
-    const run = await store.start(op.id, 'w1');
-    expect(run).toBe(1);
+    const started = await store.start(op.id, 'w1');
+    // the run's token, with the operation as the run sees it (running, its owner's)
+    expect(started?.run).toBe(1);
+    expect(started?.op).toMatchObject({
+      id: op.id,
+      kind: 'sandbox.delete',
+      state: 'running',
+      team: 'default',
+    });
+    const run = started?.run;
     expect(await store.finish(op.id, run!, 'succeeded')).toBe(true);
     expect(await store.finish(op.id, run!, 'failed', new SpaceError('NODE_UNAVAILABLE', 'late'))).toBe(false);
     expect(await store.start(op.id, 'w2')).toBeNull();
@@ -47,8 +55,8 @@ describe('operations end once', () => {
 
   it('f3-fenced-run: a run that was taken over cannot decide the outcome', async () => {
     const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaab', {}, 'default');
-    const first = await store.start(op.id, 'w1');
-    const second = await store.start(op.id, 'w2');
+    const first = (await store.start(op.id, 'w1'))?.run;
+    const second = (await store.start(op.id, 'w2'))?.run;
     expect(second).toBe(first! + 1);
     expect(await store.finish(op.id, first!, 'failed', new SpaceError('NODE_UNAVAILABLE', 'timed out'))).toBe(
       false,

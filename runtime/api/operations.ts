@@ -108,16 +108,25 @@ export class OperationStore {
 
   /**
    * Starts a run of operation `id` for `owner` (a worker id): moves it to `running` and returns the
-   * run's fencing token, or null when the operation is unknown or already finished.
+   * run's fencing token with the operation as it is now (one round trip: no read before), or null
+   * when the operation is unknown or already finished.
    */
-  async start(id: string, owner: string, now = Date.now()): Promise<number | null> {
-    const run = await this.redis.spaceOperationStart(
+  async start(
+    id: string,
+    owner: string,
+    now = Date.now(),
+  ): Promise<{ run: number; op: OperationRecord } | null> {
+    const [run, ...flat] = await this.redis.spaceOperationStart(
       keys.operation(id),
       keys.operationChannel(id),
       String(now),
       owner,
     );
-    return run > 0 ? run : null;
+    if (run <= 0) return null;
+    const h: Record<string, string> = {};
+    for (let i = 0; i + 1 < flat.length; i += 2) h[flat[i]!] = flat[i + 1]!;
+    const op = fromHash(h);
+    return op ? { run, op } : null;
   }
 
   /**
@@ -357,10 +366,11 @@ export class OperationWorker {
       // back — it does not leave the operation to another replica's reclaim 30 s later: each
       // bookkeeping step is retried, and a handler that failed only because Redis was away runs
       // again as a new run (handlers are idempotent), so the outage never becomes the outcome.
-      const op = await this.#untilRedis(() => this.#store.get(opId));
-      let run = op ? await this.#untilRedis(() => this.#store.start(op.id, this.#consumer)) : null;
+      const started = await this.#untilRedis(() => this.#store.start(opId, this.#consumer));
+      const op = started?.op ?? null;
+      let run = started?.run ?? null;
       if (op && run !== null) {
-        const started = Date.now();
+        const startedAt = Date.now();
         let outcome: { state: 'succeeded' } | { state: 'failed'; error: SpaceError } | null = null;
         while (outcome === null && run !== null) {
           try {
@@ -378,7 +388,7 @@ export class OperationWorker {
               log.warn({ run, cause: String(err) }, 'operation interrupted by a redis outage; it runs again');
               await this.#redisBack();
               // a new run (fencing token): null when it ended meanwhile, e.g. run by a replica
-              run = await this.#untilRedis(() => this.#store.start(op.id, this.#consumer));
+              run = (await this.#untilRedis(() => this.#store.start(op.id, this.#consumer)))?.run ?? null;
               continue;
             }
             const e =
@@ -398,7 +408,7 @@ export class OperationWorker {
           const fields = {
             kind: op.kind,
             [F.sandboxId]: op.target,
-            [F.durationMs]: Date.now() - started,
+            [F.durationMs]: Date.now() - startedAt,
             run,
             ...(final.state === 'failed' ? { code: final.error.code, msg: final.error.message } : {}),
           };

@@ -42,7 +42,12 @@ export interface SpaceScripts {
     timeoutSec: string,
     now: string,
   ): Promise<[number, string]>;
-  spaceOperationStart(opKey: string, channel: string, now: string, owner: string): Promise<number>;
+  spaceOperationStart(
+    opKey: string,
+    channel: string,
+    now: string,
+    owner: string,
+  ): Promise<[number, ...string[]]>;
   spaceOperationFinish(
     opKey: string,
     channel: string,
