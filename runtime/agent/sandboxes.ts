@@ -193,6 +193,17 @@ async function guestAnswers(inst: InstanceInfo): Promise<boolean> {
 /** Tombstones older than this are forgotten (ms): far longer than any create can take. */
 const TOMBSTONE_TTL_MS = 24 * 3600 * 1000;
 
+/**
+ * The warm pool is topped up once no create has come or ended for this long (ms): a refill's
+ * first steps (the network's `ip`/`nft` commands, the driver's `runsc restore`) spawn processes,
+ * and each spawn holds the agent's event loop for milliseconds. Started inside a burst of claims
+ * they sat between the claims and their answers (a CPU profile of 32 concurrent warm creates:
+ * `spawn` was the agent's largest cost, from the refills the first claims set off).
+ */
+export const REFILL_QUIET_MS = 50;
+/** A refill waits for quiet at most this long after the create that set it off (ms). */
+export const REFILL_MAX_DELAY_MS = 1000;
+
 export interface SandboxManagerOptions {
   stateDir: string;
   driver: Driver;
@@ -229,6 +240,9 @@ export class SandboxManager {
   readonly #deleting = new Map<string, Promise<void>>();
   /** Watchdog re-registrations with the gateway in flight, by sandbox id. */
   readonly #registering = new Map<string, Promise<void>>();
+  /** Pending warm pool top-up ({@link #refillSoon}) and the latest it may start (ms since the epoch). */
+  #refillTimer: NodeJS.Timeout | null = null;
+  #refillDueBy = 0;
   readonly #snapshots = new Map<string, SnapshotRef>();
   /**
    * Guest clients of warm slots by instance id, connected when the slot was made and pinged by
@@ -769,6 +783,7 @@ export class SandboxManager {
     if (existing) return existing;
     let p = this.#creating.get(req.sandboxId);
     if (!p) {
+      if (this.#refillTimer) this.#refillSoon(); // a create came: not quiet yet
       p = this.#create(req).finally(() => this.#creating.delete(req.sandboxId));
       this.#creating.set(req.sandboxId, p);
     }
@@ -779,12 +794,32 @@ export class SandboxManager {
     try {
       return await this.#claimOrMake(req);
     } finally {
-      // The pool is topped up once this create is done, never while it runs: a refill's synchronous
-      // start (the start gate, the driver's first spawns) ran inside the claim's reply and cost it
-      // ~8 ms of a ~14 ms warm claim. setImmediate lets the reply go out first; the refill is not
-      // part of this create's trace either.
-      setImmediate(() => untraced(() => this.#warm?.refill()));
+      // The pool is topped up once the creates are done, never while they run: a refill's
+      // synchronous start (the start gate, the driver's first spawns) ran inside the claim's reply
+      // and cost it ~8 ms of a ~14 ms warm claim, and inside a burst it held up the claims after it
+      // (REFILL_QUIET_MS). The refill is not part of this create's trace either.
+      this.#refillSoon();
     }
+  }
+
+  /**
+   * Tops the warm pool up once no create has come or ended for {@link REFILL_QUIET_MS}, or
+   * {@link REFILL_MAX_DELAY_MS} after the first create that asked, whichever is first (each call
+   * pushes the quiet moment out, never past that bound).
+   */
+  #refillSoon(): void {
+    if (!this.#warm) return;
+    const now = Date.now();
+    if (this.#refillTimer) clearTimeout(this.#refillTimer);
+    else this.#refillDueBy = now + REFILL_MAX_DELAY_MS;
+    this.#refillTimer = setTimeout(
+      () => {
+        this.#refillTimer = null;
+        if (!this.#closing) untraced(() => this.#warm?.refill());
+      },
+      Math.max(0, Math.min(REFILL_QUIET_MS, this.#refillDueBy - now)),
+    );
+    this.#refillTimer.unref();
   }
 
   async #claimOrMake(req: CreateSandbox): Promise<LocalSandbox> {

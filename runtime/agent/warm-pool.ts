@@ -7,8 +7,8 @@
  * another create took meanwhile simply makes an instance here (a snapshot restore when it can).
  *
  * Size: from the creates seen lately and the node's free memory (pool-sizing.ts), between
- * SPACE_WARM_POOL_SIZE and SPACE_WARM_POOL_MAX. Refills start after the claim that set them off,
- * at most `parallel` at a time, and at the start gate they yield to every waiting create
+ * SPACE_WARM_POOL_SIZE and SPACE_WARM_POOL_MAX. Refills start once the creates that set them off
+ * are done and no other came for a moment (the agent's REFILL_QUIET_MS), at most `parallel` at a time, and at the start gate they yield to every waiting create
  * (start-gate.ts), so topping up never competes with a request. A periodic {@link tick} re-sizes:
  * it tops up, and discards slots beyond the target once demand has passed.
  */
