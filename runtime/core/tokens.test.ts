@@ -4,6 +4,8 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { SpaceError } from './errors.ts';
 import {
+  DISPATCH_TOKEN_TTL_SEC,
+  DispatchTokenVerifier,
   loadSigningKey,
   loadVerifyKey,
   mintDispatchToken,
@@ -90,5 +92,43 @@ describe('session and dispatch tokens', () => {
       ttlSec: 60,
     });
     expect(await codeOf(verifyDispatchToken(k.verify, session.token, 'sbx_a'))).toBe('TOKEN_SCOPE');
+  });
+});
+
+describe('dispatch token verifier (remembers verified tokens)', () => {
+  it('answers as verifyDispatchToken does, and a remembered token still expires', async () => {
+    const k = await keys();
+    const other = await keys('other');
+    const t0 = Date.now();
+    const v = new DispatchTokenVerifier(k.verify, 'node-1');
+    const good = await mintDispatchToken(k.sign, 'node-1', t0);
+    expect(await codeOf(v.verify(good, t0))).toBe('ok');
+    expect(await codeOf(v.verify(good, t0 + 1000))).toBe('ok'); // remembered
+    // what is refused stays refused, however often it is tried
+    const forged = await mintDispatchToken(other.sign, 'node-1', t0);
+    const elsewhere = await mintDispatchToken(k.sign, 'node-2', t0);
+    for (let i = 0; i < 2; i++) {
+      expect(await codeOf(v.verify(forged, t0))).toBe('TOKEN_INVALID');
+      expect(await codeOf(v.verify(elsewhere, t0))).toBe('TOKEN_SCOPE');
+      expect(await codeOf(v.verify(`${good.slice(0, -4)}AAAA`, t0))).toBe('TOKEN_INVALID');
+    }
+    // past its exp (whole seconds from its iat) the remembered token is refused
+    const expMs = (Math.floor(t0 / 1000) + DISPATCH_TOKEN_TTL_SEC) * 1000;
+    expect(await codeOf(v.verify(good, expMs - 1))).toBe('ok');
+    expect(await codeOf(v.verify(good, expMs))).toBe('TOKEN_EXPIRED');
+    expect(await codeOf(v.verify(good, expMs + 5000))).toBe('TOKEN_EXPIRED');
+  });
+
+  it('holds a bounded number of tokens and keeps verifying once it forgot them', async () => {
+    const k = await keys();
+    const v = new DispatchTokenVerifier(k.verify, 'node-1', 4);
+    const t0 = Date.now();
+    // tokens minted a second apart differ (iat); 7 of them overflow a verifier holding 4
+    const tokens = await Promise.all(
+      Array.from({ length: 7 }, (_, i) => mintDispatchToken(k.sign, 'node-1', t0 - i * 1000)),
+    );
+    expect(new Set(tokens).size).toBe(7);
+    for (const t of tokens) expect(await codeOf(v.verify(t, t0))).toBe('ok');
+    for (const t of tokens) expect(await codeOf(v.verify(t, t0))).toBe('ok');
   });
 });

@@ -192,3 +192,54 @@ export async function verifyDispatchToken(key: VerifyKey, token: string, nodeId:
     rethrow(err);
   }
 }
+
+/**
+ * Verifies dispatch tokens for node `nodeId` as {@link verifyDispatchToken} does, remembering the ones it
+ * verified until they expire: the API reuses one token per node for half its lifetime
+ * (DISPATCH_TOKEN_REUSE_MARGIN_MS in api/agent-client.ts), so most calls carry a token already
+ * checked, and an EdDSA verify per dispatch was a measurable share of an agent's CPU under a burst
+ * of creates. A token is a fixed string: what was true of it (signature, issuer, audience,
+ * subject) stays true; only its expiry is checked again, on each use. Holds a bounded number of
+ * tokens (forgets them all when full).
+ */
+export class DispatchTokenVerifier {
+  static readonly MAX_REMEMBERED = 64;
+  readonly #key: VerifyKey;
+  readonly #nodeId: string;
+  readonly #max: number;
+  /** Verified token → its expiry, ms since the epoch. */
+  readonly #verified = new Map<string, number>();
+
+  /** `maxRemembered` (default {@link DispatchTokenVerifier.MAX_REMEMBERED}): tokens held at once. */
+  constructor(key: VerifyKey, nodeId: string, maxRemembered = DispatchTokenVerifier.MAX_REMEMBERED) {
+    this.#key = key;
+    this.#nodeId = nodeId;
+    this.#max = maxRemembered;
+  }
+
+  /** Throws TOKEN_INVALID / TOKEN_EXPIRED / TOKEN_SCOPE as {@link verifyDispatchToken}. */
+  async verify(token: string, nowMs = Date.now()): Promise<void> {
+    const expMs = this.#verified.get(token);
+    if (expMs !== undefined) {
+      if (nowMs < expMs) return;
+      this.#verified.delete(token);
+      throw new SpaceError('TOKEN_EXPIRED', 'token has expired');
+    }
+    let exp: number | undefined;
+    try {
+      const { payload } = await jwtVerify(token, this.#key, {
+        issuer: ISSUER,
+        audience: AGENT_AUDIENCE,
+        subject: this.#nodeId,
+        algorithms: [ALG],
+        currentDate: new Date(nowMs),
+      });
+      exp = payload.exp;
+    } catch (err) {
+      rethrow(err);
+    }
+    if (exp === undefined) return; // mintDispatchToken always sets one; never remember a token without
+    if (this.#verified.size >= this.#max) this.#verified.clear();
+    this.#verified.set(token, exp * 1000);
+  }
+}

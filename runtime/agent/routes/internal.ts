@@ -20,17 +20,18 @@ import {
 import { validateGrants } from '../../core/credentials.ts';
 import { EgressPolicySchema, normalisePolicy } from '../../core/egress.ts';
 import { SpaceError } from '../../core/errors.ts';
-import { verifyDispatchToken } from '../../core/tokens.ts';
+import { DispatchTokenVerifier } from '../../core/tokens.ts';
 import { inSpan, traceContextFrom } from '../../core/tracing.ts';
 import type { AgentDeps } from '../app.ts';
 import { startOptions } from '../commands.ts';
 
 export function internalRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
   return async (app) => {
+    const dispatchTokens = new DispatchTokenVerifier(deps.verifyKey, deps.config.nodeId);
     app.addHook('onRequest', async (req) => {
       const m = /^Bearer\s+(\S+)$/i.exec(req.headers.authorization ?? '');
       if (!m) throw new SpaceError('UNAUTHENTICATED', 'dispatch token required');
-      await verifyDispatchToken(deps.verifyKey, m[1]!, deps.config.nodeId);
+      await dispatchTokens.verify(m[1]!);
     });
 
     app.post(AGENT_ROUTES.sandboxes, { schema: { body: AgentCreateRequestSchema } }, async (req) =>
