@@ -4,8 +4,11 @@
  *
  * For each concurrency C of the sweep (default 1, 8, 32), N creates (default N = 32) in waves of C
  * simultaneous POST /v1/sandboxes, in two phases:
- * - `warm`: the default shape (the warm pool's); before each wave the benchmark waits until the pool
- *   holds min(C, pool) ready instances, so the wave is what a full pool does with C at once;
+ * - `warm`: the default shape (the warm pool's); before each wave the benchmark waits until the
+ *   node holds no sandbox (the earlier waves' deletes are done) and the pool is as full as at the
+ *   start, so the wave is what a full pool on a settled node does with C at once — no earlier
+ *   sample's teardown or refill runs under it (back to back, C = 1 measured those: p50 33 ms
+ *   against 16 ms settled, same session);
  * - `cold`: a shape the pool does not hold (`--cold-memory`, default 640 MiB), so the node must make
  *   every instance (snapshot restore or boot, whichever it does).
  * Each create is timed from its POST to: `accepted` (the POST answered), `ready` (its operation
@@ -226,6 +229,22 @@ export async function measureCreates(o: CreateRunOptions): Promise<CreateSample[
 }
 
 /**
+ * Waits until no alive node holds a sandbox (the deletes of earlier samples are done), polling
+ * every `pollMs` (default 100), at most `timeoutMs` (default 60 000); then returns either way.
+ */
+export async function waitForNoSandboxes(
+  t: Pick<BenchTarget, 'nodes'>,
+  o: { timeoutMs?: number; pollMs?: number } = {},
+): Promise<void> {
+  const until = Date.now() + (o.timeoutMs ?? 60_000);
+  while (Date.now() < until) {
+    const held = (await t.nodes()).filter((n) => n.alive).reduce((a, n) => a + n.sandboxes, 0);
+    if (held === 0) return;
+    await new Promise((r) => setTimeout(r, o.pollMs ?? 100));
+  }
+}
+
+/**
  * Waits until `warm()` reports at least `want` ready instances, or until a pool that holds some
  * has not grown for `stableMs` (a pool smaller than `want` — held back by memory — is then as full
  * as it gets), at most `timeoutMs`. An empty pool is never taken as full before the timeout: on a
@@ -307,8 +326,9 @@ export async function runLatency(
           body: phase === 'cold' ? { memoryMiB: p.coldMemoryMiB } : {},
           beforeWave:
             phase === 'warm'
-              ? async (size) => {
-                  await waitForPool(() => t.warm('base'), Math.min(size, poolSeen), { timeoutMs: 120_000 });
+              ? async () => {
+                  await waitForNoSandboxes(t, { timeoutMs: 120_000 });
+                  await waitForPool(() => t.warm('base'), poolSeen, { timeoutMs: 120_000 });
                 }
               : undefined,
           progress: o.progress,
@@ -355,7 +375,7 @@ export async function latencyOutput(
         ? `Floor: ${r.floor.what}, measured in this run.`
         : `Floor not measured: ${r.floor.skipped}.`
       : 'Floor not measured (--no-floor).',
-    `Classes are what the API reports per create (createdFrom): warm = pool claim, snapshot = snapshot restore, boot = cold boot. Warm phase: default shape after the pool held min(C, ${r.params.poolSeen}) instances; cold phase: ${r.params.coldMemoryMiB} MiB, a shape the pool does not hold.`,
+    `Classes are what the API reports per create (createdFrom): warm = pool claim, snapshot = snapshot restore, boot = cold boot. Warm phase: default shape, each wave on a settled node (no sandbox left from earlier waves, the pool back to ${r.params.poolSeen} instances); cold phase: ${r.params.coldMemoryMiB} MiB, a shape the pool does not hold.`,
     ...errors.map(
       (e) =>
         `C=${e.concurrency} ${e.phase} phase: ${e.errors} create(s) failed, not timed (first: ${e.first})`,

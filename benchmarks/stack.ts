@@ -22,6 +22,8 @@ export interface NodeView {
   driver: string;
   /** Ready warm instances per template. */
   warm: Record<string, number>;
+  /** Sandboxes the node holds (being deleted included). */
+  sandboxes: number;
   templates: string[];
 }
 
