@@ -190,6 +190,9 @@ async function guestAnswers(inst: InstanceInfo): Promise<boolean> {
   }
 }
 
+/** Why a warm claim's sandbox cannot run anything (its calls' error, its crash message). */
+const EGRESS_NOT_IN_FORCE = "the sandbox's egress policy could not be put in force";
+
 /** Tombstones older than this are forgotten (ms): far longer than any create can take. */
 const TOMBSTONE_TTL_MS = 24 * 3600 * 1000;
 
@@ -238,7 +241,7 @@ export class SandboxManager {
   readonly #tombstones = new Map<string, number>();
   /** Deletes in progress: a second delete of the same sandbox (API retry, reconciliation) joins it. */
   readonly #deleting = new Map<string, Promise<void>>();
-  /** Watchdog re-registrations with the gateway in flight, by sandbox id. */
+  /** Registrations with the gateway in flight (a warm claim's, the watchdog's), by sandbox id. */
   readonly #registering = new Map<string, Promise<void>>();
   /** Pending warm pool top-up ({@link #refillSoon}) and the latest it may start (ms since the epoch). */
   #refillTimer: NodeJS.Timeout | null = null;
@@ -874,9 +877,11 @@ export class SandboxManager {
           (err) =>
             new SpaceError(
               'GUEST_UNAVAILABLE',
-              `the sandbox's egress policy could not be put in force: ${(err as Error).message}`,
+              `${EGRESS_NOT_IN_FORCE}: ${(err as Error).message}`,
               undefined,
-              { cause: err },
+              {
+                cause: err,
+              },
             ),
         );
         await this.#writeState(req, claimed, 'warm');
@@ -903,9 +908,7 @@ export class SandboxManager {
       const sb = localSandbox(req, made, guest!, source);
       this.#sandboxes.set(sb.id, sb);
       init?.catch((err: unknown) => this.#claimStepFailed(sb, "the sandbox's guest did not start", err));
-      egress?.catch((err: unknown) =>
-        this.#claimStepFailed(sb, "the sandbox's egress policy could not be put in force", err),
-      );
+      egress?.catch((err: unknown) => this.#claimStepFailed(sb, EGRESS_NOT_IN_FORCE, err));
       this.#o.activity?.track(sb.id, { reported: null });
       log.info({ [F.instanceId]: made.instanceId, source }, 'sandbox created');
       return sb;

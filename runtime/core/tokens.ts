@@ -181,13 +181,25 @@ export async function mintDispatchToken(
 
 /** Verifies a dispatch token for this node. Throws UNAUTHENTICATED / TOKEN_EXPIRED / TOKEN_SCOPE. */
 export async function verifyDispatchToken(key: VerifyKey, token: string, nodeId: string): Promise<void> {
+  await checkDispatchToken(key, token, nodeId, Date.now());
+}
+
+/** The dispatch token check at `nowMs`; returns the token's `exp` (seconds), if it has one. */
+async function checkDispatchToken(
+  key: VerifyKey,
+  token: string,
+  nodeId: string,
+  nowMs: number,
+): Promise<number | undefined> {
   try {
-    await jwtVerify(token, key, {
+    const { payload } = await jwtVerify(token, key, {
       issuer: ISSUER,
       audience: AGENT_AUDIENCE,
       subject: nodeId,
       algorithms: [ALG],
+      currentDate: new Date(nowMs),
     });
+    return payload.exp;
   } catch (err) {
     rethrow(err);
   }
@@ -225,19 +237,7 @@ export class DispatchTokenVerifier {
       this.#verified.delete(token);
       throw new SpaceError('TOKEN_EXPIRED', 'token has expired');
     }
-    let exp: number | undefined;
-    try {
-      const { payload } = await jwtVerify(token, this.#key, {
-        issuer: ISSUER,
-        audience: AGENT_AUDIENCE,
-        subject: this.#nodeId,
-        algorithms: [ALG],
-        currentDate: new Date(nowMs),
-      });
-      exp = payload.exp;
-    } catch (err) {
-      rethrow(err);
-    }
+    const exp = await checkDispatchToken(this.#key, token, this.#nodeId, nowMs);
     if (exp === undefined) return; // mintDispatchToken always sets one; never remember a token without
     if (this.#verified.size >= this.#max) this.#verified.clear();
     this.#verified.set(token, exp * 1000);
