@@ -274,7 +274,18 @@ describe(`upgrade rehearsal: ${PREVIOUS} → working tree, in place`, () => {
     await converged(s);
     const c = await create();
     await allAnswer();
-    expect((await s.call('DELETE', `/v1/sandboxes/${c}`)).status).toBeLessThan(300);
+    const del = await s.call<{ operation: { id: string } }>('DELETE', `/v1/sandboxes/${c}`);
+    expect(del.status).toBeLessThan(300);
+    // the delete is an operation: node, records and reservations agree on `c` until it has run
+    const done = await waitFor(
+      'the delete to settle',
+      async () => {
+        const o = await s.call<{ state: string }>('GET', `/v1/operations/${del.body.operation.id}`);
+        return ['succeeded', 'failed'].includes(o.body.state) ? o.body : undefined;
+      },
+      60_000,
+    );
+    expect(done.state, JSON.stringify(done)).toBe('succeeded');
     sandboxes.splice(sandboxes.indexOf(c), 1);
     expect(await converged(s)).toEqual([...sandboxes].sort());
     // back to N for the cleanup
