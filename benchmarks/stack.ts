@@ -61,6 +61,11 @@ export interface TargetOptions {
   pool: number;
   /** Where `space up`'s progress notes go (default: dropped, kept for the error). */
   log?: (line: string) => void;
+  /**
+   * Where a stack the benchmark starts writes its spans (JSON lines, see runtime/core/tracing.ts),
+   * kept after the run for a closer look; default: a temporary file, removed when the stack stops.
+   */
+  traceFile?: string;
 }
 
 /** A TCP port free on 127.0.0.1 right now. */
@@ -156,7 +161,8 @@ async function startLocalStack(o: TargetOptions, home: string): Promise<BenchTar
   ];
   o.log?.(`starting the local stack: space up --warm ${o.pool} (ports ${api}, ${agent}, ${router})`);
   // the services write their spans here: the latency command prints where the time went
-  const traceFile = join(tmpdir(), `space-bench-spans-${process.pid}-${Date.now()}.jsonl`);
+  const traceFile = o.traceFile ?? join(tmpdir(), `space-bench-spans-${process.pid}-${Date.now()}.jsonl`);
+  if (o.traceFile) await rm(traceFile, { force: true }); // this run's spans only
   const child: ChildProcess = spawn(process.execPath, args, {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, SPACE_TRACE_FILE: traceFile },
@@ -195,7 +201,8 @@ async function startLocalStack(o: TargetOptions, home: string): Promise<BenchTar
     traceFile,
     close: async () => {
       await stop();
-      await rm(traceFile, { force: true });
+      if (!o.traceFile) await rm(traceFile, { force: true });
+      else o.log?.(`spans kept in ${traceFile}`);
     },
   });
   try {

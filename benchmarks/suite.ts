@@ -43,6 +43,8 @@ export interface ContextOptions {
   needsStack: boolean;
   cacheDir: string;
   note: (line: string) => void;
+  /** Where a stack the benchmark starts writes its spans, kept after the run (default: a temporary file, removed). */
+  traceFile?: string;
 }
 
 /** Opens the target (when needed), runs `measure`, and closes a stack the benchmark started. */
@@ -58,6 +60,7 @@ export async function runWithContext(
         apiKey: o.apiKey,
         pool: o.pool ?? agentPoolSize(),
         log: (l) => o.note(`space bench: ${l}`),
+        ...(o.traceFile ? { traceFile: o.traceFile } : {}),
       })
     : null;
   try {

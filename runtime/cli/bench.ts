@@ -37,6 +37,8 @@ interface CommonOptions {
   save?: boolean;
   resultsDir?: string;
   plot: boolean;
+  /** latency only: keep the started stack's spans here. */
+  traceFile?: string;
 }
 
 /** `1,8,32` → [1, 8, 32] (positive integers). Pure. */
@@ -90,6 +92,7 @@ async function runBench(
       needsStack,
       cacheDir: process.env['SPACE_CACHE_DIR'] ?? DEFAULT_CACHE_DIR,
       note,
+      ...(o.traceFile ? { traceFile: o.traceFile } : {}),
     },
     (ctx) => measure(suite, ctx),
   );
@@ -151,6 +154,10 @@ Examples:
     )
     .option('--floor-runs <count>', 'samples of the driver floor', parsePositiveInt('--floor-runs'), 10)
     .option('--no-floor', 'skip the driver floor')
+    .option(
+      '--trace-file <path>',
+      'keep the spans of the stack the benchmark starts in <path> (JSON lines; replaced), to look at single creates',
+    )
     .action(async (o: CommonOptions & Options<'latency'>, cmd: Command) => {
       await runBench(cmd, o, true, Math.max(...o.concurrency), (suite, ctx) => suite.latency(ctx, o));
     });
