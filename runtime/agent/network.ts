@@ -10,9 +10,7 @@
  * State lives in the kernel (namespaces, links, addresses), so {@link SandboxNetworks.adopt} can rebuild
  * the pool after an agent restart and {@link SandboxNetworks.sweep} removes leftovers.
  */
-import { execFile } from 'node:child_process';
 import { readdir, stat, writeFile } from 'node:fs/promises';
-import { promisify } from 'node:util';
 import { SpaceError } from '../core/errors.ts';
 import { GUEST_NET, type SandboxNetwork, type TapAttachment } from './drivers/driver.ts';
 import {
@@ -25,8 +23,9 @@ import {
   sandboxRuleset,
   sandboxTeardown,
 } from './firewall.ts';
+import { hostExec } from './host-exec.ts';
 
-const run = promisify(execFile);
+const run = hostExec;
 
 /** Prefix of every sandbox network namespace name. */
 export const NETNS_PREFIX = 'sp-';
@@ -110,8 +109,10 @@ export function networkNames(instanceId: string): { netns: string; hostIf: strin
 /** Runs a command; throws SpaceError DRIVER_FAILED with its stderr. */
 async function sh(cmd: string, args: string[], input?: string): Promise<string> {
   try {
-    if (input !== undefined) return await runWithInput(cmd, args, input);
-    const { stdout } = await run(cmd, args, { maxBuffer: 16 * 1024 * 1024 });
+    const { stdout } = await run(cmd, args, {
+      maxBuffer: 16 * 1024 * 1024,
+      ...(input !== undefined ? { input } : {}),
+    });
     return stdout;
   } catch (err) {
     const e = err as { stderr?: string; message: string };
@@ -124,16 +125,6 @@ async function sh(cmd: string, args: string[], input?: string): Promise<string> 
       },
     );
   }
-}
-
-function runWithInput(cmd: string, args: string[], input: string): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const child = execFile(cmd, args, (err, stdout, stderr) => {
-      if (err) reject(Object.assign(err, { stderr }));
-      else resolve(stdout);
-    });
-    child.stdin?.end(input);
-  });
 }
 
 /** Like {@link sh} but treats "does not exist" errors as success (for idempotent deletes). */

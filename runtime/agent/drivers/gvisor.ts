@@ -28,13 +28,12 @@
  * address; no fixed inner address is needed. The snapshot's `/etc/resolv.conf` still names the old
  * host end, which is harmless: nftables hands DNS to the gateway whatever address it was sent to.
  */
-import { execFile, spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { mkdir, open, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { promisify } from 'node:util';
 import { SpaceError } from '../../core/errors.ts';
+import { hostExec } from '../host-exec.ts';
 import { GUEST_ARGV, GUEST_PATHS } from '../images.ts';
 import {
   CleanupStack,
@@ -53,7 +52,7 @@ import {
 import { waitForHealth } from './guest-health.ts';
 import { DEFAULT_GVISOR_PLATFORM } from './gvisor-platform.ts';
 
-const run = promisify(execFile);
+const run = hostExec;
 
 /** Configuration of {@link GvisorDriver}. */
 export interface GvisorConfig {
@@ -885,23 +884,10 @@ export class GvisorDriver implements Driver {
    * guest's stdio going to `dir/console.log`. Rejects when it exits non-zero.
    */
   private async startContainer(dir: string, command: { cmd: string; args: string[] }): Promise<void> {
-    const console = await open(join(dir, 'console.log'), 'a');
     const { cmd, args } = command;
-    try {
-      await new Promise<void>((resolve, reject) => {
-        const child = spawn(cmd, args, {
-          stdio: ['ignore', console.fd, console.fd],
-        });
-        child.on('error', reject);
-        child.on('close', (code) =>
-          code === 0
-            ? resolve()
-            : reject(new Error(`runsc ${args.includes('restore') ? 'restore' : 'run'} exited with ${code}`)),
-        );
-      });
-    } finally {
-      await console.close();
-    }
+    await hostExec(cmd, args, { outputFile: join(dir, 'console.log') }).catch((err: { code?: unknown }) => {
+      throw new Error(`runsc ${args.includes('restore') ? 'restore' : 'run'} exited with ${err.code}`);
+    });
   }
 
   private async runsc(cmd: string[], instanceId: string): Promise<void> {

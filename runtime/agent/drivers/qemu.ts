@@ -22,12 +22,11 @@
  * (copy of the instance disk taken while paused) and `snapshot.json` (mode 0600, a
  * {@link SnapshotRef}); a restore starts a new VMM with `-incoming defer` on a copy of that disk.
  */
-import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { chmod, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { promisify } from 'node:util';
 import { SpaceError } from '../../core/errors.ts';
+import { hostExec } from '../host-exec.ts';
 import type { KvmBootTest } from '../kvm.ts';
 import { BOOT_MARKER, guestInitrd, guestKernel, shQuote } from '../vm-image.ts';
 import {
@@ -47,7 +46,7 @@ import { waitForHealth } from './guest-health.ts';
 import { type Qmp, withQmp } from './qmp.ts';
 import { makeInstanceDisk, vmKernelCmdline } from './vm-common.ts';
 
-const run = promisify(execFile);
+const run = hostExec;
 
 /** Configuration of {@link QemuDriver}. */
 export interface QemuConfig {

@@ -8,16 +8,15 @@
  * mode 0400, deleted by the guest once read): never on the kernel command line, which every
  * process in the guest can read in `/proc/cmdline`.
  */
-import { execFile } from 'node:child_process';
 import { chmod, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { promisify } from 'node:util';
 import { SpaceError } from '../../core/errors.ts';
+import { hostExec } from '../host-exec.ts';
 import { GUEST_PATHS } from '../images.ts';
 import { GUEST_NET } from './driver.ts';
 
-const run = promisify(execFile);
+const run = hostExec;
 
 /** Device order every VM driver attaches: template image first (read-only), instance disk second. */
 export const VM_DISKS = { rootfs: '/dev/vda', disk: '/dev/vdb' } as const;

@@ -12,14 +12,14 @@
  * `console.log` (the VMM's stdout/stderr: the guest serial console); the driver puts the rest where its
  * VMM needs it.
  */
-import { execFile, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { constants, existsSync } from 'node:fs';
 import { access, link, mkdir, open, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { request } from 'node:http';
 import { join } from 'node:path';
-import { promisify } from 'node:util';
 import { SpaceError } from '../../core/errors.ts';
 import { GUEST_PORT } from '../../core/guest-protocol.ts';
+import { hostExec } from '../host-exec.ts';
 import {
   CleanupStack,
   type Driver,
@@ -34,7 +34,7 @@ import {
 } from './driver.ts';
 import { waitForHealth } from './guest-health.ts';
 
-const run = promisify(execFile);
+const run = hostExec;
 
 /** What a driver asks its launcher to start. */
 export interface VmmLaunch {
