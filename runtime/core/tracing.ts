@@ -13,7 +13,7 @@
  * {@link traceContextFrom}); an operation carries its request's `traceparent` in its arguments, so
  * the worker's spans join the trace of the request that queued it.
  */
-import { appendFile } from 'node:fs/promises';
+import { type FileHandle, open } from 'node:fs/promises';
 import {
   type Attributes,
   type Context,
@@ -60,10 +60,17 @@ export interface TraceFileSpan {
 
 const hrMs = (t: [number, number]) => t[0] * 1000 + t[1] / 1e6;
 
-/** Writes finished spans to a file as JSON lines ({@link TraceFileSpan}); appends, never truncates. */
+/**
+ * Writes finished spans to a file as JSON lines ({@link TraceFileSpan}); appends, never truncates.
+ * The file is opened once (O_APPEND) and held until shutdown: opening it per batch cost the API
+ * ~0.3 s of its event loop over one 32-way latency wave (CPU profile of the API).
+ */
 class TraceFileExporter implements SpanExporter {
   readonly path: string;
   readonly service: string;
+  #file: Promise<FileHandle> | null = null;
+  /** Batches are written in order, one at a time. */
+  #writing: Promise<unknown> = Promise.resolve();
   constructor(path: string, service: string) {
     this.path = path;
     this.service = service;
@@ -86,16 +93,34 @@ class TraceFileExporter implements SpanExporter {
         };
         return `${JSON.stringify(line)}\n`;
       });
-      appendFile(this.path, lines.join('')).then(
-        () => done({ code: ExportResultCode.SUCCESS }),
-        (err: unknown) => done({ code: ExportResultCode.FAILED, error: err as Error }),
-      );
+      const text = lines.join('');
+      if (!this.#file) {
+        this.#file = open(this.path, 'a');
+        // seen by the write below, perhaps only after an earlier write: never an unhandled rejection
+        this.#file.catch(() => {});
+      }
+      const file = this.#file;
+      this.#writing = this.#writing.then(async () => {
+        try {
+          await (await file).appendFile(text);
+          done({ code: ExportResultCode.SUCCESS });
+        } catch (err) {
+          // a file that could not be opened is tried again with the next batch
+          if (this.#file === file) this.#file = null;
+          done({ code: ExportResultCode.FAILED, error: err as Error });
+        }
+      });
     } catch (err) {
       done({ code: ExportResultCode.FAILED, error: err as Error });
     }
   }
 
-  async shutdown(): Promise<void> {}
+  async shutdown(): Promise<void> {
+    await this.#writing;
+    const file = this.#file;
+    this.#file = null;
+    await file?.then((f) => f.close()).catch(() => {});
+  }
 }
 
 /** A registered tracer provider; `shutdown` flushes what is still buffered. */
