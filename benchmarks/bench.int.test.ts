@@ -99,12 +99,27 @@ describe('space bench on a tiny N against a real local stack', () => {
     );
   });
 
-  it('density: host memory and processes read from the sandbox’s cgroup', async () => {
-    const { doc } = await bench('density', ['--n', '1', '--settle', '0', '--reads', '1']);
-    const [s] = doc.samples as { source: string; usageMiB: number; processes: number }[];
+  it('density: host memory and processes read from the sandbox’s cgroup, beside a bare floor container’s', async () => {
+    const { doc, stdout } = await bench('density', ['--n', '1', '--settle', '0', '--reads', '1']);
+    type Sample = { source: string; usageMiB: number; processes: number; driver: string; floor?: boolean };
+    const samples = doc.samples as Sample[];
+    const s = samples.find((x) => !x.floor);
+    const f = samples.find((x) => x.floor);
     expect(s!.source).toMatch(/^cgroup v[12]$/);
     expect(s!.usageMiB).toBeGreaterThan(0);
     expect(s!.processes).toBeGreaterThan(0);
+    // the floor: same driver, same cgroup reading, no guest daemon (so less memory than the sandbox)
+    expect(f).toMatchObject({ driver: `${s!.driver} floor`, source: s!.source });
+    expect(f!.usageMiB).toBeGreaterThan(0);
+    expect(f!.usageMiB).toBeLessThan(s!.usageMiB);
+    expect(stdout).toMatch(/p50 ÷ floor/);
+    // nothing of the floor is left: its cgroups (one per container) and processes are gone
+    for (const dir of ['/sys/fs/cgroup/memory/space', '/sys/fs/cgroup/space'])
+      expect(
+        (await readdir(dir).catch(() => [] as string[])).filter((d) => d.startsWith('floor-idle-')),
+      ).toEqual([]);
+    const { stdout: ps } = await promisify(execFile)('ps', ['-eo', 'args']);
+    expect(ps).not.toContain('floor-idle-');
   });
 
   it('throughput: creates counted over the window', async () => {

@@ -13,6 +13,11 @@
  *   else the host processes whose command line names the instance) and its descendants, summed, as
  *   `usage` and `workingSet`; `processes` = how many there are.
  * The sandbox → instance mapping comes from the agent's record `<state>/sandboxes/<id>/sandbox.json`.
+ *
+ * The floor, measured in the same run with the same settle and reads: for gVisor, N bare idle
+ * containers of the same template (`sleep` as the only process, no guest daemon, no network; see
+ * gvisor-lib.ts `startIdleRunscFloor`), read from their cgroups the same way. Its rows are the
+ * driver's name plus ` floor`, and each sandbox figure is given as a multiple of it.
  */
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -44,6 +49,16 @@ export interface DensitySample {
   workingSetMiB: number;
   /** Host processes of the sandbox. */
   processes: number;
+  /** A floor container (no SPACE around it), not a sandbox; `sandboxId` is `-`. */
+  floor?: boolean;
+}
+
+/** A driver's density floor: bare idle instances started beside the sandboxes (see the module doc). */
+export interface DensityFloor {
+  /** Driver the floor belongs to (`gvisor`). */
+  driver: string;
+  /** Starts `n` bare idle instances; their ids name their cgroups. */
+  start: (n: number) => Promise<{ instanceIds: string[]; stop: () => Promise<void> }>;
 }
 
 /** Median of a non-empty list (mean of the middle two for even sizes). Pure. */
@@ -159,7 +174,7 @@ async function instanceOf(stateDir: string, id: string): Promise<{ instanceId: s
  */
 export async function measureDensity(
   t: BenchTarget,
-  o: { n: number; settleSec: number; reads: number; progress: ProgressFactory },
+  o: { n: number; settleSec: number; reads: number; progress: ProgressFactory; floor?: DensityFloor },
 ): Promise<DensitySample[]> {
   if (!t.local || !t.agentStateDir) {
     throw new Error('density reads the host’s cgroups: run it on the stack’s host (no --target elsewhere)');
@@ -168,6 +183,7 @@ export async function measureDensity(
   const nodes = (await t.nodes()).filter((n) => n.alive);
   const ids: string[] = [];
   const bar = o.progress.phase('density: create', o.n);
+  let floor: { instanceIds: string[]; stop: () => Promise<void> } | null = null;
   try {
     for (let i = 0; i < o.n; i++) {
       const { sandbox, operation } = await t.client.api<{
@@ -179,6 +195,12 @@ export async function measureDensity(
       bar.tick();
     }
     bar.stop();
+    if (o.floor) {
+      const fb = o.progress.phase(`density: floor (${o.n} bare ${o.floor.driver} instances)`, 1);
+      floor = await o.floor.start(o.n);
+      fb.tick();
+      fb.stop();
+    }
     const wait = o.progress.phase(`density: settle ${o.settleSec} s`, o.settleSec);
     for (let s = 0; s < o.settleSec; s++) {
       await new Promise((r) => setTimeout(r, 1000));
@@ -194,6 +216,11 @@ export async function measureDensity(
         const one = (await readCgroup(inst.instanceId)) ?? (await readProcess(inst.instanceId, inst.pid));
         if (!one) throw new Error(`sandbox ${id} (${inst.instanceId}): no cgroup and no VMM process to read`);
         reads.set(id, [...(reads.get(id) ?? []), one]);
+      }
+      for (const instanceId of floor?.instanceIds ?? []) {
+        const one = await readCgroup(instanceId);
+        if (!one) throw new Error(`floor instance ${instanceId}: no cgroup to read`);
+        reads.set(instanceId, [...(reads.get(instanceId) ?? []), one]);
       }
       read.tick();
     }
@@ -212,9 +239,23 @@ export async function measureDensity(
         processes: median(rs.map((x) => x.processes)),
       });
     }
+    for (const instanceId of floor?.instanceIds ?? []) {
+      const rs = reads.get(instanceId)!;
+      out.push({
+        sandboxId: '-',
+        instanceId,
+        driver: `${o.floor!.driver} floor`,
+        source: rs[0]!.source,
+        usageMiB: median(rs.map((x) => x.usageMiB)),
+        workingSetMiB: median(rs.map((x) => x.workingSetMiB)),
+        processes: median(rs.map((x) => x.processes)),
+        floor: true,
+      });
+    }
     return out;
   } finally {
     bar.stop();
+    await floor?.stop();
     for (const id of ids) await t.client.api('DELETE', `/v1/sandboxes/${id}`).catch(() => {});
   }
 }
@@ -254,7 +295,10 @@ export async function densityOutput(
   const summary = densitySummary(samples);
   const rows: string[][] = [];
   for (const d of summary) {
-    const line = (figure: string, unit: string, s: Summary, digits: number) => [
+    const floor = d.driver.endsWith(' floor') ? d : summary.find((f) => f.driver === `${d.driver} floor`);
+    const ratio = (s: Summary, f: Summary | undefined) =>
+      f && f.p50 > 0 ? `${fmt(s.p50 / f.p50, 1)}×` : '-';
+    const line = (figure: string, unit: string, s: Summary, digits: number, f?: Summary) => [
       d.driver,
       d.source,
       figure,
@@ -264,15 +308,27 @@ export async function densityOutput(
       fmt(s.p90, digits),
       fmt(s.max, digits),
       fmt(s.min, digits),
+      ratio(s, f),
     ];
-    rows.push(line('host memory (usage)', 'MiB', d.usageMiB, 1));
-    rows.push(line('host memory (working set)', 'MiB', d.workingSetMiB, 1));
-    rows.push(line('host processes', 'count', d.processes, 0));
+    rows.push(line('host memory (usage)', 'MiB', d.usageMiB, 1, floor?.usageMiB));
+    rows.push(line('host memory (working set)', 'MiB', d.workingSetMiB, 1, floor?.workingSetMiB));
+    rows.push(line('host processes', 'count', d.processes, 0, floor?.processes));
   }
   const table = markdownTable(
-    ['driver', 'read from', 'figure per idle sandbox', 'unit', 'n', 'p50', 'p90', 'max', 'min'],
+    [
+      'driver',
+      'read from',
+      'figure per idle sandbox',
+      'unit',
+      'n',
+      'p50',
+      'p90',
+      'max',
+      'min',
+      'p50 ÷ floor',
+    ],
     rows,
-    [false, false, false, false, true, true, true, true, true],
+    [false, false, false, false, true, true, true, true, true, true],
   );
   const doc: BenchDocument = {
     schema: BENCH_SCHEMA,
@@ -285,6 +341,9 @@ export async function densityOutput(
       `Idle: created with the default shape, nothing run in them, read after ${params.settleSec} s; each figure is the median of ${params.reads} reads per sandbox.`,
       'usage = the cgroup’s memory.usage_in_bytes (page cache included: what the driver’s stats() reports); working set = usage − inactive file pages; a VMM driver’s figure is its process’s VmRSS.',
       'Warm-pool instances are not counted; memory outside the sandbox cgroups (agent, API, page cache of the shared template) is not included.',
+      samples.some((s) => s.floor)
+        ? 'Floor (rows “<driver> floor”): bare idle instances of the same template started beside the sandboxes, with the same settle and reads — for gVisor a runsc container with `sleep` as its only process, no guest daemon and no network.'
+        : 'No floor measured (--no-floor, or a driver without one).',
     ],
   };
   const points: PlotPoint[] = samples.flatMap((s) => [
@@ -293,7 +352,11 @@ export async function densityOutput(
   ]);
   return {
     doc,
-    markdown: composeMarkdown(`space bench density — ${samples.length} idle sandboxes`, table, doc),
+    markdown: composeMarkdown(
+      `space bench density — ${samples.filter((s) => !s.floor).length} idle sandboxes`,
+      table,
+      doc,
+    ),
     svg: await renderSvg(distributionSpec('Host memory per idle sandbox (MiB)', 'MiB', points)),
   };
 }

@@ -155,3 +155,30 @@ export async function measureFloor(
   }
   return { driver, skipped: `no floor measurement for the ${driver} driver yet` };
 }
+
+/**
+ * The density floor of `driver` for template `base` (see density.ts), or why there is none: only
+ * gVisor has one (VMM drivers' bare-boot memory is not measured yet), and it needs root.
+ */
+export function densityFloor(
+  driver: string,
+  cacheDir: string,
+):
+  | { driver: string; start: (n: number) => Promise<{ instanceIds: string[]; stop: () => Promise<void> }> }
+  | { skipped: string } {
+  if (process.getuid?.() !== 0) return { skipped: 'needs root on the stack’s host' };
+  if (driver !== 'gvisor') return { skipped: `no density floor for the ${driver} driver yet` };
+  return {
+    driver,
+    start: async (n) => {
+      const { startIdleRunscFloor } = await import('./gvisor-lib.ts');
+      return startIdleRunscFloor({
+        image: await baseDirectoryImage(cacheDir),
+        n,
+        stateDir: await mkdtemp(join(tmpdir(), 'space-density-floor-')),
+        platform: await gvisorPlatform(),
+        runscBinary: process.env['SPACE_RUNSC_BINARY'] ?? 'runsc',
+      });
+    },
+  };
+}

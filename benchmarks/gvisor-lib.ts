@@ -7,7 +7,7 @@
  * Needs root, runsc ≥ 2024-07-29 and a built template image. Sequential, one sandbox being measured
  * at a time (one more, the snapshot source, stays up); everything it makes is removed before it returns.
  */
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { mkdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -223,6 +223,112 @@ export async function measureGvisor(o: GvisorBenchOptions): Promise<GvisorFigure
   }
 }
 
+/** Mounts a template's overlay lowers read-only at `root` (one layer: a read-only bind mount). */
+async function mountTemplateReadOnly(image: TemplateImage, root: string): Promise<void> {
+  // a read-only overlay needs two lowers at least; one layer is bind-mounted read-only instead
+  if (image.lowerDirs.length > 1) {
+    await run('mount', [
+      '-t',
+      'overlay',
+      'space-floor',
+      '-o',
+      `ro,lowerdir=${image.lowerDirs.join(':')}`,
+      root,
+    ]);
+  } else {
+    await run('mount', ['--bind', '-o', 'ro', image.lowerDirs[0]!, root]);
+  }
+}
+
+/**
+ * The OCI spec of a floor container: the driver's own (resource limits, cgroupsPath `/space/<id>`)
+ * for 1 vCPU and 512 MiB, with a read-only root, no network namespace and `argv` as its only process.
+ */
+function bareSpec(id: string, image: TemplateImage, root: string, argv: string[]): object {
+  const spec = buildOciSpec({
+    spec: {
+      instanceId: id,
+      template: image.template,
+      image,
+      vcpus: 1,
+      memoryMiB: 512,
+      diskMiB: 0,
+      pidsLimit: 256,
+      guestToken: '',
+      network: { netns: 'none' } as SandboxNetwork,
+    },
+    rootPath: root,
+    guestArgv: argv,
+  }) as { root: { readonly: boolean }; linux: { namespaces: { type: string }[] } };
+  spec.root.readonly = true;
+  spec.linux.namespaces = spec.linux.namespaces.filter((n) => n.type !== 'network');
+  return spec;
+}
+
+/** Inputs of {@link startIdleRunscFloor}. */
+export interface IdleFloorOptions {
+  image: TemplateImage;
+  /** Containers (≥ 1). */
+  n: number;
+  /** Scratch directory (bundles, read-only root mount, runsc root); made by the call, removed by `stop`. */
+  stateDir: string;
+  platform: 'ptrace' | 'systrap';
+  runscBinary?: string;
+}
+
+/**
+ * The gVisor driver's density floor: `n` bare idle containers on the template's own root
+ * filesystem, each `sleep` as its only process (no guest daemon, no network), started detached with
+ * the driver's global flags and limits, so each has the driver's cgroup `/space/<instance id>` to
+ * read. Needs root. `stop()` kills and deletes them and removes everything the call made.
+ * @returns the containers' instance ids (their cgroup names) and `stop`.
+ * @throws Error when runsc or the mount fails (what was started is removed first).
+ */
+export async function startIdleRunscFloor(
+  o: IdleFloorOptions,
+): Promise<{ instanceIds: string[]; stop: () => Promise<void> }> {
+  const runsc = o.runscBinary ?? 'runsc';
+  const root = join(o.stateDir, 'rootfs');
+  const runscRoot = join(o.stateDir, 'runsc');
+  await mkdir(root, { recursive: true });
+  await mkdir(runscRoot, { recursive: true });
+  await mountTemplateReadOnly(o.image, root);
+  const ids: string[] = [];
+  const stop = async () => {
+    for (const id of ids) {
+      await run(runsc, [`--root=${runscRoot}`, 'delete', '--force', id]).catch(() => {});
+      await removeCgroups(id);
+    }
+    await run('umount', [root]).catch(() => run('umount', ['-l', root]).catch(() => {}));
+    await rm(o.stateDir, { recursive: true, force: true });
+  };
+  try {
+    for (let i = 0; i < o.n; i++) {
+      const id = `floor-idle-${process.pid}-${i}`;
+      const bundle = join(o.stateDir, `bundle-${i}`);
+      await mkdir(bundle, { recursive: true });
+      await writeFile(
+        join(bundle, 'config.json'),
+        JSON.stringify(bareSpec(id, o.image, root, ['/bin/sleep', '86400'])),
+      );
+      const global = [...runscGlobalArgs({ root: runscRoot, platform: o.platform }), '--network=none'];
+      const cmd = runscStartCommand(runsc, global, ['run', '--detach', `--bundle=${bundle}`, id]);
+      ids.push(id);
+      // no pipes: the detached sandbox would hold them open, and the start would never seem to end
+      const code = await new Promise<number | null>((resolve, reject) => {
+        const child = spawn(cmd.cmd, cmd.args, { stdio: 'ignore' });
+        child.on('error', reject);
+        child.on('close', resolve);
+      });
+      if (code !== 0) throw new Error(`runsc run --detach (floor container ${id}) exited with ${code}`);
+    }
+    return { instanceIds: [...ids], stop };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}
+
 /** Inputs of {@link runscTemplateFloor}. */
 export interface TemplateFloorOptions {
   image: TemplateImage;
@@ -252,43 +358,17 @@ export async function runscTemplateFloor(o: TemplateFloorOptions): Promise<numbe
   await mkdir(root, { recursive: true });
   await mkdir(bundle, { recursive: true });
   await mkdir(runscRoot, { recursive: true });
-  // a read-only overlay needs two lowers at least; one layer is bind-mounted read-only instead
-  if (o.image.lowerDirs.length > 1) {
-    await run('mount', [
-      '-t',
-      'overlay',
-      'space-floor',
-      '-o',
-      `ro,lowerdir=${o.image.lowerDirs.join(':')}`,
-      root,
-    ]);
-  } else {
-    await run('mount', ['--bind', '-o', 'ro', o.image.lowerDirs[0]!, root]);
-  }
+  await mountTemplateReadOnly(o.image, root);
   const samples: number[] = [];
   const ids: string[] = [];
   try {
     for (let i = 0; i < o.runs; i++) {
       const id = `floor-${process.pid}-${i}`;
       ids.push(id);
-      const spec = buildOciSpec({
-        spec: {
-          instanceId: id,
-          template: o.image.template,
-          image: o.image,
-          vcpus: 1,
-          memoryMiB: 512,
-          diskMiB: 0,
-          pidsLimit: 256,
-          guestToken: '',
-          network: { netns: 'none' } as SandboxNetwork,
-        },
-        rootPath: root,
-        guestArgv: ['/bin/true'],
-      }) as { root: { readonly: boolean }; linux: { namespaces: { type: string }[] } };
-      spec.root.readonly = true;
-      spec.linux.namespaces = spec.linux.namespaces.filter((n) => n.type !== 'network');
-      await writeFile(join(bundle, 'config.json'), JSON.stringify(spec));
+      await writeFile(
+        join(bundle, 'config.json'),
+        JSON.stringify(bareSpec(id, o.image, root, ['/bin/true'])),
+      );
       const global = [...runscGlobalArgs({ root: runscRoot, platform: o.platform }), '--network=none'];
       const cmd = runscStartCommand(runsc, global, ['run', `--bundle=${bundle}`, id]);
       const t = performance.now();

@@ -8,6 +8,7 @@ import { existsSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { agentSettings } from '../runtime/agent/config.ts';
 import { apiSettings } from '../runtime/api/config.ts';
+import type { DensityFloor } from './density.ts';
 import { type ProgressFactory, progressFactory } from './progress.ts';
 import {
   type BenchOutput,
@@ -168,12 +169,25 @@ export async function pauseResume(ctx: BenchContext, o: { n: number; floor: bool
 /** `density` (see density.ts). */
 export async function density(
   ctx: BenchContext,
-  o: { n: number; settle: number; reads: number },
+  o: { n: number; settle: number; reads: number; floor: boolean },
 ): Promise<BenchOutput> {
   const d = await import('./density.ts');
+  const { densityFloor } = await import('./floor.ts');
   const params = { n: o.n, settleSec: o.settle, reads: o.reads };
-  const samples = await d.measureDensity(ctx.target!, { ...params, progress: ctx.progress });
-  return d.densityOutput(samples, params, await ctx.runInfo([...new Set(samples.map((s) => s.driver))]));
+  const drivers = [...new Set((await ctx.target!.nodes()).filter((n) => n.alive).map((n) => n.driver))];
+  let floor: DensityFloor | undefined;
+  if (o.floor) {
+    // one floor, of the stack's driver; a mixed stack gets none (which driver would it be?)
+    const f =
+      drivers.length === 1
+        ? densityFloor(drivers[0]!, ctx.cacheDir)
+        : { skipped: 'nodes of several drivers' };
+    if ('skipped' in f) ctx.note(`density: no floor: ${f.skipped}`);
+    else floor = f;
+  }
+  const samples = await d.measureDensity(ctx.target!, { ...params, progress: ctx.progress, floor });
+  const sampled = [...new Set(samples.filter((s) => !s.floor).map((s) => s.driver))];
+  return d.densityOutput(samples, params, await ctx.runInfo(sampled));
 }
 
 /** `throughput` (see throughput.ts). */

@@ -199,6 +199,7 @@ Examples:
       parsePositiveInt('--reads'),
       3,
     )
+    .option('--no-floor', 'skip the driver floor (bare idle instances beside the sandboxes)')
     .action(async (o: CommonOptions & Options<'density'>, cmd: Command) => {
       await runBench(cmd, o, true, undefined, (suite, ctx) => suite.density(ctx, o));
     });
