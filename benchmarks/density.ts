@@ -53,12 +53,18 @@ export interface DensitySample {
   floor?: boolean;
 }
 
+/** Bare idle instances a floor started: their ids name their cgroups; `stop` removes them. */
+export interface FloorInstances {
+  instanceIds: string[];
+  stop: () => Promise<void>;
+}
+
 /** A driver's density floor: bare idle instances started beside the sandboxes (see the module doc). */
 export interface DensityFloor {
   /** Driver the floor belongs to (`gvisor`). */
   driver: string;
-  /** Starts `n` bare idle instances; their ids name their cgroups. */
-  start: (n: number) => Promise<{ instanceIds: string[]; stop: () => Promise<void> }>;
+  /** Starts `n` bare idle instances. */
+  start: (n: number) => Promise<FloorInstances>;
 }
 
 /** Median of a non-empty list (mean of the middle two for even sizes). Pure. */
@@ -183,7 +189,7 @@ export async function measureDensity(
   const nodes = (await t.nodes()).filter((n) => n.alive);
   const ids: string[] = [];
   const bar = o.progress.phase('density: create', o.n);
-  let floor: { instanceIds: string[]; stop: () => Promise<void> } | null = null;
+  let floor: FloorInstances | null = null;
   try {
     for (let i = 0; i < o.n; i++) {
       const { sandbox, operation } = await t.client.api<{
@@ -207,51 +213,56 @@ export async function measureDensity(
       wait.tick();
     }
     wait.stop();
-    const reads = new Map<string, Omit<DensitySample, 'sandboxId' | 'driver'>[]>();
+    type Read = Omit<DensitySample, 'sandboxId' | 'driver'>;
+    // what to read, resolved once: each sandbox's instance (the agent's record), then the floor's
+    const targets: { key: string; read: () => Promise<Read | null>; what: string }[] = [];
+    for (const id of ids) {
+      const inst = await instanceOf(stateDir, id);
+      targets.push({
+        key: id,
+        read: async () =>
+          (await readCgroup(inst.instanceId)) ?? (await readProcess(inst.instanceId, inst.pid)),
+        what: `sandbox ${id} (${inst.instanceId}): no cgroup and no VMM process to read`,
+      });
+    }
+    for (const instanceId of floor?.instanceIds ?? [])
+      targets.push({
+        key: instanceId,
+        read: () => readCgroup(instanceId),
+        what: `floor instance ${instanceId}: no cgroup to read`,
+      });
+    const reads = new Map<string, Read[]>();
     const read = o.progress.phase('density: read', o.reads);
     for (let r = 0; r < o.reads; r++) {
       if (r) await new Promise((res) => setTimeout(res, 1000));
-      for (const id of ids) {
-        const inst = await instanceOf(stateDir, id);
-        const one = (await readCgroup(inst.instanceId)) ?? (await readProcess(inst.instanceId, inst.pid));
-        if (!one) throw new Error(`sandbox ${id} (${inst.instanceId}): no cgroup and no VMM process to read`);
-        reads.set(id, [...(reads.get(id) ?? []), one]);
-      }
-      for (const instanceId of floor?.instanceIds ?? []) {
-        const one = await readCgroup(instanceId);
-        if (!one) throw new Error(`floor instance ${instanceId}: no cgroup to read`);
-        reads.set(instanceId, [...(reads.get(instanceId) ?? []), one]);
+      for (const x of targets) {
+        const one = await x.read();
+        if (!one) throw new Error(x.what);
+        reads.set(x.key, [...(reads.get(x.key) ?? []), one]);
       }
       read.tick();
     }
     read.stop();
+    const medians = (rs: Read[]) => ({
+      instanceId: rs[0]!.instanceId,
+      source: rs[0]!.source,
+      usageMiB: median(rs.map((x) => x.usageMiB)),
+      workingSetMiB: median(rs.map((x) => x.workingSetMiB)),
+      processes: median(rs.map((x) => x.processes)),
+    });
     const out: DensitySample[] = [];
     for (const id of ids) {
-      const rs = reads.get(id)!;
       const sb = await t.client.api<{ nodeId: string | null }>('GET', `/v1/sandboxes/${id}`);
-      out.push({
-        sandboxId: id,
-        instanceId: rs[0]!.instanceId,
-        driver: nodes.find((n) => n.id === sb.nodeId)?.driver ?? 'unknown',
-        source: rs[0]!.source,
-        usageMiB: median(rs.map((x) => x.usageMiB)),
-        workingSetMiB: median(rs.map((x) => x.workingSetMiB)),
-        processes: median(rs.map((x) => x.processes)),
-      });
+      const driver = nodes.find((n) => n.id === sb.nodeId)?.driver ?? 'unknown';
+      out.push({ sandboxId: id, driver, ...medians(reads.get(id)!) });
     }
-    for (const instanceId of floor?.instanceIds ?? []) {
-      const rs = reads.get(instanceId)!;
+    for (const instanceId of floor?.instanceIds ?? [])
       out.push({
         sandboxId: '-',
-        instanceId,
         driver: `${o.floor!.driver} floor`,
-        source: rs[0]!.source,
-        usageMiB: median(rs.map((x) => x.usageMiB)),
-        workingSetMiB: median(rs.map((x) => x.workingSetMiB)),
-        processes: median(rs.map((x) => x.processes)),
+        ...medians(reads.get(instanceId)!),
         floor: true,
       });
-    }
     return out;
   } finally {
     bar.stop();

@@ -14,6 +14,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { TemplateImage } from '../runtime/agent/drivers/driver.ts';
+import type { DensityFloor } from './density.ts';
 
 /** The floor's samples, or why there are none. */
 export type FloorResult =
@@ -160,12 +161,7 @@ export async function measureFloor(
  * The density floor of `driver` for template `base` (see density.ts), or why there is none: only
  * gVisor has one (VMM drivers' bare-boot memory is not measured yet), and it needs root.
  */
-export function densityFloor(
-  driver: string,
-  cacheDir: string,
-):
-  | { driver: string; start: (n: number) => Promise<{ instanceIds: string[]; stop: () => Promise<void> }> }
-  | { skipped: string } {
+export function densityFloor(driver: string, cacheDir: string): DensityFloor | { skipped: string } {
   if (process.getuid?.() !== 0) return { skipped: 'needs root on the stack’s host' };
   if (driver !== 'gvisor') return { skipped: `no density floor for the ${driver} driver yet` };
   return {

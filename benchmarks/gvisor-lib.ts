@@ -27,6 +27,7 @@ import {
   runscStartCommand,
 } from '../runtime/agent/drivers/gvisor.ts';
 import type { SandboxNetworks } from '../runtime/agent/network.ts';
+import type { FloorInstances } from './density.ts';
 
 const run = promisify(execFile);
 
@@ -265,6 +266,22 @@ function bareSpec(id: string, image: TemplateImage, root: string, argv: string[]
   return spec;
 }
 
+/** Deletes floor containers `ids` (and their cgroups), unmounts `root` and removes `stateDir`; best effort. */
+async function removeFloor(
+  runsc: string,
+  runscRoot: string,
+  ids: readonly string[],
+  root: string,
+  stateDir: string,
+): Promise<void> {
+  for (const id of ids) {
+    await run(runsc, [`--root=${runscRoot}`, 'delete', '--force', id]).catch(() => {});
+    await removeCgroups(id);
+  }
+  await run('umount', [root]).catch(() => run('umount', ['-l', root]).catch(() => {}));
+  await rm(stateDir, { recursive: true, force: true });
+}
+
 /** Inputs of {@link startIdleRunscFloor}. */
 export interface IdleFloorOptions {
   image: TemplateImage;
@@ -284,9 +301,7 @@ export interface IdleFloorOptions {
  * @returns the containers' instance ids (their cgroup names) and `stop`.
  * @throws Error when runsc or the mount fails (what was started is removed first).
  */
-export async function startIdleRunscFloor(
-  o: IdleFloorOptions,
-): Promise<{ instanceIds: string[]; stop: () => Promise<void> }> {
+export async function startIdleRunscFloor(o: IdleFloorOptions): Promise<FloorInstances> {
   const runsc = o.runscBinary ?? 'runsc';
   const root = join(o.stateDir, 'rootfs');
   const runscRoot = join(o.stateDir, 'runsc');
@@ -294,14 +309,7 @@ export async function startIdleRunscFloor(
   await mkdir(runscRoot, { recursive: true });
   await mountTemplateReadOnly(o.image, root);
   const ids: string[] = [];
-  const stop = async () => {
-    for (const id of ids) {
-      await run(runsc, [`--root=${runscRoot}`, 'delete', '--force', id]).catch(() => {});
-      await removeCgroups(id);
-    }
-    await run('umount', [root]).catch(() => run('umount', ['-l', root]).catch(() => {}));
-    await rm(o.stateDir, { recursive: true, force: true });
-  };
+  const stop = () => removeFloor(runsc, runscRoot, ids, root, o.stateDir);
   try {
     for (let i = 0; i < o.n; i++) {
       const id = `floor-idle-${process.pid}-${i}`;
@@ -378,11 +386,6 @@ export async function runscTemplateFloor(o: TemplateFloorOptions): Promise<numbe
     }
     return samples;
   } finally {
-    for (const id of ids) {
-      await run(runsc, [`--root=${runscRoot}`, 'delete', '--force', id]).catch(() => {});
-      await removeCgroups(id);
-    }
-    await run('umount', [root]).catch(() => run('umount', ['-l', root]).catch(() => {}));
-    await rm(o.stateDir, { recursive: true, force: true });
+    await removeFloor(runsc, runscRoot, ids, root, o.stateDir);
   }
 }
