@@ -73,7 +73,7 @@ describe('tracing', () => {
       'agent.sandboxes.create',
       'api.dispatch',
       'operation.sandbox.create',
-      'redis.operation.enqueue', // the operation carries the context it was queued in
+      'redis.sandbox.create', // the operation carries the context it was written in
       'api.sandboxes.create',
     ]);
     // the claim's own steps hang under the agent's span, each with a duration

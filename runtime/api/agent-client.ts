@@ -101,7 +101,7 @@ export class AgentClient {
    * Creates (or returns the existing) instance for a sandbox; idempotent per sandbox id, so a retried
    * dispatch the node already carried out answers with the same instance. `signal` aborts the call.
    */
-  createSandbox(node: NodeInfo, req: AgentCreateRequest, signal?: AbortSignal) {
+  createSandbox(node: Pick<NodeInfo, 'id' | 'url'>, req: AgentCreateRequest, signal?: AbortSignal) {
     return this.#call<AgentCreateResponse>(node, 'POST', AGENT_ROUTES.sandboxes, req, signal);
   }
 

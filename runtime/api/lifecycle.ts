@@ -26,7 +26,7 @@ import type { AgentClient } from './agent-client.ts';
 import type { CredentialStore } from './credential-store.ts';
 import type { NodeStore } from './node-store.ts';
 import type { OperationHandler, OperationRecord } from './operations.ts';
-import type { SandboxRecord, SandboxStore } from './sandbox-store.ts';
+import { type SandboxRecord, type SandboxStore, sandboxFromHash } from './sandbox-store.ts';
 
 /** Pause policy (from the API config). */
 export interface PausePolicy {
@@ -127,10 +127,11 @@ async function teardown(
   await meter(d, rec, 'ended');
 }
 
-async function create(d: LifecycleDeps, op: OperationRecord): Promise<void> {
+async function create(d: LifecycleDeps, op: OperationRecord, target: Record<string, string>): Promise<void> {
   const id = op.target;
   const log = d.log.child({ [F.sandboxId]: id, [F.operationId]: op.id });
-  const rec = await d.sandboxes.get(id);
+  // as the run's start read it (operation-start.lua): no read of our own
+  const rec = sandboxFromHash(target);
   if (!rec) throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox ${id} vanished`);
   if (rec.state !== 'creating') {
     if (rec.state === 'running') return; // a previous run of this operation finished the work
@@ -150,10 +151,14 @@ async function create(d: LifecycleDeps, op: OperationRecord): Promise<void> {
   }
   // place.lua changed only the node fields of the record: nothing below reads them from `rec`
   try {
-    const [node, credentials] = await Promise.all([
-      d.nodes.requireAlive(placed.nodeId),
-      d.credentials.resolve(rec.grants),
-    ]);
+    // place.lua answers with the node's URL and liveness: no read of the node before the dispatch
+    if (!placed.alive) {
+      throw new SpaceError('NODE_UNAVAILABLE', `node ${placed.nodeId} is not available`, {
+        nodeId: placed.nodeId,
+      });
+    }
+    const node = { id: placed.nodeId, url: placed.url };
+    const credentials = await d.credentials.resolve(rec.grants);
     const req = {
       sandboxId: id,
       sessionId: rec.sessionId,
@@ -407,7 +412,7 @@ async function resume(d: LifecycleDeps, op: OperationRecord): Promise<void> {
 /** The handler table of the operation worker. */
 export function lifecycleHandlers(d: LifecycleDeps): Record<OperationKind, OperationHandler> {
   return {
-    'sandbox.create': (op) => create(d, op),
+    'sandbox.create': (op, target) => create(d, op, target),
     'sandbox.delete': (op) => remove(d, op),
     'sandbox.pause': (op) => pause(d, op),
     'sandbox.resume': (op) => resume(d, op),

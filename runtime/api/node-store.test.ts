@@ -36,3 +36,27 @@ describe('NodeStore.whileAlive', () => {
     await expect(call).rejects.toMatchObject({ code: 'NODE_UNAVAILABLE' });
   });
 });
+
+describe('NodeStore.list and get', () => {
+  it('read registration, liveness and warm slots of every node, in id order, skipping unregistered ids', async () => {
+    for (const id of ['n-b', 'n-a']) {
+      await redis.sadd(keys.nodeIndex(), id);
+      await redis.hset(keys.node(id), {
+        id,
+        url: `http://${id}:8081`,
+        driver: 'gvisor',
+        templates: 'base,py',
+      });
+    }
+    await redis.sadd(keys.nodeIndex(), 'n-gone'); // in the index, registration gone
+    await redis.set(keys.nodeAlive('n-b'), '1');
+    await redis.hset(keys.nodeWarm('n-b'), { base: '3', py: '-1' });
+    const all = await nodes.list();
+    expect(all.map((n) => [n.id, n.alive, n.url, n.templates, n.warm])).toEqual([
+      ['n-a', false, 'http://n-a:8081', ['base', 'py'], {}],
+      ['n-b', true, 'http://n-b:8081', ['base', 'py'], { base: 3, py: 0 }],
+    ]);
+    expect(await nodes.get('n-b')).toEqual(all[1]);
+    expect(await nodes.get('n-gone')).toBeNull();
+  });
+});

@@ -53,6 +53,29 @@ describe('operations end once', () => {
     expect(await store.get(op.id)).toMatchObject({ state: 'succeeded', error: null });
   });
 
+  it('a run starts with its target sandbox as it is then, read in the same step', async () => {
+    await redis.hset(keys.sandbox('sbx_aaaaaaaaaaae'), { id: 'sbx_aaaaaaaaaaae', state: 'creating' });
+    const op = await store.enqueue('sandbox.create', 'sbx_aaaaaaaaaaae', {}, 'default');
+    expect((await store.start(op.id, 'w1'))?.target).toEqual({ id: 'sbx_aaaaaaaaaaae', state: 'creating' });
+    const gone = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaaf', {}, 'default');
+    expect((await store.start(gone.id, 'w1'))?.target).toEqual({});
+  });
+
+  it('a finished run leaves nothing on the queue: its entry is acknowledged with the finish', async () => {
+    const seen: Record<string, string>[] = [];
+    const w = worker(async (_op, target) => {
+      seen.push(target);
+    }, 30_000);
+    await w.start();
+    await redis.hset(keys.sandbox('sbx_aaaaaaaaaaag'), { id: 'sbx_aaaaaaaaaaag', state: 'running' });
+    const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaag', {}, 'default');
+    for (let i = 0; i < 100 && (await store.get(op.id))?.state !== 'succeeded'; i++) await sleep(20);
+    await w.stop();
+    expect(seen).toEqual([{ id: 'sbx_aaaaaaaaaaag', state: 'running' }]);
+    expect(await redis.xlen(keys.operationQueue())).toBe(0);
+    expect((await redis.xpending(keys.operationQueue(), OPERATION_GROUP))[0]).toBe(0);
+  });
+
   it('f3-fenced-run: a run that was taken over cannot decide the outcome', async () => {
     const op = await store.enqueue('sandbox.delete', 'sbx_aaaaaaaaaaab', {}, 'default');
     const first = (await store.start(op.id, 'w1'))?.run;

@@ -24,7 +24,7 @@ import { isRedisUnavailable } from '../core/redis-errors.ts';
 import { KEY_PREFIX, keys, OPERATION_GROUP, OPERATION_TTL_SEC } from '../core/redis-keys.ts';
 import { currentTraceparent, inSpan, traceContextFrom } from '../core/tracing.ts';
 import type { Operation, OperationKind, OperationState } from '../core/types.ts';
-import { type ScriptedRedis, withScripts } from './redis-scripts.ts';
+import { flatToHash, type ScriptedRedis, withScripts } from './redis-scripts.ts';
 
 /** A pending entry not renewed by its owner for this long is taken over by another worker (ms). */
 export const RECLAIM_IDLE_MS = 30_000;
@@ -64,6 +64,14 @@ function fromHash(h: Record<string, string>): OperationRecord | null {
   };
 }
 
+/** An operation drafted but not written yet ({@link OperationStore.draft}). */
+export interface DraftOperation {
+  /** The operation as it will read once written. */
+  record: OperationRecord;
+  /** The fields of its Redis hash (`operation:<id>`). */
+  hash: Record<string, string>;
+}
+
 /** Public JSON of an operation. */
 export function operationToPublic(op: OperationRecord): Operation {
   const { args: _args, team: _team, traceparent: _tp, ...pub } = op;
@@ -76,13 +84,13 @@ export class OperationStore {
     this.redis = withScripts(redis);
   }
 
-  /** Writes a pending operation of team `team` (its target's) and queues it, atomically. */
-  async enqueue(
-    kind: OperationKind,
-    target: string,
-    args: Record<string, string>,
-    team: string,
-  ): Promise<OperationRecord> {
+  /**
+   * A pending operation of team `team` (its target's), not yet written: `hash` is what Redis is to
+   * hold, `record` the same as read back. Written by {@link enqueue}, or by a script that writes it
+   * in the same step as what it acts on (admit.lua: a sandbox and its create). Pure but for the id
+   * and the clock.
+   */
+  draft(kind: OperationKind, target: string, args: Record<string, string>, team: string): DraftOperation {
     const id = newId('op');
     const now = String(Date.now());
     const traceparent = currentTraceparent();
@@ -97,9 +105,24 @@ export class OperationStore {
       team,
       ...(traceparent ? { traceparent } : {}),
     };
-    await this.redis.multi().hset(keys.operation(id), hash).xadd(keys.operationQueue(), '*', 'id', id).exec();
-    // what was just written, without reading it back (one round trip less on every create)
-    return fromHash(hash)!;
+    // what is to be written, without reading it back (one round trip less on every create)
+    return { record: fromHash(hash)!, hash };
+  }
+
+  /** Writes a pending operation of team `team` (its target's) and queues it, atomically. */
+  async enqueue(
+    kind: OperationKind,
+    target: string,
+    args: Record<string, string>,
+    team: string,
+  ): Promise<OperationRecord> {
+    const { record, hash } = this.draft(kind, target, args, team);
+    await this.redis
+      .multi()
+      .hset(keys.operation(record.id), hash)
+      .xadd(keys.operationQueue(), '*', 'id', record.id)
+      .exec();
+    return record;
   }
 
   async get(id: string): Promise<OperationRecord | null> {
@@ -108,31 +131,33 @@ export class OperationStore {
 
   /**
    * Starts a run of operation `id` for `owner` (a worker id): moves it to `running` and returns the
-   * run's fencing token with the operation as it is now (one round trip: no read before), or null
-   * when the operation is unknown or already finished.
+   * run's fencing token with the operation as it is now and, for a `sandbox.*` operation, its target
+   * sandbox's Redis hash as it is now (`{}` when it has none) — one round trip, no read before — or
+   * null when the operation is unknown or already finished.
    */
   async start(
     id: string,
     owner: string,
     now = Date.now(),
-  ): Promise<{ run: number; op: OperationRecord } | null> {
-    const [run, ...flat] = await this.redis.spaceOperationStart(
+  ): Promise<{ run: number; op: OperationRecord; target: Record<string, string> } | null> {
+    const [run, opFlat = [], targetFlat = []] = await this.redis.spaceOperationStart(
       keys.operation(id),
       keys.operationChannel(id),
       String(now),
       owner,
+      KEY_PREFIX,
     );
     if (run <= 0) return null;
-    const h: Record<string, string> = {};
-    for (let i = 0; i + 1 < flat.length; i += 2) h[flat[i]!] = flat[i + 1]!;
-    const op = fromHash(h);
-    return op ? { run, op } : null;
+    const op = fromHash(flatToHash(opFlat));
+    return op ? { run, op, target: flatToHash(targetFlat) } : null;
   }
 
   /**
    * Ends operation `id` as `succeeded` or `failed` (with `error`) if run `run` is still its latest
    * run and it has not ended yet; announces the change to long-pollers. Returns false when nothing
-   * changed (it had ended, or a newer run owns it): an ended operation never changes again.
+   * changed (it had ended, or a newer run owns it): an ended operation never changes again. With
+   * `entryId` (the caller's queue entry), the same step acknowledges and deletes that entry,
+   * whatever the outcome.
    */
   async finish(
     id: string,
@@ -140,16 +165,20 @@ export class OperationStore {
     state: 'succeeded' | 'failed',
     error?: SpaceError,
     now = Date.now(),
+    entryId = '',
   ): Promise<boolean> {
     const done = await this.redis.spaceOperationFinish(
       keys.operation(id),
       keys.operationChannel(id),
+      keys.operationQueue(),
       state,
       String(run),
       String(now),
       String(OPERATION_TTL_SEC),
       error?.code ?? '',
       error?.message ?? '',
+      OPERATION_GROUP,
+      entryId,
     );
     return done === 1;
   }
@@ -171,9 +200,7 @@ export function publishedRecord(message: string): OperationRecord | null {
     return null;
   }
   if (!Array.isArray(flat) || flat.length % 2 !== 0 || !flat.every((v) => typeof v === 'string')) return null;
-  const hash: Record<string, string> = {};
-  for (let i = 0; i < flat.length; i += 2) hash[flat[i] as string] = flat[i + 1] as string;
-  const op = fromHash(hash);
+  const op = fromHash(flatToHash(flat as string[]));
   return op && TERMINAL.has(op.state) ? op : null;
 }
 
@@ -232,8 +259,12 @@ export class OperationWaiter {
   }
 }
 
-/** A function that carries out one kind of operation; throws SpaceError to fail it. */
-export type OperationHandler = (op: OperationRecord) => Promise<void>;
+/**
+ * A function that carries out one kind of operation; throws SpaceError to fail it. `target` is the
+ * operation's target sandbox's Redis hash as the run's start read it (`{}` when there is none), so a
+ * handler need not read it again; a handler that waits or retries reads it afresh.
+ */
+export type OperationHandler = (op: OperationRecord, target: Record<string, string>) => Promise<void>;
 
 /**
  * Consumes the operation queue with bounded concurrency. Uses its own blocking connection.
@@ -369,6 +400,7 @@ export class OperationWorker {
       const started = await this.#untilRedis(() => this.#store.start(opId, this.#consumer));
       const op = started?.op ?? null;
       let run = started?.run ?? null;
+      let target = started?.target ?? {};
       if (op && run !== null) {
         const startedAt = Date.now();
         let outcome: { state: 'succeeded' } | { state: 'failed'; error: SpaceError } | null = null;
@@ -377,7 +409,7 @@ export class OperationWorker {
             await inSpan(
               `operation.${op.kind}`,
               { 'space.operation.id': op.id, 'space.target': op.target },
-              () => this.#handlers[op.kind](op),
+              () => this.#handlers[op.kind](op, target),
               op.traceparent ? traceContextFrom({ traceparent: op.traceparent }) : undefined,
             );
             outcome = { state: 'succeeded' };
@@ -388,7 +420,9 @@ export class OperationWorker {
               log.warn({ run, cause: String(err) }, 'operation interrupted by a redis outage; it runs again');
               await this.#redisBack();
               // a new run (fencing token): null when it ended meanwhile, e.g. run by a replica
-              run = (await this.#untilRedis(() => this.#store.start(op.id, this.#consumer)))?.run ?? null;
+              const restarted = await this.#untilRedis(() => this.#store.start(op.id, this.#consumer));
+              run = restarted?.run ?? null;
+              target = restarted?.target ?? {};
               continue;
             }
             const e =
@@ -402,8 +436,16 @@ export class OperationWorker {
         if (outcome !== null && run !== null) {
           const final = outcome;
           const fence = run;
+          // the queue entry is acknowledged in the same step (operation-finish.lua)
           const ended = await this.#untilRedis(() =>
-            this.#store.finish(op.id, fence, final.state, final.state === 'failed' ? final.error : undefined),
+            this.#store.finish(
+              op.id,
+              fence,
+              final.state,
+              final.state === 'failed' ? final.error : undefined,
+              Date.now(),
+              entryId,
+            ),
           );
           const fields = {
             kind: op.kind,
@@ -414,8 +456,11 @@ export class OperationWorker {
           };
           if (!ended) log.warn(fields, 'operation outcome dropped: it had ended or a newer run owns it');
           else log.info(fields, `operation ${final.state}`);
-        } else log.info({ kind: op.kind }, 'operation ended by another run during a redis outage');
+          return;
+        }
+        log.info({ kind: op.kind }, 'operation ended by another run during a redis outage');
       }
+      // nothing to finish (unknown, or ended already): the entry is done with
       await this.#untilRedis(() =>
         this.#store.redis
           .multi()

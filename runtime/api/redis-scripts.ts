@@ -18,7 +18,7 @@ export interface SpaceScripts {
     memoryMiB: string,
     drivers: string,
     hibernateStore: string,
-  ): Promise<[string, number | string]>;
+  ): Promise<[string, number | string, string?, number?]>;
   spaceRelease(sandboxKey: string, prefix: string): Promise<number>;
   spaceAdmit(
     sandboxKey: string,
@@ -26,6 +26,8 @@ export interface SpaceScripts {
     teamReservedKey: string,
     teamCreatesKey: string,
     teamIndexKey: string,
+    operationKey: string,
+    queueKey: string,
     ...argv: string[]
   ): Promise<[1] | [0, string, number, number]>;
   spaceExpire(
@@ -47,20 +49,31 @@ export interface SpaceScripts {
     channel: string,
     now: string,
     owner: string,
-  ): Promise<[number, ...string[]]>;
+    prefix: string,
+  ): Promise<[number, string[]?, string[]?]>;
+  spaceNodes(nodeIndex: string, prefix: string): Promise<(string | number | string[])[]>;
   spaceOperationFinish(
     opKey: string,
     channel: string,
+    queueKey: string,
     state: string,
     run: string,
     now: string,
     ttlSec: string,
     errorCode: string,
     errorMessage: string,
+    group: string,
+    entryId: string,
   ): Promise<number>;
 }
 
 export type ScriptedRedis = Redis & SpaceScripts;
+/** A flat field/value array (HGETALL inside a script) as an object. Pure. */
+export function flatToHash(flat: readonly string[]): Record<string, string> {
+  const h: Record<string, string> = {};
+  for (let i = 0; i + 1 < flat.length; i += 2) h[flat[i]!] = flat[i + 1]!;
+  return h;
+}
 
 /** Defines the scripts on `redis` (idempotent: redefining is harmless) and returns it typed. */
 export function withScripts(redis: Redis): ScriptedRedis {
@@ -68,11 +81,12 @@ export function withScripts(redis: Redis): ScriptedRedis {
   if (typeof r.spaceTransition === 'function') return r;
   redis.defineCommand('spaceTransition', { numberOfKeys: 2, lua: src('transition') });
   redis.defineCommand('spacePlace', { numberOfKeys: 2, lua: src('place') });
-  redis.defineCommand('spaceAdmit', { numberOfKeys: 5, lua: src('admit') });
+  redis.defineCommand('spaceAdmit', { numberOfKeys: 7, lua: src('admit') });
   redis.defineCommand('spaceRelease', { numberOfKeys: 1, lua: src('release') });
   redis.defineCommand('spaceExpire', { numberOfKeys: 2, lua: src('expire') });
   redis.defineCommand('spaceExtend', { numberOfKeys: 2, lua: src('extend') });
   redis.defineCommand('spaceOperationStart', { numberOfKeys: 2, lua: src('operation-start') });
-  redis.defineCommand('spaceOperationFinish', { numberOfKeys: 2, lua: src('operation-finish') });
+  redis.defineCommand('spaceNodes', { numberOfKeys: 1, lua: src('nodes') });
+  redis.defineCommand('spaceOperationFinish', { numberOfKeys: 3, lua: src('operation-finish') });
   return r;
 }

@@ -6,6 +6,7 @@ import { normalisePolicy } from '../core/egress.ts';
 import { newSandboxId } from '../core/ids.ts';
 import { KEY_PREFIX, keys } from '../core/redis-keys.ts';
 import { UNLIMITED_QUOTAS } from '../core/tenancy.ts';
+import { OperationStore } from './operations.ts';
 import { withScripts } from './redis-scripts.ts';
 import { SandboxStore } from './sandbox-store.ts';
 
@@ -41,6 +42,7 @@ async function addNode(id: string, vcpus: number, memoryMiB: number, warm = 0, d
     .sadd(keys.nodeIndex(), id)
     .hset(keys.node(id), {
       id,
+      url: `http://${id}:8081`,
       driver,
       schedulable: '1',
       vcpusMilli: String(vcpus * 1000),
@@ -56,6 +58,39 @@ async function addNode(id: string, vcpus: number, memoryMiB: number, warm = 0, d
 }
 
 describe('SandboxStore', () => {
+  it('writes an admitted sandbox and its queued create operation in one step; a refusal writes neither', async () => {
+    const ops = new OperationStore(redis);
+    const sandbox = (id: string) => ({
+      id,
+      template: 'base',
+      vcpus: 1,
+      memoryMiB: 512,
+      timeoutSec: 60,
+      metadata: {},
+      env: {},
+      sessionId: 'ses_aaaaaaaaaaaaaaaaaaaa',
+      egress: normalisePolicy(undefined),
+      grants: [],
+      team: 'tq',
+    });
+    const quotas = { ...UNLIMITED_QUOTAS, sandboxes: 1 };
+    const first = ops.draft('sandbox.create', 'sbx_admit00000000000001', {}, 'tq');
+    await store.create(sandbox('sbx_admit00000000000001'), quotas, 1_000, first);
+    expect(await ops.get(first.record.id)).toEqual(first.record);
+    const queued = await redis.xrange(keys.operationQueue(), '-', '+');
+    expect(queued.map(([, fields]) => fields)).toEqual([['id', first.record.id]]);
+    // over the team's quota: no record, no operation, nothing queued
+    const second = ops.draft('sandbox.create', 'sbx_admit00000000000002', {}, 'tq');
+    await expect(
+      store.create(sandbox('sbx_admit00000000000002'), quotas, 1_001, second),
+    ).rejects.toMatchObject({
+      code: 'QUOTA_EXCEEDED',
+    });
+    expect(await store.get('sbx_admit00000000000002')).toBeNull();
+    expect(await ops.get(second.record.id)).toBeNull();
+    expect(await redis.xlen(keys.operationQueue())).toBe(1);
+  });
+
   it('pages through every sandbox exactly once, newest first, including equal timestamps', async () => {
     const ids: string[] = [];
     for (let i = 0; i < 25; i++) {
@@ -142,8 +177,13 @@ describe('SandboxStore', () => {
     await addNode('cold-node', 4, 2048, 0);
     await addNode('warm-node', 4, 2048, 1);
     const a = await make('sbx_place00000000000001', 1);
-    expect(await store.place(a)).toEqual({ nodeId: 'warm-node', fromWarm: true });
-    expect(await store.place(a)).toEqual({ nodeId: 'warm-node', fromWarm: true }); // idempotent
+    const onWarm = { nodeId: 'warm-node', fromWarm: true, url: 'http://warm-node:8081', alive: true };
+    expect(await store.place(a)).toEqual(onWarm);
+    expect(await store.place(a)).toEqual(onWarm); // idempotent
+    // placed before on a node that stopped heartbeating: it keeps its node, and says it is not alive
+    await redis.del(keys.nodeAlive('warm-node'));
+    expect(await store.place(a)).toEqual({ ...onWarm, alive: false });
+    await redis.set(keys.nodeAlive('warm-node'), '1');
     expect(await redis.hget(keys.nodeWarm('warm-node'), 'base')).toBe('0');
     // fill both nodes' memory: 2048 MiB each, 512 per sandbox
     const placed = await Promise.all(
@@ -177,7 +217,7 @@ describe('SandboxStore', () => {
     const big = { ...(await make('sbx_held000000000000001', 1)), memoryMiB: 768 };
     expect(await store.place(big)).toEqual({ nodeId: null, reason: 'full' });
     // the slots' own shape claims one: it fits, and that slot's share moves to the sandbox
-    expect(await store.place(await make('sbx_held000000000000002', 2))).toEqual({
+    expect(await store.place(await make('sbx_held000000000000002', 2))).toMatchObject({
       nodeId: 'held-node',
       fromWarm: true,
     });
@@ -185,7 +225,7 @@ describe('SandboxStore', () => {
       '512',
       '256',
     ]);
-    expect(await store.place(await make('sbx_held000000000000003', 3))).toEqual({
+    expect(await store.place(await make('sbx_held000000000000003', 3))).toMatchObject({
       nodeId: 'held-node',
       fromWarm: true,
     });
@@ -202,9 +242,15 @@ describe('SandboxStore', () => {
     await addNode('gv-node', 16, 8192, 0, 'gvisor');
     const three = { ...(await make('sbx_shape00000000000001', 1)), vcpus: 3 };
     // the warm slot on the Firecracker node does not win: 3 vCPUs cannot run there
-    expect(await store.place(three)).toEqual({ nodeId: 'gv-node', fromWarm: false });
+    expect(await store.place(three)).toMatchObject({
+      nodeId: 'gv-node',
+      fromWarm: false,
+    });
     const two = { ...(await make('sbx_shape00000000000002', 1)), vcpus: 2 };
-    expect(await store.place(two)).toEqual({ nodeId: 'fc-node', fromWarm: true });
+    expect(await store.place(two)).toMatchObject({
+      nodeId: 'fc-node',
+      fromWarm: true,
+    });
     await redis.del(keys.nodeAlive('gv-node'));
     const half = { ...(await make('sbx_shape00000000000003', 1)), vcpus: 0.5 };
     expect(await store.place(half)).toEqual({ nodeId: null, reason: 'full' });

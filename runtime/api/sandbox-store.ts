@@ -17,6 +17,7 @@ import {
   statesLeadingTo,
 } from '../core/types.ts';
 import type { SandboxGrant } from './credential-store.ts';
+import type { DraftOperation } from './operations.ts';
 import type { ScriptedRedis } from './redis-scripts.ts';
 
 /** A sandbox as stored (the public record plus what only the platform needs). */
@@ -67,7 +68,8 @@ export interface QuotaRefusal {
 const iso = (ms: string | number | undefined) =>
   ms === undefined || ms === '' ? null : new Date(Number(ms)).toISOString();
 
-function fromHash(h: Record<string, string>): SandboxRecord | null {
+/** The sandbox record a Redis hash holds (null when it holds none: no `id`). Pure. */
+export function sandboxFromHash(h: Record<string, string>): SandboxRecord | null {
   if (!h.id) return null;
   const killReason = (h.killReason || null) as KillReason | null;
   return {
@@ -156,11 +158,18 @@ export class SandboxStore {
 
   /**
    * Admits a new sandbox against its team's `quotas` and writes it in state `creating`, indexed, in
-   * one atomic step (admit.lua): a refusal writes nothing.
+   * one atomic step (admit.lua): a refusal writes nothing. With `create` (a drafted operation,
+   * `OperationStore.draft`), the same step writes and queues that operation, so an admitted sandbox
+   * always has the operation that makes it.
    * @throws SpaceError QUOTA_EXCEEDED (sandboxes, vCPUs, memory) or RATE_LIMITED (creates per
    *   minute), with `quota`, `limit` and `current` in details (vCPUs in vCPUs, memory in MiB).
    */
-  async create(s: NewSandbox, quotas: TeamQuotas, now = Date.now()): Promise<SandboxRecord> {
+  async create(
+    s: NewSandbox,
+    quotas: TeamQuotas,
+    now = Date.now(),
+    create?: DraftOperation,
+  ): Promise<SandboxRecord> {
     const fields: Record<string, string> = {
       id: s.id,
       template: s.template,
@@ -189,6 +198,8 @@ export class SandboxStore {
       keys.teamUsage(s.team),
       keys.teamCreates(s.team),
       keys.teamSandboxes(s.team),
+      keys.operation(create?.record.id ?? ''),
+      keys.operationQueue(),
       String(now),
       s.id,
       String(quotas.sandboxes),
@@ -197,12 +208,13 @@ export class SandboxStore {
       String(quotas.createsPerMinute),
       String(cpuMilli),
       String(s.memoryMiB),
+      create ? JSON.stringify(create.hash) : '',
       ...Object.entries(fields).flat(),
     );
     if (res[0] === 0)
       throw quotaError(s.team, { quota: res[1], limit: res[2], current: res[3] } as QuotaRefusal);
     // what admit.lua wrote is exactly `fields` (plus quotaHeld): no read back
-    return fromHash({ ...fields, quotaHeld: '1' })!;
+    return sandboxFromHash({ ...fields, quotaHeld: '1' })!;
   }
 
   /** What team `team`'s live sandboxes reserve now (counted by admit.lua and transition.lua). */
@@ -218,7 +230,7 @@ export class SandboxStore {
 
   /** The record, or null when unknown (or expired from Redis after being killed). */
   async get(id: string): Promise<SandboxRecord | null> {
-    return fromHash(await this.redis.hgetall(keys.sandbox(id)));
+    return sandboxFromHash(await this.redis.hgetall(keys.sandbox(id)));
   }
 
   /**
@@ -347,13 +359,17 @@ export class SandboxStore {
 
   /**
    * Reserves room on a node (see place.lua); with `store`, only on a node reading that hibernation
-   * store (resuming a hibernated sandbox).
+   * store (resuming a hibernated sandbox). Returns the node with its agent URL and whether it
+   * heartbeats now (a new placement always does; a sandbox placed before keeps its node), or why
+   * none was found (`no_nodes`, `full`).
    */
   async place(
     rec: SandboxRecord,
     store = '',
-  ): Promise<{ nodeId: string; fromWarm: boolean } | { nodeId: null; reason: string }> {
-    const [node, extra] = await this.redis.spacePlace(
+  ): Promise<
+    { nodeId: string; fromWarm: boolean; url: string; alive: boolean } | { nodeId: null; reason: string }
+  > {
+    const [node, extra, url, alive] = await this.redis.spacePlace(
       keys.nodeIndex(),
       keys.sandbox(rec.id),
       KEY_PREFIX,
@@ -365,7 +381,7 @@ export class SandboxStore {
       store,
     );
     if (!node) return { nodeId: null, reason: String(extra) };
-    return { nodeId: node, fromWarm: Number(extra) === 1 };
+    return { nodeId: node, fromWarm: Number(extra) === 1, url: url ?? '', alive: alive === 1 };
   }
 
   /**

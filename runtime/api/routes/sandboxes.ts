@@ -20,7 +20,7 @@ import type { ApiDeps } from '../app.ts';
 import { principalOf } from '../auth.ts';
 import { allowCredentialHosts } from '../credential-store.ts';
 import { knownTemplates, readyTemplates } from '../node-store.ts';
-import { operationToPublic } from '../operations.ts';
+import { type DraftOperation, operationToPublic } from '../operations.ts';
 import { toPublic } from '../sandbox-store.ts';
 import {
   CreateSandboxBody,
@@ -208,8 +208,12 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
 
             async function createRecords(id: string) {
               req.auditTarget = id;
-              const rec = await inSpan('redis.sandbox.create', {}, () =>
-                deps.sandboxes.create(
+              // the sandbox and its create operation are written in one step (admit.lua); the
+              // operation carries this span's context, so the worker's spans join the trace here
+              let create: DraftOperation | undefined;
+              const rec = await inSpan('redis.sandbox.create', {}, () => {
+                create = deps.operations.draft('sandbox.create', id, {}, who.team);
+                return deps.sandboxes.create(
                   {
                     id,
                     template: body.template,
@@ -230,11 +234,11 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
                     grants,
                   },
                   quotas,
-                ),
-              );
-              const op = await inSpan('redis.operation.enqueue', {}, () =>
-                deps.operations.enqueue('sandbox.create', id, {}, who.team),
-              );
+                  Date.now(),
+                  create,
+                );
+              });
+              const op = create!.record;
               deps.metrics.sandboxesCreated.inc({ template: body.template });
               req.log.info(
                 { [F.sandboxId]: id, [F.operationId]: op.id, [F.templateId]: body.template },

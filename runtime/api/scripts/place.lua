@@ -6,17 +6,22 @@
 -- ARGV[5] memory MiB, ARGV[6] comma-separated drivers that can run this shape (core/drivers.ts),
 -- ARGV[7] hibernation store the node must read ('' = any; a hibernated sandbox resumes only where
 -- its snapshot is readable)
--- Returns { nodeId, fromWarm (0/1) } or { '', reason } with reason 'no_nodes' | 'full'.
+-- Returns { nodeId, fromWarm (0/1), node URL, node alive (0/1) } or { '', reason } with reason
+-- 'no_nodes' | 'full'. A new placement is always on an alive node; a sandbox placed before keeps
+-- its node, alive or not (the caller then waits for it or gives up). The URL and liveness spare the
+-- caller a read of the node before it dispatches there.
 -- A node whose driver cannot run the shape is passed over as if it were full.
 -- Warm slots hold memory too: a node's warmMemoryMiB (its heartbeat: the slots' measured footprint)
 -- counts as used, less one slot's share (warmSlotFootprintMiB) when this create claims a slot (one
 -- of the template with exactly this shape: warmSlot{VcpusMilli,MemoryMiB}).
 -- Agents that do not report them (older ones) count as before: slots free, any slot a claim.
 local placed = redis.call('HGET', KEYS[2], 'nodeId')
-if placed and placed ~= '' then
-  return { placed, tonumber(redis.call('HGET', KEYS[2], 'fromWarmPool') or '0') }
-end
 local prefix, id, template = ARGV[1], ARGV[2], ARGV[3]
+if placed and placed ~= '' then
+  local nk = prefix .. 'node:' .. placed
+  return { placed, tonumber(redis.call('HGET', KEYS[2], 'fromWarmPool') or '0'),
+    redis.call('HGET', nk, 'url') or '', redis.call('EXISTS', nk .. ':alive') }
+end
 local cpu, mem = tonumber(ARGV[4]), tonumber(ARGV[5])
 local drivers = ',' .. (ARGV[6] or '') .. ','
 local store = ARGV[7] or ''
@@ -65,4 +70,4 @@ if bestWarm == 1 then
 end
 redis.call('SADD', nk .. ':sandboxes', id)
 redis.call('HSET', KEYS[2], 'nodeId', best, 'fromWarmPool', tostring(bestWarm), 'released', '0')
-return { best, bestWarm }
+return { best, bestWarm, redis.call('HGET', nk, 'url') or '', 1 }
