@@ -1,6 +1,7 @@
 /**
  * Operations: the asynchronous half of every lifecycle change. An operation is written to Redis
- * and queued on a Redis stream in one MULTI; any API replica's worker picks it up.
+ * and queued on a Redis stream in one step (a MULTI, or the script that writes what it acts on: a
+ * sandbox's create is written by admit.lua with the sandbox); any API replica's worker picks it up.
  *
  * Each operation ends once. A run starts with `operation-start.lua`, which hands out a fencing
  * token (the run number); only the latest run may finish it, and only while it is unfinished
