@@ -182,6 +182,11 @@ describe('space CLI against `space up`', () => {
     const metrics = await (await fetch(`${local.routerUrl}/metrics`)).text();
     expect(metrics).toMatch(/space_router_requests_total\{route="command\.events",status="200"\} [1-9]/);
 
+    // the gateway reads credential values from the stack's Redis (host-side injection): it was once
+    // started without SPACE_REDIS_URL and looked for Redis at its default port instead
+    const gatewayLog = await readFile(join(home, 'logs', 'gateway.log'), 'utf8');
+    expect(gatewayLog).not.toMatch(/credential store unreachable/);
+
     // r16-cli-exit-codes: the CLI's own failures exit 125, never a code the command could return
     const fail = (args: string[], extra: NodeJS.ProcessEnv = {}) =>
       run(process.execPath, [SPACE, ...args], { env: { ...env, ...extra } }).then(

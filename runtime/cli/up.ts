@@ -448,6 +448,8 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
       SPACE_GATEWAY_CONTROL_SOCKET: gatewaySocket,
       SPACE_GATEWAY_CA_CERT_FILE: gatewayCa,
       SPACE_GATEWAY_CA_KEY_FILE: join(paths.home, 'gateway-ca.key'),
+      // credential values are read from the state of record when a request needs them
+      SPACE_REDIS_URL: redisUrl,
       SPACE_GATEWAY_UPSTREAM_DNS:
         process.env['SPACE_GATEWAY_UPSTREAM_DNS'] ?? hostResolver(readFileSync('/etc/resolv.conf', 'utf8')),
       SPACE_LOG_LEVEL: process.env['SPACE_LOG_LEVEL'] ?? 'info',
