@@ -7,6 +7,7 @@ import { readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadAgentConfig } from '../runtime/agent/config.ts';
+import { WARM_SLOT_CHECK_MS } from '../runtime/agent/sandboxes.ts';
 import { startAgent } from '../runtime/agent/service.ts';
 import { loadApiConfig } from '../runtime/api/config.ts';
 import { startApi } from '../runtime/api/service.ts';
@@ -383,6 +384,26 @@ describe('warm pool', () => {
     expect(s.agent.warm.instanceIds()).not.toContain(dead);
     expect(s.agent.sandboxes.get(id).instance.instanceId).not.toBe(dead);
     await s.call('DELETE', `/v1/sandboxes/${id}`);
+  }, 120_000);
+
+  it('the watchdog asks each warm slot at most every WARM_SLOT_CHECK_MS, and replaces a slot whose guest stopped answering', async () => {
+    await waitFor('2 warm slots', async () => (s.agent.warm.counts().base === 2 ? true : undefined), 60_000);
+    const slots = s.agent.warm.instanceIds();
+    // as if the check period had passed for every slot: each is asked once
+    const checked = await s.agent.sandboxes.checkWarmSlots(Date.now() + WARM_SLOT_CHECK_MS + 1);
+    expect([...checked].sort()).toEqual([...slots].sort());
+    // just asked: nobody is asked again before the period is over
+    expect(await s.agent.sandboxes.checkWarmSlots(Date.now() + WARM_SLOT_CHECK_MS / 2)).toEqual([]);
+    // a slot whose instance died: the next check (not a claim) takes it out of the pool
+    const dead = slots[0]!;
+    await new Promise<void>((done) => execFile('pkill', ['-9', '-f', dead], () => done()));
+    expect(await s.agent.sandboxes.checkWarmSlots(Date.now() + WARM_SLOT_CHECK_MS + 1)).toContain(dead);
+    expect(s.agent.warm.instanceIds()).not.toContain(dead);
+    await waitFor(
+      'the pool to refill',
+      async () => (s.agent.warm.counts().base === 2 ? true : undefined),
+      60_000,
+    );
   }, 120_000);
 
   it('a burst larger than the pool: the rest restore from the snapshot, a few at a time; the pool grows for the next', async () => {

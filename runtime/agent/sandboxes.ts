@@ -206,6 +206,19 @@ const TOMBSTONE_TTL_MS = 24 * 3600 * 1000;
 export const REFILL_QUIET_MS = 50;
 /** A refill waits for quiet at most this long after the create that set it off (ms). */
 export const REFILL_MAX_DELAY_MS = 1000;
+/**
+ * Each ready warm slot's guest is asked whether it answers at most this often (ms), by the
+ * watchdog, one slot at a time, and not while a create is in flight. Asking every slot on every
+ * pass (5 s) cost a node with 32 slots ~0.4 s of CPU in a burst each pass — a request into a
+ * gVisor sandbox is ~12 ms of CPU under the ptrace platform — and the creates that met the burst
+ * waited: sequential warm creates took a median 18–24 ms on a 32-slot pool against 10–13 ms with
+ * those checks off (`npm run bench -- latency --phases warm --concurrency 1`, 2-core VM). A slot
+ * whose instance died is still caught at once by the claim (its process is gone); only a guest
+ * that stopped answering inside a live instance may now wait up to this long to be replaced, and
+ * the create that claims it first fails its guest calls and ends as crashed. Below the guest's
+ * keep-alive (65 s), so the slot's connection stays open for its claim.
+ */
+export const WARM_SLOT_CHECK_MS = 30_000;
 
 export interface SandboxManagerOptions {
   stateDir: string;
@@ -249,9 +262,12 @@ export class SandboxManager {
   readonly #snapshots = new Map<string, SnapshotRef>();
   /**
    * Guest clients of warm slots by instance id, connected when the slot was made and pinged by
-   * every watchdog pass, so a claim's first guest call reuses an open connection.
+   * the watchdog every {@link WARM_SLOT_CHECK_MS}, so a claim's first guest call reuses an open
+   * connection.
    */
   readonly #warmGuests = new Map<string, GuestClient>();
+  /** When each warm slot's guest last answered (ms since the epoch), by instance id. */
+  readonly #warmCheckedAt = new Map<string, number>();
   /** Pause/resume in flight per sandbox (one at a time). */
   readonly #lifecycle = new Map<string, Promise<unknown>>();
   /** Instance starts: creates go first, refills yield (start-gate.ts). */
@@ -601,6 +617,7 @@ export class SandboxManager {
     const guest = new GuestClient(inst.guest);
     await guest.health().catch(() => {});
     this.#warmGuests.set(inst.instanceId, guest);
+    this.#warmCheckedAt.set(inst.instanceId, Date.now());
     return inst;
   }
 
@@ -841,7 +858,7 @@ export class SandboxManager {
     try {
       let init: Promise<void> | null = null;
       if (inst && inst.pid !== undefined && !processAlive(inst.pid)) {
-        // a slot that died in the pool since the last watchdog pass (see #checkWarmSlots)
+        // a slot that died in the pool since the last watchdog pass (see checkWarmSlots)
         log.warn({ [F.instanceId]: inst.instanceId }, 'warm slot is gone; booting cold');
         await this.discard(inst).catch(() => {});
         inst = null;
@@ -1208,6 +1225,7 @@ export class SandboxManager {
   async #closeWarmGuests(): Promise<void> {
     const guests = [...this.#warmGuests.values()];
     this.#warmGuests.clear();
+    this.#warmCheckedAt.clear();
     await Promise.allSettled(guests.map((g) => g.close()));
   }
 
@@ -1233,8 +1251,13 @@ export class SandboxManager {
     // (idempotent; restores egress after a gateway restart): a slow health check below must not
     // hold it up. A sandbox being deleted is left out: registering it again would outlive the
     // delete's unregistration (a dead sandbox's policy on an address the pool hands out again)
-    await Promise.allSettled([...this.list().map((sb) => this.#registerAgain(sb)), this.#checkWarmSlots()]);
-    const states = new Map((await this.#o.driver.list()).map((i) => [i.instanceId, i.state]));
+    await Promise.allSettled([...this.list().map((sb) => this.#registerAgain(sb)), this.checkWarmSlots()]);
+    // no sandbox, nothing to look up: the driver's list is one `runsc list` of every container,
+    // warm slots included, every pass
+    const states =
+      this.#sandboxes.size === 0
+        ? new Map<string, string>()
+        : new Map((await this.#o.driver.list()).map((i) => [i.instanceId, i.state]));
     const crashed: string[] = [];
     for (const sb of this.list()) {
       const state = states.get(sb.instance.instanceId);
@@ -1286,35 +1309,48 @@ export class SandboxManager {
   }
 
   /**
-   * Health-checks every ready warm slot's guest (keeping its connection open for the claim) and
-   * replaces the slots whose guest does not answer: a claim no longer asks the guest before it
-   * answers, so a dead slot must leave the pool here.
+   * Health-checks the ready warm slots whose guest last answered {@link WARM_SLOT_CHECK_MS} ago or
+   * more (keeping their connections open for the claim), longest-unchecked first, one at a time,
+   * stopping when a create comes in; replaces the slots whose guest does not answer: a claim no
+   * longer asks the guest before it answers, so a dead slot must leave the pool here.
+   * @returns the instance ids checked, in order (tests).
    */
-  async #checkWarmSlots(): Promise<void> {
-    await Promise.allSettled(
-      [...this.#warmGuests].map(async ([instanceId, g]) => {
-        if (
-          await g.health().then(
-            () => true,
-            () => false,
-          )
+  async checkWarmSlots(now = Date.now()): Promise<string[]> {
+    const due = [...this.#warmGuests.keys()]
+      .map((id) => ({ id, at: this.#warmCheckedAt.get(id) ?? 0 }))
+      .filter((s) => now - s.at >= WARM_SLOT_CHECK_MS)
+      .sort((a, b) => a.at - b.at);
+    const checked: string[] = [];
+    for (const { id: instanceId } of due) {
+      if (this.#creating.size > 0 || this.#closing) break; // a create goes first; the rest wait a pass
+      const g = this.#warmGuests.get(instanceId);
+      if (!g) continue; // claimed meanwhile
+      checked.push(instanceId);
+      if (
+        await g.health().then(
+          () => true,
+          () => false,
         )
-          return;
-        const inst = this.#warm?.evict(instanceId);
-        if (!inst) return; // claimed meanwhile: the claim owns it now
-        this.#o.log.warn({ [F.instanceId]: instanceId }, 'warm slot stopped answering; replacing it');
-        await this.discard(inst).catch((err: unknown) =>
-          this.#o.log.warn({ err, [F.instanceId]: instanceId }, 'discarding a dead warm slot failed'),
-        );
-        this.#warm?.refill();
-      }),
-    );
+      ) {
+        if (this.#warmGuests.has(instanceId)) this.#warmCheckedAt.set(instanceId, Date.now());
+        continue;
+      }
+      const inst = this.#warm?.evict(instanceId);
+      if (!inst) continue; // claimed meanwhile: the claim owns it now
+      this.#o.log.warn({ [F.instanceId]: instanceId }, 'warm slot stopped answering; replacing it');
+      await this.discard(inst).catch((err: unknown) =>
+        this.#o.log.warn({ err, [F.instanceId]: instanceId }, 'discarding a dead warm slot failed'),
+      );
+      this.#warm?.refill();
+    }
+    return checked;
   }
 
   /** The warm slot's guest client, now owned by the caller (undefined for other instances). */
   #takeWarmGuest(inst: InstanceInfo): GuestClient | undefined {
     const g = this.#warmGuests.get(inst.instanceId);
     this.#warmGuests.delete(inst.instanceId);
+    this.#warmCheckedAt.delete(inst.instanceId);
     return g;
   }
 
