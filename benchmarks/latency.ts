@@ -8,7 +8,8 @@
  *   node holds no sandbox (the earlier waves' deletes are done) and the pool is as full as at the
  *   start, so the wave is what a full pool on a settled node does with C at once — no earlier
  *   sample's teardown or refill runs under it (back to back, C = 1 measured those: p50 33 ms
- *   against 16 ms settled, same session);
+ *   against 16 ms settled, same session). A wave's sandboxes are deleted once all of the wave is
+ *   timed, so no delete of the wave runs beside its creates still in flight either;
  * - `cold`: a shape the pool does not hold (`--cold-memory`, default 640 MiB), so the node must make
  *   every instance (snapshot restore or boot, whichever it does).
  * Each create is timed from its POST to: `accepted` (the POST answered), `ready` (its operation
@@ -149,14 +150,14 @@ export interface CreateRunOptions {
 }
 
 /**
- * Times one create (see the module doc) and deletes the sandbox afterwards (not timed). Never
- * throws: a failure becomes the sample's `error`.
+ * Times one create (see the module doc). Never throws: a failure becomes the sample's `error`.
+ * Returns the sample and the sandbox's id (null when the POST failed), which the caller deletes.
  */
 export async function timeCreate(
   client: BenchClient,
   body: Record<string, unknown>,
   meta: Pick<CreateSample, 'concurrency' | 'phase' | 'wave'>,
-): Promise<CreateSample> {
+): Promise<{ sample: CreateSample; id: string | null }> {
   const s: CreateSample = {
     ...meta,
     source: null,
@@ -197,10 +198,8 @@ export async function timeCreate(
     s.source = rec.createdFrom ?? (rec.fromWarmPool ? 'warm' : 'boot');
   } catch (err) {
     s.error = (err as Error).message.slice(0, 300);
-  } finally {
-    if (id) await client.api('DELETE', `/v1/sandboxes/${id}`).catch(() => {});
   }
-  return s;
+  return { sample: s, id: id ?? null };
 }
 
 /** N creates in waves of `concurrency` (see the module doc). */
@@ -213,13 +212,18 @@ export async function measureCreates(o: CreateRunOptions): Promise<CreateSample[
       await o.beforeWave?.(size);
       const batch = await Promise.all(
         Array.from({ length: size }, () =>
-          timeCreate(o.client, o.body, { concurrency: o.concurrency, phase: o.phase, wave }).then((s) => {
+          timeCreate(o.client, o.body, { concurrency: o.concurrency, phase: o.phase, wave }).then((r) => {
             bar.tick();
-            return s;
+            return r;
           }),
         ),
       );
-      out.push(...batch);
+      out.push(...batch.map((r) => r.sample));
+      // the wave's sandboxes go once all of it is timed (untimed): a delete (the runtime's kill and
+      // teardown) run beside the creates still in flight would be measured as their latency
+      await Promise.all(
+        batch.map((r) => (r.id ? o.client.api('DELETE', `/v1/sandboxes/${r.id}`).catch(() => {}) : null)),
+      );
       done += size;
     }
   } finally {
@@ -390,7 +394,7 @@ export async function latencyOutput(
     summary: { rows, errors, floorP50Ms: Number.isFinite(fp50) ? fp50 : null, budget: r.budget ?? null },
     assumptions: [
       'Percentiles are nearest-rank (a measured value; p99 of fewer than 100 samples is the max).',
-      'Times are wall clock on the benchmark client from the POST /v1/sandboxes; sandboxes are deleted after each sample, untimed.',
+      'Times are wall clock on the benchmark client from the POST /v1/sandboxes; the sandboxes of a wave are deleted once the whole wave is timed, untimed.',
     ],
   };
   const points: PlotPoint[] = [];
