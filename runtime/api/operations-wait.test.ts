@@ -65,6 +65,45 @@ describe('operation long-poll', () => {
     listener.disconnect();
   });
 
+  it('a finish published before the wait began is not missed: the waiter answers from what it was sent', async () => {
+    await waiter.subscribed();
+    const op = await store.enqueue('sandbox.create', 'sbx_early', {}, 'default');
+    const read = await store.get(op.id); // the caller's read, after the subscription: pending
+    const run = (await store.start(op.id, 'test-worker'))?.run;
+    await store.finish(op.id, run!, 'succeeded');
+    await new Promise((r) => setTimeout(r, 100)); // the message reached this process, no listener yet
+    const answer = await Promise.race([
+      waiter.wait(op.id, MAX_WAIT_MS, read!),
+      new Promise((r) => setTimeout(() => r('still waiting after 5 s'), 5000)),
+    ]);
+    expect(answer).toMatchObject({ id: op.id, state: 'succeeded' });
+  });
+
+  it("a waiter handed its caller's read does not read the operation again", async () => {
+    const counted = new OperationStore(redis);
+    let reads = 0;
+    const get = counted.get.bind(counted);
+    counted.get = async (id: string) => {
+      reads += 1;
+      return get(id);
+    };
+    const sub2 = new Redis(inject('redisUrl'), { db: 4 });
+    const w = new OperationWaiter(sub2, counted);
+    try {
+      await w.subscribed();
+      const op = await store.enqueue('sandbox.create', 'sbx_known', {}, 'default');
+      const read = await store.get(op.id);
+      const p = w.wait(op.id, MAX_WAIT_MS, read!);
+      await new Promise((r) => setTimeout(r, 50));
+      const run = (await store.start(op.id, 'test-worker'))?.run;
+      await store.finish(op.id, run!, 'succeeded');
+      expect(await p).toMatchObject({ id: op.id, state: 'succeeded' });
+      expect(reads).toBe(0);
+    } finally {
+      await w.close();
+    }
+  });
+
   it('other messages on the channel are not taken for a finished record', () => {
     for (const m of [
       'running',

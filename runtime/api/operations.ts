@@ -205,45 +205,72 @@ export function publishedRecord(message: string): OperationRecord | null {
   return op && TERMINAL.has(op.state) ? op : null;
 }
 
+/** Finished records kept from the operation channels, for waiters that come after the message. */
+const RECENT_FINISHES = 4096;
+
 /**
  * Long-polling: one subscriber connection per API process listens to every operation channel and
- * wakes local waiters; a waiter re-reads Redis after subscribing, so no change is missed.
+ * wakes local waiters. A waiter reads Redis after subscribing, or is handed a record its caller
+ * read once {@link subscribed} had resolved, so no change is missed: a finish after that read is
+ * published to this process, either to the waiter's listener or, when it came first, to the
+ * last {@link RECENT_FINISHES} finished records this process was sent.
  */
 export class OperationWaiter {
   readonly #sub: Redis;
   readonly #events = new EventEmitter();
   readonly #store: OperationStore;
+  /** Finished records as published (operation-finish.lua), by channel, oldest first. */
+  readonly #recent = new Map<string, string>();
   #ready: Promise<unknown> | null = null;
 
   constructor(subscriber: Redis, store: OperationStore) {
     this.#sub = subscriber;
     this.#store = store;
     this.#events.setMaxListeners(0);
-    this.#sub.on('pmessage', (_pattern: string, channel: string, message: string) =>
-      this.#events.emit(channel, message),
-    );
+    this.#sub.on('pmessage', (_pattern: string, channel: string, message: string) => {
+      if (message.startsWith('[')) {
+        this.#recent.set(channel, message);
+        if (this.#recent.size > RECENT_FINISHES) this.#recent.delete(this.#recent.keys().next().value!);
+      }
+      this.#events.emit(channel, message);
+    });
   }
 
-  /** Returns the operation once terminal or after `waitMs`, whichever is first. */
-  async wait(id: string, waitMs: number): Promise<OperationRecord | null> {
+  /** Resolves once this process receives every operation's changes (idempotent). */
+  async subscribed(): Promise<void> {
     this.#ready ??= this.#sub.psubscribe(`${KEY_PREFIX}operation:*:events`);
     await this.#ready;
+  }
+
+  /**
+   * Returns the operation once terminal or after `waitMs`, whichever is first. `known` is the
+   * record as the caller read it after {@link subscribed} resolved (saves a read); without it the
+   * waiter reads Redis itself.
+   */
+  async wait(id: string, waitMs: number, known?: OperationRecord): Promise<OperationRecord | null> {
+    await this.subscribed();
     const channel = keys.operationChannel(id);
     const deadline = Date.now() + Math.min(waitMs, MAX_WAIT_MS);
-    let published: OperationRecord | null = null;
+    /** The latest record known; one that is not finished may be stale (the run started since). */
+    let op = known ?? null;
     for (;;) {
       let wake: (message: string) => void = () => {};
       const changed = new Promise<string>((resolve) => {
         wake = resolve;
         this.#events.once(channel, wake);
       });
-      // a finish publishes the finished record (operation-finish.lua): no read back
-      const op = published ?? (await this.#store.get(id));
-      const left = deadline - Date.now();
-      if (!op || TERMINAL.has(op.state) || left <= 0) {
+      const done = (answer: OperationRecord | null) => {
         this.#events.off(channel, wake);
-        return op;
-      }
+        return answer;
+      };
+      // a finish publishes the finished record (operation-finish.lua): no read back
+      const seen = this.#recent.get(channel);
+      const finished = seen ? publishedRecord(seen) : null;
+      if (finished) return done(finished);
+      // the first look, or the answer at the deadline: as Redis holds it now
+      if (!op || deadline <= Date.now()) op = await this.#store.get(id);
+      const left = deadline - Date.now();
+      if (!op || TERMINAL.has(op.state) || left <= 0) return done(op);
       let timer: NodeJS.Timeout | undefined;
       const message = await Promise.race([
         changed,
@@ -251,7 +278,9 @@ export class OperationWaiter {
       ]);
       clearTimeout(timer);
       this.#events.off(channel, wake);
-      published = message === null ? null : publishedRecord(message);
+      const published = message === null ? null : publishedRecord(message);
+      if (published) return published;
+      // the run started ("running"), or the time is up: round again (one at the deadline reads)
     }
   }
 

@@ -38,11 +38,13 @@ export function operationRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
       async (req) => {
         const notFound = () => new SpaceError('OPERATION_NOT_FOUND', `no operation ${req.params.id}`);
         const team = principalOf(req).team;
+        const waitMs = req.query.waitMs ?? 0;
+        // subscribed before the read, so the waiter can start from it (OperationWaiter.wait)
+        if (waitMs > 0) await deps.waiter.subscribed();
         // ownership first: another team's operation is neither shown nor waited on
         const first = await deps.operations.get(req.params.id);
         if (!first || (await teamOf(first)) !== team) throw notFound();
-        const waitMs = req.query.waitMs ?? 0;
-        const op = waitMs > 0 ? await deps.waiter.wait(req.params.id, waitMs) : first;
+        const op = waitMs > 0 ? await deps.waiter.wait(req.params.id, waitMs, first) : first;
         if (!op) throw notFound();
         return operationToPublic(op);
       },
