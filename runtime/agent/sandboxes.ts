@@ -263,11 +263,9 @@ export class SandboxManager {
   /**
    * Guest clients of warm slots by instance id, connected when the slot was made and pinged by
    * the watchdog every {@link WARM_SLOT_CHECK_MS}, so a claim's first guest call reuses an open
-   * connection.
+   * connection; with when each last answered (ms since the epoch).
    */
-  readonly #warmGuests = new Map<string, GuestClient>();
-  /** When each warm slot's guest last answered (ms since the epoch), by instance id. */
-  readonly #warmCheckedAt = new Map<string, number>();
+  readonly #warmGuests = new Map<string, { guest: GuestClient; checkedAt: number }>();
   /** Pause/resume in flight per sandbox (one at a time). */
   readonly #lifecycle = new Map<string, Promise<unknown>>();
   /** Instance starts: creates go first, refills yield (start-gate.ts). */
@@ -616,8 +614,7 @@ export class SandboxManager {
     // the slot's guest connection is opened now, not by the claim (see #warmGuests)
     const guest = new GuestClient(inst.guest);
     await guest.health().catch(() => {});
-    this.#warmGuests.set(inst.instanceId, guest);
-    this.#warmCheckedAt.set(inst.instanceId, Date.now());
+    this.#warmGuests.set(inst.instanceId, { guest, checkedAt: Date.now() });
     return inst;
   }
 
@@ -1223,10 +1220,9 @@ export class SandboxManager {
   }
 
   async #closeWarmGuests(): Promise<void> {
-    const guests = [...this.#warmGuests.values()];
+    const slots = [...this.#warmGuests.values()];
     this.#warmGuests.clear();
-    this.#warmCheckedAt.clear();
-    await Promise.allSettled(guests.map((g) => g.close()));
+    await Promise.allSettled(slots.map((s) => s.guest.close()));
   }
 
   /**
@@ -1316,23 +1312,21 @@ export class SandboxManager {
    * @returns the instance ids checked, in order (tests).
    */
   async checkWarmSlots(now = Date.now()): Promise<string[]> {
-    const due = [...this.#warmGuests.keys()]
-      .map((id) => ({ id, at: this.#warmCheckedAt.get(id) ?? 0 }))
-      .filter((s) => now - s.at >= WARM_SLOT_CHECK_MS)
-      .sort((a, b) => a.at - b.at);
+    const due = [...this.#warmGuests]
+      .filter(([, slot]) => now - slot.checkedAt >= WARM_SLOT_CHECK_MS)
+      .sort(([, a], [, b]) => a.checkedAt - b.checkedAt);
     const checked: string[] = [];
-    for (const { id: instanceId } of due) {
+    for (const [instanceId, slot] of due) {
       if (this.#creating.size > 0 || this.#closing) break; // a create goes first; the rest wait a pass
-      const g = this.#warmGuests.get(instanceId);
-      if (!g) continue; // claimed meanwhile
+      if (!this.#warmGuests.has(instanceId)) continue; // claimed meanwhile
       checked.push(instanceId);
       if (
-        await g.health().then(
+        await slot.guest.health().then(
           () => true,
           () => false,
         )
       ) {
-        if (this.#warmGuests.has(instanceId)) this.#warmCheckedAt.set(instanceId, Date.now());
+        slot.checkedAt = Date.now();
         continue;
       }
       const inst = this.#warm?.evict(instanceId);
@@ -1348,10 +1342,9 @@ export class SandboxManager {
 
   /** The warm slot's guest client, now owned by the caller (undefined for other instances). */
   #takeWarmGuest(inst: InstanceInfo): GuestClient | undefined {
-    const g = this.#warmGuests.get(inst.instanceId);
+    const slot = this.#warmGuests.get(inst.instanceId);
     this.#warmGuests.delete(inst.instanceId);
-    this.#warmCheckedAt.delete(inst.instanceId);
-    return g;
+    return slot?.guest;
   }
 
   /**
