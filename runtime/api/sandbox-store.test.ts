@@ -120,6 +120,29 @@ describe('SandboxStore', () => {
     });
   });
 
+  it('a listing whose pages are mostly expired records prunes them and skips none of the live ones', async () => {
+    // 120 sandboxes, every 4th left alive: a page of the index (50 ids at limit 20) holds ~13 live
+    // ones, so each call reads past pruned members into the next page of the index
+    const live: string[] = [];
+    for (let i = 0; i < 120; i++) {
+      const id = `sbx_prune${String(i).padStart(15, '0')}`;
+      await make(id, 5_000 + i);
+      if (i % 4 === 0) live.push(id);
+      else await redis.del(keys.sandbox(id));
+    }
+    const seen: string[] = [];
+    let cursor: string | undefined;
+    for (let guard = 0; guard < 10; guard++) {
+      const page = await store.list({ limit: 20, cursor, team: 'default' });
+      seen.push(...page.sandboxes.map((s) => s.id));
+      if (!page.nextCursor) break;
+      cursor = page.nextCursor;
+    }
+    expect(seen).toEqual([...live].reverse());
+    expect(await redis.zcard(keys.teamSandboxes('default'))).toBe(live.length);
+    expect(await redis.zcard(keys.sandboxIndex())).toBe(live.length);
+  });
+
   it("lists a team's sandboxes from its own index; records from before the index join it at start", async () => {
     const mk = (id: string, team: string, now: number) => make(id, now, {}, team);
     await mk('sbx_teamaaaaaaaaaaaaaaaa', 'ta', 1000);

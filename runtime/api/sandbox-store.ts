@@ -233,6 +233,28 @@ export class SandboxStore {
     return sandboxFromHash(await this.redis.hgetall(keys.sandbox(id)));
   }
 
+  /** The records of `ids` (null where one is gone), read in one pipeline. */
+  async #getMany(ids: string[]): Promise<Array<SandboxRecord | null>> {
+    if (ids.length === 0) return [];
+    const pipe = this.redis.pipeline();
+    for (const id of ids) pipe.hgetall(keys.sandbox(id));
+    const replies = (await pipe.exec()) ?? [];
+    return replies.map(([err, h]) => {
+      if (err) throw err;
+      return sandboxFromHash(h as Record<string, string>);
+    });
+  }
+
+  /** Drops expired records' ids from the team's index and the global one (lazy pruning). */
+  async #prune(team: string, ids: string[]): Promise<void> {
+    if (ids.length === 0) return;
+    await this.redis
+      .multi()
+      .zrem(keys.teamSandboxes(team), ...ids)
+      .zrem(keys.sandboxIndex(), ...ids)
+      .exec();
+  }
+
   /**
    * Lists sandboxes newest first. `cursor` is opaque (from a previous page's `nextCursor`).
    * Filters apply before the limit, so a page is full unless the listing ended.
@@ -270,6 +292,7 @@ export class SandboxStore {
       );
       if (page.length === 0) return { sandboxes: out, nextCursor: null };
       offset += page.length / 2;
+      const entries: Array<{ id: string; score: string }> = [];
       let pastCursor = skipId === null;
       for (let i = 0; i < page.length; i += 2) {
         const id = page[i]!;
@@ -282,14 +305,16 @@ export class SandboxStore {
             continue;
           }
         }
-        const rec = await this.get(id);
+        entries.push({ id, score });
+      }
+      // the page's records in one round trip: a team's index also holds its killed sandboxes
+      // (kept KILLED_SANDBOX_TTL_SEC), so a filtered listing may read many records to fill a page
+      const records = await this.#getMany(entries.map((e) => e.id));
+      const gone: string[] = [];
+      for (const [i, { id, score }] of entries.entries()) {
+        const rec = records[i] ?? null;
         if (!rec) {
-          // record expired: prune the indexes lazily
-          await this.redis
-            .multi()
-            .zrem(keys.teamSandboxes(opts.team), id)
-            .zrem(keys.sandboxIndex(), id)
-            .exec();
+          gone.push(id); // record expired: pruned from the indexes below
           continue;
         }
         if (rec.team !== opts.team) continue; // never, unless someone wrote the index by hand
@@ -298,10 +323,13 @@ export class SandboxStore {
           continue;
         out.push(rec);
         if (out.length === opts.limit) {
+          await this.#prune(opts.team, gone);
           const next = Buffer.from(`${score}:${id}`).toString('base64url');
           return { sandboxes: out, nextCursor: next };
         }
       }
+      await this.#prune(opts.team, gone);
+      offset -= gone.length; // the pruned members no longer take places before the next page
       skipId = null;
     }
   }

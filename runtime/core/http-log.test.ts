@@ -45,6 +45,7 @@ describe('one access-log line per request', () => {
       responseTime: number;
       reqId: string;
     }>;
+    if (!first || !second) throw new Error('two request lines expected');
     expect(first.msg).toBe('request completed');
     expect(first.req).toMatchObject({ method: 'GET', url: '/thing?token=[redacted]&x=1' });
     expect(first.res.statusCode).toBe(200);
