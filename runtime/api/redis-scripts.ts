@@ -81,7 +81,7 @@ export function withScripts(redis: Redis): ScriptedRedis {
   if (typeof r.spaceTransition === 'function') return r;
   redis.defineCommand('spaceTransition', { numberOfKeys: 2, lua: src('transition') });
   redis.defineCommand('spacePlace', { numberOfKeys: 2, lua: src('place') });
-  redis.defineCommand('spaceAdmit', { numberOfKeys: 7, lua: src('admit') });
+  redis.defineCommand('spaceAdmit', { numberOfKeys: 8, lua: src('admit') });
   redis.defineCommand('spaceRelease', { numberOfKeys: 1, lua: src('release') });
   redis.defineCommand('spaceExpire', { numberOfKeys: 2, lua: src('expire') });
   redis.defineCommand('spaceExtend', { numberOfKeys: 2, lua: src('extend') });

@@ -143,6 +143,34 @@ describe('SandboxStore', () => {
     expect(await redis.zcard(keys.sandboxIndex())).toBe(live.length);
   });
 
+  it('a state filter without killed reads the live index: killing leaves it, a stale entry is pruned', async () => {
+    const ids: string[] = [];
+    for (let i = 0; i < 30; i++) {
+      const id = `sbx_live${String(i).padStart(16, '0')}`;
+      ids.push(id);
+      await make(id, 7_000 + i);
+    }
+    // every third one stays; the rest are killed (creating → killing → killed)
+    const kept = ids.filter((_, i) => i % 3 === 0);
+    for (const id of ids.filter((_, i) => i % 3 !== 0)) {
+      expect((await store.markKilling(id, 'request')).ok).toBe(true);
+      expect((await store.markKilled(id, 'request')).ok).toBe(true);
+    }
+    const live = keys.teamLiveSandboxes('default');
+    expect((await redis.zrange(live, 0, -1)).sort()).toEqual([...kept].sort());
+    // an entry a version before this index left behind: killed, but still in the live index
+    await store.markKilling(kept[0]!, 'request');
+    await redis.hset(keys.sandbox(kept[0]!), 'state', 'killed');
+    expect(await redis.zscore(live, kept[0]!)).not.toBeNull();
+    const creating = await store.list({ limit: 100, state: ['creating'], team: 'default' });
+    expect(creating.sandboxes.map((s) => s.id)).toEqual(kept.slice(1).reverse());
+    expect(await redis.zscore(live, kept[0]!)).toBeNull();
+    // the whole index still lists the killed ones
+    const killed = await store.list({ limit: 100, state: ['killed'], team: 'default' });
+    expect(killed.sandboxes).toHaveLength(ids.length - kept.length + 1);
+    expect((await store.list({ limit: 100, team: 'default' })).sandboxes).toHaveLength(ids.length);
+  });
+
   it("lists a team's sandboxes from its own index; records from before the index join it at start", async () => {
     const mk = (id: string, team: string, now: number) => make(id, now, {}, team);
     await mk('sbx_teamaaaaaaaaaaaaaaaa', 'ta', 1000);
@@ -164,8 +192,10 @@ describe('SandboxStore', () => {
     await redis.zadd(keys.sandboxIndex(), 900, 'sbx_oldoldoldoldoldoldol');
     await redis.zrem(keys.teamSandboxes('ta'), 'sbx_teamaaaaaaaaaaaaaaaa');
     expect(await ids('default')).toEqual([]);
-    expect(await store.indexTeams()).toBe(2);
-    expect(await store.indexTeams()).toBe(0);
+    // both records join their team index; the old one, running, also its team's live index
+    expect(await store.indexTeams()).toEqual({ teamIndex: 2, liveIndex: 1 });
+    expect(await store.indexTeams()).toEqual({ teamIndex: 0, liveIndex: 0 });
+    expect(await redis.zscore(keys.teamLiveSandboxes('default'), 'sbx_oldoldoldoldoldoldol')).toBe('900');
     expect(await ids('default')).toEqual(['sbx_oldoldoldoldoldoldol']);
     expect(await ids('ta')).toEqual(['sbx_teamaaaaaaaaaaaaaaab', 'sbx_teamaaaaaaaaaaaaaaaa']);
     // an expired record leaves both indexes when listed

@@ -200,6 +200,7 @@ export class SandboxStore {
       keys.teamSandboxes(s.team),
       keys.operation(create?.record.id ?? ''),
       keys.operationQueue(),
+      keys.teamLiveSandboxes(s.team),
       String(now),
       s.id,
       String(quotas.sandboxes),
@@ -245,19 +246,27 @@ export class SandboxStore {
     });
   }
 
-  /** Drops expired records' ids from the team's index and the global one (lazy pruning). */
-  async #prune(team: string, ids: string[]): Promise<void> {
-    if (ids.length === 0) return;
-    await this.redis
-      .multi()
-      .zrem(keys.teamSandboxes(team), ...ids)
-      .zrem(keys.sandboxIndex(), ...ids)
-      .exec();
+  /**
+   * Lazy pruning: drops `gone` (expired records) from every index, and `killed` (records of killed
+   * sandboxes still in the live index: killed by an API from before that index) from the live one.
+   */
+  async #prune(team: string, gone: string[], killed: string[]): Promise<void> {
+    if (gone.length === 0 && killed.length === 0) return;
+    const m = this.redis.multi();
+    if (gone.length > 0) {
+      m.zrem(keys.teamSandboxes(team), ...gone).zrem(keys.sandboxIndex(), ...gone);
+    }
+    const live = [...gone, ...killed];
+    if (live.length > 0) m.zrem(keys.teamLiveSandboxes(team), ...live);
+    await m.exec();
   }
 
   /**
    * Lists sandboxes newest first. `cursor` is opaque (from a previous page's `nextCursor`).
-   * Filters apply before the limit, so a page is full unless the listing ended.
+   * Filters apply before the limit, so a page is full unless the listing ended. A state filter
+   * without `killed` reads the team's index of sandboxes not yet killed
+   * ({@link keys.teamLiveSandboxes}); any other listing reads the whole team index, which also holds
+   * the records of sandboxes killed in the last {@link KILLED_SANDBOX_TTL_SEC} seconds.
    */
   async list(opts: {
     limit: number;
@@ -279,10 +288,13 @@ export class SandboxStore {
       skipId = id;
     }
     const batch = Math.max(opts.limit * 2, 50);
+    // `running` sandboxes of a team that made thousands this week: read the live ones only
+    const liveOnly = opts.state !== undefined && !opts.state.includes('killed');
+    const index = liveOnly ? keys.teamLiveSandboxes(opts.team) : keys.teamSandboxes(opts.team);
     let offset = 0;
     for (;;) {
       const page = await this.redis.zrevrangebyscore(
-        keys.teamSandboxes(opts.team),
+        index,
         max,
         '-inf',
         'WITHSCORES',
@@ -311,10 +323,15 @@ export class SandboxStore {
       // (kept KILLED_SANDBOX_TTL_SEC), so a filtered listing may read many records to fill a page
       const records = await this.#getMany(entries.map((e) => e.id));
       const gone: string[] = [];
+      const killed: string[] = [];
       for (const [i, { id, score }] of entries.entries()) {
         const rec = records[i] ?? null;
         if (!rec) {
           gone.push(id); // record expired: pruned from the indexes below
+          continue;
+        }
+        if (liveOnly && rec.state === 'killed') {
+          killed.push(id); // not live: pruned from the live index below
           continue;
         }
         if (rec.team !== opts.team) continue; // never, unless someone wrote the index by hand
@@ -323,32 +340,55 @@ export class SandboxStore {
           continue;
         out.push(rec);
         if (out.length === opts.limit) {
-          await this.#prune(opts.team, gone);
+          await this.#prune(opts.team, gone, killed);
           const next = Buffer.from(`${score}:${id}`).toString('base64url');
           return { sandboxes: out, nextCursor: next };
         }
       }
-      await this.#prune(opts.team, gone);
-      offset -= gone.length; // the pruned members no longer take places before the next page
+      await this.#prune(opts.team, gone, killed);
+      // the pruned members no longer take places before the next page
+      offset -= gone.length + (liveOnly ? killed.length : 0);
       skipId = null;
     }
   }
 
   /**
    * Adds every indexed sandbox to its team's index (records from before teams: the default team's)
-   * unless it is there already; returns how many were added. Run at API start, so sandboxes made
-   * before the per-team indexes existed are listed. Idempotent.
+   * unless it is there already, and every one not killed to its team's live index (records from
+   * before that index); takes killed ones out of the live index. Run at API start, so sandboxes made
+   * by an earlier version are listed. Idempotent; reads the records 500 at a time, one round trip
+   * per batch. Returns how many entries it added to each kind of index.
    */
-  async indexTeams(): Promise<number> {
-    let added = 0;
+  async indexTeams(): Promise<{ teamIndex: number; liveIndex: number }> {
+    const added = { teamIndex: 0, liveIndex: 0 };
     let cursor = '0';
     do {
       const [next, flat] = await this.redis.zscan(keys.sandboxIndex(), cursor, 'COUNT', 500);
       cursor = next;
+      const read = this.redis.pipeline();
+      for (let i = 0; i < flat.length; i += 2) read.hmget(keys.sandbox(flat[i]!), 'team', 'state');
+      const fields = (await read.exec()) ?? [];
+      const write = this.redis.pipeline();
+      const kinds: Array<keyof typeof added | null> = [];
       for (let i = 0; i < flat.length; i += 2) {
+        const [err, value] = fields[i / 2] ?? [null, null];
+        if (err) throw err;
+        const [team, state] = (value ?? []) as Array<string | null>;
+        if (!state) continue; // expired: a listing prunes it
         const id = flat[i]!;
-        const team = (await this.redis.hget(keys.sandbox(id), 'team')) || DEFAULT_TEAM;
-        added += await this.redis.zadd(keys.teamSandboxes(team), 'NX', flat[i + 1]!, id);
+        const score = flat[i + 1]!;
+        const t = team || DEFAULT_TEAM;
+        write.zadd(keys.teamSandboxes(t), 'NX', score, id);
+        kinds.push('teamIndex');
+        if (state === 'killed') write.zrem(keys.teamLiveSandboxes(t), id);
+        else write.zadd(keys.teamLiveSandboxes(t), 'NX', score, id);
+        kinds.push(state === 'killed' ? null : 'liveIndex');
+      }
+      const results = (await write.exec()) ?? [];
+      for (const [j, [err, n]] of results.entries()) {
+        if (err) throw err;
+        const kind = kinds[j];
+        if (kind) added[kind] += Number(n);
       }
     } while (cursor !== '0');
     return added;

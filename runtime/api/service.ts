@@ -47,7 +47,12 @@ export async function startApi(
   const migrated = await deps.apiKeys.migrateLegacyKeys();
   if (migrated > 0) log.info({ keys: migrated, team: DEFAULT_TEAM }, 'api keys from before teams migrated');
   const indexed = await deps.sandboxes.indexTeams();
-  if (indexed > 0) log.info({ sandboxes: indexed }, 'sandboxes added to their teams’ indexes');
+  if (indexed.teamIndex + indexed.liveIndex > 0) {
+    log.info(
+      { sandboxes: indexed.teamIndex, live: indexed.liveIndex },
+      'sandboxes added to their teams’ indexes',
+    );
+  }
   if (opts.bootstrapKeyFile && (await bootstrapApiKeyFile(deps.apiKeys, opts.bootstrapKeyFile))) {
     log.info({ file: opts.bootstrapKeyFile, team: DEFAULT_TEAM }, 'api key created');
   }

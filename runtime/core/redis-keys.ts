@@ -88,6 +88,12 @@ export const keys = {
    * by admit.lua; the team's listing reads only this (pruned lazily like the global one).
    */
   teamSandboxes: (team: string) => `${KEY_PREFIX}team:${team}:sandboxes`,
+  /**
+   * Sorted set: the team's sandboxes not yet killed (member id, score = createdAt ms). admit.lua
+   * adds, transition.lua removes on `killed`; a listing filtered to states other than `killed`
+   * reads only this, not the week of killed records {@link teamSandboxes} also holds.
+   */
+  teamLiveSandboxes: (team: string) => `${KEY_PREFIX}team:${team}:sandboxes:live`,
   /** Sorted set: a team's sandbox creates of the last minute (member sandbox id, score ms); admit.lua. */
   teamCreates: (team: string) => `${KEY_PREFIX}team:${team}:creates`,
   /**

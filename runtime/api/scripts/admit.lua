@@ -4,7 +4,7 @@
 -- KEYS[1] sandbox hash, KEYS[2] sandbox index zset, KEYS[3] team reserved hash
 -- (`sandboxes`, `vcpusMilli`, `memoryMiB`), KEYS[4] team creates zset (sliding 60 s window),
 -- KEYS[5] the team's sandbox index zset, KEYS[6] the create operation's hash, KEYS[7] the operation
--- queue stream
+-- queue stream, KEYS[8] the team's index of sandboxes not yet killed (transition.lua removes)
 -- ARGV[1] now (ms), ARGV[2] sandbox id, ARGV[3] sandboxes limit, ARGV[4] vCPU limit (milli),
 -- ARGV[5] memory limit (MiB), ARGV[6] creates-per-minute limit (limits: 0 = unlimited),
 -- ARGV[7] this sandbox's vCPUs (milli), ARGV[8] its memory (MiB), ARGV[9] the create operation's
@@ -45,6 +45,7 @@ end
 redis.call('HSET', KEYS[1], 'quotaHeld', '1')
 redis.call('ZADD', KEYS[2], now, ARGV[2])
 redis.call('ZADD', KEYS[5], now, ARGV[2])
+redis.call('ZADD', KEYS[8], now, ARGV[2])
 if ARGV[9] ~= '' then
   local op = cjson.decode(ARGV[9])
   for field, value in pairs(op) do

@@ -6,7 +6,8 @@
 -- (`timeLeftMs`) and sets the deadline to the paused retention (field `retentionMs`, which the
 -- caller passes); leaving `resuming` for `running` gives the time left back.
 -- Entering `killing`/`killed` deletes the sandbox's E2B envd access token.
--- Entering `killed` returns the sandbox's reservation of its team's quotas (see admit.lua).
+-- Entering `killed` returns the sandbox's reservation of its team's quotas (see admit.lua) and
+-- takes it out of its team's index of sandboxes not yet killed (`team:<team>:sandboxes:live`).
 -- Returns { 1, target } on success, { 0, current } (current = '' when the sandbox is gone) otherwise.
 local current = redis.call('HGET', KEYS[1], 'state')
 if not current then return { 0, '' } end
@@ -39,6 +40,10 @@ elseif ARGV[1] == 'killing' or ARGV[1] == 'killed' then
   redis.call('ZREM', KEYS[2], id)
   -- its E2B envd access token (redis-keys.ts e2bEnvdToken) signs no more /files URLs
   redis.call('DEL', string.match(KEYS[1], '^(.*)sandbox:') .. 'e2b:envd-token:' .. id)
+end
+if ARGV[1] == 'killed' then
+  local team = redis.call('HGET', KEYS[1], 'team') or 'default'
+  redis.call('ZREM', string.match(KEYS[1], '^(.*)sandbox:') .. 'team:' .. team .. ':sandboxes:live', id)
 end
 -- a killed sandbox returns what it reserved of its team's quotas (admit.lua), exactly once
 if ARGV[1] == 'killed' and redis.call('HGET', KEYS[1], 'quotaHeld') == '1' then
