@@ -8,7 +8,7 @@ import fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
 import { Counter, Gauge, Registry } from 'prom-client';
 import { acceptEmptyBodies, installErrorHandlers } from '../core/http-errors.ts';
-import { installRequestLog, REQUEST_LOG_OPTIONS } from '../core/http-log.ts';
+import { requestLogOptions } from '../core/http-log.ts';
 import type { VerifyKey } from '../core/tokens.ts';
 import { installValidators } from '../core/validation.ts';
 import type { ActivityMeter } from './activity.ts';
@@ -44,14 +44,13 @@ export async function buildAgentApp(deps: AgentDeps): Promise<FastifyInstance> {
     requestTimeout: 0,
     // hijacked SSE responses are not idle connections: close them all on shutdown
     forceCloseConnections: true,
-    ...REQUEST_LOG_OPTIONS,
+    ...requestLogOptions(),
   }).withTypeProvider<TypeBoxTypeProvider>();
   // a guest that does not answer because its sandbox died answers SANDBOX_CRASHED at once (R13)
   installErrorHandlers(app, async (err, req) => {
     const id = (req.params as { id?: unknown } | undefined)?.id;
     return typeof id === 'string' ? deps.sandboxes.guestFailed(id, err) : err;
   });
-  installRequestLog(app);
   acceptEmptyBodies(app);
   installValidators(app);
 

@@ -10,7 +10,7 @@ import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { SpaceError } from '../core/errors.ts';
 import { acceptEmptyBodies, installErrorHandlers } from '../core/http-errors.ts';
-import { installRequestLog, REQUEST_LOG_OPTIONS } from '../core/http-log.ts';
+import { requestLogOptions } from '../core/http-log.ts';
 import type { SigningKey } from '../core/tokens.ts';
 import { installValidators } from '../core/validation.ts';
 import { AgentClient } from './agent-client.ts';
@@ -115,14 +115,13 @@ export async function buildApp(
   const common = {
     loggerInstance: deps.log as FastifyBaseLogger,
     bodyLimit: deps.config.bodyLimitBytes,
-    ...REQUEST_LOG_OPTIONS,
+    ...requestLogOptions(),
   };
   // HTTPS (HTTP/1.1) when given a certificate: the API's own TLS, as the router's (docs/deployment.md "TLS")
   const app = (
     (opts.tls ? fastify({ ...common, https: opts.tls }) : fastify(common)) as unknown as FastifyInstance
   ).withTypeProvider<TypeBoxTypeProvider>();
   installErrorHandlers(app);
-  installRequestLog(app);
   acceptEmptyBodies(app);
   installValidators(app);
   await app.register(swagger, {

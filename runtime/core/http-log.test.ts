@@ -1,7 +1,7 @@
 import { Writable } from 'node:stream';
 import fastify, { type FastifyBaseLogger } from 'fastify';
 import { afterEach, describe, expect, it } from 'vitest';
-import { installRequestLog, REQUEST_LOG_OPTIONS } from './http-log.ts';
+import { requestLogOptions } from './http-log.ts';
 import { createLogger } from './log-fields.ts';
 
 describe('one access-log line per request', () => {
@@ -23,9 +23,8 @@ describe('one access-log line per request', () => {
     });
     const a = fastify({
       loggerInstance: createLogger('t', 'info', {}, sink) as FastifyBaseLogger,
-      ...REQUEST_LOG_OPTIONS,
+      ...requestLogOptions(),
     });
-    installRequestLog(a);
     a.get('/thing', async () => ({ ok: true }));
     a.get('/teapot', async (_req, reply) => reply.status(418).send({ no: true }));
     close = () => a.close();

@@ -18,7 +18,7 @@ import fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
 import { SpaceError } from '../core/errors.ts';
 import { installErrorHandlers } from '../core/http-errors.ts';
-import { installRequestLog, REQUEST_LOG_OPTIONS } from '../core/http-log.ts';
+import { requestLogOptions } from '../core/http-log.ts';
 import { F } from '../core/log-fields.ts';
 import type { GatewayMetrics } from './audit.ts';
 import { CredentialGrantSchema, validateGrants } from './credentials.ts';
@@ -54,10 +54,9 @@ export async function buildControlApp(deps: ControlDeps): Promise<FastifyInstanc
   const app = fastify({
     loggerInstance: deps.log as FastifyBaseLogger,
     bodyLimit: 1_048_576,
-    ...REQUEST_LOG_OPTIONS,
+    ...requestLogOptions(),
   }).withTypeProvider<TypeBoxTypeProvider>();
   installErrorHandlers(app);
-  installRequestLog(app);
 
   app.get('/healthz', async () => ({ ok: true }));
   app.get('/metrics', async (_req, reply) =>

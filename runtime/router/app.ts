@@ -11,7 +11,7 @@ import type { Logger } from 'pino';
 import { DATA_PLANE_ROUTES, type DataPlaneRoute, sessionTokenOf } from '../core/data-plane.ts';
 import { SpaceError } from '../core/errors.ts';
 import { installErrorHandlers } from '../core/http-errors.ts';
-import { installRequestLog, REQUEST_LOG_OPTIONS } from '../core/http-log.ts';
+import { requestLogOptions } from '../core/http-log.ts';
 import { ID_PATTERN } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
 import { DEFAULT_TEAM } from '../core/tenancy.ts';
@@ -84,13 +84,12 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     requestTimeout: 0,
     // hijacked streams are not idle connections: close them on shutdown
     forceCloseConnections: true,
-    ...REQUEST_LOG_OPTIONS,
+    ...requestLogOptions(),
   } satisfies FastifyServerOptions;
   const app = (deps.tls
     ? fastify({ ...common, http2: true, https: { allowHTTP1: true, cert: deps.tls.cert, key: deps.tls.key } })
     : fastify(common)) as unknown as FastifyInstance;
   installErrorHandlers(app);
-  installRequestLog(app);
   // bodies are never parsed here: the raw request stream goes to the agent as it arrives
   app.removeAllContentTypeParsers();
   app.addContentTypeParser('*', (_req, _payload, done) => done(null));
