@@ -76,11 +76,19 @@ describe('space bench on a tiny N against a real local stack', () => {
     expect(stdout).toMatch(/\| - \| floor \| gvisor \| 1 \|/);
   });
 
-  it('exec: round trips and a stream of exactly the bytes asked for', async () => {
-    const { doc } = await bench('exec', ['--n', '2', '--streams', '1', '--stream-mib', '1']);
-    const s = doc.samples as { roundTripMs: number[]; stream: { bytes: number; ms: number }[] };
+  it('exec: round trips, a stream of exactly the bytes asked for, the bare runsc exec floor in the same run', async () => {
+    const { doc, stdout } = await bench('exec', ['--n', '2', '--streams', '1', '--stream-mib', '1']);
+    const s = doc.samples as {
+      roundTripMs: number[];
+      stream: { bytes: number; ms: number }[];
+      floorMs: number[];
+    };
     expect(s.roundTripMs).toHaveLength(2);
     expect(s.stream).toEqual([{ bytes: 1_048_576, ms: expect.any(Number) }]);
+    expect(s.floorMs).toHaveLength(2);
+    for (const ms of s.floorMs) expect(ms).toBeGreaterThan(0);
+    expect(stdout).toMatch(/\| floor-runsc-exec-2x \| ms \| 2 \|/);
+    expect(stdout).toMatch(/Round trip p50 ÷ floor p50: \d+\.\d×/);
   });
 
   it('pause-resume: every figure sampled', async () => {

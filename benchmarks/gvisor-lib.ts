@@ -337,6 +337,46 @@ export async function startIdleRunscFloor(o: IdleFloorOptions): Promise<FloorIns
   }
 }
 
+/** Inputs of {@link runscExecFloor}. */
+export interface ExecFloorOptions {
+  image: TemplateImage;
+  /** Samples (≥ 1). */
+  runs: number;
+  /** Scratch directory (bundle, read-only root mount, runsc root); made and removed by the call. */
+  stateDir: string;
+  platform: 'ptrace' | 'systrap';
+  runscBinary?: string;
+  /** Called after each sample (progress). */
+  onSample?: () => void;
+}
+
+/**
+ * The gVisor driver's floor for running a command in a running sandbox: one bare idle container
+ * (as {@link startIdleRunscFloor}: the template's root filesystem, the driver's flags and limits,
+ * `--network=none`, no guest daemon), then `runsc exec <id> /bin/true` `runs` times, one at a
+ * time: the host's runsc spawns the process in the sandbox and waits for its exit. Needs root.
+ * Everything it makes is removed before it returns.
+ * @returns one wall-clock sample per exec, ms (spawn of `runsc exec` to its exit).
+ * @throws Error when runsc or the mount fails, or an exec exits non-zero.
+ */
+export async function runscExecFloor(o: ExecFloorOptions): Promise<number[]> {
+  const runsc = o.runscBinary ?? 'runsc';
+  const floor = await startIdleRunscFloor({ ...o, n: 1 });
+  try {
+    const global = runscGlobalArgs({ root: join(o.stateDir, 'runsc'), platform: o.platform });
+    const samples: number[] = [];
+    for (let i = 0; i < o.runs; i++) {
+      const t = performance.now();
+      await run(runsc, [...global, 'exec', floor.instanceIds[0]!, '/bin/true']);
+      samples.push(performance.now() - t);
+      o.onSample?.();
+    }
+    return samples;
+  } finally {
+    await floor.stop();
+  }
+}
+
 /** Inputs of {@link runscTemplateFloor}. */
 export interface TemplateFloorOptions {
   image: TemplateImage;

@@ -143,12 +143,30 @@ export async function latency(
 /** `exec` (see exec.ts). */
 export async function exec(
   ctx: BenchContext,
-  o: { n: number; streams: number; streamMib: number },
+  o: { n: number; streams: number; streamMib: number; floor: boolean },
 ): Promise<BenchOutput> {
-  const { measureExec, execOutput } = await import('./exec.ts');
+  const { measureExec, execOutput, execFloor } = await import('./exec.ts');
   const params = { n: o.n, streams: o.streams, streamMiB: o.streamMib };
   const s = await measureExec(ctx.target!.client, { ...params, progress: ctx.progress });
-  return execOutput(s, params, await ctx.runInfo());
+  const drivers = [...new Set((await ctx.target!.nodes()).filter((n) => n.alive).map((n) => n.driver))];
+  let floor = false;
+  if (o.floor) {
+    const why = !ctx.target!.local
+      ? 'the stack is not on this host'
+      : process.getuid?.() !== 0
+        ? 'needs root on the stack’s host'
+        : drivers.length !== 1 || drivers[0] !== 'gvisor'
+          ? `no exec floor for ${drivers.join(', ') || 'no driver'} yet (gVisor only)`
+          : null;
+    if (why) ctx.note(`exec: driver floor skipped: ${why}`);
+    else {
+      const bar = ctx.progress.phase('driver floor (bare runsc exec)', o.n);
+      s.floorMs = await execFloor(o.n, ctx.cacheDir, () => bar.tick());
+      bar.stop();
+      floor = true;
+    }
+  }
+  return execOutput(s, { ...params, floor }, await ctx.runInfo());
 }
 
 /** `pause-resume` (see pause-resume.ts); the driver floor only on a local stack. */

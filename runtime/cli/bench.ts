@@ -169,6 +169,7 @@ Examples:
     .option('--n <count>', 'round trips', parsePositiveInt('--n'), 30)
     .option('--streams <count>', 'stream runs', parsePositiveInt('--streams'), 5)
     .option('--stream-mib <MiB>', 'stdout per stream run', parsePositiveInt('--stream-mib'), 16)
+    .option('--no-floor', 'skip the driver floor (remote targets, or no root)')
     .action(async (o: CommonOptions & Options<'exec'>, cmd: Command) => {
       await runBench(cmd, o, true, undefined, (suite, ctx) => suite.exec(ctx, o));
     });
