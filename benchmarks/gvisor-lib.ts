@@ -337,18 +337,8 @@ export async function startIdleRunscFloor(o: IdleFloorOptions): Promise<FloorIns
   }
 }
 
-/** Inputs of {@link runscExecFloor}. */
-export interface ExecFloorOptions {
-  image: TemplateImage;
-  /** Samples (≥ 1). */
-  runs: number;
-  /** Scratch directory (bundle, read-only root mount, runsc root); made and removed by the call. */
-  stateDir: string;
-  platform: 'ptrace' | 'systrap';
-  runscBinary?: string;
-  /** Called after each sample (progress). */
-  onSample?: () => void;
-}
+/** Inputs of {@link runscExecFloor}: those of {@link runscTemplateFloor} (`runs` = execs). */
+export type ExecFloorOptions = TemplateFloorOptions;
 
 /**
  * The gVisor driver's floor for running a command in a running sandbox: one bare idle container

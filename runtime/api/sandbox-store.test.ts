@@ -36,6 +36,19 @@ const make = (id: string, now: number, metadata: Record<string, string> = {}, te
     now,
   );
 
+/** Every id of the default team's listing, page by page (`limit` per page, at most 10 pages). */
+async function listAll(limit: number): Promise<string[]> {
+  const seen: string[] = [];
+  let cursor: string | undefined;
+  for (let guard = 0; guard < 10; guard++) {
+    const page = await store.list({ limit, cursor, team: 'default' });
+    seen.push(...page.sandboxes.map((s) => s.id));
+    if (!page.nextCursor) break;
+    cursor = page.nextCursor;
+  }
+  return seen;
+}
+
 async function addNode(id: string, vcpus: number, memoryMiB: number, warm = 0, driver = 'gvisor') {
   await redis
     .multi()
@@ -98,14 +111,7 @@ describe('SandboxStore', () => {
       ids.push(id);
       await make(id, 1_000 + Math.floor(i / 3), { team: i % 2 === 0 ? 'even' : 'odd' }); // 3 share each ms
     }
-    const seen: string[] = [];
-    let cursor: string | undefined;
-    for (let guard = 0; guard < 10; guard++) {
-      const page = await store.list({ limit: 10, cursor, team: 'default' });
-      seen.push(...page.sandboxes.map((s) => s.id));
-      if (!page.nextCursor) break;
-      cursor = page.nextCursor;
-    }
+    const seen = await listAll(10);
     expect(seen.length).toBe(25);
     expect(new Set(seen).size).toBe(25);
     const created = seen.map((id) => Number(ids.indexOf(id)));
@@ -130,14 +136,7 @@ describe('SandboxStore', () => {
       if (i % 4 === 0) live.push(id);
       else await redis.del(keys.sandbox(id));
     }
-    const seen: string[] = [];
-    let cursor: string | undefined;
-    for (let guard = 0; guard < 10; guard++) {
-      const page = await store.list({ limit: 20, cursor, team: 'default' });
-      seen.push(...page.sandboxes.map((s) => s.id));
-      if (!page.nextCursor) break;
-      cursor = page.nextCursor;
-    }
+    const seen = await listAll(20);
     expect(seen).toEqual([...live].reverse());
     expect(await redis.zcard(keys.teamSandboxes('default'))).toBe(live.length);
     expect(await redis.zcard(keys.sandboxIndex())).toBe(live.length);
