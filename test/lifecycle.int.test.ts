@@ -3,7 +3,8 @@
  * survive an API restart, sandboxes that survive an agent restart, and nothing left behind.
  */
 import { execFile } from 'node:child_process';
-import { readdir, rm } from 'node:fs/promises';
+import { existsSync } from 'node:fs';
+import { mkdir, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadAgentConfig } from '../runtime/agent/config.ts';
@@ -352,9 +353,27 @@ describe('warm pool', () => {
   it('claims a warm slot for a default-shaped create and refills the pool', async () => {
     await waitFor('2 warm slots', async () => (s.agent.warm.counts().base === 2 ? true : undefined), 60_000);
     await sleep(1500); // one heartbeat publishes the counts
+    // each slot has its state directory made ahead: an empty record and a commands folder
+    const slots = s.agent.warm.instanceIds();
+    for (const slot of slots) {
+      expect(await readFile(join(s.dir, 'agent', 'warm', slot, 'sandbox.json'), 'utf8')).toBe('');
+      expect((await stat(join(s.dir, 'agent', 'warm', slot, 'commands'))).isDirectory()).toBe(true);
+    }
     const id = await s.createSandbox();
     const rec = await s.call<{ fromWarmPool: boolean }>('GET', `/v1/sandboxes/${id}`);
     expect(rec.body.fromWarmPool).toBe(true);
+    // the claim took its slot's directory: the slot's is gone, the sandbox's holds its record
+    const claimed = s.agent.sandboxes.get(id).instance.instanceId;
+    expect(slots).toContain(claimed);
+    expect(existsSync(join(s.dir, 'agent', 'warm', claimed))).toBe(false);
+    const stateFile = join(s.dir, 'agent', 'sandboxes', id, 'sandbox.json');
+    const state = JSON.parse(await readFile(stateFile, 'utf8')) as {
+      req: { sandboxId: string };
+      instance: { instanceId: string };
+      source: string;
+    };
+    expect([state.req.sandboxId, state.instance.instanceId, state.source]).toEqual([id, claimed, 'warm']);
+    expect((await stat(stateFile)).mode & 0o777).toBe(0o600);
     const r = await s.exec(id, { cmd: 'sh', args: ['-c', 'echo "$MARK"'], env: { MARK: 'warm' } });
     expect(r.stdout.toString()).toBe('warm\n');
     await waitFor(
@@ -383,6 +402,7 @@ describe('warm pool', () => {
     // state directory exists for this id
     expect(s.agent.warm.instanceIds()).not.toContain(dead);
     expect(s.agent.sandboxes.get(id).instance.instanceId).not.toBe(dead);
+    expect(existsSync(join(s.dir, 'agent', 'warm', dead))).toBe(false);
     await s.call('DELETE', `/v1/sandboxes/${id}`);
   }, 120_000);
 
@@ -404,6 +424,27 @@ describe('warm pool', () => {
       async () => (s.agent.warm.counts().base === 2 ? true : undefined),
       60_000,
     );
+  }, 120_000);
+
+  it('an agent restart drops the state directories of old slots and of a claim that stopped before its record', async () => {
+    await waitFor('2 warm slots', async () => (s.agent.warm.counts().base === 2 ? true : undefined), 60_000);
+    const old = s.agent.warm.instanceIds();
+    // a claim that renamed its slot's directory and stopped before writing the record
+    const torn = join(s.dir, 'agent', 'sandboxes', 'sbxtornclaim00000000000');
+    await mkdir(join(torn, 'commands'), { recursive: true });
+    await writeFile(join(torn, 'sandbox.json'), '');
+    // and the directory of a slot whose instance is already gone
+    const ghost = join(s.dir, 'agent', 'warm', 'ghost-slot');
+    await mkdir(join(ghost, 'commands'), { recursive: true });
+    const cfg = loadAgentConfig(agentEnv(s, { SPACE_WARM_POOL_SIZE: '2', SPACE_CREATE_CONCURRENCY: '2' }));
+    await s.agent.close('test', 'keep');
+    s.agent = await startAgent(cfg);
+    expect([existsSync(torn), existsSync(ghost)]).toEqual([false, false]);
+    for (const slot of old) expect(existsSync(join(s.dir, 'agent', 'warm', slot))).toBe(false);
+    await waitFor('2 warm slots', async () => (s.agent.warm.counts().base === 2 ? true : undefined), 60_000);
+    const fresh = s.agent.warm.instanceIds();
+    expect(fresh.filter((x) => old.includes(x))).toEqual([]);
+    expect((await readdir(join(s.dir, 'agent', 'warm'))).sort()).toEqual([...fresh].sort());
   }, 120_000);
 
   it('a burst larger than the pool: the rest restore from the snapshot, a few at a time; the pool grows for the next', async () => {
