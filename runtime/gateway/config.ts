@@ -162,7 +162,7 @@ export const gatewaySettings = {
   ),
   redisUrl: setting.string(
     'SPACE_REDIS_URL',
-    'Redis URL of the state of record: credential values are read from it when a request needs them.',
+    'Redis URL of the state of record (or the path of its Unix socket): credential values are read from it when a request needs them.',
     'redis://127.0.0.1:6379',
   ),
   credentialCacheMs: setting.int(
