@@ -1001,10 +1001,11 @@ export class SandboxManager {
    * The state directory made ahead for a warm slot: `<stateDir>/warm/<instanceId>/`, holding an
    * empty `commands/` and an empty `sandbox.json`. A claim renames it to the sandbox's directory
    * and overwrites the file, instead of making both: making a directory and a file is two inode
-   * allocations, which on a node whose state directory sits in a crowded ext4 block group cost
-   * ~1.5 ms of kernel CPU per create (measured here: mkdir + new file 1.3–1.9 ms, rename +
-   * overwrite 0.13–0.17 ms). An empty `sandbox.json` is not JSON, so a directory renamed by a
-   * claim that crashed before writing it is dropped by {@link adopt}.
+   * allocations, which where the state directory sits in a crowded ext4 block group cost ~1.5 ms
+   * of kernel CPU per create (measured on a 2-core VM in `~/.space`, the local stack's: mkdir +
+   * new file 1.3–1.9 ms, rename + overwrite 0.13–0.17 ms; in `/var/lib/space` on the same disk the
+   * two allocations took ~0.08 ms). An empty `sandbox.json` is not JSON, so a directory renamed by
+   * a claim that crashed before writing it is dropped by {@link adopt}.
    */
   #slotDir(inst: InstanceInfo): string {
     return join(this.#o.stateDir, 'warm', inst.instanceId);
