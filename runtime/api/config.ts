@@ -5,7 +5,11 @@ import type { TeamQuotas } from '../core/tenancy.ts';
 export const apiSettings = {
   host: setting.string('SPACE_API_HOST', 'Address the API listens on.', '127.0.0.1'),
   port: setting.int('SPACE_API_PORT', 'TCP port of the API.', 8080, 0, 65535),
-  redisUrl: setting.string('SPACE_REDIS_URL', 'Redis URL (state of record), or the path of its Unix socket.', 'redis://127.0.0.1:6379'),
+  redisUrl: setting.string(
+    'SPACE_REDIS_URL',
+    'Redis URL (state of record), or the path of its Unix socket.',
+    'redis://127.0.0.1:6379',
+  ),
   signingKeyFile: setting.string(
     'SPACE_SIGNING_KEY_FILE',
     'PKCS#8 PEM Ed25519 private key that signs session and dispatch tokens.',
