@@ -33,7 +33,6 @@ const NODE_VCPUS = Math.max(64, BURST / 2);
 /** Memory the lifecycle stack's node offers, MiB: the whole burst at 128 MiB each, and a little more. */
 const NODE_MEMORY_MIB = BURST * 128 + 512;
 
-/** Settings of a replacement agent for the stack `s` (same node id, port, state, pool). */
 describe('lifecycle', () => {
   let s: Stack;
   beforeAll(async () => {
