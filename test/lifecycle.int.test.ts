@@ -33,17 +33,24 @@ const NODE_VCPUS = Math.max(64, BURST / 2);
 /** Memory the lifecycle stack's node offers, MiB: the whole burst at 128 MiB each, and a little more. */
 const NODE_MEMORY_MIB = BURST * 128 + 512;
 
+/**
+ * Agent settings of the lifecycle stack, and of the agents that replace its agent in a test. The
+ * node's capacity is pinned, not read from this machine: the burst fits exactly (BURST × 0.5 vCPU,
+ * BURST × 128 MiB) and one 40-vCPU sandbox fits where two do not. No warm pool, not even one grown
+ * by demand (SPACE_WARM_POOL_MAX 0): a slot refilled after one create would serve the next, and
+ * the template-snapshot test's second create must boot (it once came from such a slot in CI).
+ */
+const LIFECYCLE_AGENT = {
+  SPACE_CREATE_CONCURRENCY: '6',
+  SPACE_NODE_VCPUS: String(NODE_VCPUS),
+  SPACE_NODE_MEMORY_MIB: String(NODE_MEMORY_MIB),
+  SPACE_WARM_POOL_MAX: '0',
+};
+
 describe('lifecycle', () => {
   let s: Stack;
   beforeAll(async () => {
-    // the node's capacity is pinned, not read from this machine: the burst fits exactly
-    // (BURST × 0.5 vCPU, BURST × 128 MiB) and one 40-vCPU sandbox fits where two do not
-    s = await startStack({
-      SPACE_REAPER_INTERVAL_MS: '100',
-      SPACE_CREATE_CONCURRENCY: '6',
-      SPACE_NODE_VCPUS: String(NODE_VCPUS),
-      SPACE_NODE_MEMORY_MIB: String(NODE_MEMORY_MIB),
-    });
+    s = await startStack({ SPACE_REAPER_INTERVAL_MS: '100', ...LIFECYCLE_AGENT });
   });
   afterAll(async () => {
     if (!s) return;
@@ -219,7 +226,7 @@ describe('lifecycle', () => {
       `/v1/sandboxes/${id}/commands`,
       { cmd: 'sh', args: ['-c', 'echo before; sleep 3; echo after'] },
     );
-    const cfg = loadAgentConfig(agentEnv(s));
+    const cfg = loadAgentConfig(agentEnv(s, LIFECYCLE_AGENT));
     await s.agent.close('test', 'keep');
     s.agent = await startAgent(cfg);
     expect(s.agent.sandboxes.list().map((x) => x.id)).toContain(id);
@@ -296,7 +303,7 @@ describe('lifecycle', () => {
 
   it('a sandbox its node no longer runs is marked killed (node_lost) and its reservation released', async () => {
     const id = await s.createSandbox();
-    const cfg = loadAgentConfig(agentEnv(s));
+    const cfg = loadAgentConfig(agentEnv(s, LIFECYCLE_AGENT));
     // the agent goes away destroying its sandboxes, and a new one comes back without them
     await s.agent.close('test', 'destroy');
     s.agent = await startAgent(cfg);
