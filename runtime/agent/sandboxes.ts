@@ -197,15 +197,33 @@ const EGRESS_NOT_IN_FORCE = "the sandbox's egress policy could not be put in for
 const TOMBSTONE_TTL_MS = 24 * 3600 * 1000;
 
 /**
- * The warm pool is topped up once no create has come or ended for this long (ms): a refill's
- * first steps (the network's `ip`/`nft` commands, the driver's `runsc restore`) spawn processes,
- * and each spawn holds the agent's event loop for milliseconds. Started inside a burst of claims
- * they sat between the claims and their answers (a CPU profile of 32 concurrent warm creates:
- * `spawn` was the agent's largest cost, from the refills the first claims set off).
+ * The warm pool is topped up once no create has come or ended for this long (ms). A refill's first
+ * steps (the network's `ip`/`nft` commands, the driver's `runsc restore`) take CPU the creates of a
+ * burst need, and a slot it makes is ready only seconds later, too late for that burst (whose
+ * creates that find no slot restore or boot at the start gate, ahead of refills). Longer than the
+ * gaps between the creates of a burst the API delivers slowly: the first 32-way burst after a
+ * start reached this agent with gaps up to ~190 ms (the API's code not yet optimised), and a refill
+ * that began in such a gap (at 50 ms of quiet) held the rest of the burst up by ~1 s, its network
+ * setup alone taking 4.1–4.4 s under that load (2-core VM, 2026-12-04, `npm run bench -- latency
+ * --phases warm --concurrency 32 --n 96 --trace-file …`).
  */
-export const REFILL_QUIET_MS = 50;
-/** A refill waits for quiet at most this long after the create that set it off (ms). */
-export const REFILL_MAX_DELAY_MS = 1000;
+export const REFILL_QUIET_MS = 400;
+/**
+ * A refill waits for quiet at most this long after it was first asked for (ms), so a steady stream
+ * of creates still gets its pool topped up. Longer than a 32-way burst on a 2-core node takes
+ * (~2.3 s for the first after a start, above).
+ */
+export const REFILL_MAX_DELAY_MS = 3000;
+
+/**
+ * How long a refill asked for at `askedAtMs` waits from `nowMs` (ms): until no create has come or
+ * ended for {@link REFILL_QUIET_MS} (the last did at `lastCreateMs`), and at most until
+ * {@link REFILL_MAX_DELAY_MS} after `askedAtMs`. Pure.
+ */
+export function refillDelay(t: { askedAtMs: number; lastCreateMs: number; nowMs: number }): number {
+  return Math.max(0, Math.min(t.lastCreateMs + REFILL_QUIET_MS, t.askedAtMs + REFILL_MAX_DELAY_MS) - t.nowMs);
+}
+
 /**
  * Each ready warm slot's guest is asked whether it answers at most this often (ms), by the
  * watchdog, one slot at a time, and not while a create is in flight. Asking every slot on every
@@ -256,9 +274,11 @@ export class SandboxManager {
   readonly #deleting = new Map<string, Promise<void>>();
   /** Registrations with the gateway in flight (a warm claim's, the watchdog's), by sandbox id. */
   readonly #registering = new Map<string, Promise<void>>();
-  /** Pending warm pool top-up ({@link #refillSoon}) and the latest it may start (ms since the epoch). */
+  /** Pending warm pool top-up ({@link #refillSoon}) and when it was first asked for (ms since the epoch). */
   #refillTimer: NodeJS.Timeout | null = null;
-  #refillDueBy = 0;
+  #refillAskedAt = 0;
+  /** When a create last came or ended (ms since the epoch): refills wait for quiet after it. */
+  #lastCreateAt = 0;
   readonly #snapshots = new Map<string, SnapshotRef>();
   /**
    * Guest clients of warm slots by instance id, connected when the slot was made and pinged by
@@ -283,6 +303,11 @@ export class SandboxManager {
   /** Attaches the warm pool (made after the manager, since it boots through it). */
   setWarmPool(pool: WarmPool): void {
     this.#warm = pool;
+  }
+
+  /** Tops the warm pool up at the next quiet moment between creates (the pool's `schedule`). */
+  refillWhenQuiet(): void {
+    this.#refillSoon();
   }
 
   #dir(id: string): string {
@@ -812,6 +837,7 @@ export class SandboxManager {
     if (existing) return existing;
     let p = this.#creating.get(req.sandboxId);
     if (!p) {
+      this.#lastCreateAt = Date.now();
       if (this.#refillTimer) this.#refillSoon(); // a create came: not quiet yet
       p = this.#create(req).finally(() => this.#creating.delete(req.sandboxId));
       this.#creating.set(req.sandboxId, p);
@@ -826,27 +852,33 @@ export class SandboxManager {
       // The pool is topped up once the creates are done, never while they run: a refill's
       // synchronous start (the start gate, the driver's first spawns) ran inside the claim's reply
       // and cost it ~8 ms of a ~14 ms warm claim, and inside a burst it held up the claims after it
-      // (REFILL_QUIET_MS). The refill is not part of this create's trace either.
+      // (refillDelay). The refill is not part of this create's trace either.
+      this.#lastCreateAt = Date.now();
       this.#refillSoon();
     }
   }
 
   /**
-   * Tops the warm pool up once no create has come or ended for {@link REFILL_QUIET_MS}, or
-   * {@link REFILL_MAX_DELAY_MS} after the first create that asked, whichever is first (each call
-   * pushes the quiet moment out, never past that bound).
+   * Tops the warm pool up once no create has come or ended for a quiet time, or a bound after the
+   * first call that asked, whichever is first (each create pushes the quiet moment out, never past
+   * that bound; {@link refillDelay}). With no create lately, at once.
    */
   #refillSoon(): void {
-    if (!this.#warm) return;
+    const warm = this.#warm;
+    if (!warm) return;
     const now = Date.now();
     if (this.#refillTimer) clearTimeout(this.#refillTimer);
-    else this.#refillDueBy = now + REFILL_MAX_DELAY_MS;
+    else this.#refillAskedAt = now;
     this.#refillTimer = setTimeout(
       () => {
         this.#refillTimer = null;
-        if (!this.#closing) untraced(() => this.#warm?.refill());
+        if (!this.#closing) untraced(() => warm.refill());
       },
-      Math.max(0, Math.min(REFILL_QUIET_MS, this.#refillDueBy - now)),
+      refillDelay({
+        askedAtMs: this.#refillAskedAt,
+        lastCreateMs: this.#lastCreateAt,
+        nowMs: now,
+      }),
     );
     this.#refillTimer.unref();
   }

@@ -177,6 +177,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     capacityMiB: config.memoryMiB,
     reservedMiB: () => sandboxes.reservedMiB(),
     footprint: async (i) => (await driver.stats(i.instanceId)).memoryBytes,
+    schedule: () => sandboxes.refillWhenQuiet(),
     boot: (t) => sandboxes.boot(t, { vcpus: config.warmVcpus, memoryMiB: config.warmMemoryMiB }),
     discard: (i) => sandboxes.discard(i),
     log: log.child({ component: 'warm-pool' }),

@@ -108,6 +108,49 @@ describe('warm pool', () => {
   });
 });
 
+describe('warm pool pacing', () => {
+  it('refills back to back while low, and hands each next slot to `schedule` once stocked', async () => {
+    const asked: number[] = [];
+    const { p } = pool({ min: 8, schedule: () => asked.push(p.counts().base ?? 0) });
+    expect(p.stocked()).toBe(false);
+    await filled(p);
+    // slots 1–4 were made back to back (below half of 8); from the 4th on the pool is stocked, so
+    // the next slot waits for the owner's quiet moment instead of starting
+    expect(p.counts()).toEqual({ base: 4 });
+    expect(asked).toEqual([4]);
+    expect(p.stocked()).toBe(true);
+    // the owner's top-up carries on (one slot, then asks again)
+    p.refill();
+    await p.settle();
+    expect(p.counts()).toEqual({ base: 5 });
+    expect(asked).toEqual([4, 5]);
+  });
+
+  it('a tick tops a stocked pool up through `schedule`, a low one at once', async () => {
+    let scheduled = 0;
+    const { p } = pool({ min: 4, schedule: () => scheduled++ });
+    await p.tick();
+    await p.settle();
+    expect(p.counts()).toEqual({ base: 2 });
+    expect(scheduled).toBe(1);
+    await p.tick();
+    expect(scheduled).toBe(2);
+    p.claim('base', shape);
+    p.claim('base', shape);
+    expect(p.stocked()).toBe(false);
+    await p.tick(); // low: starts a slot itself
+    expect(scheduled).toBe(2);
+    await p.settle();
+    expect(p.counts()).toEqual({ base: 2 });
+  });
+
+  it('without `schedule` tops up at once however stocked', async () => {
+    const { p } = pool({ min: 8 });
+    await filled(p);
+    expect(p.counts()).toEqual({ base: 8 });
+  });
+});
+
 describe('warm pool eviction', () => {
   it('takes out the named ready slot only, and nothing once it is claimed', async () => {
     const { p } = pool();

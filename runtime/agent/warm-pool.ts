@@ -8,9 +8,12 @@
  *
  * Size: from the creates seen lately and the node's free memory (pool-sizing.ts), between
  * SPACE_WARM_POOL_SIZE and SPACE_WARM_POOL_MAX. Refills start once the creates that set them off
- * are done and no other came for a moment (the agent's REFILL_QUIET_MS), at most `parallel` at a time, and at the start gate they yield to every waiting create
- * (start-gate.ts), so topping up never competes with a request. A periodic {@link tick} re-sizes:
- * it tops up, and discards slots beyond the target once demand has passed.
+ * are done and no other came for a moment (the agent's refill pacing, `refillDelay` in
+ * sandboxes.ts), at most `parallel` at a time, and at the start gate they yield to every waiting
+ * create (start-gate.ts), so topping up never competes with a request. While the pool is
+ * {@link WarmPool.stocked stocked}, the next slot after one is made, and a {@link tick}'s top-up,
+ * wait for that quiet moment too (`schedule`); a pool running low refills back to back. A periodic
+ * {@link tick} re-sizes: it tops up, and discards slots beyond the target once demand has passed.
  */
 import type { Logger } from 'pino';
 import { F } from '../core/log-fields.ts';
@@ -46,10 +49,22 @@ export interface WarmPoolOptions {
   footprint?: (inst: InstanceInfo) => Promise<number>;
   /** Window over which creates are counted, ms (default 60 000). */
   demandWindowMs?: number;
+  /**
+   * Asks the owner for a top-up at a moment it picks (the agent: once no create came for a while).
+   * Used instead of topping up at once while the pool is {@link WarmPool.stocked stocked}; without
+   * it, top-ups always start at once.
+   */
+  schedule?: () => void;
   boot: (template: string) => Promise<InstanceInfo>;
   discard: (inst: InstanceInfo) => Promise<void>;
   log: Logger;
 }
+
+/**
+ * A pool holding at least this fraction of its target ready is stocked (see
+ * {@link WarmPool.stocked}); below it, refills run back to back.
+ */
+export const STOCKED_FRACTION = 0.5;
 
 export class WarmPool {
   readonly #ready = new Map<string, InstanceInfo[]>();
@@ -141,6 +156,22 @@ export class WarmPool {
     return null;
   }
 
+  /**
+   * Whether every template's pool holds at least half its target ready ({@link STOCKED_FRACTION}):
+   * the creates of a burst still find slots, so a top-up can wait for the burst to end.
+   */
+  stocked(now = Date.now()): boolean {
+    return this.templates.every(
+      (t) => (this.#ready.get(t)?.length ?? 0) >= Math.ceil(this.target(t, now) * STOCKED_FRACTION),
+    );
+  }
+
+  /** Tops up now, or through the owner's `schedule` while the pool is {@link stocked}. */
+  #topUp(): void {
+    if (this.#o.schedule && this.stocked()) this.#o.schedule();
+    else this.refill();
+  }
+
   /** Starts making instances until every template has its target ready or being made. */
   refill(): void {
     if (this.#stopped) return;
@@ -161,7 +192,7 @@ export class WarmPool {
    */
   async tick(): Promise<void> {
     if (this.#stopped) return;
-    this.refill();
+    this.#topUp();
     await this.#measure();
     const now = Date.now();
     const extra: InstanceInfo[] = [];
@@ -221,9 +252,9 @@ export class WarmPool {
       .finally(() => {
         this.#filling.set(t, (this.#filling.get(t) ?? 1) - 1);
         this.#pending.delete(p);
-        // keep going while a target is not met (bounded by `parallel`); a failing boot waits
-        // for the next tick instead of retrying in a loop
-        if (made) this.refill();
+        // keep going while a target is not met (bounded by `parallel`; paced by `schedule` while
+        // stocked); a failing boot waits for the next tick instead of retrying in a loop
+        if (made) this.#topUp();
       });
     this.#pending.add(p);
   }
