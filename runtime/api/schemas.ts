@@ -2,6 +2,7 @@
 import { type Static, Type } from '@sinclair/typebox';
 import { EgressPolicySchema } from '../core/egress.ts';
 import { ID_PATTERN } from '../core/ids.ts';
+import { nullable, stringEnum } from '../core/json-schema.ts';
 import {
   KILL_REASONS,
   OPERATION_KINDS,
@@ -23,12 +24,6 @@ export const LIMITS = {
   stdinBytes: 512 * 1024,
   maxCommandTimeoutMs: 24 * 3600 * 1000,
 } as const;
-
-const literalUnion = <T extends string>(values: readonly T[], opts: { description?: string } = {}) =>
-  Type.Union(
-    values.map((v) => Type.Literal(v)),
-    opts,
-  );
 
 export const ErrorSchema = Type.Object(
   {
@@ -93,8 +88,8 @@ export const CredentialSchema = Type.Object({
   header: Type.String(),
   format: Type.String(),
   envVar: Type.String(),
-  methods: Type.Union([Type.Array(Type.String()), Type.Null()]),
-  paths: Type.Union([Type.Array(Type.String()), Type.Null()]),
+  methods: nullable(Type.Array(Type.String())),
+  paths: nullable(Type.Array(Type.String())),
   createdAt: Type.String({ format: 'date-time' }),
   updatedAt: Type.String({ format: 'date-time' }),
 });
@@ -141,36 +136,30 @@ export const SandboxSchema = Type.Object(
   {
     id: Type.String(),
     template: Type.String(),
-    state: literalUnion(SANDBOX_STATES),
+    state: stringEnum(SANDBOX_STATES),
     vcpus: Type.Number(),
     memoryMiB: Type.Integer(),
     timeoutSec: Type.Integer(),
     autoPauseSec: Type.Integer(),
-    pause: Type.Union([
+    pause: nullable(
       Type.Object({
-        mode: literalUnion(PAUSE_MODES),
-        reason: literalUnion(PAUSE_REASONS),
+        mode: stringEnum(PAUSE_MODES),
+        reason: stringEnum(PAUSE_REASONS),
         pausedAt: Type.String({ format: 'date-time' }),
         timeLeftSec: Type.Integer({ description: 'Running lifetime left, s.' }),
       }),
-      Type.Null(),
-    ]),
+    ),
     metadata: Type.Record(Type.String(), Type.String()),
-    nodeId: Type.Union([Type.String(), Type.Null()]),
+    nodeId: nullable(Type.String()),
     fromWarmPool: Type.Boolean(),
-    createdFrom: Type.Union([
-      Type.Literal('warm'),
-      Type.Literal('snapshot'),
-      Type.Literal('boot'),
-      Type.Null(),
-    ]),
+    createdFrom: nullable(stringEnum(['warm', 'snapshot', 'boot'] as const)),
     sessionId: Type.String(),
     createdAt: Type.String({ format: 'date-time' }),
     updatedAt: Type.String({ format: 'date-time' }),
     expiresAt: Type.String({ format: 'date-time' }),
-    endedAt: Type.Union([Type.String({ format: 'date-time' }), Type.Null()]),
-    killReason: Type.Union([literalUnion(KILL_REASONS), Type.Null()]),
-    endMessage: Type.Union([Type.String(), Type.Null()]),
+    endedAt: nullable(Type.String({ format: 'date-time' })),
+    killReason: nullable(stringEnum(KILL_REASONS)),
+    endMessage: nullable(Type.String()),
     egress: Type.Object({
       mode: Type.String(),
       allow: Type.Array(Type.String()),
@@ -185,10 +174,10 @@ export const SandboxSchema = Type.Object(
 export const OperationSchema = Type.Object(
   {
     id: Type.String(),
-    kind: literalUnion(OPERATION_KINDS),
+    kind: stringEnum(OPERATION_KINDS),
     target: Type.String(),
-    state: literalUnion(OPERATION_STATES),
-    error: Type.Union([Type.Object({ code: Type.String(), message: Type.String() }), Type.Null()]),
+    state: stringEnum(OPERATION_STATES),
+    error: nullable(Type.Object({ code: Type.String(), message: Type.String() })),
     createdAt: Type.String({ format: 'date-time' }),
     updatedAt: Type.String({ format: 'date-time' }),
   },
@@ -246,7 +235,7 @@ export const CommandBody = Type.Object(
     shell: Type.Optional(Type.Boolean({ description: 'Run `cmd` with /bin/sh -c.' })),
     env: Type.Optional(EnvVars),
     cwd: Type.Optional(Type.String({ minLength: 1, maxLength: 4096 })),
-    user: Type.Optional(literalUnion(['user', 'root'] as const)),
+    user: Type.Optional(stringEnum(['user', 'root'] as const)),
     stdin: Type.Optional(
       Type.Union([Type.Boolean(), Type.String({ maxLength: LIMITS.stdinBytes })], {
         description: '`true` keeps stdin open for the data plane; a string is written then closed.',
@@ -272,7 +261,7 @@ export const CommandResponse = Type.Object({
 export const TokenBody = Type.Object(
   {
     scopes: Type.Optional(
-      Type.Array(literalUnion(['commands', 'files'] as const), { minItems: 1, uniqueItems: true }),
+      Type.Array(stringEnum(['commands', 'files'] as const), { minItems: 1, uniqueItems: true }),
     ),
     ttlSec: Type.Optional(Type.Integer({ minimum: 10, maximum: 86_400 })),
   },
@@ -282,7 +271,7 @@ export const TokenBody = Type.Object(
 export const PauseBody = Type.Object(
   {
     mode: Type.Optional(
-      literalUnion(['auto', ...PAUSE_MODES] as const, {
+      stringEnum(['auto', ...PAUSE_MODES] as const, {
         description:
           '`frozen`: kept in memory, instant resume. `hibernated`: snapshot to disk, capacity freed. `auto` (default): the platform’s policy.',
       }),
@@ -308,10 +297,10 @@ export const UsageFigures = Type.Object({
 export const SandboxUsageSchema = Type.Object({
   sandboxId: Type.String(),
   template: Type.String(),
-  startedAt: Type.Union([Type.String({ format: 'date-time' }), Type.Null()]),
-  endedAt: Type.Union([Type.String({ format: 'date-time' }), Type.Null()]),
+  startedAt: nullable(Type.String({ format: 'date-time' })),
+  endedAt: nullable(Type.String({ format: 'date-time' })),
   /** Current activity state (null once ended). */
-  state: Type.Union([literalUnion(USAGE_STATES), Type.Null()]),
+  state: nullable(stringEnum(USAGE_STATES)),
   ...UsageFigures.properties,
 });
 
@@ -321,7 +310,7 @@ export const UsageQuery = Type.Object(
       Type.String({ format: 'date-time', description: 'Start (inclusive); default 24 h ago.' }),
     ),
     to: Type.Optional(Type.String({ format: 'date-time', description: 'End (exclusive); default now.' })),
-    groupBy: Type.Optional(literalUnion(['sandbox', 'apiKey', 'template'] as const)),
+    groupBy: Type.Optional(stringEnum(['sandbox', 'apiKey', 'template'] as const)),
   },
   { additionalProperties: false },
 );

@@ -24,6 +24,7 @@ import { type Static, Type } from '@sinclair/typebox';
 import { CredentialGrantSchema } from './credentials.ts';
 import { EgressPolicySchema } from './egress.ts';
 import { ID_PATTERN } from './ids.ts';
+import { stringEnum } from './json-schema.ts';
 
 /** Version of this contract, sent by agents in their registration. */
 export const AGENT_PROTOCOL_VERSION = 3;
@@ -63,7 +64,7 @@ export const AgentCreateResponseSchema = Type.Object({
   instanceId: Type.String(),
   /** How the instance came to be: a warm-pool claim, a snapshot restore or a cold boot. */
   fromWarmPool: Type.Boolean(),
-  source: Type.Optional(Type.Union([Type.Literal('warm'), Type.Literal('snapshot'), Type.Literal('boot')])),
+  source: Type.Optional(stringEnum(['warm', 'snapshot', 'boot'] as const)),
 });
 export type AgentCreateResponse = Static<typeof AgentCreateResponseSchema>;
 
@@ -82,7 +83,7 @@ export const AgentCommandRequestSchema = Type.Object({
   shell: Type.Boolean(),
   env: EnvVarsSchema,
   cwd: Type.Optional(Type.String()),
-  user: Type.Union([Type.Literal('user'), Type.Literal('root')]),
+  user: stringEnum(['user', 'root'] as const),
   /** `true`: keep stdin open; a string: write it then close; absent/false: /dev/null. */
   stdin: Type.Optional(Type.Union([Type.Boolean(), Type.String()])),
   /** ms. */
@@ -117,13 +118,13 @@ export const AgentPauseRequestSchema = Type.Object({
    * its hibernation store (with the sandbox's command spools), destroys the instance and forgets
    * the sandbox; any node reading the same store can resume it.
    */
-  mode: Type.Union([Type.Literal('frozen'), Type.Literal('hibernated')]),
+  mode: stringEnum(['frozen', 'hibernated'] as const),
 });
 export type AgentPauseRequest = Static<typeof AgentPauseRequestSchema>;
 
 /** Answer of POST /internal/v1/sandboxes/:id/pause. */
 export const AgentPauseResponseSchema = Type.Object({
-  mode: Type.Union([Type.Literal('frozen'), Type.Literal('hibernated')]),
+  mode: stringEnum(['frozen', 'hibernated'] as const),
   /** Hibernated: the snapshot's folder in the node's hibernation store (`store`). */
   hibernation: Type.Optional(Type.Object({ store: Type.String(), path: Type.String() })),
 });
@@ -148,7 +149,7 @@ export type AgentResumeRequest = Static<typeof AgentResumeRequestSchema>;
 export const AgentResumeResponseSchema = Type.Object({
   instanceId: Type.String(),
   /** `thawed`: a frozen instance resumed; `restored`: a hibernated one restored from its snapshot. */
-  how: Type.Union([Type.Literal('thawed'), Type.Literal('restored')]),
+  how: stringEnum(['thawed', 'restored'] as const),
 });
 export type AgentResumeResponse = Static<typeof AgentResumeResponseSchema>;
 

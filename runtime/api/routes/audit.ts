@@ -1,6 +1,7 @@
 /** GET /v1/audit: the team's audit log, newest first (keys with `audit:read`). */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
+import { nullable, stringEnum } from '../../core/json-schema.ts';
 import { TEAM_ID_PATTERN } from '../../core/tenancy.ts';
 import type { ApiDeps } from '../app.ts';
 import { actingTeam, principalOf } from '../auth.ts';
@@ -13,9 +14,9 @@ const AuditEntrySchema = Type.Object({
   keyId: Type.String(),
   action: Type.String(),
   target: Type.String(),
-  result: Type.Union([Type.Literal('ok'), Type.Literal('denied'), Type.Literal('failed')]),
+  result: stringEnum(['ok', 'denied', 'failed'] as const),
   status: Type.Integer(),
-  code: Type.Union([Type.String(), Type.Null()]),
+  code: nullable(Type.String()),
 });
 
 export function auditRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
@@ -36,7 +37,7 @@ export function auditRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
           response: {
             200: Type.Object({
               entries: Type.Array(AuditEntrySchema),
-              nextCursor: Type.Union([Type.String(), Type.Null()]),
+              nextCursor: nullable(Type.String()),
             }),
             400: ErrorSchema,
             401: ErrorSchema,

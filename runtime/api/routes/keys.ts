@@ -6,13 +6,14 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
 import { SpaceError } from '../../core/errors.ts';
+import { nullable, stringEnum } from '../../core/json-schema.ts';
 import { ALL_SCOPES, type ApiScope, DEFAULT_KEY_SCOPES, TEAM_ID_PATTERN } from '../../core/tenancy.ts';
 import type { Principal } from '../api-keys.ts';
 import type { ApiDeps } from '../app.ts';
 import { actingTeam, principalOf } from '../auth.ts';
 import { ErrorSchema, IdParams } from '../schemas.ts';
 
-const ScopeSchema = Type.Union(ALL_SCOPES.map((s) => Type.Literal(s)));
+const ScopeSchema = stringEnum(ALL_SCOPES);
 
 const ApiKeySchema = Type.Object({
   id: Type.String(),
@@ -20,9 +21,9 @@ const ApiKeySchema = Type.Object({
   team: Type.String(),
   scopes: Type.Array(Type.String()),
   createdAt: Type.String(),
-  expiresAt: Type.Union([Type.String(), Type.Null()]),
-  lastUsedAt: Type.Union([Type.String(), Type.Null()]),
-  rotatedTo: Type.Union([Type.String(), Type.Null()]),
+  expiresAt: nullable(Type.String()),
+  lastUsedAt: nullable(Type.String()),
+  rotatedTo: nullable(Type.String()),
 });
 const WithSecret = Type.Object({
   key: ApiKeySchema,

@@ -1,6 +1,7 @@
 /** Read-only views of nodes and templates. */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
+import { nullable } from '../../core/json-schema.ts';
 import { DEPLOY_TARGET_VERSION_KEY, VERSION_TAG } from '../../core/redis-keys.ts';
 import type { ApiDeps } from '../app.ts';
 import { knownTemplates, readyTemplates } from '../node-store.ts';
@@ -61,7 +62,7 @@ export function nodeRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         config: { scope: 'nodes:read' },
         schema: {
           summary: 'The SPACE version VM deployments move to (null when none was set)',
-          response: { 200: Type.Object({ version: Type.Union([Type.String(), Type.Null()]) }) },
+          response: { 200: Type.Object({ version: nullable(Type.String()) }) },
         },
       },
       async () => ({ version: await deps.redis.get(DEPLOY_TARGET_VERSION_KEY) }),

@@ -11,6 +11,7 @@ import { isDriverName, shapeProblem } from '../../core/drivers.ts';
 import { EgressPolicySchema, normalisePolicy } from '../../core/egress.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { newId, newSandboxId } from '../../core/ids.ts';
+import { nullable } from '../../core/json-schema.ts';
 import { requestLifecycle } from '../../core/lifecycle-requests.ts';
 import { F } from '../../core/log-fields.ts';
 import { IDEMPOTENCY_TTL_SEC, keys } from '../../core/redis-keys.ts';
@@ -261,7 +262,7 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
           response: {
             200: Type.Object({
               sandboxes: Type.Array(Type.Ref(SandboxSchema)),
-              nextCursor: Type.Union([Type.String(), Type.Null()]),
+              nextCursor: nullable(Type.String()),
             }),
             ...errors,
           },

@@ -4,6 +4,7 @@
  */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
+import { nullable } from '../../core/json-schema.ts';
 import { QUOTA_NAMES, TEAM_ID_PATTERN } from '../../core/tenancy.ts';
 import type { ApiDeps } from '../app.ts';
 import { actingTeam, principalOf } from '../auth.ts';
@@ -18,7 +19,7 @@ const Quotas = Type.Object(
 const QuotaPatch = Type.Partial(
   Type.Object(
     Object.fromEntries(
-      QUOTA_NAMES.map((q) => [q, Type.Union([Type.Integer({ minimum: 0 }), Type.Null()])]),
+      QUOTA_NAMES.map((q) => [q, nullable(Type.Integer({ minimum: 0 }))]),
     ) as unknown as Record<(typeof QUOTA_NAMES)[number], ReturnType<typeof Type.Integer>>,
   ),
   { additionalProperties: false },
