@@ -29,14 +29,8 @@ export async function startApi(
   opts: { bootstrapKeyFile?: string } = {},
 ): Promise<RunningApi> {
   const log = createLogger('api', config.logLevel);
-  // Auto-pipelining on the main connection: the commands issued in one tick go out in one write.
-  // A burst of creates issues many at once (the 32 transitions to running of a wave land together),
-  // and each write is a syscall that wakes Redis: in a CPU profile of 32-way warm waves the API's
-  // socket writes to Redis were its largest native cost. Settled C = 32 waves, ready p50 with / without
-  // it: 151 / 164 and 171 / 195 ms (runs interleaved, 2-core VM, 2026-12-04); p99 mixed. Not on the
-  // subscriber or the worker's connection, which hold subscribe-mode and blocking commands.
   const redis = watchConnection(
-    new Redis(config.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 3, enableAutoPipelining: true }),
+    new Redis(config.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 3 }),
     log,
     'main',
   );
@@ -45,7 +39,7 @@ export async function startApi(
     config,
     log,
     redis,
-    subscriber: watchConnection(redis.duplicate({ enableAutoPipelining: false }), log, 'subscriber'),
+    subscriber: watchConnection(redis.duplicate(), log, 'subscriber'),
     signingKey: await loadSigningKey(config.signingKeyFile),
   });
   // the default team owns everything made before teams; keys from then join it with every scope
@@ -69,10 +63,7 @@ export async function startApi(
     ? { cert: await readFile(config.tlsCertFile), key: await readFile(config.tlsKeyFile) }
     : undefined;
   const app = await buildApp(deps, tls ? { tls } : {});
-  const runtime = createApiRuntime(
-    deps,
-    watchConnection(redis.duplicate({ enableAutoPipelining: false }), log, 'worker'),
-  );
+  const runtime = createApiRuntime(deps, watchConnection(redis.duplicate(), log, 'worker'));
   await runtime.start();
   await app.listen({ host: config.host, port: config.port });
   const port = (app.server.address() as { port: number }).port;
