@@ -1,5 +1,14 @@
 import { describe, expect, it } from 'vitest';
-import { type CreateSample, errorCounts, latencyRows, samplesOf, waitForPool } from './latency.ts';
+import type { BenchClient } from './api.ts';
+import {
+  type CreateSample,
+  errorCounts,
+  latencyRows,
+  measureCreates,
+  samplesOf,
+  waitForPool,
+} from './latency.ts';
+import { progressFactory } from './progress.ts';
 
 function sample(p: Partial<CreateSample>): CreateSample {
   return {
@@ -62,5 +71,70 @@ describe('latency classification', () => {
     const t0 = Date.now();
     expect(await waitForPool(async () => 0, 5, { stableMs: 20, timeoutMs: 150, pollMs: 5 })).toBe(0);
     expect(Date.now() - t0).toBeGreaterThanOrEqual(150);
+  });
+});
+
+describe('a wave’s commands and its creates', () => {
+  /**
+   * A client whose creates become ready after different delays (ms, in order of the POSTs); it
+   * records the order of "ready" and "command" events. Only the ordering is under test here; the
+   * real API is in bench.int.test.ts.
+   */
+  function recordingClient(readyAfterMs: number[]): { client: BenchClient; events: string[] } {
+    const events: string[] = [];
+    let created = 0;
+    const client: BenchClient = {
+      async api<T>(method: string, path: string) {
+        if (method === 'POST' && path === '/v1/sandboxes') {
+          const i = created++;
+          return { sandbox: { id: `sbx${i}` }, operation: { id: `op${i}` } } as T;
+        }
+        if (method === 'POST') {
+          events.push(`command ${path.split('/')[3]}`);
+          return { stream: { url: 'u', token: 't' } } as T;
+        }
+        return { createdFrom: 'warm', fromWarmPool: true } as T;
+      },
+      async waitReady() {},
+      async waitOp(id) {
+        const i = Number(id.slice(2));
+        await new Promise((r) => setTimeout(r, readyAfterMs[i]));
+        events.push(`ready sbx${i}`);
+      },
+      async streamTimes() {
+        return { first: 1, exit: 2, stdoutBytes: 6 };
+      },
+    };
+    return { client, events };
+  }
+
+  const run = (client: BenchClient, overlap: boolean) =>
+    measureCreates({
+      client,
+      concurrency: 3,
+      n: 3,
+      phase: 'warm',
+      body: {},
+      overlap,
+      progress: progressFactory(true),
+    });
+
+  it('by default no command is posted before the whole wave is ready', async () => {
+    const { client, events } = recordingClient([5, 60, 30]);
+    const samples = await run(client, false);
+    expect(events.slice(0, 3).every((e) => e.startsWith('ready'))).toBe(true);
+    expect(events.slice(3).sort()).toEqual(['command sbx0', 'command sbx1', 'command sbx2']);
+    for (const s of samples) {
+      expect(s.source).toBe('warm');
+      expect(s.readyMs).toBeGreaterThan(0);
+      expect(s.firstOutputMs).toBeGreaterThanOrEqual(0);
+    }
+  });
+
+  it('with overlap each command follows its own create, beside the later ones', async () => {
+    const { client, events } = recordingClient([5, 60, 30]);
+    await run(client, true);
+    expect(events.indexOf('command sbx0')).toBeLessThan(events.indexOf('ready sbx1'));
+    expect(events.indexOf('ready sbx0')).toBeLessThan(events.indexOf('command sbx0'));
   });
 });

@@ -12,8 +12,14 @@
  *   timed, so no delete of the wave runs beside its creates still in flight either;
  * - `cold`: a shape the pool does not hold (`--cold-memory`, default 640 MiB), so the node must make
  *   every instance (snapshot restore or boot, whichever it does).
- * Each create is timed from its POST to: `accepted` (the POST answered), `ready` (its operation
- * succeeded, long-polled), `first output` (the first stdout event of `echo ready` posted once ready).
+ * Each create is timed from its POST to: `accepted` (the POST answered) and `ready` (its operation
+ * succeeded, long-polled). Each sandbox then runs `echo ready`, timed from that command's POST to
+ * its first stdout event (`first output`). By default a wave's commands are posted together once
+ * the whole wave is ready, so `ready` measures creation under C concurrent creates and nothing else
+ * of the benchmark's (a command is a process spawn in the guest: under gVisor's ptrace platform, 17
+ * of them beside a wave's last creates delayed those by ~0.5 s). With `overlap`, each sandbox runs
+ * its command as soon as it is ready, beside the wave's later creates: the mixed load of C agents
+ * that each create and run at once.
  * Every sample is then **classified by what the API says the create did** — the sandbox's
  * `createdFrom` (`warm` claim, `snapshot` restore, `boot`) — never by the phase: a warm-phase create
  * that found the pool empty counts as the snapshot or boot it was. Creates the API refused (e.g.
@@ -44,7 +50,10 @@ export const CREATE_SOURCES: readonly CreateSource[] = ['warm', 'snapshot', 'boo
 /** Which shape the create asked for (see the module doc); not a classification. */
 export type LatencyPhase = 'warm' | 'cold';
 
-/** One create, as measured. Times in ms from the POST; NaN when not reached. */
+/**
+ * One create, as measured, in ms; NaN when not reached. `acceptedMs` and `readyMs` count from the
+ * create's POST, `firstOutputMs` from its command's POST.
+ */
 export interface CreateSample {
   concurrency: number;
   phase: LatencyPhase;
@@ -144,14 +153,20 @@ export interface CreateRunOptions {
   phase: LatencyPhase;
   /** Extra create body (the cold phase's shape). */
   body: Record<string, unknown>;
+  /**
+   * Post each sandbox's command as soon as it is ready, beside the wave's later creates (default:
+   * once the whole wave is ready; see the module doc).
+   */
+  overlap?: boolean;
   /** Before each wave (warm phase: wait for the pool). */
   beforeWave?: (size: number) => Promise<void>;
   progress: ProgressFactory;
 }
 
 /**
- * Times one create (see the module doc). Never throws: a failure becomes the sample's `error`.
- * Returns the sample and the sandbox's id (null when the POST failed), which the caller deletes.
+ * Times one create to ready (see the module doc). Never throws: a failure becomes the sample's
+ * `error`. Returns the sample and the sandbox's id (null when the POST failed), which the caller
+ * deletes; `firstOutputMs` and `source` are left for {@link timeFirstOutput}.
  */
 export async function timeCreate(
   client: BenchClient,
@@ -181,6 +196,25 @@ export async function timeCreate(
     id = res.sandbox.id;
     await client.waitOp(res.operation.id);
     s.readyMs = performance.now() - t0;
+  } catch (err) {
+    s.error = (err as Error).message.slice(0, 300);
+  }
+  return { sample: s, id: id ?? null };
+}
+
+/**
+ * Runs `echo ready` in the ready sandbox `id` and sets `s.firstOutputMs` (from the command's POST to
+ * its first stdout event), then `s.source` from what the API says the create did. Does nothing to a
+ * sample that already failed; never throws (a failure becomes `s.error`).
+ */
+export async function timeFirstOutput(
+  client: BenchClient,
+  s: CreateSample,
+  id: string | null,
+): Promise<void> {
+  if (s.error !== undefined || id === null) return;
+  try {
+    const t0 = performance.now();
     const cmd = await client.api<{ stream: { url: string; token: string } }>(
       'POST',
       `/v1/sandboxes/${id}/commands`,
@@ -199,7 +233,6 @@ export async function timeCreate(
   } catch (err) {
     s.error = (err as Error).message.slice(0, 300);
   }
-  return { sample: s, id: id ?? null };
 }
 
 /** N creates in waves of `concurrency` (see the module doc). */
@@ -210,14 +243,26 @@ export async function measureCreates(o: CreateRunOptions): Promise<CreateSample[
     for (let wave = 0, done = 0; done < o.n; wave++) {
       const size = Math.min(o.concurrency, o.n - done);
       await o.beforeWave?.(size);
-      const batch = await Promise.all(
-        Array.from({ length: size }, () =>
-          timeCreate(o.client, o.body, { concurrency: o.concurrency, phase: o.phase, wave }).then((r) => {
-            bar.tick();
-            return r;
-          }),
-        ),
-      );
+      const meta = { concurrency: o.concurrency, phase: o.phase, wave };
+      const one = () =>
+        timeCreate(o.client, o.body, meta).then((r) => {
+          bar.tick();
+          return r;
+        });
+      const batch = o.overlap
+        ? await Promise.all(
+            Array.from({ length: size }, () =>
+              one().then(async (r) => {
+                await timeFirstOutput(o.client, r.sample, r.id);
+                return r;
+              }),
+            ),
+          )
+        : await Promise.all(Array.from({ length: size }, one)).then(async (rs) => {
+            // the wave is ready: its commands go together, none beside a create still in flight
+            await Promise.all(rs.map((r) => timeFirstOutput(o.client, r.sample, r.id)));
+            return rs;
+          });
       out.push(...batch.map((r) => r.sample));
       // the wave's sandboxes go once all of it is timed (untimed): a delete (the runtime's kill and
       // teardown) run beside the creates still in flight would be measured as their latency
@@ -290,6 +335,8 @@ export interface LatencyParams {
   /** MiB of the cold phase's shape. */
   coldMemoryMiB: number;
   floorRuns: number;
+  /** Whether each command ran beside the wave's later creates ({@link CreateRunOptions.overlap}). */
+  overlap: boolean;
   /** Ready warm instances the pool held when the run started. */
   poolSeen: number;
 }
@@ -327,6 +374,7 @@ export async function runLatency(
           concurrency: c,
           n: p.n,
           phase,
+          overlap: p.overlap,
           body: phase === 'cold' ? { memoryMiB: p.coldMemoryMiB } : {},
           beforeWave:
             phase === 'warm'
@@ -379,6 +427,7 @@ export async function latencyOutput(
         ? `Floor: ${r.floor.what}, measured in this run.`
         : `Floor not measured: ${r.floor.skipped}.`
       : 'Floor not measured (--no-floor).',
+    `Accepted and ready count from the create's POST; first output from the POST of the sandbox's command (echo), ${r.params.overlap ? 'posted as soon as the sandbox was ready, beside the wave’s later creates (--overlap)' : 'posted once the whole wave was ready, so no command ran beside a create (--overlap to mix them)'}.`,
     `Classes are what the API reports per create (createdFrom): warm = pool claim, snapshot = snapshot restore, boot = cold boot. Warm phase: default shape, each wave on a settled node (no sandbox left from earlier waves, the pool back to ${r.params.poolSeen} instances); cold phase: ${r.params.coldMemoryMiB} MiB, a shape the pool does not hold.`,
     ...errors.map(
       (e) =>
@@ -394,7 +443,10 @@ export async function latencyOutput(
     summary: { rows, errors, floorP50Ms: Number.isFinite(fp50) ? fp50 : null, budget: r.budget ?? null },
     assumptions: [
       'Percentiles are nearest-rank (a measured value; p99 of fewer than 100 samples is the max).',
-      'Times are wall clock on the benchmark client from the POST /v1/sandboxes; the sandboxes of a wave are deleted once the whole wave is timed, untimed.',
+      'Times are wall clock on the benchmark client: accepted and ready from the POST /v1/sandboxes, first output from the POST of the sandbox’s command; the sandboxes of a wave are deleted once the whole wave is timed, untimed.',
+      r.params.overlap
+        ? 'Each sandbox’s command (echo) was posted as soon as it was ready, beside the wave’s later creates (--overlap).'
+        : 'A wave’s commands (echo) were posted together once the whole wave was ready, so no command ran beside a create.',
     ],
   };
   const points: PlotPoint[] = [];

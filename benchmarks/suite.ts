@@ -119,6 +119,7 @@ export async function latency(
     coldMemory: number;
     floorRuns: number;
     floor: boolean;
+    overlap?: boolean;
   },
 ): Promise<BenchOutput> {
   const { runLatency, latencyOutput } = await import('./latency.ts');
@@ -130,6 +131,7 @@ export async function latency(
       phases: o.phases,
       coldMemoryMiB: o.coldMemory,
       floorRuns: o.floorRuns,
+      overlap: o.overlap ?? false,
     },
     { progress: ctx.progress, cacheDir: ctx.cacheDir, floor: o.floor, note: ctx.note },
   );

@@ -155,6 +155,10 @@ Examples:
     .option('--floor-runs <count>', 'samples of the driver floor', parsePositiveInt('--floor-runs'), 10)
     .option('--no-floor', 'skip the driver floor')
     .option(
+      '--overlap',
+      'run each sandbox’s command as soon as it is ready, beside the wave’s later creates (default: once the whole wave is ready)',
+    )
+    .option(
       '--trace-file <path>',
       'keep the spans of the stack the benchmark starts in <path> (JSON lines; replaced), to look at single creates',
     )
