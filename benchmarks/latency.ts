@@ -249,20 +249,16 @@ export async function measureCreates(o: CreateRunOptions): Promise<CreateSample[
           bar.tick();
           return r;
         });
-      const batch = o.overlap
-        ? await Promise.all(
-            Array.from({ length: size }, () =>
-              one().then(async (r) => {
-                await timeFirstOutput(o.client, r.sample, r.id);
-                return r;
-              }),
-            ),
-          )
-        : await Promise.all(Array.from({ length: size }, one)).then(async (rs) => {
-            // the wave is ready: its commands go together, none beside a create still in flight
-            await Promise.all(rs.map((r) => timeFirstOutput(o.client, r.sample, r.id)));
-            return rs;
-          });
+      const batch = await Promise.all(
+        Array.from({ length: size }, () =>
+          one().then(async (r) => {
+            if (o.overlap) await timeFirstOutput(o.client, r.sample, r.id);
+            return r;
+          }),
+        ),
+      );
+      // the wave is ready: its commands go together, none beside a create still in flight
+      if (!o.overlap) await Promise.all(batch.map((r) => timeFirstOutput(o.client, r.sample, r.id)));
       out.push(...batch.map((r) => r.sample));
       // the wave's sandboxes go once all of it is timed (untimed): a delete (the runtime's kill and
       // teardown) run beside the creates still in flight would be measured as their latency
@@ -427,7 +423,6 @@ export async function latencyOutput(
         ? `Floor: ${r.floor.what}, measured in this run.`
         : `Floor not measured: ${r.floor.skipped}.`
       : 'Floor not measured (--no-floor).',
-    `Accepted and ready count from the create's POST; first output from the POST of the sandbox's command (echo), ${r.params.overlap ? 'posted as soon as the sandbox was ready, beside the wave’s later creates (--overlap)' : 'posted once the whole wave was ready, so no command ran beside a create (--overlap to mix them)'}.`,
     `Classes are what the API reports per create (createdFrom): warm = pool claim, snapshot = snapshot restore, boot = cold boot. Warm phase: default shape, each wave on a settled node (no sandbox left from earlier waves, the pool back to ${r.params.poolSeen} instances); cold phase: ${r.params.coldMemoryMiB} MiB, a shape the pool does not hold.`,
     ...errors.map(
       (e) =>
@@ -443,10 +438,10 @@ export async function latencyOutput(
     summary: { rows, errors, floorP50Ms: Number.isFinite(fp50) ? fp50 : null, budget: r.budget ?? null },
     assumptions: [
       'Percentiles are nearest-rank (a measured value; p99 of fewer than 100 samples is the max).',
-      'Times are wall clock on the benchmark client: accepted and ready from the POST /v1/sandboxes, first output from the POST of the sandbox’s command; the sandboxes of a wave are deleted once the whole wave is timed, untimed.',
+      'Times are wall clock on the benchmark client: accepted and ready from the POST /v1/sandboxes, first output from the POST of the sandbox’s command (echo); the sandboxes of a wave are deleted once the whole wave is timed, untimed.',
       r.params.overlap
         ? 'Each sandbox’s command (echo) was posted as soon as it was ready, beside the wave’s later creates (--overlap).'
-        : 'A wave’s commands (echo) were posted together once the whole wave was ready, so no command ran beside a create.',
+        : 'A wave’s commands (echo) were posted together once the whole wave was ready, so no command ran beside a create (--overlap mixes them).',
     ],
   };
   const points: PlotPoint[] = [];
