@@ -69,4 +69,29 @@ describe('create → exec → stream → files → delete', () => {
     const after = await s.call<{ state: string; killReason: string }>('GET', `/v1/sandboxes/${id}`);
     expect(after.body).toMatchObject({ state: 'killed', killReason: 'request' });
   });
+
+  it('a create with ?waitMs= answers once the sandbox runs, in one request (and so does its replay)', async () => {
+    type Made = { sandbox: { id: string; state: string }; operation: { id: string; state: string } };
+    const headers = { 'idempotency-key': `e2e-wait-${Date.now()}` };
+    const made = await s.call<Made>('POST', '/v1/sandboxes?waitMs=30000', { template: 'base' }, headers);
+    expect(made.status).toBe(202);
+    expect(made.body.operation.state).toBe('succeeded');
+    expect(made.body.sandbox.state).toBe('running');
+    const r = await s.exec(made.body.sandbox.id, { cmd: 'echo', args: ['ready'] });
+    expect(r.stdout.toString()).toBe('ready\n');
+    // the same key and body: the same sandbox and operation, as they are now
+    const again = await s.call<Made>('POST', '/v1/sandboxes?waitMs=30000', { template: 'base' }, headers);
+    expect(again.body).toMatchObject({
+      sandbox: { id: made.body.sandbox.id, state: 'running' },
+      operation: { id: made.body.operation.id, state: 'succeeded' },
+    });
+    // without waitMs the answer does not wait: the operation is pending or under way
+    const quick = await s.call<Made>('POST', '/v1/sandboxes', { template: 'base' });
+    expect(['pending', 'running']).toContain(quick.body.operation.state);
+    expect((await s.call('POST', '/v1/sandboxes?waitMs=60001', { template: 'base' })).status).toBe(400);
+    for (const id of [made.body.sandbox.id, quick.body.sandbox.id]) {
+      const del = await s.call<{ operation: { id: string } }>('DELETE', `/v1/sandboxes/${id}`);
+      await s.call('GET', `/v1/operations/${del.body.operation.id}?waitMs=30000`);
+    }
+  });
 });

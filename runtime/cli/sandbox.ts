@@ -3,6 +3,7 @@ import type { Command } from 'commander';
 import {
   type ApiClient,
   assertSucceeded,
+  LONG_POLL_MS,
   type Operation,
   type Sandbox,
   type SandboxUsage,
@@ -183,17 +184,20 @@ Examples:
     )
     .action(async (o: CreateOptions, cmd: Command) => {
       const api = apiClient(cmd);
+      // waiting, the API answers once the create has ended: one request unless it takes longer
       const res = await api.json<{ sandbox: Sandbox; operation: Operation }>('POST', '/v1/sandboxes', {
         body: createBody(o),
         headers: o.idempotencyKey ? { 'idempotency-key': o.idempotencyKey } : undefined,
+        query: o.wait ? { waitMs: LONG_POLL_MS } : undefined,
       });
       if (!o.wait) {
         if (isJson(cmd)) printJson(res);
         else println(res.sandbox.id);
         return;
       }
-      assertSucceeded(await waitOperation(api, res.operation.id));
-      const sb = await api.json<Sandbox>('GET', sandboxPath(res.sandbox.id));
+      const ended = res.operation.state === 'succeeded' || res.operation.state === 'failed';
+      assertSucceeded(ended ? res.operation : await waitOperation(api, res.operation.id));
+      const sb = ended ? res.sandbox : await api.json<Sandbox>('GET', sandboxPath(res.sandbox.id));
       if (isJson(cmd)) printJson(sb);
       else println(sb.id);
     });

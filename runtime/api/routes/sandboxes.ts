@@ -1,6 +1,6 @@
 /**
- * Routes of /v1/sandboxes: create (202 + operation), list, get, delete, pause and resume
- * (→ operation), timeout, egress, usage.
+ * Routes of /v1/sandboxes: create (202 + operation; with `?waitMs=`, answered once the operation
+ * ends), list, get, delete, pause and resume (→ operation), timeout, egress, usage.
  */
 import { createHash } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -16,13 +16,13 @@ import { requestLifecycle } from '../../core/lifecycle-requests.ts';
 import { F } from '../../core/log-fields.ts';
 import { IDEMPOTENCY_TTL_SEC, keys } from '../../core/redis-keys.ts';
 import { inSpan, traceContextFrom } from '../../core/tracing.ts';
-import type { SandboxState } from '../../core/types.ts';
+import type { Operation, Sandbox, SandboxState } from '../../core/types.ts';
 import type { ApiDeps } from '../app.ts';
 import { principalOf } from '../auth.ts';
 import { allowCredentialHosts } from '../credential-store.ts';
 import { knownTemplates, readyTemplates } from '../node-store.ts';
-import { type DraftOperation, operationToPublic } from '../operations.ts';
-import { toPublic } from '../sandbox-store.ts';
+import { type DraftOperation, type OperationRecord, operationToPublic } from '../operations.ts';
+import { type SandboxRecord, toPublic } from '../sandbox-store.ts';
 import {
   CreateSandboxBody,
   ErrorSchema,
@@ -34,6 +34,7 @@ import {
   SandboxSchema,
   SandboxUsageSchema,
   TimeoutBody,
+  WaitQuery,
 } from '../schemas.ts';
 import { sandboxUsage } from '../usage.ts';
 
@@ -66,7 +67,9 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
       {
         config: { scope: 'sandboxes:write' },
         schema: {
-          summary: 'Create a sandbox (asynchronous)',
+          summary:
+            'Create a sandbox (asynchronous); with waitMs, answer once its create operation ends or the time passes',
+          querystring: WaitQuery,
           headers: Type.Object({
             'idempotency-key': Type.Optional(Type.String({ minLength: 1, maxLength: 128 })),
           }),
@@ -81,6 +84,9 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
           async () => {
             const body = req.body;
             const who = principalOf(req);
+            const waitMs = req.query.waitMs ?? 0;
+            // subscribed before the records are written, so no finish can be missed
+            if (waitMs > 0) await deps.waiter.subscribed();
             // the team's quotas are read beside the node list: one Redis round trip, not two
             const quotasRead = deps.teams.quotas(who.team);
             quotasRead.catch(() => {}); // awaited below; a refusal on the template must not leave it unhandled
@@ -177,10 +183,7 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
                   const cur = JSON.parse((await deps.redis.get(key)) ?? '{}') as typeof prior;
                   const sb = cur.sandboxId ? await deps.sandboxes.get(cur.sandboxId) : null;
                   const op = cur.operationId ? await deps.operations.get(cur.operationId) : null;
-                  if (sb && op)
-                    return reply
-                      .status(202)
-                      .send({ sandbox: toPublic(sb), operation: operationToPublic(op) });
+                  if (sb && op) return reply.status(202).send(await settled(sb, op));
                   await sleep(20);
                 }
                 throw new SpaceError(
@@ -203,9 +206,28 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
                 'EX',
                 IDEMPOTENCY_TTL_SEC,
               );
-              return reply.status(202).send({ sandbox, operation });
+              return reply.status(202).send(await settled(sandbox, operation));
             }
-            return reply.status(202).send(await createRecords(sandboxId));
+            const made = await createRecords(sandboxId);
+            return reply.status(202).send(await settled(made.sandbox, made.operation));
+
+            /**
+             * The answer: the records as written, or with `waitMs`, as they are once the create
+             * operation has ended (or the wait has passed). One request instead of create + long-poll.
+             */
+            async function settled(
+              sb: SandboxRecord,
+              op: OperationRecord,
+            ): Promise<{ sandbox: Sandbox; operation: Operation }> {
+              const done = op.state === 'succeeded' || op.state === 'failed';
+              const ended =
+                waitMs > 0 && !done
+                  ? await inSpan('api.operation.wait', {}, () => deps.waiter.wait(op.id, waitMs, op))
+                  : op;
+              if (!ended || ended === op) return { sandbox: toPublic(sb), operation: operationToPublic(op) };
+              const now = (await deps.sandboxes.get(sb.id)) ?? sb;
+              return { sandbox: toPublic(now), operation: operationToPublic(ended) };
+            }
 
             async function createRecords(id: string) {
               req.auditTarget = id;
@@ -245,7 +267,7 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
                 { [F.sandboxId]: id, [F.operationId]: op.id, [F.templateId]: body.template },
                 'sandbox accepted',
               );
-              return { sandbox: toPublic(rec), operation: operationToPublic(op) };
+              return { sandbox: rec, operation: op };
             }
           },
           traceContextFrom(req.headers),
