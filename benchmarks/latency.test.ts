@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import type { BenchClient } from './api.ts';
 import {
+  type CreateMode,
   type CreateSample,
   errorCounts,
   latencyRows,
@@ -83,11 +84,20 @@ describe('a wave’s commands and its creates', () => {
   function recordingClient(readyAfterMs: number[]): { client: BenchClient; events: string[] } {
     const events: string[] = [];
     let created = 0;
+    const ready = async (i: number) => {
+      await new Promise((r) => setTimeout(r, readyAfterMs[i]));
+      events.push(`ready sbx${i}`);
+    };
     const client: BenchClient = {
       async api<T>(method: string, path: string) {
-        if (method === 'POST' && path === '/v1/sandboxes') {
+        if (method === 'POST' && path.split('?')[0] === '/v1/sandboxes') {
           const i = created++;
-          return { sandbox: { id: `sbx${i}` }, operation: { id: `op${i}` } } as T;
+          // ?waitMs=: the API answers once the create has ended; else at once, and waitOp waits
+          const waits = path.includes('?waitMs=');
+          if (waits) await ready(i);
+          events.push(`answer sbx${i}`);
+          const state = waits ? 'succeeded' : 'pending';
+          return { sandbox: { id: `sbx${i}` }, operation: { id: `op${i}`, state } } as T;
         }
         if (method === 'POST') {
           events.push(`command ${path.split('/')[3]}`);
@@ -97,9 +107,8 @@ describe('a wave’s commands and its creates', () => {
       },
       async waitReady() {},
       async waitOp(id) {
-        const i = Number(id.slice(2));
-        await new Promise((r) => setTimeout(r, readyAfterMs[i]));
-        events.push(`ready sbx${i}`);
+        events.push(`poll ${id}`);
+        await ready(Number(id.slice(2)));
       },
       async streamTimes() {
         return { first: 1, exit: 2, stdoutBytes: 6 };
@@ -108,7 +117,7 @@ describe('a wave’s commands and its creates', () => {
     return { client, events };
   }
 
-  const run = (client: BenchClient, overlap: boolean) =>
+  const run = (client: BenchClient, overlap: boolean, mode?: CreateMode) =>
     measureCreates({
       client,
       concurrency: 3,
@@ -116,19 +125,50 @@ describe('a wave’s commands and its creates', () => {
       phase: 'warm',
       body: {},
       overlap,
+      mode,
       progress: progressFactory(true),
     });
+  const commands = (events: string[]) => events.filter((e) => e.startsWith('command'));
 
   it('by default no command is posted before the whole wave is ready', async () => {
     const { client, events } = recordingClient([5, 60, 30]);
     const samples = await run(client, false);
-    expect(events.slice(0, 3).every((e) => e.startsWith('ready'))).toBe(true);
-    expect(events.slice(3).sort()).toEqual(['command sbx0', 'command sbx1', 'command sbx2']);
+    const firstCommand = events.findIndex((e) => e.startsWith('command'));
+    expect(events.slice(0, firstCommand).filter((e) => e.startsWith('ready'))).toHaveLength(3);
+    expect(commands(events).sort()).toEqual(['command sbx0', 'command sbx1', 'command sbx2']);
     for (const s of samples) {
       expect(s.source).toBe('warm');
       expect(s.readyMs).toBeGreaterThan(0);
       expect(s.firstOutputMs).toBeGreaterThanOrEqual(0);
     }
+  });
+
+  it('by default a create is one POST that answers once ready; --poll answers at once, then long-polls', async () => {
+    const waited = recordingClient([5, 20, 10]);
+    const one = await run(waited.client, false);
+    expect(waited.events.some((e) => e.startsWith('poll'))).toBe(false);
+    // each answer comes after its own ready
+    for (const i of [0, 1, 2])
+      expect(waited.events.indexOf(`ready sbx${i}`)).toBeLessThan(waited.events.indexOf(`answer sbx${i}`));
+    for (const s of one) {
+      expect(s.acceptedMs).toBeNaN(); // not measurable in one request
+      expect(s.readyMs).toBeGreaterThanOrEqual(5);
+    }
+
+    const polled = recordingClient([5, 20, 10]);
+    const two = await run(polled.client, false, 'poll');
+    for (const i of [0, 1, 2]) {
+      expect(polled.events.indexOf(`answer sbx${i}`)).toBeLessThan(polled.events.indexOf(`poll op${i}`));
+      expect(polled.events.indexOf(`poll op${i}`)).toBeLessThan(polled.events.indexOf(`ready sbx${i}`));
+    }
+    for (const s of two) {
+      expect(s.acceptedMs).toBeLessThan(s.readyMs);
+      expect(s.readyMs).toBeGreaterThanOrEqual(5);
+    }
+    // accepted has no row where no sample measured it
+    const rows = (xs: CreateSample[]) => latencyRows(xs, Number.NaN).map((r) => r.metric);
+    expect(new Set(rows(one))).toEqual(new Set(['ready', 'first output']));
+    expect(new Set(rows(two))).toEqual(new Set(['accepted', 'ready', 'first output']));
   });
 
   it('with overlap each command follows its own create, beside the later ones', async () => {

@@ -12,8 +12,10 @@
  *   timed, so no delete of the wave runs beside its creates still in flight either;
  * - `cold`: a shape the pool does not hold (`--cold-memory`, default 640 MiB), so the node must make
  *   every instance (snapshot restore or boot, whichever it does).
- * Each create is timed from its POST to: `accepted` (the POST answered) and `ready` (its operation
- * succeeded, long-polled). Each sandbox then runs `echo ready`, timed from that command's POST to
+ * Each create is timed from its POST to `ready` (its operation succeeded). By default the POST asks
+ * the API to answer once the create has ended (`POST /v1/sandboxes?waitMs=`: one request, as the
+ * CLI and a client that wants a running sandbox make it); with `poll`, the POST answers at once
+ * (`accepted`) and the client long-polls the operation (a second request). Each sandbox then runs `echo ready`, timed from that command's POST to
  * its first stdout event (`first output`). By default a wave's commands are posted together once
  * the whole wave is ready, so `ready` measures creation under C concurrent creates and nothing else
  * of the benchmark's (a command is a process spawn in the guest: under gVisor's ptrace platform, 17
@@ -52,7 +54,8 @@ export type LatencyPhase = 'warm' | 'cold';
 
 /**
  * One create, as measured, in ms; NaN when not reached. `acceptedMs` and `readyMs` count from the
- * create's POST, `firstOutputMs` from its command's POST.
+ * create's POST (`acceptedMs` is NaN unless the run polled: {@link CreateMode}), `firstOutputMs`
+ * from its command's POST.
  */
 export interface CreateSample {
   concurrency: number;
@@ -67,6 +70,16 @@ export interface CreateSample {
   /** The failure (HTTP status and body, or the operation's error), when the create failed. */
   error?: string;
 }
+
+/**
+ * How a create is waited for: `wait` — one `POST /v1/sandboxes?waitMs=` answered once the create
+ * has ended; `poll` — the POST answers at once (timed as `accepted`), then the operation is
+ * long-polled (`GET /v1/operations/:id?waitMs=`).
+ */
+export type CreateMode = 'wait' | 'poll';
+
+/** Longest a create's POST waits in `wait` mode, ms (the API's cap on `waitMs`). */
+const CREATE_WAIT_MS = 60_000;
 
 /** The three timed figures of a create. */
 export const LATENCY_METRICS = [
@@ -106,6 +119,7 @@ export function latencyRows(all: readonly CreateSample[], floorP50: number): Lat
       if (!xs.length) continue;
       for (const [key, metric] of LATENCY_METRICS) {
         const summary = summarise(xs.map((s) => s[key]));
+        if (summary.n === 0) continue; // not measured in this run (accepted, when it did not poll)
         // accepted is the API's answer alone: no floor to compare it with
         const p50OverFloor = key === 'acceptedMs' ? Number.NaN : summary.p50 / floorP50;
         rows.push({ concurrency: c, source, metric, summary, p50OverFloor });
@@ -158,6 +172,8 @@ export interface CreateRunOptions {
    * once the whole wave is ready; see the module doc).
    */
   overlap?: boolean;
+  /** How each create is waited for (default `wait`). */
+  mode?: CreateMode;
   /** Before each wave (warm phase: wait for the pool). */
   beforeWave?: (size: number) => Promise<void>;
   progress: ProgressFactory;
@@ -172,6 +188,7 @@ export async function timeCreate(
   client: BenchClient,
   body: Record<string, unknown>,
   meta: Pick<CreateSample, 'concurrency' | 'phase' | 'wave'>,
+  mode: CreateMode = 'wait',
 ): Promise<{ sample: CreateSample; id: string | null }> {
   const s: CreateSample = {
     ...meta,
@@ -183,18 +200,20 @@ export async function timeCreate(
   let id: string | undefined;
   const t0 = performance.now();
   try {
-    const res = await client.api<{ sandbox: { id: string }; operation: { id: string } }>(
-      'POST',
-      '/v1/sandboxes',
-      {
-        template: 'base',
-        timeoutSec: 300,
-        ...body,
-      },
-    );
-    s.acceptedMs = performance.now() - t0;
+    const res = await client.api<{
+      sandbox: { id: string };
+      operation: { id: string; state: string; error?: unknown };
+    }>('POST', mode === 'wait' ? `/v1/sandboxes?waitMs=${CREATE_WAIT_MS}` : '/v1/sandboxes', {
+      template: 'base',
+      timeoutSec: 300,
+      ...body,
+    });
     id = res.sandbox.id;
-    await client.waitOp(res.operation.id);
+    const op = res.operation;
+    if (mode === 'poll') s.acceptedMs = performance.now() - t0;
+    if (op.state === 'failed') throw new Error(`operation ${op.id} failed: ${JSON.stringify(op.error)}`);
+    // not ended within the POST's wait (or polling): long-poll the rest
+    if (op.state !== 'succeeded') await client.waitOp(op.id);
     s.readyMs = performance.now() - t0;
   } catch (err) {
     s.error = (err as Error).message.slice(0, 300);
@@ -245,7 +264,7 @@ export async function measureCreates(o: CreateRunOptions): Promise<CreateSample[
       await o.beforeWave?.(size);
       const meta = { concurrency: o.concurrency, phase: o.phase, wave };
       const one = () =>
-        timeCreate(o.client, o.body, meta).then((r) => {
+        timeCreate(o.client, o.body, meta, o.mode).then((r) => {
           bar.tick();
           return r;
         });
@@ -333,6 +352,8 @@ export interface LatencyParams {
   floorRuns: number;
   /** Whether each command ran beside the wave's later creates ({@link CreateRunOptions.overlap}). */
   overlap: boolean;
+  /** How each create was waited for ({@link CreateMode}). */
+  createMode: CreateMode;
   /** Ready warm instances the pool held when the run started. */
   poolSeen: number;
 }
@@ -371,6 +392,7 @@ export async function runLatency(
           n: p.n,
           phase,
           overlap: p.overlap,
+          mode: p.createMode,
           body: phase === 'cold' ? { memoryMiB: p.coldMemoryMiB } : {},
           beforeWave:
             phase === 'warm'
@@ -439,6 +461,9 @@ export async function latencyOutput(
     assumptions: [
       'Percentiles are nearest-rank (a measured value; p99 of fewer than 100 samples is the max).',
       'Times are wall clock on the benchmark client: accepted and ready from the POST /v1/sandboxes, first output from the POST of the sandbox’s command (echo); the sandboxes of a wave are deleted once the whole wave is timed, untimed.',
+      r.params.createMode === 'poll'
+        ? 'Each create was a POST /v1/sandboxes answered at once (accepted), then a long-poll of its operation (ready): two requests (--poll).'
+        : 'Each create was one POST /v1/sandboxes?waitMs= that the API answered once the create had ended (ready); accepted is not measured this way (--poll measures it, with a second request per create).',
       r.params.overlap
         ? 'Each sandbox’s command (echo) was posted as soon as it was ready, beside the wave’s later creates (--overlap).'
         : 'A wave’s commands (echo) were posted together once the whole wave was ready, so no command ran beside a create (--overlap mixes them).',

@@ -120,6 +120,7 @@ export async function latency(
     floorRuns: number;
     floor: boolean;
     overlap?: boolean;
+    poll?: boolean;
   },
 ): Promise<BenchOutput> {
   const { runLatency, latencyOutput } = await import('./latency.ts');
@@ -132,6 +133,7 @@ export async function latency(
       coldMemoryMiB: o.coldMemory,
       floorRuns: o.floorRuns,
       overlap: o.overlap ?? false,
+      createMode: o.poll ? 'poll' : 'wait',
     },
     { progress: ctx.progress, cacheDir: ctx.cacheDir, floor: o.floor, note: ctx.note },
   );

@@ -159,6 +159,10 @@ Examples:
       'run each sandbox’s command as soon as it is ready, beside the wave’s later creates (default: once the whole wave is ready)',
     )
     .option(
+      '--poll',
+      'answer each create’s POST at once (timed as accepted) and long-poll its operation: two requests (default: one POST ?waitMs= that answers once the sandbox runs)',
+    )
+    .option(
       '--trace-file <path>',
       'keep the spans of the stack the benchmark starts in <path> (JSON lines; replaced), to look at single creates',
     )
