@@ -39,6 +39,11 @@ export interface BenchClient {
     token: string,
     t0: number,
   ): Promise<{ first: number; exit: number; stdoutBytes: number }>;
+  /**
+   * Runs `echo <word>` in sandbox `id`; returns ms from the command's POST to its first stdout
+   * event (NaN when there was none). Throws as {@link BenchClient.api} does.
+   */
+  firstOutput(id: string, word?: string): Promise<number>;
 }
 
 /** A client for the API at `apiUrl` with `apiKey`. */
@@ -57,7 +62,7 @@ export function benchClient(ep: { apiUrl: string; apiKey: string }): BenchClient
       throw new ApiStatusError(res.statusCode, `${method} ${path}: ${res.statusCode} ${text}`);
     return (text ? JSON.parse(text) : {}) as T;
   }
-  return {
+  const client: BenchClient = {
     api,
     async waitReady(template, timeoutMs = 180_000, unreachableMs = 15_000) {
       const until = Date.now() + timeoutMs;
@@ -112,5 +117,18 @@ export function benchClient(ep: { apiUrl: string; apiKey: string }): BenchClient
       for await (const chunk of res.body) parser.feed(dec.decode(chunk as Buffer, { stream: true }));
       return { first, exit, stdoutBytes };
     },
+    async firstOutput(id, word = 'ready') {
+      const t0 = performance.now();
+      const cmd = await api<{ stream: { url: string; token: string } }>(
+        'POST',
+        `/v1/sandboxes/${id}/commands`,
+        {
+          cmd: 'echo',
+          args: [word],
+        },
+      );
+      return (await client.streamTimes(cmd.stream.url, cmd.stream.token, t0)).first;
+    },
   };
+  return client;
 }

@@ -233,16 +233,7 @@ export async function timeFirstOutput(
 ): Promise<void> {
   if (s.error !== undefined || id === null) return;
   try {
-    const t0 = performance.now();
-    const cmd = await client.api<{ stream: { url: string; token: string } }>(
-      'POST',
-      `/v1/sandboxes/${id}/commands`,
-      {
-        cmd: 'echo',
-        args: ['ready'],
-      },
-    );
-    s.firstOutputMs = (await client.streamTimes(cmd.stream.url, cmd.stream.token, t0)).first;
+    s.firstOutputMs = await client.firstOutput(id, 'ready');
     const rec = await client.api<{ createdFrom: CreateSource | null; fromWarmPool: boolean }>(
       'GET',
       `/v1/sandboxes/${id}`,

@@ -41,7 +41,9 @@ export async function measurePauseResume(
   client: BenchClient,
   o: { n: number; progress: ProgressFactory },
 ): Promise<PauseResumeSamples> {
-  const { api, waitOp, streamTimes } = client;
+  const { api, waitOp } = client;
+  /** ms from POST /commands (`echo x`) until the first stdout event. */
+  const firstOutput = (id: string) => client.firstOutput(id, 'x');
   const samples: PauseResumeSamples = {};
   const add = (k: string, v: number) => {
     samples[k] = [...(samples[k] ?? []), v];
@@ -52,19 +54,6 @@ export async function measurePauseResume(
     const { operation } = await api<{ operation: { id: string } }>('POST', path, body);
     await waitOp(operation.id);
     return performance.now() - t0;
-  };
-  /** ms from POST /commands (`echo x`) until the first stdout event. */
-  const firstOutput = async (id: string) => {
-    const t0 = performance.now();
-    const res = await api<{ stream: { url: string; token: string } }>(
-      'POST',
-      `/v1/sandboxes/${id}/commands`,
-      {
-        cmd: 'echo',
-        args: ['x'],
-      },
-    );
-    return (await streamTimes(res.stream.url, res.stream.token, t0)).first;
   };
   const created: string[] = [];
   try {
