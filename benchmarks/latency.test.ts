@@ -117,7 +117,7 @@ describe('a wave’s commands and its creates', () => {
     return { client, events };
   }
 
-  const run = (client: BenchClient, overlap: boolean, mode?: CreateMode) =>
+  const run = (client: BenchClient, overlap: boolean, mode?: CreateMode, warmupWaves?: number) =>
     measureCreates({
       client,
       concurrency: 3,
@@ -126,6 +126,7 @@ describe('a wave’s commands and its creates', () => {
       body: {},
       overlap,
       mode,
+      warmupWaves,
       progress: progressFactory(true),
     });
   const commands = (events: string[]) => events.filter((e) => e.startsWith('command'));
@@ -169,6 +170,20 @@ describe('a wave’s commands and its creates', () => {
     const rows = (xs: CreateSample[]) => latencyRows(xs, Number.NaN).map((r) => r.metric);
     expect(new Set(rows(one))).toEqual(new Set(['ready', 'first output']));
     expect(new Set(rows(two))).toEqual(new Set(['accepted', 'ready', 'first output']));
+  });
+
+  it('warm-up waves run in full (creates and commands) before the timed ones, and are not sampled', async () => {
+    const { client, events } = recordingClient([20, 40, 30, 20, 40, 30, 20, 40, 30]);
+    const samples = await run(client, false, 'wait', 2);
+    expect(samples).toHaveLength(3);
+    expect(samples.map((s) => s.wave)).toEqual([0, 0, 0]);
+    expect(events.filter((e) => e.startsWith('answer'))).toHaveLength(9);
+    expect(commands(events)).toHaveLength(9);
+    // the timed wave is the last one: its sandboxes are the last three created
+    const timed = events.slice(
+      events.findIndex((e) => e === 'answer sbx6' || e === 'answer sbx7' || e === 'answer sbx8'),
+    );
+    expect(commands(timed).sort()).toEqual(['command sbx6', 'command sbx7', 'command sbx8']);
   });
 
   it('with overlap each command follows its own create, beside the later ones', async () => {

@@ -174,6 +174,12 @@ export interface CreateRunOptions {
   overlap?: boolean;
   /** How each create is waited for (default `wait`). */
   mode?: CreateMode;
+  /**
+   * Untimed waves of `concurrency` run first (default 0): the stack's first burst at a
+   * concurrency is slower than later ones (cold code paths, new connections), and a warm-up
+   * measures the steady state instead.
+   */
+  warmupWaves?: number;
   /** Before each wave (warm phase: wait for the pool). */
   beforeWave?: (size: number) => Promise<void>;
   progress: ProgressFactory;
@@ -250,13 +256,15 @@ export async function measureCreates(o: CreateRunOptions): Promise<CreateSample[
   const out: CreateSample[] = [];
   const bar = o.progress.phase(`latency c=${o.concurrency} ${o.phase}`, o.n);
   try {
-    for (let wave = 0, done = 0; done < o.n; wave++) {
-      const size = Math.min(o.concurrency, o.n - done);
+    // warm-up waves (negative numbers) run exactly as the timed ones, and are then dropped
+    for (let wave = -(o.warmupWaves ?? 0), done = 0; done < o.n; wave++) {
+      const timed = wave >= 0;
+      const size = timed ? Math.min(o.concurrency, o.n - done) : o.concurrency;
       await o.beforeWave?.(size);
       const meta = { concurrency: o.concurrency, phase: o.phase, wave };
       const one = () =>
         timeCreate(o.client, o.body, meta, o.mode).then((r) => {
-          bar.tick();
+          if (timed) bar.tick();
           return r;
         });
       const batch = await Promise.all(
@@ -269,13 +277,13 @@ export async function measureCreates(o: CreateRunOptions): Promise<CreateSample[
       );
       // the wave is ready: its commands go together, none beside a create still in flight
       if (!o.overlap) await Promise.all(batch.map((r) => timeFirstOutput(o.client, r.sample, r.id)));
-      out.push(...batch.map((r) => r.sample));
+      if (timed) out.push(...batch.map((r) => r.sample));
       // the wave's sandboxes go once all of it is timed (untimed): a delete (the runtime's kill and
       // teardown) run beside the creates still in flight would be measured as their latency
       await Promise.all(
         batch.map((r) => (r.id ? o.client.api('DELETE', `/v1/sandboxes/${r.id}`).catch(() => {}) : null)),
       );
-      done += size;
+      if (timed) done += size;
     }
   } finally {
     bar.stop();
@@ -345,6 +353,8 @@ export interface LatencyParams {
   overlap: boolean;
   /** How each create was waited for ({@link CreateMode}). */
   createMode: CreateMode;
+  /** Untimed waves before the timed ones, per concurrency and phase ({@link CreateRunOptions.warmupWaves}). */
+  warmupWaves: number;
   /** Ready warm instances the pool held when the run started. */
   poolSeen: number;
 }
@@ -384,6 +394,7 @@ export async function runLatency(
           phase,
           overlap: p.overlap,
           mode: p.createMode,
+          warmupWaves: p.warmupWaves,
           body: phase === 'cold' ? { memoryMiB: p.coldMemoryMiB } : {},
           beforeWave:
             phase === 'warm'
@@ -452,6 +463,9 @@ export async function latencyOutput(
     assumptions: [
       'Percentiles are nearest-rank (a measured value; p99 of fewer than 100 samples is the max).',
       'Times are wall clock on the benchmark client: accepted and ready from the POST /v1/sandboxes, first output from the POST of the sandbox’s command (echo); the sandboxes of a wave are deleted once the whole wave is timed, untimed.',
+      r.params.warmupWaves > 0
+        ? `Each concurrency and phase ran ${r.params.warmupWaves} untimed warm-up wave(s) first (--warmup): the figures are the steady state, not the stack's first burst at that concurrency.`
+        : 'No warm-up (--warmup 0): the first wave at each concurrency is timed, so the figures include the stack’s first burst at it (cold code paths, new connections).',
       r.params.createMode === 'poll'
         ? 'Each create was a POST /v1/sandboxes answered at once (accepted), then a long-poll of its operation (ready): two requests (--poll).'
         : 'Each create was one POST /v1/sandboxes?waitMs= that the API answered once the create had ended (ready); accepted is not measured this way (--poll measures it, with a second request per create).',

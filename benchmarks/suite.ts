@@ -121,6 +121,7 @@ export async function latency(
     floor: boolean;
     overlap?: boolean;
     poll?: boolean;
+    warmup?: number;
   },
 ): Promise<BenchOutput> {
   const { runLatency, latencyOutput } = await import('./latency.ts');
@@ -134,6 +135,7 @@ export async function latency(
       floorRuns: o.floorRuns,
       overlap: o.overlap ?? false,
       createMode: o.poll ? 'poll' : 'wait',
+      warmupWaves: o.warmup ?? 0,
     },
     { progress: ctx.progress, cacheDir: ctx.cacheDir, floor: o.floor, note: ctx.note },
   );

@@ -159,6 +159,12 @@ Examples:
       'run each sandbox’s command as soon as it is ready, beside the wave’s later creates (default: once the whole wave is ready)',
     )
     .option(
+      '--warmup <waves>',
+      'untimed waves at each concurrency and phase before the timed ones (the steady state rather than the first burst)',
+      parseNonNegativeInt('--warmup'),
+      0,
+    )
+    .option(
       '--poll',
       'answer each create’s POST at once (timed as accepted) and long-poll its operation: two requests (default: one POST ?waitMs= that answers once the sandbox runs)',
     )
