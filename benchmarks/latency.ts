@@ -15,13 +15,13 @@
  * Each create is timed from its POST to `ready` (its operation succeeded). By default the POST asks
  * the API to answer once the create has ended (`POST /v1/sandboxes?waitMs=`: one request, as the
  * CLI and a client that wants a running sandbox make it); with `poll`, the POST answers at once
- * (`accepted`) and the client long-polls the operation (a second request). Each sandbox then runs `echo ready`, timed from that command's POST to
- * its first stdout event (`first output`). By default a wave's commands are posted together once
- * the whole wave is ready, so `ready` measures creation under C concurrent creates and nothing else
- * of the benchmark's (a command is a process spawn in the guest: under gVisor's ptrace platform, 17
- * of them beside a wave's last creates delayed those by ~0.5 s). With `overlap`, each sandbox runs
- * its command as soon as it is ready, beside the wave's later creates: the mixed load of C agents
- * that each create and run at once.
+ * (`accepted`) and the client long-polls the operation (a second request). Each sandbox then runs
+ * `echo ready`, timed from that command's POST to its first stdout event (`first output`). By
+ * default a wave's commands are posted together once the whole wave is ready, so `ready` measures
+ * creation under C concurrent creates and nothing else of the benchmark's (a command is a process
+ * spawn in the guest: under gVisor's ptrace platform, 17 of them beside a wave's last creates
+ * delayed those by ~0.5 s). With `overlap`, each sandbox runs its command as soon as it is ready,
+ * beside the wave's later creates: the mixed load of C agents that each create and run at once.
  * Every sample is then **classified by what the API says the create did** — the sandbox's
  * `createdFrom` (`warm` claim, `snapshot` restore, `boot`) — never by the phase: a warm-phase create
  * that found the pool empty counts as the snapshot or boot it was. Creates the API refused (e.g.
@@ -208,18 +208,16 @@ export async function timeCreate(
   try {
     const res = await client.api<{
       sandbox: { id: string };
-      operation: { id: string; state: string; error?: unknown };
+      operation: { id: string; state: string };
     }>('POST', mode === 'wait' ? `/v1/sandboxes?waitMs=${CREATE_WAIT_MS}` : '/v1/sandboxes', {
       template: 'base',
       timeoutSec: 300,
       ...body,
     });
     id = res.sandbox.id;
-    const op = res.operation;
     if (mode === 'poll') s.acceptedMs = performance.now() - t0;
-    if (op.state === 'failed') throw new Error(`operation ${op.id} failed: ${JSON.stringify(op.error)}`);
-    // not ended within the POST's wait (or polling): long-poll the rest
-    if (op.state !== 'succeeded') await client.waitOp(op.id);
+    // polling, or not succeeded within the POST's wait: waitOp waits out the rest, or throws the failure
+    if (res.operation.state !== 'succeeded') await client.waitOp(res.operation.id);
     s.readyMs = performance.now() - t0;
   } catch (err) {
     s.error = (err as Error).message.slice(0, 300);

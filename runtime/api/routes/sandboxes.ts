@@ -219,9 +219,9 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
               sb: SandboxRecord,
               op: OperationRecord,
             ): Promise<{ sandbox: Sandbox; operation: Operation }> {
-              const done = op.state === 'succeeded' || op.state === 'failed';
+              // the waiter answers at once for an operation that has ended already (a replay)
               const ended =
-                waitMs > 0 && !done
+                waitMs > 0
                   ? await inSpan('api.operation.wait', {}, () => deps.waiter.wait(op.id, waitMs, op))
                   : op;
               if (!ended || ended === op) return { sandbox: toPublic(sb), operation: operationToPublic(op) };
