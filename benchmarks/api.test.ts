@@ -1,8 +1,9 @@
-/** The benchmark client's wait for a ready node, against real loopback HTTP servers. */
+/** The benchmark client and its target, against real loopback HTTP servers. */
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { benchClient } from './api.ts';
+import { openTarget } from './stack.ts';
 
 let server: Server | null = null;
 afterEach(async () => {
@@ -50,5 +51,24 @@ describe('waitReady', () => {
     await expect(benchClient({ apiUrl: url, apiKey: 'k' }).waitReady('base', 60_000, 1_000)).resolves.toBe(
       undefined,
     );
+  });
+});
+
+describe('openTarget', () => {
+  it('says --trace-file is ignored for a stack it did not start, and only then', async () => {
+    const url = await serve(() => ({ status: 200, body: { nodes: [{ alive: true, templates: ['base'] }] } }));
+    const notes: string[] = [];
+    const t = await openTarget({
+      target: url,
+      apiKey: 'k',
+      pool: 1,
+      traceFile: '/tmp/x.jsonl',
+      log: (l) => notes.push(l),
+    });
+    expect(t.traceFile).toBeNull();
+    expect(notes.join('\n')).toMatch(new RegExp(`--trace-file ignored: the API at ${url} was not started`));
+    notes.length = 0;
+    await openTarget({ target: url, apiKey: 'k', pool: 1, log: (l) => notes.push(l) });
+    expect(notes.join('\n')).not.toMatch(/--trace-file/);
   });
 });

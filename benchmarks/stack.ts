@@ -114,7 +114,15 @@ function makeTarget(
  */
 export async function openTarget(o: TargetOptions): Promise<BenchTarget> {
   const home = spaceHome();
+  // spans come from the services' environment: only a stack started here writes them to the file
+  const noSpans = (where: string) => {
+    if (o.traceFile)
+      o.log?.(
+        `--trace-file ignored: ${where} was not started by this benchmark (start it with SPACE_TRACE_FILE=<path> to keep its spans)`,
+      );
+  };
   if (o.target) {
+    noSpans(`the API at ${o.target}`);
     const ep = resolveEndpoint({ apiUrl: o.target, apiKey: o.apiKey });
     const local = readLocalState(home);
     const t = makeTarget(ep, {
@@ -129,6 +137,7 @@ export async function openTarget(o: TargetOptions): Promise<BenchTarget> {
   }
   const running = readLocalState(home);
   if (running && (await readyz(running.apiUrl))) {
+    noSpans(`the running local stack (${running.apiUrl})`);
     const ep = resolveEndpoint({ apiKey: o.apiKey });
     const t = makeTarget(ep, {
       local: true,
