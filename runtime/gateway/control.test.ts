@@ -29,7 +29,13 @@ describe('control API', () => {
       payload: { sandboxId: 's1', policy: { allow: ['PyPI.org.'] }, credentials: [grant] },
     });
     expect(res.statusCode).toBe(200);
-    expect(res.json()).toEqual({ address: '10.199.0.2', sandboxId: 's1', replaced: false, closed: 0 });
+    expect(res.json()).toEqual({
+      address: '10.199.0.2',
+      sandboxId: 's1',
+      replaced: false,
+      changed: true,
+      closed: 0,
+    });
     expect(registry.lookup('10.199.0.2')?.policy.allow).toEqual(['pypi.org']);
     expect(registry.lookup('10.199.0.2')?.credentials[0]?.domains).toEqual(['api.github.test']);
 
@@ -38,7 +44,16 @@ describe('control API', () => {
       url: '/v1/sandboxes/10.199.0.2',
       payload: { sandboxId: 's1', policy: {} },
     });
-    expect(res.json()).toMatchObject({ replaced: true });
+    expect(res.json()).toMatchObject({ replaced: true, changed: true });
+    const changedAt = registry.lookup('10.199.0.2')!.updatedAt;
+    // the same again (the agent's watchdog does this every few seconds): nothing changes
+    res = await app.inject({
+      method: 'PUT',
+      url: '/v1/sandboxes/10.199.0.2',
+      payload: { sandboxId: 's1', policy: {} },
+    });
+    expect(res.json()).toMatchObject({ replaced: true, changed: false, closed: 0 });
+    expect(registry.lookup('10.199.0.2')!.updatedAt).toBe(changedAt);
 
     res = await app.inject({ method: 'GET', url: '/v1/sandboxes' });
     expect(res.json().sandboxes).toHaveLength(1);
@@ -75,5 +90,24 @@ describe('control API', () => {
     const res = await app.inject({ method: 'GET', url: '/metrics' });
     expect(res.statusCode).toBe(200);
     expect(res.body).toContain('space_gateway_decisions_total');
+  });
+});
+
+describe('control API logging', () => {
+  it('logs a registration that changed something, not the watchdog repeating it', async () => {
+    const lines: { level: number; msg: string }[] = [];
+    const sink = { write: (s: string) => void lines.push(JSON.parse(s)) };
+    const quiet = await buildControlApp({
+      registry: new Registry({ maxConnections: 10, dnsQueriesPerSec: 10 }),
+      metrics: createGatewayMetrics(),
+      log: pino({ level: 'info' }, sink),
+    });
+    const put = (policy: object) =>
+      quiet.inject({ method: 'PUT', url: '/v1/sandboxes/10.199.0.3', payload: { sandboxId: 's3', policy } });
+    for (const policy of [{}, {}, {}, { allow: ['pypi.org'] }, { allow: ['pypi.org'] }]) {
+      expect((await put(policy)).statusCode).toBe(200);
+    }
+    expect(lines.map((l) => l.msg)).toEqual(['sandbox registered', 'sandbox policy replaced']);
+    await quiet.close();
   });
 });

@@ -2,8 +2,10 @@
  * The control API the node agent uses (JSON over HTTP on a Unix socket, mode 0600):
  *
  * - `PUT /v1/sandboxes/:address` `{ sandboxId, policy, credentials? }` → 200 `{ address, sandboxId,
- *   replaced, closed }`: registers or replaces what the sandbox at source address `:address` (IPv4)
- *   may do; a replacement closes that sandbox's open connections the new policy no longer allows.
+ *   replaced, changed, closed }`: registers or replaces what the sandbox at source address
+ *   `:address` (IPv4) may do; a replacement closes that sandbox's open connections the new policy
+ *   no longer allows. The same registration again (`changed: false`) changes nothing and logs at
+ *   debug only: the agent's watchdog re-registers every sandbox every few seconds.
  * - `DELETE /v1/sandboxes/:address` → 204 (404 `SANDBOX_NOT_FOUND` when unknown): forgets it and
  *   closes its connections.
  * - `GET /v1/sandboxes` → 200 `{ sandboxes: RegistrationView[] }` (no credential values or placeholders).
@@ -66,21 +68,23 @@ export async function buildControlApp(deps: ControlDeps): Promise<FastifyInstanc
 
   app.put(
     '/v1/sandboxes/:address',
-    { schema: { params: AddressParams, body: RegisterBodySchema } },
+    // the route logs what changed itself (below); an access line for each of the watchdog's
+    // re-registrations would be one line per live sandbox every few seconds. A registration the
+    // gateway refuses (400) is logged by the agent that sent it, not here.
+    { schema: { params: AddressParams, body: RegisterBodySchema }, logLevel: 'warn' },
     async (req) => {
       const address = sandboxAddress(req.params.address);
       const policy = normalisePolicy(req.body.policy);
       const credentials = validateGrants(req.body.credentials ?? []);
-      const { replaced, closed } = deps.registry.put(address, {
+      const { replaced, changed, closed } = deps.registry.put(address, {
         sandboxId: req.body.sandboxId,
         policy,
         credentials,
       });
-      deps.log.info(
-        { [F.sandboxId]: req.body.sandboxId, address, mode: policy.mode, replaced, closed },
-        replaced ? 'sandbox policy replaced' : 'sandbox registered',
-      );
-      return { address, sandboxId: req.body.sandboxId, replaced, closed };
+      const fields = { [F.sandboxId]: req.body.sandboxId, address, mode: policy.mode, replaced, closed };
+      if (!changed) deps.log.debug(fields, 'sandbox registration unchanged');
+      else deps.log.info(fields, replaced ? 'sandbox policy replaced' : 'sandbox registered');
+      return { address, sandboxId: req.body.sandboxId, replaced, changed, closed };
     },
   );
 

@@ -54,7 +54,7 @@ describe('Registry', () => {
       policy: normalisePolicy({ allow: ['a.test', 'api.github.test'] }),
       credentials: [],
     });
-    expect(out).toEqual({ replaced: true, closed: 2 });
+    expect(out).toEqual({ replaced: true, changed: true, closed: 2 });
     expect(a.closedWith).toBeNull();
     expect(pending.closedWith).toBeNull();
     expect(b.closedWith).toBe('policy-changed');
@@ -67,8 +67,36 @@ describe('Registry', () => {
     r.put('10.199.0.2', { sandboxId: 's1', policy: normalisePolicy({ mode: 'allow-all' }), credentials: [] });
     const c = conn('a.test');
     r.admit(r.lookup('10.199.0.2')!, c);
-    r.put('10.199.0.2', { sandboxId: 's2', policy: normalisePolicy({ mode: 'allow-all' }), credentials: [] });
+    expect(
+      r.put('10.199.0.2', {
+        sandboxId: 's2',
+        policy: normalisePolicy({ mode: 'allow-all' }),
+        credentials: [],
+      }),
+    ).toEqual({ replaced: true, changed: true, closed: 1 });
     expect(c.closedWith).toBe('sandbox-removed');
+  });
+
+  it('the same registration again changes nothing; a new generation of a grant is a change', () => {
+    const r = new Registry({ maxConnections: 10, dnsQueriesPerSec: 10 });
+    const input = () => ({
+      sandboxId: 's1',
+      policy: normalisePolicy({ allow: ['a.test', 'api.github.test'] }),
+      credentials: [{ ...grant }],
+    });
+    r.put('10.199.0.2', input());
+    const reg = r.lookup('10.199.0.2')!;
+    const [a, gh] = [conn('a.test'), conn('api.github.test', true)];
+    for (const c of [a, gh]) expect(r.admit(reg, c)).toBe(true);
+    const bucket = reg.dnsBucket;
+    // equal values in new objects, as each re-registration parses them afresh
+    expect(r.put('10.199.0.2', input())).toEqual({ replaced: true, changed: false, closed: 0 });
+    expect(reg.dnsBucket).toBe(bucket);
+    expect(reg.conns.size).toBe(2);
+    const rotated = { ...input(), credentials: [{ ...grant, generation: 'g2' }] };
+    expect(r.put('10.199.0.2', rotated)).toEqual({ replaced: true, changed: true, closed: 0 });
+    expect(reg.credentials[0]?.generation).toBe('g2');
+    expect([a.closedWith, gh.closedWith]).toEqual([null, null]);
   });
 
   it('delete closes connections and forgets the address', () => {

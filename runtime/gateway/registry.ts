@@ -6,6 +6,7 @@
  * (T25) and the per-sandbox connection cap holds.
  */
 import { isIPv4, isIPv6 } from 'node:net';
+import { isDeepStrictEqual } from 'node:util';
 import type { DenyReason, Protocol } from './audit.ts';
 import { type CredentialGrant, grantsCovering } from './credentials.ts';
 import { TokenBucket } from './limits.ts';
@@ -38,7 +39,7 @@ export interface Registration extends RegistrationInput {
   connectBucket: TokenBucket;
   /** Connections of this sandbox still in their handshake (see {@link Registry.beginHandshake}). */
   handshakes: number;
-  /** Registration time, ms since epoch. */
+  /** When the registration last changed (made, or replaced by a different one), ms since epoch. */
   updatedAt: number;
 }
 
@@ -100,9 +101,12 @@ export class Registry {
   /**
    * Registers or replaces what the sandbox at `address` may do. A replacement for another sandbox
    * id closes every open connection; for the same id it closes those the new policy/grants no longer
-   * allow. Returns how many were closed. Throws on a malformed address.
+   * allow. Returns whether a registration was there (`replaced`), whether this one changed anything
+   * (`changed`: false for the same sandbox, policy and grants again, as the agent's watchdog sends
+   * every few seconds; nothing is touched then) and how many connections were closed. Throws on a
+   * malformed address.
    */
-  put(address: string, input: RegistrationInput): { replaced: boolean; closed: number } {
+  put(address: string, input: RegistrationInput): { replaced: boolean; changed: boolean; closed: number } {
     const a = canonicalAddress(address);
     if (a === undefined) throw new Error(`bad address ${address}`);
     const now = (this.opts.now ?? Date.now)();
@@ -117,9 +121,16 @@ export class Registry {
         handshakes: 0,
         updatedAt: now,
       });
-      return { replaced: false, closed: 0 };
+      return { replaced: false, changed: true, closed: 0 };
     }
     const sameSandbox = existing.sandboxId === input.sandboxId;
+    if (
+      sameSandbox &&
+      isDeepStrictEqual(existing.policy, input.policy) &&
+      isDeepStrictEqual(existing.credentials, input.credentials)
+    ) {
+      return { replaced: true, changed: false, closed: 0 };
+    }
     let closed = 0;
     for (const c of [...existing.conns]) {
       if (sameSandbox && stillAllowed(input, c)) continue;
@@ -135,7 +146,7 @@ export class Registry {
       existing.dnsBucket = this.bucket();
       existing.connectBucket = this.connectBucket();
     }
-    return { replaced: true, closed };
+    return { replaced: true, changed: true, closed };
   }
 
   /** Forgets `address` and closes its connections; false when it was not registered. */
