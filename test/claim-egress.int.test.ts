@@ -3,12 +3,13 @@
  * #claimOrMake): the create answers once the state file is written, and every call into the
  * sandbox waits for the gateway registration. These check both outcomes against a real gateway:
  * the first command finds the policy registered, and a registration that cannot be made (the
- * gateway does not answer) never lets a command run and ends the sandbox as crashed.
+ * gateway does not answer) never lets a command run and ends the sandbox as crashed. The last
+ * checks what the watchdog registers again: only what the gateway may not hold.
  */
 import { once } from 'node:events';
 import { rm } from 'node:fs/promises';
 import { createServer, type Socket } from 'node:net';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { DEFAULT_DENY_CIDRS } from '../runtime/gateway/addresses.ts';
 import { leftovers, NO_LEFTOVERS, type Stack, startStack, waitFor } from './stack.ts';
 
@@ -89,6 +90,57 @@ describe('warm claim: egress policy behind the create', () => {
       stall.close();
       await rm(socketPath, { force: true });
       await s.restartGateway();
+    }
+  });
+
+  it('a watchdog pass registers again only what the gateway may not hold', async () => {
+    await warmSlot();
+    const id = await s.createSandbox({ egress: { allow: ['example.test'] } });
+    expect((await s.exec(id, { cmd: 'true' })).exit.exitCode).toBe(0); // its registration landed
+    const pass = () => s.agent.sandboxes.watch(async () => {});
+    const held = () => s.gateway!.deps.registry.list().find((x) => x.sandboxId === id)?.policy.allow;
+    let put = vi.spyOn(s.gateway!.deps.registry, 'put');
+    const puts = () => put.mock.calls.filter(([, r]) => r.sandboxId === id).length;
+    try {
+      // held as sent, by the registry that answered: nothing to send again
+      await pass();
+      await pass();
+      expect(puts()).toBe(0);
+      // a policy change is one registration, and then held
+      expect((await s.call('PATCH', `/v1/sandboxes/${id}/egress`, { allow: ['other.test'] })).status).toBe(
+        200,
+      );
+      expect(puts()).toBe(1);
+      await pass();
+      expect(puts()).toBe(1);
+      expect(held()).toEqual(['other.test']);
+      // a registration the gateway failed: the policy stays, and the next pass sends it again
+      put.mockImplementationOnce(() => {
+        throw new Error('registry fault (injected)');
+      });
+      expect((await s.call('PATCH', `/v1/sandboxes/${id}/egress`, { allow: ['third.test'] })).status).toBe(
+        500,
+      );
+      expect(puts()).toBe(2);
+      await pass();
+      expect(puts()).toBe(3);
+      expect(held()).toEqual(['other.test']);
+      await pass();
+      expect(puts()).toBe(3); // held again: nothing sent
+      // a restarted gateway holds nothing (a new registry id): the next pass restores the policy
+      put.mockRestore();
+      await s.restartGateway();
+      put = vi.spyOn(s.gateway!.deps.registry, 'put');
+      expect(held()).toBeUndefined();
+      await pass();
+      expect(puts()).toBe(1);
+      expect(held()).toEqual(['other.test']);
+      await pass();
+      expect(puts()).toBe(1);
+    } finally {
+      put.mockRestore();
+      const del = await s.call<{ operation: { id: string } }>('DELETE', `/v1/sandboxes/${id}`);
+      await s.call('GET', `/v1/operations/${del.body.operation.id}?waitMs=30000`);
     }
   });
 });

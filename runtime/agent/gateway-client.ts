@@ -31,7 +31,8 @@ export class GatewayClient {
     });
   }
 
-  async #call(method: 'PUT' | 'DELETE', path: string, body?: unknown): Promise<void> {
+  /** One control call; the parsed JSON answer (undefined for an empty or non-JSON body). */
+  async #call(method: 'GET' | 'PUT' | 'DELETE', path: string, body?: unknown): Promise<unknown> {
     let res: Awaited<ReturnType<Pool['request']>>;
     try {
       res = await this.#client.request({
@@ -53,20 +54,35 @@ export class GatewayClient {
       );
     }
     const text = await res.body.text();
-    if (res.statusCode >= 400) {
-      let parsed: unknown;
-      try {
-        parsed = JSON.parse(text);
-      } catch {
-        parsed = undefined;
-      }
-      throw errorFromBody(res.statusCode, parsed, 'DRIVER_FAILED');
+    let parsed: unknown;
+    try {
+      parsed = text === '' ? undefined : JSON.parse(text);
+    } catch {
+      parsed = undefined;
     }
+    if (res.statusCode >= 400) throw errorFromBody(res.statusCode, parsed, 'DRIVER_FAILED');
+    return parsed;
   }
 
-  /** Registers (or replaces) what the sandbox at `address` may reach. */
-  register(address: string, r: { sandboxId: string; policy: EgressPolicy; credentials: CredentialGrant[] }) {
-    return this.#call('PUT', `/v1/sandboxes/${address}`, r);
+  /**
+   * Registers (or replaces) what the sandbox at `address` may reach. Resolves to the id of the
+   * gateway's registry that took it (undefined from a gateway older than `registryId`).
+   * @throws SpaceError DRIVER_FAILED when the gateway does not answer, or its error when it refuses.
+   */
+  async register(
+    address: string,
+    r: { sandboxId: string; policy: EgressPolicy; credentials: CredentialGrant[] },
+  ): Promise<{ registryId: string | undefined }> {
+    return { registryId: registryIdOf(await this.#call('PUT', `/v1/sandboxes/${address}`, r)) };
+  }
+
+  /**
+   * The id of the gateway's registry now (its `/healthz`): a new one means the gateway restarted
+   * and holds no registration. Undefined from a gateway older than `registryId`.
+   * @throws SpaceError DRIVER_FAILED when the gateway does not answer.
+   */
+  async registryId(): Promise<string | undefined> {
+    return registryIdOf(await this.#call('GET', '/healthz'));
   }
 
   /** Forgets the sandbox at `address` and closes its connections. Idempotent. */
@@ -82,4 +98,10 @@ export class GatewayClient {
   async close(): Promise<void> {
     await this.#client.close().catch(() => {});
   }
+}
+
+/** The `registryId` string field of a control answer, if there is one. */
+function registryIdOf(body: unknown): string | undefined {
+  const id = (body as { registryId?: unknown } | undefined)?.registryId;
+  return typeof id === 'string' && id !== '' ? id : undefined;
 }

@@ -11,6 +11,7 @@ import { randomBytes } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import { cp, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join, resolve, sep } from 'node:path';
+import { isDeepStrictEqual } from 'node:util';
 import type { Logger } from 'pino';
 import type { CredentialGrant } from '../core/credentials.ts';
 import type { EgressPolicy } from '../core/egress.ts';
@@ -272,8 +273,21 @@ export class SandboxManager {
   readonly #tombstones = new Map<string, number>();
   /** Deletes in progress: a second delete of the same sandbox (API retry, reconciliation) joins it. */
   readonly #deleting = new Map<string, Promise<void>>();
-  /** Registrations with the gateway in flight (a warm claim's, the watchdog's), by sandbox id. */
+  /**
+   * Registrations with the gateway in flight (a warm claim's, a policy change's, the watchdog's),
+   * by sandbox id.
+   */
   readonly #registering = new Map<string, Promise<void>>();
+  /**
+   * What the gateway last confirmed it holds for each sandbox, by sandbox id: the id of the
+   * gateway's registry that answered (a restarted gateway has a new one and holds nothing) and the
+   * policy and grants sent. Absent while unknown: never registered, a try in flight or failed, or
+   * a gateway older than `registryId`. The watchdog registers again only sandboxes not held so.
+   */
+  readonly #atGateway = new Map<
+    string,
+    { registryId: string; policy: EgressPolicy; credentials: CredentialGrant[] }
+  >();
   /** Pending warm pool top-up ({@link #refillSoon}) and when it was first asked for (ms since the epoch). */
   #refillTimer: NodeJS.Timeout | null = null;
   #refillAskedAt = 0;
@@ -488,7 +502,7 @@ export class SandboxManager {
     }
     this.#sandboxes.delete(sb.id);
     this.#o.activity?.untrack(sb.id);
-    await this.#o.gateway?.unregister(sb.instance.network.sandboxAddress).catch(() => {});
+    await this.#unregister(sb.id, sb.instance.network.sandboxAddress).catch(() => {});
     step('spoolsMs');
     await this.discard(sb.instance).catch((err: unknown) =>
       log.warn({ err }, 'destroying the hibernated instance failed'),
@@ -617,7 +631,7 @@ export class SandboxManager {
       this.#o.activity?.resumed(sb.id);
     } catch (err) {
       this.#o.activity?.untrack(req.sandboxId);
-      await this.#o.gateway?.unregister(inst.network.sandboxAddress).catch(() => {});
+      await this.#unregister(req.sandboxId, inst.network.sandboxAddress).catch(() => {});
       await this.discard(inst).catch(() => {});
       await rm(this.#dir(req.sandboxId), { recursive: true, force: true });
       throw err;
@@ -976,7 +990,7 @@ export class SandboxManager {
         // a registration that may have landed goes with the instance (its address is reused),
         // after one still in flight, so the unregistration is the gateway's last word
         await egress?.catch(() => {});
-        if (registered) await this.#o.gateway?.unregister(inst.network.sandboxAddress).catch(() => {});
+        if (registered) await this.#unregister(req.sandboxId, inst.network.sandboxAddress).catch(() => {});
         await this.discard(inst).catch((e) => log.error({ err: e }, 'discard after failed create failed'));
       }
       await rm(this.#dir(req.sandboxId), { recursive: true, force: true });
@@ -1074,9 +1088,9 @@ export class SandboxManager {
       for (const a of sb.guestStreams) a.abort();
       await sb.guest.close();
       await this.#registering.get(id); // no re-registration may land after the unregistration
-      await this.#o.gateway
-        ?.unregister(sb.instance.network.sandboxAddress)
-        .catch((err: unknown) => log.warn({ err }, 'gateway unregistration failed; destroying anyway'));
+      await this.#unregister(id, sb.instance.network.sandboxAddress).catch((err: unknown) =>
+        log.warn({ err }, 'gateway unregistration failed; destroying anyway'),
+      );
       // only once the instance is gone does the sandbox leave this node's inventory
       await this.discard(sb.instance);
       this.#sandboxes.delete(id);
@@ -1110,17 +1124,55 @@ export class SandboxManager {
       opts.fresh && egress.cidrs.length === 0
         ? undefined
         : this.#o.networks.setCidrAllows(inst.network, egress.cidrs);
-    await Promise.all([
-      cidrs,
-      this.#o.gateway?.register(inst.network.sandboxAddress, { sandboxId, policy: egress, credentials }),
-    ]);
+    await Promise.all([cidrs, this.#register(sandboxId, inst.network.sandboxAddress, egress, credentials)]);
+  }
+
+  /**
+   * Registers sandbox `id` at source `address` with the gateway (policy and grants), and records
+   * what the gateway then holds (#atGateway): nothing while the call is in flight or after it
+   * failed, so a watchdog pass registers it again. Nothing without a gateway.
+   * @throws what GatewayClient.register throws.
+   */
+  async #register(
+    id: string,
+    address: string,
+    policy: EgressPolicy,
+    credentials: CredentialGrant[],
+  ): Promise<void> {
+    const gateway = this.#o.gateway;
+    if (!gateway) return;
+    this.#atGateway.delete(id);
+    const { registryId } = await gateway.register(address, { sandboxId: id, policy, credentials });
+    if (registryId !== undefined) this.#atGateway.set(id, { registryId, policy, credentials });
+  }
+
+  /** Forgets sandbox `id`'s registration at `address` with the gateway, and the record of it. */
+  async #unregister(id: string, address: string): Promise<void> {
+    this.#atGateway.delete(id);
+    await this.#o.gateway?.unregister(address);
+  }
+
+  /**
+   * Whether the gateway holds `sb`'s current policy and grants, as far as this agent knows: its
+   * last registration succeeded, sent what `sb` holds now, and was answered by the registry
+   * `registryId` the gateway reports now (undefined: unknown, so not held).
+   */
+  #heldByGateway(sb: LocalSandbox, registryId: string | undefined): boolean {
+    const at = this.#atGateway.get(sb.id);
+    return (
+      registryId !== undefined &&
+      at?.registryId === registryId &&
+      isDeepStrictEqual(at.policy, sb.egress) &&
+      isDeepStrictEqual(at.credentials, sb.credentials)
+    );
   }
 
   /** Replaces a running sandbox's egress policy (credential grants stay as they were). */
   async updateEgress(id: string, egress: EgressPolicy): Promise<void> {
     const sb = this.get(id);
     await this.#registering.get(id); // a claim's registration still in flight lands first
-    await this.#applyEgress(id, sb.instance, egress, sb.credentials);
+    // tracked: a watchdog pass meanwhile leaves the sandbox alone (it would send the old policy)
+    await this.#trackRegistration(id, this.#applyEgress(id, sb.instance, egress, sb.credentials));
     sb.egress = egress;
     const file = join(this.#dir(id), 'sandbox.json');
     const rec = JSON.parse(await readFile(file, 'utf8')) as SandboxFile;
@@ -1309,17 +1361,14 @@ export class SandboxManager {
   /**
    * One watchdog pass: a sandbox whose instance stopped on its own (out of memory, a fork bomb
    * exhausting pids, a kernel failure) is torn down here — its streams end with an exit event at
-   * once — and reported through `onCrash` so the control plane records why it ended. Every live
-   * sandbox is registered with the gateway again, which restores egress after a gateway restart
-   * (registration is idempotent). Returns the ids found crashed.
+   * once — and reported through `onCrash` so the control plane records why it ended. A live
+   * sandbox the gateway may not hold is registered with it again: after a gateway restart (its
+   * registry id changed), a registration that failed, or one this agent cannot confirm. Returns
+   * the ids found crashed.
    */
   async watch(onCrash: (id: string, message: string) => Promise<void>): Promise<string[]> {
     this.#onCrash = onCrash;
-    // every sandbox this node holds is registered with the gateway again first, all at once
-    // (idempotent; restores egress after a gateway restart): a slow health check below must not
-    // hold it up. A sandbox being deleted is left out: registering it again would outlive the
-    // delete's unregistration (a dead sandbox's policy on an address the pool hands out again)
-    await Promise.allSettled([...this.list().map((sb) => this.#registerAgain(sb)), this.checkWarmSlots()]);
+    await Promise.allSettled([this.#registerStale(), this.checkWarmSlots()]);
     // no sandbox, nothing to look up: the driver's list is one `runsc list` of every container,
     // warm slots included, every pass
     const states =
@@ -1433,6 +1482,25 @@ export class SandboxManager {
   }
 
   /**
+   * Registers again, all at once, every live sandbox the gateway may not hold (#heldByGateway)
+   * and that has no registration in flight (that one records its own outcome). Before
+   * `registryId` this was every sandbox on every pass: one control call per sandbox every 5 s.
+   * A sandbox being deleted is left out (#registerAgain).
+   */
+  async #registerStale(): Promise<void> {
+    const gateway = this.#o.gateway;
+    if (!gateway || this.#sandboxes.size === 0) return;
+    const registryId = await gateway.registryId().catch((err: unknown) => {
+      this.#o.log.warn({ err }, 'the gateway did not say its registry id; registering every sandbox again');
+      return undefined;
+    });
+    const stale = this.list().filter(
+      (sb) => !this.#registering.has(sb.id) && !this.#heldByGateway(sb, registryId),
+    );
+    await Promise.allSettled(stale.map((sb) => this.#registerAgain(sb)));
+  }
+
+  /**
    * Registers a live sandbox with the gateway again (the watchdog). Skipped once a delete has begun
    * (its tombstone is set before it unregisters); a delete waits for one still in flight, so the
    * unregistration is always the gateway's last word on that address.
@@ -1441,17 +1509,9 @@ export class SandboxManager {
     if (this.#tombstones.has(sb.id)) return Promise.resolve();
     return this.#trackRegistration(
       sb.id,
-      (async () => {
-        await this.#o.gateway
-          ?.register(sb.instance.network.sandboxAddress, {
-            sandboxId: sb.id,
-            policy: sb.egress,
-            credentials: sb.credentials,
-          })
-          .catch((err: unknown) =>
-            this.#o.log.warn({ err, [F.sandboxId]: sb.id }, 'gateway re-registration failed'),
-          );
-      })(),
+      this.#register(sb.id, sb.instance.network.sandboxAddress, sb.egress, sb.credentials).catch(
+        (err: unknown) => this.#o.log.warn({ err, [F.sandboxId]: sb.id }, 'gateway re-registration failed'),
+      ),
     );
   }
 

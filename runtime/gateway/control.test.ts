@@ -35,6 +35,7 @@ describe('control API', () => {
       replaced: false,
       changed: true,
       closed: 0,
+      registryId: registry.id,
     });
     expect(registry.lookup('10.199.0.2')?.policy.allow).toEqual(['pypi.org']);
     expect(registry.lookup('10.199.0.2')?.credentials[0]?.domains).toEqual(['api.github.test']);
@@ -46,7 +47,7 @@ describe('control API', () => {
     });
     expect(res.json()).toMatchObject({ replaced: true, changed: true });
     const changedAt = registry.lookup('10.199.0.2')!.updatedAt;
-    // the same again (the agent's watchdog does this every few seconds): nothing changes
+    // the same again (an agent older than `registryId` does this every pass): nothing changes
     res = await app.inject({
       method: 'PUT',
       url: '/v1/sandboxes/10.199.0.2',
@@ -84,6 +85,32 @@ describe('control API', () => {
     expect(res.statusCode).toBe(400);
     expect(res.json().error.code).toBe('BAD_REQUEST');
     expect(res.body).not.toContain('real-secret-value');
+  });
+
+  it("names its registry in /healthz and every registration's answer; a restart has another", async () => {
+    const health = await app.inject({ method: 'GET', url: '/healthz' });
+    expect(health.json()).toEqual({ ok: true, registryId: registry.id });
+    expect(registry.id).toMatch(/^[0-9a-f-]{36}$/);
+    const put = await app.inject({
+      method: 'PUT',
+      url: '/v1/sandboxes/10.199.0.9',
+      payload: { sandboxId: 's9', policy: {} },
+    });
+    expect(put.json().registryId).toBe(registry.id);
+    // a restarted gateway's registry (in memory only) holds nothing and answers another id
+    const restarted = new Registry({ maxConnections: 10, dnsQueriesPerSec: 10 });
+    const app2 = await buildControlApp({
+      registry: restarted,
+      metrics: createGatewayMetrics(),
+      log: pino({ level: 'silent' }),
+    });
+    try {
+      expect((await app2.inject({ method: 'GET', url: '/healthz' })).json().registryId).toBe(restarted.id);
+      expect(restarted.id).not.toBe(registry.id);
+    } finally {
+      await app2.close();
+    }
+    await app.inject({ method: 'DELETE', url: '/v1/sandboxes/10.199.0.9' });
   });
 
   it('serves Prometheus metrics', async () => {

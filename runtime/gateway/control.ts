@@ -2,14 +2,18 @@
  * The control API the node agent uses (JSON over HTTP on a Unix socket, mode 0600):
  *
  * - `PUT /v1/sandboxes/:address` `{ sandboxId, policy, credentials? }` → 200 `{ address, sandboxId,
- *   replaced, changed, closed }`: registers or replaces what the sandbox at source address
- *   `:address` (IPv4) may do; a replacement closes that sandbox's open connections the new policy
- *   no longer allows. The same registration again (`changed: false`) changes nothing and logs at
- *   debug only: the agent's watchdog re-registers every sandbox every few seconds.
+ *   replaced, changed, closed, registryId }`: registers or replaces what the sandbox at source
+ *   address `:address` (IPv4) may do; a replacement closes that sandbox's open connections the new
+ *   policy no longer allows. The same registration again (`changed: false`) changes nothing and
+ *   logs at debug only (an agent from before `registryId` re-registers every sandbox every pass).
  * - `DELETE /v1/sandboxes/:address` → 204 (404 `SANDBOX_NOT_FOUND` when unknown): forgets it and
  *   closes its connections.
  * - `GET /v1/sandboxes` → 200 `{ sandboxes: RegistrationView[] }` (no credential values or placeholders).
- * - `GET /healthz`, `GET /metrics` (Prometheus).
+ * - `GET /healthz` → 200 `{ ok: true, registryId }`; `GET /metrics` (Prometheus).
+ *
+ * `registryId` names this process's registry (Registry.id): registrations live in memory only, so
+ * a gateway that restarted answers a new id and holds none. The agent's watchdog reads it each pass
+ * and registers again only the sandboxes whose last registration another id answered.
  *
  * Errors use the SPACE wire shape `{ error: { code, message } }` (BAD_REQUEST for a bad body or address).
  */
@@ -60,7 +64,7 @@ export async function buildControlApp(deps: ControlDeps): Promise<FastifyInstanc
   }).withTypeProvider<TypeBoxTypeProvider>();
   installErrorHandlers(app);
 
-  app.get('/healthz', async () => ({ ok: true }));
+  app.get('/healthz', async () => ({ ok: true, registryId: deps.registry.id }));
   app.get('/metrics', async (_req, reply) =>
     reply.type(deps.metrics.registry.contentType).send(await deps.metrics.registry.metrics()),
   );
@@ -84,7 +88,14 @@ export async function buildControlApp(deps: ControlDeps): Promise<FastifyInstanc
       const fields = { [F.sandboxId]: req.body.sandboxId, address, mode: policy.mode, replaced, closed };
       if (!changed) deps.log.debug(fields, 'sandbox registration unchanged');
       else deps.log.info(fields, replaced ? 'sandbox policy replaced' : 'sandbox registered');
-      return { address, sandboxId: req.body.sandboxId, replaced, changed, closed };
+      return {
+        address,
+        sandboxId: req.body.sandboxId,
+        replaced,
+        changed,
+        closed,
+        registryId: deps.registry.id,
+      };
     },
   );
 

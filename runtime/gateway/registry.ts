@@ -5,6 +5,8 @@
  * sandbox's open connections so that a policy replacement closes the ones it no longer allows
  * (T25) and the per-sandbox connection cap holds.
  */
+
+import { randomUUID } from 'node:crypto';
 import { isIPv4, isIPv6 } from 'node:net';
 import { isDeepStrictEqual } from 'node:util';
 import type { DenyReason, Protocol } from './audit.ts';
@@ -87,6 +89,12 @@ export interface RegistryOptions {
 export class Registry {
   private readonly byAddress = new Map<string, Registration>();
   private readonly opts: RegistryOptions;
+  /**
+   * A random id (UUID) made with this registry, which lives in memory only: a gateway that
+   * restarted has a new one and holds no registration. The agent compares it with the id that
+   * answered its last registration of a sandbox to know whether it must register it again.
+   */
+  readonly id = randomUUID();
 
   constructor(opts: RegistryOptions) {
     this.opts = opts;
