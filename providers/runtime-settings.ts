@@ -7,7 +7,7 @@
 
 import { agentSettings } from '../runtime/agent/config.ts';
 import { HOST_IF_PREFIX } from '../runtime/agent/firewall.ts';
-import { apiSettings } from '../runtime/api/config.ts';
+import { API_NODE_FLAGS, apiSettings } from '../runtime/api/config.ts';
 import { gatewaySettings } from '../runtime/gateway/config.ts';
 import { routerSettings } from '../runtime/router/config.ts';
 import type { NodePool } from './node-pool.ts';
@@ -93,7 +93,7 @@ export const GATEWAY_CA_KEY_FILE = `${GATEWAY_CA_DIR}/ca.key`;
 
 /** The services of the one image, with the command each runs (working directory /opt/space). */
 export const SERVICE_COMMANDS = {
-  api: ['node', 'runtime/api/server.ts'],
+  api: ['node', ...API_NODE_FLAGS, 'runtime/api/server.ts'],
   agent: ['node', 'runtime/agent/server.ts'],
   gateway: ['node', 'runtime/gateway/server.ts'],
   router: ['node', 'runtime/router/server.ts'],

@@ -35,6 +35,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import type { Command } from 'commander';
 import { request } from 'undici';
+import { API_NODE_FLAGS } from '../api/config.ts';
 import { ApiClient } from './client.ts';
 import { isJson } from './context.ts';
 import { type LocalState, localPaths, readLocalState, spaceHome } from './local.ts';
@@ -427,7 +428,7 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
     const apiServer = fileURLToPath(new URL('../api/server.ts', import.meta.url));
     const agentServer = fileURLToPath(new URL('../agent/server.ts', import.meta.url));
     note(`space: starting the API on ${apiUrl}`);
-    start('api', node, [apiServer], {
+    start('api', node, [...API_NODE_FLAGS, apiServer], {
       ...baseEnv,
       SPACE_API_HOST: HOST,
       SPACE_API_PORT: String(o.apiPort),
