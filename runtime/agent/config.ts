@@ -149,7 +149,7 @@ export const agentSettings = {
   ),
   watchdogMs: setting.int(
     'SPACE_WATCHDOG_INTERVAL_MS',
-    'How often the agent checks its sandboxes are alive and re-registers them with the gateway, ms.',
+    'How often the agent checks its sandboxes are alive and re-registers with the gateway those it may no longer hold (after a gateway restart or a failed registration), ms.',
     5000,
     100,
   ),
