@@ -3,6 +3,7 @@
  * queued in Redis, the dispatch and the agent (W3C traceparent over HTTP and in the operation
  * record), written by the SPACE_TRACE_FILE exporter.
  */
+import { randomBytes } from 'node:crypto';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -81,6 +82,56 @@ describe('tracing', () => {
     expect(steps).toEqual(expect.arrayContaining(['agent.guest.init', 'agent.egress.apply']));
     for (const x of inTrace) expect(x.durationMs).toBeGreaterThanOrEqual(0);
     expect(inTrace.find((x) => x.name === 'api.sandboxes.create')!.parentId).toBeUndefined();
+  });
+
+  it('the caller’s traceparent decides: an unsampled create and its command record nothing', async () => {
+    // W3C Trace Context: version 00, a new trace id and parent id, and the flags (01 = sampled)
+    const parent = (flags: '00' | '01') =>
+      `00-${randomBytes(16).toString('hex')}-${randomBytes(8).toString('hex')}-${flags}`;
+    const quietParent = parent('00');
+    const loudParent = parent('01');
+    const traceOf = (traceparent: string) => traceparent.split('-')[1]!;
+    const run = async (traceparent: string) => {
+      const made = await s.call<{ sandbox: { id: string }; operation: { state: string } }>(
+        'POST',
+        '/v1/sandboxes?waitMs=30000',
+        { template: 'base', env: { TRACED: '1' } },
+        { traceparent },
+      );
+      expect(made.body.operation.state).toBe('succeeded');
+      const id = made.body.sandbox.id;
+      const cmd = await s.call('POST', `/v1/sandboxes/${id}/commands`, { cmd: 'true' }, { traceparent });
+      expect(cmd.status).toBe(201);
+      return id;
+    };
+    const quiet = await run(quietParent);
+    const loud = await run(loudParent);
+    const names = async (traceId: string) =>
+      (await readFile(file(), 'utf8'))
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l) as TraceFileSpan)
+        .filter((x) => x.traceId === traceId)
+        .map((x) => x.name);
+    const wanted = [
+      'api.sandboxes.create',
+      'operation.sandbox.create',
+      'api.dispatch',
+      'agent.sandboxes.create',
+      'agent.egress.apply',
+      'api.commands.start',
+      'agent.commands.start',
+    ];
+    let loudSpans = await names(traceOf(loudParent));
+    for (let i = 0; i < 50 && !wanted.every((n) => loudSpans.includes(n)); i++) {
+      await new Promise((r) => setTimeout(r, TRACE_FILE_FLUSH_MS));
+      loudSpans = await names(traceOf(loudParent));
+    }
+    // a sampled caller's create and command join its trace, hop by hop
+    expect(loudSpans).toEqual(expect.arrayContaining(wanted));
+    // the unsampled one ended first and went through the same batches: none of its spans
+    expect(await names(traceOf(quietParent))).toEqual([]);
+    for (const id of [quiet, loud]) await s.call('DELETE', `/v1/sandboxes/${id}`);
   });
 
   it('a failed hop is marked with its error code', async () => {

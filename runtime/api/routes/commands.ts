@@ -11,6 +11,7 @@ import { newId } from '../../core/ids.ts';
 import { ensureRunning } from '../../core/lifecycle-requests.ts';
 import { F } from '../../core/log-fields.ts';
 import { mintSessionToken, type SessionScope } from '../../core/tokens.ts';
+import { inSpan, traceContextFrom } from '../../core/tracing.ts';
 import type { ApiDeps } from '../app.ts';
 import { principalOf } from '../auth.ts';
 import { CommandBody, CommandResponse, ErrorSchema, IdParams, StreamGrant, TokenBody } from '../schemas.ts';
@@ -57,58 +58,65 @@ export function commandRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
           response: { 201: CommandResponse, ...errors },
         },
       },
-      async (req, reply) => {
-        const b = req.body;
-        if (b.shell && b.args?.length)
-          throw new SpaceError('BAD_REQUEST', 'give either args or shell, not both');
-        const team = principalOf(req).team;
-        let { rec, node } = await liveSandbox(req.params.id, team);
-        const commandId = newId('cmd');
-        const start = {
-          commandId,
-          cmd: b.cmd,
-          args: b.args ?? [],
-          shell: b.shell ?? false,
-          env: b.env ?? {},
-          cwd: b.cwd,
-          user: b.user ?? 'user',
-          stdin: b.stdin,
-          timeoutMs: b.timeoutMs,
-        };
-        let started: Awaited<ReturnType<typeof deps.agents.startCommand>>;
-        try {
-          started = await deps.agents.startCommand(node, rec.id, start);
-        } catch (err) {
-          // a pause took the sandbox between our look and the node's: resume it and start once more
-          if (!(err instanceof SpaceError && err.code === 'SANDBOX_PAUSED')) throw err;
-          await ensureRunning(deps.redis, rec.id, {
-            timeoutMs: deps.config.resumeTimeoutMs,
-            reason: 'command',
-          });
-          ({ rec, node } = await liveSandbox(req.params.id, team));
-          started = await deps.agents.startCommand(node, rec.id, start);
-        }
-        const grant = await mintSessionToken(deps.signingKey, {
-          sandboxId: rec.id,
-          sessionId: rec.sessionId,
-          team: rec.team,
-          maxStreams: (await deps.teams.quotas(rec.team)).streams,
-          scopes: ['commands'],
-          ttlSec: deps.config.sessionTokenTtlSec,
-        });
-        req.log.info({ [F.sandboxId]: rec.id, [F.commandId]: commandId }, 'command started');
-        return reply.status(201).send({
-          command: { id: commandId, sandboxId: rec.id, pid: started.pid },
-          stream: {
-            url: new URL(
-              `/v1/sandboxes/${rec.id}/commands/${commandId}/events`,
-              dataPlaneBase(node.url),
-            ).toString(),
-            token: grant.token,
-            expiresAt: new Date(grant.expiresAt * 1000).toISOString(),
+      async (req, reply) =>
+        // the caller's trace context (its traceparent: sampled or not) carries on to the node
+        inSpan(
+          'api.commands.start',
+          { 'space.sandbox.id': req.params.id },
+          async () => {
+            const b = req.body;
+            if (b.shell && b.args?.length)
+              throw new SpaceError('BAD_REQUEST', 'give either args or shell, not both');
+            const team = principalOf(req).team;
+            let { rec, node } = await liveSandbox(req.params.id, team);
+            const commandId = newId('cmd');
+            const start = {
+              commandId,
+              cmd: b.cmd,
+              args: b.args ?? [],
+              shell: b.shell ?? false,
+              env: b.env ?? {},
+              cwd: b.cwd,
+              user: b.user ?? 'user',
+              stdin: b.stdin,
+              timeoutMs: b.timeoutMs,
+            };
+            let started: Awaited<ReturnType<typeof deps.agents.startCommand>>;
+            try {
+              started = await deps.agents.startCommand(node, rec.id, start);
+            } catch (err) {
+              // a pause took the sandbox between our look and the node's: resume it and start once more
+              if (!(err instanceof SpaceError && err.code === 'SANDBOX_PAUSED')) throw err;
+              await ensureRunning(deps.redis, rec.id, {
+                timeoutMs: deps.config.resumeTimeoutMs,
+                reason: 'command',
+              });
+              ({ rec, node } = await liveSandbox(req.params.id, team));
+              started = await deps.agents.startCommand(node, rec.id, start);
+            }
+            const grant = await mintSessionToken(deps.signingKey, {
+              sandboxId: rec.id,
+              sessionId: rec.sessionId,
+              team: rec.team,
+              maxStreams: (await deps.teams.quotas(rec.team)).streams,
+              scopes: ['commands'],
+              ttlSec: deps.config.sessionTokenTtlSec,
+            });
+            req.log.info({ [F.sandboxId]: rec.id, [F.commandId]: commandId }, 'command started');
+            return reply.status(201).send({
+              command: { id: commandId, sandboxId: rec.id, pid: started.pid },
+              stream: {
+                url: new URL(
+                  `/v1/sandboxes/${rec.id}/commands/${commandId}/events`,
+                  dataPlaneBase(node.url),
+                ).toString(),
+                token: grant.token,
+                expiresAt: new Date(grant.expiresAt * 1000).toISOString(),
+              },
+            });
           },
-        });
-      },
+          traceContextFrom(req.headers),
+        ),
     );
 
     app.post(
