@@ -2,6 +2,7 @@
  * The HTTP side every API benchmark shares: JSON calls with the API key, waiting for an operation,
  * and timing an SSE command stream. Uses undici and eventsource-parser, as clients would.
  */
+import { randomBytes } from 'node:crypto';
 import { createParser } from 'eventsource-parser';
 import { request } from 'undici';
 
@@ -15,10 +16,18 @@ export class ApiStatusError extends Error {
   }
 }
 
+/**
+ * A new W3C Trace Context `traceparent` (version 00, random trace and parent ids) with the sampled
+ * flag set: the requests that carry it are recorded as one trace by a stack that traces.
+ */
+export function sampledTraceparent(): string {
+  return `00-${randomBytes(16).toString('hex')}-${randomBytes(8).toString('hex')}-01`;
+}
+
 /** A benchmark's view of one SPACE endpoint. */
 export interface BenchClient {
-  /** Calls the API; throws with the status and body on HTTP ≥ 400. */
-  api<T>(method: string, path: string, body?: unknown): Promise<T>;
+  /** Calls the API (with extra `headers`); throws with the status and body on HTTP ≥ 400. */
+  api<T>(method: string, path: string, body?: unknown, headers?: Record<string, string>): Promise<T>;
   /**
    * Waits (at most `timeoutMs`, default 180 000) until an alive node has `template` ready — a stack
    * that was just started registers its node a few seconds after its API answers. What waiting
@@ -30,28 +39,37 @@ export interface BenchClient {
   /** Long-polls operation `id` until it succeeded; throws when it failed or did not finish. */
   waitOp(id: string): Promise<void>;
   /**
-   * Reads an SSE command stream to its end; returns ms from `t0` (a `performance.now()` value) to
-   * its first stdout event and to its exit event (NaN when absent), and the stdout bytes it carried
-   * (decoded from the events' base64).
+   * Reads an SSE command stream (sent with extra `headers`) to its end; returns ms from `t0` (a
+   * `performance.now()` value) to its first stdout event and to its exit event (NaN when absent),
+   * and the stdout bytes it carried (decoded from the events' base64).
    */
   streamTimes(
     url: string,
     token: string,
     t0: number,
+    headers?: Record<string, string>,
   ): Promise<{ first: number; exit: number; stdoutBytes: number }>;
   /**
    * Runs `echo <word>` in sandbox `id`; returns ms from the command's POST to its first stdout
-   * event (NaN when there was none). Throws as {@link BenchClient.api} does.
+   * event (NaN when there was none). The POST and the stream carry one sampled `traceparent`
+   * ({@link sampledTraceparent}), so a tracing stack records the command's hops as one trace.
+   * Throws as {@link BenchClient.api} does.
    */
   firstOutput(id: string, word?: string): Promise<number>;
 }
 
 /** A client for the API at `apiUrl` with `apiKey`. */
 export function benchClient(ep: { apiUrl: string; apiKey: string }): BenchClient {
-  async function api<T>(method: string, path: string, body?: unknown): Promise<T> {
+  async function api<T>(
+    method: string,
+    path: string,
+    body?: unknown,
+    headers: Record<string, string> = {},
+  ): Promise<T> {
     const res = await request(`${ep.apiUrl}${path}`, {
       method: method as 'GET',
       headers: {
+        ...headers,
         authorization: `Bearer ${ep.apiKey}`,
         ...(body ? { 'content-type': 'application/json' } : {}),
       },
@@ -99,8 +117,8 @@ export function benchClient(ep: { apiUrl: string; apiKey: string }): BenchClient
       }
       throw new Error(`operation ${id} did not finish`);
     },
-    async streamTimes(url, token, t0) {
-      const res = await request(url, { headers: { authorization: `Bearer ${token}` } });
+    async streamTimes(url, token, t0, headers = {}) {
+      const res = await request(url, { headers: { ...headers, authorization: `Bearer ${token}` } });
       let first = Number.NaN;
       let exit = Number.NaN;
       let stdoutBytes = 0;
@@ -118,16 +136,15 @@ export function benchClient(ep: { apiUrl: string; apiKey: string }): BenchClient
       return { first, exit, stdoutBytes };
     },
     async firstOutput(id, word = 'ready') {
+      const trace = { traceparent: sampledTraceparent() };
       const t0 = performance.now();
       const cmd = await api<{ stream: { url: string; token: string } }>(
         'POST',
         `/v1/sandboxes/${id}/commands`,
-        {
-          cmd: 'echo',
-          args: [word],
-        },
+        { cmd: 'echo', args: [word] },
+        trace,
       );
-      return (await client.streamTimes(cmd.stream.url, cmd.stream.token, t0)).first;
+      return (await client.streamTimes(cmd.stream.url, cmd.stream.token, t0, trace)).first;
     },
   };
   return client;

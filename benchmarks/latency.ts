@@ -492,7 +492,7 @@ export async function latencyOutput(
   }
   const main = markdownTable(header, body, [true, false, false, true, true, true, true, true, true]);
   const table = r.budget?.length
-    ? `${main}\n\nWhere the time went: each hop's span (OpenTelemetry, from the stack's SPACE_TRACE_FILE), per kind of create:\n\n${budgetTable(r.budget)}`
+    ? `${main}\n\nWhere the time went: each hop's span (OpenTelemetry, from the stack's SPACE_TRACE_FILE), per kind of create and for the commands (exec: the command's POST and its stream, one trace each):\n\n${budgetTable(r.budget)}`
     : main;
   return {
     doc,

@@ -1,8 +1,9 @@
 /**
  * The latency budget of a benchmark run: the OpenTelemetry spans the stack wrote to its
  * `SPACE_TRACE_FILE` (see runtime/core/tracing.ts), grouped per hop and per kind of create (the
- * `space.instance.source` the agent put on its create span: warm claim, snapshot restore, boot), so
- * a latency table comes with where the time went. Pure apart from reading the file.
+ * `space.instance.source` the agent put on its create span: warm claim, snapshot restore, boot) or
+ * per command ({@link EXEC_TRACE}: the benchmark's command and its stream in one trace), so a
+ * latency table comes with where the time went. Pure apart from reading the file.
  */
 import { readFileSync, statSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -10,9 +11,12 @@ import { TRACE_FILE_FLUSH_MS, type TraceFileSpan } from '../runtime/core/tracing
 import { markdownTable } from './report.ts';
 import { fmt, percentile } from './stats.ts';
 
-/** One hop's durations (ms) over the creates of one kind. */
+/** The kind given to a command's trace (one holding `agent.commands.start` and no create). */
+export const EXEC_TRACE = 'exec';
+
+/** One hop's durations (ms) over the traces of one kind. */
 export interface BudgetRow {
-  /** Kind of create whose trace the span belongs to (`warm`, `snapshot`, `boot`). */
+  /** Kind of trace the span belongs to: a create's (`warm`, `snapshot`, `boot`) or {@link EXEC_TRACE}. */
   source: string;
   /** Span name (e.g. `agent.guest.init`). */
   span: string;
@@ -63,14 +67,18 @@ export function readSpans(path: string): TraceFileSpan[] {
 
 /**
  * Groups the spans of every create trace (a trace holding an `agent.sandboxes.create` span with a
- * `space.instance.source`) by kind and span name; spans of other traces (warm-pool refills,
- * deletes) are left out. Rows are sorted by kind, then by p50 descending.
+ * `space.instance.source`) by kind and span name, and those of every command trace (one holding
+ * `agent.commands.start`, and no create) as {@link EXEC_TRACE}; spans of other traces (warm-pool
+ * refills, deletes) are left out. Rows are sorted by kind, then by p50 descending.
  */
 export function spanBudget(spans: readonly TraceFileSpan[]): BudgetRow[] {
   const sourceOf = new Map<string, string>();
   for (const s of spans) {
     const src = s.attributes['space.instance.source'];
     if (s.name === 'agent.sandboxes.create' && typeof src === 'string') sourceOf.set(s.traceId, src);
+  }
+  for (const s of spans) {
+    if (s.name === 'agent.commands.start' && !sourceOf.has(s.traceId)) sourceOf.set(s.traceId, EXEC_TRACE);
   }
   const groups = new Map<string, { source: string; span: string; ms: number[] }>();
   for (const s of spans) {
@@ -95,7 +103,7 @@ export function spanBudget(spans: readonly TraceFileSpan[]): BudgetRow[] {
 /** The budget as a Markdown table (ms with one decimal). */
 export function budgetTable(rows: readonly BudgetRow[]): string {
   return markdownTable(
-    ['create', 'span', 'n', 'p50 ms', 'p90 ms'],
+    ['trace', 'span', 'n', 'p50 ms', 'p90 ms'],
     rows.map((r) => [r.source, r.span, String(r.n), fmt(r.p50Ms, 1), fmt(r.p90Ms, 1)]),
     [false, false, true, true, true],
   );

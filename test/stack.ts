@@ -87,10 +87,16 @@ export interface ExecResult {
 export async function readEvents(
   url: string,
   token: string,
-  opts: { lastEventId?: string; stopAfter?: number; signal?: AbortSignal } = {},
+  opts: {
+    lastEventId?: string;
+    stopAfter?: number;
+    signal?: AbortSignal;
+    headers?: Record<string, string>;
+  } = {},
 ): Promise<{ event: string; id: string; data: string }[]> {
   const res = await request(url, {
     headers: {
+      ...opts.headers,
       authorization: `Bearer ${token}`,
       ...(opts.lastEventId ? { 'last-event-id': opts.lastEventId } : {}),
     },

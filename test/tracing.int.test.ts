@@ -1,7 +1,8 @@
 /**
  * Tracing end to end: one create's spans form one trace across the API request, the operation
  * queued in Redis, the dispatch and the agent (W3C traceparent over HTTP and in the operation
- * record), written by the SPACE_TRACE_FILE exporter.
+ * record), and a command's across the API, the router (its own process) and the agent's stream,
+ * written by the SPACE_TRACE_FILE exporter.
  */
 import { randomBytes } from 'node:crypto';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
@@ -15,20 +16,32 @@ import {
   type TraceFileSpan,
   type Tracing,
 } from '../runtime/core/tracing.ts';
-import { type Stack, startStack } from './stack.ts';
+import { freePort } from './redis-server.ts';
+import { type RouterProcess, startRouterProcess } from './router-process.ts';
+import { readEvents, type Stack, startStack } from './stack.ts';
 
 describe('tracing', () => {
   let s: Stack;
+  let router: RouterProcess;
   let dir: string;
   let tracing: Tracing | null;
   const file = () => join(dir, 'spans.jsonl');
+  const routerFile = () => join(dir, 'router-spans.jsonl');
   beforeAll(async () => {
     dir = await mkdtemp(join(tmpdir(), 'space-trace-'));
     expect(startTracing('space-test', {})).toBeNull(); // nothing configured: nothing registered
     tracing = startTracing('space-test', { SPACE_TRACE_FILE: file() });
-    s = await startStack({ SPACE_WARM_POOL_SIZE: '1' });
+    const port = await freePort();
+    s = await startStack({ SPACE_WARM_POOL_SIZE: '1', SPACE_ROUTER_URL: `http://127.0.0.1:${port}` });
+    router = await startRouterProcess({
+      SPACE_ROUTER_PORT: String(port),
+      SPACE_REDIS_URL: s.redisUrl,
+      SPACE_VERIFY_KEY_FILE: join(s.dir, 'key.pub.pem'),
+      SPACE_TRACE_FILE: routerFile(),
+    });
   });
   afterAll(async () => {
+    await router?.stop();
     await s?.stop();
     await tracing?.shutdown();
     trace.disable();
@@ -132,6 +145,62 @@ describe('tracing', () => {
     // the unsampled one ended first and went through the same batches: none of its spans
     expect(await names(traceOf(quietParent))).toEqual([]);
     for (const id of [quiet, loud]) await s.call('DELETE', `/v1/sandboxes/${id}`);
+  });
+
+  it('a command’s stream through the router joins its caller’s trace, hop by hop', async () => {
+    const id = await s.createSandbox();
+    const parent = (flags: '00' | '01') =>
+      `00-${randomBytes(16).toString('hex')}-${randomBytes(8).toString('hex')}-${flags}`;
+    const run = async (traceparent: string) => {
+      const cmd = await s.call<{ stream: { url: string; token: string } }>(
+        'POST',
+        `/v1/sandboxes/${id}/commands`,
+        { cmd: 'echo', args: ['traced'] },
+        { traceparent },
+      );
+      expect(cmd.status).toBe(201);
+      expect(cmd.body.stream.url.startsWith(router.url)).toBe(true);
+      const events = await readEvents(cmd.body.stream.url, cmd.body.stream.token, {
+        headers: { traceparent },
+      });
+      expect(events.map((e) => e.event)).toContain('exit');
+    };
+    const quiet = parent('00');
+    const loud = parent('01');
+    await run(quiet);
+    await run(loud);
+    const [, loudTrace, loudParentId] = loud.split('-');
+    const spansOf = async (traceId: string) =>
+      (await Promise.all([file(), routerFile()].map((f) => readFile(f, 'utf8').catch(() => ''))))
+        .join('\n')
+        .split('\n')
+        .filter((l) => l.trim())
+        .map((l) => JSON.parse(l) as TraceFileSpan)
+        .filter((x) => x.traceId === traceId);
+    const wanted = [
+      'api.commands.start',
+      'agent.commands.start',
+      'router.token.verify',
+      'router.forward',
+      'agent.stream.open',
+    ];
+    let spans = await spansOf(loudTrace!);
+    for (let i = 0; i < 50 && !wanted.every((n) => spans.some((x) => x.name === n)); i++) {
+      await new Promise((r) => setTimeout(r, TRACE_FILE_FLUSH_MS));
+      spans = await spansOf(loudTrace!);
+    }
+    const named = (n: string) => spans.find((x) => x.name === n);
+    for (const n of wanted) expect(named(n), n).toBeDefined();
+    // the router's spans are the client's children (its own process), the agent's stream the router's
+    expect(named('router.forward')!.service).toBe('space-router');
+    expect(named('router.forward')!.parentId).toBe(loudParentId);
+    expect(named('router.token.verify')!.parentId).toBe(loudParentId);
+    expect(named('router.forward')!.attributes['space.route']).toBe('command.events');
+    expect(named('agent.stream.open')!.parentId).toBe(named('router.forward')!.spanId);
+    expect(named('agent.stream.open')!.attributes['space.sandbox.id']).toBe(id);
+    // the unsampled caller's command and stream went through the same batches: no span of it anywhere
+    expect(await spansOf(quiet.split('-')[1]!)).toEqual([]);
+    await s.call('DELETE', `/v1/sandboxes/${id}`);
   });
 
   it('a failed hop is marked with its error code', async () => {

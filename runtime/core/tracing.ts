@@ -190,7 +190,7 @@ export async function inSpan<T>(
 }
 
 /** Adds the active span's W3C trace headers (`traceparent`, `tracestate`) to `headers`; returns it. */
-export function injectTraceHeaders<H extends Record<string, string>>(headers: H): H {
+export function injectTraceHeaders<H extends Record<string, string | string[]>>(headers: H): H {
   propagation.inject(context.active(), headers);
   return headers;
 }

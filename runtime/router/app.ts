@@ -16,6 +16,7 @@ import { ID_PATTERN } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
 import { DEFAULT_TEAM } from '../core/tenancy.ts';
 import { type VerifyKey, verifySessionToken } from '../core/tokens.ts';
+import { inSpan, traceContextFrom } from '../core/tracing.ts';
 import type { RouterConfig } from './config.ts';
 import { installEnvd } from './envd/service.ts';
 import { SandboxLocator } from './locate.ts';
@@ -131,7 +132,12 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
         }
         // the agent checks the session (and again the scope) against its own record; the team is
         // checked against the sandbox's record when it is located (a token without one: default team)
-        const claims = await verifySessionToken(deps.verifyKey, token, { sandboxId: id, scope: route.scope });
+        const claims = await inSpan(
+          'router.token.verify',
+          { 'space.route': route.name, 'space.sandbox.id': id },
+          () => verifySessionToken(deps.verifyKey, token, { sandboxId: id, scope: route.scope }),
+          traceContextFrom(req.headers),
+        );
         req.sessionTeam = claims.team ?? DEFAULT_TEAM;
       },
       handler: async (req, reply) => {

@@ -24,6 +24,7 @@ import { Agent, type Dispatcher, errors as undiciErrors } from 'undici';
 import type { DataPlaneRoute } from '../core/data-plane.ts';
 import { isErrorCode, SpaceError } from '../core/errors.ts';
 import { F } from '../core/log-fields.ts';
+import { injectTraceHeaders, inSpan, traceContextFrom } from '../core/tracing.ts';
 import { downstreamHeaders, upstreamHeaders } from './headers.ts';
 import type { SandboxLocator, SandboxUpstream } from './locate.ts';
 import type { RouterMetrics } from './metrics.ts';
@@ -111,8 +112,11 @@ function errorCodeOf(text: Buffer): string | undefined {
 }
 
 /**
- * Forwards `req` (already authorised for `sandboxId` of `team`, the session token's team) to the agent serving the sandbox and streams
- * the answer back. Returns the status sent (0 when the response broke midway).
+ * Forwards `req` (already authorised for `sandboxId` of `team`, the session token's team) to the
+ * agent serving the sandbox and streams the answer back. Returns the status sent (0 when the
+ * response broke midway). Finding the agent and waiting for its response headers is the span
+ * `router.forward` (in the caller's trace context, passed on to the agent in `traceparent`); a
+ * stream's body is not in it.
  * @throws SpaceError before any byte of the response is sent: SANDBOX_NOT_FOUND,
  *   SANDBOX_NOT_RUNNING, SANDBOX_PAUSED, NODE_UNAVAILABLE (see {@link SandboxLocator.locate}).
  */
@@ -124,15 +128,42 @@ export async function forward(
   sandboxId: string,
   team: string,
 ): Promise<number> {
-  const hasBody = requestHasBody(req.headers, req.raw);
-  const headers = upstreamHeaders(req.headers, {
-    remoteAddress: req.socket.remoteAddress,
-    proto: deps.proto,
-  });
   // the client left: stop waiting for the agent (and stop the agent's stream)
   const abort = new AbortController();
   reply.raw.once('close', () => abort.abort());
+  const answer = await inSpan(
+    'router.forward',
+    { 'space.route': route.name, 'space.sandbox.id': sandboxId },
+    () => open(deps, req, sandboxId, team, abort.signal),
+    traceContextFrom(req.headers),
+  );
+  if (!answer) return 0; // the client went away first
+  if (answer.small) {
+    reply.hijack();
+    reply.raw.writeHead(answer.res.statusCode, downstreamHeaders(answer.res.headers));
+    reply.raw.end(answer.small);
+    return answer.res.statusCode;
+  }
+  return stream(deps, req, reply, route, answer.res);
+}
 
+/**
+ * Finds the agent serving `sandboxId` and sends it `req`, up to its response headers. Resolves to
+ * its response (`small`: the body of an error already read), or null when `signal` aborted first.
+ * @throws SpaceError as {@link forward} does.
+ */
+async function open(
+  deps: ProxyDeps,
+  req: FastifyRequest,
+  sandboxId: string,
+  team: string,
+  signal: AbortSignal,
+): Promise<{ res: Dispatcher.ResponseData; small?: Buffer } | null> {
+  const hasBody = requestHasBody(req.headers, req.raw);
+  // the agent's spans are children of this hop's (a client's own traceparent is replaced)
+  const headers = injectTraceHeaders(
+    upstreamHeaders(req.headers, { remoteAddress: req.socket.remoteAddress, proto: deps.proto }),
+  );
   let target = await deps.locator.locate(sandboxId, { team });
   for (let attempt = 0; attempt < 2; attempt++) {
     let res: Dispatcher.ResponseData;
@@ -144,11 +175,11 @@ export async function forward(
         method: req.method as Dispatcher.HttpMethod,
         headers,
         body: hasBody ? req.raw : null,
-        signal: abort.signal,
+        signal,
         headersTimeout: hasBody ? deps.timeouts.uploadTimeoutMs : deps.timeouts.headersTimeoutMs,
       });
     } catch (err) {
-      if (abort.signal.aborted) return 0; // the client went away first
+      if (signal.aborted) return null;
       throw upstreamError(err, target);
     }
     if (res.statusCode === 409 && String(res.headers['content-type'] ?? '').includes('json')) {
@@ -163,12 +194,9 @@ export async function forward(
         target = await deps.locator.locate(sandboxId, { team, afterPaused: true });
         continue;
       }
-      reply.hijack();
-      reply.raw.writeHead(res.statusCode, downstreamHeaders(res.headers));
-      reply.raw.end(text);
-      return res.statusCode;
+      return { res, small: text };
     }
-    return stream(deps, req, reply, route, res);
+    return { res };
   }
   throw new SpaceError('SANDBOX_PAUSED', `sandbox ${sandboxId} was paused again while resuming`, {
     sandboxId,

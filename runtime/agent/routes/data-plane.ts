@@ -19,6 +19,7 @@ import { SpaceError } from '../../core/errors.ts';
 import { ID_PATTERN, newId } from '../../core/ids.ts';
 import { DEFAULT_TEAM } from '../../core/tenancy.ts';
 import { type SessionClaims, type SessionScope, verifySessionToken } from '../../core/tokens.ts';
+import { inSpan, traceContextFrom } from '../../core/tracing.ts';
 import type { AgentDeps } from '../app.ts';
 import { startOptions } from '../commands.ts';
 import type { LocalSandbox } from '../sandboxes.ts';
@@ -95,22 +96,32 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         },
       },
       async (req, reply) => {
-        const sb = await authorise(req, req.params.id, 'commands', false);
-        const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
-        const raw = (req.headers['last-event-id'] as string | undefined) ?? req.query.lastEventId ?? '0';
-        if (!/^[0-9]{1,15}$/.test(raw))
-          throw new SpaceError('BAD_REQUEST', 'Last-Event-ID must be an event id');
-        const from = Number(raw);
-        if (from > cmd.spool.size)
-          throw new SpaceError('BAD_REQUEST', `Last-Event-ID ${from} is beyond the stream`);
-        if (sb.streams >= deps.config.maxStreams)
-          throw new SpaceError('RATE_LIMITED', 'too many open streams');
-        // the team's open-streams quota: the limit is the token's, the count the team's in Redis
-        const claims = claimsOf.get(req.raw);
-        const closeTeamStream =
-          claims?.maxStreams != null && deps.teamStreams
-            ? await deps.teamStreams.open(claims.team ?? DEFAULT_TEAM, claims.maxStreams)
-            : () => {};
+        // opening the stream (token, session, quotas) is a span in the caller's trace; the events
+        // after it are the command's own time
+        const { sb, cmd, from, closeTeamStream } = await inSpan(
+          'agent.stream.open',
+          { 'space.sandbox.id': req.params.id },
+          async () => {
+            const sb = await authorise(req, req.params.id, 'commands', false);
+            const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
+            const raw = (req.headers['last-event-id'] as string | undefined) ?? req.query.lastEventId ?? '0';
+            if (!/^[0-9]{1,15}$/.test(raw))
+              throw new SpaceError('BAD_REQUEST', 'Last-Event-ID must be an event id');
+            const from = Number(raw);
+            if (from > cmd.spool.size)
+              throw new SpaceError('BAD_REQUEST', `Last-Event-ID ${from} is beyond the stream`);
+            if (sb.streams >= deps.config.maxStreams)
+              throw new SpaceError('RATE_LIMITED', 'too many open streams');
+            // the team's open-streams quota: the limit is the token's, the count the team's in Redis
+            const claims = claimsOf.get(req.raw);
+            const closeTeamStream =
+              claims?.maxStreams != null && deps.teamStreams
+                ? await deps.teamStreams.open(claims.team ?? DEFAULT_TEAM, claims.maxStreams)
+                : () => {};
+            return { sb, cmd, from, closeTeamStream };
+          },
+          traceContextFrom(req.headers),
+        );
         sb.streams += 1;
         reply.hijack();
         try {
