@@ -61,8 +61,8 @@ describe('tracing', () => {
     // a span is written (in a batch) after it ends, and a warm claim's guest init and egress step
     // end after the create answered
     const done = (xs: TraceFileSpan[]) =>
-      ['agent.sandboxes.create', 'agent.guest.init', 'agent.egress.apply'].every((n) =>
-        xs.some((x) => x.name === n),
+      ['agent.sandboxes.create', 'agent.guest.init', 'agent.egress.apply', 'redis.operation.finish'].every(
+        (n) => xs.some((x) => x.name === n),
       );
     let spans = await read();
     for (let i = 0; i < 100 && !done(spans); i++) {
@@ -95,6 +95,26 @@ describe('tracing', () => {
     expect(steps).toEqual(expect.arrayContaining(['agent.guest.init', 'agent.egress.apply']));
     for (const x of inTrace) expect(x.durationMs).toBeGreaterThanOrEqual(0);
     expect(inTrace.find((x) => x.name === 'api.sandboxes.create')!.parentId).toBeUndefined();
+    // the worker's Redis scripts: placing, moving and metering the sandbox inside the operation's
+    // span; its start and finish, outside the handler, in the context the operation was queued in
+    const named = (n: string) => inTrace.filter((x) => x.name === n);
+    const operation = named('operation.sandbox.create')[0]!;
+    const queuedIn = named('redis.sandbox.create')[0]!;
+    for (const n of ['redis.sandbox.place', 'redis.sandbox.transition', 'redis.usage.report']) {
+      expect(named(n).length, n).toBeGreaterThan(0);
+      for (const x of named(n)) expect(x.parentId, n).toBe(operation.spanId);
+    }
+    for (const n of ['redis.operation.start', 'redis.operation.finish']) {
+      expect(
+        named(n).map((x) => x.parentId),
+        n,
+      ).toEqual([queuedIn.spanId]);
+    }
+    // the start script ran before the handler did
+    const start = named('redis.operation.start')[0]!;
+    expect(start.startMs + start.durationMs).toBeLessThanOrEqual(operation.startMs + 1);
+    // timers and sweeps (expiry, auto-pause, the warm pool) take the same scripts: no trace of their own
+    expect(spans.filter((x) => x.name.startsWith('redis.') && !x.parentId)).toEqual([]);
   });
 
   it('the caller’s traceparent decides: an unsampled create and its command record nothing', async () => {

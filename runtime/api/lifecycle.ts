@@ -19,6 +19,7 @@ import type { Logger } from 'pino';
 import { SpaceError } from '../core/errors.ts';
 import { F } from '../core/log-fields.ts';
 import { isRedisUnavailable } from '../core/redis-errors.ts';
+import { inChildSpan } from '../core/tracing.ts';
 import type { NodeInfo, OperationKind, PauseMode, SandboxState } from '../core/types.ts';
 import { KILL_REASONS, type KillReason } from '../core/types.ts';
 import { reportUsage, type UsageState } from '../core/usage.ts';
@@ -59,7 +60,9 @@ const SETTLE_WAIT_MS = 120_000;
 
 /** Records the sandbox's activity state change (metering); a Redis failure only logs. */
 async function meter(d: LifecycleDeps, rec: SandboxRecord, state: UsageState | 'ended', onlyIf?: UsageState) {
-  await reportUsage(d.sandboxes.redis, rec.id, state, onlyIf)
+  await inChildSpan('redis.usage.report', { 'space.usage.state': state }, () =>
+    reportUsage(d.sandboxes.redis, rec.id, state, onlyIf),
+  )
     .then((r) => {
       if (r.previous) d.onUsage?.(r.previous, r.closedMs);
     })

@@ -23,7 +23,7 @@ import { newId } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
 import { isRedisUnavailable } from '../core/redis-errors.ts';
 import { KEY_PREFIX, keys, OPERATION_GROUP, OPERATION_TTL_SEC } from '../core/redis-keys.ts';
-import { currentTraceparent, inSpan, traceContextFrom } from '../core/tracing.ts';
+import { currentTraceparent, inChildSpan, inSpan, recordSpan, traceContextFrom } from '../core/tracing.ts';
 import type { Operation, OperationKind, OperationState } from '../core/types.ts';
 import { flatToHash, type ScriptedRedis, withScripts } from './redis-scripts.ts';
 
@@ -427,10 +427,14 @@ export class OperationWorker {
       // back — it does not leave the operation to another replica's reclaim 30 s later: each
       // bookkeeping step is retried, and a handler that failed only because Redis was away runs
       // again as a new run (handlers are idempotent), so the outage never becomes the outcome.
+      const startMs = performance.now();
       const started = await this.#untilRedis(() => this.#store.start(opId, this.#consumer));
       const op = started?.op ?? null;
       let run = started?.run ?? null;
       let target = started?.target ?? {};
+      // the context the operation was queued in: its start script is known to belong there only now
+      const queuedIn = op?.traceparent ? traceContextFrom({ traceparent: op.traceparent }) : undefined;
+      if (queuedIn) recordSpan('redis.operation.start', {}, startMs, performance.now(), queuedIn);
       if (op && run !== null) {
         const startedAt = Date.now();
         let outcome: { state: 'succeeded' } | { state: 'failed'; error: SpaceError } | null = null;
@@ -440,7 +444,7 @@ export class OperationWorker {
               `operation.${op.kind}`,
               { 'space.operation.id': op.id, 'space.target': op.target },
               () => this.#handlers[op.kind](op, target),
-              op.traceparent ? traceContextFrom({ traceparent: op.traceparent }) : undefined,
+              queuedIn,
             );
             outcome = { state: 'succeeded' };
           } catch (err) {
@@ -467,16 +471,20 @@ export class OperationWorker {
           const final = outcome;
           const fence = run;
           // the queue entry is acknowledged in the same step (operation-finish.lua)
-          const ended = await this.#untilRedis(() =>
-            this.#store.finish(
-              op.id,
-              fence,
-              final.state,
-              final.state === 'failed' ? final.error : undefined,
-              Date.now(),
-              entryId,
-            ),
-          );
+          const finish = () =>
+            this.#untilRedis(() =>
+              this.#store.finish(
+                op.id,
+                fence,
+                final.state,
+                final.state === 'failed' ? final.error : undefined,
+                Date.now(),
+                entryId,
+              ),
+            );
+          const ended = queuedIn
+            ? await inChildSpan('redis.operation.finish', {}, finish, queuedIn)
+            : await finish();
           const fields = {
             kind: op.kind,
             [F.sandboxId]: op.target,

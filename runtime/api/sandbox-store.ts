@@ -9,6 +9,7 @@ import type { EgressPolicy } from '../core/egress.ts';
 import { SpaceError } from '../core/errors.ts';
 import { KEY_PREFIX, KILLED_SANDBOX_TTL_SEC, keys } from '../core/redis-keys.ts';
 import { DEFAULT_TEAM, type TeamQuotas } from '../core/tenancy.ts';
+import { inChildSpan } from '../core/tracing.ts';
 import {
   describeKillReason,
   type KillReason,
@@ -398,7 +399,9 @@ export class SandboxStore {
   async transition(id: string, to: SandboxState, fields: Record<string, string> = {}, now = Date.now()) {
     const from = statesLeadingTo(to);
     const argv = [to, from.join(','), String(now), ...Object.entries(fields).flat()];
-    const [ok, current] = await this.redis.spaceTransition(keys.sandbox(id), keys.deadlines(), ...argv);
+    const [ok, current] = await inChildSpan('redis.sandbox.transition', { 'space.state': to }, () =>
+      this.redis.spaceTransition(keys.sandbox(id), keys.deadlines(), ...argv),
+    );
     if (to === 'killed' && ok === 1) await this.redis.expire(keys.sandbox(id), KILLED_SANDBOX_TTL_SEC);
     return ok === 1
       ? ({ ok: true } as const)
@@ -437,16 +440,18 @@ export class SandboxStore {
   ): Promise<
     { nodeId: string; fromWarm: boolean; url: string; alive: boolean } | { nodeId: null; reason: string }
   > {
-    const [node, extra, url, alive] = await this.redis.spacePlace(
-      keys.nodeIndex(),
-      keys.sandbox(rec.id),
-      KEY_PREFIX,
-      rec.id,
-      rec.template,
-      String(Math.round(rec.vcpus * 1000)),
-      String(rec.memoryMiB),
-      acceptingDrivers(rec).join(','),
-      store,
+    const [node, extra, url, alive] = await inChildSpan('redis.sandbox.place', {}, () =>
+      this.redis.spacePlace(
+        keys.nodeIndex(),
+        keys.sandbox(rec.id),
+        KEY_PREFIX,
+        rec.id,
+        rec.template,
+        String(Math.round(rec.vcpus * 1000)),
+        String(rec.memoryMiB),
+        acceptingDrivers(rec).join(','),
+        store,
+      ),
     );
     if (!node) return { nodeId: null, reason: String(extra) };
     return { nodeId: node, fromWarm: Number(extra) === 1, url: url ?? '', alive: alive === 1 };

@@ -4,7 +4,16 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { trace } from '@opentelemetry/api';
 import { afterEach, describe, expect, it } from 'vitest';
-import { inSpan, startTracing, TRACE_FILE_FLUSH_MS, type TraceFileSpan, type Tracing } from './tracing.ts';
+import {
+  inChildSpan,
+  inSpan,
+  recordSpan,
+  startTracing,
+  TRACE_FILE_FLUSH_MS,
+  type TraceFileSpan,
+  type Tracing,
+  traceContextFrom,
+} from './tracing.ts';
 
 const spansIn = async (path: string): Promise<TraceFileSpan[]> =>
   (await readFile(path, 'utf8'))
@@ -21,7 +30,7 @@ describe('SPACE_TRACE_FILE exporter (a real file)', () => {
     if (dir) await rm(dir, { recursive: true, force: true });
   });
 
-  it('appends nested spans to what the file held; a file that cannot be opened yet is opened for a later batch', async () => {
+  it('appends nested spans to what the file held; a file that cannot be opened yet is opened for a later batch; steps record only in a sampled trace', async () => {
     // one provider per process: the module's tracer stays bound to the first one registered
     dir = await mkdtemp(join(tmpdir(), 'space-tracing-'));
     const path = join(dir, 'later', 'spans.jsonl');
@@ -32,11 +41,35 @@ describe('SPACE_TRACE_FILE exporter (a real file)', () => {
     await writeFile(path, 'kept line\n');
     await inSpan('outer', { 'space.k': 'v' }, () => inSpan('inner', {}, async () => {}));
     await inSpan('second batch', {}, async () => {});
+    // steps that timers also take: a span only inside a sampled trace
+    const remote = (flags: string) =>
+      traceContextFrom({ traceparent: `00-${'ab'.repeat(16)}-${'cd'.repeat(8)}-${flags}` });
+    expect(await inChildSpan('orphan step', {}, async () => 7)).toBe(7);
+    await inSpan('parent', {}, () => inChildSpan('child step', {}, async () => {}));
+    await inChildSpan('unsampled step', {}, async () => {}, remote('00'));
+    await inChildSpan('remote step', {}, async () => {}, remote('01'));
+    const t = performance.now();
+    recordSpan('late step', {}, t - 5, t, remote('01'));
+    recordSpan('late unsampled step', {}, t - 5, t, remote('00'));
+    recordSpan('late orphan step', {}, t - 5, t, traceContextFrom({}));
     await tracing!.shutdown(); // writes what is still buffered
     const text = await readFile(path, 'utf8');
     expect(text.startsWith('kept line\n')).toBe(true);
     const spans = await spansIn(path);
-    expect(spans.map((s) => s.name).sort()).toEqual(['inner', 'outer', 'second batch']);
+    expect(spans.map((s) => s.name).sort()).toEqual([
+      'child step',
+      'inner',
+      'late step',
+      'outer',
+      'parent',
+      'remote step',
+      'second batch',
+    ]);
+    const byName = (n: string) => spans.find((s) => s.name === n)!;
+    expect(byName('child step').parentId).toBe(byName('parent').spanId);
+    expect(byName('remote step').parentId).toBe('cd'.repeat(8));
+    expect(byName('late step')).toMatchObject({ traceId: 'ab'.repeat(16), parentId: 'cd'.repeat(8) });
+    expect(byName('late step').durationMs).toBeCloseTo(5, 0);
     const outer = spans.find((s) => s.name === 'outer')!;
     const inner = spans.find((s) => s.name === 'inner')!;
     expect(inner.parentId).toBe(outer.spanId);

@@ -22,6 +22,7 @@ import {
   ROOT_CONTEXT,
   type Span,
   SpanStatusCode,
+  TraceFlags,
   trace,
 } from '@opentelemetry/api';
 import { type ExportResult, ExportResultCode } from '@opentelemetry/core';
@@ -187,6 +188,42 @@ export async function inSpan<T>(
       span.end();
     }
   });
+}
+
+/**
+ * Runs `fn` inside a span named `name` only when a recorded span is active (or `parent` holds
+ * one); otherwise just runs it. For steps (a Redis script) that timers and sweeps also take: those
+ * start no traces of their own, and an unsampled request's steps record nothing.
+ */
+export async function inChildSpan<T>(
+  name: string,
+  attributes: Attributes,
+  fn: () => Promise<T>,
+  parent: Context = context.active(),
+): Promise<T> {
+  return sampled(parent) ? inSpan(name, attributes, fn, parent) : fn();
+}
+
+/** Whether `parent` holds a span (local or remote) of a sampled trace. */
+function sampled(parent: Context): boolean {
+  return ((trace.getSpanContext(parent)?.traceFlags ?? TraceFlags.NONE) & TraceFlags.SAMPLED) !== 0;
+}
+
+/**
+ * Records a span for a step that already ran: from `startMs` to `endMs` (`performance.now()`
+ * values, ms), a child of `parent`. Nothing is recorded outside a sampled parent, as with
+ * {@link inChildSpan}. For a step that runs before its trace context is known (an operation's
+ * start script returns the context the operation was queued with).
+ */
+export function recordSpan(
+  name: string,
+  attributes: Attributes,
+  startMs: number,
+  endMs: number,
+  parent: Context,
+): void {
+  if (!sampled(parent)) return;
+  tracer.startSpan(name, { attributes, startTime: startMs }, parent).end(endMs);
 }
 
 /** Adds the active span's W3C trace headers (`traceparent`, `tracestate`) to `headers`; returns it. */
