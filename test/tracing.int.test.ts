@@ -200,6 +200,7 @@ describe('tracing', () => {
     const wanted = [
       'api.commands.start',
       'agent.commands.start',
+      'agent.guest.spawn',
       'router.token.verify',
       'router.forward',
       'agent.stream.open',
@@ -217,6 +218,7 @@ describe('tracing', () => {
     expect(named('router.token.verify')!.parentId).toBe(loudParentId);
     expect(named('router.forward')!.attributes['space.route']).toBe('command.events');
     expect(named('agent.stream.open')!.parentId).toBe(named('router.forward')!.spanId);
+    expect(named('agent.guest.spawn')!.parentId).toBe(named('agent.commands.start')!.spanId);
     expect(named('agent.stream.open')!.attributes['space.sandbox.id']).toBe(id);
     // the unsampled caller's command and stream went through the same batches: no span of it anywhere
     expect(await spansOf(quiet.split('-')[1]!)).toEqual([]);

@@ -12,6 +12,7 @@ import type { AgentCommandRequest, PtySize } from '../core/agent-protocol.ts';
 import { SpaceError } from '../core/errors.ts';
 import { FRAME_EXIT, type ProcessExit, type ProcessStartRequest } from '../core/guest-protocol.ts';
 import { F } from '../core/log-fields.ts';
+import { inChildSpan } from '../core/tracing.ts';
 import type { GuestClient } from './guest-client.ts';
 import { encodeFrame, FRAME_TRUNCATED, FrameSplitter, Spool } from './spool.ts';
 
@@ -125,7 +126,8 @@ export async function startCommand(o: {
   };
   await mkdir(o.dir, { recursive: true });
   const spool = await Spool.open(join(o.dir, `${r.commandId}.out`));
-  const info = await o.guest.start(start);
+  // the guest daemon's spawn inside the sandbox: under gVisor most of a command's start
+  const info = await inChildSpan('agent.guest.spawn', {}, () => o.guest.start(start));
   if (typeof r.stdin === 'string') {
     // initial stdin then EOF; a process that already exited makes this a no-op
     try {
