@@ -75,6 +75,20 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
     return sb;
   }
 
+  /**
+   * Admits one more open stream (a command's events, a watch) of sandbox `sb`: its own limit
+   * (`maxStreams`), then the team's open-streams quota (the limit is the token's, the count the
+   * team's in Redis). Returns what closes the team's count again.
+   * @throws SpaceError RATE_LIMITED over the sandbox's limit, or the team quota's error.
+   */
+  async function admitStream(req: FastifyRequest, sb: LocalSandbox): Promise<() => void> {
+    if (sb.streams >= deps.config.maxStreams) throw new SpaceError('RATE_LIMITED', 'too many open streams');
+    const claims = claimsOf.get(req.raw);
+    return claims?.maxStreams != null && deps.teamStreams
+      ? await deps.teamStreams.open(claims.team ?? DEFAULT_TEAM, claims.maxStreams)
+      : () => {};
+  }
+
   return async (app) => {
     app.addHook('onRequest', async (req, reply) => {
       // 'close' also fires for hijacked (SSE) responses and for clients that go away
@@ -110,15 +124,7 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
             const from = Number(raw);
             if (from > cmd.spool.size)
               throw new SpaceError('BAD_REQUEST', `Last-Event-ID ${from} is beyond the stream`);
-            if (sb.streams >= deps.config.maxStreams)
-              throw new SpaceError('RATE_LIMITED', 'too many open streams');
-            // the team's open-streams quota: the limit is the token's, the count the team's in Redis
-            const claims = claimsOf.get(req.raw);
-            const closeTeamStream =
-              claims?.maxStreams != null && deps.teamStreams
-                ? await deps.teamStreams.open(claims.team ?? DEFAULT_TEAM, claims.maxStreams)
-                : () => {};
-            return { sb, cmd, from, closeTeamStream };
+            return { sb, cmd, from, closeTeamStream: await admitStream(req, sb) };
           },
           traceContextFrom(req.headers),
         );
@@ -381,14 +387,8 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       async (req, reply) => {
         // a watch lasts as long as its client: it must not hold the guest against a pause
         const sb = await authorise(req, req.params.id, 'files', false);
-        if (sb.streams >= deps.config.maxStreams)
-          throw new SpaceError('RATE_LIMITED', 'too many open streams');
-        // a watch is an open stream like a command's: it counts against the team's quota
-        const claims = claimsOf.get(req.raw);
-        const closeTeamStream =
-          claims?.maxStreams != null && deps.teamStreams
-            ? await deps.teamStreams.open(claims.team ?? DEFAULT_TEAM, claims.maxStreams)
-            : () => {};
+        // a watch is an open stream like a command's: it counts against the same limits
+        const closeTeamStream = await admitStream(req, sb);
         const abort = new AbortController();
         reply.raw.once('close', () => abort.abort());
         // a delete or hibernation cuts it (the guest connection waits for nothing)
