@@ -2,13 +2,16 @@
  * Tracing end to end: one create's spans form one trace across the API request, the operation
  * queued in Redis, the dispatch and the agent (W3C traceparent over HTTP and in the operation
  * record), and a command's across the API, the router (its own process) and the agent's stream,
- * written by the SPACE_TRACE_FILE exporter.
+ * also when the E2B SDK's envd protocol starts it, written by the SPACE_TRACE_FILE exporter.
  */
 import { randomBytes } from 'node:crypto';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { createClient } from '@connectrpc/connect';
+import { createConnectTransport } from '@connectrpc/connect-node';
 import { trace } from '@opentelemetry/api';
+import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   startTracing,
@@ -16,6 +19,7 @@ import {
   type TraceFileSpan,
   type Tracing,
 } from '../runtime/core/tracing.ts';
+import { Process } from '../runtime/router/envd/gen/process/process_pb.js';
 import { freePort } from './redis-server.ts';
 import { type RouterProcess, startRouterProcess } from './router-process.ts';
 import { readEvents, type Stack, startStack } from './stack.ts';
@@ -40,6 +44,26 @@ describe('tracing', () => {
       SPACE_TRACE_FILE: routerFile(),
     });
   });
+  /** A W3C Trace Context `traceparent`: version 00, a new trace id and parent id, flags (01 = sampled). */
+  const parent = (flags: '00' | '01') =>
+    `00-${randomBytes(16).toString('hex')}-${randomBytes(8).toString('hex')}-${flags}`;
+  /** The spans of trace `traceId` in both processes' files. */
+  const spansOf = async (traceId: string) =>
+    (await Promise.all([file(), routerFile()].map((f) => readFile(f, 'utf8').catch(() => ''))))
+      .join('\n')
+      .split('\n')
+      .filter((l) => l.trim())
+      .map((l) => JSON.parse(l) as TraceFileSpan)
+      .filter((x) => x.traceId === traceId);
+  /** As {@link spansOf}, once every `wanted` name is there (spans are written in batches) or 5 s passed. */
+  const spansOnce = async (traceId: string, wanted: string[]) => {
+    let spans = await spansOf(traceId);
+    for (let i = 0; i < 50 && !wanted.every((n) => spans.some((x) => x.name === n)); i++) {
+      await new Promise((r) => setTimeout(r, TRACE_FILE_FLUSH_MS));
+      spans = await spansOf(traceId);
+    }
+    return spans;
+  };
   afterAll(async () => {
     await router?.stop();
     await s?.stop();
@@ -118,9 +142,6 @@ describe('tracing', () => {
   });
 
   it('the caller’s traceparent decides: an unsampled create and its command record nothing', async () => {
-    // W3C Trace Context: version 00, a new trace id and parent id, and the flags (01 = sampled)
-    const parent = (flags: '00' | '01') =>
-      `00-${randomBytes(16).toString('hex')}-${randomBytes(8).toString('hex')}-${flags}`;
     const quietParent = parent('00');
     const loudParent = parent('01');
     const traceOf = (traceparent: string) => traceparent.split('-')[1]!;
@@ -169,8 +190,6 @@ describe('tracing', () => {
 
   it('a command’s stream through the router joins its caller’s trace, hop by hop', async () => {
     const id = await s.createSandbox();
-    const parent = (flags: '00' | '01') =>
-      `00-${randomBytes(16).toString('hex')}-${randomBytes(8).toString('hex')}-${flags}`;
     const run = async (traceparent: string) => {
       const cmd = await s.call<{ stream: { url: string; token: string } }>(
         'POST',
@@ -190,13 +209,6 @@ describe('tracing', () => {
     await run(quiet);
     await run(loud);
     const [, loudTrace, loudParentId] = loud.split('-');
-    const spansOf = async (traceId: string) =>
-      (await Promise.all([file(), routerFile()].map((f) => readFile(f, 'utf8').catch(() => ''))))
-        .join('\n')
-        .split('\n')
-        .filter((l) => l.trim())
-        .map((l) => JSON.parse(l) as TraceFileSpan)
-        .filter((x) => x.traceId === traceId);
     const wanted = [
       'api.commands.start',
       'agent.commands.start',
@@ -205,11 +217,7 @@ describe('tracing', () => {
       'router.forward',
       'agent.stream.open',
     ];
-    let spans = await spansOf(loudTrace!);
-    for (let i = 0; i < 50 && !wanted.every((n) => spans.some((x) => x.name === n)); i++) {
-      await new Promise((r) => setTimeout(r, TRACE_FILE_FLUSH_MS));
-      spans = await spansOf(loudTrace!);
-    }
+    const spans = await spansOnce(loudTrace!, wanted);
     const named = (n: string) => spans.find((x) => x.name === n);
     for (const n of wanted) expect(named(n), n).toBeDefined();
     // the router's spans are the client's children (its own process), the agent's stream the router's
@@ -221,6 +229,65 @@ describe('tracing', () => {
     expect(named('agent.guest.spawn')!.parentId).toBe(named('agent.commands.start')!.spanId);
     expect(named('agent.stream.open')!.attributes['space.sandbox.id']).toBe(id);
     // the unsampled caller's command and stream went through the same batches: no span of it anywhere
+    expect(await spansOf(quiet.split('-')[1]!)).toEqual([]);
+    await s.call('DELETE', `/v1/sandboxes/${id}`);
+  });
+
+  it('an E2B SDK command through the router’s envd layer joins its caller’s trace, hop by hop', async () => {
+    const id = await s.createSandbox();
+    // the envd access token as the E2B control plane hands it out (GET /sandboxes/:id)
+    const detail = await request(`${s.apiUrl}/sandboxes/${id}`, { headers: { 'x-api-key': s.apiKey } });
+    const { envdAccessToken } = (await detail.body.json()) as { envdAccessToken: string };
+    const envd = createClient(Process, createConnectTransport({ baseUrl: router.url, httpVersion: '1.1' }));
+    const run = async (traceparent: string) => {
+      const headers = {
+        'e2b-sandbox-id': id,
+        'x-access-token': envdAccessToken,
+        authorization: `Basic ${Buffer.from('user:').toString('base64')}`,
+        traceparent,
+      };
+      const events: string[] = [];
+      let stdout = '';
+      for await (const res of envd.start({ process: { cmd: '/bin/echo', args: ['traced'] } }, { headers })) {
+        const e = res.event?.event;
+        if (!e?.case) continue;
+        events.push(e.case);
+        if (e.case === 'data' && e.value.output.case === 'stdout')
+          stdout += Buffer.from(e.value.output.value);
+      }
+      expect(events).toContain('end');
+      expect(stdout).toBe('traced\n');
+    };
+    const quiet = parent('00');
+    const loud = parent('01');
+    await run(quiet);
+    await run(loud);
+    const [, loudTrace, loudParentId] = loud.split('-');
+    const wanted = [
+      'router.token.verify',
+      'router.forward',
+      'agent.commands.start',
+      'agent.guest.spawn',
+      'agent.stream.open',
+    ];
+    const spans = await spansOnce(loudTrace!, wanted);
+    const named = (n: string) => spans.filter((x) => x.name === n);
+    for (const n of wanted) expect(named(n).length, n).toBeGreaterThan(0);
+    // the check and each agent call are the caller's children, in the router's own process
+    expect(named('router.token.verify')[0]!.parentId).toBe(loudParentId);
+    expect(named('router.token.verify')[0]!.attributes['space.route']).toBe('process.Process/Start');
+    for (const f of named('router.forward')) {
+      expect(f.service).toBe('space-router');
+      expect(f.parentId).toBe(loudParentId);
+      expect(f.attributes['space.route']).toBe('process.Process/Start');
+      expect(f.attributes['space.sandbox.id']).toBe(id);
+    }
+    // the command's start and its stream on the agent are children of the router's calls
+    const forwards = new Set(named('router.forward').map((f) => f.spanId));
+    expect(forwards.has(named('agent.commands.start')[0]!.parentId!)).toBe(true);
+    expect(forwards.has(named('agent.stream.open')[0]!.parentId!)).toBe(true);
+    expect(named('agent.guest.spawn')[0]!.parentId).toBe(named('agent.commands.start')[0]!.spanId);
+    // an unsampled caller's call went through the same batches: no span of it anywhere
     expect(await spansOf(quiet.split('-')[1]!)).toEqual([]);
     await s.call('DELETE', `/v1/sandboxes/${id}`);
   });

@@ -153,7 +153,13 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       },
       async (req, reply) => {
         const sb = await authorise(req, req.params.id, 'commands');
-        const cmd = await deps.sandboxes.startCommand(sb.id, startOptions(newId('cmd'), req.body));
+        // the same span as a start the API dispatches (routes/internal.ts): an envd Process/Start
+        const cmd = await inSpan(
+          'agent.commands.start',
+          { 'space.sandbox.id': sb.id },
+          () => deps.sandboxes.startCommand(sb.id, startOptions(newId('cmd'), req.body)),
+          traceContextFrom(req.headers),
+        );
         return reply.status(201).send({ commandId: cmd.id, pid: cmd.pid } satisfies AgentCommandResponse);
       },
     );

@@ -29,6 +29,7 @@ import { ID_PATTERN } from '../../core/ids.ts';
 import { keys } from '../../core/redis-keys.ts';
 import { DEFAULT_TEAM } from '../../core/tenancy.ts';
 import { type SessionScope, verifySessionToken } from '../../core/tokens.ts';
+import { inSpan, traceContextFrom } from '../../core/tracing.ts';
 import type { RouterDeps } from '../app.ts';
 import { filesystemService } from './filesystem.ts';
 import { ENVD_USERS, type EnvdUser, envdPath, envdSandboxOf } from './paths.ts';
@@ -104,14 +105,23 @@ export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
       );
       return null;
     }
+    // the same spans as the router's own routes: the check here, each agent call in `up.request`
+    const trace = traceContextFrom(req.headers);
+    const route = signed ? `files.${signed.operation}` : req.url.split('?')[0]!.slice(1);
     let team: string;
     try {
-      team = (await verifySessionToken(deps.verifyKey, token, { sandboxId, scope })).team ?? DEFAULT_TEAM;
+      const claims = await inSpan(
+        'router.token.verify',
+        { 'space.route': route, 'space.sandbox.id': sandboxId },
+        () => verifySessionToken(deps.verifyKey, token, { sandboxId, scope }),
+        trace,
+      );
+      team = claims.team ?? DEFAULT_TEAM;
     } catch (err) {
       await envdError(reply, 401, err instanceof Error ? err.message : 'unauthorized');
       return null;
     }
-    return { sandboxId, token, team };
+    return { sandboxId, token, team, route, trace };
   }
 
   for (const [prefix, scope] of [

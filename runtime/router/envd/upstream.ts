@@ -6,8 +6,10 @@
  */
 import type { Readable } from 'node:stream';
 import { Code, ConnectError, createContextKey, type HandlerContext } from '@connectrpc/connect';
+import type { Context } from '@opentelemetry/api';
 import type { Dispatcher } from 'undici';
 import { SpaceError } from '../../core/errors.ts';
+import { injectTraceHeaders, inSpan } from '../../core/tracing.ts';
 import type { RouterDeps } from '../app.ts';
 import { ENVD_USERS, type EnvdUser, envdUserOf } from './paths.ts';
 
@@ -17,6 +19,13 @@ export interface Target {
   token: string;
   /** The token's team (the default team for tokens minted before teams). */
   team: string;
+  /**
+   * What was asked, as the span attribute `space.route`: the Connect method
+   * (`process.Process/Start`) or `files.read` / `files.write`.
+   */
+  route: string;
+  /** The caller's trace context (its W3C `traceparent`): the agent calls made for it join it. */
+  trace: Context;
 }
 
 /** Context key the Connect handlers read their checked {@link Target} from. */
@@ -92,44 +101,54 @@ export interface Upstream {
 
 /** The agent client of the envd layer over the router's locator and upstream dispatcher. */
 export function createUpstream(deps: RouterDeps): Upstream {
+  /** One agent call (see {@link Upstream.request}), inside its span. */
+  async function send(...[t, method, path, body, signal]: Parameters<Upstream['request']>) {
+    let loc: Awaited<ReturnType<typeof deps.proxy.locator.locate>>;
+    try {
+      loc = await deps.proxy.locator.locate(t.sandboxId, { team: t.team });
+    } catch (err) {
+      if (err instanceof SpaceError) throw connectErrorOf(err.status, err.code, err.message);
+      throw err;
+    }
+    // the agent's spans are children of this call's
+    const headers = injectTraceHeaders<Record<string, string>>({ authorization: `Bearer ${t.token}` });
+    let payload: string | Buffer | Readable | null = null;
+    if (body?.json !== undefined) {
+      headers['content-type'] = 'application/json';
+      payload = JSON.stringify(body.json);
+    } else if (body?.raw !== undefined) {
+      headers['content-type'] = body.type ?? 'application/octet-stream';
+      payload = body.raw;
+    }
+    try {
+      return await deps.proxy.dispatcher.request({
+        origin: loc.url,
+        path,
+        method,
+        headers,
+        body: payload,
+        ...(signal ? { signal } : {}),
+      });
+    } catch (err) {
+      if (signal?.aborted) throw new ConnectError('the client went away', Code.Canceled);
+      throw new ConnectError(
+        `node of sandbox ${t.sandboxId} did not answer`,
+        Code.Unavailable,
+        undefined,
+        [],
+        err,
+      );
+    }
+  }
   const up: Upstream = {
-    async request(t, method, path, body, signal) {
-      let loc: Awaited<ReturnType<typeof deps.proxy.locator.locate>>;
-      try {
-        loc = await deps.proxy.locator.locate(t.sandboxId, { team: t.team });
-      } catch (err) {
-        if (err instanceof SpaceError) throw connectErrorOf(err.status, err.code, err.message);
-        throw err;
-      }
-      const headers: Record<string, string> = { authorization: `Bearer ${t.token}` };
-      let payload: string | Buffer | Readable | null = null;
-      if (body?.json !== undefined) {
-        headers['content-type'] = 'application/json';
-        payload = JSON.stringify(body.json);
-      } else if (body?.raw !== undefined) {
-        headers['content-type'] = body.type ?? 'application/octet-stream';
-        payload = body.raw;
-      }
-      try {
-        return await deps.proxy.dispatcher.request({
-          origin: loc.url,
-          path,
-          method,
-          headers,
-          body: payload,
-          ...(signal ? { signal } : {}),
-        });
-      } catch (err) {
-        if (signal?.aborted) throw new ConnectError('the client went away', Code.Canceled);
-        throw new ConnectError(
-          `node of sandbox ${t.sandboxId} did not answer`,
-          Code.Unavailable,
-          undefined,
-          [],
-          err,
-        );
-      }
-    },
+    // one span per agent call (a ListDir makes several), as the router's own routes have
+    request: (...args) =>
+      inSpan(
+        'router.forward',
+        { 'space.route': args[0].route, 'space.sandbox.id': args[0].sandboxId },
+        () => send(...args),
+        args[0].trace,
+      ),
     async json<T>(t: Target, method: Dispatcher.HttpMethod, path: string, json?: unknown) {
       const res = await up.request(t, method, path, json === undefined ? undefined : { json });
       const text = await res.body.text();
