@@ -3,11 +3,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { trace } from '@opentelemetry/api';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import {
   inChildSpan,
   inSpan,
   recordSpan,
+  spanClockMs,
   startTracing,
   TRACE_FILE_FLUSH_MS,
   type TraceFileSpan,
@@ -52,19 +53,29 @@ describe('SPACE_TRACE_FILE exporter (a real file)', () => {
     recordSpan('late step', {}, t - 5, t, remote('01'));
     recordSpan('late unsampled step', {}, t - 5, t, remote('00'));
     recordSpan('late orphan step', {}, t - 5, t, traceContextFrom({}));
+    // back-to-back spans a fraction of a millisecond long: each starts where the one before ended
+    for (let i = 0; i < 10; i++) {
+      await inSpan(`tick ${i}`, {}, async () => {
+        for (const until = performance.now() + 0.2; performance.now() < until; );
+      });
+    }
     await tracing!.shutdown(); // writes what is still buffered
     const text = await readFile(path, 'utf8');
     expect(text.startsWith('kept line\n')).toBe(true);
     const spans = await spansIn(path);
-    expect(spans.map((s) => s.name).sort()).toEqual([
-      'child step',
-      'inner',
-      'late step',
-      'outer',
-      'parent',
-      'remote step',
-      'second batch',
-    ]);
+    const ticks = spans.filter((s) => s.name.startsWith('tick ')).sort((a, b) => a.startMs - b.startMs);
+    expect(ticks.map((s) => s.name)).toEqual(Array.from({ length: 10 }, (_, i) => `tick ${i}`));
+    for (const [i, s] of ticks.entries()) {
+      expect(s.durationMs).toBeGreaterThanOrEqual(0.2);
+      // whole-millisecond starts (Date.now()) put a tick before the end of the one before it
+      if (i > 0) expect(s.startMs).toBeGreaterThan(ticks[i - 1]!.startMs + ticks[i - 1]!.durationMs - 0.001);
+    }
+    expect(
+      spans
+        .filter((s) => !s.name.startsWith('tick '))
+        .map((s) => s.name)
+        .sort(),
+    ).toEqual(['child step', 'inner', 'late step', 'outer', 'parent', 'remote step', 'second batch']);
     const byName = (n: string) => spans.find((s) => s.name === n)!;
     expect(byName('child step').parentId).toBe(byName('parent').spanId);
     expect(byName('remote step').parentId).toBe('cd'.repeat(8));
@@ -75,5 +86,34 @@ describe('SPACE_TRACE_FILE exporter (a real file)', () => {
     expect(inner.parentId).toBe(outer.spanId);
     expect(inner.traceId).toBe(outer.traceId);
     expect(outer).toMatchObject({ service: 'space-unit', status: 'ok', attributes: { 'space.k': 'v' } });
+  });
+});
+
+describe('spanClockMs', () => {
+  afterEach(() => vi.restoreAllMocks());
+
+  it('counts on from the wall clock with sub-ms digits, never backwards, and follows the wall clock when it steps', () => {
+    let last = spanClockMs();
+    let fractional = 0;
+    for (let i = 0; i < 2000; i++) {
+      const wall = Date.now();
+      const t = spanClockMs();
+      expect(t).toBeGreaterThanOrEqual(last);
+      expect(t).toBeGreaterThan(wall - 1);
+      expect(t).toBeLessThan(Date.now() + 2);
+      if (!Number.isInteger(t)) fractional++;
+      last = t;
+    }
+    expect(fractional).toBeGreaterThan(1000);
+    // a performance.now() value of 3 ms ago reads 3 ms before now
+    const p = performance.now();
+    expect(spanClockMs(p) - spanClockMs(p - 3)).toBeCloseTo(3, 6);
+    // the wall clock stepped 50 ms ahead (NTP): the next reading follows it
+    const real = Date.now.bind(Date);
+    vi.spyOn(Date, 'now').mockImplementation(() => real() + 50);
+    const wall = Date.now();
+    const t = spanClockMs();
+    expect(t).toBeGreaterThan(wall - 1);
+    expect(t).toBeLessThan(Date.now() + 2);
   });
 });

@@ -165,6 +165,27 @@ export function startTracing(service: string, env: NodeJS.ProcessEnv = process.e
   return { exporters, shutdown: () => provider.shutdown() };
 }
 
+/** Where {@link spanClockMs} last tied the monotonic clock to the wall clock (ms, ms). */
+let clockAnchor = { wallMs: Date.now(), perfMs: performance.now() };
+
+/**
+ * The wall-clock time (ms since the epoch, with sub-ms digits) of `perfMs`, a `performance.now()`
+ * value (default: now). OpenTelemetry starts a span at `Date.now()`, whole milliseconds, so
+ * sibling spans a fraction of a millisecond apart read as overlapping by up to 1 ms and a budget's
+ * sub-ms gaps are unreadable; this clock counts on from one wall-clock reading with the monotonic
+ * clock, and reads the wall clock again once the two have drifted more than 1 ms apart (NTP), so
+ * spans of different processes still line up to the millisecond.
+ */
+export function spanClockMs(perfMs?: number): number {
+  const now = performance.now();
+  const wall = Date.now();
+  // Date.now() is the wall clock floored, so a reading counted on from it stays within
+  // (wall - 1, wall + 2) until the clocks drift apart
+  const counted = clockAnchor.wallMs + (now - clockAnchor.perfMs);
+  if (!(counted > wall - 1 && counted < wall + 2)) clockAnchor = { wallMs: wall, perfMs: now };
+  return clockAnchor.wallMs + ((perfMs ?? now) - clockAnchor.perfMs);
+}
+
 /**
  * Runs `fn` inside a new span named `name` (a child of the active span, or of `parent`), ends it when
  * `fn` settles, and marks it failed (with the error's `code` as `error.code`) when `fn` throws.
@@ -176,7 +197,8 @@ export async function inSpan<T>(
   fn: (span: Span) => Promise<T>,
   parent?: Context,
 ): Promise<T> {
-  return tracer.startActiveSpan(name, { attributes }, parent ?? context.active(), async (span) => {
+  const startTime = spanClockMs();
+  return tracer.startActiveSpan(name, { attributes, startTime }, parent ?? context.active(), async (span) => {
     try {
       return await fn(span);
     } catch (err) {
@@ -185,7 +207,7 @@ export async function inSpan<T>(
       if (typeof e?.code === 'string') span.setAttribute('error.code', e.code);
       throw err;
     } finally {
-      span.end();
+      span.end(spanClockMs());
     }
   });
 }
@@ -223,7 +245,7 @@ export function recordSpan(
   parent: Context,
 ): void {
   if (!sampled(parent)) return;
-  tracer.startSpan(name, { attributes, startTime: startMs }, parent).end(endMs);
+  tracer.startSpan(name, { attributes, startTime: spanClockMs(startMs) }, parent).end(spanClockMs(endMs));
 }
 
 /** Adds the active span's W3C trace headers (`traceparent`, `tracestate`) to `headers`; returns it. */
