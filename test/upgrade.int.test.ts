@@ -10,8 +10,9 @@
  * with `git archive` (no worktree is registered) into a folder kept between runs, with this
  * repository's node_modules (the runtime's dependencies did not change in between).
  */
-import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, realpathSync, symlinkSync, writeFileSync } from 'node:fs';
+import { execFileSync, spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { existsSync, mkdirSync, realpathSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -38,9 +39,15 @@ function previousTree(): string {
       throw new Error(`the rehearsal needs commit ${PREVIOUS} in this clone (git fetch --unshallow)`);
     }
     execFileSync('sh', ['-c', `git -C "${repo}" archive ${PREVIOUS} | tar -x -C "${dir}"`]);
-    if (!existsSync(join(dir, 'node_modules')))
-      symlinkSync(realpathSync(join(repo, 'node_modules')), join(dir, 'node_modules'));
     writeFileSync(join(dir, '.extracted'), PREVIOUS);
+  }
+  // this clone's packages, also when the tree was extracted by a clone since removed (its link
+  // then dangles and the old release's services cannot start)
+  const link = join(dir, 'node_modules');
+  const ours = realpathSync(join(repo, 'node_modules'));
+  if (!existsSync(link) || realpathSync(link) !== ours) {
+    rmSync(link, { force: true });
+    symlinkSync(ours, link);
   }
   return dir;
 }
@@ -146,19 +153,26 @@ async function allAnswer(): Promise<void> {
  * Builds `base` as the previous release defines it, in the shared cache: its definition differs
  * from today's (R14 added packages), so it has a cache entry of its own, which only a machine that
  * once ran that release had. A fresh CI machine had none, and the old agent served no template.
+ * The build (minutes when nothing is cached) is awaited, never waited for synchronously: a blocked
+ * event loop kept this test worker from vitest's RPC for over 60 s, and vitest failed the run
+ * with "Timeout calling onTaskUpdate" although every test passed.
+ * @throws Error when the build exits non-zero or outlasts 15 minutes.
  */
-function buildPreviousBase(tree: string): void {
+async function buildPreviousBase(tree: string): Promise<void> {
   const mod = pathToFileURL(join(tree, 'runtime/agent/templates.ts')).href;
   const script = `const m = await import(${JSON.stringify(mod)}); await m.buildTemplate('base', { cacheDir: ${JSON.stringify(TEST_CACHE_DIR)} });`;
-  execFileSync(process.execPath, ['--input-type=module', '-e', script], {
+  const build = spawn(process.execPath, ['--input-type=module', '-e', script], {
     stdio: 'inherit',
     timeout: 900_000,
   });
+  const [code, signal] = (await once(build, 'exit')) as [number | null, NodeJS.Signals | null];
+  if (code !== 0)
+    throw new Error(`building the previous release's base failed (${signal ?? `exit ${code}`})`);
 }
 
 beforeAll(async () => {
   old = previousTree();
-  buildPreviousBase(old);
+  await buildPreviousBase(old);
   s = await startFaultStack(
     // upgrades keep sandboxes: SIGTERM drains the agent and leaves them to be re-adopted
     { SPACE_AGENT_ON_SHUTDOWN: 'keep', SPACE_NODE_LOST_GRACE_MS: '120000' },
