@@ -1,4 +1,4 @@
-import { spawn } from 'node:child_process';
+import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtemp, rm, stat } from 'node:fs/promises';
 import { request } from 'node:http';
 import { tmpdir } from 'node:os';
@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { freePort } from '../../test/redis-server.ts';
 import { gatewayConfigWith } from './config.ts';
 import { startGateway } from './service.ts';
 
@@ -30,6 +31,44 @@ function get(opts: {
     });
     req.on('error', reject);
     req.end();
+  });
+}
+
+/** Spawns server.ts with metrics on `metricsPort`; resolves once it logs that it listens, rejects with its output if it exits. */
+function startServer(metricsPort: number): Promise<ChildProcess> {
+  const env = {
+    ...process.env,
+    SPACE_GATEWAY_BIND_HOST: '127.0.0.1',
+    SPACE_GATEWAY_DNS_PORT: '0',
+    SPACE_GATEWAY_HTTP_PORT: '0',
+    SPACE_GATEWAY_TLS_PORT: '0',
+    SPACE_GATEWAY_METRICS_PORT: String(metricsPort),
+    SPACE_GATEWAY_CONTROL_SOCKET: join(dir, 'server.sock'),
+    SPACE_GATEWAY_CA_CERT_FILE: join(dir, 'srv-ca.crt'),
+    SPACE_GATEWAY_CA_KEY_FILE: join(dir, 'srv-ca.key'),
+    SPACE_LOG_LEVEL: 'info',
+  };
+  const child = spawn(process.execPath, [fileURLToPath(new URL('./server.ts', import.meta.url))], { env });
+  let out = '';
+  return new Promise<ChildProcess>((resolve, reject) => {
+    const timer = setTimeout(() => {
+      child.kill('SIGKILL');
+      reject(new Error(`not listening: ${out}`));
+    }, 15_000);
+    child.stdout.on('data', (d: Buffer) => {
+      out += d.toString();
+      if (out.includes('gateway listening')) {
+        clearTimeout(timer);
+        resolve(child);
+      }
+    });
+    child.stderr.on('data', (d: Buffer) => {
+      out += d.toString();
+    });
+    child.once('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`exited ${code}: ${out}`));
+    });
   });
 }
 
@@ -67,39 +106,25 @@ describe('startGateway', () => {
   });
 
   it('server.ts starts from the environment, serves metrics on 127.0.0.1 and exits 0 on SIGTERM', async () => {
-    const env = {
-      ...process.env,
-      SPACE_GATEWAY_BIND_HOST: '127.0.0.1',
-      SPACE_GATEWAY_DNS_PORT: '0',
-      SPACE_GATEWAY_HTTP_PORT: '0',
-      SPACE_GATEWAY_TLS_PORT: '0',
-      SPACE_GATEWAY_METRICS_PORT: String(20000 + Math.floor(Math.random() * 20000)),
-      SPACE_GATEWAY_CONTROL_SOCKET: join(dir, 'server.sock'),
-      SPACE_GATEWAY_CA_CERT_FILE: join(dir, 'srv-ca.crt'),
-      SPACE_GATEWAY_CA_KEY_FILE: join(dir, 'srv-ca.key'),
-      SPACE_LOG_LEVEL: 'info',
-    };
-    const child = spawn(process.execPath, [fileURLToPath(new URL('./server.ts', import.meta.url))], { env });
+    // The metrics port must be named (0 turns metrics off), so a port the kernel just handed out
+    // can still be taken by another test's socket before the child binds it: that one case is
+    // retried with a new port, a bounded number of times.
+    let child: ChildProcess | null = null;
+    let metricsPort = 0;
+    for (let attempt = 1; child === null; attempt += 1) {
+      metricsPort = await freePort();
+      try {
+        child = await startServer(metricsPort);
+      } catch (err) {
+        if (attempt >= 3 || !String(err).includes('EADDRINUSE')) throw err;
+      }
+    }
     try {
-      let out = '';
-      await new Promise<void>((resolve, reject) => {
-        const timer = setTimeout(() => reject(new Error(`not listening: ${out}`)), 15_000);
-        child.stdout.on('data', (d: Buffer) => {
-          out += d.toString();
-          if (out.includes('gateway listening')) {
-            clearTimeout(timer);
-            resolve();
-          }
-        });
-        child.stderr.on('data', (d: Buffer) => {
-          out += d.toString();
-        });
-        child.once('exit', (code) => reject(new Error(`exited ${code}: ${out}`)));
-      });
-      const metrics = await get({ port: Number(env.SPACE_GATEWAY_METRICS_PORT), path: '/metrics' });
+      const metrics = await get({ port: metricsPort, path: '/metrics' });
       expect(metrics.status).toBe(200);
       expect(metrics.body).toContain('space_gateway_connections');
-      const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+      const running = child;
+      const exited = new Promise<number | null>((resolve) => running.once('exit', (code) => resolve(code)));
       child.kill('SIGTERM');
       expect(await exited).toBe(0);
     } finally {
