@@ -182,17 +182,18 @@ describe('guest processes', () => {
       // start on a loaded CI machine: 1.5 s made this flaky)
       const p = await run(g, { cmd, shell: true, ...(how === 'timeout' ? { timeoutMs: 8000 } : {}) });
       const outP = readOutput(g, p.pid);
-      for (let i = 0; i < 100 && ours().length < 5; i++) await sleep(50);
+      for (let i = 0; i < 150 && ours().length < 5; i++) await sleep(50);
       expect(ours().length).toBe(5);
       if (how === 'SIGKILL') {
         expect((await call(g, 'POST', `/processes/${p.pid}/signal`, { signal: 'SIGKILL' })).status).toBe(204);
       }
       const out = await outP;
       expect(out.exit).toEqual({ exitCode: null, signal: 'SIGKILL', timedOut: how === 'timeout' });
-      for (let i = 0; i < 40 && ours().length > 0; i++) await sleep(50);
+      // (the kill itself is immediate; a loaded host can take a while to reap and show it)
+      for (let i = 0; i < 100 && ours().length > 0; i++) await sleep(50);
       expect(ours()).toEqual([]);
     }
-  }, 30_000);
+  }, 60_000);
 
   it('r12-background-survives: a leader exiting while a child holds the pipes ends the stream; the child keeps running', async () => {
     const t0 = Date.now();
