@@ -64,6 +64,22 @@ describe('tracing', () => {
     }
     return spans;
   };
+  /**
+   * Runs `run` as an unsampled caller, then as a sampled one. Gives the sampled trace's spans once
+   * every `wanted` name is there, the sampled caller's own span id (its hops' parent), what each run
+   * returned, and the unsampled trace's spans: read after the sampled ones arrived, so both went
+   * through the same batches and an unsampled span would be there by now.
+   */
+  const loudAndQuiet = async <T>(run: (traceparent: string) => Promise<T>, wanted: string[]) => {
+    const quiet = parent('00');
+    const loud = parent('01');
+    const quietResult = await run(quiet);
+    const loudResult = await run(loud);
+    const [, loudTrace, loudParentId] = loud.split('-');
+    const spans = await spansOnce(loudTrace!, wanted);
+    const quietSpans = await spansOf(quiet.split('-')[1]!);
+    return { spans, loudParentId: loudParentId!, quietSpans, results: [quietResult, loudResult] };
+  };
   afterAll(async () => {
     await router?.stop();
     await s?.stop();
@@ -142,9 +158,6 @@ describe('tracing', () => {
   });
 
   it('the caller’s traceparent decides: an unsampled create and its command record nothing', async () => {
-    const quietParent = parent('00');
-    const loudParent = parent('01');
-    const traceOf = (traceparent: string) => traceparent.split('-')[1]!;
     const run = async (traceparent: string) => {
       const made = await s.call<{ sandbox: { id: string }; operation: { state: string } }>(
         'POST',
@@ -158,15 +171,6 @@ describe('tracing', () => {
       expect(cmd.status).toBe(201);
       return id;
     };
-    const quiet = await run(quietParent);
-    const loud = await run(loudParent);
-    const names = async (traceId: string) =>
-      (await readFile(file(), 'utf8'))
-        .trim()
-        .split('\n')
-        .map((l) => JSON.parse(l) as TraceFileSpan)
-        .filter((x) => x.traceId === traceId)
-        .map((x) => x.name);
     const wanted = [
       'api.sandboxes.create',
       'operation.sandbox.create',
@@ -176,16 +180,12 @@ describe('tracing', () => {
       'api.commands.start',
       'agent.commands.start',
     ];
-    let loudSpans = await names(traceOf(loudParent));
-    for (let i = 0; i < 50 && !wanted.every((n) => loudSpans.includes(n)); i++) {
-      await new Promise((r) => setTimeout(r, TRACE_FILE_FLUSH_MS));
-      loudSpans = await names(traceOf(loudParent));
-    }
+    const { spans, quietSpans, results } = await loudAndQuiet(run, wanted);
     // a sampled caller's create and command join its trace, hop by hop
-    expect(loudSpans).toEqual(expect.arrayContaining(wanted));
+    expect(spans.map((x) => x.name)).toEqual(expect.arrayContaining(wanted));
     // the unsampled one ended first and went through the same batches: none of its spans
-    expect(await names(traceOf(quietParent))).toEqual([]);
-    for (const id of [quiet, loud]) await s.call('DELETE', `/v1/sandboxes/${id}`);
+    expect(quietSpans).toEqual([]);
+    for (const id of results) await s.call('DELETE', `/v1/sandboxes/${id}`);
   });
 
   it('a command’s stream through the router joins its caller’s trace, hop by hop', async () => {
@@ -204,11 +204,6 @@ describe('tracing', () => {
       });
       expect(events.map((e) => e.event)).toContain('exit');
     };
-    const quiet = parent('00');
-    const loud = parent('01');
-    await run(quiet);
-    await run(loud);
-    const [, loudTrace, loudParentId] = loud.split('-');
     const wanted = [
       'api.commands.start',
       'agent.commands.start',
@@ -217,7 +212,7 @@ describe('tracing', () => {
       'router.forward',
       'agent.stream.open',
     ];
-    const spans = await spansOnce(loudTrace!, wanted);
+    const { spans, loudParentId, quietSpans } = await loudAndQuiet(run, wanted);
     const named = (n: string) => spans.find((x) => x.name === n);
     for (const n of wanted) expect(named(n), n).toBeDefined();
     // the router's spans are the client's children (its own process), the agent's stream the router's
@@ -229,7 +224,7 @@ describe('tracing', () => {
     expect(named('agent.guest.spawn')!.parentId).toBe(named('agent.commands.start')!.spanId);
     expect(named('agent.stream.open')!.attributes['space.sandbox.id']).toBe(id);
     // the unsampled caller's command and stream went through the same batches: no span of it anywhere
-    expect(await spansOf(quiet.split('-')[1]!)).toEqual([]);
+    expect(quietSpans).toEqual([]);
     await s.call('DELETE', `/v1/sandboxes/${id}`);
   });
 
@@ -258,11 +253,6 @@ describe('tracing', () => {
       expect(events).toContain('end');
       expect(stdout).toBe('traced\n');
     };
-    const quiet = parent('00');
-    const loud = parent('01');
-    await run(quiet);
-    await run(loud);
-    const [, loudTrace, loudParentId] = loud.split('-');
     const wanted = [
       'router.token.verify',
       'router.forward',
@@ -270,7 +260,7 @@ describe('tracing', () => {
       'agent.guest.spawn',
       'agent.stream.open',
     ];
-    const spans = await spansOnce(loudTrace!, wanted);
+    const { spans, loudParentId, quietSpans } = await loudAndQuiet(run, wanted);
     const named = (n: string) => spans.filter((x) => x.name === n);
     for (const n of wanted) expect(named(n).length, n).toBeGreaterThan(0);
     // the check and each agent call are the caller's children, in the router's own process
@@ -288,7 +278,7 @@ describe('tracing', () => {
     expect(forwards.has(named('agent.stream.open')[0]!.parentId!)).toBe(true);
     expect(named('agent.guest.spawn')[0]!.parentId).toBe(named('agent.commands.start')[0]!.spanId);
     // an unsampled caller's call went through the same batches: no span of it anywhere
-    expect(await spansOf(quiet.split('-')[1]!)).toEqual([]);
+    expect(quietSpans).toEqual([]);
     await s.call('DELETE', `/v1/sandboxes/${id}`);
   });
 
