@@ -432,7 +432,14 @@ describe('warm pool', () => {
     );
   }, 120_000);
 
-  it('an agent restart drops the state directories of old slots and of a claim that stopped before its record', async () => {
+  it('an agent restart re-adopts a warm-claimed sandbox, and drops the state directories of old slots and of a claim that stopped before its record', async () => {
+    await waitFor('2 warm slots', async () => (s.agent.warm.counts().base === 2 ? true : undefined), 60_000);
+    // a sandbox made by a warm claim: its state directory was the slot's, its record the claim's
+    const kept = await s.createSandbox();
+    expect((await s.call<{ createdFrom: string }>('GET', `/v1/sandboxes/${kept}`)).body.createdFrom).toBe(
+      'warm',
+    );
+    await s.exec(kept, { cmd: 'sh', args: ['-c', 'echo kept > /home/user/kept'] });
     await waitFor('2 warm slots', async () => (s.agent.warm.counts().base === 2 ? true : undefined), 60_000);
     const old = s.agent.warm.instanceIds();
     // a claim that renamed its slot's directory and stopped before writing the record
@@ -447,6 +454,10 @@ describe('warm pool', () => {
     s.agent = await startAgent(cfg);
     expect([existsSync(torn), existsSync(ghost)]).toEqual([false, false]);
     for (const slot of old) expect(existsSync(join(s.dir, 'agent', 'warm', slot))).toBe(false);
+    expect(s.agent.sandboxes.list().map((x) => x.id)).toContain(kept);
+    const r = await s.exec(kept, { cmd: 'cat', args: ['/home/user/kept'] });
+    expect(r.stdout.toString()).toBe('kept\n');
+    await s.call('DELETE', `/v1/sandboxes/${kept}`);
     await waitFor('2 warm slots', async () => (s.agent.warm.counts().base === 2 ? true : undefined), 60_000);
     const fresh = s.agent.warm.instanceIds();
     expect(fresh.filter((x) => old.includes(x))).toEqual([]);
