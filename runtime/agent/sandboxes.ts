@@ -8,8 +8,8 @@
  * nothing is left behind on either order.
  */
 import { randomBytes } from 'node:crypto';
-import { existsSync, readFileSync } from 'node:fs';
-import { cp, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { existsSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { cp, mkdir, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join, resolve, sep } from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
 import type { Logger } from 'pino';
@@ -1029,13 +1029,20 @@ export class SandboxManager {
     };
     const text = JSON.stringify(file);
     if (source === 'warm') {
-      // the slot's directory, made when it was booted, becomes the sandbox's (see #slotDir)
-      const claimed = await rename(this.#slotDir(inst), dir).then(
-        () => true,
-        () => false,
-      );
+      // The slot's directory, made when it was booted, becomes the sandbox's (see #slotDir).
+      // Synchronously: this rename and this write are the only waits of a warm claim, and through
+      // the thread pool they were four hand-offs (rename, open, write, close). Done inline they
+      // block the loop for a fraction of a millisecond (a local directory, a file under 2 KiB),
+      // and the claim's span fell from a median 3.6 to 1.4 ms (16 settled sequential creates on
+      // each of 2 × 2 interleaved `space up --warm 8` stacks, 2-core VM, 2026-12-05).
+      let claimed = true;
+      try {
+        renameSync(this.#slotDir(inst), dir);
+      } catch {
+        claimed = false;
+      }
       if (claimed) {
-        await writeFile(join(dir, 'sandbox.json'), text, { mode: 0o600 });
+        writeFileSync(join(dir, 'sandbox.json'), text, { mode: 0o600 });
         return;
       }
     }
