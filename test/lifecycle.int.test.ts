@@ -6,7 +6,7 @@ import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdir, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { loadAgentConfig } from '../runtime/agent/config.ts';
 import { WARM_SLOT_CHECK_MS } from '../runtime/agent/sandboxes.ts';
 import { startAgent } from '../runtime/agent/service.ts';
@@ -436,6 +436,9 @@ describe('warm pool', () => {
     await waitFor('2 warm slots', async () => (s.agent.warm.counts().base === 2 ? true : undefined), 60_000);
     // a sandbox made by a warm claim: its state directory was the slot's, its record the claim's
     const kept = await s.createSandbox();
+    onTestFinished(async () => {
+      await s.call('DELETE', `/v1/sandboxes/${kept}`); // whether or not the checks below passed
+    });
     expect((await s.call<{ createdFrom: string }>('GET', `/v1/sandboxes/${kept}`)).body.createdFrom).toBe(
       'warm',
     );
@@ -457,12 +460,11 @@ describe('warm pool', () => {
     expect(s.agent.sandboxes.list().map((x) => x.id)).toContain(kept);
     const r = await s.exec(kept, { cmd: 'cat', args: ['/home/user/kept'] });
     expect(r.stdout.toString()).toBe('kept\n');
-    await s.call('DELETE', `/v1/sandboxes/${kept}`);
     await waitFor('2 warm slots', async () => (s.agent.warm.counts().base === 2 ? true : undefined), 60_000);
     const fresh = s.agent.warm.instanceIds();
     expect(fresh.filter((x) => old.includes(x))).toEqual([]);
     expect((await readdir(join(s.dir, 'agent', 'warm'))).sort()).toEqual([...fresh].sort());
-  }, 120_000);
+  }, 240_000); // three waits of up to 60 s for the pool, a create, two commands and a restart
 
   it('a burst larger than the pool: the rest restore from the snapshot, a few at a time; the pool grows for the next', async () => {
     const snap = await waitFor(

@@ -1033,8 +1033,8 @@ export class SandboxManager {
       // Synchronously: this rename and this write are the only waits of a warm claim, and through
       // the thread pool they were four hand-offs (rename, open, write, close). Inline, they block
       // the loop for well under a millisecond for a usual request: a local directory and a small
-      // file (the request without its env). The largest egress policy the API accepts makes the
-      // file a few MiB, a few ms. The claim's span fell from a median 3.6 to 1.4 ms (16 settled
+      // file (the request without its env), and about 1 MiB at most (the agent's body limit
+      // bounds the request). The claim's span fell from a median 3.6 to 1.4 ms (16 settled
       // sequential creates on each of 2 × 2 interleaved `space up --warm 8` stacks, 2-core VM,
       // 2026-12-05).
       let claimed = true;
