@@ -18,8 +18,8 @@
  *
  * Prints `N attempts, M blocked, K escaped` and a table; fails unless every attempt was blocked.
  */
-import { type ChildProcess, execFile, spawn } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
+import { type ChildProcess, execFile, execFileSync, spawn } from 'node:child_process';
+import { randomBytes, randomInt } from 'node:crypto';
 import { createSocket, type Socket as UdpSocket } from 'node:dgram';
 import { once } from 'node:events';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
@@ -50,7 +50,31 @@ const TAG = randomBytes(2).toString('hex');
 const NS = `atk-${TAG}`;
 const HOST_IF = `atkh${TAG}`;
 const NS_IF = `atkn${TAG}`;
-const N = 2 * (Number.parseInt(TAG, 16) % 120) + 2; // 10.198.<N>.0/24 world, <N+1> internal
+/**
+ * The world's pair of /24s, 10.198.<N>.0/24 (its link) and 10.198.<N+1>.0/24 (internal, behind
+ * it), N even in 2–240: drawn at random among the pairs no route on this host touches yet. A run
+ * killed before its cleanup leaves its namespace, veth and routes behind; a later run drawn onto
+ * the same pair would fail to add its own ("RTNETLINK answers: File exists").
+ * @throws Error when every pair is taken (leftover `atk-*` namespaces: `ip netns list`).
+ */
+function freeWorldPair(): number {
+  const routes = JSON.parse(
+    execFileSync('ip', ['-j', '-4', 'route', 'show', 'table', 'all'], { encoding: 'utf8' }),
+  ) as { dst?: string }[];
+  const used = new Set<number>();
+  for (const r of routes) {
+    const m = /^10\.198\.(\d+)\./.exec(r.dst ?? '');
+    if (m) used.add(Number(m[1]));
+  }
+  const free = Array.from({ length: 120 }, (_, i) => 2 * i + 2).filter(
+    (n) => !used.has(n) && !used.has(n + 1),
+  );
+  if (free.length === 0) {
+    throw new Error('every 10.198.<N>.0/24 pair is routed already: remove leftover atk-* namespaces');
+  }
+  return free[randomInt(free.length)] as number;
+}
+const N = freeWorldPair();
 const NET = `10.198.${N}`;
 const W = {
   host: `${NET}.1`,

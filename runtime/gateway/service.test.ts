@@ -34,7 +34,10 @@ function get(opts: {
   });
 }
 
-/** Spawns server.ts with metrics on `metricsPort`; resolves once it logs that it listens, rejects with its output if it exits. */
+/**
+ * Spawns server.ts with metrics on `metricsPort`. Resolves once it logs that it listens; rejects
+ * with its output if it exits first.
+ */
 function startServer(metricsPort: number): Promise<ChildProcess> {
   const env = {
     ...process.env,
