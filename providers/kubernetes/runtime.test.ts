@@ -369,7 +369,12 @@ describe('renderRuntimeObjects policies', () => {
     expect(c['command']).toEqual(['node', 'runtime/router/server.ts']);
     // the API's own Node flags (a larger young generation) go with its command, and only with it
     const apiCommand = (podSpec(get('Deployment', 'space-api'))['containers'] as Obj[])[0]!['command'];
-    expect(apiCommand).toEqual(['node', '--max-semi-space-size=64', 'runtime/api/server.ts']);
+    expect(apiCommand).toEqual([
+      'node',
+      '--min-semi-space-size=16',
+      '--max-semi-space-size=64',
+      'runtime/api/server.ts',
+    ]);
     const renv = Object.fromEntries(
       (c['env'] as Obj[]).map((e) => [e['name'], e['value'] ?? e['valueFrom']]),
     );

@@ -65,7 +65,7 @@ describe('cloud-init for the systemd (vm) mode', () => {
     const unit = file(plan, '/etc/systemd/system/space-router.service')!;
     expect(unit).toContain('node runtime/router/server.ts');
     expect(file(plan, '/etc/systemd/system/space-api.service')).toContain(
-      'node --max-semi-space-size=64 runtime/api/server.ts',
+      'node --min-semi-space-size=16 --max-semi-space-size=64 runtime/api/server.ts',
     );
     // the verify key file alone is mounted: never the key directory with the signing key
     expect(unit).toContain('-v /etc/space/keys/verify.pem:/etc/space/keys/verify.pem:ro');
