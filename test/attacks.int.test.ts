@@ -52,25 +52,35 @@ const HOST_IF = `atkh${TAG}`;
 const NS_IF = `atkn${TAG}`;
 /**
  * The world's pair of /24s, 10.198.<N>.0/24 (its link) and 10.198.<N+1>.0/24 (internal, behind
- * it), N even in 2–240: drawn at random among the pairs no route on this host touches yet. A run
- * killed before its cleanup leaves its namespace, veth and routes behind; a later run drawn onto
- * the same pair would fail to add its own ("RTNETLINK answers: File exists").
- * @throws Error when every pair is taken (leftover `atk-*` namespaces: `ip netns list`).
+ * it), N even in 2–240: drawn at random among the pairs this host does not use yet. A run killed
+ * before its cleanup leaves its namespace, veth, routes and policy rule behind; a later run drawn
+ * onto the same pair would fail to add its own ("RTNETLINK answers: File exists"). Taken: a pair
+ * a route's destination lies in (a route wider than a /24 marks the /24 it starts at: the suite
+ * adds none), or whose routing table or rule (RT_TABLE, 19800 + N) exists.
+ * @throws Error when every pair is taken (leftovers: `ip netns list`, `ip rule`).
  */
 function freeWorldPair(): number {
-  const routes = JSON.parse(
-    execFileSync('ip', ['-j', '-4', 'route', 'show', 'table', 'all'], { encoding: 'utf8' }),
-  ) as { dst?: string }[];
+  const ip = (args: string[]) =>
+    JSON.parse(execFileSync('ip', ['-j', '-4', ...args], { encoding: 'utf8' })) as {
+      dst?: string;
+      table?: string;
+      priority?: number;
+    }[];
   const used = new Set<number>();
-  for (const r of routes) {
+  for (const r of ip(['route', 'show', 'table', 'all'])) {
     const m = /^10\.198\.(\d+)\./.exec(r.dst ?? '');
     if (m) used.add(Number(m[1]));
+    if (r.table !== undefined) used.add(Number(r.table) - 19_800);
+  }
+  for (const rule of ip(['rule'])) {
+    if (rule.priority !== undefined) used.add(rule.priority - 19_800);
+    if (rule.table !== undefined) used.add(Number(rule.table) - 19_800);
   }
   const free = Array.from({ length: 120 }, (_, i) => 2 * i + 2).filter(
     (n) => !used.has(n) && !used.has(n + 1),
   );
   if (free.length === 0) {
-    throw new Error('every 10.198.<N>.0/24 pair is routed already: remove leftover atk-* namespaces');
+    throw new Error('every 10.198.<N>.0/24 pair is taken: remove leftover atk-* namespaces and rules');
   }
   return free[randomInt(free.length)] as number;
 }

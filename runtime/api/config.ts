@@ -15,9 +15,10 @@ import type { TeamQuotas } from '../core/tenancy.ts';
  *   first waves of a burst ran ~15 scavenges. Measured the same way (2026-12-05, 20 waves each):
  *   the API's CPU per wave 85–95 ms with it against 115 ms without; the slowest create of a wave,
  *   median, 120 against 136 ms.
- * The agent's CPU stayed the same with either flag, so only the API gets them. They cost up to
- * 2 × 64 MiB more resident memory (both semi-spaces at their largest), at least 2 × 16 MiB; the
- * API's was 158 MiB after those waves.
+ * The agent's CPU stayed the same with either flag, so only the API gets them. Each semi-space
+ * stays between 16 and 64 MiB (Node's defaults: 1 and 16): up to 2 × 48 MiB more resident memory
+ * than without them, and 2 × 16 MiB held even when idle. The API's was 158 MiB after the waves
+ * with the first flag alone.
  */
 export const API_NODE_FLAGS = ['--min-semi-space-size=16', '--max-semi-space-size=64'] as const;
 
