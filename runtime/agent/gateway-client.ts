@@ -2,6 +2,13 @@
  * The agent's client for its node's egress gateway (control API on a Unix socket; see
  * runtime/gateway/DESIGN.md). The agent registers each sandbox's source address with its egress
  * policy and credential grants, and forgets it when the sandbox ends.
+ *
+ * Registrations are sent in batches (`PUT /v1/sandboxes`): one waits at most for the batch in
+ * flight, then goes with every other that came meanwhile, so a burst of warm claims costs the agent
+ * and the gateway a few control calls, not one each. With one call per registration, a wave of 32
+ * warm claims on a 2-vCPU host (`space up --warm 32`, 2026-12-05) cost the gateway 20–30 ms of CPU
+ * and the agent ~15 ms of its ~60 ms (against a build that skipped registering), of the machine's
+ * ~250 ms per wave.
  */
 import { Pool } from 'undici';
 import type { CredentialGrant } from '../core/credentials.ts';
@@ -18,9 +25,34 @@ const CALL_TIMEOUT_MS = 10_000;
  */
 const CONTROL_CONNECTIONS = 16;
 
+/** Most registrations in one batch (the gateway takes up to 256: MAX_BATCH_REGISTRATIONS). */
+const BATCH_MAX_ENTRIES = 128;
+
+/**
+ * Most bytes of registrations in one batch, under the gateway's 1 MiB body limit; a registration
+ * larger than this goes alone, as it would without batching.
+ */
+const BATCH_MAX_BYTES = 512 * 1024;
+
+/** What a caller of {@link GatewayClient.register} sends and waits for. */
+interface QueuedRegistration {
+  address: string;
+  registration: { sandboxId: string; policy: EgressPolicy; credentials: CredentialGrant[] };
+  /** The batch entry (`{ address, ...registration }`), serialised. */
+  entry: string;
+  resolve(answer: { registryId: string | undefined }): void;
+  reject(err: unknown): void;
+}
+
 export class GatewayClient {
   readonly #client: Pool;
   readonly socketPath: string;
+  /** Registrations waiting for the batch in flight (or for the next turn of the event loop). */
+  #queue: QueuedRegistration[] = [];
+  /** Whether a batch is in flight or about to be sent. */
+  #draining = false;
+  /** False once the gateway answered that it has no batch route (a gateway older than it). */
+  #batches = true;
 
   constructor(socketPath: string) {
     this.socketPath = socketPath;
@@ -32,14 +64,14 @@ export class GatewayClient {
   }
 
   /** One control call; the parsed JSON answer (undefined for an empty or non-JSON body). */
-  async #call(method: 'GET' | 'PUT' | 'DELETE', path: string, body?: unknown): Promise<unknown> {
+  async #call(method: 'GET' | 'PUT' | 'DELETE', path: string, json?: string): Promise<unknown> {
     let res: Awaited<ReturnType<Pool['request']>>;
     try {
       res = await this.#client.request({
         method,
         path,
-        headers: body ? { 'content-type': 'application/json' } : {},
-        body: body ? JSON.stringify(body) : undefined,
+        headers: json !== undefined ? { 'content-type': 'application/json' } : {},
+        body: json,
         headersTimeout: CALL_TIMEOUT_MS,
         bodyTimeout: CALL_TIMEOUT_MS,
       });
@@ -69,11 +101,95 @@ export class GatewayClient {
    * gateway's registry that took it (undefined from a gateway older than `registryId`).
    * @throws SpaceError DRIVER_FAILED when the gateway does not answer, or its error when it refuses.
    */
-  async register(
+  register(
     address: string,
     r: { sandboxId: string; policy: EgressPolicy; credentials: CredentialGrant[] },
   ): Promise<{ registryId: string | undefined }> {
-    return { registryId: registryIdOf(await this.#call('PUT', `/v1/sandboxes/${address}`, r)) };
+    return new Promise((resolve, reject) => {
+      const entry = JSON.stringify({ address, ...r });
+      this.#queue.push({ address, registration: r, entry, resolve, reject });
+      if (this.#draining) return; // goes with the next batch, once the one in flight is answered
+      this.#draining = true;
+      // the rest of this turn's registrations (a burst's other claims) go in the same batch
+      setImmediate(() => void this.#drain());
+    });
+  }
+
+  /** Sends the queued registrations, batch after batch, until none is left. Never throws. */
+  async #drain(): Promise<void> {
+    try {
+      while (this.#queue.length > 0) {
+        const batch = this.#take();
+        if (this.#batches && batch.length > 1) await this.#sendBatch(batch);
+        else await Promise.all(batch.map((q) => this.#sendOne(q)));
+      }
+    } finally {
+      this.#draining = false;
+    }
+  }
+
+  /** The next batch off the queue: in order, within BATCH_MAX_ENTRIES and BATCH_MAX_BYTES. */
+  #take(): QueuedRegistration[] {
+    let n = 0;
+    let bytes = 0;
+    while (n < this.#queue.length && n < BATCH_MAX_ENTRIES) {
+      bytes += this.#queue[n]!.entry.length + 1;
+      if (n > 0 && bytes > BATCH_MAX_BYTES) break;
+      n++;
+    }
+    return this.#queue.splice(0, n);
+  }
+
+  /** One registration through the single route; settles its caller. Never throws. */
+  async #sendOne(q: QueuedRegistration): Promise<void> {
+    try {
+      q.resolve({
+        registryId: registryIdOf(
+          await this.#call('PUT', `/v1/sandboxes/${q.address}`, JSON.stringify(q.registration)),
+        ),
+      });
+    } catch (err) {
+      q.reject(err);
+    }
+  }
+
+  /**
+   * A batch through `PUT /v1/sandboxes`; settles each caller with its own result. A batch the
+   * gateway refuses whole (a body that fails its schema or limit, or no such route on an older
+   * gateway) is sent again one by one, so one bad registration fails alone. Never throws.
+   */
+  async #sendBatch(batch: QueuedRegistration[]): Promise<void> {
+    let answer: unknown;
+    try {
+      answer = await this.#call(
+        'PUT',
+        '/v1/sandboxes',
+        `{"registrations":[${batch.map((q) => q.entry).join(',')}]}`,
+      );
+    } catch (err) {
+      if (err instanceof SpaceError && [400, 404, 413].includes(err.status)) {
+        if (err.code === 'NOT_FOUND') this.#batches = false;
+        await Promise.all(batch.map((q) => this.#sendOne(q)));
+      } else {
+        for (const q of batch) q.reject(err);
+      }
+      return;
+    }
+    const results = (answer as { results?: unknown } | undefined)?.results;
+    if (!Array.isArray(results) || results.length !== batch.length) {
+      const err = new SpaceError(
+        'DRIVER_FAILED',
+        `egress gateway at ${this.socketPath} answered a batch of ${batch.length} registrations without their results`,
+      );
+      for (const q of batch) q.reject(err);
+      return;
+    }
+    const registryId = registryIdOf(answer);
+    batch.forEach((q, i) => {
+      const r = results[i] as { error?: unknown } | undefined;
+      if (r?.error !== undefined) q.reject(errorFromBody(400, r, 'BAD_REQUEST'));
+      else q.resolve({ registryId });
+    });
   }
 
   /**

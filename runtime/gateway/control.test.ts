@@ -1,7 +1,7 @@
 import { pino } from 'pino';
 import { afterAll, describe, expect, it } from 'vitest';
 import { createGatewayMetrics } from './audit.ts';
-import { buildControlApp } from './control.ts';
+import { buildControlApp, MAX_BATCH_REGISTRATIONS } from './control.ts';
 import { Registry } from './registry.ts';
 
 const registry = new Registry({ maxConnections: 10, dnsQueriesPerSec: 10 });
@@ -111,6 +111,70 @@ describe('control API', () => {
       await app2.close();
     }
     await app.inject({ method: 'DELETE', url: '/v1/sandboxes/10.199.0.9' });
+  });
+
+  it('registers many in one call, in order; an entry refused on its own leaves the others', async () => {
+    const res = await app.inject({
+      method: 'PUT',
+      url: '/v1/sandboxes',
+      payload: {
+        registrations: [
+          { address: '10.199.1.2', sandboxId: 'b1', policy: { allow: ['PyPI.org.'] }, credentials: [grant] },
+          { address: 'not-an-ip', sandboxId: 'b2', policy: {} },
+          { address: '10.199.1.4', sandboxId: 'b3', policy: { allow: ['1.2.3.4'] } },
+          { address: '10.199.1.5', sandboxId: 'b4', policy: { mode: 'deny-all' } },
+          { address: '10.199.1.2', sandboxId: 'b1', policy: { allow: ['pypi.org'] }, credentials: [grant] },
+        ],
+      },
+    });
+    expect(res.statusCode).toBe(200);
+    const body = res.json();
+    expect(body.registryId).toBe(registry.id);
+    expect(body.results).toHaveLength(5);
+    expect(body.results[0]).toEqual({
+      address: '10.199.1.2',
+      sandboxId: 'b1',
+      replaced: false,
+      changed: true,
+      closed: 0,
+    });
+    expect(body.results[1]).toMatchObject({ address: 'not-an-ip', error: { code: 'BAD_REQUEST' } });
+    expect(body.results[2]).toMatchObject({ address: '10.199.1.4', error: { code: 'BAD_REQUEST' } });
+    expect(body.results[3]).toMatchObject({ address: '10.199.1.5', sandboxId: 'b4', replaced: false });
+    // the same registration again, later in the same batch: applied in order, so it changes nothing
+    expect(body.results[4]).toMatchObject({ replaced: true, changed: false });
+    expect(registry.lookup('10.199.1.2')?.policy.allow).toEqual(['pypi.org']);
+    expect(registry.lookup('10.199.1.4')).toBeUndefined();
+    expect(registry.lookup('10.199.1.5')?.policy.mode).toBe('deny-all');
+    expect(res.body).not.toContain('real-secret-value');
+    for (const a of ['10.199.1.2', '10.199.1.5']) {
+      expect((await app.inject({ method: 'DELETE', url: `/v1/sandboxes/${a}` })).statusCode).toBe(204);
+    }
+  });
+
+  it.each([
+    ['an empty batch', { registrations: [] }],
+    ['an entry without a sandbox id', { registrations: [{ address: '10.199.1.6', policy: {} }] }],
+    [
+      'an unknown policy mode',
+      { registrations: [{ address: '10.199.1.6', sandboxId: 'x', policy: { mode: 'open' } }] },
+    ],
+    [
+      'more entries than allowed',
+      {
+        registrations: Array.from({ length: MAX_BATCH_REGISTRATIONS + 1 }, (_, i) => ({
+          address: `10.199.2.${i % 250}`,
+          sandboxId: `s${i}`,
+          policy: {},
+        })),
+      },
+    ],
+  ])('refuses a batch with %s whole (400), registering none of it', async (_why, payload) => {
+    const before = registry.list().length;
+    const res = await app.inject({ method: 'PUT', url: '/v1/sandboxes', payload });
+    expect(res.statusCode).toBe(400);
+    expect(res.json().error.code).toBe('BAD_REQUEST');
+    expect(registry.list()).toHaveLength(before);
   });
 
   it('serves Prometheus metrics', async () => {

@@ -6,6 +6,13 @@
  *   address `:address` (IPv4) may do; a replacement closes that sandbox's open connections the new
  *   policy no longer allows. The same registration again (`changed: false`) changes nothing and
  *   logs at debug only (an agent from before `registryId` re-registers every sandbox every pass).
+ * - `PUT /v1/sandboxes` `{ registrations: [{ address, sandboxId, policy, credentials? }] }` (at most
+ *   {@link MAX_BATCH_REGISTRATIONS}) → 200 `{ results, registryId }`: the same for many sandboxes in
+ *   one call, in order. `results[i]` answers `registrations[i]`: what the single route answers
+ *   (without `registryId`), or `{ address, error: { code, message } }` for an entry refused on its
+ *   own (a bad address or grant); the others still land. A body that fails the schema is refused
+ *   whole (400), as is one over the body limit (413). The agent sends its claims' registrations
+ *   this way (runtime/agent/gateway-client.ts): one call per burst, not one per sandbox.
  * - `DELETE /v1/sandboxes/:address` → 204 (404 `SANDBOX_NOT_FOUND` when unknown): forgets it and
  *   closes its connections.
  * - `GET /v1/sandboxes` → 200 `{ sandboxes: RegistrationView[] }` (no credential values or placeholders).
@@ -19,7 +26,7 @@
  */
 import { isIPv4 } from 'node:net';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { Type } from '@sinclair/typebox';
+import { type Static, Type } from '@sinclair/typebox';
 import fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
 import { SpaceError } from '../core/errors.ts';
@@ -37,6 +44,23 @@ export const RegisterBodySchema = Type.Object(
     sandboxId: Type.String({ minLength: 1, maxLength: 128 }),
     policy: EgressPolicySchema,
     credentials: Type.Optional(Type.Array(CredentialGrantSchema, { maxItems: 64 })),
+  },
+  { additionalProperties: false },
+);
+
+/** Most registrations in one `PUT /v1/sandboxes`. */
+export const MAX_BATCH_REGISTRATIONS = 256;
+
+/** Body of `PUT /v1/sandboxes`: registrations, each with its source address. */
+export const RegisterBatchSchema = Type.Object(
+  {
+    registrations: Type.Array(
+      Type.Object(
+        { address: Type.String({ maxLength: 64 }), ...RegisterBodySchema.properties },
+        { additionalProperties: false },
+      ),
+      { minItems: 1, maxItems: MAX_BATCH_REGISTRATIONS },
+    ),
   },
   { additionalProperties: false },
 );
@@ -70,34 +94,46 @@ export async function buildControlApp(deps: ControlDeps): Promise<FastifyInstanc
   );
   app.get('/v1/sandboxes', async () => ({ sandboxes: deps.registry.list() }));
 
+  /**
+   * Registers or replaces one sandbox's policy and grants; what the routes answer for it.
+   * @throws SpaceError BAD_REQUEST for a bad address or grant.
+   */
+  const register = (address: string, body: Static<typeof RegisterBodySchema>) => {
+    sandboxAddress(address);
+    const policy = normalisePolicy(body.policy);
+    const credentials = validateGrants(body.credentials ?? []);
+    const { replaced, changed, closed } = deps.registry.put(address, {
+      sandboxId: body.sandboxId,
+      policy,
+      credentials,
+    });
+    const fields = { [F.sandboxId]: body.sandboxId, address, mode: policy.mode, replaced, closed };
+    if (!changed) deps.log.debug(fields, 'sandbox registration unchanged');
+    else deps.log.info(fields, replaced ? 'sandbox policy replaced' : 'sandbox registered');
+    return { address, sandboxId: body.sandboxId, replaced, changed, closed };
+  };
+
+  // Both PUT routes log what changed themselves (register); an access line for each of the
+  // watchdog's re-registrations would be one line per live sandbox every few seconds. A
+  // registration the gateway refuses (400) is logged by the agent that sent it, not here.
   app.put(
     '/v1/sandboxes/:address',
-    // the route logs what changed itself (below); an access line for each of the watchdog's
-    // re-registrations would be one line per live sandbox every few seconds. A registration the
-    // gateway refuses (400) is logged by the agent that sent it, not here.
     { schema: { params: AddressParams, body: RegisterBodySchema }, logLevel: 'warn' },
-    async (req) => {
-      const address = sandboxAddress(req.params.address);
-      const policy = normalisePolicy(req.body.policy);
-      const credentials = validateGrants(req.body.credentials ?? []);
-      const { replaced, changed, closed } = deps.registry.put(address, {
-        sandboxId: req.body.sandboxId,
-        policy,
-        credentials,
-      });
-      const fields = { [F.sandboxId]: req.body.sandboxId, address, mode: policy.mode, replaced, closed };
-      if (!changed) deps.log.debug(fields, 'sandbox registration unchanged');
-      else deps.log.info(fields, replaced ? 'sandbox policy replaced' : 'sandbox registered');
-      return {
-        address,
-        sandboxId: req.body.sandboxId,
-        replaced,
-        changed,
-        closed,
-        registryId: deps.registry.id,
-      };
-    },
+    async (req) => ({ ...register(req.params.address, req.body), registryId: deps.registry.id }),
   );
+
+  app.put('/v1/sandboxes', { schema: { body: RegisterBatchSchema }, logLevel: 'warn' }, async (req) => ({
+    results: req.body.registrations.map(({ address, ...body }) => {
+      try {
+        return register(address, body);
+      } catch (err) {
+        // refused on its own: the batch's other registrations still land
+        if (err instanceof SpaceError && err.status === 400) return { address, ...err.toBody() };
+        throw err;
+      }
+    }),
+    registryId: deps.registry.id,
+  }));
 
   app.delete('/v1/sandboxes/:address', { schema: { params: AddressParams } }, async (req, reply) => {
     const address = sandboxAddress(req.params.address);
