@@ -5,7 +5,7 @@
  * `apiEnv`/`agentEnv`/`gatewayEnv` overrides are checked against.
  */
 
-import { AGENT_NODE_FLAGS, agentSettings } from '../runtime/agent/config.ts';
+import { agentSettings } from '../runtime/agent/config.ts';
 import { HOST_IF_PREFIX } from '../runtime/agent/firewall.ts';
 import { API_NODE_FLAGS, apiSettings } from '../runtime/api/config.ts';
 import { gatewaySettings } from '../runtime/gateway/config.ts';
@@ -94,7 +94,7 @@ export const GATEWAY_CA_KEY_FILE = `${GATEWAY_CA_DIR}/ca.key`;
 /** The services of the one image, with the command each runs (working directory /opt/space). */
 export const SERVICE_COMMANDS = {
   api: ['node', ...API_NODE_FLAGS, 'runtime/api/server.ts'],
-  agent: ['node', ...AGENT_NODE_FLAGS, 'runtime/agent/server.ts'],
+  agent: ['node', 'runtime/agent/server.ts'],
   gateway: ['node', 'runtime/gateway/server.ts'],
   router: ['node', 'runtime/router/server.ts'],
 } as const;

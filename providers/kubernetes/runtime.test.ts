@@ -226,12 +226,6 @@ describe('renderRuntimeObjects policies', () => {
         (containers(a)[0]!['env'] as Obj[]).map((e) => [e['name'], e['value']]),
       );
       expect(envs['SPACE_DRIVER']).toBe(pool.driver);
-      // the agent's own Node flag (bytecode kept between bursts of claims) goes with its command
-      expect(containers(a)[0]!['command']).toEqual([
-        'node',
-        '--no-flush-bytecode',
-        'runtime/agent/server.ts',
-      ]);
     }
   });
 
@@ -373,11 +367,10 @@ describe('renderRuntimeObjects policies', () => {
     expect(spec(dep)['strategy']).toEqual(spec(get('Deployment', 'space-api'))['strategy']);
     const c = (podSpec(dep)['containers'] as Obj[])[0]!;
     expect(c['command']).toEqual(['node', 'runtime/router/server.ts']);
-    // the API's own Node flags (bytecode kept, a larger young generation) go with its command
+    // the API's own Node flags (a larger young generation) go with its command, and only with it
     const apiCommand = (podSpec(get('Deployment', 'space-api'))['containers'] as Obj[])[0]!['command'];
     expect(apiCommand).toEqual([
       'node',
-      '--no-flush-bytecode',
       '--min-semi-space-size=16',
       '--max-semi-space-size=64',
       'runtime/api/server.ts',

@@ -65,7 +65,7 @@ describe('cloud-init for the systemd (vm) mode', () => {
     const unit = file(plan, '/etc/systemd/system/space-router.service')!;
     expect(unit).toContain('node runtime/router/server.ts');
     expect(file(plan, '/etc/systemd/system/space-api.service')).toContain(
-      'node --no-flush-bytecode --min-semi-space-size=16 --max-semi-space-size=64 runtime/api/server.ts',
+      'node --min-semi-space-size=16 --max-semi-space-size=64 runtime/api/server.ts',
     );
     // the verify key file alone is mounted: never the key directory with the signing key
     expect(unit).toContain('-v /etc/space/keys/verify.pem:/etc/space/keys/verify.pem:ro');
@@ -154,7 +154,6 @@ describe('cloud-init for the systemd (vm) mode', () => {
     for (const unit of ['space-agent', 'space-gateway'])
       expect(file(p, `/etc/systemd/system/${unit}.service`), unit).toContain('-v /run/space:/run/space ');
     const agentUnit = file(p, '/etc/systemd/system/space-agent.service')!;
-    expect(agentUnit).toContain('node --no-flush-bytecode runtime/agent/server.ts');
     // a restarted gateway restarts the agent, which re-registers its sandboxes; it waits for the socket
     expect(agentUnit).toContain('PartOf=space-gateway.service');
     expect(agentUnit).toContain(

@@ -2,15 +2,7 @@
 import { cpus, hostname, totalmem } from 'node:os';
 import { type ConfigOf, loadConfig, setting } from '../core/config.ts';
 import { DRIVER_NAMES } from '../core/drivers.ts';
-import { KEEP_BYTECODE_FLAGS } from '../core/node-flags.ts';
 import { DEFAULT_GVISOR_PLATFORM } from './drivers/gvisor-platform.ts';
-
-/**
- * Node flags the agent's process runs with (`space up`, and the image's command in
- * providers/runtime-settings.ts): the warm claim path stays compiled between bursts
- * ({@link KEEP_BYTECODE_FLAGS}). The API's young-generation flags did not lower the agent's CPU.
- */
-export const AGENT_NODE_FLAGS = [...KEEP_BYTECODE_FLAGS] as const;
 
 export const agentSettings = {
   nodeId: setting.string('SPACE_NODE_ID', 'Node id (default: the host name).', hostname()),

@@ -1,16 +1,12 @@
 /** Settings of the control-plane API (env names, defaults with units, docs). */
 import { ConfigError, type ConfigOf, loadConfig, setting } from '../core/config.ts';
-import { KEEP_BYTECODE_FLAGS } from '../core/node-flags.ts';
 import type { TeamQuotas } from '../core/tenancy.ts';
 
 /**
  * Node flags the API's process runs with (`space up`, and the image's command in
- * providers/runtime-settings.ts).
- * - `--no-flush-bytecode` (see {@link KEEP_BYTECODE_FLAGS}): the create path stays compiled
- *   between bursts.
- * - The others size V8's young generation (semi-spaces, MiB): a burst of creates allocates mostly
- *   request-scoped objects (~300 KiB per create, sampled 2026-12-05), and a larger young generation
- *   collects them less often.
+ * providers/runtime-settings.ts). They size V8's young generation (semi-spaces, MiB): a burst of
+ * creates allocates mostly request-scoped objects (~300 KiB per create, sampled 2026-12-05), and a
+ * larger young generation collects them less often.
  * - `--max-semi-space-size=64` (Node's default 16 on 64-bit) lets it grow in bursts. Measured on
  *   a 2-vCPU VM: the API's CPU for a wave of 32 one-request warm creates, median of 12 settled
  *   waves, 70 ms with it against 90 ms without (four `space up --warm 32` stacks interleaved;
@@ -19,16 +15,12 @@ import type { TeamQuotas } from '../core/tenancy.ts';
  *   first waves of a burst ran ~15 scavenges. Measured the same way (2026-12-05, 20 waves each):
  *   the API's CPU per wave 85–95 ms with it against 115 ms without; the slowest create of a wave,
  *   median, 120 against 136 ms.
- * The agent's CPU stayed the same with either semi-space flag, so it runs without them. Each
- * semi-space stays between 16 and 64 MiB (Node's defaults: 1 and 16): up to 2 × 48 MiB more
- * resident memory than without them, and 2 × 16 MiB held even when idle. The API's was 158 MiB
- * after the waves with the first flag alone.
+ * The agent's CPU stayed the same with either flag, so only the API gets them. Each semi-space
+ * stays between 16 and 64 MiB (Node's defaults: 1 and 16): up to 2 × 48 MiB more resident memory
+ * than without them, and 2 × 16 MiB held even when idle. The API's was 158 MiB after the waves
+ * with the first flag alone.
  */
-export const API_NODE_FLAGS = [
-  ...KEEP_BYTECODE_FLAGS,
-  '--min-semi-space-size=16',
-  '--max-semi-space-size=64',
-] as const;
+export const API_NODE_FLAGS = ['--min-semi-space-size=16', '--max-semi-space-size=64'] as const;
 
 export const apiSettings = {
   host: setting.string('SPACE_API_HOST', 'Address the API listens on.', '127.0.0.1'),

@@ -35,7 +35,6 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import type { Command } from 'commander';
 import { request } from 'undici';
-import { AGENT_NODE_FLAGS } from '../agent/config.ts';
 import { API_NODE_FLAGS } from '../api/config.ts';
 import { ApiClient } from './client.ts';
 import { isJson } from './context.ts';
@@ -469,7 +468,7 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
     note(
       `space: starting the agent on ${agentUrl} (node ${LOCAL_NODE_ID}, driver ${process.env['SPACE_DRIVER'] || 'auto'})`,
     );
-    start('agent', node, [...AGENT_NODE_FLAGS, agentServer], {
+    start('agent', node, [agentServer], {
       ...baseEnv,
       SPACE_NODE_ID: LOCAL_NODE_ID,
       SPACE_AGENT_HOST: HOST,
