@@ -122,15 +122,18 @@ describe('GatewayClient registrations', () => {
 
     // an entry the batch's schema refuses (an empty sandbox id) makes the gateway refuse the whole
     // batch: the client sends each alone, so only that one fails
+    // (an address twice: sent one after the other, so the later registration is the one held)
     const again = await Promise.allSettled([
       gw.client.register('10.199.3.5', reg('ok3')),
       gw.client.register('10.199.3.6', reg('')),
       gw.client.register('10.199.3.7', reg('ok4')),
+      gw.client.register('10.199.3.5', reg('ok3', ['pypi.org'])),
     ]);
-    expect(again.map((r) => r.status)).toEqual(['fulfilled', 'rejected', 'fulfilled']);
+    expect(again.map((r) => r.status)).toEqual(['fulfilled', 'rejected', 'fulfilled', 'fulfilled']);
     expect(((again[1] as PromiseRejectedResult).reason as SpaceError).code).toBe('BAD_REQUEST');
-    expect(gw.batches).toEqual([3, 3]);
-    expect(gw.singles.sort()).toEqual(['10.199.3.5', '10.199.3.6', '10.199.3.7']);
+    expect(gw.batches).toEqual([3, 4]);
+    expect(gw.singles.sort()).toEqual(['10.199.3.5', '10.199.3.5', '10.199.3.6', '10.199.3.7']);
+    expect(gw.registry.lookup('10.199.3.5')?.policy.allow).toEqual(['pypi.org']);
     expect(
       gw.registry
         .list()
@@ -152,7 +155,7 @@ describe('GatewayClient registrations', () => {
     expect(gw.registry.list()).toHaveLength(6);
   });
 
-  it('fails every queued registration with DRIVER_FAILED when the gateway is gone', async () => {
+  it('fails every registration of a burst with DRIVER_FAILED when the gateway is gone', async () => {
     const gw = await gateway();
     await open[0]!.app.close();
     const results = await Promise.allSettled(

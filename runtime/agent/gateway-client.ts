@@ -121,7 +121,7 @@ export class GatewayClient {
       while (this.#queue.length > 0) {
         const batch = this.#take();
         if (this.#batches && batch.length > 1) await this.#sendBatch(batch);
-        else await Promise.all(batch.map((q) => this.#sendOne(q)));
+        else await this.#sendEach(batch);
       }
     } finally {
       this.#draining = false;
@@ -133,11 +133,24 @@ export class GatewayClient {
     let n = 0;
     let bytes = 0;
     while (n < this.#queue.length && n < BATCH_MAX_ENTRIES) {
-      bytes += this.#queue[n]!.entry.length + 1;
+      bytes += Buffer.byteLength(this.#queue[n]!.entry) + 1;
       if (n > 0 && bytes > BATCH_MAX_BYTES) break;
       n++;
     }
     return this.#queue.splice(0, n);
+  }
+
+  /**
+   * Each registration through the single route: those of one address one after the other, in
+   * order (the last sent is the gateway's last word), the addresses at once. Never throws.
+   */
+  async #sendEach(batch: QueuedRegistration[]): Promise<void> {
+    const byAddress = Map.groupBy(batch, (q) => q.address);
+    await Promise.all(
+      [...byAddress.values()].map(async (same) => {
+        for (const q of same) await this.#sendOne(q);
+      }),
+    );
   }
 
   /** One registration through the single route; settles its caller. Never throws. */
@@ -169,7 +182,7 @@ export class GatewayClient {
     } catch (err) {
       if (err instanceof SpaceError && [400, 404, 413].includes(err.status)) {
         if (err.code === 'NOT_FOUND') this.#batches = false;
-        await Promise.all(batch.map((q) => this.#sendOne(q)));
+        await this.#sendEach(batch);
       } else {
         for (const q of batch) q.reject(err);
       }

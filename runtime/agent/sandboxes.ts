@@ -502,6 +502,7 @@ export class SandboxManager {
     }
     this.#sandboxes.delete(sb.id);
     this.#o.activity?.untrack(sb.id);
+    await this.#registering.get(sb.id); // no re-registration may land after the unregistration
     await this.#unregister(sb.id, sb.instance.network.sandboxAddress).catch(() => {});
     step('spoolsMs');
     await this.discard(sb.instance).catch((err: unknown) =>

@@ -152,6 +152,40 @@ describe('control API', () => {
     }
   });
 
+  it('answers an entry that fails inside the gateway as INTERNAL; the batch still lands', async () => {
+    class Failing extends Registry {
+      override put(address: string, input: Parameters<Registry['put']>[1]) {
+        if (input.sandboxId === 'boom') throw new Error('registry failed');
+        return super.put(address, input);
+      }
+    }
+    const failing = new Failing({ maxConnections: 10, dnsQueriesPerSec: 10 });
+    const app2 = await buildControlApp({
+      registry: failing,
+      metrics: createGatewayMetrics(),
+      log: pino({ level: 'silent' }),
+    });
+    try {
+      const res = await app2.inject({
+        method: 'PUT',
+        url: '/v1/sandboxes',
+        payload: {
+          registrations: [
+            { address: '10.199.1.7', sandboxId: 'boom', policy: {} },
+            { address: '10.199.1.8', sandboxId: 'fine', policy: {} },
+          ],
+        },
+      });
+      expect(res.statusCode).toBe(200);
+      expect(res.json().results[0]).toMatchObject({ address: '10.199.1.7', error: { code: 'INTERNAL' } });
+      expect(res.json().results[1]).toMatchObject({ address: '10.199.1.8', sandboxId: 'fine' });
+      expect(res.body).not.toContain('registry failed');
+      expect(failing.lookup('10.199.1.8')?.sandboxId).toBe('fine');
+    } finally {
+      await app2.close();
+    }
+  });
+
   it.each([
     ['an empty batch', { registrations: [] }],
     ['an entry without a sandbox id', { registrations: [{ address: '10.199.1.6', policy: {} }] }],

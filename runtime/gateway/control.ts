@@ -9,10 +9,11 @@
  * - `PUT /v1/sandboxes` `{ registrations: [{ address, sandboxId, policy, credentials? }] }` (at most
  *   {@link MAX_BATCH_REGISTRATIONS}) → 200 `{ results, registryId }`: the same for many sandboxes in
  *   one call, in order. `results[i]` answers `registrations[i]`: what the single route answers
- *   (without `registryId`), or `{ address, error: { code, message } }` for an entry refused on its
- *   own (a bad address or grant); the others still land. A body that fails the schema is refused
- *   whole (400), as is one over the body limit (413). The agent sends its claims' registrations
- *   this way (runtime/agent/gateway-client.ts): one call per burst, not one per sandbox.
+ *   (without `registryId`), or `{ address, error: { code, message } }` for an entry refused or
+ *   failed on its own (BAD_REQUEST: a bad address or grant; INTERNAL); the others still land. A
+ *   body that fails the schema is refused whole (400), as is one over the body limit (413). The
+ *   agent sends its claims' registrations this way (runtime/agent/gateway-client.ts): one call per
+ *   burst, not one per sandbox.
  * - `DELETE /v1/sandboxes/:address` → 204 (404 `SANDBOX_NOT_FOUND` when unknown): forgets it and
  *   closes its connections.
  * - `GET /v1/sandboxes` → 200 `{ sandboxes: RegistrationView[] }` (no credential values or placeholders).
@@ -127,9 +128,11 @@ export async function buildControlApp(deps: ControlDeps): Promise<FastifyInstanc
       try {
         return register(address, body);
       } catch (err) {
-        // refused on its own: the batch's other registrations still land
+        // refused or failed on its own: the batch's other registrations still land, and are
+        // answered as landed (a 500 for the whole batch would fail callers whose entry took)
         if (err instanceof SpaceError && err.status === 400) return { address, ...err.toBody() };
-        throw err;
+        deps.log.error({ err, [F.sandboxId]: body.sandboxId, address }, 'sandbox registration failed');
+        return { address, ...new SpaceError('INTERNAL', 'the registration failed').toBody() };
       }
     }),
     registryId: deps.registry.id,
