@@ -34,10 +34,17 @@ const BATCH_MAX_ENTRIES = 128;
  */
 const BATCH_MAX_BYTES = 512 * 1024;
 
+/** What the gateway holds for one sandbox: the body of `PUT /v1/sandboxes/:address`. */
+export interface Registration {
+  sandboxId: string;
+  policy: EgressPolicy;
+  credentials: CredentialGrant[];
+}
+
 /** What a caller of {@link GatewayClient.register} sends and waits for. */
 interface QueuedRegistration {
   address: string;
-  registration: { sandboxId: string; policy: EgressPolicy; credentials: CredentialGrant[] };
+  registration: Registration;
   /** The batch entry (`{ address, ...registration }`), serialised. */
   entry: string;
   resolve(answer: { registryId: string | undefined }): void;
@@ -101,10 +108,7 @@ export class GatewayClient {
    * gateway's registry that took it (undefined from a gateway older than `registryId`).
    * @throws SpaceError DRIVER_FAILED when the gateway does not answer, or its error when it refuses.
    */
-  register(
-    address: string,
-    r: { sandboxId: string; policy: EgressPolicy; credentials: CredentialGrant[] },
-  ): Promise<{ registryId: string | undefined }> {
+  register(address: string, r: Registration): Promise<{ registryId: string | undefined }> {
     return new Promise((resolve, reject) => {
       const entry = JSON.stringify({ address, ...r });
       this.#queue.push({ address, registration: r, entry, resolve, reject });

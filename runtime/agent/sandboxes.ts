@@ -502,7 +502,6 @@ export class SandboxManager {
     }
     this.#sandboxes.delete(sb.id);
     this.#o.activity?.untrack(sb.id);
-    await this.#registering.get(sb.id); // no re-registration may land after the unregistration
     await this.#unregister(sb.id, sb.instance.network.sandboxAddress).catch(() => {});
     step('spoolsMs');
     await this.discard(sb.instance).catch((err: unknown) =>
@@ -1097,7 +1096,6 @@ export class SandboxManager {
       for (const c of sb.commands.values()) c.abort.abort();
       for (const a of sb.guestStreams) a.abort();
       await sb.guest.close();
-      await this.#registering.get(id); // no re-registration may land after the unregistration
       await this.#unregister(id, sb.instance.network.sandboxAddress).catch((err: unknown) =>
         log.warn({ err }, 'gateway unregistration failed; destroying anyway'),
       );
@@ -1156,8 +1154,13 @@ export class SandboxManager {
     if (registryId !== undefined) this.#atGateway.set(id, { registryId, policy, credentials });
   }
 
-  /** Forgets sandbox `id`'s registration at `address` with the gateway, and the record of it. */
+  /**
+   * Forgets sandbox `id`'s registration at `address` with the gateway, and the record of it, after
+   * any registration of it still in flight (#trackRegistration): the unregistration is always the
+   * gateway's last word on that address, whichever path ends the sandbox.
+   */
   async #unregister(id: string, address: string): Promise<void> {
+    await this.#registering.get(id);
     this.#atGateway.delete(id);
     await this.#o.gateway?.unregister(address);
   }

@@ -4,12 +4,15 @@ import { createGatewayMetrics } from './audit.ts';
 import { buildControlApp, MAX_BATCH_REGISTRATIONS } from './control.ts';
 import { Registry } from './registry.ts';
 
-const registry = new Registry({ maxConnections: 10, dnsQueriesPerSec: 10 });
-const app = await buildControlApp({
-  registry,
-  metrics: createGatewayMetrics(),
-  log: pino({ level: 'silent' }),
-});
+/** A control app over `registry` (default a new one), logging to `log` (default nowhere). */
+const controlApp = (registry: Registry = newRegistry(), log = pino({ level: 'silent' })) =>
+  buildControlApp({ registry, metrics: createGatewayMetrics(), log });
+function newRegistry(): Registry {
+  return new Registry({ maxConnections: 10, dnsQueriesPerSec: 10 });
+}
+
+const registry = newRegistry();
+const app = await controlApp(registry);
 afterAll(() => app.close());
 
 const grant = {
@@ -98,12 +101,8 @@ describe('control API', () => {
     });
     expect(put.json().registryId).toBe(registry.id);
     // a restarted gateway's registry (in memory only) holds nothing and answers another id
-    const restarted = new Registry({ maxConnections: 10, dnsQueriesPerSec: 10 });
-    const app2 = await buildControlApp({
-      registry: restarted,
-      metrics: createGatewayMetrics(),
-      log: pino({ level: 'silent' }),
-    });
+    const restarted = newRegistry();
+    const app2 = await controlApp(restarted);
     try {
       expect((await app2.inject({ method: 'GET', url: '/healthz' })).json().registryId).toBe(restarted.id);
       expect(restarted.id).not.toBe(registry.id);
@@ -160,11 +159,7 @@ describe('control API', () => {
       }
     }
     const failing = new Failing({ maxConnections: 10, dnsQueriesPerSec: 10 });
-    const app2 = await buildControlApp({
-      registry: failing,
-      metrics: createGatewayMetrics(),
-      log: pino({ level: 'silent' }),
-    });
+    const app2 = await controlApp(failing);
     try {
       const res = await app2.inject({
         method: 'PUT',
@@ -222,11 +217,7 @@ describe('control API logging', () => {
   it('logs a registration that changed something, not the watchdog repeating it', async () => {
     const lines: { level: number; msg: string }[] = [];
     const sink = { write: (s: string) => void lines.push(JSON.parse(s)) };
-    const quiet = await buildControlApp({
-      registry: new Registry({ maxConnections: 10, dnsQueriesPerSec: 10 }),
-      metrics: createGatewayMetrics(),
-      log: pino({ level: 'info' }, sink),
-    });
+    const quiet = await controlApp(newRegistry(), pino({ level: 'info' }, sink));
     const put = (policy: object) =>
       quiet.inject({ method: 'PUT', url: '/v1/sandboxes/10.199.0.3', payload: { sandboxId: 's3', policy } });
     for (const policy of [{}, {}, {}, { allow: ['pypi.org'] }, { allow: ['pypi.org'] }]) {
