@@ -37,6 +37,19 @@ afterEach(async () => {
  * much later, so registrations can arrive while it is in flight.
  */
 async function gateway(o: { older?: boolean; holdFirstBatchMs?: number } = {}): Promise<Gateway> {
+  const dir = await mkdtemp(join(tmpdir(), 'space-gwc-'));
+  const socketPath = join(dir, 'control.sock');
+  const gw = await controlApp(socketPath, o);
+  const client = new GatewayClient(socketPath);
+  open.push({ app: gw.app, client, dir });
+  return { ...gw, client };
+}
+
+/** The control app of {@link gateway}, listening on `socketPath`. */
+async function controlApp(
+  socketPath: string,
+  o: { older?: boolean; holdFirstBatchMs?: number },
+): Promise<Omit<Gateway, 'client'> & { app: FastifyInstance }> {
   const registry = new Registry({ maxConnections: 10, dnsQueriesPerSec: 10 });
   const app = await buildControlApp({
     registry,
@@ -55,12 +68,20 @@ async function gateway(o: { older?: boolean; holdFirstBatchMs?: number } = {}): 
       if (batches.length === 1 && o.holdFirstBatchMs) await sleep(o.holdFirstBatchMs);
     } else singles.push(req.url.split('/').pop()!);
   });
-  const dir = await mkdtemp(join(tmpdir(), 'space-gwc-'));
-  const socketPath = join(dir, 'control.sock');
   await app.listen({ path: socketPath });
-  const client = new GatewayClient(socketPath);
-  open.push({ app, client, dir });
-  return { registry, client, batches, singles };
+  return { app, registry, batches, singles };
+}
+
+/** `fn`'s first answer in up to 20 tries 50 ms apart; the last error after that. */
+async function firstAnswer<T>(fn: () => Promise<T>): Promise<T> {
+  for (let i = 1; ; i++) {
+    try {
+      return await fn();
+    } catch (err) {
+      if (i === 20) throw err;
+      await sleep(50);
+    }
+  }
 }
 
 const reg = (sandboxId: string, allow: string[] = []) => ({
@@ -153,6 +174,32 @@ describe('GatewayClient registrations', () => {
     expect(gw.batches).toEqual([3]); // asked once
     expect(gw.singles).toHaveLength(6);
     expect(gw.registry.list()).toHaveLength(6);
+  });
+
+  it('tries batches again once the gateway restarts after refusing them (an upgrade)', async () => {
+    const old = await gateway({ older: true });
+    const burst = (gw: { client: GatewayClient }, third: number) =>
+      Promise.all([2, 3, 4].map((n) => gw.client.register(`10.199.${third}.${n}`, reg(`s${third}-${n}`))));
+    await burst(old, 4);
+    expect(old.batches).toEqual([3]);
+    // the same socket, now a gateway with the batch route and a new registry
+    await open[0]!.app.close();
+    const upgraded = await controlApp(old.client.socketPath, {});
+    open.push({ app: upgraded.app, client: old.client, dir: '' });
+    // as the watchdog reads it, pass after pass: the first read may meet the closed connection
+    expect(await firstAnswer(() => old.client.registryId())).toBe(upgraded.registry.id);
+    await burst(old, 5);
+    expect(upgraded.batches).toEqual([3]);
+    expect(upgraded.singles).toEqual([]);
+    // a gateway that refuses them again (restarted into the older one): one refusal, then singles
+    await open[1]!.app.close();
+    const older = await controlApp(old.client.socketPath, { older: true });
+    open.push({ app: older.app, client: old.client, dir: '' });
+    expect(await firstAnswer(() => old.client.registryId())).toBe(older.registry.id);
+    await burst(old, 6);
+    await burst(old, 7);
+    expect(older.batches).toEqual([3]);
+    expect(older.singles).toHaveLength(6);
   });
 
   it('fails every registration of a burst with DRIVER_FAILED when the gateway is gone', async () => {

@@ -58,8 +58,12 @@ export class GatewayClient {
   #queue: QueuedRegistration[] = [];
   /** Whether a batch is in flight or about to be sent. */
   #draining = false;
-  /** False once the gateway answered that it has no batch route (a gateway older than it). */
-  #batches = true;
+  /**
+   * Undefined while batches are sent. Once a gateway answered that it has no batch route (one older
+   * than it): the id of that gateway's registry, or null until an answer names it. An answer from
+   * another registry (the gateway restarted, perhaps upgraded) turns batches on again.
+   */
+  #batchesRefusedBy: string | null | undefined = undefined;
 
   constructor(socketPath: string) {
     this.socketPath = socketPath;
@@ -124,7 +128,7 @@ export class GatewayClient {
     try {
       while (this.#queue.length > 0) {
         const batch = this.#take();
-        if (this.#batches && batch.length > 1) await this.#sendBatch(batch);
+        if (this.#batchesRefusedBy === undefined && batch.length > 1) await this.#sendBatch(batch);
         else await this.#sendEach(batch);
       }
     } finally {
@@ -160,11 +164,8 @@ export class GatewayClient {
   /** One registration through the single route; settles its caller. Never throws. */
   async #sendOne(q: QueuedRegistration): Promise<void> {
     try {
-      q.resolve({
-        registryId: registryIdOf(
-          await this.#call('PUT', `/v1/sandboxes/${q.address}`, JSON.stringify(q.registration)),
-        ),
-      });
+      const answer = await this.#call('PUT', `/v1/sandboxes/${q.address}`, JSON.stringify(q.registration));
+      q.resolve({ registryId: this.#saw(registryIdOf(answer)) });
     } catch (err) {
       q.reject(err);
     }
@@ -185,7 +186,7 @@ export class GatewayClient {
       );
     } catch (err) {
       if (err instanceof SpaceError && [400, 404, 413].includes(err.status)) {
-        if (err.code === 'NOT_FOUND') this.#batches = false;
+        if (err.code === 'NOT_FOUND') this.#batchesRefusedBy = null;
         await this.#sendEach(batch);
       } else {
         for (const q of batch) q.reject(err);
@@ -215,7 +216,18 @@ export class GatewayClient {
    * @throws SpaceError DRIVER_FAILED when the gateway does not answer.
    */
   async registryId(): Promise<string | undefined> {
-    return registryIdOf(await this.#call('GET', '/healthz'));
+    return this.#saw(registryIdOf(await this.#call('GET', '/healthz')));
+  }
+
+  /**
+   * Notes the registry id a gateway answered with (undefined: a gateway without one); while
+   * batches are off, another registry than the one that refused them turns them on. Returns `id`.
+   */
+  #saw(id: string | undefined): string | undefined {
+    if (id === undefined || this.#batchesRefusedBy === undefined) return id;
+    if (this.#batchesRefusedBy === null) this.#batchesRefusedBy = id;
+    else if (this.#batchesRefusedBy !== id) this.#batchesRefusedBy = undefined;
+    return id;
   }
 
   /** Forgets the sandbox at `address` and closes its connections. Idempotent. */
