@@ -7,8 +7,9 @@
  * checks what the watchdog registers again: only what the gateway may not hold.
  */
 import { once } from 'node:events';
-import { rm } from 'node:fs/promises';
-import { createServer, type Socket } from 'node:net';
+import { rename, rm } from 'node:fs/promises';
+import { connect, createServer, type Socket } from 'node:net';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { DEFAULT_DENY_CIDRS } from '../runtime/gateway/addresses.ts';
 import { leftovers, NO_LEFTOVERS, type Stack, startStack, waitFor } from './stack.ts';
@@ -141,6 +142,64 @@ describe('warm claim: egress policy behind the create', () => {
       put.mockRestore();
       const del = await s.call<{ operation: { id: string } }>('DELETE', `/v1/sandboxes/${id}`);
       await s.call('GET', `/v1/operations/${del.body.operation.id}?waitMs=30000`);
+    }
+  });
+
+  it('a delete during a claim’s registration leaves the gateway holding nothing for it', async () => {
+    // Between the agent and the gateway, a relay that holds every registration (a PUT) for
+    // HOLD_MS and passes everything else straight on. Each of the agent's connections gets its
+    // own relay connection, so the delete's unregistration (a DELETE) can overtake the claim's
+    // registration, as on a slow gateway. The agent must send it after the registration's answer:
+    // else the registration lands last and the gateway keeps a policy for a sandbox that is gone.
+    const HOLD_MS = 1500;
+    await s.restartGateway(); // the agent's next calls open new connections: through the relay
+    await warmSlot();
+    const socketPath = s.gateway!.controlSocket;
+    const realPath = `${socketPath}.real`;
+    await rename(socketPath, realPath); // a bound socket keeps answering under its new name
+    const heldPuts: string[] = [];
+    let inFlight = 0;
+    const relay = createServer((agentSide) => {
+      const gatewaySide = connect(realPath);
+      gatewaySide.pipe(agentSide);
+      let chain = Promise.resolve();
+      agentSide.on('data', (chunk: Buffer) => {
+        const hold = chunk.subarray(0, 4).toString() === 'PUT ';
+        if (hold) heldPuts.push(chunk.toString());
+        inFlight++;
+        chain = chain
+          .then(() => (hold ? sleep(HOLD_MS) : undefined))
+          .then(() => void gatewaySide.write(chunk))
+          .finally(() => inFlight--);
+      });
+      agentSide.on('close', () => gatewaySide.end());
+      gatewaySide.on('error', () => agentSide.destroy());
+      agentSide.on('error', () => gatewaySide.destroy());
+    });
+    relay.listen(socketPath);
+    await once(relay, 'listening');
+    try {
+      const id = await s.createSandbox({ egress: { allow: ['example.test'] } });
+      expect((await record(id)).createdFrom).toBe('warm');
+      const del = await s.call<{ operation: { id: string } }>('DELETE', `/v1/sandboxes/${id}`);
+      const op = await s.call<{ state: string }>(
+        'GET',
+        `/v1/operations/${del.body.operation.id}?waitMs=30000`,
+      );
+      expect(op.body.state).toBe('succeeded');
+      // the claim's registration went through the relay and was held
+      expect(heldPuts.some((p) => p.includes(id))).toBe(true);
+      // everything the relay held has reached the gateway, and the gateway has answered it
+      await waitFor('the held registration to reach the gateway', async () =>
+        inFlight === 0 ? true : undefined,
+      );
+      await sleep(200);
+      expect(s.gateway!.deps.registry.list().filter((x) => x.sandboxId === id)).toEqual([]);
+    } finally {
+      relay.close();
+      await rm(socketPath, { force: true });
+      await rename(realPath, socketPath);
+      await s.restartGateway();
     }
   });
 });
