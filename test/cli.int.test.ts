@@ -307,6 +307,18 @@ describe('space CLI against `space up`', () => {
       (await run(process.execPath, [SPACE, 'sandbox', 'create', '--template', 'base', '--json'], { env }))
         .stdout,
     ) as { id: string };
+    // the sandboxes' processes, which `runsc create` leaves behind, are re-parented to the agent's
+    // reaper (tini as a subreaper), not to the host's init, which may reap them late: `runsc delete`
+    // waits for its sandbox process to be reaped
+    const sandboxProcs = (await run('pgrep', ['-f', `runsc-sandbox.*${home}`])).stdout
+      .split('\n')
+      .filter(Boolean);
+    expect(sandboxProcs.length).toBeGreaterThan(0);
+    for (const pid of sandboxProcs) {
+      const ppid = /^PPid:\s+(\d+)$/m.exec(await readFile(`/proc/${pid}/status`, 'utf8'))![1];
+      const parent = (await readFile(`/proc/${ppid}/cmdline`, 'utf8')).split('\0');
+      expect(parent.slice(0, 3)).toEqual([expect.stringMatching(/\/tini-static$/), '-s', '--']);
+    }
     const del = await sj<{ id: string }>(['sandbox', 'rm', extra.id, '--no-wait']);
     expect(await sj<{ state: string }>(['ops', 'get', del.id, '--wait', '60'])).toMatchObject({
       state: 'succeeded',

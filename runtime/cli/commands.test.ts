@@ -1,3 +1,5 @@
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -6,7 +8,7 @@ import { commandBody } from './exec.ts';
 import { localTarget } from './files.ts';
 import { wantsJson } from './program.ts';
 import { createBody, parseStates, sandboxRows } from './sandbox.ts';
-import { logTail, missingPrerequisites, portInUse, searchPath } from './up.ts';
+import { childPids, logTail, missingPrerequisites, portInUse, searchPath } from './up.ts';
 import { parseSince, usageRows } from './usage.ts';
 
 describe('exec request body', () => {
@@ -143,6 +145,21 @@ describe('up', () => {
     expect(await portInUse(port)).toBe(true);
     await new Promise((r) => srv.close(r));
     expect(await portInUse(port)).toBe(false);
+  });
+  it('finds a process’s children by what their command line holds', async () => {
+    const marker = `space-child-${process.pid}-${Date.now()}`;
+    // a child whose command line carries the marker (`sh -c <script> <name>`), and one without it
+    const marked = spawn('sh', ['-c', 'sleep 30; true', marker], { stdio: 'ignore' });
+    const other = spawn('sleep', ['30'], { stdio: 'ignore' });
+    try {
+      expect(childPids(process.pid, marker)).toEqual([marked.pid]);
+      expect(childPids(process.pid, `${marker}-not`)).toEqual([]);
+      expect(childPids(undefined, marker)).toEqual([]);
+    } finally {
+      marked.kill('SIGKILL');
+      other.kill('SIGKILL');
+      await Promise.all([once(marked, 'exit'), once(other, 'exit')]);
+    }
   });
   it('tails only what a child wrote this time', () => {
     const dir = mkdtempSync(join(tmpdir(), 'space-log-'));
