@@ -317,7 +317,9 @@ describe('space CLI against `space up`', () => {
     for (const pid of sandboxProcs) {
       const ppid = /^PPid:\s+(\d+)$/m.exec(await readFile(`/proc/${pid}/status`, 'utf8'))![1];
       const parent = (await readFile(`/proc/${ppid}/cmdline`, 'utf8')).split('\0');
+      // the agent's own tini (this test may itself run under one: `npm test`)
       expect(parent.slice(0, 3)).toEqual([expect.stringMatching(/\/tini-static$/), '-s', '--']);
+      expect(parent).toContain(join(import.meta.dirname, '..', 'runtime', 'agent', 'server.ts'));
     }
     const del = await sj<{ id: string }>(['sandbox', 'rm', extra.id, '--no-wait']);
     expect(await sj<{ state: string }>(['ops', 'get', del.id, '--wait', '60'])).toMatchObject({
