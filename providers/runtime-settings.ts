@@ -91,10 +91,16 @@ export const GATEWAY_CA_CERT_FILE = `${GATEWAY_CA_DIR}/ca.crt`;
 /** PEM private key of the gateway CA (mode 0600/0400, root only, gateway only). */
 export const GATEWAY_CA_KEY_FILE = `${GATEWAY_CA_DIR}/ca.key`;
 
-/** The services of the one image, with the command each runs (working directory /opt/space). */
+/**
+ * The services of the one image, with the command each runs (working directory /opt/space). The
+ * agent runs under tini as a subreaper: `runsc run --detach` leaves each sandbox's processes
+ * behind, re-parented to the nearest subreaper, and `runsc delete` waits until its sandbox process
+ * has been reaped, so the agent does not depend on how promptly the node's init or the container
+ * runtime reaps (README, Operating notes).
+ */
 export const SERVICE_COMMANDS = {
   api: ['node', ...API_NODE_FLAGS, 'runtime/api/server.ts'],
-  agent: ['node', 'runtime/agent/server.ts'],
+  agent: ['tini', '-s', '--', 'node', 'runtime/agent/server.ts'],
   gateway: ['node', 'runtime/gateway/server.ts'],
   router: ['node', 'runtime/router/server.ts'],
 } as const;

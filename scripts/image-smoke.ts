@@ -15,6 +15,7 @@ import { generateKeyPairSync } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { SERVICE_COMMANDS } from '../providers/runtime-settings.ts';
 import { freePort, startRedisServer } from '../test/redis-server.ts';
 
 const version = (
@@ -120,11 +121,7 @@ try {
     ),
   );
   await check('agent: without settings it names the missing one and exits 1', async () =>
-    expectLine(
-      await runInImage(['node', 'runtime/agent/server.ts']),
-      /invalid agent configuration:\n\s+SPACE_/,
-      1,
-    ),
+    expectLine(await runInImage([...SERVICE_COMMANDS.agent]), /invalid agent configuration:\n\s+SPACE_/, 1),
   );
   await check('gateway: without a Redis URL it says so', async () =>
     expectLine(
@@ -205,7 +202,7 @@ try {
     'agent: with its key it gets past its configuration to Redis (unreachable here) and exits 1',
     async () =>
       expectLine(
-        await runInImage(['node', 'runtime/agent/server.ts'], {
+        await runInImage([...SERVICE_COMMANDS.agent], {
           env: {
             SPACE_VERIFY_KEY_FILE: '/keys/verify.pem',
             SPACE_REDIS_URL: 'redis://127.0.0.1:1',

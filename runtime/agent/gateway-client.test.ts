@@ -36,7 +36,9 @@ afterEach(async () => {
  * (404 NOT_FOUND, as for any unknown route). `holdFirstBatchMs`: the first batch is answered that
  * much later, so registrations can arrive while it is in flight.
  */
-async function gateway(o: { older?: boolean; holdFirstBatchMs?: number } = {}): Promise<Gateway> {
+async function gateway(
+  o: { older?: boolean; holdFirstBatchMs?: number; withoutRegistryId?: boolean } = {},
+): Promise<Gateway> {
   const dir = await mkdtemp(join(tmpdir(), 'space-gwc-'));
   const socketPath = join(dir, 'control.sock');
   const gw = await controlApp(socketPath, o);
@@ -48,7 +50,7 @@ async function gateway(o: { older?: boolean; holdFirstBatchMs?: number } = {}): 
 /** The control app of {@link gateway}, listening on `socketPath`. */
 async function controlApp(
   socketPath: string,
-  o: { older?: boolean; holdFirstBatchMs?: number },
+  o: { older?: boolean; holdFirstBatchMs?: number; withoutRegistryId?: boolean },
 ): Promise<Omit<Gateway, 'client'> & { app: FastifyInstance }> {
   const registry = new Registry({ maxConnections: 10, dnsQueriesPerSec: 10 });
   const app = await buildControlApp({
@@ -68,6 +70,14 @@ async function controlApp(
       if (batches.length === 1 && o.holdFirstBatchMs) await sleep(o.holdFirstBatchMs);
     } else singles.push(req.url.split('/').pop()!);
   });
+  if (o.withoutRegistryId) {
+    // a gateway from before registry ids: its answers carry none
+    app.addHook('onSend', async (_req, _reply, payload) =>
+      typeof payload === 'string' && payload.startsWith('{')
+        ? JSON.stringify({ ...JSON.parse(payload), registryId: undefined })
+        : payload,
+    );
+  }
   await app.listen({ path: socketPath });
   return { app, registry, batches, singles };
 }
@@ -200,6 +210,21 @@ describe('GatewayClient registrations', () => {
     await burst(old, 7);
     expect(older.batches).toEqual([3]);
     expect(older.singles).toHaveLength(6);
+  });
+
+  it('tries batches again after an upgrade from a gateway without registry ids', async () => {
+    const gw = await gateway({ older: true, withoutRegistryId: true });
+    const burst = (third: number) =>
+      Promise.all([2, 3, 4].map((n) => gw.client.register(`10.199.${third}.${n}`, reg(`s${third}-${n}`))));
+    expect((await burst(4)).map((a) => a.registryId)).toEqual([undefined, undefined, undefined]);
+    await burst(5);
+    expect(gw.batches).toEqual([3]);
+    await open[0]!.app.close();
+    const upgraded = await controlApp(gw.client.socketPath, {});
+    open.push({ app: upgraded.app, client: gw.client, dir: '' });
+    expect(await firstAnswer(() => gw.client.registryId())).toBe(upgraded.registry.id);
+    await burst(6);
+    expect(upgraded.batches).toEqual([3]);
   });
 
   it('fails every registration of a burst with DRIVER_FAILED when the gateway is gone', async () => {

@@ -60,8 +60,10 @@ export class GatewayClient {
   #draining = false;
   /**
    * Undefined while batches are sent. Once a gateway answered that it has no batch route (one older
-   * than it): the id of that gateway's registry, or null until an answer names it. An answer from
-   * another registry (the gateway restarted, perhaps upgraded) turns batches on again.
+   * than it): the id of that gateway's registry ('' for a gateway too old to have one), or null
+   * until the next answer says. An answer from another registry (the gateway restarted, perhaps
+   * upgraded) turns batches on again. A restart between the refusal and that answer records the
+   * new gateway as the one that refused: single calls until its next restart, as before batching.
    */
   #batchesRefusedBy: string | null | undefined = undefined;
 
@@ -221,12 +223,13 @@ export class GatewayClient {
 
   /**
    * Notes the registry id a gateway answered with (undefined: a gateway without one); while
-   * batches are off, another registry than the one that refused them turns them on. Returns `id`.
+   * batches are off, another registry than the one that refused them (or a first id after none)
+   * turns them on. Returns `id`.
    */
   #saw(id: string | undefined): string | undefined {
-    if (id === undefined || this.#batchesRefusedBy === undefined) return id;
-    if (this.#batchesRefusedBy === null) this.#batchesRefusedBy = id;
-    else if (this.#batchesRefusedBy !== id) this.#batchesRefusedBy = undefined;
+    if (this.#batchesRefusedBy === undefined) return id;
+    if (this.#batchesRefusedBy === null) this.#batchesRefusedBy = id ?? '';
+    else if (this.#batchesRefusedBy !== (id ?? '')) this.#batchesRefusedBy = undefined;
     return id;
   }
 

@@ -8,8 +8,16 @@ async function main(): Promise<void> {
   // first, so every span of this process is recorded (no-op unless tracing is configured)
   const tracing = startTracing('space-agent');
   const agent = await startAgent(loadAgentConfig());
-  process.once('SIGTERM', () => void agent.close('SIGTERM').finally(() => tracing?.shutdown()));
-  process.once('SIGINT', () => void agent.close('SIGINT').finally(() => tracing?.shutdown()));
+  // once: a second signal (tini passing one on beside a direct `pkill`) must not end the process
+  // midway through the first one's shutdown, which destroys or hands over its sandboxes
+  let closing = false;
+  const stop = (signal: 'SIGTERM' | 'SIGINT') => {
+    if (closing) return;
+    closing = true;
+    void agent.close(signal).finally(() => tracing?.shutdown());
+  };
+  process.on('SIGTERM', () => stop('SIGTERM'));
+  process.on('SIGINT', () => stop('SIGINT'));
 }
 
 main().catch((err: unknown) => {

@@ -8,7 +8,7 @@ import { commandBody } from './exec.ts';
 import { localTarget } from './files.ts';
 import { wantsJson } from './program.ts';
 import { createBody, parseStates, sandboxRows } from './sandbox.ts';
-import { childPids, logTail, missingPrerequisites, portInUse, searchPath } from './up.ts';
+import { childPids, logTail, missingPrerequisites, portInUse, searchPath, signalName } from './up.ts';
 import { parseSince, usageRows } from './usage.ts';
 
 describe('exec request body', () => {
@@ -149,7 +149,10 @@ describe('up', () => {
   it('finds a process’s children by what their command line holds', async () => {
     const marker = `space-child-${process.pid}-${Date.now()}`;
     // a child whose command line carries the marker (`sh -c <script> <name>`), and one without it
-    const marked = spawn('sh', ['-c', 'sleep 30; true', marker], { stdio: 'ignore' });
+    // its command name holds ') (' as well: the stat line's fields come after the last ')'
+    const marked = spawn('sh', ['-c', 'printf "a) b (" > /proc/self/comm; sleep 30; true', marker], {
+      stdio: 'ignore',
+    });
     const other = spawn('sleep', ['30'], { stdio: 'ignore' });
     try {
       expect(childPids(process.pid, marker)).toEqual([marked.pid]);
@@ -160,6 +163,11 @@ describe('up', () => {
       other.kill('SIGKILL');
       await Promise.all([once(marked, 'exit'), once(other, 'exit')]);
     }
+  });
+  it('names a signal by its number (a wrapper’s 128 + n)', () => {
+    expect(signalName(9)).toBe('SIGKILL');
+    expect(signalName(15)).toBe('SIGTERM');
+    expect(signalName(0)).toBeUndefined();
   });
   it('tails only what a child wrote this time', () => {
     const dir = mkdtempSync(join(tmpdir(), 'space-log-'));

@@ -30,6 +30,7 @@ import {
   writeFileSync,
 } from 'node:fs';
 import { connect, createServer } from 'node:net';
+import { constants as osConstants } from 'node:os';
 import { delimiter, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -37,6 +38,7 @@ import { fileURLToPath } from 'node:url';
 import type { Command } from 'commander';
 import { request } from 'undici';
 import { API_NODE_FLAGS } from '../api/config.ts';
+import { parseStat } from '../core/proc-stat.ts';
 import { ApiClient } from './client.ts';
 import { isJson } from './context.ts';
 import { type LocalState, localPaths, readLocalState, spaceHome } from './local.ts';
@@ -182,7 +184,7 @@ export function logTail(file: string, from: number, n = 25): string[] {
 
 /**
  * Pids of the live children of process `parent` whose command line contains `marker`, read from
- * `/proc/<pid>/stat` (field 4: the parent pid). Empty when there are none or `parent` is unknown.
+ * `/proc`. Empty when there are none or `parent` is unknown.
  */
 export function childPids(parent: number | undefined, marker: string): number[] {
   if (parent === undefined) return [];
@@ -190,16 +192,19 @@ export function childPids(parent: number | undefined, marker: string): number[] 
   for (const entry of readdirSync('/proc')) {
     if (!/^\d+$/.test(entry)) continue;
     try {
-      const stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
-      // the command name (field 2) may hold spaces and parentheses: fields after its last ')'
-      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
-      if (ppid !== parent) continue;
-      if (readFileSync(`/proc/${entry}/cmdline`, 'utf8').includes(marker)) found.push(Number(entry));
+      const proc = parseStat(readFileSync(`/proc/${entry}/stat`, 'utf8'));
+      if (proc?.ppid !== parent || proc.zombie) continue;
+      if (readFileSync(`/proc/${entry}/cmdline`, 'utf8').includes(marker)) found.push(proc.pid);
     } catch {
       // exited meanwhile
     }
   }
   return found;
+}
+
+/** The name of signal number `n` (`SIGKILL` for 9), if it is one. */
+export function signalName(n: number): string | undefined {
+  return Object.entries(osConstants.signals).find(([, v]) => v === n)?.[0];
 }
 
 /** SIGKILL to `pid`, ignoring a process that is already gone. */
@@ -258,7 +263,9 @@ class Child {
       });
       this.proc.once('exit', (code, signal) => {
         this.done = true;
-        resolve({ code, signal });
+        // tini exits 128 + n when signal n ended the service it runs: say which signal
+        const passed = service && code !== null && code > 128 ? signalName(code - 128) : undefined;
+        resolve(passed ? { code: null, signal: passed } : { code, signal });
       });
     });
   }
@@ -507,11 +514,11 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
     note(
       `space: starting the agent on ${agentUrl} (node ${LOCAL_NODE_ID}, driver ${process.env['SPACE_DRIVER'] || 'auto'})`,
     );
-    // Under tini as a subreaper: the sandbox processes `runsc create` leaves behind are re-parented
-    // to it, not to the host's init, and reaped as they exit. `runsc delete` polls until its
-    // sandbox process is gone, and an init that reaps late holds every destroy: on this project's
-    // 2-vCPU VM (whose init reaps orphans ~1.7 s after they exit) a lone delete took 1.35–1.6 s,
-    // ~1.2 s of it in that wait. systemd and containerd's shim reap at once.
+    // Under tini as a subreaper (as SERVICE_COMMANDS runs it in deployments): the sandbox
+    // processes `runsc run --detach` leaves behind are re-parented to it, not to the host's init,
+    // and reaped as they exit. `runsc delete` polls until its sandbox process is gone, so an init
+    // that reaps late holds every destroy (README, Operating notes: ~1 s per delete on this
+    // project's VM).
     start(
       'agent',
       findExecutable('tini-static')!,

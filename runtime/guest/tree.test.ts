@@ -1,6 +1,7 @@
 import { spawn } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
-import { COMMAND_MARKER_ENV, commandProcesses, parseStat } from './tree.ts';
+import { parseStat } from '../core/proc-stat.ts';
+import { COMMAND_MARKER_ENV, commandProcesses } from './tree.ts';
 
 describe('parseStat', () => {
   it('reads pid, ppid and state past a name holding ") " and spaces', () => {

@@ -16,6 +16,7 @@
  */
 
 import { readdir, readFile } from 'node:fs/promises';
+import { type ProcEntry, parseStat } from '../core/proc-stat.ts';
 
 /** Environment variable carrying each command's marker into every process it starts. */
 export const COMMAND_MARKER_ENV = 'SPACE_COMMAND';
@@ -23,23 +24,6 @@ export const COMMAND_MARKER_ENV = 'SPACE_COMMAND';
 const MAX_SWEEPS = 20;
 /** Pause between sweeps, ms (lets processes forked during a sweep show up in /proc). */
 const SWEEP_PAUSE_MS = 20;
-
-interface ProcEntry {
-  pid: number;
-  ppid: number;
-  zombie: boolean;
-}
-
-/** `pid`, `ppid` and zombie state from a `/proc/<pid>/stat` line (the name may hold `)` and spaces). Pure. */
-export function parseStat(line: string): ProcEntry | undefined {
-  const close = line.lastIndexOf(')');
-  if (close < 0) return undefined;
-  const pid = Number.parseInt(line, 10);
-  const rest = line.slice(close + 2).split(' ');
-  const ppid = Number(rest[1]);
-  if (!Number.isInteger(pid) || !Number.isInteger(ppid)) return undefined;
-  return { pid, ppid, zombie: rest[0] === 'Z' || rest[0] === 'X' };
-}
 
 /**
  * Pids (live, not zombies) tied to a command: descendants of `leader` and processes whose
