@@ -362,13 +362,13 @@ describe('runtime cases', () => {
     expect(mounts).not.toMatch(/\/work\/|\/var\/lib\/space|node_modules/);
     expect(files!.trim().split('\n')).toEqual(['./bin/node', './bin/tini', './runtime/guest/main.cjs']);
     // the daemon is one bundle of only what the guest imports (esbuild marks each module it holds):
-    // no API, agent or gateway code, no token or key handling
+    // no API, agent or gateway code, no token or key handling (core/proc-stat.ts: a /proc parser)
     const held = modules!
       .trim()
       .split('\n')
       .map((l) => l.slice(3));
     expect(
-      held.filter((m) => !/^runtime\/(guest\/[a-z-]+|core\/(errors|guest-protocol))\.ts$/.test(m)),
+      held.filter((m) => !/^runtime\/(guest\/[a-z-]+|core\/(errors|guest-protocol|proc-stat))\.ts$/.test(m)),
     ).toEqual([]);
     expect(held).toContain('runtime/guest/main.ts');
     const src = await s.exec(id, {
