@@ -12,6 +12,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { parseStat } from '../runtime/core/proc-stat.ts';
 import { keys } from '../runtime/core/redis-keys.ts';
 import { DEFAULT_TEAM } from '../runtime/core/tenancy.ts';
 import { SPACE, startSpaceUp } from './space-up.ts';
@@ -315,8 +316,8 @@ describe('space CLI against `space up`', () => {
       .filter(Boolean);
     const parents: string[][] = [];
     for (const pid of sandboxProcs) {
-      const parent = await readFile(`/proc/${pid}/status`, 'utf8')
-        .then((status) => readFile(`/proc/${/^PPid:\s+(\d+)$/m.exec(status)![1]}/cmdline`, 'utf8'))
+      const parent = await readFile(`/proc/${pid}/stat`, 'utf8')
+        .then((stat) => readFile(`/proc/${parseStat(stat)!.ppid}/cmdline`, 'utf8'))
         .then((cmdline) => cmdline.split('\0'))
         .catch(() => undefined); // gone meanwhile
       // a warm slot still being started (the refill after `extra`) has its runsc as parent
