@@ -144,8 +144,18 @@ function listState(): string[] {
 async function leftovers(id: string, netns: string): Promise<string[]> {
   const out: string[] = [];
   if ((await driver.runscStatus(id)) !== undefined) out.push('runsc container');
-  if (readFileSync('/proc/self/mountinfo', 'utf8').includes(join(stateDir, 'instances', id)))
-    out.push('mount');
+  // the sandbox and gofer processes name their bundle (the instance dir) on their command line
+  const bundle = join(stateDir, 'instances', id);
+  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+    let cmdline = '';
+    try {
+      cmdline = readFileSync(`/proc/${pid}/cmdline`, 'utf8');
+    } catch {
+      continue; // exited meanwhile
+    }
+    if (cmdline.includes(bundle)) out.push(`process ${pid}`);
+  }
+  if (readFileSync('/proc/self/mountinfo', 'utf8').includes(bundle)) out.push('mount');
   for (const c of await readdir('/sys/fs/cgroup')) {
     if (existsSync(join('/sys/fs/cgroup', c, 'space', id))) out.push(`cgroup ${c}`);
   }
@@ -192,6 +202,16 @@ describe(`GvisorDriver (real runsc, ${DEFAULT_GVISOR_PLATFORM})`, () => {
 
     await driver.destroy(spec.instanceId);
     await driver.destroy(spec.instanceId); // idempotent
+    await nets.release(spec.network);
+    networks.delete(spec.instanceId);
+    expect(await leftovers(spec.instanceId, spec.network.netns)).toEqual([]);
+  }, 120_000);
+
+  it('destroys a paused instance without leftovers', async () => {
+    const spec = await newSpec();
+    await driver.create(spec);
+    await driver.pause(spec.instanceId);
+    await driver.destroy(spec.instanceId);
     await nets.release(spec.network);
     networks.delete(spec.instanceId);
     expect(await leftovers(spec.instanceId, spec.network.netns)).toEqual([]);

@@ -424,8 +424,6 @@ export function mapRunscStatus(status: string | undefined): InstanceInfo['state'
 /** gVisor implementation of {@link Driver}. */
 export class GvisorDriver implements Driver {
   readonly name = 'gvisor' as const;
-  /** Instances this driver froze (or found frozen when adopting): destroy thaws them first. */
-  readonly #frozen = new Set<string>();
   readonly capabilities: DriverCapabilities = {
     pause: true,
     snapshot: false,
@@ -611,7 +609,6 @@ export class GvisorDriver implements Driver {
       { ...persisted, ...(await this.sandboxPid(instanceId)) },
       mapRunscStatus(await this.runscStatus(instanceId)),
     );
-    if (info.state === 'paused') this.#frozen.add(instanceId);
     return info;
   }
 
@@ -646,13 +643,11 @@ export class GvisorDriver implements Driver {
   /** Freezes the sandbox (`runsc pause`). @throws DRIVER_FAILED. */
   async pause(instanceId: string): Promise<void> {
     await this.runsc(['pause'], instanceId);
-    this.#frozen.add(instanceId);
   }
 
   /** Thaws the sandbox (`runsc resume`). @throws DRIVER_FAILED. */
   async resume(instanceId: string): Promise<void> {
     await this.runsc(['resume'], instanceId);
-    this.#frozen.delete(instanceId);
   }
 
   /**
@@ -738,13 +733,8 @@ export class GvisorDriver implements Driver {
       ms[name] = Date.now() - t;
       t = Date.now();
     };
-    // a frozen sandbox's processes cannot act on their SIGKILL until thawed: thaw it first
-    if (this.#frozen.delete(instanceId)) {
-      await run(this.cfg.runscBinary, runscCmdArgs(g, ['resume'], instanceId)).catch(() => {});
-      step('thaw');
-    }
-    await run(this.cfg.runscBinary, runscCmdArgs(g, ['kill'], instanceId, ['KILL'])).catch(() => {});
-    step('kill');
+    // `delete --force` SIGKILLs the sandbox process from the host, paused or not, and waits until
+    // it is gone: no `runsc kill` or thaw first (each one more runsc process, ~30 ms of CPU)
     await run(this.cfg.runscBinary, runscCmdArgs(g, ['delete', '--force'], instanceId)).catch(() => {});
     step('delete');
     await unmountIfMounted(join(dir, 'rootfs'));
