@@ -211,6 +211,7 @@ describe(`GvisorDriver (real runsc, ${DEFAULT_GVISOR_PLATFORM})`, () => {
     const spec = await newSpec();
     await driver.create(spec);
     await driver.pause(spec.instanceId);
+    expect((await driver.list()).find((i) => i.instanceId === spec.instanceId)?.state).toBe('paused');
     await driver.destroy(spec.instanceId);
     await nets.release(spec.network);
     networks.delete(spec.instanceId);

@@ -55,11 +55,11 @@ describe('gvisor pure helpers', () => {
       '--overlay2=none',
       '--debug',
     ]);
-    expect(runscCmdArgs(['--root=/r'], ['kill'], 'i-1', ['KILL'])).toEqual([
+    expect(runscCmdArgs(['--root=/r'], ['delete', '--force'], 'i-1')).toEqual([
       '--root=/r',
-      'kill',
+      'delete',
+      '--force',
       'i-1',
-      'KILL',
     ]);
     expect(runscCheckpointArgs(['--root=/r'], 'i-1', '/s', 'none')).toEqual([
       '--root=/r',

@@ -378,9 +378,9 @@ export function runscStartCommand(
   };
 }
 
-/** argv of a simple per-container subcommand (`pause`, `resume`, `state`, `delete --force`, `kill … KILL`). Pure. */
-export function runscCmdArgs(global: string[], cmd: string[], id: string, extra: string[] = []): string[] {
-  return [...global, ...cmd, id, ...extra];
+/** argv of a simple per-container subcommand (`pause`, `resume`, `state`, `delete --force`). Pure. */
+export function runscCmdArgs(global: string[], cmd: string[], id: string): string[] {
+  return [...global, ...cmd, id];
 }
 
 /** argv of `runsc checkpoint --leave-running --image-path=<dir> [--compression=…]`. Pure. */
