@@ -11,6 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { formatFigures, measureGvisor } from '../../../benchmarks/gvisor-lib.ts';
 import { TEST_CACHE_DIR } from '../../../test/cache-dir.ts';
 import { probe } from '../../../test/guest-probe.ts';
+import { pidsWhere } from '../../../test/host-processes.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { GUEST_PORT } from '../../core/guest-protocol.ts';
 import { GuestClient } from '../guest-client.ts';
@@ -141,20 +142,23 @@ function listState(): string[] {
 }
 
 /** Everything the driver could leave behind for `id` (empty when clean). */
+/** The driver's state of instance `id` (undefined when it does not list it). */
+async function stateOf(id: string): Promise<string | undefined> {
+  return (await driver.list()).find((i) => i.instanceId === id)?.state;
+}
+
+/** Releases a destroyed instance's network, as the agent does after a destroy. */
+async function releaseNetwork(spec: InstanceSpec): Promise<void> {
+  await nets.release(spec.network);
+  networks.delete(spec.instanceId);
+}
+
 async function leftovers(id: string, netns: string): Promise<string[]> {
   const out: string[] = [];
   if ((await driver.runscStatus(id)) !== undefined) out.push('runsc container');
   // the sandbox and gofer processes name their bundle (the instance dir) on their command line
   const bundle = join(stateDir, 'instances', id);
-  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
-    let cmdline = '';
-    try {
-      cmdline = readFileSync(`/proc/${pid}/cmdline`, 'utf8');
-    } catch {
-      continue; // exited meanwhile
-    }
-    if (cmdline.includes(bundle)) out.push(`process ${pid}`);
-  }
+  for (const pid of await pidsWhere((cmd) => cmd.includes(bundle))) out.push(`process ${pid}`);
   if (readFileSync('/proc/self/mountinfo', 'utf8').includes(bundle)) out.push('mount');
   for (const c of await readdir('/sys/fs/cgroup')) {
     if (existsSync(join('/sys/fs/cgroup', c, 'space', id))) out.push(`cgroup ${c}`);
@@ -195,15 +199,14 @@ describe(`GvisorDriver (real runsc, ${DEFAULT_GVISOR_PLATFORM})`, () => {
     expect(Number(readFileSync(quota, 'utf8'))).toBe(50_000);
 
     await driver.pause(spec.instanceId);
-    expect((await driver.list()).find((i) => i.instanceId === spec.instanceId)?.state).toBe('paused');
+    expect(await stateOf(spec.instanceId)).toBe('paused');
     expect(await probe(info.guest.host, 1500)).toBe('timeout');
     await driver.resume(spec.instanceId);
     expect(await probe(info.guest.host, 3000)).toBe('data');
 
     await driver.destroy(spec.instanceId);
     await driver.destroy(spec.instanceId); // idempotent
-    await nets.release(spec.network);
-    networks.delete(spec.instanceId);
+    await releaseNetwork(spec);
     expect(await leftovers(spec.instanceId, spec.network.netns)).toEqual([]);
   }, 120_000);
 
@@ -211,10 +214,9 @@ describe(`GvisorDriver (real runsc, ${DEFAULT_GVISOR_PLATFORM})`, () => {
     const spec = await newSpec();
     await driver.create(spec);
     await driver.pause(spec.instanceId);
-    expect((await driver.list()).find((i) => i.instanceId === spec.instanceId)?.state).toBe('paused');
+    expect(await stateOf(spec.instanceId)).toBe('paused');
     await driver.destroy(spec.instanceId);
-    await nets.release(spec.network);
-    networks.delete(spec.instanceId);
+    await releaseNetwork(spec);
     expect(await leftovers(spec.instanceId, spec.network.netns)).toEqual([]);
   }, 120_000);
 
@@ -338,7 +340,7 @@ describe(`GvisorDriver (real runsc, ${DEFAULT_GVISOR_PLATFORM})`, () => {
     await driver.pause(spec.instanceId);
     const dir = join(stateDir, 'snap-paused');
     await driver.snapshot(spec.instanceId, dir);
-    expect((await driver.list()).find((i) => i.instanceId === spec.instanceId)?.state).toBe('paused');
+    expect(await stateOf(spec.instanceId)).toBe('paused');
     await driver.resume(spec.instanceId);
     expect(await probe(spec.network.sandboxAddress, 3000)).toBe('data');
 

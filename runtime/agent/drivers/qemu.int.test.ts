@@ -8,6 +8,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TEST_CACHE_DIR } from '../../../test/cache-dir.ts';
 import { probe } from '../../../test/guest-probe.ts';
+import { pidsWhere } from '../../../test/host-processes.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { FRAME_EXIT, FRAME_HEADER_BYTES, FRAME_STDOUT, GUEST_PORT } from '../../core/guest-protocol.ts';
 import { GuestClient } from '../guest-client.ts';
@@ -94,16 +95,9 @@ async function readText(c: GuestClient, path: string): Promise<string> {
 }
 
 /** QEMU processes whose argv names `id`'s instance dir. */
-async function qemuProcesses(id: string): Promise<number[]> {
-  const out: number[] = [];
-  for (const p of await readdir('/proc')) {
-    if (!/^\d+$/.test(p)) continue;
-    const cmd = await import('node:fs/promises').then((fs) =>
-      fs.readFile(`/proc/${p}/cmdline`, 'utf8').catch(() => ''),
-    );
-    if (cmd.includes('qemu-system') && cmd.includes(join(stateDir, 'instances', id))) out.push(Number(p));
-  }
-  return out;
+function qemuProcesses(id: string): Promise<number[]> {
+  const dir = join(stateDir, 'instances', id);
+  return pidsWhere((cmd) => cmd.includes('qemu-system') && cmd.includes(dir));
 }
 
 /** Everything left for `id` (empty when clean). Releases its network first, as the agent would. */
