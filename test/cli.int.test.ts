@@ -272,13 +272,27 @@ describe('space CLI against `space up`', () => {
     const localIn = join(home, 'in.bin');
     const payload = Buffer.from([0, 1, 2, 255, 10, 65]);
     await writeFile(localIn, payload);
-    await space(['files', 'put', sandbox.id, localIn, '/home/user/d/e/f.bin']);
+    await space([
+      'files',
+      'put',
+      sandbox.id,
+      localIn,
+      '/home/user/d/e/f.bin',
+      '-m',
+      'src=in.bin',
+      '-m',
+      'n=1',
+    ]);
     await space(['files', 'put', sandbox.id, '-', '/home/user/d/stdin.txt'], 'from stdin\n');
     expect(
       await sj<{ size: number; type: string }>(['files', 'stat', sandbox.id, '/home/user/d/e/f.bin']),
     ).toMatchObject({
       size: payload.length,
+      metadata: { src: 'in.bin', n: '1' },
     });
+    expect(await space(['files', 'stat', sandbox.id, '/home/user/d/e/f.bin'])).toMatch(
+      /metadata src=in\.bin/,
+    );
     expect(JSON.stringify(await sj(['files', 'ls', sandbox.id, '/home/user/d']))).toMatch(/stdin\.txt/);
     const localOut = join(home, 'out.bin');
     await space(['files', 'get', sandbox.id, '/home/user/d/e/f.bin', localOut]);

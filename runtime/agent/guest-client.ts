@@ -6,12 +6,13 @@
 import type { Readable } from 'node:stream';
 import { type Dispatcher, Pool } from 'undici';
 import { errorFromBody, SpaceError } from '../core/errors.ts';
-import type {
-  FileStat,
-  GuestHealth,
-  ProcessInfo,
-  ProcessStartRequest,
-  WatchEvent,
+import {
+  FILE_METADATA_HEADER,
+  type FileStat,
+  type GuestHealth,
+  type ProcessInfo,
+  type ProcessStartRequest,
+  type WatchEvent,
 } from '../core/guest-protocol.ts';
 import type { GuestEndpoint } from './drivers/driver.ts';
 
@@ -207,11 +208,19 @@ export class GuestClient {
   rename(from: string, to: string): Promise<FileStat> {
     return this.#json('POST', '/fs/rename', { from, to });
   }
-  /** A directory watch: NDJSON {@link WatchEvent} lines, `start` first (no body timeout). */
-  async watch(path: string, recursive: boolean, signal?: AbortSignal): Promise<Readable> {
+  /**
+   * A directory watch: NDJSON {@link WatchEvent} lines, `start` first (no body timeout).
+   * `entries`: events carry the entry; `networkMounts`: a network file system may be watched.
+   */
+  async watch(
+    path: string,
+    o: { recursive: boolean; entries?: boolean; networkMounts?: boolean },
+    signal?: AbortSignal,
+  ): Promise<Readable> {
+    const flags = (['recursive', 'entries', 'networkMounts'] as const).filter((k) => o[k]);
     const res = await this.request({
       method: 'GET',
-      path: `/fs/watch?path=${encodeURIComponent(path)}${recursive ? '&recursive=1' : ''}`,
+      path: `/fs/watch?path=${encodeURIComponent(path)}${flags.map((k) => `&${k}=1`).join('')}`,
       expect: 'stream',
       signal,
     });
@@ -241,15 +250,26 @@ export class GuestClient {
     }
     return { body: res.body, size };
   }
-  /** Streams `data` into a file (atomic on the guest side); an aborted body leaves no partial file. */
-  writeFile(path: string, data: Readable, signal?: AbortSignal): Promise<FileStat> {
+  /**
+   * Streams `data` into a file (atomic on the guest side); an aborted body leaves no partial file.
+   * `metadata`: the new file's ({@link FILE_METADATA_HEADER}); without it the file has none.
+   */
+  writeFile(
+    path: string,
+    data: Readable,
+    signal?: AbortSignal,
+    metadata?: Record<string, string>,
+  ): Promise<FileStat> {
     return this.request({
       method: 'PUT',
       path: `/files?path=${encodeURIComponent(path)}`,
       body: data,
       signal,
       expect: 'stream',
-      headers: { 'content-type': 'application/octet-stream' },
+      headers: {
+        'content-type': 'application/octet-stream',
+        ...(metadata ? { [FILE_METADATA_HEADER]: JSON.stringify(metadata) } : {}),
+      },
     }).then(async (res) => JSON.parse(await res.body.text()) as FileStat);
   }
 

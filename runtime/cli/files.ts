@@ -9,9 +9,18 @@ import { basename, dirname, join } from 'node:path';
 import type { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import type { Command } from 'commander';
-import type { FileStat } from '../core/guest-protocol.ts';
+import { FILE_METADATA_HEADER, type FileStat, fileMetadataProblem } from '../core/guest-protocol.ts';
 import { apiClient, dataPlane, isJson } from './context.ts';
-import { CliError, formatBytes, formatMode, printJson, println, table } from './output.ts';
+import {
+  CliError,
+  collectKeyValue,
+  formatBytes,
+  formatMode,
+  printJson,
+  println,
+  table,
+  usageError,
+} from './output.ts';
 
 /** Table rows of `space files ls`. Pure. */
 export function fileRows(entries: FileStat[]): string[][] {
@@ -45,6 +54,7 @@ export function registerFiles(program: Command): void {
       `
 Examples:
   space files put sbx_123 ./data.csv /home/user/data.csv
+  space files put sbx_123 ./data.csv /home/user/data.csv -m source=crm -m day=2026-12-01
   space files get sbx_123 /home/user/out.json            # writes ./out.json
   space files get sbx_123 /etc/os-release - | head
   space files ls sbx_123 /home/user
@@ -58,34 +68,52 @@ Examples:
     .argument('<id>', 'sandbox id')
     .argument('<local>', 'local file, or - for stdin')
     .argument('<remote>', 'path in the sandbox')
-    .action(async (id: string, local: string, remote: string, _o: unknown, cmd: Command) => {
-      const api = apiClient(cmd);
-      const headers: Record<string, string> = { 'content-type': 'application/octet-stream' };
-      let body: Readable;
-      if (local === '-') body = process.stdin as unknown as Readable;
-      else {
-        const st = await stat(local).catch((err: NodeJS.ErrnoException) => {
-          throw new CliError(
-            'LOCAL_FILE',
-            `${local}: ${err.code === 'ENOENT' ? 'no such file' : err.message}`,
-          );
+    .option(
+      '-m, --metadata <key=value>',
+      'file metadata (repeatable; printable ASCII, ≤ 4096 bytes in all); shown by stat and ls --json',
+      collectKeyValue('--metadata'),
+    )
+    .action(
+      async (
+        id: string,
+        local: string,
+        remote: string,
+        o: { metadata?: Record<string, string> },
+        cmd: Command,
+      ) => {
+        const api = apiClient(cmd);
+        const headers: Record<string, string> = { 'content-type': 'application/octet-stream' };
+        if (o.metadata) {
+          const problem = fileMetadataProblem(o.metadata);
+          if (problem) throw usageError(`--metadata: ${problem}`);
+          headers[FILE_METADATA_HEADER] = JSON.stringify(o.metadata);
+        }
+        let body: Readable;
+        if (local === '-') body = process.stdin as unknown as Readable;
+        else {
+          const st = await stat(local).catch((err: NodeJS.ErrnoException) => {
+            throw new CliError(
+              'LOCAL_FILE',
+              `${local}: ${err.code === 'ENOENT' ? 'no such file' : err.message}`,
+            );
+          });
+          if (!st.isFile()) throw new CliError('LOCAL_FILE', `${local} is not a regular file`);
+          headers['content-length'] = String(st.size);
+          body = createReadStream(local);
+        }
+        const dp = await dataPlane(api, id, ['files']);
+        const res = await dp.json<Partial<FileStat> | undefined>('PUT', '/files', {
+          query: { path: remote },
+          body,
+          headers,
         });
-        if (!st.isFile()) throw new CliError('LOCAL_FILE', `${local} is not a regular file`);
-        headers['content-length'] = String(st.size);
-        body = createReadStream(local);
-      }
-      const dp = await dataPlane(api, id, ['files']);
-      const res = await dp.json<Partial<FileStat> | undefined>('PUT', '/files', {
-        query: { path: remote },
-        body,
-        headers,
-      });
-      if (isJson(cmd)) printJson(res ?? { path: remote });
-      else
-        println(
-          `uploaded ${res?.size !== undefined ? formatBytes(res.size) : local} to ${res?.path ?? remote}`,
-        );
-    });
+        if (isJson(cmd)) printJson(res ?? { path: remote });
+        else
+          println(
+            `uploaded ${res?.size !== undefined ? formatBytes(res.size) : local} to ${res?.path ?? remote}`,
+          );
+      },
+    );
 
   files
     .command('get')
@@ -143,6 +171,7 @@ Examples:
       const st = await dp.json<FileStat>('GET', '/fs/stat', { query: { path } });
       if (isJson(cmd)) return printJson(st);
       println(table(['MODE', 'SIZE', 'MODIFIED (UTC)', 'NAME'], fileRows([{ ...st, name: st.path }])));
+      for (const [k, v] of Object.entries(st.metadata ?? {})) println(`metadata ${k}=${v}`);
     });
 
   files

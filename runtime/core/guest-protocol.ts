@@ -1,3 +1,5 @@
+import { SpaceError } from './errors.ts';
+
 /**
  * The agent ↔ guest protocol: plain HTTP/1.1 over any byte stream (TCP over a veth or tap today,
  * vsock or virtio-serial later), so it works unchanged between the node agent and a gVisor sandbox
@@ -19,13 +21,13 @@
  * | POST | /processes/:pid/resize | `{ cols, rows }` → 204 (a PTY process's terminal size; 409 PROCESS_EXITED, 400 without a PTY) |
  * | POST | /processes/:pid/signal | `{ signal: "SIGTERM" }` → 204 (to the process group; SIGKILL and SIGTERM to every process the command started) |
  * | GET | /files?path=P | → raw bytes (404 FILE_NOT_FOUND, 409 FILE_CONFLICT if a directory) |
- * | PUT | /files?path=P&mode=0644 | raw bytes → 200 {@link FileStat}; atomic: temp file, fsync, rename |
+ * | PUT | /files?path=P&mode=0644 | raw bytes → 200 {@link FileStat}; atomic: temp file, fsync, rename; header {@link FILE_METADATA_HEADER} = the new file's metadata |
  * | GET | /fs/stat?path=P | → {@link FileStat} |
  * | GET | /fs/list?path=P | → `{ entries: FileStat[] }` sorted by name |
  * | POST | /fs/mkdir | `{ path, parents? }` → 200 {@link FileStat} |
  * | DELETE | /fs?path=P&recursive=1 | → 204 |
  * | POST | /fs/rename | `{ from, to }` → 200 {@link FileStat} of the moved entry (parents of `to` created) |
- * | GET | /fs/watch?path=P&recursive=1 | → `application/x-ndjson`: {@link WatchEvent} lines, `start` first, until the reader leaves |
+ * | GET | /fs/watch?path=P&recursive=1&entries=1&networkMounts=1 | → `application/x-ndjson`: {@link WatchEvent} lines, `start` first, until the reader leaves; `entries`: events carry the entry; `networkMounts`: a directory on NFS/SMB/FUSE may be watched (else 400) |
  *
  * Output frames: `[type: u8][length: u32 big-endian][payload: length bytes]`; type 1 = stdout bytes,
  * 2 = stderr bytes, 3 = exit (payload is JSON {@link ProcessExit}; always the last frame).
@@ -127,6 +129,70 @@ export interface FileStat {
    * permission bits) is absent from guests older than the E2B symlink fix.
    */
   target?: { path: string; type: 'file' | 'dir' | 'symlink' | 'other'; size: number; mode?: number } | null;
+  /**
+   * The file's metadata ({@link FILE_METADATA_HEADER}), only when it has some. Absent from guests
+   * older than file metadata.
+   */
+  metadata?: Record<string, string>;
+}
+
+/**
+ * Request header of `PUT /files`: the new file's metadata as a JSON object of strings (printable
+ * ASCII, so the JSON text is a valid header value). An upload without it leaves the file with
+ * none: metadata describes what was uploaded, as E2B's `X-Metadata-*` headers do (envd ≥ 0.6.2,
+ * shared/reference/e2b-protocol.md §2.7, where envd keeps it as `user.e2b.*` xattrs).
+ */
+export const FILE_METADATA_HEADER = 'x-space-file-metadata';
+
+/**
+ * Limits of one file's metadata, envd's (§2.7): a key ≤ 246 bytes (255 for the xattr name less
+ * its `user.e2b.` prefix), keys and values printable ASCII, Σ (9 + key + value) ≤ 4096 bytes.
+ */
+export const FILE_METADATA_LIMITS = { keyBytes: 246, totalBytes: 4096, perEntryBytes: 9 } as const;
+
+const PRINTABLE = /^[\x20-\x7e]*$/;
+
+/**
+ * Why `m` is not valid file metadata (see {@link FILE_METADATA_LIMITS}), or null when it is.
+ * Keys must be non-empty; they are stored as given (E2B lowercases header names before this).
+ * Pure.
+ */
+export function fileMetadataProblem(m: unknown): string | null {
+  if (typeof m !== 'object' || m === null || Array.isArray(m)) return 'metadata must be an object of strings';
+  let total = 0;
+  for (const [k, v] of Object.entries(m)) {
+    if (typeof v !== 'string') return `metadata value of "${k}" must be a string`;
+    if (!k) return 'metadata key must not be empty';
+    if (k.length > FILE_METADATA_LIMITS.keyBytes) {
+      return `metadata key "${k.slice(0, 32)}…" is longer than ${FILE_METADATA_LIMITS.keyBytes} bytes`;
+    }
+    if (!PRINTABLE.test(k)) return `metadata key "${k}" is not printable ASCII`;
+    if (!PRINTABLE.test(v)) return `metadata value of "${k}" is not printable ASCII`;
+    total += FILE_METADATA_LIMITS.perEntryBytes + k.length + v.length;
+  }
+  if (total > FILE_METADATA_LIMITS.totalBytes) {
+    return `metadata takes ${total} bytes, more than ${FILE_METADATA_LIMITS.totalBytes}`;
+  }
+  return null;
+}
+
+/**
+ * The metadata a {@link FILE_METADATA_HEADER} value carries; undefined without the header.
+ * @throws SpaceError BAD_REQUEST when it is not JSON or not valid metadata.
+ */
+export function parseFileMetadataHeader(
+  raw: string | string[] | undefined,
+): Record<string, string> | undefined {
+  if (raw === undefined) return undefined;
+  let m: unknown;
+  try {
+    m = JSON.parse(Array.isArray(raw) ? (raw[0] ?? '') : raw);
+  } catch {
+    throw new SpaceError('BAD_REQUEST', `${FILE_METADATA_HEADER} is not JSON`);
+  }
+  const problem = fileMetadataProblem(m);
+  if (problem) throw new SpaceError('BAD_REQUEST', problem);
+  return m as Record<string, string>;
 }
 
 /**
@@ -139,4 +205,6 @@ export interface WatchEvent {
   type: 'start' | 'create' | 'write' | 'remove' | 'rename' | 'chmod';
   /** Absent on `start`. */
   name?: string;
+  /** With `entries=1`: the entry as it is after the event (absent when it is gone). */
+  entry?: FileStat;
 }

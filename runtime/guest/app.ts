@@ -168,7 +168,9 @@ export function createGuestApp(config: GuestConfig): GuestApp {
       return sendJson(res, 200, await files.mkdir(await readJson(req)));
     if (path === '/fs/rename' && method === 'POST')
       return sendJson(res, 200, await files.rename(await readJson(req)));
-    if (path === '/fs/watch' && method === 'GET') return serveWatch(res, query, config.home, log);
+    if (path === '/fs/watch' && method === 'GET') {
+      return serveWatch(res, query, config.home, log, (p, st) => files.entry(p, st));
+    }
     if (path === '/fs' && method === 'DELETE') {
       await files.remove(query);
       return sendNoContent(res);

@@ -12,7 +12,8 @@ import { posix } from 'node:path';
 import { Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { SpaceError } from '../core/errors.ts';
-import type { FileStat } from '../core/guest-protocol.ts';
+import { FILE_METADATA_HEADER, type FileStat, parseFileMetadataHeader } from '../core/guest-protocol.ts';
+import { FileMetadataStore } from './file-metadata.ts';
 import { isObject, sendJson } from './http.ts';
 import { errorFields, type Logger } from './log.ts';
 import { realTarget, resolveSandboxPath } from './paths.ts';
@@ -23,6 +24,8 @@ export interface FilesOptions {
   /** Owner given to files and directories the API creates (null: leave as the daemon's). */
   owner: { uid: number; gid: number } | null;
   log: Logger;
+  /** Where file metadata is kept (default: a store of its own). */
+  metadata?: FileMetadataStore;
 }
 
 /** Name prefix of an upload's temp file (renamed into place when complete; watchers skip it). */
@@ -98,9 +101,26 @@ function parseMode(value: string | null): number | undefined {
 /** The file API bound to one home and owner. */
 export class Files {
   readonly #opts: FilesOptions;
+  readonly #metadata: FileMetadataStore;
 
   constructor(opts: FilesOptions) {
     this.#opts = opts;
+    this.#metadata = opts.metadata ?? new FileMetadataStore();
+  }
+
+  /** The FileStat of `st` at the sandbox path `path`, with its metadata when it has some. */
+  describe(path: string, st: Stats): FileStat {
+    const out = toFileStat(path, st);
+    const metadata = this.#metadata.of(st);
+    if (metadata) out.metadata = { ...metadata };
+    return out;
+  }
+
+  /** {@link describe}, and for a symlink what it resolves to (as stat and list report it). */
+  async entry(path: string, st: Stats): Promise<FileStat> {
+    const out = this.describe(path, st);
+    if (out.type === 'symlink') out.target = await linkTarget(path);
+    return out;
   }
 
   #path(query: URLSearchParams): string {
@@ -199,6 +219,7 @@ export class Files {
   async write(req: IncomingMessage, res: ServerResponse, query: URLSearchParams): Promise<void> {
     const path = this.#path(query);
     const requestedMode = parseMode(query.get('mode'));
+    const metadata = parseFileMetadataHeader(req.headers[FILE_METADATA_HEADER]) ?? {};
     const real = await realTarget(path, true);
     const dir = posix.dirname(real);
     let previous: Stats | undefined;
@@ -209,6 +230,7 @@ export class Files {
       if (code !== 'ENOENT' && code !== 'ENOTDIR') throw fsError(err, path, 'write');
     }
     if (previous?.isDirectory()) throw new SpaceError('FILE_CONFLICT', `${path} is a directory`, { path });
+    await this.#metadata.reserve(real, metadata);
     await this.#mkdirp(dir, path);
 
     const temp = posix.join(dir, `${UPLOAD_TEMP_PREFIX}${randomBytes(8).toString('hex')}`);
@@ -219,6 +241,7 @@ export class Files {
       throw fsError(err, path, 'write');
     }
     let renamed = false;
+    let done: Stats | undefined;
     try {
       for await (const chunk of req) {
         const buf = chunk as Buffer;
@@ -229,13 +252,20 @@ export class Files {
       const { owner } = this.#opts;
       if (owner) await fh.chown(previous?.uid ?? owner.uid, previous?.gid ?? owner.gid);
       await fh.sync();
+      // the new inode's metadata is exactly this upload's (none without the header), in place
+      // before the rename shows the file (a watch describes it at once)
+      done = await fh.stat();
+      this.#metadata.set(real, done, metadata);
       await fh.close();
       await rename(temp, real);
       renamed = true;
       await syncDir(dir);
     } catch (err) {
       await fh.close().catch(() => {});
-      if (!renamed) await unlink(temp).catch(() => {});
+      if (!renamed) {
+        if (done) this.#metadata.forget(done);
+        await unlink(temp).catch(() => {});
+      }
       const failure = err as NodeJS.ErrnoException;
       const fromDisk = typeof failure.syscall === 'string' && failure.code !== 'ECONNRESET';
       if (!fromDisk && !req.complete) {
@@ -245,7 +275,7 @@ export class Files {
       }
       throw fsError(err, path, 'write');
     }
-    sendJson(res, 200, toFileStat(path, await stat(real)));
+    sendJson(res, 200, this.describe(path, await stat(real)));
   }
 
   /**
@@ -261,9 +291,7 @@ export class Files {
     } catch (err) {
       throw fsError(err, path, 'read');
     }
-    const out = toFileStat(path, st);
-    if (out.type === 'symlink') out.target = await linkTarget(path);
-    return out;
+    return this.entry(path, st);
   }
 
   /** GET /fs/list: entries sorted by name. */
@@ -286,7 +314,7 @@ export class Files {
         names.slice(i, i + batch).map((name) => lstat(posix.join(real, name)).catch(() => null)),
       );
       stats.forEach((st, j) => {
-        if (st) entries.push(toFileStat(posix.join(path, names[i + j]!), st));
+        if (st) entries.push(this.describe(posix.join(path, names[i + j]!), st));
       });
     }
     // a listed symlink says what it resolves to, as stat does (E2B clients type it by its target)
@@ -320,7 +348,7 @@ export class Files {
         }
       }
     }
-    return toFileStat(path, await stat(real));
+    return this.describe(path, await stat(real));
   }
 
   /**
@@ -346,7 +374,9 @@ export class Files {
     } catch (err) {
       throw fsError(err, to, 'write');
     }
-    return toFileStat(to, await lstat(realTo));
+    const moved = await lstat(realTo);
+    this.#metadata.moved(realTo, moved);
+    return this.describe(to, moved);
   }
 
   /** DELETE /fs: a file, an empty directory, or (recursive) a whole tree. */
@@ -357,8 +387,11 @@ export class Files {
     const real = await realTarget(path, false);
     try {
       const st = await lstat(real);
-      if (!st.isDirectory()) await unlink(real);
-      else if (recursive) await rm(real, { recursive: true, force: false });
+      if (!st.isDirectory()) {
+        await unlink(real);
+        // another hard link keeps the file, and its metadata, alive
+        if (st.nlink <= 1) this.#metadata.forget(st);
+      } else if (recursive) await rm(real, { recursive: true, force: false });
       else await rmdir(real);
     } catch (err) {
       throw fsError(err, path, 'read');

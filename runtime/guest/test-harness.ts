@@ -104,10 +104,17 @@ export interface Reply {
   json: () => unknown;
 }
 
-/** One HTTP request; `body` may be a Buffer, a string, or a JSON value. */
-export function call(g: Guest, method: string, path: string, body?: unknown): Promise<Reply> {
+/** One HTTP request; `body` may be a Buffer, a string, or a JSON value; `headers` add to the auth. */
+export function call(
+  g: Guest,
+  method: string,
+  path: string,
+  body?: unknown,
+  headers: Record<string, string> = {},
+): Promise<Reply> {
   return new Promise((resolve, reject) => {
-    const req = httpRequest(`${g.base}${path}`, { method, agent: false, headers: AUTH }, (res) => {
+    const opts = { method, agent: false, headers: { ...AUTH, ...headers } };
+    const req = httpRequest(`${g.base}${path}`, opts, (res) => {
       const chunks: Buffer[] = [];
       res.on('data', (c: Buffer) => chunks.push(c));
       res.on('error', reject);

@@ -11,11 +11,11 @@
  * every {@link WATCH_RESCAN_MS} reports what inotify missed.
  */
 import { type FSWatcher, type Stats, watch } from 'node:fs';
-import { lstat, readdir } from 'node:fs/promises';
+import { lstat, readdir, statfs } from 'node:fs/promises';
 import type { ServerResponse } from 'node:http';
 import { posix } from 'node:path';
 import { SpaceError } from '../core/errors.ts';
-import type { WatchEvent } from '../core/guest-protocol.ts';
+import type { FileStat, WatchEvent } from '../core/guest-protocol.ts';
 import { UPLOAD_TEMP_PREFIX } from './files.ts';
 import { errorFields, type Logger } from './log.ts';
 import { realTarget, resolveSandboxPath } from './paths.ts';
@@ -45,6 +45,15 @@ const seenOf = (st: Stats): Seen => ({
   dir: st.isDirectory(),
 });
 
+/**
+ * statfs(2) types of network file systems (Linux `include/uapi/linux/magic.h`: NFS, CIFS, SMB,
+ * SMB2, FUSE): the ones envd refuses to watch unless the call allows network mounts (envd 0.6.4,
+ * shared/reference/e2b-protocol.md §2.8); inotify misses changes made on another machine there.
+ */
+export const NETWORK_FS_TYPES: ReadonlySet<number> = new Set([
+  0x6969, 0xff534d42, 0x517b, 0xfe534d42, 0x65735546,
+]);
+
 /** The entries under `root` (relative names), recursively when asked, at most WATCH_MAX_ENTRIES. */
 async function snapshot(root: string, recursive: boolean): Promise<Map<string, Seen>> {
   const out = new Map<string, Seen>();
@@ -65,21 +74,34 @@ async function snapshot(root: string, recursive: boolean): Promise<Map<string, S
 
 /**
  * Serves one watch on `res` until the reader leaves: `start`, then events as NDJSON lines.
- * @throws SpaceError FILE_NOT_FOUND / FILE_CONFLICT (not a directory), PATH_INVALID — before any
- *   byte is sent.
+ * Query: `path`, `recursive`, `entries` (each event but `remove` carries the entry, made by
+ * `entryOf`, as it is when the event is judged), `networkMounts` (allow a directory on a network
+ * file system, {@link NETWORK_FS_TYPES}).
+ * @throws SpaceError FILE_NOT_FOUND / FILE_CONFLICT (not a directory), PATH_INVALID, BAD_REQUEST
+ *   (a network file system not allowed) — before any byte is sent.
  */
 export async function serveWatch(
   res: ServerResponse,
   query: URLSearchParams,
   home: string,
   log: Logger,
+  entryOf: (path: string, st: Stats) => Promise<FileStat>,
 ): Promise<void> {
+  const flag = (name: string) => query.get(name) === '1' || query.get(name) === 'true';
   const path = resolveSandboxPath(query.get('path'), home);
-  const recursive = query.get('recursive') === '1' || query.get('recursive') === 'true';
+  const recursive = flag('recursive');
+  const entries = flag('entries');
   const root = await realTarget(path, true);
   const st = await lstat(root).catch(() => null);
   if (!st) throw new SpaceError('FILE_NOT_FOUND', `no such directory: ${path}`, { path });
   if (!st.isDirectory()) throw new SpaceError('FILE_CONFLICT', `${path} is not a directory`, { path });
+  if (!flag('networkMounts') && NETWORK_FS_TYPES.has((await statfs(root)).type)) {
+    throw new SpaceError(
+      'BAD_REQUEST',
+      `cannot watch ${path}: it is on a network file system (allow network mounts to watch it)`,
+      { path },
+    );
+  }
 
   const seen = await snapshot(root, recursive);
   const send = (e: WatchEvent) => {
@@ -98,16 +120,17 @@ export async function serveWatch(
     }
     const after = seenOf(now);
     if (seen.size < WATCH_MAX_ENTRIES || before) seen.set(name, after);
+    const entry = entries ? { entry: await entryOf(posix.join(path, name), now) } : {};
     if (!before) {
-      send({ type: 'create', name });
-      if (!after.dir && after.size > 0) send({ type: 'write', name });
+      send({ type: 'create', name, ...entry });
+      if (!after.dir && after.size > 0) send({ type: 'write', name, ...entry });
       return;
     }
     const contentChanged =
       before.ino !== after.ino || before.size !== after.size || before.mtimeMs !== after.mtimeMs;
-    if (contentChanged && !after.dir) send({ type: 'write', name });
-    else if (before.mode !== after.mode) send({ type: 'chmod', name });
-    else if (kind === 'change' && !after.dir) send({ type: 'write', name });
+    if (contentChanged && !after.dir) send({ type: 'write', name, ...entry });
+    else if (before.mode !== after.mode) send({ type: 'chmod', name, ...entry });
+    else if (kind === 'change' && !after.dir) send({ type: 'write', name, ...entry });
   };
 
   const rescan = async () => {

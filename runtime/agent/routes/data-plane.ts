@@ -16,6 +16,7 @@ import {
 } from '../../core/agent-protocol.ts';
 import type { CommandSummary } from '../../core/data-plane.ts';
 import { SpaceError } from '../../core/errors.ts';
+import { FILE_METADATA_HEADER, parseFileMetadataHeader } from '../../core/guest-protocol.ts';
 import { ID_PATTERN, newId } from '../../core/ids.ts';
 import { DEFAULT_TEAM } from '../../core/tenancy.ts';
 import { type SessionClaims, type SessionScope, verifySessionToken } from '../../core/tokens.ts';
@@ -35,6 +36,15 @@ const PathQuery = Type.Object({ path: Type.String({ minLength: 1, maxLength: 409
 const PathRecursiveQuery = Type.Object({
   path: Type.String({ minLength: 1, maxLength: 4096 }),
   recursive: Type.Optional(Type.Boolean()),
+  ...TokenQuery,
+});
+
+/** The watch's query: `entries` = events carry the entry; `networkMounts` = NFS/SMB/FUSE allowed. */
+const WatchQuery = Type.Object({
+  path: Type.String({ minLength: 1, maxLength: 4096 }),
+  recursive: Type.Optional(Type.Boolean()),
+  entries: Type.Optional(Type.Boolean()),
+  networkMounts: Type.Optional(Type.Boolean()),
   ...TokenQuery,
 });
 
@@ -296,6 +306,8 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       { schema: { params: SandboxParams, querystring: PathQuery } },
       async (req, reply) => {
         const sb = await authorise(req, req.params.id, 'files');
+        // checked before any byte moves (the guest checks it again)
+        const metadata = parseFileMetadataHeader(req.headers[FILE_METADATA_HEADER]);
         const limit = deps.config.maxUploadBytes;
         const declared = Number(req.headers['content-length'] ?? 0);
         if (declared > limit) throw new SpaceError('BODY_TOO_LARGE', `uploads are limited to ${limit} bytes`);
@@ -312,7 +324,7 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
           },
         });
         const abort = new AbortController();
-        const upload = sb.guest.writeFile(req.query.path, counter, abort.signal);
+        const upload = sb.guest.writeFile(req.query.path, counter, abort.signal, metadata);
         upload.catch(() => {});
         try {
           await pipeline(src, counter);
@@ -387,7 +399,7 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       {
         schema: {
           params: SandboxParams,
-          querystring: PathRecursiveQuery,
+          querystring: WatchQuery,
         },
       },
       async (req, reply) => {
@@ -402,7 +414,15 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         abort.signal.addEventListener('abort', () => sb.guestStreams.delete(abort), { once: true });
         let body: Awaited<ReturnType<typeof sb.guest.watch>>;
         try {
-          body = await sb.guest.watch(req.query.path, req.query.recursive ?? false, abort.signal);
+          body = await sb.guest.watch(
+            req.query.path,
+            {
+              recursive: req.query.recursive ?? false,
+              entries: req.query.entries ?? false,
+              networkMounts: req.query.networkMounts ?? false,
+            },
+            abort.signal,
+          );
         } catch (err) {
           closeTeamStream();
           throw err;
