@@ -333,6 +333,93 @@ describe('e2b SDK: files', () => {
     }
   });
 
+  it('envd 0.6.2–0.6.4: file metadata (X-Metadata-*), watch entries and allowNetworkMounts', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      // the version that opens every gate the SDK has
+      expect((await sbx.getInfo()).envdVersion).toBe('0.6.4');
+      const one = await sbx.files.write('/home/user/m/one.txt', 'one', {
+        metadata: { Author: 'ann', purpose: 'a test run' },
+      });
+      // envd lowercases the keys; the answer is name, type, path and metadata, nothing else
+      expect(one).toEqual({
+        name: 'one.txt',
+        type: 'file',
+        path: '/home/user/m/one.txt',
+        metadata: { author: 'ann', purpose: 'a test run' },
+      });
+      const batch = await sbx.files.write(
+        [
+          { path: '/home/user/m/a.txt', data: 'a' },
+          { path: '/home/user/m/b.txt', data: new ReadableStream({ start: (c) => c.close() }) },
+        ],
+        { metadata: { batch: '7' } },
+      );
+      expect(batch.map((f) => f.metadata)).toEqual([{ batch: '7' }, { batch: '7' }]);
+      expect((await sbx.files.getInfo('/home/user/m/one.txt')).metadata).toEqual({
+        author: 'ann',
+        purpose: 'a test run',
+      });
+      const listed = await sbx.files.list('/home/user/m');
+      expect(listed.map((e) => [e.name, e.metadata])).toEqual([
+        ['a.txt', { batch: '7' }],
+        ['b.txt', { batch: '7' }],
+        ['one.txt', { author: 'ann', purpose: 'a test run' }],
+      ]);
+      // it follows the file through a rename, the SDK's and a command's
+      await sbx.files.rename('/home/user/m/one.txt', '/home/user/m/two.txt');
+      await sbx.commands.run('mv /home/user/m/two.txt /home/user/m/three.txt');
+      expect((await sbx.files.getInfo('/home/user/m/three.txt')).metadata).toEqual({
+        author: 'ann',
+        purpose: 'a test run',
+      });
+      // an upload without metadata leaves the file with none (envd clears the old xattrs)
+      expect((await sbx.files.write('/home/user/m/three.txt', 'again')).metadata).toBeUndefined();
+      expect((await sbx.files.getInfo('/home/user/m/three.txt')).metadata).toBeUndefined();
+      // a key over envd's 246 bytes: 400 → InvalidArgumentError, and the file is left as it was
+      await expect(
+        sbx.files.write('/home/user/m/a.txt', 'changed', { metadata: { ['k'.repeat(247)]: 'v' } }),
+      ).rejects.toThrow(e2b.InvalidArgumentError);
+      expect(await sbx.files.read('/home/user/m/a.txt')).toBe('a');
+      // a repeated header counts once, with its first value (raw request on a signed URL)
+      const url = await sbx.uploadUrl('/home/user/m/raw.txt');
+      const raw = await request(url, {
+        method: 'POST',
+        headers: [
+          ['content-type', 'application/octet-stream'],
+          ['e2b-sandbox-id', sbx.sandboxId],
+          ['x-metadata-k', 'first'],
+          ['x-metadata-k', 'second'],
+        ].flat(),
+        body: 'raw',
+      });
+      expect(raw.statusCode).toBe(200);
+      expect(await raw.body.json()).toEqual([
+        { name: 'raw.txt', type: 'file', path: '/home/user/m/raw.txt', metadata: { k: 'first' } },
+      ]);
+      // watch events carry the entry (metadata included) when asked; network mounts may be allowed
+      const events: FilesystemEvent[] = [];
+      const handle = await sbx.files.watchDir('/home/user/m', (e) => void events.push(e), {
+        includeEntry: true,
+        allowNetworkMounts: true,
+      });
+      await sbx.files.write('/home/user/m/w.txt', 'abc', { metadata: { w: '1' } });
+      await vi.waitFor(() => expect(events.some((e) => e.name === 'w.txt' && e.entry)).toBe(true), {
+        timeout: 10_000,
+      });
+      await handle.stop();
+      expect(events.find((e) => e.name === 'w.txt' && e.entry)?.entry).toMatchObject({
+        name: 'w.txt',
+        path: '/home/user/m/w.txt',
+        type: 'file',
+        size: 3,
+        metadata: { w: '1' },
+      });
+    } finally {
+      await sbx.kill();
+    }
+  });
+
   it('moves 20 MiB of random bytes both ways, multipart and octet-stream (gzip), byte for byte', async () => {
     const sbx = await Sandbox.create();
     try {

@@ -13,10 +13,11 @@ import type { SandboxRecord } from '../sandbox-store.ts';
  * The envd version SPACE's E2B data plane reports. The SDK switches features on by it (§2.8):
  * 0.4.0 = users are handled by the daemon (the SDK sends no `user`), `stdin: false` allowed;
  * 0.5.2 = `closeStdin()`; 0.5.7 = octet-stream and gzip uploads (`useOctetStream`, `gzip`,
- * ReadableStream bodies). Below 0.6.2 file metadata (`X-Metadata-*` → xattrs) and below 0.6.3
- * watch `includeEntry` stay off: not implemented.
+ * ReadableStream bodies); 0.6.2 = file metadata (`X-Metadata-*`, kept by the guest daemon:
+ * runtime/guest/file-metadata.ts); 0.6.3 = watch `includeEntry`; 0.6.4 = watch
+ * `allowNetworkMounts`. 0.6.4 is every feature the SDK gates (2.51; the reference's §5 asks for it).
  */
-export const ENVD_VERSION = '0.5.7';
+export const ENVD_VERSION = '0.6.4';
 
 /** `clientID` is required in E2B's schema and ignored by the SDK. */
 const CLIENT_ID = 'space';

@@ -56,6 +56,8 @@ export function entryOf(f: FileStat): EntryInfo {
     group: 'user',
     modifiedTime: timestampFromMs(f.mtimeMs),
     ...(link ? { symlinkTarget: f.target?.path ?? f.path } : {}),
+    // envd ≥ 0.6.2: the file's metadata (its `user.e2b.*` xattrs there, kept by the guest here)
+    ...(f.metadata ? { metadata: f.metadata } : {}),
   });
 }
 
@@ -138,10 +140,12 @@ export function filesystemService(up: Upstream) {
       },
       async *watchDir(req, ctx): AsyncGenerator<MessageInitShape<typeof WatchDirResponseSchema>> {
         const t = target(ctx);
+        // envd ≥ 0.6.3 `includeEntry`: events carry the entry; ≥ 0.6.4 `allowNetworkMounts`
+        const flags = `&recursive=${req.recursive}&entries=${req.includeEntry}&networkMounts=${req.allowNetworkMounts}`;
         const res = await up.request(
           t,
           'GET',
-          `${sandboxPath(t)}/fs/watch${q(req.path, ctx)}&recursive=${req.recursive}`,
+          `${sandboxPath(t)}/fs/watch${q(req.path, ctx)}${flags}`,
           undefined,
           ctx.signal,
         );
@@ -160,7 +164,14 @@ export function filesystemService(up: Upstream) {
                 yield { event: { case: 'start', value: {} } };
               } else {
                 yield {
-                  event: { case: 'filesystem', value: { name: e.name ?? '', type: EVENT_TYPES[e.type] } },
+                  event: {
+                    case: 'filesystem',
+                    value: {
+                      name: e.name ?? '',
+                      type: EVENT_TYPES[e.type],
+                      ...(e.entry ? { entry: entryOf(e.entry) } : {}),
+                    },
+                  },
                 };
               }
             }

@@ -25,6 +25,7 @@ import { ConnectError, type ConnectRouter, createContextValues } from '@connectr
 import { connectNodeAdapter } from '@connectrpc/connect-node';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { SpaceError } from '../../core/errors.ts';
+import { FILE_METADATA_HEADER, type FileStat, fileMetadataProblem } from '../../core/guest-protocol.ts';
 import { ID_PATTERN } from '../../core/ids.ts';
 import { keys } from '../../core/redis-keys.ts';
 import { DEFAULT_TEAM } from '../../core/tenancy.ts';
@@ -181,18 +182,33 @@ export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
     const home = homeOf(req.query.username);
     if (!home) return envdError(reply, 401, `unknown user "${req.query.username}"`);
     const type = String(req.headers['content-type'] ?? '');
-    const out: { name: string; type: 'file'; path: string }[] = [];
+    // envd ≥ 0.6.2: `X-Metadata-*` headers = every uploaded file's metadata, checked first (§2.7)
+    const metadata = metadataOfHeaders(req.raw.headersDistinct);
+    const problem = fileMetadataProblem(metadata);
+    if (problem) return envdError(reply, 400, problem);
+    const headers = Object.keys(metadata).length
+      ? { [FILE_METADATA_HEADER]: JSON.stringify(metadata) }
+      : undefined;
+    const out: { name: string; type: 'file'; path: string; metadata?: Record<string, string> }[] = [];
     /** Streams one file to the agent; answers the envd error itself and returns false when refused. */
     const put = async (path: string, body: Readable | Buffer): Promise<boolean> => {
       const res = await up.request(t, 'PUT', `${base(t)}/files?path=${encodeURIComponent(path)}`, {
         raw: body,
+        ...(headers ? { headers } : {}),
       });
       const text = await res.body.text();
       if (res.statusCode >= 400) {
         await envdError(reply, res.statusCode === 413 ? 507 : res.statusCode, messageOf(text));
         return false;
       }
-      out.push({ name: path.split('/').pop() ?? path, type: 'file', path });
+      // exactly name, type, path, and metadata only when the file has some (§2.7)
+      const written = JSON.parse(text) as FileStat;
+      out.push({
+        name: path.split('/').pop() ?? path,
+        type: 'file',
+        path,
+        ...(written.metadata && Object.keys(written.metadata).length ? { metadata: written.metadata } : {}),
+      });
       return true;
     };
     if (type.startsWith('application/octet-stream')) {
@@ -224,6 +240,24 @@ export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
     if (!out.length) return envdError(reply, 400, 'no file part in the upload');
     return reply.status(200).send(out);
   });
+}
+
+/** Prefix of the upload headers that carry file metadata (§2.7), as Node spells header names. */
+const METADATA_HEADER_PREFIX = 'x-metadata-';
+
+/**
+ * The file metadata of an upload's headers, as envd reads them: `X-Metadata-<key>: <value>` →
+ * `<key>` lowercased (Node lowercases every header name), the first value of a repeated header,
+ * an empty key dropped. Pure.
+ */
+export function metadataOfHeaders(headers: Record<string, string[] | undefined>): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [name, values] of Object.entries(headers)) {
+    if (!name.startsWith(METADATA_HEADER_PREFIX) || !values?.length) continue;
+    const key = name.slice(METADATA_HEADER_PREFIX.length);
+    if (key) out[key] = values[0]!;
+  }
+  return out;
 }
 
 /** Query of `/files` (§2.7). */

@@ -89,7 +89,7 @@ export interface Upstream {
     t: Target,
     method: Dispatcher.HttpMethod,
     path: string,
-    body?: { json?: unknown; raw?: Buffer | Readable; type?: string },
+    body?: { json?: unknown; raw?: Buffer | Readable; type?: string; headers?: Record<string, string> },
     signal?: AbortSignal,
   ): Promise<Dispatcher.ResponseData>;
   /**
@@ -111,7 +111,10 @@ export function createUpstream(deps: RouterDeps): Upstream {
       throw err;
     }
     // the agent's spans are children of this call's
-    const headers = injectTraceHeaders<Record<string, string>>({ authorization: `Bearer ${t.token}` });
+    const headers = injectTraceHeaders<Record<string, string>>({
+      ...body?.headers,
+      authorization: `Bearer ${t.token}`,
+    });
     let payload: string | Buffer | Readable | null = null;
     if (body?.json !== undefined) {
       headers['content-type'] = 'application/json';
