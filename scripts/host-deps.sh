@@ -11,8 +11,7 @@ set -euo pipefail
 
 # qemu-system-x86: the qemu driver (microVMs; software emulation without KVM). cpio, gzip, lz4: VM
 # initrd and the ELF kernel extracted from Debian's cloud kernel (vm-image.ts). runsc comes below.
-# bindfs: tests only (a FUSE mount, to check the guest's watch refuses network file systems).
-PACKAGES=(redis-server nftables iproute2 debootstrap busybox-static tini e2fsprogs util-linux ca-certificates qemu-system-x86 cpio gzip lz4 xz-utils zstd bindfs)
+PACKAGES=(redis-server nftables iproute2 debootstrap busybox-static tini e2fsprogs util-linux ca-certificates qemu-system-x86 cpio gzip lz4 xz-utils zstd)
 # Oldest runsc version accepted (Debian's version string of the 2024-07-29 release).
 RUNSC_MIN='0.0~20240729'
 TRIXIE_SOURCE=/etc/apt/sources.list.d/space-trixie-runsc.sources

@@ -366,21 +366,23 @@ describe('e2b SDK: files', () => {
         ['b.txt', { batch: '7' }],
         ['one.txt', { author: 'ann', purpose: 'a test run' }],
       ]);
-      // it follows the file through a rename, the SDK's and a command's
+      // it follows the file through the SDK's rename; a command's `mv` leaves it behind (SPACE
+      // keeps it by path in the guest daemon, not as an xattr: README, E2B section)
       await sbx.files.rename('/home/user/m/one.txt', '/home/user/m/two.txt');
-      await sbx.commands.run('mv /home/user/m/two.txt /home/user/m/three.txt');
-      expect((await sbx.files.getInfo('/home/user/m/three.txt')).metadata).toEqual({
+      expect((await sbx.files.getInfo('/home/user/m/two.txt')).metadata).toEqual({
         author: 'ann',
         purpose: 'a test run',
       });
-      // an upload without metadata leaves the file with none (envd clears the old xattrs)
-      expect((await sbx.files.write('/home/user/m/three.txt', 'again')).metadata).toBeUndefined();
+      await sbx.commands.run('mv /home/user/m/two.txt /home/user/m/three.txt');
       expect((await sbx.files.getInfo('/home/user/m/three.txt')).metadata).toBeUndefined();
+      // an upload without metadata leaves the file with none (envd clears the old xattrs)
+      expect((await sbx.files.write('/home/user/m/a.txt', 'again')).metadata).toBeUndefined();
+      expect((await sbx.files.getInfo('/home/user/m/a.txt')).metadata).toBeUndefined();
       // a key over envd's 246 bytes: 400 → InvalidArgumentError, and the file is left as it was
       await expect(
         sbx.files.write('/home/user/m/a.txt', 'changed', { metadata: { ['k'.repeat(247)]: 'v' } }),
       ).rejects.toThrow(e2b.InvalidArgumentError);
-      expect(await sbx.files.read('/home/user/m/a.txt')).toBe('a');
+      expect(await sbx.files.read('/home/user/m/a.txt')).toBe('again');
       // a repeated header counts once, with its first value (raw request on a signed URL)
       const url = await sbx.uploadUrl('/home/user/m/raw.txt');
       const raw = await request(url, {
@@ -390,6 +392,8 @@ describe('e2b SDK: files', () => {
           ['e2b-sandbox-id', sbx.sandboxId],
           ['x-metadata-k', 'first'],
           ['x-metadata-k', 'second'],
+          // SPACE's own header from a client is not passed on: only X-Metadata-* count
+          ['x-space-file-metadata', '{"injected":"1"}'],
         ].flat(),
         body: 'raw',
       });

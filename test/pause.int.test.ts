@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadAgentConfig } from '../runtime/agent/config.ts';
 import { startAgent } from '../runtime/agent/service.ts';
+import { FILE_METADATA_HEADER, type FileStat } from '../runtime/core/guest-protocol.ts';
 import {
   agentEnv,
   collect,
@@ -96,6 +97,17 @@ describe('pause and resume', () => {
       shell: true,
     });
     expect(r.exit.exitCode).toBe(0);
+    // and a file with metadata (kept by the guest daemon in memory: the pause must keep it)
+    const put = await fetch(`${s.agent.url}/v1/sandboxes/${id}/files?path=/home/user/meta.txt`, {
+      method: 'PUT',
+      headers: {
+        authorization: `Bearer ${(await s.token(id, ['files'])).token}`,
+        'content-type': 'application/octet-stream',
+        [FILE_METADATA_HEADER]: JSON.stringify({ kept: 'across the pause' }),
+      },
+      body: 'm',
+    });
+    expect(put.status).toBe(200);
   }
 
   /** Checks what {@link furnish} put there is still there and alive. */
@@ -109,6 +121,10 @@ describe('pause and resume', () => {
       shell: true,
     });
     expect(r.stdout.toString()).toBe('kept\nticking\n200\n');
+    const st = await fetch(`${s.agent.url}/v1/sandboxes/${id}/fs/stat?path=/home/user/meta.txt`, {
+      headers: { authorization: `Bearer ${(await s.token(id, ['files'])).token}` },
+    });
+    expect(((await st.json()) as FileStat).metadata).toEqual({ kept: 'across the pause' });
   }
 
   /** A command printing `n` numbered lines, 50 ms apart. */

@@ -157,7 +157,7 @@ describe('router: HTTP/2', () => {
     await tlsRouter?.stop();
   });
 
-  it('serves an HTTP/2 client (ALPN h2): an event stream and an upload without Content-Length', async () => {
+  it('serves an HTTP/2 client (ALPN h2): an event stream, an upload without Content-Length, an envd upload', async () => {
     const c = await start({ cmd: 'sh', args: ['-c', 'echo over h2; echo err >&2'] });
     const session = http2Connect(tlsRouter.url, { ca });
     try {
@@ -218,6 +218,41 @@ describe('router: HTTP/2', () => {
         req.on('error', reject);
       });
       expect(back.equals(upload)).toBe(true);
+      // the envd upload of E2B's SDK (its fetch pool speaks h2): X-Metadata-* headers included,
+      // a repeated one counted once with its first value, as on HTTP/1.1
+      const envd = await new Promise<{ status: number; body: string }>((resolve, reject) => {
+        const req = session.request({
+          ':method': 'POST',
+          ':path': `/files?path=${encodeURIComponent('/home/user/h2-meta.txt')}`,
+          'e2b-sandbox-id': id,
+          'x-access-token': files.token,
+          'content-type': 'application/octet-stream',
+          'x-metadata-author': 'ann',
+          'x-metadata-k': ['first', 'second'],
+        });
+        let status = 0;
+        let text = '';
+        req.on('response', (h) => {
+          status = Number(h[':status']);
+        });
+        req.on('data', (d: Buffer) => {
+          text += d.toString();
+        });
+        req.on('end', () => resolve({ status, body: text }));
+        req.on('error', reject);
+        req.end('over h2');
+      });
+      expect(envd).toEqual({
+        status: 200,
+        body: JSON.stringify([
+          {
+            name: 'h2-meta.txt',
+            type: 'file',
+            path: '/home/user/h2-meta.txt',
+            metadata: { author: 'ann', k: 'first' },
+          },
+        ]),
+      });
     } finally {
       session.close();
     }

@@ -1,8 +1,10 @@
 import { once } from 'node:events';
 import { createServer, type IncomingMessage, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { Readable } from 'node:stream';
 import { afterEach, describe, expect, it } from 'vitest';
 import { SpaceError } from '../core/errors.ts';
+import { GUEST_PROTOCOL_VERSION } from '../core/guest-protocol.ts';
 import { GuestClient } from './guest-client.ts';
 
 /**
@@ -126,5 +128,47 @@ describe('guest client: host-side steps held behind the create', () => {
     }
     expect(g.seen).toEqual([]);
     await g.client.settled();
+  });
+});
+
+describe('guest client: protocol versions (a sandbox made before an upgrade)', () => {
+  /** A guest daemon of protocol `version`: answers /health, accepts uploads, records the rest. */
+  async function guestOfVersion(version: string) {
+    const seen: string[] = [];
+    const server: Server = createServer(async (req, res) => {
+      for await (const _ of req);
+      seen.push(`${req.method} ${req.url?.split('?')[0]}`);
+      res.writeHead(200, { 'content-type': 'application/json' });
+      if (req.url === '/health') res.end(JSON.stringify({ ok: true, version, uptimeMs: 1 }));
+      else res.end(JSON.stringify({ name: 'f', path: '/f', type: 'file', size: 1, mode: 420, mtimeMs: 0 }));
+    });
+    server.listen(0, '127.0.0.1');
+    await once(server, 'listening');
+    const { port } = server.address() as AddressInfo;
+    const g = { seen, server, client: new GuestClient({ host: '127.0.0.1', port, token: 't' }) };
+    open.push(g);
+    return g;
+  }
+  const body = () => Readable.from([Buffer.from('x')]);
+
+  it('refuses metadata and watch entries on protocol 1 before reaching the guest', async () => {
+    const g = await guestOfVersion('1');
+    await expect(g.client.writeFile('/f', body(), { metadata: { k: 'v' } })).rejects.toMatchObject({
+      code: 'BAD_REQUEST',
+      message: /guest daemon speaks protocol 1; file metadata needs 2/,
+    });
+    await expect(g.client.watch('/d', { recursive: false, entries: true })).rejects.toMatchObject({
+      code: 'BAD_REQUEST',
+    });
+    // without them: as before, and the version was asked once
+    await g.client.writeFile('/f', body(), { metadata: {} });
+    await g.client.writeFile('/f', body());
+    expect(g.seen).toEqual(['GET /health', 'PUT /files', 'PUT /files']);
+  });
+
+  it('sends metadata to a guest of the current protocol', async () => {
+    const g = await guestOfVersion(String(GUEST_PROTOCOL_VERSION));
+    await g.client.writeFile('/f', body(), { metadata: { k: 'v' } });
+    expect(g.seen).toEqual(['GET /health', 'PUT /files']);
   });
 });

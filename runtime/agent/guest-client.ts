@@ -9,6 +9,7 @@ import { errorFromBody, SpaceError } from '../core/errors.ts';
 import {
   FILE_METADATA_HEADER,
   type FileStat,
+  GUEST_PROTOCOL_VERSION,
   type GuestHealth,
   type ProcessInfo,
   type ProcessStartRequest,
@@ -27,6 +28,8 @@ export class GuestClient {
    * every call to the guest waits for it, and fails for good with the step's error when one failed.
    */
   #settling: Promise<void> | null = null;
+  /** The guest's protocol version, asked once ({@link GUEST_PROTOCOL_VERSION}: it never changes). */
+  #protocol: Promise<number> | null = null;
 
   constructor(endpoint: GuestEndpoint) {
     this.endpoint = endpoint;
@@ -102,6 +105,26 @@ export class GuestClient {
 
   health(): Promise<GuestHealth> {
     return this.#json('GET', '/health');
+  }
+
+  /**
+   * Checks that the guest speaks at least protocol `version` before asking it for `what`.
+   * @throws SpaceError BAD_REQUEST when it is older (a sandbox made before an upgrade), instead of
+   *   letting the older daemon ignore what it does not know.
+   */
+  async requireProtocol(version: number, what: string): Promise<void> {
+    this.#protocol ??= this.health().then((h) => Number.parseInt(h.version, 10) || 0);
+    const had = await this.#protocol.catch((err: unknown) => {
+      this.#protocol = null;
+      throw err;
+    });
+    if (had < version) {
+      throw new SpaceError(
+        'BAD_REQUEST',
+        `this sandbox's guest daemon speaks protocol ${had}; ${what} needs ${version}: ` +
+          'sandboxes created since the upgrade have it',
+      );
+    }
   }
   /**
    * Replaces the guest's secret with `token` (authorised by the current one); later calls through
@@ -217,6 +240,7 @@ export class GuestClient {
     o: { recursive: boolean; entries?: boolean; networkMounts?: boolean },
     signal?: AbortSignal,
   ): Promise<Readable> {
+    if (o.entries) await this.requireProtocol(GUEST_PROTOCOL_VERSION, 'a watch with entries');
     const flags = (['recursive', 'entries', 'networkMounts'] as const).filter((k) => o[k]);
     const res = await this.request({
       method: 'GET',
@@ -253,13 +277,17 @@ export class GuestClient {
   /**
    * Streams `data` into a file (atomic on the guest side); an aborted body leaves no partial file.
    * `metadata`: the new file's ({@link FILE_METADATA_HEADER}); without it the file has none.
+   * @throws SpaceError BAD_REQUEST for metadata on a guest older than protocol 2, before any byte.
    */
-  writeFile(
+  async writeFile(
     path: string,
     data: Readable,
-    signal?: AbortSignal,
-    metadata?: Record<string, string>,
+    o: { signal?: AbortSignal; metadata?: Record<string, string> } = {},
   ): Promise<FileStat> {
+    const { signal, metadata } = o;
+    if (metadata && Object.keys(metadata).length) {
+      await this.requireProtocol(GUEST_PROTOCOL_VERSION, 'file metadata');
+    }
     return this.request({
       method: 'PUT',
       path: `/files?path=${encodeURIComponent(path)}`,

@@ -36,6 +36,14 @@ import { SpaceError } from './errors.ts';
  * (backpressure) instead of buffering without bound.
  */
 
+/**
+ * The protocol version a guest daemon reports in {@link GuestHealth} (`version`, as a string).
+ * 1: everything in the table above but what 2 added; 2: {@link FILE_METADATA_HEADER} and
+ * FileStat `metadata`, watch `entries` and `networkMounts`. A daemon never changes version while
+ * its sandbox lives, so a sandbox made before an upgrade keeps the one it started with.
+ */
+export const GUEST_PROTOCOL_VERSION = 2;
+
 /** TCP port the guest daemon listens on inside every sandbox (same number as E2B's envd). */
 export const GUEST_PORT = 49983;
 
@@ -146,9 +154,10 @@ export const FILE_METADATA_HEADER = 'x-space-file-metadata';
 
 /**
  * Limits of one file's metadata, envd's (§2.7): a key ≤ 246 bytes (255 for the xattr name less
- * its `user.e2b.` prefix), keys and values printable ASCII, Σ (9 + key + value) ≤ 4096 bytes.
+ * its `user.e2b.` prefix of 9), keys and values printable ASCII, Σ (9 + key + value) ≤ 4096
+ * bytes.
  */
-export const FILE_METADATA_LIMITS = { keyBytes: 246, totalBytes: 4096, perEntryBytes: 9 } as const;
+export const FILE_METADATA_LIMITS = { keyBytes: 246, totalBytes: 4096, xattrPrefixBytes: 9 } as const;
 
 const PRINTABLE = /^[\x20-\x7e]*$/;
 
@@ -168,7 +177,7 @@ export function fileMetadataProblem(m: unknown): string | null {
     }
     if (!PRINTABLE.test(k)) return `metadata key "${k}" is not printable ASCII`;
     if (!PRINTABLE.test(v)) return `metadata value of "${k}" is not printable ASCII`;
-    total += FILE_METADATA_LIMITS.perEntryBytes + k.length + v.length;
+    total += FILE_METADATA_LIMITS.xattrPrefixBytes + k.length + v.length;
   }
   if (total > FILE_METADATA_LIMITS.totalBytes) {
     return `metadata takes ${total} bytes, more than ${FILE_METADATA_LIMITS.totalBytes}`;

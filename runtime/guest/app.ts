@@ -7,7 +7,7 @@
 import { timingSafeEqual } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { SpaceError } from '../core/errors.ts';
-import type { GuestHealth } from '../core/guest-protocol.ts';
+import { GUEST_PROTOCOL_VERSION, type GuestHealth } from '../core/guest-protocol.ts';
 import { Files } from './files.ts';
 import { isObject, readJson, sendError, sendJson, sendNoContent } from './http.ts';
 import { log as defaultLog, type Logger } from './log.ts';
@@ -16,8 +16,8 @@ import { parsePtySize } from './pty.ts';
 import type { Identity } from './users.ts';
 import { serveWatch } from './watch.ts';
 
-/** Protocol version reported by GET /health. */
-export const GUEST_VERSION = '1';
+/** Protocol version reported by GET /health ({@link GUEST_PROTOCOL_VERSION}). */
+export const GUEST_VERSION = String(GUEST_PROTOCOL_VERSION);
 
 export interface GuestConfig {
   /** The unprivileged default user (commands run as it unless `user: 'root'`). */
@@ -169,7 +169,7 @@ export function createGuestApp(config: GuestConfig): GuestApp {
     if (path === '/fs/rename' && method === 'POST')
       return sendJson(res, 200, await files.rename(await readJson(req)));
     if (path === '/fs/watch' && method === 'GET') {
-      return serveWatch(res, query, config.home, log, (p, st) => files.entry(p, st));
+      return serveWatch(res, query, config.home, log, (p, st, real) => files.entry(p, st, real));
     }
     if (path === '/fs' && method === 'DELETE') {
       await files.remove(query);

@@ -7,17 +7,19 @@
  * call. The daemon lives exactly as long as its sandbox (tini's one child; a pause or hibernation
  * checkpoints its memory with the rest), so its memory is as durable as the sandbox.
  *
- * A file is known by device + inode, checked against the mtime it had when its metadata was set:
- * - metadata follows the file through renames (the file API's or `mv`), chmod and chown, as
- *   xattrs do;
- * - an inode the file system reuses for a new file (gVisor hands a freed number straight back)
- *   has another mtime, so it never shows the old file's metadata;
- * - unlike xattrs, a write to the file from inside the sandbox (new mtime) drops it: metadata
- *   describes the bytes that were uploaded with it.
+ * A file is known by its path, checked against the mtime it had when its metadata was set. Not by
+ * inode: gVisor hands a freed inode number straight to the next new file, and gives files new
+ * numbers after a checkpoint is restored. So:
+ * - metadata follows renames made through the file API (a directory's files with it), and
+ *   survives chmod, chown and pauses;
+ * - a file written again from inside the sandbox (new mtime), or moved there by a command (`mv`),
+ *   loses it; so does a file at a path whose metadata belonged to a file since replaced;
+ * - a symlink shows the metadata of what it resolves to, as envd's `listxattr` does.
  *
- * Bounded: at most {@link METADATA_STORE_BYTES} in all. When full, entries whose file is no
- * longer at the path it was last seen at are dropped; if that frees nothing, the upload is
- * refused (BAD_REQUEST) — before its bytes are written.
+ * Bounded: at most {@link METADATA_STORE_BYTES} and {@link METADATA_STORE_FILES}. When full, a
+ * sweep drops the entries whose path no longer holds the file they were set for (one sweep at a
+ * time); if that frees too little, the upload is refused (BAD_REQUEST) before its bytes are
+ * written.
  */
 import type { Stats } from 'node:fs';
 import { lstat } from 'node:fs/promises';
@@ -25,100 +27,138 @@ import { SpaceError } from '../core/errors.ts';
 
 /** Most bytes of metadata (keys, values, paths and a per-file overhead) one sandbox keeps. */
 export const METADATA_STORE_BYTES = 16 * 1024 * 1024;
-/** Bytes counted per file besides its keys, values and path (map entry, strings). */
-const ENTRY_OVERHEAD_BYTES = 128;
+/** Most files with metadata one sandbox keeps. */
+export const METADATA_STORE_FILES = 65_536;
+/** Bytes counted per file besides its keys, values and path (map entry, objects, strings). */
+const ENTRY_OVERHEAD_BYTES = 256;
 
 interface Entry {
   mtimeMs: number;
-  /** Sandbox path (as the daemon resolves it) where the file was last seen. */
-  path: string;
   metadata: Record<string, string>;
   bytes: number;
 }
 
-const keyOf = (st: Stats) => `${st.dev}:${st.ino}`;
-
 const sizeOf = (path: string, m: Record<string, string>) =>
   Object.entries(m).reduce((a, [k, v]) => a + k.length + v.length, ENTRY_OVERHEAD_BYTES + path.length);
 
-/** The metadata of the files of one sandbox (see the module doc). */
+/** The metadata of the files of one sandbox, by real path (see the module doc). */
 export class FileMetadataStore {
   readonly #entries = new Map<string, Entry>();
-  readonly #limit: number;
+  readonly #limits: { bytes: number; files: number };
   #bytes = 0;
+  #sweep: Promise<void> | null = null;
 
-  /** @param limitBytes the store's bound (default {@link METADATA_STORE_BYTES}). */
-  constructor(limitBytes = METADATA_STORE_BYTES) {
-    this.#limit = limitBytes;
+  /** @param limits bounds (default {@link METADATA_STORE_BYTES}, {@link METADATA_STORE_FILES}). */
+  constructor(limits: { bytes?: number; files?: number } = {}) {
+    this.#limits = {
+      bytes: limits.bytes ?? METADATA_STORE_BYTES,
+      files: limits.files ?? METADATA_STORE_FILES,
+    };
   }
 
-  /** Bytes held (as counted against the bound). */
+  /** Bytes held, as counted against the bound. */
   get bytes(): number {
     return this.#bytes;
   }
 
-  /** The metadata of the file `st` describes, or undefined (none, or a file since rewritten). */
-  of(st: Stats): Record<string, string> | undefined {
-    const key = keyOf(st);
-    const e = this.#entries.get(key);
-    if (!e) return undefined;
-    if (e.mtimeMs !== st.mtimeMs) {
-      this.#drop(key, e);
-      return undefined;
-    }
-    return e.metadata;
+  /** Files with metadata held (including stale ones not swept yet). */
+  get files(): number {
+    return this.#entries.size;
   }
 
   /**
-   * Makes room for `metadata` at `path`, before the upload writes anything.
+   * The metadata of the file at `path` (`st` = its lstat/stat now), or undefined: none, or set
+   * for a file since replaced there. Never changes the store (a stale entry waits for a sweep).
+   */
+  of(path: string, st: Stats): Record<string, string> | undefined {
+    const e = this.#entries.get(path);
+    return e && e.mtimeMs === st.mtimeMs ? e.metadata : undefined;
+  }
+
+  /**
+   * Makes room for `metadata` at `path` before an upload writes anything (nothing to do for none).
+   * Concurrent uploads may each pass and together overshoot the bound by their own sizes.
    * @throws SpaceError BAD_REQUEST when the store cannot hold it.
    */
-  async reserve(path: string, metadata: Record<string, string>): Promise<void> {
+  async makeRoom(path: string, metadata: Record<string, string>): Promise<void> {
+    if (!Object.keys(metadata).length) return;
     const need = sizeOf(path, metadata);
-    if (this.#bytes + need <= this.#limit) return;
-    for (const [key, e] of [...this.#entries]) {
-      const st = await lstat(e.path).catch(() => null);
-      if (!st || keyOf(st) !== key || st.mtimeMs !== e.mtimeMs) this.#drop(key, e);
-    }
-    if (this.#bytes + need > this.#limit) {
+    const fits = () => this.#bytes + need <= this.#limits.bytes && this.#entries.size < this.#limits.files;
+    if (fits()) return;
+    this.#sweep ??= this.#sweepStale().finally(() => {
+      this.#sweep = null;
+    });
+    await this.#sweep;
+    if (!fits()) {
       throw new SpaceError(
         'BAD_REQUEST',
-        `the sandbox holds ${this.#bytes} bytes of file metadata (at most ${this.#limit}): upload without metadata, or remove files that have some`,
+        `the sandbox keeps metadata for ${this.#entries.size} files in ${this.#bytes} bytes ` +
+          `(at most ${this.#limits.files} files, ${this.#limits.bytes} bytes): ` +
+          'upload without metadata, or remove files that have some',
         { path },
       );
     }
   }
 
-  /** Sets (replaces) the metadata of the file `st` at `path`; an empty set removes it. */
-  set(path: string, st: Stats, metadata: Record<string, string>): void {
-    const key = keyOf(st);
-    const old = this.#entries.get(key);
-    if (old) this.#drop(key, old);
-    if (!Object.keys(metadata).length) return;
-    const e: Entry = { mtimeMs: st.mtimeMs, path, metadata: { ...metadata }, bytes: sizeOf(path, metadata) };
-    this.#entries.set(key, e);
+  /**
+   * Sets (replaces) the metadata of the file `st` that is, or is about to be renamed, at `path`;
+   * an empty set removes it.
+   * @returns a function that puts back what was there (for a rename that then failed).
+   */
+  set(path: string, st: Stats, metadata: Record<string, string>): () => void {
+    const before = this.#entries.get(path);
+    this.#delete(path);
+    if (Object.keys(metadata).length) {
+      this.#put(path, { mtimeMs: st.mtimeMs, metadata: { ...metadata }, bytes: sizeOf(path, metadata) });
+    }
+    return () => {
+      this.#delete(path);
+      if (before) this.#put(path, before);
+    };
+  }
+
+  /**
+   * A rename through the file API moved `from` (a file, or a directory and everything under it) to
+   * `to`: the metadata moves with it, and what `to` held before is gone.
+   */
+  moved(from: string, to: string): void {
+    const moving: [string, Entry][] = [];
+    for (const [p, e] of this.#entries) {
+      if (p === from || p.startsWith(`${from}/`)) moving.push([p, e]);
+    }
+    this.removed(to);
+    for (const [p, e] of moving) {
+      this.#delete(p);
+      const q = to + p.slice(from.length);
+      this.#put(q, { ...e, bytes: e.bytes + q.length - p.length });
+    }
+  }
+
+  /** `path` (a file, or a directory and everything under it) was removed through the file API. */
+  removed(path: string): void {
+    for (const p of [...this.#entries.keys()]) {
+      if (p === path || p.startsWith(`${path}/`)) this.#delete(p);
+    }
+  }
+
+  /** Drops every entry whose path no longer holds the file it was set for. */
+  async #sweepStale(): Promise<void> {
+    for (const [p, e] of [...this.#entries]) {
+      const st = await lstat(p).catch(() => null);
+      // only if the entry is still the one checked (an upload may have replaced it meanwhile)
+      if ((!st || st.mtimeMs !== e.mtimeMs) && this.#entries.get(p) === e) this.#delete(p);
+    }
+  }
+
+  #put(path: string, e: Entry): void {
+    this.#entries.set(path, e);
     this.#bytes += e.bytes;
   }
 
-  /** Notes that the file `st` is now at `path` (a rename through the file API). */
-  moved(path: string, st: Stats): void {
-    const key = keyOf(st);
-    const e = this.#entries.get(key);
-    if (!e || e.mtimeMs !== st.mtimeMs) return;
-    this.#bytes += path.length - e.path.length;
-    e.bytes += path.length - e.path.length;
-    e.path = path;
-  }
-
-  /** Forgets the file `st` (removed through the file API). */
-  forget(st: Stats): void {
-    const key = keyOf(st);
-    const e = this.#entries.get(key);
-    if (e) this.#drop(key, e);
-  }
-
-  #drop(key: string, e: Entry): void {
-    this.#entries.delete(key);
+  #delete(path: string): void {
+    const e = this.#entries.get(path);
+    if (!e) return;
+    this.#entries.delete(path);
     this.#bytes -= e.bytes;
   }
 }

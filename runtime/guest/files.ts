@@ -108,18 +108,20 @@ export class Files {
     this.#metadata = opts.metadata ?? new FileMetadataStore();
   }
 
-  /** The FileStat of `st` at the sandbox path `path`, with its metadata when it has some. */
-  describe(path: string, st: Stats): FileStat {
+  /**
+   * The FileStat of `st` (an lstat) at the sandbox path `path` (`real` = where it is, symlinks
+   * in its parents resolved), with its metadata when it has some; a symlink also says what it
+   * resolves to, and shows that file's metadata (as envd's `listxattr` does).
+   */
+  async entry(path: string, st: Stats, real: string): Promise<FileStat> {
     const out = toFileStat(path, st);
-    const metadata = this.#metadata.of(st);
+    let metadata = this.#metadata.of(real, st);
+    if (out.type === 'symlink') {
+      const t = await linkTarget(path);
+      out.target = t ? t.target : null;
+      metadata = t ? this.#metadata.of(t.target.path, t.st) : undefined;
+    }
     if (metadata) out.metadata = { ...metadata };
-    return out;
-  }
-
-  /** {@link describe}, and for a symlink what it resolves to (as stat and list report it). */
-  async entry(path: string, st: Stats): Promise<FileStat> {
-    const out = this.describe(path, st);
-    if (out.type === 'symlink') out.target = await linkTarget(path);
     return out;
   }
 
@@ -230,7 +232,7 @@ export class Files {
       if (code !== 'ENOENT' && code !== 'ENOTDIR') throw fsError(err, path, 'write');
     }
     if (previous?.isDirectory()) throw new SpaceError('FILE_CONFLICT', `${path} is a directory`, { path });
-    await this.#metadata.reserve(real, metadata);
+    await this.#metadata.makeRoom(real, metadata);
     await this.#mkdirp(dir, path);
 
     const temp = posix.join(dir, `${UPLOAD_TEMP_PREFIX}${randomBytes(8).toString('hex')}`);
@@ -241,7 +243,7 @@ export class Files {
       throw fsError(err, path, 'write');
     }
     let renamed = false;
-    let done: Stats | undefined;
+    let undoMetadata: (() => void) | undefined;
     try {
       for await (const chunk of req) {
         const buf = chunk as Buffer;
@@ -251,11 +253,17 @@ export class Files {
       await fh.chmod(requestedMode ?? (previous ? previous.mode & 0o7777 : DEFAULT_FILE_MODE));
       const { owner } = this.#opts;
       if (owner) await fh.chown(previous?.uid ?? owner.uid, previous?.gid ?? owner.gid);
+      if (Object.keys(metadata).length) {
+        // an mtime set explicitly (whole ms): under gVisor the one a write leaves is the sentry's
+        // own until a checkpoint is restored, then the host's (ms apart), which the metadata's
+        // mtime check would take for a rewrite; a set one is the same on both sides
+        const now = new Date();
+        await fh.utimes(now, now);
+      }
       await fh.sync();
-      // the new inode's metadata is exactly this upload's (none without the header), in place
+      // the new file's metadata is exactly this upload's (none without the header), in place
       // before the rename shows the file (a watch describes it at once)
-      done = await fh.stat();
-      this.#metadata.set(real, done, metadata);
+      undoMetadata = this.#metadata.set(real, await fh.stat(), metadata);
       await fh.close();
       await rename(temp, real);
       renamed = true;
@@ -263,7 +271,7 @@ export class Files {
     } catch (err) {
       await fh.close().catch(() => {});
       if (!renamed) {
-        if (done) this.#metadata.forget(done);
+        undoMetadata?.();
         await unlink(temp).catch(() => {});
       }
       const failure = err as NodeJS.ErrnoException;
@@ -275,7 +283,7 @@ export class Files {
       }
       throw fsError(err, path, 'write');
     }
-    sendJson(res, 200, this.describe(path, await stat(real)));
+    sendJson(res, 200, await this.entry(path, await lstat(real), real));
   }
 
   /**
@@ -291,7 +299,7 @@ export class Files {
     } catch (err) {
       throw fsError(err, path, 'read');
     }
-    return this.entry(path, st);
+    return this.entry(path, st, real);
   }
 
   /** GET /fs/list: entries sorted by name. */
@@ -309,20 +317,17 @@ export class Files {
     names.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
     const entries: FileStat[] = [];
     const batch = 64;
-    for (let i = 0; i < names.length; i += batch) {
-      const stats = await Promise.all(
-        names.slice(i, i + batch).map((name) => lstat(posix.join(real, name)).catch(() => null)),
-      );
-      stats.forEach((st, j) => {
-        if (st) entries.push(this.describe(posix.join(path, names[i + j]!), st));
-      });
-    }
     // a listed symlink says what it resolves to, as stat does (E2B clients type it by its target)
-    await Promise.all(
-      entries.map(async (e) => {
-        if (e.type === 'symlink') e.target = await linkTarget(e.path);
-      }),
-    );
+    for (let i = 0; i < names.length; i += batch) {
+      const described = await Promise.all(
+        names.slice(i, i + batch).map(async (name) => {
+          const at = posix.join(real, name);
+          const st = await lstat(at).catch(() => null);
+          return st && this.entry(posix.join(path, name), st, at);
+        }),
+      );
+      for (const e of described) if (e) entries.push(e);
+    }
     return entries;
   }
 
@@ -348,7 +353,7 @@ export class Files {
         }
       }
     }
-    return this.describe(path, await stat(real));
+    return this.entry(path, await lstat(real), real);
   }
 
   /**
@@ -374,9 +379,8 @@ export class Files {
     } catch (err) {
       throw fsError(err, to, 'write');
     }
-    const moved = await lstat(realTo);
-    this.#metadata.moved(realTo, moved);
-    return this.describe(to, moved);
+    this.#metadata.moved(realFrom, realTo);
+    return this.entry(to, await lstat(realTo), realTo);
   }
 
   /** DELETE /fs: a file, an empty directory, or (recursive) a whole tree. */
@@ -387,12 +391,10 @@ export class Files {
     const real = await realTarget(path, false);
     try {
       const st = await lstat(real);
-      if (!st.isDirectory()) {
-        await unlink(real);
-        // another hard link keeps the file, and its metadata, alive
-        if (st.nlink <= 1) this.#metadata.forget(st);
-      } else if (recursive) await rm(real, { recursive: true, force: false });
+      if (!st.isDirectory()) await unlink(real);
+      else if (recursive) await rm(real, { recursive: true, force: false });
       else await rmdir(real);
+      this.#metadata.removed(real);
     } catch (err) {
       throw fsError(err, path, 'read');
     }
@@ -413,14 +415,16 @@ async function syncDir(dir: string): Promise<void> {
 }
 
 /**
- * What the symlink at `path` resolves to (following every link), or null when it dangles or
- * resolves where files cannot be read (a platform-owned location).
+ * What the symlink at `path` resolves to (following every link) and its stat, or null when it
+ * dangles or resolves where files cannot be read (a platform-owned location).
  */
-async function linkTarget(path: string): Promise<FileStat['target']> {
+async function linkTarget(
+  path: string,
+): Promise<{ target: NonNullable<FileStat['target']>; st: Stats } | null> {
   try {
     const t = await realTarget(path, true);
-    const ts = await stat(t);
-    return { path: t, type: typeOf(ts), size: ts.size, mode: ts.mode & 0o7777 };
+    const st = await stat(t);
+    return { target: { path: t, type: typeOf(st), size: st.size, mode: st.mode & 0o7777 }, st };
   } catch {
     return null;
   }

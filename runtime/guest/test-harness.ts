@@ -6,6 +6,7 @@ import { request as httpRequest, type IncomingMessage } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import type { WatchEvent } from '../core/guest-protocol.ts';
 import { type Frame, FrameDecoder } from './output.ts';
 
 const here = fileURLToPath(new URL('.', import.meta.url));
@@ -223,4 +224,34 @@ export function readOutput(
 /** Percent-encodes a sandbox path for a query string. */
 export function q(path: string): string {
   return encodeURIComponent(path);
+}
+
+/**
+ * Opens `GET /fs/watch?<query>`; collects its events until `stop()` (`start` resolves `started`).
+ */
+export function openWatch(
+  g: Guest,
+  query: string,
+): { events: WatchEvent[]; stop: () => void; started: Promise<void> } {
+  const events: WatchEvent[] = [];
+  let buf = '';
+  let started!: () => void;
+  const ready = new Promise<void>((r) => {
+    started = r;
+  });
+  const req = httpRequest(`${g.base}/fs/watch?${query}`, { agent: false, headers: AUTH }, (res) => {
+    res.on('data', (c: Buffer) => {
+      buf += c.toString();
+      for (let i = buf.indexOf('\n'); i >= 0; i = buf.indexOf('\n')) {
+        const e = JSON.parse(buf.slice(0, i)) as WatchEvent;
+        buf = buf.slice(i + 1);
+        if (e.type === 'start') started();
+        else events.push(e);
+      }
+    });
+    res.on('error', () => {});
+  });
+  req.on('error', () => {});
+  req.end();
+  return { events, stop: () => req.destroy(), started: ready };
 }

@@ -75,8 +75,8 @@ async function snapshot(root: string, recursive: boolean): Promise<Map<string, S
 /**
  * Serves one watch on `res` until the reader leaves: `start`, then events as NDJSON lines.
  * Query: `path`, `recursive`, `entries` (each event but `remove` carries the entry, made by
- * `entryOf`, as it is when the event is judged), `networkMounts` (allow a directory on a network
- * file system, {@link NETWORK_FS_TYPES}).
+ * `entryOf` from the sandbox path, lstat and real path, as it is when the event is judged),
+ * `networkMounts` (allow a directory on a network file system, {@link NETWORK_FS_TYPES}).
  * @throws SpaceError FILE_NOT_FOUND / FILE_CONFLICT (not a directory), PATH_INVALID, BAD_REQUEST
  *   (a network file system not allowed) — before any byte is sent.
  */
@@ -85,7 +85,7 @@ export async function serveWatch(
   query: URLSearchParams,
   home: string,
   log: Logger,
-  entryOf: (path: string, st: Stats) => Promise<FileStat>,
+  entryOf: (path: string, st: Stats, real: string) => Promise<FileStat>,
 ): Promise<void> {
   const flag = (name: string) => query.get(name) === '1' || query.get(name) === 'true';
   const path = resolveSandboxPath(query.get('path'), home);
@@ -120,7 +120,9 @@ export async function serveWatch(
     }
     const after = seenOf(now);
     if (seen.size < WATCH_MAX_ENTRIES || before) seen.set(name, after);
-    const entry = entries ? { entry: await entryOf(posix.join(path, name), now) } : {};
+    const entry = entries
+      ? { entry: await entryOf(posix.join(path, name), now, posix.join(root, name)) }
+      : {};
     if (!before) {
       send({ type: 'create', name, ...entry });
       if (!after.dir && after.size > 0) send({ type: 'write', name, ...entry });

@@ -16,7 +16,11 @@ import {
 } from '../../core/agent-protocol.ts';
 import type { CommandSummary } from '../../core/data-plane.ts';
 import { SpaceError } from '../../core/errors.ts';
-import { FILE_METADATA_HEADER, parseFileMetadataHeader } from '../../core/guest-protocol.ts';
+import {
+  FILE_METADATA_HEADER,
+  GUEST_PROTOCOL_VERSION,
+  parseFileMetadataHeader,
+} from '../../core/guest-protocol.ts';
 import { ID_PATTERN, newId } from '../../core/ids.ts';
 import { DEFAULT_TEAM } from '../../core/tenancy.ts';
 import { type SessionClaims, type SessionScope, verifySessionToken } from '../../core/tokens.ts';
@@ -32,7 +36,7 @@ const CommandParams = Type.Object({ id: Sid, cmd: Sid });
 const TokenQuery = { token: Type.Optional(Type.String({ maxLength: 4096 })) };
 const PathQuery = Type.Object({ path: Type.String({ minLength: 1, maxLength: 4096 }), ...TokenQuery });
 
-/** `?path=…&recursive=…` (plus the token) of the watch and remove routes. */
+/** `?path=…&recursive=…` (plus the token) of the remove route. */
 const PathRecursiveQuery = Type.Object({
   path: Type.String({ minLength: 1, maxLength: 4096 }),
   recursive: Type.Optional(Type.Boolean()),
@@ -41,11 +45,9 @@ const PathRecursiveQuery = Type.Object({
 
 /** The watch's query: `entries` = events carry the entry; `networkMounts` = NFS/SMB/FUSE allowed. */
 const WatchQuery = Type.Object({
-  path: Type.String({ minLength: 1, maxLength: 4096 }),
-  recursive: Type.Optional(Type.Boolean()),
+  ...PathRecursiveQuery.properties,
   entries: Type.Optional(Type.Boolean()),
   networkMounts: Type.Optional(Type.Boolean()),
-  ...TokenQuery,
 });
 
 export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
@@ -306,8 +308,11 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       { schema: { params: SandboxParams, querystring: PathQuery } },
       async (req, reply) => {
         const sb = await authorise(req, req.params.id, 'files');
-        // checked before any byte moves (the guest checks it again)
+        // checked before any byte moves (the guest checks it again), as is the guest's protocol
         const metadata = parseFileMetadataHeader(req.headers[FILE_METADATA_HEADER]);
+        if (metadata && Object.keys(metadata).length) {
+          await sb.guest.requireProtocol(GUEST_PROTOCOL_VERSION, 'file metadata');
+        }
         const limit = deps.config.maxUploadBytes;
         const declared = Number(req.headers['content-length'] ?? 0);
         if (declared > limit) throw new SpaceError('BODY_TOO_LARGE', `uploads are limited to ${limit} bytes`);
@@ -324,7 +329,7 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
           },
         });
         const abort = new AbortController();
-        const upload = sb.guest.writeFile(req.query.path, counter, abort.signal, metadata);
+        const upload = sb.guest.writeFile(req.query.path, counter, { signal: abort.signal, metadata });
         upload.catch(() => {});
         try {
           await pipeline(src, counter);

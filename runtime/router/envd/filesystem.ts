@@ -141,7 +141,9 @@ export function filesystemService(up: Upstream) {
       async *watchDir(req, ctx): AsyncGenerator<MessageInitShape<typeof WatchDirResponseSchema>> {
         const t = target(ctx);
         // envd ≥ 0.6.3 `includeEntry`: events carry the entry; ≥ 0.6.4 `allowNetworkMounts`
-        const flags = `&recursive=${req.recursive}&entries=${req.includeEntry}&networkMounts=${req.allowNetworkMounts}`;
+        const flags =
+          `&recursive=${req.recursive}&entries=${req.includeEntry}` +
+          `&networkMounts=${req.allowNetworkMounts}`;
         const res = await up.request(
           t,
           'GET',

@@ -183,7 +183,7 @@ export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
     if (!home) return envdError(reply, 401, `unknown user "${req.query.username}"`);
     const type = String(req.headers['content-type'] ?? '');
     // envd ≥ 0.6.2: `X-Metadata-*` headers = every uploaded file's metadata, checked first (§2.7)
-    const metadata = metadataOfHeaders(req.raw.headersDistinct);
+    const metadata = metadataOfHeaders(req.raw.rawHeaders);
     const problem = fileMetadataProblem(metadata);
     if (problem) return envdError(reply, 400, problem);
     const headers = Object.keys(metadata).length
@@ -207,7 +207,7 @@ export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
         name: path.split('/').pop() ?? path,
         type: 'file',
         path,
-        ...(written.metadata && Object.keys(written.metadata).length ? { metadata: written.metadata } : {}),
+        ...(written.metadata ? { metadata: written.metadata } : {}),
       });
       return true;
     };
@@ -246,18 +246,20 @@ export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
 const METADATA_HEADER_PREFIX = 'x-metadata-';
 
 /**
- * The file metadata of an upload's headers, as envd reads them: `X-Metadata-<key>: <value>` →
- * `<key>` lowercased (Node lowercases every header name), the first value of a repeated header,
- * an empty key dropped. Pure.
+ * The file metadata of an upload's headers, as envd reads them (§2.7): `X-Metadata-<key>: <value>`
+ * → `<key>` lowercased, the first value of a repeated header, an empty key dropped. `raw` = Node's
+ * `rawHeaders` (name, value, name, value…), the same on HTTP/1.1 and HTTP/2. Pure.
  */
-export function metadataOfHeaders(headers: Record<string, string[] | undefined>): Record<string, string> {
-  const out: Record<string, string> = {};
-  for (const [name, values] of Object.entries(headers)) {
-    if (!name.startsWith(METADATA_HEADER_PREFIX) || !values?.length) continue;
+export function metadataOfHeaders(raw: readonly string[]): Record<string, string> {
+  const out = new Map<string, string>();
+  for (let i = 0; i + 1 < raw.length; i += 2) {
+    const name = raw[i]!.toLowerCase();
+    if (!name.startsWith(METADATA_HEADER_PREFIX)) continue;
     const key = name.slice(METADATA_HEADER_PREFIX.length);
-    if (key) out[key] = values[0]!;
+    if (key && !out.has(key)) out.set(key, raw[i + 1]!);
   }
-  return out;
+  // an own property for every key, `__proto__` included
+  return Object.fromEntries(out);
 }
 
 /** Query of `/files` (§2.7). */
