@@ -4,7 +4,7 @@ import type { AddressInfo } from 'node:net';
 import { Readable } from 'node:stream';
 import { afterEach, describe, expect, it } from 'vitest';
 import { SpaceError } from '../core/errors.ts';
-import { GUEST_PROTOCOL_VERSION } from '../core/guest-protocol.ts';
+import { FILE_METADATA_HEADER, GUEST_PROTOCOL_VERSION } from '../core/guest-protocol.ts';
 import { GuestClient } from './guest-client.ts';
 
 /**
@@ -137,7 +137,8 @@ describe('guest client: protocol versions (a sandbox made before an upgrade)', (
     const seen: string[] = [];
     const server: Server = createServer(async (req, res) => {
       for await (const _ of req);
-      seen.push(`${req.method} ${req.url?.split('?')[0]}`);
+      const meta = req.headers[FILE_METADATA_HEADER];
+      seen.push(`${req.method} ${req.url?.split('?')[0]}${meta ? ` ${meta}` : ''}`);
       res.writeHead(200, { 'content-type': 'application/json' });
       if (req.url === '/health') res.end(JSON.stringify({ ok: true, version, uptimeMs: 1 }));
       else res.end(JSON.stringify({ name: 'f', path: '/f', type: 'file', size: 1, mode: 420, mtimeMs: 0 }));
@@ -169,6 +170,6 @@ describe('guest client: protocol versions (a sandbox made before an upgrade)', (
   it('sends metadata to a guest of the current protocol', async () => {
     const g = await guestOfVersion(String(GUEST_PROTOCOL_VERSION));
     await g.client.writeFile('/f', body(), { metadata: { k: 'v' } });
-    expect(g.seen).toEqual(['GET /health', 'PUT /files']);
+    expect(g.seen).toEqual(['GET /health', 'PUT /files {"k":"v"}']);
   });
 });

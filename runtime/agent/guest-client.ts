@@ -284,10 +284,10 @@ export class GuestClient {
     data: Readable,
     o: { signal?: AbortSignal; metadata?: Record<string, string> } = {},
   ): Promise<FileStat> {
-    const { signal, metadata } = o;
-    if (metadata && Object.keys(metadata).length) {
-      await this.requireProtocol(GUEST_PROTOCOL_VERSION, 'file metadata');
-    }
+    const { signal } = o;
+    // none and `{}` are the same to the guest: the file has none
+    const metadata = o.metadata && Object.keys(o.metadata).length ? o.metadata : undefined;
+    if (metadata) await this.requireProtocol(GUEST_PROTOCOL_VERSION, 'file metadata');
     return this.request({
       method: 'PUT',
       path: `/files?path=${encodeURIComponent(path)}`,

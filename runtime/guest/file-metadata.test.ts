@@ -1,6 +1,6 @@
 /**
- * File metadata: the store on its own (identity = device + inode + mtime, the bound), then through
- * a real guest daemon (upload header, stat, list, rename, rewrite, watch entries).
+ * File metadata: the store on its own (identity = real path + mtime + size, the bounds), then
+ * through a real guest daemon (upload header, stat, list, rename, rewrite, watch entries).
  */
 import { execFileSync } from 'node:child_process';
 import type { Stats } from 'node:fs';
@@ -24,8 +24,8 @@ import { FileMetadataStore } from './file-metadata.ts';
 import { call, type Guest, openWatch, q, startGuest } from './test-harness.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-/** A Stats with only what the store reads (the mtime). */
-const fake = (mtimeMs: number) => ({ mtimeMs }) as Stats;
+/** A Stats with only what the store reads (mtime, size). */
+const fake = (mtimeMs: number, size = 1) => ({ mtimeMs, size }) as Stats;
 
 describe('file metadata store', () => {
   it('a file replaced at its path (another mtime) does not show the old file’s metadata', () => {
@@ -34,6 +34,7 @@ describe('file metadata store', () => {
     expect(s.of('/a', fake(1000.5))).toEqual({ k: 'v' });
     expect(s.of('/b', fake(1000.5))).toBeUndefined();
     expect(s.of('/a', fake(2000.25))).toBeUndefined();
+    expect(s.of('/a', fake(1000.5, 2))).toBeUndefined(); // same mtime, other size
     // a lookup never changes the store: the entry waits for a sweep (an upload may be mid-rename)
     expect(s.of('/a', fake(1000.5))).toEqual({ k: 'v' });
   });
@@ -51,6 +52,12 @@ describe('file metadata store', () => {
     ]);
     undo();
     expect([s.of('/a', fake(1)), s.bytes]).toEqual([{ k: 'v' }, one]);
+    // an undo after another upload set the path since changes nothing
+    const late = s.set('/a', fake(7), { first: '1' });
+    s.set('/a', fake(8), { second: '2' });
+    late();
+    expect(s.of('/a', fake(8))).toEqual({ second: '2' });
+    s.set('/a', fake(1), { k: 'v' });
     s.set('/d/x', fake(3), { x: '1' });
     s.set('/d/sub/y', fake(4), { y: '2' });
     s.set('/dd', fake(5), { z: '3' }); // a sibling whose name starts like the directory's
@@ -74,8 +81,11 @@ describe('file metadata store', () => {
     const dir = mkdtempSync(join(tmpdir(), 'space-meta-'));
     try {
       const big = { k: 'v'.repeat(900) };
-      const s = new FileMetadataStore({ bytes: 2500 }); // room for two entries of ~1.2 KiB
       const paths = ['a', 'b', 'c'].map((n) => join(dir, n));
+      // room for two entries (their size depends on the temp dir's path length)
+      const probe = new FileMetadataStore();
+      probe.set(paths[0]!, fake(1), big);
+      const s = new FileMetadataStore({ bytes: Math.floor(probe.bytes * 2.5) });
       for (const p of paths) writeFileSync(p, p);
       for (const p of paths.slice(0, 2)) {
         await s.makeRoom(p, big);
@@ -92,7 +102,9 @@ describe('file metadata store', () => {
       expect(s.of(paths[1]!, statSync(paths[1]!))).toEqual(big);
       expect(s.of(paths[2]!, statSync(paths[2]!))).toEqual(big);
       expect(s.files).toBe(2);
-      expect(s.bytes).toBeLessThanOrEqual(2500);
+      expect(s.bytes).toBeLessThanOrEqual(probe.bytes * 2.5);
+      // replacing what a path holds needs no more room than it frees
+      await s.makeRoom(paths[1]!, big);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
@@ -118,6 +130,7 @@ describe('file metadata store', () => {
         s.set(p, statSync(p), { k: 'v' });
       }
       await expect(s.makeRoom(join(dir, 'more'), { k: 'v' })).rejects.toThrow(/at most 3 files/);
+      await s.makeRoom(live[0]!, { k: 'replaced' });
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

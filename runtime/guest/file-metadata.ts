@@ -7,7 +7,8 @@
  * call. The daemon lives exactly as long as its sandbox (tini's one child; a pause or hibernation
  * checkpoints its memory with the rest), so its memory is as durable as the sandbox.
  *
- * A file is known by its path, checked against the mtime it had when its metadata was set. Not by
+ * A file is known by its path, checked against the mtime and size it had when its metadata was
+ * set (uploads with metadata get a unique mtime: {@link uniqueMtime}). Not by
  * inode: gVisor hands a freed inode number straight to the next new file, and gives files new
  * numbers after a checkpoint is restored. So:
  * - metadata follows renames made through the file API (a directory's files with it), and
@@ -29,14 +30,33 @@ import { SpaceError } from '../core/errors.ts';
 export const METADATA_STORE_BYTES = 16 * 1024 * 1024;
 /** Most files with metadata one sandbox keeps. */
 export const METADATA_STORE_FILES = 65_536;
+let lastMtimeUs = 0;
+
+/**
+ * An mtime for an upload with metadata, set explicitly: under gVisor the mtime a write leaves is
+ * the sentry's own until a checkpoint is restored, then the host's (ms apart), which the check
+ * would take for a rewrite, while a set one is the same on both sides. Unique per daemon (10 µs
+ * apart at least: libuv keeps µs), so two uploads in one ms cannot pass for each other.
+ * @returns seconds since the epoch (what `utimes` takes).
+ */
+export function uniqueMtime(): number {
+  lastMtimeUs = Math.max(Date.now() * 1000, lastMtimeUs + 10);
+  return lastMtimeUs / 1e6;
+}
+
 /** Bytes counted per file besides its keys, values and path (map entry, objects, strings). */
 const ENTRY_OVERHEAD_BYTES = 256;
 
 interface Entry {
   mtimeMs: number;
+  /** The file's size in bytes when its metadata was set (checked with the mtime). */
+  size: number;
   metadata: Record<string, string>;
   bytes: number;
 }
+
+/** Whether `e` was set for the file `st` describes (same mtime and size). */
+const matches = (e: Entry, st: Stats) => e.mtimeMs === st.mtimeMs && e.size === st.size;
 
 const sizeOf = (path: string, m: Record<string, string>) =>
   Object.entries(m).reduce((a, [k, v]) => a + k.length + v.length, ENTRY_OVERHEAD_BYTES + path.length);
@@ -72,7 +92,7 @@ export class FileMetadataStore {
    */
   of(path: string, st: Stats): Record<string, string> | undefined {
     const e = this.#entries.get(path);
-    return e && e.mtimeMs === st.mtimeMs ? e.metadata : undefined;
+    return e && matches(e, st) ? e.metadata : undefined;
   }
 
   /**
@@ -82,8 +102,14 @@ export class FileMetadataStore {
    */
   async makeRoom(path: string, metadata: Record<string, string>): Promise<void> {
     if (!Object.keys(metadata).length) return;
-    const need = sizeOf(path, metadata);
-    const fits = () => this.#bytes + need <= this.#limits.bytes && this.#entries.size < this.#limits.files;
+    // what the path holds now is replaced, so it makes room too
+    const fits = () => {
+      const have = this.#entries.get(path);
+      const need = sizeOf(path, metadata) - (have?.bytes ?? 0);
+      return (
+        this.#bytes + need <= this.#limits.bytes && this.#entries.size - (have ? 1 : 0) < this.#limits.files
+      );
+    };
     if (fits()) return;
     this.#sweep ??= this.#sweepStale().finally(() => {
       this.#sweep = null;
@@ -108,10 +134,14 @@ export class FileMetadataStore {
   set(path: string, st: Stats, metadata: Record<string, string>): () => void {
     const before = this.#entries.get(path);
     this.#delete(path);
+    let mine: Entry | undefined;
     if (Object.keys(metadata).length) {
-      this.#put(path, { mtimeMs: st.mtimeMs, metadata: { ...metadata }, bytes: sizeOf(path, metadata) });
+      mine = { mtimeMs: st.mtimeMs, size: st.size, metadata: { ...metadata }, bytes: sizeOf(path, metadata) };
+      this.#put(path, mine);
     }
+    // only while the path still holds what this set left (another upload may have set it since)
     return () => {
+      if (this.#entries.get(path) !== mine) return;
       this.#delete(path);
       if (before) this.#put(path, before);
     };
@@ -146,7 +176,7 @@ export class FileMetadataStore {
     for (const [p, e] of [...this.#entries]) {
       const st = await lstat(p).catch(() => null);
       // only if the entry is still the one checked (an upload may have replaced it meanwhile)
-      if ((!st || st.mtimeMs !== e.mtimeMs) && this.#entries.get(p) === e) this.#delete(p);
+      if ((!st || !matches(e, st)) && this.#entries.get(p) === e) this.#delete(p);
     }
   }
 

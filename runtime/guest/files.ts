@@ -13,7 +13,7 @@ import { Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { SpaceError } from '../core/errors.ts';
 import { FILE_METADATA_HEADER, type FileStat, parseFileMetadataHeader } from '../core/guest-protocol.ts';
-import { FileMetadataStore } from './file-metadata.ts';
+import { FileMetadataStore, uniqueMtime } from './file-metadata.ts';
 import { isObject, sendJson } from './http.ts';
 import { errorFields, type Logger } from './log.ts';
 import { realTarget, resolveSandboxPath } from './paths.ts';
@@ -254,11 +254,8 @@ export class Files {
       const { owner } = this.#opts;
       if (owner) await fh.chown(previous?.uid ?? owner.uid, previous?.gid ?? owner.gid);
       if (Object.keys(metadata).length) {
-        // an mtime set explicitly (whole ms): under gVisor the one a write leaves is the sentry's
-        // own until a checkpoint is restored, then the host's (ms apart), which the metadata's
-        // mtime check would take for a rewrite; a set one is the same on both sides
-        const now = new Date();
-        await fh.utimes(now, now);
+        const t = uniqueMtime(); // one both sides of gVisor agree on, even after a restore
+        await fh.utimes(t, t);
       }
       await fh.sync();
       // the new file's metadata is exactly this upload's (none without the header), in place

@@ -227,7 +227,8 @@ export function q(path: string): string {
 }
 
 /**
- * Opens `GET /fs/watch?<query>`; collects its events until `stop()` (`start` resolves `started`).
+ * Opens `GET /fs/watch?<query>`; collects its events until `stop()` (`start` resolves `started`,
+ * a refusal rejects it).
  */
 export function openWatch(
   g: Guest,
@@ -236,14 +237,19 @@ export function openWatch(
   const events: WatchEvent[] = [];
   let buf = '';
   let started!: () => void;
-  const ready = new Promise<void>((r) => {
-    started = r;
+  let refused!: (e: Error) => void;
+  const ready = new Promise<void>((resolve, reject) => {
+    started = resolve;
+    refused = reject;
   });
   const req = httpRequest(`${g.base}/fs/watch?${query}`, { agent: false, headers: AUTH }, (res) => {
+    if (res.statusCode !== 200) refused(new Error(`watch answered ${res.statusCode}`));
     res.on('data', (c: Buffer) => {
       buf += c.toString();
       for (let i = buf.indexOf('\n'); i >= 0; i = buf.indexOf('\n')) {
-        const e = JSON.parse(buf.slice(0, i)) as WatchEvent;
+        const line = buf.slice(0, i);
+        if (res.statusCode !== 200) return;
+        const e = JSON.parse(line) as WatchEvent;
         buf = buf.slice(i + 1);
         if (e.type === 'start') started();
         else events.push(e);

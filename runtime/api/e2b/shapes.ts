@@ -14,7 +14,7 @@ import type { SandboxRecord } from '../sandbox-store.ts';
  * 0.4.0 = users are handled by the daemon (the SDK sends no `user`), `stdin: false` allowed;
  * 0.5.2 = `closeStdin()`; 0.5.7 = octet-stream and gzip uploads (`useOctetStream`, `gzip`,
  * ReadableStream bodies); 0.6.2 = file metadata (`X-Metadata-*`, kept by the guest daemon:
- * runtime/guest/file-metadata.ts; guests before protocol 2 refuse it); 0.6.3 = watch
+ * runtime/guest/file-metadata.ts; the agent refuses it on guests before protocol 2); 0.6.3 = watch
  * `includeEntry`; 0.6.4 = watch `allowNetworkMounts`. 0.6.4 opens every gate of the SDK (2.51;
  * the reference's §5 asks for it).
  */
