@@ -1,8 +1,7 @@
 import { once } from 'node:events';
 import { createServer, type IncomingMessage, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { PassThrough, Readable } from 'node:stream';
-import { pipeline } from 'node:stream/promises';
+import { Readable } from 'node:stream';
 import { afterEach, describe, expect, it } from 'vitest';
 import { SpaceError } from '../core/errors.ts';
 import { FILE_METADATA_HEADER, GUEST_PROTOCOL_VERSION } from '../core/guest-protocol.ts';
@@ -166,22 +165,6 @@ describe('guest client: protocol versions (a sandbox made before an upgrade)', (
     await g.client.writeFile('/f', body(), { metadata: {} });
     await g.client.writeFile('/f', body());
     expect(g.seen).toEqual(['GET /health', 'PUT /files', 'PUT /files']);
-  });
-
-  it('a refused upload destroys its body, so whatever writes into it stops (no stalled pipe)', async () => {
-    const g = await guestOfVersion('1');
-    const body = new PassThrough();
-    g.client.writeFile('/f', body, { metadata: { k: 'v' } }).catch(() => {});
-    // more than any buffer holds: without the destroy, this pipe waits for a reader for good
-    const src = Readable.from(Array.from({ length: 200 }, () => Buffer.alloc(64 * 1024)));
-    const ended = await Promise.race([
-      pipeline(src, body).then(
-        () => 'completed',
-        (e: Error) => e.message,
-      ),
-      new Promise((r) => setTimeout(() => r('stalled'), 5000)),
-    ]);
-    expect(ended).toMatch(/speaks protocol 1/);
   });
 
   it('sends metadata to a guest of the current protocol', async () => {

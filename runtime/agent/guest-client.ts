@@ -237,7 +237,7 @@ export class GuestClient {
    */
   async watch(
     path: string,
-    o: { recursive?: boolean; entries?: boolean; networkMounts?: boolean },
+    o: { recursive: boolean; entries?: boolean; networkMounts?: boolean },
     signal?: AbortSignal,
   ): Promise<Readable> {
     if (o.entries) await this.requireProtocol(GUEST_PROTOCOL_VERSION, 'a watch with entries');
@@ -277,8 +277,7 @@ export class GuestClient {
   /**
    * Streams `data` into a file (atomic on the guest side); an aborted body leaves no partial file.
    * `metadata`: the new file's ({@link FILE_METADATA_HEADER}); without it the file has none.
-   * @throws SpaceError BAD_REQUEST for metadata on a guest older than protocol 2, before any byte
-   *   (`data` is destroyed with it, as a failed request destroys its body: a writer into it stops).
+   * @throws SpaceError BAD_REQUEST for metadata on a guest older than protocol 2, before any byte.
    */
   async writeFile(
     path: string,
@@ -288,12 +287,7 @@ export class GuestClient {
     const { signal } = o;
     // none and `{}` are the same to the guest: the file has none
     const metadata = o.metadata && Object.keys(o.metadata).length ? o.metadata : undefined;
-    if (metadata) {
-      await this.requireProtocol(GUEST_PROTOCOL_VERSION, 'file metadata').catch((err: unknown) => {
-        data.destroy(err as Error);
-        throw err;
-      });
-    }
+    if (metadata) await this.requireProtocol(GUEST_PROTOCOL_VERSION, 'file metadata');
     return this.request({
       method: 'PUT',
       path: `/files?path=${encodeURIComponent(path)}`,

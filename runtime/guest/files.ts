@@ -115,9 +115,8 @@ export class Files {
    */
   async entry(path: string, st: Stats, real: string): Promise<FileStat> {
     const out = toFileStat(path, st);
-    let metadata: Record<string, string> | undefined;
-    if (out.type !== 'symlink') metadata = this.#metadata.of(real, st);
-    else {
+    let metadata = this.#metadata.of(real, st);
+    if (out.type === 'symlink') {
       const t = await linkTarget(path);
       out.target = t ? t.target : null;
       metadata = t ? this.#metadata.of(t.target.path, t.st) : undefined;

@@ -243,15 +243,13 @@ export function openWatch(
     refused = reject;
   });
   const req = httpRequest(`${g.base}/fs/watch?${query}`, { agent: false, headers: AUTH }, (res) => {
-    if (res.statusCode !== 200) {
-      refused(new Error(`watch answered ${res.statusCode}`));
-      res.resume();
-      return;
-    }
+    if (res.statusCode !== 200) refused(new Error(`watch answered ${res.statusCode}`));
     res.on('data', (c: Buffer) => {
       buf += c.toString();
       for (let i = buf.indexOf('\n'); i >= 0; i = buf.indexOf('\n')) {
-        const e = JSON.parse(buf.slice(0, i)) as WatchEvent;
+        const line = buf.slice(0, i);
+        if (res.statusCode !== 200) return;
+        const e = JSON.parse(line) as WatchEvent;
         buf = buf.slice(i + 1);
         if (e.type === 'start') started();
         else events.push(e);

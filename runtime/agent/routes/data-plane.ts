@@ -16,7 +16,11 @@ import {
 } from '../../core/agent-protocol.ts';
 import type { CommandSummary } from '../../core/data-plane.ts';
 import { SpaceError } from '../../core/errors.ts';
-import { FILE_METADATA_HEADER, parseFileMetadataHeader } from '../../core/guest-protocol.ts';
+import {
+  FILE_METADATA_HEADER,
+  GUEST_PROTOCOL_VERSION,
+  parseFileMetadataHeader,
+} from '../../core/guest-protocol.ts';
 import { ID_PATTERN, newId } from '../../core/ids.ts';
 import { DEFAULT_TEAM } from '../../core/tenancy.ts';
 import { type SessionClaims, type SessionScope, verifySessionToken } from '../../core/tokens.ts';
@@ -304,8 +308,11 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       { schema: { params: SandboxParams, querystring: PathQuery } },
       async (req, reply) => {
         const sb = await authorise(req, req.params.id, 'files');
-        // checked before any byte moves (the guest checks it again; writeFile, its protocol)
+        // checked before any byte moves (the guest checks it again), as is the guest's protocol
         const metadata = parseFileMetadataHeader(req.headers[FILE_METADATA_HEADER]);
+        if (metadata && Object.keys(metadata).length) {
+          await sb.guest.requireProtocol(GUEST_PROTOCOL_VERSION, 'file metadata');
+        }
         const limit = deps.config.maxUploadBytes;
         const declared = Number(req.headers['content-length'] ?? 0);
         if (declared > limit) throw new SpaceError('BODY_TOO_LARGE', `uploads are limited to ${limit} bytes`);
@@ -412,8 +419,15 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         abort.signal.addEventListener('abort', () => sb.guestStreams.delete(abort), { once: true });
         let body: Awaited<ReturnType<typeof sb.guest.watch>>;
         try {
-          const { path, recursive, entries, networkMounts } = req.query;
-          body = await sb.guest.watch(path, { recursive, entries, networkMounts }, abort.signal);
+          body = await sb.guest.watch(
+            req.query.path,
+            {
+              recursive: req.query.recursive ?? false,
+              entries: req.query.entries ?? false,
+              networkMounts: req.query.networkMounts ?? false,
+            },
+            abort.signal,
+          );
         } catch (err) {
           closeTeamStream();
           throw err;
