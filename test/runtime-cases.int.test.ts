@@ -3,6 +3,7 @@
  * R8 and R9 live in lifecycle.int.test.ts.
  */
 import { createHash, randomBytes } from 'node:crypto';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { connect } from 'node:net';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -505,19 +506,34 @@ describe('runtime cases', () => {
     expect((await s.call('DELETE', `/v1/sandboxes/${small}`)).status).toBeLessThan(300);
   }, 180_000);
 
-  it('r13-a-sandbox-that-must-die-says-why: out of memory ends it as crashed naming memory; requests fail at once, coded', async () => {
+  /** The host memory cgroup directory of sandbox `id`'s instance (cgroup v1, as on these hosts). */
+  function memoryCgroup(id: string): string {
+    const sb = s.agent.sandboxes.list().find((x) => x.id === id);
+    expect(sb, `sandbox ${id} on the node`).toBeDefined();
+    return `/sys/fs/cgroup/memory/space/${sb!.instance.instanceId}`;
+  }
+
+  /**
+   * Ends sandbox `id` as a whole by the host's OOM killer: its host memory limit is lowered to just
+   * above what it holds, then root allocates. Nothing inside can kill its way out of that (the guard
+   * watches the limit the sandbox was made with), so the host ends the sentry, as it would when
+   * the guard is outrun. Resolves once the allocating command's stream ended.
+   */
+  async function hostOomKill(id: string): Promise<void> {
+    const cg = memoryCgroup(id);
+    const usage = Number(readFileSync(`${cg}/memory.usage_in_bytes`, 'utf8'));
+    writeFileSync(`${cg}/memory.limit_in_bytes`, String(usage + 8 * 2 ** 20));
+    await s.exec(id, {
+      cmd: 'python3',
+      args: ['-c', 'b = [bytes([i % 251]) * (1 << 20) for i in range(200)]'],
+      user: 'root',
+      timeoutMs: 60_000,
+    });
+  }
+
+  it('r13-a-sandbox-that-must-die-says-why: a host OOM ends it as oom; requests fail at once, coded', async () => {
     const doomed = await s.createSandbox({ timeoutSec: 600, memoryMiB: 256 });
-    // root writes 1 GiB into memory: more than the sandbox has, so the host ends the whole sandbox
-    const hog = await s.call<{ stream: { url: string; token: string } }>(
-      'POST',
-      `/v1/sandboxes/${doomed}/commands`,
-      {
-        cmd: 'python3',
-        args: ['-c', 'b = [bytes([i % 251]) * (1 << 20) for i in range(1024)]'],
-        user: 'root',
-      },
-    );
-    expect(hog.status).toBe(201);
+    const ended = hostOomKill(doomed);
     // meanwhile, requests keep coming: whatever the moment (before the node noticed or after), each
     // refusal is coded for a dead sandbox, never the guest timeout's GUEST_UNAVAILABLE
     const refusals: string[] = [];
@@ -537,8 +553,9 @@ describe('runtime cases', () => {
       },
       90_000,
     );
+    await ended;
     expect(refusals.filter((c) => !['SANDBOX_CRASHED', 'SANDBOX_NOT_RUNNING'].includes(c))).toEqual([]);
-    expect(rec.killReason).toBe('crashed');
+    expect(rec.killReason).toBe('oom');
     expect(rec.endMessage).toMatch(/ran out of memory/);
     // a request to it answers at once with a code, not a 502 after the guest timeout
     const again = await s.call<{ error: { code: string } }>('POST', `/v1/sandboxes/${doomed}/commands`, {
@@ -547,4 +564,106 @@ describe('runtime cases', () => {
     expect(again.status).toBeGreaterThanOrEqual(400);
     expect(['SANDBOX_NOT_RUNNING', 'SANDBOX_CRASHED', 'SANDBOX_NOT_FOUND']).toContain(again.body.error.code);
   }, 180_000);
+
+  it('r21-a-delete-racing-a-crash-keeps-its-cause: deleted right after a host OOM, the record says oom', async () => {
+    const doomed = await s.createSandbox({ timeoutSec: 600, memoryMiB: 256 });
+    await hostOomKill(doomed);
+    // at once, before the watchdog's next pass: the delete must not record `request`
+    expect((await s.call('DELETE', `/v1/sandboxes/${doomed}`)).status).toBeLessThan(300);
+    const rec = await waitFor(
+      'the end record',
+      async () => {
+        const r = await s.call<{ state: string; killReason?: string; endMessage?: string }>(
+          'GET',
+          `/v1/sandboxes/${doomed}`,
+        );
+        return r.body.state === 'killed' ? r.body : undefined;
+      },
+      60_000,
+    );
+    expect(rec.killReason).toBe('oom');
+    expect(rec.endMessage).toMatch(/ran out of memory/);
+  }, 180_000);
+
+  it('r21-one-process-memory-never-ends-the-sandbox: the process past the memory is killed alone, marked oomKilled', async () => {
+    const small = await s.createSandbox({ timeoutSec: 600, memoryMiB: 256 });
+    // another process that must live through it
+    const bystander = await s.exec(small, {
+      cmd: 'sh',
+      args: ['-c', 'nohup sleep 300 >/dev/null 2>&1 & echo $!'],
+    });
+    const bystanderPid = bystander.stdout.toString().trim();
+    const hog = await s.exec(small, {
+      cmd: 'python3',
+      args: ['-c', 'b = []\nwhile True: b.append(bytearray(32 << 20))'],
+      timeoutMs: 120_000,
+    });
+    expect(hog.exit.timedOut).toBe(false);
+    expect(hog.exit.signal).toBe('SIGKILL');
+    expect(hog.exit.oomKilled).toBe(true);
+    expect(hog.stderr.toString()).toMatch(/python3 \(pid \d+, \d+ MiB\): the sandbox ran out of memory/);
+    const next = await s.exec(small, {
+      cmd: 'sh',
+      args: ['-c', `echo next; kill -0 ${bystanderPid} && echo bystander`],
+    });
+    expect(next.stdout.toString()).toBe('next\nbystander\n');
+    const rec = await s.call<{ state: string }>('GET', `/v1/sandboxes/${small}`);
+    expect(rec.body.state).toBe('running');
+    // the same inside a shell: the shell lives on and reports its child's death
+    const sh = await s.exec(small, {
+      cmd: 'sh',
+      args: ['-c', 'python3 -c "b = []\nwhile True: b.append(bytearray(32 << 20))"; echo "status=$?"'],
+      timeoutMs: 120_000,
+    });
+    expect(sh.stdout.toString()).toBe('status=137\n');
+    expect(sh.exit).toMatchObject({ exitCode: 0, oomKilled: true });
+    expect((await s.call('DELETE', `/v1/sandboxes/${small}`)).status).toBeLessThan(300);
+  }, 300_000);
+
+  it('r20-every-memory-backed-filesystem-is-bounded: /dev/shm is sized; filling it is ENOSPC; only root writes /dev', async () => {
+    const small = await s.createSandbox({ timeoutSec: 600, memoryMiB: 512 });
+    const df = await s.exec(small, {
+      cmd: 'sh',
+      args: ['-c', "df -k /dev/shm | tail -1 | awk '{print $2}'"],
+    });
+    expect(Number(df.stdout.toString())).toBe(128 * 1024);
+    const shm = await s.exec(small, {
+      cmd: 'sh',
+      args: ['-c', 'dd if=/dev/zero of=/dev/shm/x bs=1M count=800 2>&1; echo "dd=$?"'],
+    });
+    expect(shm.stdout.toString()).toMatch(/No space left on device/);
+    expect(shm.stdout.toString()).not.toContain('dd=0');
+    // `/dev` holds device nodes, not data: root's alone (gVisor ignores a size there)
+    const dev = await s.exec(small, {
+      cmd: 'sh',
+      args: ['-c', 'rm /dev/shm/x; touch /dev/x 2>&1; echo "touch=$?"'],
+    });
+    expect(dev.stdout.toString()).toMatch(/Permission denied\ntouch=1\n$/);
+    const next = await s.exec(small, { cmd: 'echo', args: ['alive'] });
+    expect(next.stdout.toString()).toBe('alive\n');
+    expect((await s.call('DELETE', `/v1/sandboxes/${small}`)).status).toBeLessThan(300);
+  }, 180_000);
+
+  it('r19-a-fork-bomb-never-ends-the-sandbox: the user gets EAGAIN for a minute; the sandbox and its daemon live', async () => {
+    const small = await s.createSandbox({ timeoutSec: 900, memoryMiB: 512 });
+    const bomb = await s.exec(small, {
+      cmd: 'bash',
+      args: ['-c', 'bomb(){ bomb|bomb & }; bomb; sleep 60'],
+      timeoutMs: 60_000,
+    });
+    expect(bomb.exit.timedOut).toBe(true);
+    expect(bomb.stderr.toString()).toMatch(/fork: (retry: )?Resource temporarily unavailable/);
+    const after = await s.exec(small, {
+      cmd: 'sh',
+      args: ['-c', 'echo alive; ps -e -o user= | grep -c ^user'],
+      user: 'root',
+    });
+    const [alive, left] = after.stdout.toString().trim().split('\n');
+    expect(alive).toBe('alive');
+    // the timeout's sweep ended the bomb's processes too (R11)
+    expect(Number(left)).toBe(0);
+    const rec = await s.call<{ state: string }>('GET', `/v1/sandboxes/${small}`);
+    expect(rec.body.state).toBe('running');
+    expect((await s.call('DELETE', `/v1/sandboxes/${small}`)).status).toBeLessThan(300);
+  }, 300_000);
 });

@@ -79,7 +79,13 @@ export interface ExecResult {
   commandId: string;
   stdout: Buffer;
   stderr: Buffer;
-  exit: { exitCode: number | null; signal: string | null; timedOut: boolean; error?: string };
+  exit: {
+    exitCode: number | null;
+    signal: string | null;
+    timedOut: boolean;
+    error?: string;
+    oomKilled?: boolean;
+  };
   events: number;
 }
 

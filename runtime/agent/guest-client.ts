@@ -9,8 +9,10 @@ import { errorFromBody, SpaceError } from '../core/errors.ts';
 import {
   FILE_METADATA_HEADER,
   type FileStat,
-  GUEST_PROTOCOL_VERSION,
   type GuestHealth,
+  METADATA_PROTOCOL,
+  OOM_KILL_PROTOCOL,
+  type OomKillResult,
   type ProcessInfo,
   type ProcessStartRequest,
   type WatchEvent,
@@ -28,7 +30,7 @@ export class GuestClient {
    * every call to the guest waits for it, and fails for good with the step's error when one failed.
    */
   #settling: Promise<void> | null = null;
-  /** The guest's protocol version, asked once ({@link GUEST_PROTOCOL_VERSION}: it never changes). */
+  /** The guest's protocol version (core/guest-protocol.ts), asked once: it never changes. */
   #protocol: Promise<number> | null = null;
 
   constructor(endpoint: GuestEndpoint) {
@@ -126,6 +128,16 @@ export class GuestClient {
       );
     }
   }
+  /**
+   * Asks the guest to kill the process holding the most memory (agent/memory-guard.ts).
+   * @returns what it killed (null: nothing but its daemon was left).
+   * @throws SpaceError BAD_REQUEST from a guest older than protocol {@link OOM_KILL_PROTOCOL}.
+   */
+  async oomKill(): Promise<OomKillResult> {
+    await this.requireProtocol(OOM_KILL_PROTOCOL, 'an out-of-memory kill');
+    return this.#json('POST', '/oom-kill');
+  }
+
   /**
    * Replaces the guest's secret with `token` (authorised by the current one); later calls through
    * this client fail until a new client is made with the new token.
@@ -240,7 +252,7 @@ export class GuestClient {
     o: { recursive: boolean; entries?: boolean; networkMounts?: boolean },
     signal?: AbortSignal,
   ): Promise<Readable> {
-    if (o.entries) await this.requireProtocol(GUEST_PROTOCOL_VERSION, 'a watch with entries');
+    if (o.entries) await this.requireProtocol(METADATA_PROTOCOL, 'a watch with entries');
     const flags = (['recursive', 'entries', 'networkMounts'] as const).filter((k) => o[k]);
     const res = await this.request({
       method: 'GET',
@@ -287,7 +299,7 @@ export class GuestClient {
     const { signal } = o;
     // none and `{}` are the same to the guest: the file has none
     const metadata = o.metadata && Object.keys(o.metadata).length ? o.metadata : undefined;
-    if (metadata) await this.requireProtocol(GUEST_PROTOCOL_VERSION, 'file metadata');
+    if (metadata) await this.requireProtocol(METADATA_PROTOCOL, 'file metadata');
     return this.request({
       method: 'PUT',
       path: `/files?path=${encodeURIComponent(path)}`,

@@ -19,7 +19,7 @@ import { SpaceError } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
 import { inSpan, untraced } from '../core/tracing.ts';
-import type { PauseMode } from '../core/types.ts';
+import { describeKillReason, type EndReport, type PauseMode } from '../core/types.ts';
 import type { ActivityMeter } from './activity.ts';
 import {
   type Command,
@@ -142,23 +142,29 @@ function localSandbox(
 }
 
 /**
- * The end message of a sandbox that stopped on its own, naming the resource when the driver knew it.
- * Pure.
+ * The end report of a sandbox that stopped on its own: `oom` or `pids` when the driver read the
+ * exhausted resource from the host's counters, else `crashed`; the message names it. Pure.
  */
-export function crashMessage(cause: InstanceEndCause | undefined): string {
+export function crashReport(cause: InstanceEndCause | undefined): EndReport {
   switch (cause) {
     case 'memory':
-      return 'the sandbox ran out of memory: it used all of its memoryMiB and the host ended it';
+      return { reason: 'oom', message: describeKillReason('oom') };
     case 'processes':
-      return 'the sandbox ran out of processes: it reached the host’s task limit and its kernel failed';
+      return { reason: 'pids', message: describeKillReason('pids') };
     case undefined:
-      return 'the sandbox stopped on its own (out of memory or processes, or its kernel failed)';
+      return {
+        reason: 'crashed',
+        message: 'the sandbox stopped on its own (out of memory or processes, or its kernel failed)',
+      };
     default: {
       const never: never = cause;
       return never;
     }
   }
 }
+
+/** Reports a sandbox that ended on its own to the control plane (`node:<id>:ended`). */
+export type CrashReporter = (id: string, report: EndReport) => Promise<void>;
 
 /**
  * Whether host process `pid` still runs: it has a `/proc/<pid>/stat` and is not a zombie (`Z`,
@@ -307,7 +313,7 @@ export class SandboxManager {
   #warm: WarmPool | null = null;
   #closing = false;
   /** The crash reporter of the last watchdog pass, for crashes found between passes. */
-  #onCrash: ((id: string, message: string) => Promise<void>) | null = null;
+  #onCrash: CrashReporter | null = null;
 
   constructor(o: SandboxManagerOptions) {
     this.#o = o;
@@ -1093,6 +1099,7 @@ export class SandboxManager {
     const sb = this.#sandboxes.get(id);
     if (sb) {
       const log = this.#o.log.child({ [F.sandboxId]: id });
+      await this.#reportEndBeforeDelete(sb);
       for (const c of sb.commands.values()) c.abort.abort();
       for (const a of sb.guestStreams) a.abort();
       await sb.guest.close();
@@ -1367,7 +1374,7 @@ export class SandboxManager {
    * that fails before the watchdog's first pass (#claimStepFailed) is recorded as crashed, not
    * found missing later as lost. {@link watch} sets it too.
    */
-  reportCrashesTo(onCrash: (id: string, message: string) => Promise<void>): void {
+  reportCrashesTo(onCrash: CrashReporter): void {
     this.#onCrash = onCrash;
   }
 
@@ -1379,7 +1386,7 @@ export class SandboxManager {
    * registry id changed), a registration that failed, or one this agent cannot confirm. Returns
    * the ids found crashed.
    */
-  async watch(onCrash: (id: string, message: string) => Promise<void>): Promise<string[]> {
+  async watch(onCrash: CrashReporter): Promise<string[]> {
     this.#onCrash = onCrash;
     await Promise.allSettled([this.#registerStale(), this.checkWarmSlots()]);
     // no sandbox, nothing to look up: the driver's list is one `runsc list` of every container,
@@ -1423,7 +1430,7 @@ export class SandboxManager {
     sb.crashed = message;
     this.#o.log.warn({ err, [F.sandboxId]: sb.id, [F.instanceId]: sb.instance.instanceId }, message);
     try {
-      await this.#onCrash?.(sb.id, message);
+      await this.#onCrash?.(sb.id, { reason: 'crashed', message });
     } catch (e) {
       this.#o.log.error(
         { err: e, [F.sandboxId]: sb.id },
@@ -1532,20 +1539,43 @@ export class SandboxManager {
    * Ends a sandbox whose instance stopped on its own: reads why from the driver (before the delete
    * removes the evidence), reports it through `onCrash` and deletes it. Returns the message.
    */
-  async #endCrashed(
-    sb: LocalSandbox,
-    onCrash: (id: string, message: string) => Promise<void>,
-  ): Promise<string> {
+  async #endCrashed(sb: LocalSandbox, onCrash: CrashReporter): Promise<string> {
+    const report = await this.#crashed(sb);
+    await onCrash(sb.id, report);
+    await this.delete(sb.id);
+    return report.message;
+  }
+
+  /** Marks `sb` as ended on its own, with the cause the driver read (logged). */
+  async #crashed(sb: LocalSandbox): Promise<EndReport> {
     const cause = await this.#o.driver.endCause?.(sb.instance.instanceId).catch(() => undefined);
-    const message = crashMessage(cause);
-    sb.crashed = message;
+    const report = crashReport(cause);
+    sb.crashed = report.message;
     this.#o.log.warn(
       { [F.sandboxId]: sb.id, [F.instanceId]: sb.instance.instanceId, cause },
       'sandbox stopped on its own',
     );
-    await onCrash(sb.id, message);
-    await this.delete(sb.id);
-    return message;
+    return report;
+  }
+
+  /**
+   * Before a delete destroys the evidence: a sandbox whose instance already ended on its own (the
+   * host counted an OOM kill or a refused fork, and the instance no longer runs) is reported as
+   * such, so a delete that raced the crash never turns its cause into `request` (case R21). Only
+   * the cheap counters are read first; the driver is asked for the state only when they name a
+   * cause. Never throws.
+   */
+  async #reportEndBeforeDelete(sb: LocalSandbox): Promise<void> {
+    if (sb.crashed || sb.paused || !this.#onCrash || !this.#o.driver.endCause) return;
+    try {
+      const cause = await this.#o.driver.endCause(sb.instance.instanceId);
+      if (!cause) return;
+      const state = (await this.#o.driver.list()).find((i) => i.instanceId === sb.instance.instanceId)?.state;
+      if (state === 'running' || state === 'paused') return;
+      await this.#onCrash(sb.id, await this.#crashed(sb));
+    } catch (err) {
+      this.#o.log.warn({ err, [F.sandboxId]: sb.id }, 'reading whether a deleted sandbox had ended failed');
+    }
   }
 
   /**
@@ -1574,7 +1604,8 @@ export class SandboxManager {
       return err;
     if (this.#tombstones.has(id)) return err; // deleted while its health was being asked
     const message =
-      sb.crashed ?? (this.#onCrash ? await this.#endCrashed(sb, this.#onCrash) : crashMessage(undefined));
+      sb.crashed ??
+      (this.#onCrash ? await this.#endCrashed(sb, this.#onCrash) : crashReport(undefined).message);
     return new SpaceError('SANDBOX_CRASHED', message, { sandboxId: id }, { cause: err });
   }
 

@@ -11,6 +11,7 @@ import { AGENT_PROTOCOL_VERSION } from '../core/agent-protocol.ts';
 import { createLogger } from '../core/log-fields.ts';
 import { keys } from '../core/redis-keys.ts';
 import { loadVerifyKey } from '../core/tokens.ts';
+import { encodeEndReport } from '../core/types.ts';
 import { ActivityMeter } from './activity.ts';
 import { buildAgentApp } from './app.ts';
 import { type AgentConfig, hibernateStore, warmTemplates } from './config.ts';
@@ -20,10 +21,11 @@ import { qemuKvmBootTest } from './drivers/qemu.ts';
 import { GatewayClient } from './gateway-client.ts';
 import { defaultGuestLayerInputs, directoryImage } from './images.ts';
 import { setKvmBootTest } from './kvm.ts';
+import { MemoryGuard } from './memory-guard.ts';
 import { SandboxNetworks } from './network.ts';
 import { AgentReconciler } from './reconcile.ts';
 import { NodeRegistry } from './registry.ts';
-import { SandboxManager } from './sandboxes.ts';
+import { type CrashReporter, SandboxManager } from './sandboxes.ts';
 import { scrubCredentialValues } from './state-scrub.ts';
 import { TeamStreams } from './team-streams.ts';
 import { buildTemplate, ensureTemplates, listTemplateDefinitions, resolveTemplate } from './templates.ts';
@@ -150,7 +152,10 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     await redis.hset(
       keys.nodeEnded(config.nodeId),
       id,
-      'its VM stopped while the node agent was down (crashed, killed or the node rebooted)',
+      encodeEndReport({
+        reason: 'crashed',
+        message: 'its VM stopped while the node agent was down (crashed, killed or the node rebooted)',
+      }),
     );
   }
   // reconcile with the state of record: a sandbox the control plane ended while this agent was
@@ -255,8 +260,8 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   reconciler.start(config.heartbeatMs);
   // watchdog: notice sandboxes that died on their own, and keep the gateway's registrations current
   let watching: Promise<unknown> | null = null;
-  const reportCrash = async (id: string, message: string) => {
-    await redis.hset(keys.nodeEnded(config.nodeId), id, message);
+  const reportCrash: CrashReporter = async (id, report) => {
+    await redis.hset(keys.nodeEnded(config.nodeId), id, encodeEndReport(report));
   };
   sandboxes.reportCrashesTo(reportCrash);
   const watchdog = setInterval(() => {
@@ -266,6 +271,26 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       .catch((err: unknown) => log.error({ err }, 'watchdog pass failed'))
       .finally(() => (watching = null));
   }, config.watchdogMs);
+  // sandboxes without an OOM killer of their own (gVisor): one process's memory never ends them
+  const memoryCharge = driver.memoryCharge?.bind(driver);
+  const memoryGuard = memoryCharge
+    ? new MemoryGuard({
+        sandboxes: () =>
+          sandboxes
+            .list()
+            .filter((sb) => !sb.paused && !sb.crashed)
+            .map((sb) => ({
+              id: sb.id,
+              instanceId: sb.instance.instanceId,
+              limitBytes: sb.instance.memoryMiB * 2 ** 20,
+              vcpus: sb.instance.vcpus,
+              oomKill: () => sb.guest.oomKill(),
+            })),
+        charge: memoryCharge,
+        log,
+      })
+    : null;
+  memoryGuard?.start();
   // usage reports that failed (Redis away) go out again
   const meterSync = setInterval(() => {
     activity.sync().catch((err: unknown) => log.warn({ err }, 'usage sync failed'));
@@ -278,6 +303,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     closing ??= (async () => {
       log.info({ signal, onShutdown }, 'agent stopping');
       clearInterval(watchdog);
+      memoryGuard?.stop();
       clearInterval(meterSync);
       await watching;
       await reconciler.stop();

@@ -2,7 +2,8 @@
  * Server-Sent Events from a command spool. Event id = byte offset just past the frame, so
  * `Last-Event-ID` (or `?lastEventId=`) resumes exactly. Events:
  * `stdout` / `stderr` `{ data: base64 }`, `truncated` `{ droppedAfter }`, and `exit`
- * `{ exitCode, signal, timedOut, error? }` — always last, after which the stream ends.
+ * `{ exitCode, signal, timedOut, error?, oomKilled? }` (core/guest-protocol.ts ProcessExit) — always
+ * last, after which the stream ends.
  */
 import type { ServerResponse } from 'node:http';
 import { FRAME_EXIT, FRAME_STDERR, FRAME_STDOUT } from '../core/guest-protocol.ts';

@@ -21,7 +21,7 @@ import { F } from '../core/log-fields.ts';
 import { isRedisUnavailable } from '../core/redis-errors.ts';
 import { inChildSpan } from '../core/tracing.ts';
 import type { NodeInfo, OperationKind, PauseMode, SandboxState } from '../core/types.ts';
-import { KILL_REASONS, type KillReason } from '../core/types.ts';
+import { type EndReport, KILL_REASONS, type KillReason } from '../core/types.ts';
 import { reportUsage, type UsageState } from '../core/usage.ts';
 import type { AgentClient } from './agent-client.ts';
 import type { CredentialStore } from './credential-store.ts';
@@ -94,12 +94,17 @@ async function teardown(
 ): Promise<void> {
   const rec = await d.sandboxes.get(id);
   if (!rec) return;
+  let endedOnItsOwn: EndReport | undefined;
   if (rec.nodeId) {
     const nodeId = rec.nodeId;
     const node = await d.nodes.get(nodeId);
     try {
       if (node?.alive) {
         await d.nodes.whileAlive(nodeId, (signal) => d.agents.deleteSandbox(node, id, signal));
+        // the node found it already ended on its own (a delete racing an OOM or a fork bomb): that
+        // is why it ended, whatever the delete was asked for (R21)
+        const ended = await d.sandboxes.takeEndReport(nodeId, id);
+        if (ended) endedOnItsOwn = ended;
       } else if (!(await d.nodes.isLost(nodeId))) {
         throw new SpaceError(
           'NODE_UNAVAILABLE',
@@ -126,7 +131,11 @@ async function teardown(
   }
   await d.sandboxes.release(id);
   // keep what was said when it started ending (a crash the node described), else the reason's text
-  await d.sandboxes.markKilled(id, reason, opts.message ?? rec.endMessage ?? undefined);
+  await d.sandboxes.markKilled(
+    id,
+    endedOnItsOwn?.reason ?? reason,
+    endedOnItsOwn?.message ?? opts.message ?? rec.endMessage ?? undefined,
+  );
   await meter(d, rec, 'ended');
 }
 

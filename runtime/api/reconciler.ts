@@ -18,6 +18,7 @@ import type { Logger } from 'pino';
 import { F } from '../core/log-fields.ts';
 import { keys } from '../core/redis-keys.ts';
 import { DEFAULT_TEAM } from '../core/tenancy.ts';
+import { parseEndReport } from '../core/types.ts';
 import type { OperationStore } from './operations.ts';
 import type { SandboxStore } from './sandbox-store.ts';
 
@@ -121,15 +122,15 @@ export class Reconciler {
         // a pause or resume under way owns the sandbox (a hibernating node forgets it before the
         // record says paused); the operation ends it in a settled state
         if (rec.state === 'pausing' || rec.state === 'resuming') continue;
-        const crash = ended[id];
+        const crash = ended[id] ? parseEndReport(ended[id]) : undefined;
         if (crash) {
           // the node saw it die (out of memory, pids, kernel failure): record that, not "node lost"
           const moved = await this.#sandboxes.transition(id, 'killing', {
-            killReason: 'crashed',
-            endMessage: crash,
+            killReason: crash.reason,
+            endMessage: crash.message,
           });
           if (moved.ok) {
-            await this.#queueDelete(id, 'crashed');
+            await this.#queueDelete(id, crash.reason);
             this.#log.warn({ [F.sandboxId]: id, [F.nodeId]: node }, 'sandbox crashed');
             lost.push(id);
           }

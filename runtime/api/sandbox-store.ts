@@ -12,7 +12,9 @@ import { DEFAULT_TEAM, type TeamQuotas } from '../core/tenancy.ts';
 import { inChildSpan } from '../core/tracing.ts';
 import {
   describeKillReason,
+  type EndReport,
   type KillReason,
+  parseEndReport,
   type Sandbox,
   type SandboxState,
   statesLeadingTo,
@@ -406,6 +408,19 @@ export class SandboxStore {
     return ok === 1
       ? ({ ok: true } as const)
       : ({ ok: false, current: (current || null) as SandboxState | null } as const);
+  }
+
+  /**
+   * Takes (reads and removes) the report a node filed for sandbox `id` that ended on its own
+   * (`node:<nodeId>:ended`), if any: a delete that raced the end records the report's reason.
+   */
+  async takeEndReport(nodeId: string, id: string): Promise<EndReport | undefined> {
+    const [[, value]] = (await this.redis
+      .multi()
+      .hget(keys.nodeEnded(nodeId), id)
+      .hdel(keys.nodeEnded(nodeId), id)
+      .exec()) as [[Error | null, string | null], [Error | null, number]];
+    return value ? parseEndReport(value) : undefined;
   }
 
   /** Marks a sandbox killing for `reason` (no-op result when already ending). */

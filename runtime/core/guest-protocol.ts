@@ -27,6 +27,7 @@ import { SpaceError } from './errors.ts';
  * | POST | /fs/mkdir | `{ path, parents? }` → 200 {@link FileStat} |
  * | DELETE | /fs?path=P&recursive=1 | → 204 |
  * | POST | /fs/rename | `{ from, to }` → 200 {@link FileStat} of the moved entry (parents of `to` created) |
+ * | POST | /oom-kill | → 200 {@link OomKillResult} (version 3: kills the process holding the most memory; the agent's memory guard asks) |
  * | GET | /fs/watch?path=P&recursive=1&entries=1&networkMounts=1 | → `application/x-ndjson`: {@link WatchEvent} lines, `start` first, until the reader leaves; `entries`: events carry the entry; `networkMounts`: a directory on NFS/SMB/FUSE may be watched (else 400) |
  *
  * Output frames: `[type: u8][length: u32 big-endian][payload: length bytes]`; type 1 = stdout bytes,
@@ -39,10 +40,17 @@ import { SpaceError } from './errors.ts';
 /**
  * The protocol version a guest daemon reports in {@link GuestHealth} (`version`, as a string).
  * 1: everything in the table above but what 2 added; 2: {@link FILE_METADATA_HEADER} and
- * FileStat `metadata`, watch `entries` and `networkMounts`. A daemon never changes version while
+ * FileStat `metadata`, watch `entries` and `networkMounts`; 3: POST /oom-kill and ProcessExit
+ * `oomKilled`. A daemon never changes version while
  * its sandbox lives, so a sandbox made before an upgrade keeps the one it started with.
  */
-export const GUEST_PROTOCOL_VERSION = 2;
+export const GUEST_PROTOCOL_VERSION = 3;
+
+/** The first guest protocol with file metadata and watch `entries` / `networkMounts`. */
+export const METADATA_PROTOCOL = 2;
+
+/** The first guest protocol with POST /oom-kill. */
+export const OOM_KILL_PROTOCOL = 3;
 
 /** TCP port the guest daemon listens on inside every sandbox (same number as E2B's envd). */
 export const GUEST_PORT = 49983;
@@ -105,6 +113,16 @@ export interface ProcessExit {
   timedOut: boolean;
   /** Set when the process could not start (exitCode is then 126 or 127, as a shell reports). */
   error?: string;
+  /**
+   * True when the guest killed one of the command's processes (it or a child) because the sandbox
+   * ran out of memory (POST /oom-kill); the process killed got SIGKILL.
+   */
+  oomKilled?: boolean;
+}
+
+/** POST /oom-kill answer: the process killed, or null when none but the daemon was left. */
+export interface OomKillResult {
+  killed: { pid: number; comm: string; rssBytes: number } | null;
 }
 
 /** A process the guest runs or ran. */

@@ -42,11 +42,54 @@ export const KILL_REASONS = [
   'timeout',
   'create_failed',
   'crashed',
+  'oom',
+  'pids',
   'node_lost',
   'node_drained',
   'retention',
 ] as const;
 export type KillReason = (typeof KILL_REASONS)[number];
+
+/**
+ * Kill reasons a node reports for a sandbox that ended on its own (not asked to end): `oom` and
+ * `pids` when the host's cgroup counters name the exhausted resource, `crashed` otherwise.
+ */
+export type EndedOnItsOwn = Extract<KillReason, 'crashed' | 'oom' | 'pids'>;
+
+/**
+ * What a node says of a sandbox that ended on its own: the value of its `node:<id>:ended` hash
+ * field (core/redis-keys.ts), read by the API's reconciler and by a delete that raced the end.
+ */
+export interface EndReport {
+  reason: EndedOnItsOwn;
+  /** Human text for `endMessage`. */
+  message: string;
+}
+
+/** The hash value of an {@link EndReport} (JSON). Pure. */
+export function encodeEndReport(report: EndReport): string {
+  return JSON.stringify({ reason: report.reason, message: report.message });
+}
+
+/**
+ * Reads an `ended` hash value. Agents before the `oom`/`pids` reasons wrote the message alone:
+ * anything that is not a report with a known reason reads as `crashed` with the value as its
+ * message. Pure; never throws.
+ */
+export function parseEndReport(value: string): EndReport {
+  try {
+    const v = JSON.parse(value) as Partial<EndReport> | null;
+    if (
+      v &&
+      typeof v.message === 'string' &&
+      (v.reason === 'crashed' || v.reason === 'oom' || v.reason === 'pids')
+    )
+      return { reason: v.reason, message: v.message };
+  } catch {
+    // a plain message (an older agent)
+  }
+  return { reason: 'crashed', message: value };
+}
 
 /** Human text for a kill reason (what the sandbox record says). */
 export function describeKillReason(reason: KillReason): string {
@@ -58,7 +101,11 @@ export function describeKillReason(reason: KillReason): string {
     case 'create_failed':
       return 'creation failed';
     case 'crashed':
-      return 'the sandbox stopped on its own (out of memory or processes, or its kernel failed)';
+      return 'the sandbox stopped on its own (its kernel or platform failed)';
+    case 'oom':
+      return 'the sandbox ran out of memory: it used all of its memoryMiB and the host ended it';
+    case 'pids':
+      return 'the sandbox ran out of tasks: it reached the host’s task limit and its kernel failed';
     case 'node_lost':
       return 'its node stopped heartbeating';
     case 'node_drained':

@@ -7,7 +7,7 @@
 import { timingSafeEqual } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { SpaceError } from '../core/errors.ts';
-import { GUEST_PROTOCOL_VERSION, type GuestHealth } from '../core/guest-protocol.ts';
+import { GUEST_PROTOCOL_VERSION, type GuestHealth, type OomKillResult } from '../core/guest-protocol.ts';
 import { Files } from './files.ts';
 import { isObject, readJson, sendError, sendJson, sendNoContent } from './http.ts';
 import { log as defaultLog, type Logger } from './log.ts';
@@ -156,6 +156,13 @@ export function createGuestApp(config: GuestConfig): GuestApp {
         p.signal(body.signal);
         return sendNoContent(res);
       }
+    }
+    if (path === '/oom-kill' && method === 'POST') {
+      const v = await processes.oomKill();
+      const result: OomKillResult = {
+        killed: v ? { pid: v.pid, comm: v.comm, rssBytes: v.rssBytes } : null,
+      };
+      return sendJson(res, 200, result);
     }
     if (path === '/files') {
       if (method === 'GET') return files.read(res, query);

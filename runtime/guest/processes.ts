@@ -19,6 +19,7 @@ import { SpaceError } from '../core/errors.ts';
 import type { ProcessExit, ProcessInfo, ProcessStartRequest } from '../core/guest-protocol.ts';
 import { isObject, parseEnv } from './http.ts';
 import { errorFields, type Logger } from './log.ts';
+import { chooseOomVictim, type OomVictim } from './oom.ts';
 import { OutputStream } from './output.ts';
 import { PTY_PYTHON, parsePtySize, ptyArgv, resizeLine } from './pty.ts';
 import { COMMAND_MARKER_ENV, signalCommand } from './tree.ts';
@@ -171,6 +172,8 @@ export class ManagedProcess {
   #openPipes = 0;
   #leaderExit: { code: number | null; signal: string | null } | undefined;
   #timedOut = false;
+  /** One of its processes was killed to free the sandbox's memory (oom.ts). */
+  #oomKilled = false;
   #timeoutTimer: NodeJS.Timeout | undefined;
   #graceTimer: NodeJS.Timeout | undefined;
   /** The leader exited and background processes hold the pipes: the command is over (R12). */
@@ -270,7 +273,12 @@ export class ManagedProcess {
     child.on('exit', (code, signal) => {
       this.#leaderExit = { code, signal };
       if (this.#timeoutTimer) clearTimeout(this.#timeoutTimer);
-      this.exit = { exitCode: code, signal, timedOut: this.#timedOut };
+      this.exit = {
+        exitCode: code,
+        signal,
+        timedOut: this.#timedOut,
+        ...(this.#oomKilled ? { oomKilled: true } : {}),
+      };
       this.#retain(UNREAD_RECORD_TTL_MS); // also bounds a record whose paused output nobody reads
       this.#closeStdin();
       this.#settle();
@@ -281,6 +289,21 @@ export class ManagedProcess {
         this.killCommand('SIGKILL');
       }, timeoutMs);
     }
+  }
+
+  /**
+   * Notes that `victim`, one of this command's processes, was killed to free memory: its exit
+   * says `oomKilled`, and its stderr gets a line that says which process died and why.
+   */
+  markOomKilled(victim: Pick<OomVictim, 'pid' | 'comm' | 'rssBytes'>): void {
+    this.#oomKilled = true;
+    if (this.exit || this.#backgrounded) return;
+    const mib = (victim.rssBytes / 2 ** 20).toFixed(0);
+    this.output.stderr(
+      Buffer.from(
+        `space: killed ${victim.comm || 'a process'} (pid ${victim.pid}, ${mib} MiB): the sandbox ran out of memory\n`,
+      ),
+    );
   }
 
   /** Sends `signal` to the whole process group (no-op once it is gone). */
@@ -476,6 +499,34 @@ export class ProcessManager {
     const p = this.#processes.get(pid);
     if (!p) throw new SpaceError('COMMAND_NOT_FOUND', `no process ${pid}`, { pid });
     return p;
+  }
+
+  /**
+   * The out-of-memory kill (oom.ts): SIGKILLs the process holding the most memory, never PID 1 or
+   * this daemon, and marks the command it belongs to (by its marker, else its ancestry). Resolves
+   * with the victim, or undefined when no process but the daemon is left.
+   */
+  async oomKill(procRoot = '/proc'): Promise<OomVictim | undefined> {
+    const victim = await chooseOomVictim(new Set([process.pid]), procRoot);
+    if (!victim) return undefined;
+    try {
+      process.kill(victim.pid, 'SIGKILL');
+    } catch {
+      return undefined; // it exited meanwhile: its memory is free already
+    }
+    const owner = [...this.#processes.values()].find(
+      (p) =>
+        p.running &&
+        ((victim.marker !== undefined && p.marker === victim.marker) || victim.lineage.includes(p.pid)),
+    );
+    owner?.markOomKilled(victim);
+    this.#opts.log('warn', 'process killed: out of memory', {
+      pid: victim.pid,
+      comm: victim.comm,
+      rssBytes: victim.rssBytes,
+      ...(owner?.tag !== undefined ? { tag: owner.tag } : {}),
+    });
+    return victim;
   }
 
   list(): ProcessInfo[] {

@@ -266,6 +266,12 @@ export interface Driver {
    * refused fork); undefined when it cannot. Read before {@link destroy}, which removes the evidence.
    */
   endCause?(instanceId: string): Promise<InstanceEndCause | undefined>;
+  /**
+   * The instance's host memory charge now, bytes (synchronous: a cgroup counter, read often by the
+   * memory guard); undefined when it cannot be read. Drivers whose guests have no OOM killer of
+   * their own implement it (agent/memory-guard.ts); a VM's kernel has one.
+   */
+  memoryCharge?(instanceId: string): number | undefined;
 }
 
 /** A resource whose exhaustion ended a whole instance (see {@link Driver.endCause}). */

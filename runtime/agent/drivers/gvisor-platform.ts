@@ -17,9 +17,17 @@
  * Starts are equal within noise: the floor and the guest's own start dominate, not the platform.
  * Syscall-heavy work (package installs, compilers, file I/O) is ~9× faster on systrap when a core
  * is free and ~1.4× slower when none is (its stub threads spin for one); process spawns are ~2.5×
- * slower on systrap. A node full of sandboxes has no free core, and there systrap loses: the
- * 100-concurrent-create test (`r8-bursts-of-creates`) took 70 s on ptrace and was cut off at its
- * 120 s limit on systrap, in two runs of the full suite on this machine. So ptrace is the default; a node that keeps cores
- * spare for syscall-heavy sandboxes should set SPACE_GVISOR_PLATFORM=systrap.
+ * slower on systrap.
+ *
+ * systrap is the default all the same, because only systrap bounds the host tasks a sandbox's
+ * processes cost (case R19: a fork bomb run by the sandbox user must not end the sandbox). Under
+ * ptrace every address space has a stub process with a host thread for each sentry thread that ever
+ * ran it, and stubs are pooled, so a fork loop that churns processes grows the host tasks without
+ * bound while the guest's own count stays at its limit. Measured with `bomb(){ bomb|bomb & };
+ * bomb` as uid 1000 in a 512 MiB sandbox (256 guest tasks allowed), host pids limit lifted:
+ * ptrace reached 11,806 host tasks after 35 s (1,531 at 2 s, ~350 a second) and then 480 MiB and an
+ * OOM end; systrap levelled at 552 host tasks (518 host processes) within 9 s and stayed there for
+ * the whole 40 s, the sandbox answering after it. A node that only runs trusted, process-heavy
+ * work may set SPACE_GVISOR_PLATFORM=ptrace, knowing a fork bomb then ends its sandbox.
  */
-export const DEFAULT_GVISOR_PLATFORM: 'ptrace' | 'systrap' = 'ptrace';
+export const DEFAULT_GVISOR_PLATFORM: 'ptrace' | 'systrap' = 'systrap';

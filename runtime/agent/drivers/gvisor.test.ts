@@ -16,6 +16,7 @@ import {
   runscRelease,
   runscRestoreCommand,
   runscRunCommand,
+  shmSizeMiB,
   tmpSizeMiB,
 } from './gvisor.ts';
 import { DEFAULT_GVISOR_PLATFORM } from './gvisor-platform.ts';
@@ -202,6 +203,29 @@ describe('sandbox limits', () => {
     expect(n).toBeLessThan(1100);
     expect(hostTaskLimit(n)).toBeGreaterThan(n * 9); // up to ~8.6 host tasks per guest process measured
     expect(tmpSizeMiB(512)).toBe(256);
+  });
+
+  it('every memory-backed filesystem the user can write is sized, together within the sandbox memory (R20)', () => {
+    expect(shmSizeMiB(512)).toBe(128);
+    expect(shmSizeMiB(16)).toBe(8);
+    for (const memoryMiB of [64, 256, 512, 4096]) {
+      const oci = buildOciSpec({
+        spec: { ...spec, memoryMiB },
+        rootPath: '/r',
+        guestArgv: ['/init'],
+      }) as { mounts: { destination: string; type: string; options?: string[] }[] };
+      // `/dev` is root's alone (mode 755; gVisor ignores a size there)
+      expect(oci.mounts.find((m) => m.destination === '/dev')?.options).toContain('mode=755');
+      const tmpfs = oci.mounts.filter((m) => m.type === 'tmpfs' && m.destination !== '/dev');
+      expect(tmpfs.map((m) => m.destination).sort()).toEqual(['/dev/shm', '/tmp']);
+      const mib = tmpfs.map((m) => {
+        const size = m.options?.find((o) => o.startsWith('size='));
+        expect(size, `${m.destination} has a size`).toBeDefined();
+        const [, n, unit] = /^size=(\d+)([km])$/.exec(size!)!;
+        return Number(n) / (unit === 'k' ? 1024 : 1);
+      });
+      expect(mib.reduce((a, b) => a + b, 0)).toBeLessThanOrEqual(Math.max(64, memoryMiB) * 0.8);
+    }
   });
 });
 

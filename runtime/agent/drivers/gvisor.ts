@@ -29,7 +29,7 @@
  * host end, which is harmless: nftables hands DNS to the gateway whatever address it was sent to.
  */
 import { createHash } from 'node:crypto';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SpaceError } from '../../core/errors.ts';
@@ -180,6 +180,18 @@ export function tmpSizeMiB(memoryMiB: number): number {
   return Math.max(16, Math.floor(memoryMiB / 2));
 }
 
+/**
+ * Size of the sandbox's `/dev/shm` (POSIX shared memory, `shm_open`, Python's multiprocessing),
+ * MiB: a quarter of its memory, at least 8. Without a size runsc's tmpfs there is unbounded (`df`
+ * showed the host's ~12G in a 512 MiB sandbox) and writing 600 MB to it ran the whole sandbox out
+ * of memory (case R20). With `/tmp` at half, every memory-backed filesystem together holds at most
+ * three quarters of the sandbox's memory, so filling both still leaves room for its processes and
+ * the guest daemon. Pure.
+ */
+export function shmSizeMiB(memoryMiB: number): number {
+  return Math.max(8, Math.floor(memoryMiB / 4));
+}
+
 /** Inputs of {@link buildOciSpec}. */
 export interface OciInputs {
   spec: InstanceSpec;
@@ -192,7 +204,8 @@ export interface OciInputs {
  * The OCI runtime spec (config.json) for an instance. Pure.
  * CPU: quota = vcpus × {@link CPU_PERIOD_US} µs; memory: memoryMiB × 2^20 bytes; cgroupsPath `/space/<id>`;
  * processes: {@link guestProcessLimit} inside (RLIMIT_NPROC), {@link hostTaskLimit} on the host;
- * `/tmp`: a tmpfs of {@link tmpSizeMiB}.
+ * `/tmp`: a tmpfs of {@link tmpSizeMiB}; `/dev/shm` of {@link shmSizeMiB}: every memory-backed
+ * filesystem the sandbox user can write is sized, so a full one is ENOSPC to its writer (R13, R20).
  */
 export function buildOciSpec(i: OciInputs): Record<string, unknown> {
   const { spec } = i;
@@ -220,9 +233,16 @@ export function buildOciSpec(i: OciInputs): Record<string, unknown> {
     hostname: 'sandbox',
     mounts: [
       { destination: '/proc', type: 'proc', source: 'proc' },
+      // gVisor ignores a size (and `ro` makes its device nodes unwritable) on `/dev`: it stays
+      // unsized, writable by root alone (mode 755)
       { destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'strictatime', 'mode=755'] },
       { destination: '/dev/pts', type: 'devpts', source: 'devpts', options: ['nosuid', 'noexec'] },
-      { destination: '/dev/shm', type: 'tmpfs', source: 'shm', options: ['nosuid', 'noexec', 'nodev'] },
+      {
+        destination: '/dev/shm',
+        type: 'tmpfs',
+        source: 'shm',
+        options: ['nosuid', 'noexec', 'nodev', 'mode=1777', `size=${shmSizeMiB(spec.memoryMiB)}m`],
+      },
       {
         destination: '/tmp',
         type: 'tmpfs',
@@ -624,6 +644,25 @@ export class GvisorDriver implements Driver {
     const mem = (await read(v1('memory', 'memory.oom_control'))) + (await read(v2('memory.events')));
     const pids = (await read(v1('pids', 'pids.events'))) + (await read(v2('pids.events')));
     return endCauseFromCounters(mem, pids);
+  }
+
+  /**
+   * The instance's host memory charge, bytes: cgroup v1 `memory.usage_in_bytes`, else v2
+   * `memory.current`; undefined when neither can be read (the instance is gone).
+   */
+  memoryCharge(instanceId: string): number | undefined {
+    for (const file of [
+      join('/sys/fs/cgroup/memory/space', instanceId, 'memory.usage_in_bytes'),
+      join('/sys/fs/cgroup/space', instanceId, 'memory.current'),
+    ]) {
+      try {
+        const n = Number(readFileSync(file, 'latin1').trim());
+        if (Number.isSafeInteger(n)) return n;
+      } catch {
+        // not this hierarchy
+      }
+    }
+    return undefined;
   }
 
   /** Memory charged to the instance's cgroup (v1 `memory.usage_in_bytes`). @throws DRIVER_FAILED. */

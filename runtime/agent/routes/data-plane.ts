@@ -18,7 +18,7 @@ import type { CommandSummary } from '../../core/data-plane.ts';
 import { SpaceError } from '../../core/errors.ts';
 import {
   FILE_METADATA_HEADER,
-  GUEST_PROTOCOL_VERSION,
+  METADATA_PROTOCOL,
   parseFileMetadataHeader,
 } from '../../core/guest-protocol.ts';
 import { ID_PATTERN, newId } from '../../core/ids.ts';
@@ -311,7 +311,7 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         // checked before any byte moves (the guest checks it again), as is the guest's protocol
         const metadata = parseFileMetadataHeader(req.headers[FILE_METADATA_HEADER]);
         if (metadata && Object.keys(metadata).length) {
-          await sb.guest.requireProtocol(GUEST_PROTOCOL_VERSION, 'file metadata');
+          await sb.guest.requireProtocol(METADATA_PROTOCOL, 'file metadata');
         }
         const limit = deps.config.maxUploadBytes;
         const declared = Number(req.headers['content-length'] ?? 0);
