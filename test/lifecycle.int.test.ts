@@ -39,8 +39,15 @@ const NODE_MEMORY_MIB = BURST * 128 + 512;
  * BURST × 128 MiB) and one 40-vCPU sandbox fits where two do not. No warm pool, not even one grown
  * by demand (SPACE_WARM_POOL_MAX 0): a slot refilled after one create would serve the next, and
  * the template-snapshot test's second create must boot (it once came from such a slot in CI).
+ * gVisor's ptrace platform, not the default systrap: an idle systrap sandbox costs this 2-core VM
+ * ~31 ms of CPU a second against ~3 under ptrace (8 idle sandboxes: 252 against 22 ms/s, cpuacct,
+ * 2026-12-07), so the burst's 100 idle sandboxes would need ~3 of its 2 cores and creates time out
+ * (9 of 100 did, NODE_UNAVAILABLE after the agent call's timeout). R8 is about placement,
+ * distinctness and clean failure under a burst, which the platform does not change; what systrap
+ * is the default for (a fork bomb's host tasks, R19) is tested in runtime-cases.int.test.ts.
  */
 const LIFECYCLE_AGENT = {
+  SPACE_GVISOR_PLATFORM: 'ptrace',
   SPACE_CREATE_CONCURRENCY: '6',
   SPACE_NODE_VCPUS: String(NODE_VCPUS),
   SPACE_NODE_MEMORY_MIB: String(NODE_MEMORY_MIB),

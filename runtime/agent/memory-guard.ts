@@ -74,8 +74,6 @@ export interface MemoryGuardOptions {
   /** The instance's host memory charge now, bytes; undefined when it cannot be read (gone). */
   charge(instanceId: string): number | undefined;
   log: Logger;
-  /** Told of each kill (metrics); optional. */
-  onKill?: (sandboxId: string, killed: NonNullable<OomKillResult['killed']>) => void;
 }
 
 interface Watch {
@@ -153,7 +151,6 @@ export class MemoryGuard {
             { pid: killed.pid, comm: killed.comm, rssBytes: killed.rssBytes, chargeBytes: charge },
             'process killed: the sandbox ran out of memory',
           );
-          this.#o.onKill?.(sb.id, killed);
           w.nextAt = Date.now() + AFTER_KILL_MS;
         } else {
           // nothing but the guest daemon left: what holds the memory is no process (a tmpfs)

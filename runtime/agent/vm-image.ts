@@ -30,12 +30,16 @@ import { basename, dirname, join } from 'node:path';
 import { promisify } from 'node:util';
 import { SpaceError } from '../core/errors.ts';
 import type { TemplateImage } from './drivers/driver.ts';
+import { MIB_PER_GUEST_PROCESS, MIN_GUEST_PROCESSES } from './drivers/gvisor.ts';
 import { directoryImage, GUEST_ARGV, type GuestLayerInputs, imageDigest } from './images.ts';
 
 const run = promisify(execFile);
 
 /** Bump when the layout of the rootfs image, the initrd or its init changes. */
-export const VM_IMAGE_VERSION = 'space-vm-image/1';
+export const VM_IMAGE_VERSION = 'space-vm-image/2';
+
+/** `/dev/shm` of a VM guest, percent of its memory (as the gVisor driver's shmSizeMiB). */
+const SHM_PERCENT = 25;
 /** Debian's metapackage for the cloud kernel (depends on the versioned image package). */
 export const GUEST_KERNEL_METAPACKAGE = 'linux-image-cloud-amd64';
 /** Modules the guest loads (with their dependencies) when they are not built into the kernel. */
@@ -319,7 +323,9 @@ export function shQuote(s: string): string {
  * (CIDR of eth0), `space.gw` (default gateway and DNS server), and optionally `space.probe=early`
  * (print {@link BOOT_MARKER} and power off before touching any device) or `space.probe=late` (the
  * same after the root filesystem and network are set up). Any failure prints `space-init: FAILED …`
- * and powers off. Pure.
+ * and powers off. Limits, as the gVisor driver sets them: `/dev/shm` a quarter of the memory, each
+ * user's tasks `max(MIN_GUEST_PROCESSES, memoryMiB / MIB_PER_GUEST_PROCESS)` (RLIMIT_NPROC), and
+ * tini and the guest daemon out of the OOM killer's reach (`oom_score_adj` -1000). Pure.
  */
 export function initScript(modules: readonly string[], argv: readonly string[] = GUEST_ARGV): string {
   const env = Object.entries(GUEST_ENV).map(([k, v]) => `${k}=${shQuote(v)}`);
@@ -359,7 +365,13 @@ mount --move /sys /newroot/sys
 mount --move /dev /newroot/dev
 mkdir -p /newroot/dev/pts /newroot/dev/shm
 mount -t devpts -o nosuid,noexec,gid=5,mode=620,ptmxmode=666 devpts /newroot/dev/pts
-mount -t tmpfs -o nosuid,nodev,noexec shm /newroot/dev/shm
+mount -t tmpfs -o nosuid,nodev,noexec,size=${SHM_PERCENT}% shm /newroot/dev/shm
+# one process never ends the sandbox: the kernel's OOM killer never picks tini or the guest daemon
+# (the daemon gives each command oom_score_adj 0 again), and each user's tasks are bounded
+echo -1000 > /proc/self/oom_score_adj
+mem=$(awk '/^MemTotal:/ { print int($2 / 1024) }' /proc/meminfo)
+nproc=$((mem / ${MIB_PER_GUEST_PROCESS})); [ "$nproc" -lt ${MIN_GUEST_PROCESSES} ] && nproc=${MIN_GUEST_PROCESSES}
+ulimit -u "$nproc" || echo "space-init: no process limit"
 exec env -i ${env.join(' ')} switch_root /newroot ${argv.map(shQuote).join(' ')}
 `;
 }

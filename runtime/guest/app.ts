@@ -11,7 +11,7 @@ import { GUEST_PROTOCOL_VERSION, type GuestHealth, type OomKillResult } from '..
 import { Files } from './files.ts';
 import { isObject, readJson, sendError, sendJson, sendNoContent } from './http.ts';
 import { log as defaultLog, type Logger } from './log.ts';
-import { ProcessManager } from './processes.ts';
+import { oomProtected, ProcessManager } from './processes.ts';
 import { parsePtySize } from './pty.ts';
 import type { Identity } from './users.ts';
 import { serveWatch } from './watch.ts';
@@ -59,6 +59,7 @@ export function createGuestApp(config: GuestConfig): GuestApp {
     home: config.home,
     canSwitchUser: config.privileged,
     log,
+    resetOomScore: oomProtected(),
     ...(config.recordTtlMs !== undefined ? { deliveredTtlMs: config.recordTtlMs } : {}),
   });
   const files = new Files({

@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { chooseOomVictim, markerOf, PAGE_BYTES, residentBytes } from './oom.ts';
-import { ProcessManager } from './processes.ts';
+import { oomProtected, ProcessManager } from './processes.ts';
 import { commandProcesses } from './tree.ts';
 
 const dirs: string[] = [];
@@ -56,6 +56,19 @@ describe('oom victim choice', () => {
       marker: 'cmd-a',
     });
     expect(await chooseOomVictim(new Set([2, 10, 11, 13]), root)).toBeUndefined();
+  });
+});
+
+describe('a protected daemon (a VM guest: oom_score_adj -1000)', () => {
+  // lowering oom_score_adj needs CAP_SYS_RESOURCE, which these test machines do not give: the
+  // reset itself is proven in a VM guest (qemu.int.test.ts), the reading here
+  it('reads whether the daemon runs out of the OOM killer’s reach', () => {
+    const root = tempDir();
+    writeFileSync(join(root, 'oom_score_adj'), '-1000\n');
+    expect(oomProtected(root)).toBe(true);
+    writeFileSync(join(root, 'oom_score_adj'), '0\n');
+    expect(oomProtected(root)).toBe(false);
+    expect(oomProtected(join(root, 'missing'))).toBe(false);
   });
 });
 

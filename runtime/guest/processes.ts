@@ -10,7 +10,8 @@
 
 import { type ChildProcess, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { stat } from 'node:fs/promises';
+import { readFileSync } from 'node:fs';
+import { stat, writeFile } from 'node:fs/promises';
 import type { IncomingMessage } from 'node:http';
 import { constants as osConstants } from 'node:os';
 import { posix } from 'node:path';
@@ -60,6 +61,23 @@ export interface ProcessManagerOptions {
   log: Logger;
   /** Override of {@link DELIVERED_RECORD_TTL_MS} (tests). */
   deliveredTtlMs?: number;
+  /**
+   * Set each command's `oom_score_adj` to 0: the daemon runs protected from the guest kernel's OOM
+   * killer (-1000, a VM's init sets it) and its children inherit that (see {@link oomProtected}).
+   */
+  resetOomScore?: boolean;
+}
+
+/**
+ * Whether this process runs out of the OOM killer's reach (`/proc/self/oom_score_adj` below 0):
+ * its commands must then be given 0 again. False where it cannot be read.
+ */
+export function oomProtected(procSelf = '/proc/self'): boolean {
+  try {
+    return Number(readFileSync(`${procSelf}/oom_score_adj`, 'utf8').trim()) < 0;
+  } catch {
+    return false;
+  }
 }
 
 function processExited(message: string): SpaceError {
@@ -583,6 +601,13 @@ export class ProcessManager {
     }
     child.on('error', (err) => log('warn', 'child error', { pid: child.pid, ...errorFields(err) }));
     const pid = child.pid;
+    // inherited -1000 from the protected daemon: the command is the OOM killer's to pick again. A
+    // process it forks in the microseconds before this write keeps -1000 (a known window)
+    // (not awaited: the child's exit must find its listeners, attached below, in this same tick)
+    if (this.#opts.resetOomScore)
+      void writeFile(`/proc/${pid}/oom_score_adj`, '0').catch((err: unknown) =>
+        log('warn', 'oom_score_adj not reset', { pid, ...errorFields(err) }),
+      );
     // An old record whose pid the kernel reused: its group is gone, so only drop it (never signal -pid).
     this.#processes.get(pid)?.dispose(false);
     const p = new ManagedProcess(pid, spec, (gone) => this.#drop(gone), this.#deliveredTtl, marker);

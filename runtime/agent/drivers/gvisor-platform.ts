@@ -27,7 +27,14 @@
  * bomb` as uid 1000 in a 512 MiB sandbox (256 guest tasks allowed), host pids limit lifted:
  * ptrace reached 11,806 host tasks after 35 s (1,531 at 2 s, ~350 a second) and then 480 MiB and an
  * OOM end; systrap levelled at 552 host tasks (518 host processes) within 9 s and stayed there for
- * the whole 40 s, the sandbox answering after it. A node that only runs trusted, process-heavy
- * work may set SPACE_GVISOR_PLATFORM=ptrace, knowing a fork bomb then ends its sandbox.
+ * the whole 40 s, the sandbox answering after it. Killing the bomb's processes does not help under
+ * ptrace: four rounds of `runsc kill` of every uid-1000 process took the host tasks from 3,493 to
+ * 10,603, then the sandbox ran out of memory.
+ *
+ * What systrap costs: CPU while idle. 8 idle sandboxes used 252 ms of CPU a second under systrap
+ * against 22 ms under ptrace (their cpuacct cgroups over 10 s; a bare `runsc do sleep` 44 against
+ * 6), so this 2-core VM cannot hold 100 idle systrap sandboxes (the R8 burst runs on ptrace for
+ * that reason: test/lifecycle.int.test.ts). A node that only runs trusted, process-heavy work may
+ * set SPACE_GVISOR_PLATFORM=ptrace, knowing a fork bomb then ends its sandbox (`killReason: pids`).
  */
 export const DEFAULT_GVISOR_PLATFORM: 'ptrace' | 'systrap' = 'systrap';

@@ -16,6 +16,7 @@ import { SandboxNetworks } from '../network.ts';
 import { buildTemplate } from '../templates.ts';
 import { vmImage } from '../vm-image.ts';
 import type { InstanceSpec, SandboxNetwork, TemplateImage } from './driver.ts';
+import { MIB_PER_GUEST_PROCESS, MIN_GUEST_PROCESSES } from './gvisor.ts';
 import { QemuDriver } from './qemu.ts';
 
 /** Template and image cache shared with the other int tests (persists between runs). */
@@ -173,6 +174,18 @@ describe('QemuDriver (real microVMs under TCG)', () => {
     expect(rest).toContain(image.kernel!.version);
     expect(rest).toContain('sandbox');
     expect(rest).toContain('nameserver 172.31.0.1');
+
+    // the limits the gVisor driver sets, kept by the VM's kernel (R19-R21): each user's tasks, a
+    // sized /dev/shm, tini and the daemon out of the OOM killer's reach, the command back in it
+    const limits = await exec(
+      c,
+      "ulimit -u; df -k /dev/shm | tail -1 | awk '{print $2 > 0 && $2 <= 128 * 1024}'; cat /proc/self/oom_score_adj /proc/$PPID/oom_score_adj /proc/1/oom_score_adj",
+    );
+    const [nproc, shmBounded, ...adj] = limits.chunks.join('').trim().split('\n');
+    expect(Number(nproc)).toBeGreaterThanOrEqual(MIN_GUEST_PROCESSES);
+    expect(Number(nproc)).toBeLessThanOrEqual(512 / MIB_PER_GUEST_PROCESS);
+    expect(shmBounded).toBe('1');
+    expect(adj).toEqual(['0', '-1000', '-1000']);
 
     // pause: the guest stops answering; resume: it answers again
     await driver.pause(spec.instanceId);

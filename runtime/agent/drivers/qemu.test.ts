@@ -103,6 +103,11 @@ describe('guest initrd', () => {
     expect(last).toBe(
       `exec env -i PATH='/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' HOME='/root' LANG='C.UTF-8' switch_root /newroot ${GUEST_ARGV.map(shQuote).join(' ')}`,
     );
+    // the limits the gVisor driver sets, as a VM's kernel enforces them (R19-R21)
+    expect(s).toContain('size=25% shm /newroot/dev/shm');
+    expect(s).toContain('echo -1000 > /proc/self/oom_score_adj');
+    expect(s).toContain('nproc=$((mem / 2)); [ "$nproc" -lt 256 ] && nproc=256');
+    expect(s.indexOf('ulimit -u "$nproc"')).toBeLessThan(s.indexOf('switch_root /newroot'));
     // the probe modes stop before the guest daemon
     expect(s.indexOf('probe" = early')).toBeLessThan(s.indexOf('insmod'));
     expect(s.indexOf('probe" = late')).toBeLessThan(s.indexOf('switch_root'));
