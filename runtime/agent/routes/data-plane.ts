@@ -4,8 +4,8 @@
  * mkdir, remove). Tokens go in `Authorization: Bearer` or `?token=`; a token for another sandbox,
  * another session of this sandbox, or without the route's scope is refused.
  */
-import { type Readable, Transform } from 'node:stream';
-import { pipeline } from 'node:stream/promises';
+import { PassThrough, type Readable, Transform } from 'node:stream';
+import { finished, pipeline } from 'node:stream/promises';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
 import type { FastifyRequest } from 'fastify';
@@ -239,7 +239,11 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         if (!body || typeof (body as { pipe?: unknown }).pipe !== 'function') {
           throw new SpaceError('BAD_REQUEST', 'send stdin bytes with Content-Type: application/octet-stream');
         }
-        await sb.guest.writeStdin(cmd.pid, body as unknown as Readable);
+        // through a pipe: when the guest refuses before the body ended (the process exited),
+        // undici drops the pipe, not the request whose socket the refusal goes out on
+        const pass = new PassThrough();
+        (body as unknown as Readable).pipe(pass);
+        await sb.guest.writeStdin(cmd.pid, pass);
         return reply.status(204).send();
       },
     );
@@ -321,24 +325,48 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
           throw new SpaceError('BAD_REQUEST', 'upload with Content-Type: application/octet-stream');
         }
         let seen = 0;
+        /** This hop's own refusal of the body (over the limit), whatever undici makes of it. */
+        let tooLarge: SpaceError | undefined;
         const counter = new Transform({
           transform(chunk: Buffer, _enc, cb) {
             seen += chunk.length;
-            if (seen > limit) cb(new SpaceError('BODY_TOO_LARGE', `uploads are limited to ${limit} bytes`));
-            else cb(null, chunk);
+            if (seen > limit) {
+              tooLarge = new SpaceError('BODY_TOO_LARGE', `uploads are limited to ${limit} bytes`);
+              cb(tooLarge);
+            } else cb(null, chunk);
           },
         });
         const abort = new AbortController();
         const upload = sb.guest.writeFile(req.query.path, counter, { signal: abort.signal, metadata });
         upload.catch(() => {});
-        try {
-          await pipeline(src, counter);
-        } catch (err) {
+        // piped, not pipeline(): a refusal must not destroy the request (and the socket its answer
+        // goes out on); the error handler reads and drops the rest of the body (answerBeforeBody)
+        src.pipe(counter);
+        // the guest may refuse before the body ended (a platform path, a directory, a full disk):
+        // its answer ends the wait at once, with its own code
+        const first = await Promise.race([
+          upload.then(
+            () => ({ refused: false as const }),
+            (err: unknown) => ({ refused: true as const, err }),
+          ),
+          finished(src as Readable).then(
+            () => ({ refused: false as const }),
+            () => ({ refused: true as const, err: undefined }),
+          ),
+        ]);
+        if (first.refused) {
+          src.unpipe(counter);
           abort.abort(); // the guest drops its temp file; the previous file stays as it was
           await upload.catch(() => {});
-          throw err instanceof SpaceError ? err : new SpaceError('BAD_REQUEST', 'upload was interrupted');
+          if (tooLarge) throw tooLarge;
+          if (first.err instanceof SpaceError) throw first.err;
+          throw new SpaceError('BAD_REQUEST', 'upload was interrupted');
         }
-        return reply.status(200).send(await upload);
+        try {
+          return reply.status(200).send(await upload);
+        } catch (err) {
+          throw tooLarge ?? err;
+        }
       },
     );
 

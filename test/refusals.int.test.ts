@@ -1,0 +1,215 @@
+/**
+ * Issue 49's refusals (shared/cases/runtime.md R22, R23, R25), against the real stack and a
+ * router process: a refusal is immediate, carries its own code and the error envelope, reaches a
+ * client that writes its whole body before reading, and leaves no socket held.
+ */
+import { execFile } from 'node:child_process';
+import { join } from 'node:path';
+import { Readable } from 'node:stream';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { request } from 'undici';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { freePort } from './redis-server.ts';
+import { type RouterProcess, startRouterProcess } from './router-process.ts';
+import { leftovers, NO_LEFTOVERS, type Stack, startStack } from './stack.ts';
+
+const run = promisify(execFile);
+const MiB = 1024 * 1024;
+const CLIENT = fileURLToPath(new URL('./whole-body-client.py', import.meta.url));
+const UPLOAD_LIMIT = 64 * MiB;
+
+let s: Stack;
+let router: RouterProcess;
+let id: string;
+let token: string;
+
+beforeAll(async () => {
+  const port = await freePort();
+  s = await startStack({
+    SPACE_ROUTER_URL: `http://127.0.0.1:${port}`,
+    SPACE_MAX_UPLOAD_BYTES: String(UPLOAD_LIMIT),
+  });
+  router = await startRouterProcess({
+    SPACE_ROUTER_PORT: String(port),
+    SPACE_REDIS_URL: s.redisUrl,
+    SPACE_VERIFY_KEY_FILE: join(s.dir, 'key.pub.pem'),
+    SPACE_MAX_UPLOAD_BYTES: String(UPLOAD_LIMIT),
+  });
+  // 512 MiB: /tmp is a tmpfs of 256 MiB, small enough to fill for the full-disk case
+  id = await s.createSandbox({ memoryMiB: 512, timeoutSec: 900 });
+  token = (await s.token(id)).token;
+});
+afterAll(async () => {
+  await router?.stop();
+  if (!s) return;
+  await s.stop();
+  expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
+});
+
+interface Sent {
+  status: number;
+  code?: string;
+  closed?: boolean;
+  error?: string;
+  body?: string;
+  seconds: number;
+}
+
+/** Sends `bytes` with a client that writes the whole request before it reads (whole-body-client.py). */
+async function sendWhole(
+  url: string,
+  method: string,
+  bytes: number,
+  o: { type?: string; mode?: 'http.client' | 'raw' } = {},
+): Promise<Sent> {
+  const { stdout } = await run(
+    'python3',
+    [CLIENT, url, method, String(bytes), o.type ?? 'application/octet-stream', o.mode ?? 'http.client'],
+    { timeout: 60_000 },
+  );
+  return JSON.parse(stdout) as Sent;
+}
+
+const bases = () => ({ agent: s.agent.url, router: router.url });
+const q = (path: string) => `?path=${encodeURIComponent(path)}&token=${token}`;
+
+describe('r22-refused-upload: a refused upload answers its own code to a client that writes everything first', () => {
+  it('a platform path, a directory, under a regular file and a full disk, through the agent and the router', async () => {
+    const made = await s.exec(id, {
+      cmd: 'sh',
+      args: ['-c', 'echo x > /home/user/r22-file && mkdir -p /home/user/r22-dir'],
+    });
+    expect(made.exit.exitCode).toBe(0);
+    const cases: [string, string, number][] = [
+      ['/proc/x', 'PATH_INVALID', 400],
+      ['/home/user/r22-dir', 'FILE_CONFLICT', 409],
+      ['/home/user/r22-file/under', 'FILE_CONFLICT', 409],
+    ];
+    for (const [hop, base] of Object.entries(bases())) {
+      for (const [path, code, status] of cases) {
+        const url = `${base}/v1/sandboxes/${id}/files${q(path)}`;
+        const viaClient = await sendWhole(url, 'PUT', 30_000_000);
+        expect(viaClient, `${hop} ${path} (http.client)`).toMatchObject({ status, code });
+        // the same with a raw socket, read to its end: the server closes the connection itself
+        const raw = await sendWhole(url, 'PUT', 30_000_000, { mode: 'raw' });
+        expect(raw, `${hop} ${path} (raw)`).toMatchObject({ status, code, closed: true });
+      }
+    }
+    // a full disk refuses in the middle of the body: /tmp (256 MiB) is filled up to ~8 MiB first
+    const fill = await s.exec(id, {
+      cmd: 'sh',
+      args: ['-c', 'dd if=/dev/zero of=/tmp/r22-fill bs=1M count=248 2>/dev/null; df -k /tmp | tail -1'],
+    });
+    expect(fill.exit.exitCode).toBe(0);
+    try {
+      for (const [hop, base] of Object.entries(bases())) {
+        const url = `${base}/v1/sandboxes/${id}/files${q('/tmp/r22-big')}`;
+        const full = await sendWhole(url, 'PUT', 30_000_000, { mode: 'raw' });
+        expect(full, `${hop} full disk`).toMatchObject({ status: 507, code: 'DISK_FULL', closed: true });
+      }
+      // the refused uploads left nothing behind, and the sandbox serves on
+      const ls = await s.exec(id, {
+        cmd: 'sh',
+        args: ['-c', 'ls -A /tmp /home/user/r22-dir | grep -c space-upload || true'],
+      });
+      expect(ls.stdout.toString().trim()).toBe('0');
+    } finally {
+      await s.exec(id, { cmd: 'rm', args: ['-f', '/tmp/r22-fill'] });
+    }
+    // an upload that is not refused still works on the same routes
+    for (const base of Object.values(bases())) {
+      const ok = await sendWhole(
+        `${base}/v1/sandboxes/${id}/files${q('/home/user/r22-ok')}`,
+        'PUT',
+        3_000_000,
+      );
+      expect(ok.status).toBe(200);
+    }
+  });
+});
+
+describe('r23-size-limits-at-the-first-hop: a body over its limit is 413 at once, through the router too', () => {
+  it('a 10 MiB JSON body to every data-plane route that takes one, and an upload declared over the limit', async () => {
+    const paths = [
+      `/v1/sandboxes/${id}/fs/mkdir`,
+      `/v1/sandboxes/${id}/fs/rename`,
+      `/v1/sandboxes/${id}/commands/cmd_aaaaaaaaaaaaaaaaaaaa/signal`,
+      `/v1/sandboxes/${id}/commands/cmd_aaaaaaaaaaaaaaaaaaaa/resize`,
+    ];
+    for (const [hop, base] of Object.entries(bases())) {
+      for (const path of paths) {
+        const r = await sendWhole(`${base}${path}?token=${token}`, 'POST', 10 * MiB, {
+          type: 'application/json',
+          mode: 'raw',
+        });
+        expect(r, `${hop} ${path}`).toMatchObject({ status: 413, code: 'BODY_TOO_LARGE', closed: true });
+      }
+      const up = await sendWhole(
+        `${base}/v1/sandboxes/${id}/files${q('/home/user/r23-big')}`,
+        'PUT',
+        UPLOAD_LIMIT + 1,
+        {
+          mode: 'raw',
+        },
+      );
+      expect(up, `${hop} upload over the limit`).toMatchObject({
+        status: 413,
+        code: 'BODY_TOO_LARGE',
+        closed: true,
+      });
+    }
+    // a chunked JSON body (no Content-Length) over the limit: the agent counts it and the router
+    // passes its 413 on
+    const chunks = async function* () {
+      for (let i = 0; i < 10; i++) yield Buffer.alloc(MiB, 0x20);
+    };
+    const chunked = await request(`${router.url}/v1/sandboxes/${id}/fs/mkdir?token=${token}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: Readable.from(chunks()),
+    });
+    const body = (await chunked.body.json()) as { error: { code: string } };
+    expect([chunked.statusCode, body.error.code]).toEqual([413, 'BODY_TOO_LARGE']);
+  });
+});
+
+describe('r25-every-error-has-the-envelope', () => {
+  it('headers too large (431), bad JSON, an unsupported type and an unknown route, on the API, router and agent', async () => {
+    const services = { api: s.apiUrl, router: router.url, agent: s.agent.url };
+    for (const [name, base] of Object.entries(services)) {
+      const big = await request(`${base}/healthz`, { headers: { 'x-big': 'x'.repeat(64 * 1024) } });
+      const bigBody = (await big.body.json()) as { error?: { code: string; message: string } };
+      expect([name, big.statusCode, bigBody.error?.code]).toEqual([name, 431, 'HEADERS_TOO_LARGE']);
+      expect(typeof bigBody.error?.message).toBe('string');
+      const nowhere = await request(`${base}/v1/no-such-route`, {
+        method: 'POST',
+        headers: name === 'api' ? { authorization: `Bearer ${s.apiKey}` } : {},
+      });
+      const nowhereBody = (await nowhere.body.json()) as { error?: { code: string } };
+      expect([name, nowhere.statusCode, nowhereBody.error?.code]).toEqual([name, 404, 'NOT_FOUND']);
+    }
+    // bad JSON and an unsupported content type where a body is parsed (API, agent)
+    const apiAuth = { authorization: `Bearer ${s.apiKey}` };
+    for (const [name, url, headers] of [
+      ['api', `${s.apiUrl}/v1/sandboxes`, apiAuth],
+      ['agent', `${s.agent.url}/v1/sandboxes/${id}/fs/mkdir?token=${token}`, {}],
+    ] as const) {
+      const badJson = await request(url, {
+        method: 'POST',
+        headers: { ...headers, 'content-type': 'application/json' },
+        body: '{"path":',
+      });
+      const b1 = (await badJson.body.json()) as { error?: { code: string } };
+      expect([name, badJson.statusCode, b1.error?.code]).toEqual([name, 400, 'BAD_REQUEST']);
+      const badType = await request(url, {
+        method: 'POST',
+        headers: { ...headers, 'content-type': 'text/x-nothing' },
+        body: 'x',
+      });
+      const b2 = (await badType.body.json()) as { error?: { code: string } };
+      expect(b2.error?.code, name).toBeTruthy();
+      expect(badType.statusCode, name).toBeGreaterThanOrEqual(400);
+    }
+  });
+});
