@@ -212,4 +212,21 @@ describe('r25-every-error-has-the-envelope', () => {
       expect(badType.statusCode, name).toBeGreaterThanOrEqual(400);
     }
   });
+
+  it('a shape larger than any node is a 4xx naming the largest on offer, not a retryable 503', async () => {
+    const node = (await s.call<{ nodes: { vcpus: number; memoryMiB: number }[] }>('GET', '/v1/nodes')).body
+      .nodes[0]!;
+    // (more vCPUs than the node's are refused by the schema's own maximum here: the node offers 64;
+    // largestShapes' unit test covers nodes that differ in both)
+    for (const shape of [{ memoryMiB: node.memoryMiB + 1024 }, { memoryMiB: node.memoryMiB + 1, vcpus: 1 }]) {
+      const r = await s.call<{ error: { code: string; message: string; details: { largest: unknown } } }>(
+        'POST',
+        '/v1/sandboxes',
+        { template: 'base', ...shape },
+      );
+      expect([r.status, r.body.error.code], JSON.stringify(shape)).toEqual([400, 'SHAPE_TOO_LARGE']);
+      expect(r.body.error.details.largest).toEqual([{ vcpus: node.vcpus, memoryMiB: node.memoryMiB }]);
+      expect(r.body.error.message).toContain(`${node.vcpus} vCPU / ${node.memoryMiB} MiB`);
+    }
+  });
 });

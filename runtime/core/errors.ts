@@ -120,7 +120,7 @@ export const ERROR_CODES = {
   NODE_CAPACITY_EXHAUSTED: {
     status: 503,
     retryable: true,
-    doc: 'No node has room for the sandbox (CPU, memory or sandbox count).',
+    doc: 'No node has room for the sandbox right now (CPU, memory or sandbox count); a shape no node could ever hold is `SHAPE_TOO_LARGE`.',
   },
   NODE_UNAVAILABLE: { status: 503, retryable: true, doc: 'The node holding the sandbox is not reachable.' },
   CONTROL_PLANE_UNAVAILABLE: {
@@ -147,6 +147,11 @@ export const ERROR_CODES = {
     status: 400,
     retryable: false,
     doc: 'No node’s driver can run this vCPU/memory shape (e.g. Firecracker takes 1 or an even number of vCPUs).',
+  },
+  SHAPE_TOO_LARGE: {
+    status: 400,
+    retryable: false,
+    doc: 'The vCPU/memory shape is larger than any node on offer (`details.largest`: the largest vCPUs and memory a sandbox can have); it can never be placed as asked.',
   },
   INSTANCE_LOST: {
     status: 410,
