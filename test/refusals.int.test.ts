@@ -1,5 +1,5 @@
 /**
- * Issue 49's refusals (shared/cases/runtime.md R22, R23, R25), against the real stack and a
+ * Issue 49's refusals (shared/cases/runtime.md R22, R23, R25, R26), against the real stack and a
  * router process: a refusal is immediate, carries its own code and the error envelope, reaches a
  * client that writes its whole body before reading, and leaves no socket held.
  */
@@ -227,6 +227,32 @@ describe('r25-every-error-has-the-envelope', () => {
       expect([r.status, r.body.error.code], JSON.stringify(shape)).toEqual([400, 'SHAPE_TOO_LARGE']);
       expect(r.body.error.details.largest).toEqual([{ vcpus: node.vcpus, memoryMiB: node.memoryMiB }]);
       expect(r.body.error.message).toContain(`${node.vcpus} vCPU / ${node.memoryMiB} MiB`);
+    }
+  });
+});
+
+describe('r26-filters-mean-what-they-say', () => {
+  it('the list refuses a metadata key with two values, and matches every pair of different keys', async () => {
+    const tagged = await s.createSandbox({ metadata: { role: 'a', team: 'r26' } });
+    try {
+      const list = (query: string) =>
+        s.call<{ sandboxes: { id: string }[]; error?: { code: string } }>('GET', `/v1/sandboxes?${query}`);
+      const twice = await list(`metadata=${encodeURIComponent('role=a&role=b')}`);
+      expect([twice.status, twice.body.error?.code]).toEqual([400, 'BAD_REQUEST']);
+      const repeated = await list(
+        `metadata=${encodeURIComponent('role=a')}&metadata=${encodeURIComponent('role=b')}`,
+      );
+      expect([repeated.status, repeated.body.error?.code]).toEqual([400, 'BAD_REQUEST']);
+      const both = await list(
+        `metadata=${encodeURIComponent('role=a')}&metadata=${encodeURIComponent('team=r26')}`,
+      );
+      expect(both.body.sandboxes.map((x) => x.id)).toEqual([tagged]);
+      const other = await list(
+        `metadata=${encodeURIComponent('role=a')}&metadata=${encodeURIComponent('team=other')}`,
+      );
+      expect(other.body.sandboxes).toEqual([]);
+    } finally {
+      await s.call('DELETE', `/v1/sandboxes/${tagged}`);
     }
   });
 });

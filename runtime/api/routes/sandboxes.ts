@@ -21,6 +21,7 @@ import type { Operation, Sandbox, SandboxState } from '../../core/types.ts';
 import type { ApiDeps } from '../app.ts';
 import { principalOf } from '../auth.ts';
 import { allowCredentialHosts } from '../credential-store.ts';
+import { parseV1MetadataQuery } from '../metadata-filter.ts';
 import { knownTemplates, readyTemplates } from '../node-store.ts';
 import { type DraftOperation, type OperationRecord, operationToPublic } from '../operations.ts';
 import { type SandboxRecord, toPublic } from '../sandbox-store.ts';
@@ -295,7 +296,8 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
       },
       async (req) => {
         const q = req.query;
-        const metadata = q.metadata ? Object.fromEntries(new URLSearchParams(q.metadata)) : undefined;
+        // every pair must match; a key with two values is refused, never reduced to one (R26)
+        const metadata = q.metadata ? parseV1MetadataQuery(q.metadata) : undefined;
         const page = await deps.sandboxes.list({
           limit: q.limit ?? 100,
           cursor: q.cursor,
