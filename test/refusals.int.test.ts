@@ -1,5 +1,5 @@
 /**
- * Issue 49's refusals (shared/cases/runtime.md R22, R23, R25, R26), against the real stack and a
+ * Issue 49's refusals (shared/cases/runtime.md R22, R23, R25, R26, R27), against the real stack and a
  * router process: a refusal is immediate, carries its own code and the error envelope, reaches a
  * client that writes its whole body before reading, and leaves no socket held.
  */
@@ -12,7 +12,7 @@ import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freePort } from './redis-server.ts';
 import { type RouterProcess, startRouterProcess } from './router-process.ts';
-import { leftovers, NO_LEFTOVERS, type Stack, startStack } from './stack.ts';
+import { leftovers, NO_LEFTOVERS, readEvents, type Stack, startStack } from './stack.ts';
 
 const run = promisify(execFile);
 const MiB = 1024 * 1024;
@@ -253,6 +253,78 @@ describe('r26-filters-mean-what-they-say', () => {
       expect(other.body.sandboxes).toEqual([]);
     } finally {
       await s.call('DELETE', `/v1/sandboxes/${tagged}`);
+    }
+  });
+});
+
+/** The stdout bytes of SSE events (no exit event needed: a stream may end before it). */
+function stdoutOf(events: { event: string; data: string }[]): string {
+  return events
+    .filter((e) => e.event === 'stdout')
+    .map((e) => Buffer.from((JSON.parse(e.data) as { data: string }).data, 'base64').toString())
+    .join('');
+}
+
+describe('r27-hibernated-on-the-agent-url', () => {
+  it('answers 409 SANDBOX_PAUSED for guest calls and still serves the spooled output, as documented', async () => {
+    const sb = await s.createSandbox({ autoPauseSec: 0, memoryMiB: 256 });
+    try {
+      const started = await s.call<{ command: { id: string } }>('POST', `/v1/sandboxes/${sb}/commands`, {
+        cmd: 'sh',
+        args: ['-c', 'echo spooled-before; sleep 600'],
+      });
+      expect(started.status).toBe(201);
+      const cmd = started.body.command.id;
+      // a token made before the pause (asking for one resumes a paused sandbox)
+      const t = (await s.token(sb)).token;
+      const agent = `${s.agent.url}/v1/sandboxes/${sb}`;
+      const auth = { authorization: `Bearer ${t}` };
+      const eventsUrl = `${agent}/commands/${cmd}/events`;
+      // the output is spooled before the pause (the stream follows the running command: one event)
+      const before = await readEvents(eventsUrl, t, { stopAfter: 1 });
+      expect(stdoutOf(before)).toBe('spooled-before\n');
+      const paused = await s.call<{ operation: { id: string } }>('POST', `/v1/sandboxes/${sb}/pause`, {
+        mode: 'hibernated',
+      });
+      expect(paused.status).toBe(202);
+      const op = await s.call<{ state: string }>(
+        'GET',
+        `/v1/operations/${paused.body.operation.id}?waitMs=60000`,
+      );
+      expect(op.body.state).toBe('succeeded');
+
+      // guest calls: 409 SANDBOX_PAUSED, not 404
+      for (const [method, path] of [
+        ['GET', `/fs/stat?path=/`],
+        ['GET', `/files?path=/etc/hostname`],
+        ['POST', `/commands/${cmd}/signal`],
+      ] as const) {
+        const r = await request(`${agent}${path}`, {
+          method,
+          headers: { ...auth, ...(method === 'POST' ? { 'content-type': 'application/json' } : {}) },
+          body: method === 'POST' ? JSON.stringify({ signal: 'SIGTERM' }) : undefined,
+        });
+        const body = (await r.body.json()) as { error: { code: string } };
+        expect([path, r.statusCode, body.error.code]).toEqual([path, 409, 'SANDBOX_PAUSED']);
+      }
+      // spooled output: the events so far, the command and the list
+      // the stream of a hibernated sandbox is what was spooled, then it ends (no exit yet)
+      const ev = await readEvents(eventsUrl, t);
+      expect(stdoutOf(ev)).toBe('spooled-before\n');
+      expect(ev.map((e) => e.event)).toEqual(['stdout']);
+      const got = await request(`${agent}/commands/${cmd}`, { headers: auth });
+      expect(got.statusCode).toBe(200);
+      expect(await got.body.json()).toMatchObject({ id: cmd, running: true });
+      const list = await request(`${agent}/commands`, { headers: auth });
+      expect(((await list.body.json()) as { commands: { id: string }[] }).commands.map((c) => c.id)).toEqual([
+        cmd,
+      ]);
+      // a token of another sandbox is refused as before
+      const other = await request(`${s.agent.url}/v1/sandboxes/${id}/commands/${cmd}`, { headers: auth });
+      expect(other.statusCode).toBe(403);
+      await other.body.dump();
+    } finally {
+      await s.call('DELETE', `/v1/sandboxes/${sb}`);
     }
   });
 });
