@@ -6,7 +6,7 @@
  * and the rest at `info`.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { Socket } from 'node:net';
+import { Socket } from 'node:net';
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { type ErrorCode, SpaceError } from './errors.ts';
 import { CONTROL_PLANE_RETRY_AFTER_SEC, fromRedisOutage } from './redis-errors.ts';
@@ -87,12 +87,13 @@ function sendRefusal(req: FastifyRequest, reply: FastifyReply, err: SpaceError):
 export const REFUSED_BODY_DRAIN_MS = 5_000;
 
 /**
- * True when `raw` is an HTTP/1.x request whose body has not arrived to its end (a refusal sent now
- * would race the client's writes). HTTP/2 streams end on their own (`RST_STREAM`) without
- * touching the connection, so they are never "unread" here.
+ * True when `raw` is an HTTP/1.x request on a real connection whose body has not arrived to its
+ * end (a refusal sent now would race the client's writes). HTTP/2 streams end on their own
+ * (`RST_STREAM`) without touching the connection, so they are never "unread" here.
  */
 export function unreadBody(raw: IncomingMessage): boolean {
-  return raw.httpVersionMajor === 1 && !raw.complete && !raw.destroyed;
+  // a request injected without a socket (Fastify's inject) has no connection to linger on
+  return raw.httpVersionMajor === 1 && !raw.complete && !raw.destroyed && raw.socket instanceof Socket;
 }
 
 /**
