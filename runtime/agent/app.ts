@@ -7,7 +7,8 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
 import { Counter, Gauge, Registry } from 'prom-client';
-import { acceptEmptyBodies, installErrorHandlers } from '../core/http-errors.ts';
+import { DATA_PLANE_JSON_BODY_LIMIT } from '../core/data-plane.ts';
+import { acceptEmptyBodies, clientErrorHandler, installErrorHandlers } from '../core/http-errors.ts';
 import { requestLogOptions } from '../core/http-log.ts';
 import type { VerifyKey } from '../core/tokens.ts';
 import { installValidators } from '../core/validation.ts';
@@ -39,11 +40,13 @@ export interface AgentDeps {
 export async function buildAgentApp(deps: AgentDeps): Promise<FastifyInstance> {
   const app = fastify({
     loggerInstance: deps.log as FastifyBaseLogger,
-    bodyLimit: 1_048_576,
+    bodyLimit: DATA_PLANE_JSON_BODY_LIMIT,
     // SSE streams and uploads can last long; requests are bounded by their own limits
     requestTimeout: 0,
     // hijacked SSE responses are not idle connections: close them all on shutdown
     forceCloseConnections: true,
+    // a request the HTTP parser refuses (431 headers too large, …) gets the error envelope too
+    clientErrorHandler,
     ...requestLogOptions(),
   }).withTypeProvider<TypeBoxTypeProvider>();
   // a guest that does not answer because its sandbox died answers SANDBOX_CRASHED at once (R13)

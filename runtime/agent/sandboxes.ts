@@ -80,6 +80,31 @@ interface HibernatedFile {
   source: InstanceSource;
   /** Epoch ms (this node's clock; informational). */
   hibernatedAt: number;
+  /** The session its tokens carry (absent in files of agents before it was kept). */
+  sessionId?: string;
+}
+
+/** One command of a hibernated sandbox, as its spooled record says. */
+export interface HibernatedCommand {
+  id: string;
+  pid: number;
+  /** Epoch ms. */
+  startedAt: number;
+  config: CommandConfig;
+  /** Its spool file in the hibernation store (frames as {@link Spool} writes them). */
+  spoolPath: string;
+}
+
+/**
+ * A sandbox hibernated into this node's store and running nowhere here: what the data plane can
+ * still serve of it without its guest (its commands' spooled output).
+ */
+export interface HibernatedView {
+  sandboxId: string;
+  /** Its session (undefined: a hibernation of an agent before sessions were kept there). */
+  sessionId: string | undefined;
+  /** Its commands (a folder that vanished meanwhile — a resume took it — reads as none). */
+  commands(): Promise<HibernatedCommand[]>;
 }
 
 /** Where a hibernated sandbox is: its store's name and its folder there. */
@@ -354,6 +379,48 @@ export class SandboxManager {
     return this.#starts.stats();
   }
 
+  /** The sandbox if this node runs it (paused or not), else undefined. */
+  find(id: string): LocalSandbox | undefined {
+    return this.#sandboxes.get(id);
+  }
+
+  /**
+   * The sandbox `id` as hibernated into this node's store, when it is there and this node does not
+   * run it; null otherwise. Reads `hibernated.json` and the command records beside it (R27: its
+   * spooled output stays readable on the agent's own URL while it is paused).
+   */
+  async hibernated(id: string): Promise<HibernatedView | null> {
+    if (this.#sandboxes.has(id) || !/^[A-Za-z0-9_-]+$/.test(id)) return null;
+    const path = this.#hibernationPath(id);
+    const raw = await readFile(join(path, 'hibernated.json'), 'utf8').catch(() => null);
+    if (raw === null) return null;
+    const file = JSON.parse(raw) as HibernatedFile;
+    const dir = join(path, 'commands');
+    return {
+      sandboxId: id,
+      sessionId: file.sessionId,
+      async commands() {
+        const out: HibernatedCommand[] = [];
+        for (const name of await readdir(dir).catch(() => [] as string[])) {
+          if (!name.endsWith('.json')) continue;
+          const cmdId = name.slice(0, -'.json'.length);
+          const meta = await readFile(join(dir, name), 'utf8')
+            .then((t) => JSON.parse(t) as { pid: number; startedAt: number; config?: CommandConfig })
+            .catch(() => null);
+          if (!meta) continue;
+          out.push({
+            id: cmdId,
+            pid: meta.pid,
+            startedAt: meta.startedAt,
+            config: meta.config ?? { cmd: '', args: [], env: {} },
+            spoolPath: join(dir, `${cmdId}.out`),
+          });
+        }
+        return out;
+      },
+    };
+  }
+
   /** The running sandbox or SANDBOX_NOT_FOUND. */
   get(id: string): LocalSandbox {
     const sb = this.#sandboxes.get(id);
@@ -493,6 +560,7 @@ export class SandboxManager {
         snapshot,
         source: sb.source,
         hibernatedAt: Date.now(),
+        sessionId: sb.sessionId,
       };
       await writeFile(join(path, 'hibernated.json'), JSON.stringify(file), { mode: 0o600 });
     } catch (err) {

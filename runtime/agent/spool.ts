@@ -51,6 +51,18 @@ export class Spool {
     return spool;
   }
 
+  /**
+   * Opens an existing spool only to read it (a hibernated sandbox's, in the store another node may
+   * restore from): never created, never appended to. Throws ENOENT when there is none.
+   */
+  static async openToRead(path: string): Promise<Spool> {
+    const fh = await open(path, 'r');
+    const { size } = await fh.stat();
+    const spool = new Spool(path, fh, size, false);
+    if (size > 0 && (await spool.#lastFrameType()) === FRAME_EXIT) spool.#closed = true;
+    return spool;
+  }
+
   async #lastFrameType(): Promise<number | null> {
     let last: number | null = null;
     for await (const f of this.frames(0, { follow: false })) last = f.type;

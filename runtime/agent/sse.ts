@@ -54,8 +54,15 @@ function clientGone(res: ServerResponse): boolean {
  * Streams `spool` from `from` to `res` until the exit event, the spool's release (the sandbox
  * went away) or the client leaves — including a client that left before the stream began, which
  * returns at once. Frees its timer and listeners on every path, so no stream outlives its client.
+ * `follow: false`: only what is spooled now, then the stream ends (a hibernated sandbox's output:
+ * nothing more comes until it resumes; the client reconnects with `Last-Event-ID`).
  */
-export async function streamSpool(res: ServerResponse, spool: Spool, from: number): Promise<void> {
+export async function streamSpool(
+  res: ServerResponse,
+  spool: Spool,
+  from: number,
+  o: { follow?: boolean } = {},
+): Promise<void> {
   const abort = new AbortController();
   const leave = () => abort.abort();
   res.on('close', leave);
@@ -80,7 +87,7 @@ export async function streamSpool(res: ServerResponse, spool: Spool, from: numbe
   }, SSE_KEEPALIVE_MS);
   keepalive.unref(); // never what keeps a stopping agent alive
   try {
-    for await (const f of spool.frames(from, { signal: abort.signal })) {
+    for await (const f of spool.frames(from, { signal: abort.signal, follow: o.follow ?? true })) {
       if (abort.signal.aborted) break;
       const data =
         f.type === FRAME_STDOUT || f.type === FRAME_STDERR

@@ -9,7 +9,7 @@ import fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { SpaceError } from '../core/errors.ts';
-import { acceptEmptyBodies, installErrorHandlers } from '../core/http-errors.ts';
+import { acceptEmptyBodies, clientErrorHandler, installErrorHandlers } from '../core/http-errors.ts';
 import { requestLogOptions } from '../core/http-log.ts';
 import type { SigningKey } from '../core/tokens.ts';
 import { installValidators } from '../core/validation.ts';
@@ -115,6 +115,8 @@ export async function buildApp(
   const common = {
     loggerInstance: deps.log as FastifyBaseLogger,
     bodyLimit: deps.config.bodyLimitBytes,
+    // a request the HTTP parser refuses (431 headers too large, …) gets the error envelope too
+    clientErrorHandler,
     ...requestLogOptions(),
   };
   // HTTPS (HTTP/1.1) when given a certificate: the API's own TLS, as the router's (docs/deployment.md "TLS")

@@ -198,10 +198,16 @@ export const ListSandboxesQuery = Type.Object(
       }),
     ),
     metadata: Type.Optional(
-      Type.String({
-        maxLength: 4096,
-        description: 'URL-encoded query string of metadata pairs, e.g. `team%3Da`.',
-      }),
+      Type.Union(
+        [
+          Type.String({ maxLength: 4096 }),
+          Type.Array(Type.String({ maxLength: 4096 }), { maxItems: LIMITS.metadataKeys }),
+        ],
+        {
+          description:
+            'URL-encoded query string of metadata pairs, e.g. `team%3Da`; the key may repeat. All pairs must match; a key with two values is refused (400).',
+        },
+      ),
     ),
     limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, default: 100 })),
     cursor: Type.Optional(Type.String({ maxLength: 512, pattern: '^[A-Za-z0-9_-]+$' })),

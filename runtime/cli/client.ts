@@ -124,21 +124,88 @@ export async function readJson<T>(res: Dispatcher.ResponseData): Promise<T> {
   }
 }
 
+/**
+ * Retryable refusals the API answers before it acted on the request (runtime/core/errors.ts): the
+ * same request may pass later, and sending it again does nothing twice, whatever its method.
+ */
+const REFUSED_BEFORE_ACTING: ReadonlySet<string> = new Set([
+  'TEMPLATE_NOT_READY',
+  'NODE_CAPACITY_EXHAUSTED',
+  'RATE_LIMITED',
+  'SANDBOX_BUSY',
+]);
+
+/**
+ * Retryable answers a request that is safe to repeat (GET, PUT, DELETE, or a call the caller marks
+ * `repeatable`, such as a create) also waits out: the API may have been cut off from a node or
+ * from Redis midway, which repeating a `POST` could act on twice.
+ */
+const WAITABLE_WHEN_REPEATABLE: ReadonlySet<string> = new Set([
+  ...REFUSED_BEFORE_ACTING,
+  'NODE_UNAVAILABLE',
+  'CONTROL_PLANE_UNAVAILABLE',
+]);
+
+/** How the API client waits out retryable refusals. */
+export interface RetryPolicy {
+  /** How long a call may go on retrying a retryable refusal, ms (0: never retries). */
+  forMs: number;
+  /** Told before each wait: the refusal, the wait before the next attempt and the time left, ms. */
+  onWait(err: CliError, waitMs: number, leftMs: number): void;
+}
+
+/** The first wait after a retryable refusal, ms; each next one doubles, up to {@link RETRY_MAX_WAIT_MS}. */
+export const RETRY_FIRST_WAIT_MS = 500;
+/** The longest wait between two attempts, ms. */
+export const RETRY_MAX_WAIT_MS = 5_000;
+
+/**
+ * True when `err` is a refusal worth asking again for a call of `method` (`repeatable`: the caller
+ * knows repeating it acts at most once). Pure.
+ */
+export function waitable(err: unknown, method: Method, repeatable = false): err is CliError {
+  if (!(err instanceof CliError)) return false;
+  const safe = repeatable || method !== 'POST';
+  return (safe ? WAITABLE_WHEN_REPEATABLE : REFUSED_BEFORE_ACTING).has(err.code);
+}
+
 /** The public API, authenticated with an API key. */
 export class ApiClient {
   readonly apiUrl: string;
   readonly #key: string;
   readonly #hint: string;
+  readonly #retry: RetryPolicy | undefined;
 
-  constructor(endpoint: Pick<Endpoint, 'apiUrl' | 'apiKey'>) {
+  /** `retry`: how retryable refusals are waited out (none: every refusal fails at once). */
+  constructor(endpoint: Pick<Endpoint, 'apiUrl' | 'apiKey'>, retry?: RetryPolicy) {
     this.apiUrl = endpoint.apiUrl.replace(/\/+$/, '');
     this.#key = endpoint.apiKey;
     this.#hint = `is the API running at ${this.apiUrl}? (start the local stack with \`space up\`, or pass --api-url)`;
+    this.#retry = retry;
   }
 
-  async json<T>(method: Method, path: string, opts: CallOptions = {}): Promise<T> {
-    const res = await call(method, this.apiUrl + path, this.#key, { ...opts, hint: this.#hint });
-    return readJson<T>(res);
+  /**
+   * One API call, its 2xx body parsed. A retryable refusal ({@link waitable}; e.g.
+   * TEMPLATE_NOT_READY right after `space up` starts) is asked again after a growing wait until
+   * the client's retry policy runs out; a raw (streamed) body is never sent twice.
+   * @throws CliError the last refusal, or any other failure at once.
+   */
+  async json<T>(method: Method, path: string, opts: CallOptions & { repeatable?: boolean } = {}): Promise<T> {
+    const { repeatable, ...rest } = opts;
+    const deadline = Date.now() + (this.#retry?.forMs ?? 0);
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const res = await call(method, this.apiUrl + path, this.#key, { ...rest, hint: this.#hint });
+        return await readJson<T>(res);
+      } catch (err) {
+        const wait = Math.min(RETRY_MAX_WAIT_MS, RETRY_FIRST_WAIT_MS * 2 ** attempt);
+        const left = deadline - Date.now();
+        if (!this.#retry || isRawBody(rest.body) || !waitable(err, method, repeatable) || wait > left)
+          throw err;
+        this.#retry.onWait(err, wait, left);
+        await new Promise((r) => setTimeout(r, wait));
+      }
+    }
   }
 }
 

@@ -1,6 +1,10 @@
+import { execFile } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
 import {
   CliError,
+  collectKeyValue,
   exitCodeOf,
   formatBytes,
   formatError,
@@ -26,6 +30,28 @@ describe('parseKeyValue', () => {
         expect((err as CliError).exitCode).toBe(125);
       }
     }
+  });
+});
+
+describe('r26 repeated K=V options', () => {
+  it('keep different keys and refuse one key with two values (never silently the last)', () => {
+    const add = collectKeyValue('--metadata');
+    expect(add('team=x', add('role=a', undefined))).toEqual({ role: 'a', team: 'x' });
+    expect(add('role=a', { role: 'a' })).toEqual({ role: 'a' });
+    expect(() => add('role=b', { role: 'a' })).toThrowError(/role twice/);
+  });
+  it('`space sandbox ls -m role=a -m role=b` is a usage error (exit 125) before any request', async () => {
+    const cli = fileURLToPath(new URL('./space.ts', import.meta.url));
+    const run = promisify(execFile);
+    const err = await run(process.execPath, [cli, 'sandbox', 'ls', '-m', 'role=a', '-m', 'role=b'], {
+      // nothing listens there: a request would fail otherwise than with the usage error
+      env: { ...process.env, SPACE_API_URL: 'http://127.0.0.1:9', SPACE_API_KEY: 'space_x' },
+    }).then(
+      () => null,
+      (e: { code: number; stderr: string }) => e,
+    );
+    expect(err?.code).toBe(125);
+    expect(err?.stderr).toMatch(/--metadata gives role twice/);
   });
 });
 

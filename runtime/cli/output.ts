@@ -119,10 +119,17 @@ export function parseKeyValue(text: string, what = 'pair'): [string, string] {
   return [text.slice(0, i), text.slice(i + 1)];
 }
 
-/** Commander collector for repeatable `--flag K=V` options. */
+/**
+ * Commander collector for repeatable `--flag K=V` options.
+ * Throws a usage error when a key comes twice with two values (none is silently dropped).
+ */
 export function collectKeyValue(what: string) {
   return (value: string, previous: Record<string, string> | undefined): Record<string, string> => {
     const [k, v] = parseKeyValue(value, what);
+    // never silently the last one (R26): a key given twice must mean one value
+    if (previous && Object.hasOwn(previous, k) && previous[k] !== v) {
+      throw usageError(`${what} gives ${k} twice (${previous[k]} and ${v}); give each key once`);
+    }
     return { ...(previous ?? {}), [k]: v };
   };
 }

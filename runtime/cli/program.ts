@@ -6,13 +6,14 @@
 import { readFileSync } from 'node:fs';
 import { Command, CommanderError } from 'commander';
 import { registerBench } from './bench.ts';
+import { DEFAULT_RETRY_FOR_SEC } from './context.ts';
 import { registerDoctor } from './doctor.ts';
 import { registerE2b } from './e2b.ts';
 import { registerExec } from './exec.ts';
 import { registerFiles } from './files.ts';
 import { registerKeys } from './keys.ts';
 import { registerOps } from './ops.ts';
-import { EXIT_USAGE, reportError, runStdoutGone } from './output.ts';
+import { EXIT_USAGE, parseNonNegativeInt, reportError, runStdoutGone } from './output.ts';
 import { registerSandbox } from './sandbox.ts';
 import { registerTemplate } from './template.ts';
 import { registerUp } from './up.ts';
@@ -47,6 +48,11 @@ export function buildProgram(json = false): Command {
       'API endpoint (default: $SPACE_API_URL, $SPACE_HOME/local.json, http://127.0.0.1:8080)',
     )
     .option('--api-key <key>', 'API key (default: $SPACE_API_KEY, then $SPACE_HOME/api-key)')
+    .option(
+      '--retry-for <sec>',
+      `how long API calls wait out retryable refusals such as TEMPLATE_NOT_READY, noting each wait on stderr (default ${DEFAULT_RETRY_FOR_SEC}; 0: never)`,
+      parseNonNegativeInt('--retry-for'),
+    )
     .exitOverride()
     .configureOutput({
       outputError: (str, write) => {

@@ -1,4 +1,5 @@
 /** `space sandbox create|ls|get|rm|timeout|pause|resume|usage`. */
+import { randomUUID } from 'node:crypto';
 import type { Command } from 'commander';
 import {
   type ApiClient,
@@ -185,9 +186,12 @@ Examples:
     .action(async (o: CreateOptions, cmd: Command) => {
       const api = apiClient(cmd);
       // waiting, the API answers once the create has ended: one request unless it takes longer
+      // a refused create may be asked again (no node yet, template not ready): under one
+      // Idempotency-Key (the caller's, else one of this run) it makes at most one sandbox
       const res = await api.json<{ sandbox: Sandbox; operation: Operation }>('POST', '/v1/sandboxes', {
+        repeatable: true,
         body: createBody(o),
-        headers: o.idempotencyKey ? { 'idempotency-key': o.idempotencyKey } : undefined,
+        headers: { 'idempotency-key': o.idempotencyKey ?? `cli-${randomUUID()}` },
         query: o.wait ? { waitMs: LONG_POLL_MS } : undefined,
       });
       if (!o.wait) {

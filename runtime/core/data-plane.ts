@@ -20,7 +20,17 @@ export interface DataPlaneRoute {
    * E2B data plane calls it (starting commands stays an API call for SPACE clients).
    */
   readonly forwarded?: false;
+  /**
+   * The request body it takes: `json` (at most {@link DATA_PLANE_JSON_BODY_LIMIT} bytes, as is any
+   * body of a route without one), `upload` (a file's bytes, at most the upload limit,
+   * `SPACE_MAX_UPLOAD_BYTES`), `stream` (stdin: no limit). Every hop refuses a body over its limit
+   * with 413 BODY_TOO_LARGE as soon as it sees the size (R23).
+   */
+  readonly body?: 'json' | 'upload' | 'stream';
 }
+
+/** Largest JSON body of a data-plane route, bytes (1 MiB): the agent's and the router's limit. */
+export const DATA_PLANE_JSON_BODY_LIMIT = 1_048_576;
 
 /** Every data-plane route, on the agent and through the router (paths are the same on both). */
 export const DATA_PLANE_ROUTES = [
@@ -32,6 +42,7 @@ export const DATA_PLANE_ROUTES = [
     path: '/v1/sandboxes/:id/commands',
     scope: 'commands',
     forwarded: false,
+    body: 'json',
   },
   {
     name: 'command.events',
@@ -44,7 +55,13 @@ export const DATA_PLANE_ROUTES = [
   // `tag`: how any router replica finds a command by the pid an E2B client holds
   { name: 'command.list', method: 'GET', path: '/v1/sandboxes/:id/commands', scope: 'commands' },
   { name: 'command.get', method: 'GET', path: '/v1/sandboxes/:id/commands/:cmd', scope: 'commands' },
-  { name: 'command.stdin', method: 'POST', path: '/v1/sandboxes/:id/commands/:cmd/stdin', scope: 'commands' },
+  {
+    name: 'command.stdin',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/commands/:cmd/stdin',
+    scope: 'commands',
+    body: 'stream',
+  },
   {
     name: 'command.stdin-close',
     method: 'POST',
@@ -57,20 +74,22 @@ export const DATA_PLANE_ROUTES = [
     method: 'POST',
     path: '/v1/sandboxes/:id/commands/:cmd/resize',
     scope: 'commands',
+    body: 'json',
   },
   {
     name: 'command.signal',
     method: 'POST',
     path: '/v1/sandboxes/:id/commands/:cmd/signal',
     scope: 'commands',
+    body: 'json',
   },
   { name: 'files.read', method: 'GET', path: '/v1/sandboxes/:id/files', scope: 'files' },
-  { name: 'files.write', method: 'PUT', path: '/v1/sandboxes/:id/files', scope: 'files' },
+  { name: 'files.write', method: 'PUT', path: '/v1/sandboxes/:id/files', scope: 'files', body: 'upload' },
   { name: 'fs.stat', method: 'GET', path: '/v1/sandboxes/:id/fs/stat', scope: 'files' },
   { name: 'fs.list', method: 'GET', path: '/v1/sandboxes/:id/fs/list', scope: 'files' },
-  { name: 'fs.mkdir', method: 'POST', path: '/v1/sandboxes/:id/fs/mkdir', scope: 'files' },
+  { name: 'fs.mkdir', method: 'POST', path: '/v1/sandboxes/:id/fs/mkdir', scope: 'files', body: 'json' },
   { name: 'fs.remove', method: 'DELETE', path: '/v1/sandboxes/:id/fs', scope: 'files' },
-  { name: 'fs.rename', method: 'POST', path: '/v1/sandboxes/:id/fs/rename', scope: 'files' },
+  { name: 'fs.rename', method: 'POST', path: '/v1/sandboxes/:id/fs/rename', scope: 'files', body: 'json' },
   // NDJSON lines of core/guest-protocol.ts WatchEvent, `start` first, until the client leaves
   { name: 'fs.watch', method: 'GET', path: '/v1/sandboxes/:id/fs/watch', scope: 'files', stream: true },
 ] as const satisfies readonly DataPlaneRoute[];

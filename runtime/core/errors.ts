@@ -19,7 +19,21 @@ export interface ErrorSpec {
 /** Every error code SPACE can return, with its status and meaning. */
 export const ERROR_CODES = {
   BAD_REQUEST: { status: 400, retryable: false, doc: 'The body, params or query failed validation.' },
-  BODY_TOO_LARGE: { status: 413, retryable: false, doc: 'The request body exceeds the size limit.' },
+  BODY_TOO_LARGE: {
+    status: 413,
+    retryable: false,
+    doc: 'The request body exceeds the size limit (answered by the first hop that sees the size: router, API or agent).',
+  },
+  HEADERS_TOO_LARGE: {
+    status: 431,
+    retryable: false,
+    doc: 'The request headers (URL included) are larger than the server accepts.',
+  },
+  REQUEST_TIMEOUT: {
+    status: 408,
+    retryable: true,
+    doc: 'The request (its headers or body) did not arrive in time; the connection is closed.',
+  },
   PATH_INVALID: {
     status: 400,
     retryable: false,
@@ -74,6 +88,11 @@ export const ERROR_CODES = {
     doc: 'The requested output offset is no longer held by the guest (outside its replay window).',
   },
   FILE_NOT_FOUND: { status: 404, retryable: false, doc: 'No file or directory at this path in the sandbox.' },
+  DISK_FULL: {
+    status: 507,
+    retryable: false,
+    doc: 'The sandbox’s file system has no space left for the write (ENOSPC, or its quota); free space and retry.',
+  },
   FILE_CONFLICT: {
     status: 409,
     retryable: false,
@@ -101,7 +120,7 @@ export const ERROR_CODES = {
   NODE_CAPACITY_EXHAUSTED: {
     status: 503,
     retryable: true,
-    doc: 'No node has room for the sandbox (CPU, memory or sandbox count).',
+    doc: 'No node has room for the sandbox right now (CPU, memory or sandbox count); a shape no node could ever hold is `SHAPE_TOO_LARGE`.',
   },
   NODE_UNAVAILABLE: { status: 503, retryable: true, doc: 'The node holding the sandbox is not reachable.' },
   CONTROL_PLANE_UNAVAILABLE: {
@@ -128,6 +147,11 @@ export const ERROR_CODES = {
     status: 400,
     retryable: false,
     doc: 'No node’s driver can run this vCPU/memory shape (e.g. Firecracker takes 1 or an even number of vCPUs).',
+  },
+  SHAPE_TOO_LARGE: {
+    status: 400,
+    retryable: false,
+    doc: 'The vCPU/memory shape is larger than any node on offer (`details.largest`: the largest vCPUs and memory a sandbox can have); it can never be placed as asked.',
   },
   INSTANCE_LOST: {
     status: 410,

@@ -187,7 +187,12 @@ export function createGuestApp(config: GuestConfig): GuestApp {
   }
 
   const server = createServer((req, res) => {
-    route(req, res).catch((err: unknown) => sendError(res, err, log));
+    route(req, res).catch((err: unknown) => {
+      sendError(res, err, log);
+      // a refused upload's rest is read and dropped, so its sender can read the refusal (the
+      // agent reads it at once and stops sending; the connection then closes)
+      if (!req.complete && !req.destroyed) req.resume();
+    });
   });
   // Uploads and output streams may last as long as they need: no request or idle timeout.
   server.requestTimeout = 0;

@@ -65,7 +65,7 @@ function fsError(err: unknown, path: string, op: Op): unknown {
       return new SpaceError('BAD_REQUEST', `read-only file system: ${path}`, { path });
     case 'ENOSPC':
     case 'EDQUOT':
-      return new SpaceError('BAD_REQUEST', `no space left on device: ${path}`, { path });
+      return new SpaceError('DISK_FULL', `no space left on device: ${path}`, { path });
     default:
       return err;
   }
@@ -245,7 +245,8 @@ export class Files {
     let renamed = false;
     let undoMetadata: (() => void) | undefined;
     try {
-      for await (const chunk of req) {
+      // a failed write must not destroy the request (and with it the socket the refusal goes out on)
+      for await (const chunk of req.iterator({ destroyOnReturn: false })) {
         const buf = chunk as Buffer;
         let at = 0;
         while (at < buf.length) at += (await fh.write(buf, at)).bytesWritten;

@@ -8,9 +8,14 @@
 import fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyServerOptions } from 'fastify';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import { DATA_PLANE_ROUTES, type DataPlaneRoute, sessionTokenOf } from '../core/data-plane.ts';
+import {
+  DATA_PLANE_JSON_BODY_LIMIT,
+  DATA_PLANE_ROUTES,
+  type DataPlaneRoute,
+  sessionTokenOf,
+} from '../core/data-plane.ts';
 import { SpaceError } from '../core/errors.ts';
-import { installErrorHandlers } from '../core/http-errors.ts';
+import { clientErrorHandler, installErrorHandlers } from '../core/http-errors.ts';
 import { requestLogOptions } from '../core/http-log.ts';
 import { ID_PATTERN } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
@@ -76,6 +81,17 @@ export function createRouterDeps(o: {
 
 const SANDBOX_ID = new RegExp(ID_PATTERN);
 
+/**
+ * The largest request body `route` takes, bytes: `maxUploadBytes` for an upload, none for stdin,
+ * {@link DATA_PLANE_JSON_BODY_LIMIT} for every other route (the agent parses any JSON body up to it).
+ */
+export function bodyLimit(route: DataPlaneRoute, maxUploadBytes: number): number {
+  const body = 'body' in route ? route.body : undefined;
+  if (body === 'upload') return maxUploadBytes;
+  if (body === 'stream') return Number.POSITIVE_INFINITY;
+  return DATA_PLANE_JSON_BODY_LIMIT;
+}
+
 /** The Fastify app (not listening). */
 export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   const common = {
@@ -85,6 +101,8 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     requestTimeout: 0,
     // hijacked streams are not idle connections: close them on shutdown
     forceCloseConnections: true,
+    // a request the HTTP parser refuses (431 headers too large, …) gets the error envelope too
+    clientErrorHandler,
     ...requestLogOptions(),
   } satisfies FastifyServerOptions;
   const app = (deps.tls
@@ -139,6 +157,15 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
           traceContextFrom(req.headers),
         );
         req.sessionTeam = claims.team ?? DEFAULT_TEAM;
+        // a body over its limit is refused by the first hop that sees its size (R23): here, before
+        // any Redis read or byte to an agent (a chunked body is counted by the agent as it arrives)
+        const limit = bodyLimit(route, deps.config.maxUploadBytes);
+        const declared = Number(req.headers['content-length'] ?? 0);
+        if (declared > limit) {
+          throw new SpaceError('BODY_TOO_LARGE', `${route.name} bodies are limited to ${limit} bytes`, {
+            limit,
+          });
+        }
       },
       handler: async (req, reply) => {
         if (inFlight >= deps.config.maxRequests) {

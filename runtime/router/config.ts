@@ -51,6 +51,12 @@ export const routerSettings = {
     60_000,
     1000,
   ),
+  maxUploadBytes: setting.int(
+    'SPACE_MAX_UPLOAD_BYTES',
+    'Largest file upload the router forwards, bytes (1 GiB; the agents’ own limit, same name). A larger `Content-Length` is refused with 413 before anything is forwarded.',
+    1_073_741_824,
+    1,
+  ),
   maxRequests: setting.int(
     'SPACE_ROUTER_MAX_REQUESTS',
     'Requests (streams included) one router forwards at once; more are refused with RATE_LIMITED.',

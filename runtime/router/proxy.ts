@@ -16,13 +16,15 @@
  * a reader that stops holds up only its own stream. Memory per stream is bounded by the streams'
  * high-water marks (tens of KiB), whatever the client's speed.
  */
-import type { IncomingHttpHeaders } from 'node:http';
+import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import type { Http2ServerRequest } from 'node:http2';
+import { PassThrough, type Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { Agent, type Dispatcher, errors as undiciErrors } from 'undici';
 import type { DataPlaneRoute } from '../core/data-plane.ts';
 import { isErrorCode, SpaceError } from '../core/errors.ts';
+import { answerBeforeBody, unreadBody } from '../core/http-errors.ts';
 import { F } from '../core/log-fields.ts';
 import { injectTraceHeaders, inSpan, traceContextFrom } from '../core/tracing.ts';
 import { downstreamHeaders, upstreamHeaders } from './headers.ts';
@@ -72,6 +74,16 @@ export function requestHasBody(headers: IncomingHttpHeaders, raw: unknown): bool
   if (length !== undefined) return Number(length) > 0;
   const h2 = (raw as Partial<Http2ServerRequest>).stream;
   return h2 !== undefined && h2.endAfterHeaders === false;
+}
+
+/** The client's request body as a stream of its own, for undici to consume or drop. */
+function bodyOf(req: FastifyRequest): Readable {
+  const pass = new PassThrough();
+  const raw = req.raw as unknown as Readable;
+  raw.pipe(pass);
+  // the client left midway: the agent sees the body break, not end
+  raw.once('aborted', () => pass.destroy(new Error('the client aborted its request')));
+  return pass;
 }
 
 /** Maps an undici failure before the agent's response headers onto a coded error. */
@@ -138,10 +150,24 @@ export async function forward(
     traceContextFrom(req.headers),
   );
   if (!answer) return 0; // the client went away first
-  if (answer.small) {
+  if (answer.small || unreadBody(req.raw as IncomingMessage)) {
+    // an answer before the client's body ended (a refusal: the agent stopped reading it) is
+    // written at once, and the rest of the body is read and dropped so the client reads it (R22)
+    const small = answer.small ?? (await readSmall(answer.res.body));
     reply.hijack();
-    reply.raw.writeHead(answer.res.statusCode, downstreamHeaders(answer.res.headers));
-    reply.raw.end(answer.small);
+    const headers = downstreamHeaders(answer.res.headers) as Record<string, string | string[]>;
+    if (unreadBody(req.raw as IncomingMessage)) {
+      answerBeforeBody(
+        req.raw as IncomingMessage,
+        reply.raw as ServerResponse,
+        answer.res.statusCode,
+        headers,
+        small,
+      );
+    } else {
+      reply.raw.writeHead(answer.res.statusCode, headers);
+      reply.raw.end(small);
+    }
     return answer.res.statusCode;
   }
   return stream(deps, req, reply, route, answer.res);
@@ -174,7 +200,9 @@ async function open(
         path: req.url,
         method: req.method as Dispatcher.HttpMethod,
         headers,
-        body: hasBody ? req.raw : null,
+        // through a pipe: when the agent answers before the body ended, undici drops the pipe, not
+        // the client's request (and socket) the answer must still go out on
+        body: hasBody ? bodyOf(req) : null,
         signal,
         headersTimeout: hasBody ? deps.timeouts.uploadTimeoutMs : deps.timeouts.headersTimeoutMs,
       });

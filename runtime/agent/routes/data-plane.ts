@@ -4,8 +4,8 @@
  * mkdir, remove). Tokens go in `Authorization: Bearer` or `?token=`; a token for another sandbox,
  * another session of this sandbox, or without the route's scope is refused.
  */
-import { type Readable, Transform } from 'node:stream';
-import { pipeline } from 'node:stream/promises';
+import { PassThrough, type Readable, Transform } from 'node:stream';
+import { finished, pipeline } from 'node:stream/promises';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
 import type { FastifyRequest } from 'fastify';
@@ -27,7 +27,8 @@ import { type SessionClaims, type SessionScope, verifySessionToken } from '../..
 import { inSpan, traceContextFrom } from '../../core/tracing.ts';
 import type { AgentDeps } from '../app.ts';
 import { startOptions } from '../commands.ts';
-import type { LocalSandbox } from '../sandboxes.ts';
+import type { HibernatedCommand, HibernatedView, LocalSandbox } from '../sandboxes.ts';
+import { Spool } from '../spool.ts';
 import { streamSpool } from '../sse.ts';
 
 const Sid = Type.String({ pattern: ID_PATTERN });
@@ -50,6 +51,17 @@ const WatchQuery = Type.Object({
   networkMounts: Type.Optional(Type.Boolean()),
 });
 
+/**
+ * The byte offset a command's event stream starts at: `Last-Event-ID` (header first, then
+ * `?lastEventId=`), 0 without one.
+ * @throws SpaceError BAD_REQUEST when it is not an event id (1–15 digits).
+ */
+function eventOffset(header: string | undefined, query: string | undefined): number {
+  const raw = header ?? query ?? '0';
+  if (!/^[0-9]{1,15}$/.test(raw)) throw new SpaceError('BAD_REQUEST', 'Last-Event-ID must be an event id');
+  return Number(raw);
+}
+
 export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
   /** Ends the activity (metering) and guest hold of each authorised request once its response closes. */
   const activityEnds = new WeakMap<object, () => void>();
@@ -68,14 +80,17 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
     scope: SessionScope,
     needsGuest = true,
   ): Promise<LocalSandbox> {
-    const header = /^Bearer\s+(\S+)$/i.exec(req.headers.authorization ?? '')?.[1];
-    const token = header ?? (req.query as { token?: string } | undefined)?.token;
-    if (!token)
-      throw new SpaceError('UNAUTHENTICATED', 'session token required (Authorization: Bearer or ?token=)');
-    const claims = await verifySessionToken(deps.verifyKey, token, { sandboxId: id, scope });
+    const claims = await claimsFor(req, id, scope);
+    if (!deps.sandboxes.find(id)) {
+      // hibernated into this node's store: paused, as the docs say, not unknown (R27)
+      const hib = await deps.sandboxes.hibernated(id);
+      if (hib) {
+        sameSession(claims, hib.sessionId);
+        throw pausedError(id);
+      }
+    }
     const sb = deps.sandboxes.get(id);
-    if (claims.sessionId !== sb.sessionId)
-      throw new SpaceError('TOKEN_SCOPE', 'token is for another session');
+    sameSession(claims, sb.sessionId);
     claimsOf.set(req.raw, claims);
     // a guest call holds the guest until its response closes: a pause waits for it first
     const release = needsGuest ? deps.sandboxes.holdGuest(id).release : () => {};
@@ -85,6 +100,57 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       endActivity();
     });
     return sb;
+  }
+
+  /** The verified session token of `req` for sandbox `id` and `scope`. */
+  async function claimsFor(req: FastifyRequest, id: string, scope: SessionScope): Promise<SessionClaims> {
+    const header = /^Bearer\s+(\S+)$/i.exec(req.headers.authorization ?? '')?.[1];
+    const token = header ?? (req.query as { token?: string } | undefined)?.token;
+    if (!token)
+      throw new SpaceError('UNAUTHENTICATED', 'session token required (Authorization: Bearer or ?token=)');
+    return verifySessionToken(deps.verifyKey, token, { sandboxId: id, scope });
+  }
+
+  /** @throws SpaceError TOKEN_SCOPE when the token is of another session than `sessionId`. */
+  function sameSession(claims: SessionClaims, sessionId: string | undefined): void {
+    if (sessionId !== undefined && claims.sessionId !== sessionId)
+      throw new SpaceError('TOKEN_SCOPE', 'token is for another session');
+  }
+
+  function pausedError(id: string): SpaceError {
+    return new SpaceError('SANDBOX_PAUSED', `sandbox ${id} is hibernated; resume it first`, {
+      sandboxId: id,
+      mode: 'hibernated',
+    });
+  }
+
+  /**
+   * The sandbox `id` when it is hibernated into this node's store (not running here) and `req`'s
+   * token is good for it: its spooled output is served from the store. Null when this node runs
+   * it or has no such hibernation (the caller then goes through {@link authorise}).
+   */
+  async function hibernatedFor(req: FastifyRequest, id: string): Promise<HibernatedView | null> {
+    if (deps.sandboxes.find(id)) return null;
+    const claims = await claimsFor(req, id, 'commands');
+    const hib = await deps.sandboxes.hibernated(id);
+    if (hib) sameSession(claims, hib.sessionId);
+    return hib;
+  }
+
+  /** The command `cmdId` of hibernated sandbox `hib`. @throws SpaceError COMMAND_NOT_FOUND. */
+  async function hibernatedCommand(hib: HibernatedView, cmdId: string): Promise<HibernatedCommand> {
+    const cmd = (await hib.commands()).find((c) => c.id === cmdId);
+    if (!cmd) throw new SpaceError('COMMAND_NOT_FOUND', `no command ${cmdId} in sandbox ${hib.sandboxId}`);
+    return cmd;
+  }
+
+  /** Opens a hibernated command's spool to read; a spool gone meanwhile (a resume took it) is PAUSED. */
+  async function hibernatedSpool(hib: HibernatedView, cmd: HibernatedCommand): Promise<Spool> {
+    return Spool.openToRead(cmd.spoolPath).catch((err: unknown) => {
+      throw new SpaceError('SANDBOX_PAUSED', `sandbox ${hib.sandboxId} is resuming; retry`, undefined, {
+        cause: err,
+      });
+    });
   }
 
   /**
@@ -122,6 +188,25 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         },
       },
       async (req, reply) => {
+        const hib = await hibernatedFor(req, req.params.id);
+        if (hib) {
+          // a hibernated sandbox's output is what was spooled: served, then the stream ends (the
+          // client reconnects with Last-Event-ID once it resumed)
+          const spool = await hibernatedSpool(hib, await hibernatedCommand(hib, req.params.cmd));
+          try {
+            const from = eventOffset(
+              req.headers['last-event-id'] as string | undefined,
+              req.query.lastEventId,
+            );
+            if (from > spool.size)
+              throw new SpaceError('BAD_REQUEST', `Last-Event-ID ${from} is beyond the stream`);
+            reply.hijack();
+            await streamSpool(reply.raw, spool, from, { follow: false }).catch(() => reply.raw.destroy());
+          } finally {
+            await spool.close();
+          }
+          return;
+        }
         // opening the stream (token, session, quotas) is a span in the caller's trace; the events
         // after it are the command's own time
         const { sb, cmd, from, closeTeamStream } = await inSpan(
@@ -130,10 +215,10 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
           async () => {
             const sb = await authorise(req, req.params.id, 'commands', false);
             const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
-            const raw = (req.headers['last-event-id'] as string | undefined) ?? req.query.lastEventId ?? '0';
-            if (!/^[0-9]{1,15}$/.test(raw))
-              throw new SpaceError('BAD_REQUEST', 'Last-Event-ID must be an event id');
-            const from = Number(raw);
+            const from = eventOffset(
+              req.headers['last-event-id'] as string | undefined,
+              req.query.lastEventId,
+            );
             if (from > cmd.spool.size)
               throw new SpaceError('BAD_REQUEST', `Last-Event-ID ${from} is beyond the stream`);
             return { sb, cmd, from, closeTeamStream: await admitStream(req, sb) };
@@ -190,8 +275,24 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         },
       },
       async (req) => {
-        const sb = await authorise(req, req.params.id, 'commands', false);
         const { pid, tag, all } = req.query;
+        const hib = await hibernatedFor(req, req.params.id);
+        if (hib) {
+          const rows: CommandSummary[] = [];
+          for (const c of await hib.commands()) {
+            const spool = await hibernatedSpool(hib, c);
+            const running = !spool.closed;
+            await spool.close();
+            if (
+              (all === true || running) &&
+              (pid === undefined || c.pid === pid) &&
+              (tag === undefined || c.config.tag === tag)
+            )
+              rows.push({ id: c.id, pid: c.pid, running, startedAt: c.startedAt, ...c.config });
+          }
+          return { commands: rows.sort((a, b) => b.startedAt - a.startedAt) };
+        }
+        const sb = await authorise(req, req.params.id, 'commands', false);
         const commands: CommandSummary[] = [...sb.commands.values()]
           .filter(
             (c) =>
@@ -216,6 +317,14 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
       '/v1/sandboxes/:id/commands/:cmd',
       { schema: { params: CommandParams, querystring: Type.Object(TokenQuery) } },
       async (req) => {
+        const hib = await hibernatedFor(req, req.params.id);
+        if (hib) {
+          const c = await hibernatedCommand(hib, req.params.cmd);
+          const spool = await hibernatedSpool(hib, c);
+          await spool.close();
+          // the exit is read by the resumed sandbox's pump; until then it is not known here
+          return { id: c.id, pid: c.pid, running: !spool.closed, exit: null, outputBytes: spool.size };
+        }
         const sb = await authorise(req, req.params.id, 'commands', false);
         const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
         return {
@@ -239,7 +348,11 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         if (!body || typeof (body as { pipe?: unknown }).pipe !== 'function') {
           throw new SpaceError('BAD_REQUEST', 'send stdin bytes with Content-Type: application/octet-stream');
         }
-        await sb.guest.writeStdin(cmd.pid, body as unknown as Readable);
+        // through a pipe: when the guest refuses before the body ended (the process exited),
+        // undici drops the pipe, not the request whose socket the refusal goes out on
+        const pass = new PassThrough();
+        (body as unknown as Readable).pipe(pass);
+        await sb.guest.writeStdin(cmd.pid, pass);
         return reply.status(204).send();
       },
     );
@@ -321,24 +434,48 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
           throw new SpaceError('BAD_REQUEST', 'upload with Content-Type: application/octet-stream');
         }
         let seen = 0;
+        /** This hop's own refusal of the body (over the limit), whatever undici makes of it. */
+        let tooLarge: SpaceError | undefined;
         const counter = new Transform({
           transform(chunk: Buffer, _enc, cb) {
             seen += chunk.length;
-            if (seen > limit) cb(new SpaceError('BODY_TOO_LARGE', `uploads are limited to ${limit} bytes`));
-            else cb(null, chunk);
+            if (seen > limit) {
+              tooLarge = new SpaceError('BODY_TOO_LARGE', `uploads are limited to ${limit} bytes`);
+              cb(tooLarge);
+            } else cb(null, chunk);
           },
         });
         const abort = new AbortController();
         const upload = sb.guest.writeFile(req.query.path, counter, { signal: abort.signal, metadata });
         upload.catch(() => {});
-        try {
-          await pipeline(src, counter);
-        } catch (err) {
+        // piped, not pipeline(): a refusal must not destroy the request (and the socket its answer
+        // goes out on); the error handler reads and drops the rest of the body (answerBeforeBody)
+        src.pipe(counter);
+        // the guest may refuse before the body ended (a platform path, a directory, a full disk):
+        // its answer ends the wait at once, with its own code
+        const first = await Promise.race([
+          upload.then(
+            () => ({ refused: false as const }),
+            (err: unknown) => ({ refused: true as const, err }),
+          ),
+          finished(src as Readable).then(
+            () => ({ refused: false as const }),
+            () => ({ refused: true as const, err: undefined }),
+          ),
+        ]);
+        if (first.refused) {
+          src.unpipe(counter);
           abort.abort(); // the guest drops its temp file; the previous file stays as it was
           await upload.catch(() => {});
-          throw err instanceof SpaceError ? err : new SpaceError('BAD_REQUEST', 'upload was interrupted');
+          if (tooLarge) throw tooLarge;
+          if (first.err instanceof SpaceError) throw first.err;
+          throw new SpaceError('BAD_REQUEST', 'upload was interrupted');
         }
-        return reply.status(200).send(await upload);
+        try {
+          return reply.status(200).send(await upload);
+        } catch (err) {
+          throw tooLarge ?? err;
+        }
       },
     );
 

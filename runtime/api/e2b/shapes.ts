@@ -3,10 +3,12 @@
  * Source of every external fact: shared/reference/e2b-protocol.md §1 (E2B's `spec/openapi.yml`
  * as read by the JS SDK 2.45–2.51).
  */
+
 import { isIP } from 'node:net';
 import type { EgressPolicy, EgressPolicyInput } from '../../core/egress.ts';
 import { SpaceError } from '../../core/errors.ts';
 import type { SandboxState } from '../../core/types.ts';
+import { metadataFilter } from '../metadata-filter.ts';
 import type { SandboxRecord } from '../sandbox-store.ts';
 
 /**
@@ -109,23 +111,24 @@ export function toE2bDetail(rec: SandboxRecord, envdAccessToken: string) {
 /**
  * The `metadata` list filter as E2B clients encode it (§1.7): the query value is URL-encoded
  * `k=v&k2=v2` whose keys and values are themselves URL-encoded. Returns the key/value pairs.
- * @throws SpaceError BAD_REQUEST when the encoding is broken.
+ * @throws SpaceError BAD_REQUEST when the encoding is broken, or a key comes with two values.
  */
 export function parseMetadataFilter(raw: string): Record<string, string> {
+  const pairs: [string, string][] = [];
   try {
     const whole = decodeURIComponent(raw);
-    const out: Record<string, string> = {};
     for (const pair of whole.split('&')) {
       if (!pair) continue;
       const eq = pair.indexOf('=');
       const k = eq < 0 ? pair : pair.slice(0, eq);
       const v = eq < 0 ? '' : pair.slice(eq + 1);
-      out[decodeURIComponent(k)] = decodeURIComponent(v);
+      pairs.push([decodeURIComponent(k), decodeURIComponent(v)]);
     }
-    return out;
   } catch {
     throw new SpaceError('BAD_REQUEST', 'metadata filter is not URL-encoded key=value pairs');
   }
+  // a key given twice with two values is refused, never reduced to the last (R26)
+  return metadataFilter(pairs);
 }
 
 /** E2B's sandbox network options (create's `network`, `PUT …/network`; §1.4, §1.8). */

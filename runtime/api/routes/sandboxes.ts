@@ -2,6 +2,7 @@
  * Routes of /v1/sandboxes: create (202 + operation; with `?waitMs=`, answered once the operation
  * ends), list, get, delete, pause and resume (→ operation), timeout, egress, usage.
  */
+
 import { createHash } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
@@ -20,6 +21,7 @@ import type { Operation, Sandbox, SandboxState } from '../../core/types.ts';
 import type { ApiDeps } from '../app.ts';
 import { principalOf } from '../auth.ts';
 import { allowCredentialHosts } from '../credential-store.ts';
+import { parseV1MetadataQuery } from '../metadata-filter.ts';
 import { knownTemplates, readyTemplates } from '../node-store.ts';
 import { type DraftOperation, type OperationRecord, operationToPublic } from '../operations.ts';
 import { type SandboxRecord, toPublic } from '../sandbox-store.ts';
@@ -122,12 +124,14 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
             const vcpus = body.vcpus ?? 1;
             const memoryMiB = body.memoryMiB ?? 512;
             if (nodes.length > 0 && !nodes.some((n) => n.vcpus >= vcpus && n.memoryMiB >= memoryMiB)) {
-              // no node could ever hold it: say so now rather than through a failed operation
-              const largest = nodes.reduce((a, n) => (n.memoryMiB > a.memoryMiB ? n : a));
+              // no node could ever hold it, however empty: a 4xx that names what is on offer, not a
+              // retryable 503 (R25); a shape some node holds but not now stays NODE_CAPACITY_EXHAUSTED
+              const largest = largestShapes(nodes);
+              const offer = largest.map((n) => `${n.vcpus} vCPU / ${n.memoryMiB} MiB`).join(', ');
               throw new SpaceError(
-                'NODE_CAPACITY_EXHAUSTED',
-                `no node is large enough for ${vcpus} vCPU / ${memoryMiB} MiB (largest: ${largest.vcpus} vCPU / ${largest.memoryMiB} MiB)`,
-                { vcpus, memoryMiB },
+                'SHAPE_TOO_LARGE',
+                `no node is large enough for ${vcpus} vCPU / ${memoryMiB} MiB; the largest on offer: ${offer}`,
+                { vcpus, memoryMiB, largest },
               );
             }
             const able = nodes.filter((n) => n.templates.includes(body.template));
@@ -292,7 +296,8 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
       },
       async (req) => {
         const q = req.query;
-        const metadata = q.metadata ? Object.fromEntries(new URLSearchParams(q.metadata)) : undefined;
+        // every pair must match; a key with two values is refused, never reduced to one (R26)
+        const metadata = q.metadata ? parseV1MetadataQuery(q.metadata) : undefined;
         const page = await deps.sandboxes.list({
           limit: q.limit ?? 100,
           cursor: q.cursor,
@@ -464,4 +469,30 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
       },
     );
   };
+}
+
+/**
+ * The largest sandbox shapes `nodes` offer: each node's whole vCPUs and memory (MiB), keeping only
+ * those no other node beats on both (a node with the most memory may have fewer vCPUs than another),
+ * largest memory first. Pure.
+ */
+export function largestShapes(
+  nodes: readonly { vcpus: number; memoryMiB: number }[],
+): { vcpus: number; memoryMiB: number }[] {
+  const shapes = [...new Map(nodes.map((n) => [`${n.vcpus}/${n.memoryMiB}`, n])).values()].map((n) => ({
+    vcpus: n.vcpus,
+    memoryMiB: n.memoryMiB,
+  }));
+  return shapes
+    .filter(
+      (a) =>
+        !shapes.some(
+          (b) =>
+            b !== a &&
+            b.vcpus >= a.vcpus &&
+            b.memoryMiB >= a.memoryMiB &&
+            (b.vcpus > a.vcpus || b.memoryMiB > a.memoryMiB),
+        ),
+    )
+    .sort((a, b) => b.memoryMiB - a.memoryMiB || b.vcpus - a.vcpus);
 }
