@@ -413,12 +413,22 @@ describe('interceptTls', () => {
       ...baseCtx(),
       credentials: staticCredentialSource([secretOf(grant, REAL, { methods: ['GET'], paths: ['/v1/*'] })]),
     };
-    for (const line of ['GET /echo HTTP/1.1', 'POST /v1/x HTTP/1.1', 'GET /v1%2f..%2fecho HTTP/1.1']) {
+    for (const [line, extra] of [
+      ['GET /echo HTTP/1.1'],
+      ['POST /v1/x HTTP/1.1'],
+      ['GET /v1%2f..%2fecho HTTP/1.1'],
+      // E15: a path routers read as another (Servlet path parameters) and method overrides
+      ['GET /v1/..;/echo HTTP/1.1'],
+      ['GET /v1/%E2%80%A5/echo HTTP/1.1'],
+      ['GET /v1/x HTTP/1.1', 'X-HTTP-Method-Override: DELETE'],
+      ['GET /v1/x?_method=DELETE HTTP/1.1'],
+    ] as const) {
       const r = await exchange(
         request([
           line,
           `Host: ${NAME}`,
           `Authorization: Bearer ${grant.placeholder}`,
+          ...(extra ? [extra] : []),
           'Content-Length: 0',
           'Connection: close',
         ]),

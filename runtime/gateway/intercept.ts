@@ -39,6 +39,7 @@ import {
   type CredentialSecret,
   credentialAllows,
   grantsCovering,
+  METHOD_OVERRIDE_HEADERS,
   PLACEHOLDER_SCAN_RE,
 } from './credentials.ts';
 import { HOP_BY_HOP, requestHeadProblem, safeResponseHead, stripHopByHop } from './http-headers.ts';
@@ -242,11 +243,15 @@ export function prepareRequest(
       : [];
   });
   const chosen = new Map<string, { grant: CredentialGrant; secret: CredentialSecret }>();
+  const overridden = pairs.some(([k]) => METHOD_OVERRIDE_HEADERS.has(k.toLowerCase()));
   for (const a of active) {
     const expected = applyFormat(a.secret.format, a.grant.placeholder);
     if (!forwarded.some(([k, v]) => k.toLowerCase() === a.secret.header && v === expected)) continue;
     if (chosen.has(a.secret.header)) return refusal(403, 'ambiguous-credential');
     if (!credentialAllows(a.secret, method, path)) return refusal(403, 'credential-scope');
+    // a method list means the method the server will act on: no override header or `_method` field
+    if (a.secret.methods !== null && (overridden || /[?&]_method=/i.test(path)))
+      return refusal(403, 'credential-scope');
     chosen.set(a.secret.header, a);
   }
   forwarded = forwarded.filter(([k]) => !chosen.has(k.toLowerCase()));
