@@ -17,7 +17,9 @@
  * 5. Bodies stream both ways under `maxBodyBytes`. Responses are asked for `identity` encoding and
  *    every real value this sandbox holds is masked in response headers and bodies (an endpoint that
  *    echoes headers must not hand the secret back, T20); an encoded response is refused, since it
- *    could not be scanned.
+ *    could not be scanned. A body that starts like gzip without a label is read whole and masked in
+ *    a worker thread (`packed-body.ts`, `unpack-pool.ts`: raw bytes and every member, bounded in
+ *    size and time, E16/E17); one that cannot be fully read is refused.
  *
  * Audit lines use the gateway's shape: `egress allow|deny|close` with `sandbox.id`, `name`,
  * `address`, `port`, `rule`, `reason`. Real values are never logged nor part of any error text.
@@ -27,7 +29,6 @@ import https from 'node:https';
 import type net from 'node:net';
 import { pipeline } from 'node:stream';
 import tls from 'node:tls';
-import { gunzipSync, gzipSync } from 'node:zlib';
 import type { Logger } from 'pino';
 import { normaliseName } from '../core/egress.ts';
 import { F } from '../core/log-fields.ts';
@@ -43,7 +44,9 @@ import {
   PLACEHOLDER_SCAN_RE,
 } from './credentials.ts';
 import { HOP_BY_HOP, requestHeadProblem, safeResponseHead, stripHopByHop } from './http-headers.ts';
-import { maskBuffer, maskText, type Needles, needlesFor, SecretMask, TooLarge } from './reflection.ts';
+import { looksGzipped } from './packed-body.ts';
+import { maskText, type Needles, needlesFor, SecretMask, TooLarge } from './reflection.ts';
+import type { UnpackOutcome } from './unpack-pool.ts';
 
 /** Limits applied to one intercepted connection. */
 export interface InterceptLimits {
@@ -75,6 +78,11 @@ export interface InterceptContext {
   /** Upstream port (default 443; tests override). */
   upstreamPort?: number;
   ca: DeploymentCa;
+  /**
+   * Masks a response body that starts with a gzip magic, off the event loop and bounded in size
+   * and time (`UnpackPool.mask` under this sandbox's key, E16/E17).
+   */
+  unpack: (body: Buffer, needles: Needles) => Promise<UnpackOutcome>;
 }
 
 /** Why an intercepted request or connection was refused or closed (bounded: an audit/metrics label). */
@@ -103,7 +111,8 @@ export type InterceptDenyReason =
   | 'ambiguous-framing'
   | 'malformed-response'
   | 'credential-unavailable'
-  | 'credential-scope';
+  | 'credential-scope'
+  | 'unpack-timeout';
 
 /** The parts of a parsed request head that {@link prepareRequest} looks at. */
 export interface RequestHead {
@@ -286,20 +295,6 @@ export function prepareRequest(
  */
 export function responseHeaders(rawHeaders: readonly string[], needles: Needles): string[] {
   return stripHopByHop(rawHeaders).map((v) => maskText(v, needles));
-}
-
-/** True when `chunk` starts like a gzip member (magic 1f 8b, method 8). */
-function looksGzipped(chunk: Buffer): boolean {
-  return chunk.length >= 3 && chunk[0] === 0x1f && chunk[1] === 0x8b && chunk[2] === 0x08;
-}
-
-/**
- * A gzip body sent without a Content-Encoding label (E10): decompressed (within `maxBytes`), masked,
- * compressed again when anything was found. Throws when it does not decompress or is too large.
- */
-export function maskGzipBody(body: Buffer, needles: Needles, maxBytes: number): Buffer {
-  const plain = gunzipSync(body, { maxOutputLength: maxBytes });
-  return maskBuffer(plain, needles) > 0 ? gzipSync(plain) : body;
 }
 
 /** OpenSSL / Node codes of a failed upstream certificate verification. */
@@ -659,14 +654,22 @@ function serveHttp(
         }
         const chunks: Buffer[] = [first];
         let size = first.length;
-        const finish = () => {
+        // unpacked and masked in a worker (E17), the whole body or nothing (E16)
+        const finish = async () => {
           if (abandoned) return;
-          let out: Buffer;
-          try {
-            out = maskGzipBody(Buffer.concat(chunks), needles, limits.maxBodyBytes);
-          } catch {
-            return fail('upstream-encoding');
+          const r = await ctx.unpack(Buffer.concat(chunks), needles);
+          if (abandoned) return;
+          if (!r.ok) {
+            return fail(
+              r.problem === 'too-large'
+                ? 'response-too-large'
+                : r.problem === 'timeout'
+                  ? 'unpack-timeout'
+                  : 'upstream-encoding',
+            );
           }
+          const out = r.body;
+          idle();
           const headers = safe.headers.filter(
             (_, i, all) => all[i - (i % 2)]!.toLowerCase() !== 'content-length',
           );
@@ -674,7 +677,7 @@ function serveHttp(
           res.end(out);
         };
         if (ended) {
-          finish();
+          void finish();
           return;
         }
         ures.on('data', (c: Buffer) => {
@@ -683,7 +686,7 @@ function serveHttp(
           if (size > limits.maxBodyBytes) return fail('response-too-large');
           chunks.push(c);
         });
-        ures.once('end', finish);
+        ures.once('end', () => void finish());
         ures.resume();
       };
       ures.on('data', onHeadData);

@@ -18,6 +18,7 @@ import { type ConnectionLimits, guardSockets } from './limits.ts';
 import { decideName } from './policy.ts';
 import type { Registry, TrackedConnection } from './registry.ts';
 import type { UpstreamResolver } from './resolver.ts';
+import type { UnpackPool } from './unpack-pool.ts';
 
 /** What the TLS and HTTP proxies need. */
 export interface ProxyDeps {
@@ -33,7 +34,13 @@ export interface ProxyDeps {
 /** What the TLS proxy needs on top of {@link ProxyDeps} to intercept credential hosts. */
 export interface TlsProxyDeps extends ProxyDeps {
   /** Absent: credential hosts are refused (`credential-interception-unavailable`), never spliced. */
-  intercept?: { ca: DeploymentCa; upstreamCa: Buffer[]; credentials: CredentialSource };
+  intercept?: {
+    ca: DeploymentCa;
+    upstreamCa: Buffer[];
+    credentials: CredentialSource;
+    /** Where gzip response bodies are unpacked and masked (worker threads, E17). */
+    unpack: UnpackPool;
+  };
 }
 
 /** Error thrown by the intercept context's `resolve` when a name may not be dialled. */
@@ -151,6 +158,7 @@ function handle(deps: TlsProxyDeps, client: Socket): void {
     if (grants.length > 0) {
       conn.intercepted = true;
       if (!deps.intercept) return deny('credential-interception-unavailable');
+      const { unpack } = deps.intercept;
       // the interceptor audits each request itself (`egress allow|deny|close`, rule `credential`)
       void interceptTls(client, hello, {
         sandboxId: reg!.sandboxId,
@@ -167,6 +175,7 @@ function handle(deps: TlsProxyDeps, client: Socket): void {
         upstreamCa: deps.intercept.upstreamCa,
         ca: deps.intercept.ca,
         credentials: deps.intercept.credentials,
+        unpack: (body, needles) => unpack.mask(reg!.sandboxId, body, needles),
         resolve: async (name) => {
           const d = decideName(reg!.policy, name);
           if (!d.allowed) throw new EgressDenied(d.reason, `${name} is not allowed`);
