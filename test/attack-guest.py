@@ -431,6 +431,123 @@ def a_listen(p):
     return {'stage': 'done', 'hits': n}
 
 
+# ---------- third round (E13, E17) ----------
+
+def tls_record(ctype, payload):
+    return bytes([ctype, 3, 1]) + struct.pack('>H', len(payload)) + payload
+
+
+def client_hello_msg(sni):
+    """A TLS 1.3 ClientHello message offering only secp256r1 with NO key share (so a server must
+    answer HelloRetryRequest); sni None: no server_name extension."""
+    def ext(t, data):
+        return struct.pack('>HH', t, len(data)) + data
+    exts = b''
+    if sni is not None:
+        name = sni.encode()
+        entry = b'\x00' + struct.pack('>H', len(name)) + name
+        exts += ext(0, struct.pack('>H', len(entry)) + entry)
+    exts += ext(0x2b, b'\x02\x03\x04')          # supported_versions: TLS 1.3
+    exts += ext(0x0a, b'\x00\x02\x00\x17')      # supported_groups: secp256r1
+    exts += ext(0x0d, b'\x00\x02\x04\x03')      # signature_algorithms: ecdsa_secp256r1_sha256
+    exts += ext(0x33, b'\x00\x00')              # key_share: none
+    body = b'\x03\x03' + os.urandom(32) + b'\x20' + os.urandom(32) + b'\x00\x02\x13\x01' + b'\x01\x00'
+    body += struct.pack('>H', len(exts)) + exts
+    return b'\x01' + struct.pack('>I', len(body))[1:] + body
+
+
+def a_hrr(p):
+    """E13: ClientHello naming p.sni1, then (after the server's answer, or at once with
+    p.pipelined) a second one naming p.sni2 (None: no SNI); p.ccs sends change_cipher_spec first,
+    p.split cuts the second hello into two records. Returns what came back."""
+    try:
+        s = tcp_connect(p['ip'], 443, p.get('timeout', T))
+    except Exception as e:
+        return {'stage': 'connect', 'err': str(e)}
+    second = client_hello_msg(p.get('sni2'))
+    second = (tls_record(22, second[:40]) + tls_record(22, second[40:])) if p.get('split') else tls_record(22, second)
+    if p.get('ccs'):
+        second = tls_record(20, b'\x01') + second
+    first = tls_record(22, client_hello_msg(p['sni1']))
+    got = b''
+    try:
+        if p.get('pipelined'):
+            s.sendall(first + second)
+        else:
+            s.sendall(first)
+            got, how = recv_all(s, 1.0, limit=1)
+            s.sendall(second)
+        data, how = recv_all(s, p.get('timeout', T))
+    except Exception as e:
+        return {'stage': 'send', 'err': str(e), 'data': got.decode('latin1')}
+    s.close()
+    return {'stage': 'response', 'data': (got + data).decode('latin1')[:500], 'how': how}
+
+
+def a_getloop(p):
+    """E17: p.threads threads, each sending GET p.path over a new TLS connection to ip:443 (SNI
+    p.sni) one after another, for p.secs, at most p.max requests in all; counts status lines."""
+    import threading
+    lock = threading.Lock()
+    counts = {'sent': 0}
+    end = time.time() + p['secs']
+
+    def worker():
+        while time.time() < end:
+            with lock:
+                if counts['sent'] >= p['max']:
+                    return
+                counts['sent'] += 1
+            try:
+                s = ctx().wrap_socket(tcp_connect(p['ip'], 443, 3), server_hostname=p['sni'])
+                s.sendall(('GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' % (p['path'], p['sni'])).encode())
+                d, _ = recv_all(s, 10, limit=256 * 1024)
+                s.close()
+                key = d[:12].decode('latin1') or 'empty'
+            except Exception as e:
+                key = 'err:' + type(e).__name__
+            with lock:
+                counts[key] = counts.get(key, 0) + 1
+    ts = [threading.Thread(target=worker) for _ in range(p['threads'])]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(p['secs'] + 15)
+    return {'stage': 'done', 'counts': counts}
+
+
+def a_latdns(p):
+    """E17: p.n rounds of (one DNS A query for p.name to ip:53, timeout 2 s; then a new TLS
+    connection + GET to ip:443 with SNI p.name); median/p95 of each, ms, a lost query counted as
+    2000 ms."""
+    https, dns, lost, fails = [], [], 0, 0
+    for _ in range(p['n']):
+        t0 = time.perf_counter()
+        try:
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            u.settimeout(2.0)
+            u.sendto(dns_query(p['name'], 'A'), (p['ip'], 53))
+            u.recvfrom(4096)
+            dns.append((time.perf_counter() - t0) * 1000)
+        except Exception:
+            lost += 1
+            dns.append(2000.0)
+        t0 = time.perf_counter()
+        try:
+            s = ctx().wrap_socket(tcp_connect(p['ip'], 443, 5), server_hostname=p['name'])
+            s.sendall(('GET /lat HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' % p['name']).encode())
+            d, _ = recv_all(s, 5)
+            s.close()
+            if b' 200 ' not in d[:20]:
+                fails += 1
+        except Exception:
+            fails += 1
+        https.append((time.perf_counter() - t0) * 1000)
+    q = lambda xs, f: sorted(xs)[min(len(xs) - 1, int(len(xs) * f))] if xs else None
+    return {'stage': 'done', 'https_median_ms': q(https, 0.5), 'https_p95_ms': q(https, 0.95),
+            'dns_median_ms': q(dns, 0.5), 'dns_p95_ms': q(dns, 0.95), 'dns_lost': lost, 'fails': fails, 'n': p['n']}
+
+
 KINDS = {k[2:]: v for k, v in globals().items() if k.startswith('a_')}
 
 

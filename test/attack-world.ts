@@ -5,7 +5,9 @@
  * Per role (good, evil, internal, meta) a set of listeners on the role's address: HTTP :80, HTTPS
  * :443 and :8443, plain TCP catch-alls (22, 853, 7000, 8080) and UDP catch-alls (53 except on the
  * DNS role, 123, 443, 9999). The `cred` role is the credential upstream: HTTPS that checks
- * `Authorization: Bearer <real value>` (and `/echo` reflects the headers it received). The `dns`
+ * `Authorization: Bearer <real value>` (and `/echo` reflects the headers it received; `/echo-e16-…`
+ * and `/echo-e17-bomb` answer the third round's packed bodies). `hrr` is a raw TLS 1.3 server that
+ * answers HelloRetryRequest and logs each ClientHello's SNI (E13). The `dns`
  * role is the authoritative server for `*.test` (UDP and TCP); `evil` also answers DNS on :53
  * (an "alternate resolver"). Every connection, request, datagram and query is printed as one JSON
  * line on stdout (the hit log); `READY` once everything listens.
@@ -16,7 +18,7 @@ import { createServer as createHttp, type IncomingMessage, type ServerResponse }
 import { createServer as createHttps } from 'node:https';
 import { createServer as createTcp, type Socket } from 'node:net';
 import type { TLSSocket } from 'node:tls';
-import { gzipSync } from 'node:zlib';
+import { crc32, deflateRawSync, gzipSync } from 'node:zlib';
 import dnsPacket from 'dns-packet';
 
 /** Config passed as argv[2]. */
@@ -109,6 +111,128 @@ function dnsServers(records: Record<string, string>, role: string, address: stri
   ];
 }
 
+// ---------- third round (E13, E16, E17) ----------
+
+/** A gzip member whose FNAME header field is `name` (RFC 1952 §2.3.1), built by hand. */
+function gzipNamed(name: string, text: string): Buffer {
+  const data = Buffer.from(text);
+  const trailer = Buffer.alloc(8);
+  trailer.writeUInt32LE(crc32(data), 0);
+  trailer.writeUInt32LE(data.length, 4);
+  return Buffer.concat([
+    Buffer.from([0x1f, 0x8b, 0x08, 0x08, 0, 0, 0, 0, 0, 0xff]),
+    Buffer.from(`${name}\0`),
+    deflateRawSync(data),
+    trailer,
+  ]);
+}
+
+let bomb: Buffer | null = null;
+
+/**
+ * E16/E17 bodies of the credential host, unlabelled gzip with the received value somewhere a
+ * first-member unpacker does not look (E16), or a small body that unpacks to 96 MiB (E17); null
+ * for any other URL.
+ */
+function round3CredBody(url: string, value: string): Buffer | null {
+  const z = (t: string | Buffer) => gzipSync(t);
+  switch (url) {
+    case '/echo-e16-nul':
+      return Buffer.concat([z('x'), Buffer.from(`\0Bearer ${value}`)]);
+    case '/echo-e16-hex':
+      return Buffer.concat([z('x'), Buffer.from(`\0${Buffer.from(value).toString('hex')}`)]);
+    case '/echo-e16-b64':
+      return Buffer.concat([z('x'), Buffer.from(`\0${Buffer.from(value).toString('base64')}`)]);
+    case '/echo-e16-member':
+      return Buffer.concat([z('x'), Buffer.from([0]), z(`Bearer ${value}`)]);
+    case '/echo-e16-nested':
+      return z(z(`Bearer ${value}`));
+    case '/echo-e16-fname':
+      return gzipNamed(value, 'plain text');
+    case '/echo-e17-bomb':
+      bomb ??= gzipSync(Buffer.alloc(96 * 1024 * 1024), { level: 9 });
+      return bomb;
+    default:
+      return null;
+  }
+}
+
+/** SHA-256 of "HelloRetryRequest": the ServerHello.random of a HelloRetryRequest (RFC 8446 §4.1.3). */
+const HRR_RANDOM = Buffer.from('cf21ad74e59a6111be1d8c021e65b891c2a211167abb8c5e079e09e2c8a8339c', 'hex');
+
+/** A TLS record holding a ServerHello (`retry`: a HelloRetryRequest asking for secp256r1). */
+function serverHelloRecord(retry: boolean): Buffer {
+  const ext = retry
+    ? Buffer.from([0x00, 0x2b, 0, 2, 3, 4, 0x00, 0x33, 0, 2, 0x00, 0x17])
+    : Buffer.from([0x00, 0x2b, 0, 2, 3, 4]);
+  const body = Buffer.concat([
+    Buffer.from([3, 3]),
+    retry ? HRR_RANDOM : Buffer.alloc(32, 0x5a),
+    Buffer.from([0, 0x13, 0x01, 0, ext.length >> 8, ext.length & 255]),
+    ext,
+  ]);
+  const msg = Buffer.concat([Buffer.from([2, 0, body.length >> 8, body.length & 255]), body]);
+  return Buffer.concat([Buffer.from([0x16, 3, 3, msg.length >> 8, msg.length & 255]), msg]);
+}
+
+/** The SNI host_name of a ClientHello message body, or null (a small reader: the far side only logs). */
+function helloSni(body: Buffer): string | null {
+  let p = 2 + 32;
+  p += 1 + body[p]!;
+  p += 2 + body.readUInt16BE(p);
+  p += 1 + body[p]!;
+  const end = p + 2 + body.readUInt16BE(p);
+  p += 2;
+  while (p + 4 <= end) {
+    const type = body.readUInt16BE(p);
+    const len = body.readUInt16BE(p + 2);
+    if (type === 0) return body.subarray(p + 9, p + 4 + len).toString('latin1');
+    p += 4 + len;
+  }
+  return null;
+}
+
+/**
+ * E13: a TLS 1.3 server in the clear part of its handshake that picks its virtual host by SNI. It
+ * answers the first ClientHello with a HelloRetryRequest and logs every ClientHello it reads (hit
+ * `hello` with its SNI: the name it would serve), answering the second with a ServerHello and the
+ * name it serves. Handshake messages are reassembled across records.
+ */
+function helloRetryServer() {
+  return createTcp((s) => {
+    s.on('error', () => {});
+    hit({ role: 'hrr', kind: 'tcp', port: 443, from: s.remoteAddress });
+    let records = Buffer.alloc(0);
+    let handshake = Buffer.alloc(0);
+    let hellos = 0;
+    s.on('data', (d: Buffer) => {
+      records = Buffer.concat([records, d]);
+      while (records.length >= 5 && records.length >= 5 + records.readUInt16BE(3)) {
+        const type = records[0];
+        const payload = records.subarray(5, 5 + records.readUInt16BE(3));
+        records = records.subarray(5 + payload.length);
+        if (type !== 0x16) continue;
+        handshake = Buffer.concat([handshake, payload]);
+        while (handshake.length >= 4 && handshake.length >= 4 + handshake.readUIntBE(1, 3)) {
+          const len = handshake.readUIntBE(1, 3);
+          const msg = handshake.subarray(0, 4 + len);
+          handshake = handshake.subarray(4 + len);
+          if (msg[0] !== 1) continue;
+          let sni: string | null = null;
+          try {
+            sni = helloSni(msg.subarray(4));
+          } catch {}
+          hellos++;
+          hit({ role: 'hrr', kind: 'hello', port: 443, sni, n: hellos });
+          if (hellos === 1) s.write(serverHelloRecord(true));
+          else
+            s.end(Buffer.concat([serverHelloRecord(false), Buffer.from(`hrr served ${sni ?? '(default)'}`)]));
+        }
+      }
+    });
+  });
+}
+
 async function main(): Promise<void> {
   const cfg = JSON.parse(process.argv[2] ?? '{}') as WorldConfig;
   const cert = readFileSync(cfg.certFile);
@@ -121,6 +245,10 @@ async function main(): Promise<void> {
   ) => listening.push(new Promise((resolve) => server.listen(port, a, () => resolve())));
 
   for (const [role, address] of Object.entries(cfg.roles)) {
+    if (role === 'hrr') {
+      listen(helloRetryServer(), 443, address);
+      continue;
+    }
     const handler = (kind: string, port: number) => (req: IncomingMessage, res: ServerResponse) => {
       const sni = (req.socket as TLSSocket).servername ?? null;
       const auths: string[] = [];
@@ -157,6 +285,11 @@ async function main(): Promise<void> {
           return;
         }
         if (role === 'cred') {
+          const round3 = round3CredBody(req.url ?? '', (auths[0] ?? '').replace(/^Bearer /, ''));
+          if (round3) {
+            res.end(round3);
+            return;
+          }
           const ok = auths.length === 1 && auths[0] === `Bearer ${cfg.credValue}`;
           const value = (auths[0] ?? '').replace(/^Bearer /, '');
           // E10: endpoints that hand the received value back in other forms

@@ -98,13 +98,17 @@ const W = {
   node: `${NET}.100`,
   /** E7: a "load balancer in front of the cluster", given to the gateway as a node CIDR. */
   lb: `${NET}.97`,
+  /** E13: a TLS 1.3 server that answers HelloRetryRequest and logs every ClientHello (hrr.allowed.test). */
+  hrr: `${NET}.5`,
 };
 /** E7: how often the gateway re-reads the node's addresses in this run, ms. */
 const NODE_REFRESH_MS = 500;
 /** E9: the gateway's credential cache time in this run (its default), ms. */
 const CREDENTIAL_CACHE_MS = 2000;
 /** Every attempt the suite makes (asserted, so a silently skipped attack shows). */
-const EXPECTED_ATTEMPTS = 231;
+/** Third-round attempts of the HTTP/TLS side (E12 7, E13 4, E15 10, E16 6, E17 2). */
+const ROUND3_HTTP_ATTEMPTS = 29;
+const EXPECTED_ATTEMPTS = 231 + ROUND3_HTTP_ATTEMPTS;
 const RT_TABLE = String(19_800 + N);
 const REAL = `sk-real-${randomBytes(20).toString('hex')}`;
 /** Team `tb`'s value of its own `cred-api` (same name, same host as the default team's REAL). */
@@ -122,6 +126,7 @@ const ALLOWED = [
   'node.allowed.test',
   'node2.allowed.test',
   'lb.allowed.test',
+  'hrr.allowed.test',
 ];
 const POLICY = { allow: ALLOWED };
 /** E8: names an allow-all sandbox makes the gateway ask about (the denied one, to deny its addresses). */
@@ -143,6 +148,7 @@ const RECORDS: Record<string, string> = {
   'node.allowed.test': W.host, // E7: the node's own address on this link (not in the configured deny set)
   'node2.allowed.test': W.node, // E7: an address the node gains later
   'lb.allowed.test': W.lb, // E7: a cluster address given as config
+  'hrr.allowed.test': W.hrr, // E13: answers HelloRetryRequest, logs every hello
   'alias.test': W.evil, // E8: a second name for the denied evil.test
   'cname.test': 'cname:cdn.evil.test', // E8: a CNAME chain through a denied pattern
   'evil.test': W.evil,
@@ -267,6 +273,7 @@ async function makeWorld(): Promise<void> {
     `${W.internal}/24`,
     `${W.meta}/32`,
     `${W.lb}/24`,
+    `${W.hrr}/24`,
   ])
     await sh('ip', ['-n', NS, 'addr', 'add', a, 'dev', NS_IF]);
   await sh('ip', ['-n', NS, 'link', 'set', NS_IF, 'up']);
@@ -306,7 +313,15 @@ async function counters(): Promise<Record<string, number>> {
 
 async function startWorld(): Promise<void> {
   const cfg: WorldConfig = {
-    roles: { good: W.good, evil: W.evil, cred: W.cred, internal: W.internal, meta: W.meta, lb: W.lb },
+    roles: {
+      good: W.good,
+      evil: W.evil,
+      cred: W.cred,
+      internal: W.internal,
+      meta: W.meta,
+      lb: W.lb,
+      hrr: W.hrr,
+    },
     dnsAddress: W.dns,
     certFile: join(tmp, 'leaf.crt'),
     keyFile: join(tmp, 'leaf.key'),
@@ -454,6 +469,8 @@ const atk = (
 
 /** A far-side hit that must never happen (whoever caused it). */
 function forbidden(h: Hit): string | null {
+  const round3 = forbiddenRound3(h);
+  if (round3) return round3;
   if (h.role === 'evil' || h.role === 'internal' || h.role === 'meta' || h.role === 'lb')
     return `${h.role} received ${h.kind}${h.port ? `:${h.port}` : ''}${h.name ? ` ${h.name}` : ''}`;
   const e8 = h.t >= e8Window.from && h.t <= e8Window.to && UPSTREAM_OK_E8.has(String(h.name));
@@ -926,6 +943,51 @@ async function forwardingOn(addr: string): Promise<void> {
   const link = links.find((l) => l.addr_info?.some((a) => a.local === hostEnd));
   expect(link, `host interface of ${addr}`).toBeDefined();
   await writeFile(`/proc/sys/net/ipv4/conf/${link!.ifname}/forwarding`, '1');
+}
+
+// ---------- third round, HTTP/TLS side (E12, E13, E15, E16, E17) ----------
+
+/** Far-side events of the third round that must never happen (called first by {@link forbidden}). */
+function forbiddenRound3(h: Hit): string | null {
+  // E13: the HelloRetryRequest server read a ClientHello naming a server allowed to nobody
+  if (h.role === 'hrr' && h.kind === 'hello' && !UPSTREAM_OK.has(String(h.sni).toLowerCase()))
+    return `hrr read ClientHello #${h.n} naming ${JSON.stringify(h.sni)}`;
+  return null;
+}
+
+/**
+ * E16: `value` in any form the gateway promises to recognise, in what the sandbox received — read
+ * as a client could: the raw bytes, and every gzip member found at any offset, unpacked, to depth 3.
+ */
+function noRealUnpacked(o: Out, value: string): string | null {
+  const direct = noRealAnyForm(o, value);
+  if (direct) return direct;
+  const raw = Buffer.from(body(o), 'latin1');
+  const texts: string[] = [];
+  const unpackAll = (buf: Buffer, depth: number) => {
+    if (depth > 3) return;
+    for (let at = buf.indexOf(0x1f); at >= 0; at = buf.indexOf(0x1f, at + 1)) {
+      if (buf[at + 1] !== 0x8b) continue;
+      try {
+        const text = gunzipSync(buf.subarray(at));
+        texts.push(text.toString('latin1'));
+        unpackAll(text, depth + 1);
+      } catch {}
+    }
+  };
+  unpackAll(raw, 0);
+  for (const t of texts) {
+    const hit = noRealAnyForm({ stage: 'unpacked', data: t }, value);
+    if (hit) return `${hit} inside a gzip member`;
+  }
+  return null;
+}
+
+/** Every row of `ids` must be `blocked` (a filtered run of one round-3 test still fails on an escape). */
+function expectBlocked(ids: string[]): void {
+  const mine = rows.filter((r) => ids.includes(r.id));
+  expect(mine.map((r) => r.id).sort()).toEqual([...ids].sort());
+  expect(mine.filter((r) => r.verdict !== 'blocked')).toEqual([]);
 }
 
 describe('egress attack suite', () => {
@@ -2514,6 +2576,266 @@ describe('egress attack suite', () => {
       await s.call('DELETE', `/v1/sandboxes/${E}`);
       await s.call('DELETE', '/v1/credentials/cred-rev');
     }
+  });
+
+  it('E12: a body on GET/HEAD/DELETE/OPTIONS (chunked, or a Content-Length that Connection names) is framed by the gateway, never a second request', async () => {
+    const smuggled = (path: string) => `GET ${path} HTTP/1.1\r\nHost: evil.shared.test\r\n\r\n`;
+    const chunked = (method: string, path: string) => {
+      const inner = smuggled(`${path}-smuggled`);
+      return `${method} ${path} HTTP/1.1\r\nHost: pkg.allowed.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n${inner.length.toString(16)}\r\n${inner}\r\n0\r\n\r\n`;
+    };
+    const namedLength = (method: string, path: string) => {
+      const inner = smuggled(`${path}-smuggled`);
+      return `${method} ${path} HTTP/1.1\r\nHost: pkg.allowed.test\r\nContent-Length: ${inner.length}\r\nConnection: close, Content-Length\r\n\r\n${inner}`;
+    };
+    /** The far side served the forbidden host (forbidden() flags it too), or the sandbox read its answer. */
+    const notSmuggled: Judge = (o, far) =>
+      noForbiddenBody(o, far) ??
+      (body(o).includes('host=evil.shared.test')
+        ? `smuggled request served: ${body(o).slice(0, 120)}`
+        : null);
+    const ids: string[] = [];
+    const attempt = (id: string, what: string, req: string) => {
+      ids.push(id);
+      // this attempt's own smuggled request, read by the server as a request of its own
+      const own = /(\/e12[a-z])-smuggled/.exec(req)![0];
+      return atk('E12', id, what, 'http', { ip: W.good, port: 80, req }, (o, far) =>
+        far.some((h) => h.role === 'good' && h.url === own)
+          ? `the server read ${own} as a request for ${far.find((h) => h.url === own)!.host}`
+          : notSmuggled(o, far),
+      );
+    };
+    await batch('A', A, [
+      attempt(
+        'e12-get-chunked',
+        'GET with a chunked body holding a request for evil.shared.test',
+        chunked('GET', '/e12a'),
+      ),
+      attempt('e12-head-chunked', 'HEAD with a chunked body', chunked('HEAD', '/e12b')),
+      attempt('e12-delete-chunked', 'DELETE with a chunked body', chunked('DELETE', '/e12c')),
+      attempt('e12-options-chunked', 'OPTIONS with a chunked body', chunked('OPTIONS', '/e12d')),
+      attempt(
+        'e12-get-length-named',
+        'GET with a Content-Length that Connection names',
+        namedLength('GET', '/e12e'),
+      ),
+      attempt(
+        'e12-delete-length-named',
+        'DELETE with a Content-Length that Connection names',
+        namedLength('DELETE', '/e12f'),
+      ),
+      attempt(
+        'e12-keepalive-second',
+        'a clean request, then a chunked GET on the same connection',
+        `GET /e12g HTTP/1.1\r\nHost: pkg.allowed.test\r\n\r\n${chunked('GET', '/e12h')}`,
+      ),
+    ]);
+    expectBlocked(ids);
+  });
+
+  it('E13: after a HelloRetryRequest the second ClientHello must name the same server (every spliced hello is checked)', async () => {
+    const hrr = (extra: Record<string, unknown>) => ({ ip: W.hrr, sni1: 'hrr.allowed.test', ...extra });
+    const served = (o: Out) => {
+      const m = /hrr served (\S+)/.exec(body(o));
+      return m && m[1] !== 'hrr.allowed.test' ? `the server served ${m[1]}` : null;
+    };
+    const ids = ['e13-hrr-other', 'e13-hrr-nosni', 'e13-hrr-ccs-split', 'e13-hrr-pipelined'];
+    await batch('A', A, [
+      atk('E13', ids[0]!, 'second hello names evil.test', 'hrr', hrr({ sni2: 'evil.test' }), served),
+      atk(
+        'E13',
+        ids[1]!,
+        'second hello has no SNI (default virtual host)',
+        'hrr',
+        hrr({ sni2: null }),
+        served,
+      ),
+      atk(
+        'E13',
+        ids[2]!,
+        'change_cipher_spec, then the second hello split across two records',
+        'hrr',
+        hrr({ sni2: 'evil.test', ccs: true, split: true }),
+        served,
+      ),
+      atk(
+        'E13',
+        ids[3]!,
+        'both hellos sent at once, before the server answered',
+        'hrr',
+        hrr({ sni2: 'evil.test', pipelined: true }),
+        served,
+      ),
+    ]);
+    expectBlocked(ids);
+    // positive control, on its own: a legitimate retry reaches the server, whose log shows both hellos
+    const mark = hits.length;
+    await batch('A', A, [
+      atk(
+        'E13',
+        'e13-hrr-same',
+        'second hello names the same server (positive)',
+        'hrr',
+        hrr({ sni2: 'HRR.allowed.test' }),
+      ),
+    ]);
+    const pos = rows.findIndex((x) => x.id === 'e13-hrr-same');
+    expect(rows[pos]!.verdict).toBe('blocked');
+    rows.splice(pos, 1);
+    const hellos = hits.slice(mark).filter((h) => h.role === 'hrr' && h.kind === 'hello');
+    expect(hellos.filter((h) => h.sni === 'HRR.allowed.test')).toHaveLength(1);
+  });
+
+  it('E15: a path limit means the path the server will route: path parameters and other router normalisations never receive the value', async () => {
+    const V = `sk-e15-${randomBytes(16).toString('hex')}`;
+    CANARIES.push(V);
+    const put = await s.call('PUT', '/v1/credentials/cred-e15', {
+      domains: ['api.cred.test'],
+      value: V,
+      methods: ['GET'],
+      paths: ['/v1/*'],
+    });
+    expect(put.status).toBe(200);
+    const G = await sandbox({ egress: POLICY, credentials: ['cred-e15'] });
+    try {
+      const phG = (await s.exec(G, { cmd: 'printenv', args: ['CRED_E15'] })).stdout.toString().trim();
+      expect(phG).toMatch(/^space_ph_/);
+      /** The far side received the value on this attempt's own path. */
+      const sentOn =
+        (path: string): Judge =>
+        (o, far) =>
+          noRealAnyForm(o, V) ??
+          (far.some((h) => h.role === 'cred' && h.url === path && (h.auths ?? []).some((a) => a.includes(V)))
+            ? `value sent to GET ${path}`
+            : null);
+      const paths: [string, string][] = [
+        ['e15-servlet-param', '/v1/..;/echo'],
+        ['e15-named-param', '/v1/..;jsessionid=0/echo'],
+        ['e15-double-encoded', '/v1/%252e%252e/echo'],
+        ['e15-encoded-semicolon', '/v1/..%3b/echo'],
+        ['e15-nul', '/v1/..%00/echo'],
+        ['e15-trailing-space', '/v1/..%20/echo'],
+        ['e15-three-dots', '/v1/.../echo'],
+        ['e15-iis-u', '/v1/%u002e%u002e/echo'],
+        ['e15-overlong', '/v1/%c0%ae%c0%ae/echo'],
+        ['e15-nfkc', '/v1/%E2%80%A5/echo'],
+      ];
+      const mark = hits.length;
+      await batch('G (credential limited to GET /v1/*)', G, [
+        ...paths.map(([id, path]) =>
+          atk(
+            'E15',
+            id,
+            `GET ${path} with a credential limited to /v1/*`,
+            'tls',
+            tls(W.cred, 'api.cred.test', {
+              verify: true,
+              req: get(path, 'api.cred.test', [`Authorization: Bearer ${phG}`]),
+            }),
+            sentOn(path),
+          ),
+        ),
+        atk(
+          'E15',
+          'e15-ok',
+          'GET /v1/ok-e15 (allowed)',
+          'tls',
+          tls(W.cred, 'api.cred.test', {
+            verify: true,
+            req: get('/v1/ok-e15', 'api.cred.test', [`Authorization: Bearer ${phG}`]),
+          }),
+        ),
+      ]);
+      const pos = rows.findIndex((x) => x.id === 'e15-ok');
+      expect(rows[pos]!.verdict).toBe('blocked');
+      rows.splice(pos, 1); // a positive check, not an attack
+      const withValue = hits
+        .slice(mark)
+        .filter((h) => h.role === 'cred' && (h.auths ?? []).some((a) => a.includes(V)));
+      expect(withValue.map((h) => h.url)).toContain('/v1/ok-e15');
+      expectBlocked(paths.map(([id]) => id));
+    } finally {
+      await s.call('DELETE', `/v1/sandboxes/${G}`);
+      await s.call('DELETE', '/v1/credentials/cred-e15');
+    }
+  });
+
+  it('E16: a gzip body followed by anything (NUL and the value, a hidden member, header fields, nesting) is masked whole or refused', async () => {
+    const variants: [string, string][] = [
+      ['e16-nul', 'a gzip member, a NUL, then the value'],
+      ['e16-hex', 'a gzip member, a NUL, then the value in hex'],
+      ['e16-b64', 'a gzip member, a NUL, then the value in base64'],
+      ['e16-member', 'a gzip member, a NUL, then a member holding the value'],
+      ['e16-nested', 'gzip inside gzip holding the value'],
+      ['e16-fname', 'the value as the gzip FNAME header field'],
+    ];
+    await batch(
+      'A',
+      A,
+      variants.map(([id, what]) =>
+        atk(
+          'E16',
+          id,
+          `credential host answers ${what}`,
+          'tls',
+          tls(W.cred, 'api.cred.test', {
+            verify: true,
+            req: get(`/echo-${id}`, 'api.cred.test', [`Authorization: Bearer ${phA}`]),
+          }),
+          (o) => noRealUnpacked(o, REAL),
+        ),
+      ),
+    );
+    expectBlocked(variants.map(([id]) => id));
+  });
+
+  it("E17: one sandbox's gzip downloads from a credential host leave another sandbox's HTTPS and DNS served (same-run baseline)", async () => {
+    const measure = (id: string, what: string, judge?: Judge) =>
+      atk('E17', id, what, 'latdns', { ip: W.good, name: 'good.allowed.test', n: 24 }, judge);
+    const base = (await batch('B (baseline)', B, [measure('e17-baseline', 'B alone: DNS + HTTPS')])).get(
+      'e17-baseline',
+    )!;
+    expect(rows.pop()).toMatchObject({ verdict: 'blocked' }); // a measurement, not an attack
+    expect(base).toMatchObject({ fails: 0 });
+    /** Generous: ten times B's own figure alone, plus 300 ms. */
+    const bound = (alone: unknown) => 10 * Number(alone) + 300;
+    const [outA, outB] = await Promise.all([
+      batch('A', A, [
+        atk(
+          'E17',
+          'e17-flood',
+          'A: 4 threads download a gzip body that unpacks to 96 MiB, for 8 s',
+          'getloop',
+          {
+            ip: W.cred,
+            sni: 'api.cred.test',
+            path: '/echo-e17-bomb',
+            threads: 4,
+            secs: 8,
+            max: 160,
+          },
+        ),
+      ]),
+      (async () => {
+        await sleep(1500);
+        return batch('B (during A’s downloads)', B, [
+          measure('e17-served-during', 'B: DNS + HTTPS during A’s downloads', (o) => {
+            const slow: string[] = [];
+            for (const k of ['https_median_ms', 'https_p95_ms', 'dns_median_ms', 'dns_p95_ms'] as const) {
+              if (!(Number(o[k]) <= bound(base[k])))
+                slow.push(`${k} ${Number(o[k]).toFixed(0)} vs ${Number(base[k]).toFixed(0)} alone`);
+            }
+            if (Number(o.dns_lost) > 1) slow.push(`${o.dns_lost} DNS queries lost`);
+            return slow.length > 0 ? `B slowed: ${slow.join('; ')}` : null;
+          }),
+        ]);
+      })(),
+    ]);
+    const during = outB.get('e17-served-during');
+    console.log(
+      `E17: B alone ${JSON.stringify(base)}\nE17: B during A's gzip downloads ${JSON.stringify(during)}\nE17: A's downloads ${JSON.stringify(outA.get('e17-flood'))}`,
+    );
+    expectBlocked(['e17-flood', 'e17-served-during']);
   });
 
   it('prints N attempts, M blocked, K escaped — and nothing escaped', async () => {

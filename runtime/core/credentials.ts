@@ -152,16 +152,60 @@ export function credentialFromHash(h: Record<string, string>): CredentialSecret 
 }
 
 /**
+ * The path a server will route for `path` (origin-form; the query is cut off), percent-decoded, or
+ * null when common routers could disagree about it (E15). Null for: anything but a `/`-led path of
+ * visible ASCII; `;` (path parameters: Servlet containers — Tomcat, Jetty, Spring — drop `;…` from
+ * each segment, so `/v1/..;/x` routes to `/x`); `\` (a separator on some servers); `%` not followed
+ * by two hex digits (`%u002e` is IIS's dot); an escape of a separator, dot, `;`, `%` (double
+ * encoding), a control character or invalid UTF-8 (overlong forms such as `%c0%ae`); an empty
+ * segment (`//`, merged by many routers); a segment of dots and spaces only (`.`, `..`, `.. `,
+ * `...`: dot segments per RFC 3986 §5.2.4, and the forms Windows servers trim to them); text that
+ * Unicode NFKC normalisation changes (`%E2%80%A5` is `‥`, two dots under NFKC). A path that passes
+ * has one reading. Pure.
+ */
+export function routedPath(path: string): string | null {
+  const bare = path.split('?', 1)[0]!;
+  if (!bare.startsWith('/') || !/^[\x21-\x7e]*$/.test(bare)) return null;
+  if (/[;\\]/.test(bare)) return null;
+  if (/%(?![0-9a-f]{2})/i.test(bare)) return null;
+  if (/%(?:2f|5c|2e|3b|25|[01][0-9a-f]|7f)/i.test(bare)) return null;
+  let decoded: string;
+  try {
+    decoded = decodeURIComponent(bare);
+  } catch {
+    return null; // invalid or overlong UTF-8
+  }
+  if (decoded.normalize('NFKC') !== decoded) return null;
+  const segments = decoded.split('/').slice(1);
+  // an empty last segment is a trailing slash; any other empty segment is a doubled slash
+  if (segments.slice(0, -1).some((seg) => seg === '')) return null;
+  if (segments.some((seg) => seg !== '' && /^[.\s]+$/.test(seg))) return null;
+  return decoded;
+}
+
+/**
+ * Request headers that make servers and frameworks route a request as another method (Rails, Spring's
+ * HiddenHttpMethodFilter behind proxies, Google APIs, many REST stacks): with a method list, a request
+ * carrying one is not the method it says.
+ */
+export const METHOD_OVERRIDE_HEADERS: ReadonlySet<string> = new Set([
+  'x-http-method-override',
+  'x-http-method',
+  'x-method-override',
+]);
+
+/**
  * Whether `secret` may be sent with `method` to `path` (origin-form, query ignored). With a path
- * list, a path holding percent-encoded `/`, `\` or `.` (which a server may decode into another
- * route) or any `\` is never allowed. Pure.
+ * list, the path is first read as a server would route it ({@link routedPath}): a path with more
+ * than one reading (path parameters, encoded separators or dots, doubled slashes, dot segments, …)
+ * is never allowed, and the patterns are matched against the decoded path. Pure.
  */
 export function credentialAllows(secret: CredentialSecret, method: string, path: string): boolean {
   if (secret.methods !== null && !secret.methods.includes(method.toUpperCase())) return false;
   if (secret.paths === null) return true;
-  const bare = path.split('?', 1)[0]!;
-  if (/%2f|%5c|%2e|\\/i.test(bare)) return false;
-  return secret.paths.some((p) => (p.endsWith('*') ? bare.startsWith(p.slice(0, -1)) : bare === p));
+  const routed = routedPath(path);
+  if (routed === null) return false;
+  return secret.paths.some((p) => (p.endsWith('*') ? routed.startsWith(p.slice(0, -1)) : routed === p));
 }
 
 /** `format` with `{value}` replaced by `value` (split/join: `$&`-style patterns in secrets stay literal). */

@@ -18,6 +18,7 @@ import type { ConnectionLimits } from './limits.ts';
 import { Registry } from './registry.ts';
 import { createResolver, type UpstreamResolver } from './resolver.ts';
 import { createTlsProxy } from './tls-proxy.ts';
+import type { UnpackPool } from './unpack-pool.ts';
 
 /** Everything the gateway's servers share. */
 export interface GatewayDeps {
@@ -33,7 +34,13 @@ export interface GatewayDeps {
    * The deployment CA, extra upstream CAs and the credential values' source for credential
    * interception; absent = refused.
    */
-  intercept?: { ca: DeploymentCa; upstreamCa: Buffer[]; credentials: CredentialSource };
+  intercept?: {
+    ca: DeploymentCa;
+    upstreamCa: Buffer[];
+    credentials: CredentialSource;
+    /** Where gzip response bodies are unpacked and masked (worker threads, E17). */
+    unpack: UnpackPool;
+  };
 }
 
 /** The built (not yet listening) servers. */

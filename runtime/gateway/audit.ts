@@ -51,7 +51,9 @@ export type DenyReason =
   | 'connection-rate'
   | 'handshake-limit'
   | 'cname-denied'
-  | 'denied-name-address';
+  | 'denied-name-address'
+  | 'sni-changed'
+  | 'malformed-handshake';
 
 /** Reasons an already-allowed connection is cut that are worth an `egress close` audit line. */
 export const AUDITED_CLOSES: ReadonlySet<DenyReason> = new Set([
@@ -59,6 +61,8 @@ export const AUDITED_CLOSES: ReadonlySet<DenyReason> = new Set([
   'sandbox-removed',
   'idle-timeout',
   'byte-limit',
+  'sni-changed',
+  'malformed-handshake',
 ]);
 
 /** One decision: what was asked, by whom, and what decided it. */

@@ -103,6 +103,18 @@ export function parseClientHello(buf: Buffer, maxBytes: number): HelloResult {
   }
 }
 
+/**
+ * The SNI of one ClientHello message body (the handshake message without its 4-byte header), as
+ * {@link parseClientHello} reads it: the raw host_name, null when absent, or `malformed`. Pure.
+ */
+export function sniOfHelloBody(body: Buffer): string | null | 'malformed' {
+  try {
+    return readSni(new Cursor(body));
+  } catch {
+    return 'malformed';
+  }
+}
+
 /** Walks a ClientHello body; returns the SNI host_name or null. Throws Malformed. */
 function readSni(c: Cursor): string | null {
   if (c.u8() !== 3) throw new Malformed(); // legacy_version major

@@ -146,6 +146,25 @@ export const gatewaySettings = {
     100 * 1024 ** 2,
     1024,
   ),
+  maxUnpackedBytes: setting.int(
+    'SPACE_GATEWAY_MAX_UNPACKED_BYTES',
+    'Largest unpacked size of one gzip response body from a credential host (unpacked in a worker to mask real values; larger is refused), bytes (32 MiB).',
+    32 * 1024 ** 2,
+    1024,
+  ),
+  unpackTimeoutMs: setting.int(
+    'SPACE_GATEWAY_UNPACK_TIMEOUT_MS',
+    'Longest time one gzip response body may take to unpack and mask in a worker (the body is refused past it), ms.',
+    5000,
+    10,
+  ),
+  unpackWorkers: setting.int(
+    'SPACE_GATEWAY_UNPACK_WORKERS',
+    'Worker threads that unpack and mask gzip response bodies of credential hosts (off the event loop).',
+    1,
+    1,
+    16,
+  ),
   caCertFile: setting.string(
     'SPACE_GATEWAY_CA_CERT_FILE',
     'PEM certificate of the per-deployment CA that signs intercepted leaves (created with the key if both are absent).',

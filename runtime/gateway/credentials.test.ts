@@ -11,6 +11,7 @@ import {
   grantsCovering,
   mintPlaceholder,
   PLACEHOLDER_RE,
+  routedPath,
   validateGrants,
 } from './credentials.ts';
 
@@ -163,6 +164,49 @@ describe('credentialFromHash / credentialAllows', () => {
     expect(credentialAllows(s, 'GET', '/v1/chat/%2e%2e/echo')).toBe(false);
     expect(credentialAllows(s, 'GET', '/v1/chat%2f..%2fecho')).toBe(false);
     expect(credentialAllows(secret(), 'DELETE', '/anything')).toBe(true);
+  });
+
+  // E15: every form a common router normalises to another route, under a `/v1/*` limit
+  it.each([
+    ['/v1/..;/echo', 'Servlet path parameter on a dot segment (Tomcat, Jetty, Spring)'],
+    ['/v1/..;jsessionid=x/echo', 'a named path parameter'],
+    ['/v1;x/../echo', 'a parameter on the prefix'],
+    ['/v1/%2e%2e/echo', 'encoded dots'],
+    ['/v1/.%2e/echo', 'half-encoded dots'],
+    ['/v1/%252e%252e/echo', 'double-encoded dots'],
+    ['/v1/..%2fecho', 'an encoded slash'],
+    ['/v1/..%5cecho', 'an encoded backslash'],
+    ['/v1/..\\echo', 'a backslash'],
+    ['/v1/..%3b/echo', 'an encoded semicolon'],
+    ['/v1/..%00/echo', 'a NUL'],
+    ['/v1/..%09/echo', 'a tab'],
+    ['/v1/..%20/echo', 'a dot segment with a trailing space (trimmed by Windows servers)'],
+    ['/v1/.../echo', 'three dots'],
+    ['/v1/%u002e%u002e/echo', "IIS's %u encoding"],
+    ['/v1/%c0%ae%c0%ae/echo', 'overlong UTF-8 dots'],
+    ['/v1/%E2%80%A5/echo', 'U+2025, two dots under NFKC'],
+    ['/v1/%EF%BC%8E%EF%BC%8E/echo', 'fullwidth dots'],
+    ['/v1//../echo', 'a doubled slash'],
+    ['/v1/x//echo', 'a doubled slash without dots'],
+    ['/v1/../echo', 'a plain dot segment'],
+    ['/v1/./x', 'a single-dot segment'],
+    ['/v1/%', 'a lone percent'],
+    ['v1/x', 'no leading slash'],
+    ['*', 'asterisk-form'],
+  ])('%s (%s) is never sent the value', (path) => {
+    const s = secret({ paths: ['/v1/*'] });
+    expect(routedPath(path)).toBeNull();
+    expect(credentialAllows(s, 'GET', path)).toBe(false);
+  });
+
+  it('matches the decoded path when it has one reading', () => {
+    const s = secret({ paths: ['/v1/*', '/files/*'] });
+    expect(routedPath('/v1/a%20b?x=..;/')).toBe('/v1/a b');
+    expect(credentialAllows(s, 'GET', '/%76%31/models')).toBe(true);
+    expect(credentialAllows(s, 'GET', '/v1/models/')).toBe(true);
+    expect(credentialAllows(s, 'GET', '/v1/a.b/c..d?q=/../')).toBe(true);
+    expect(credentialAllows(s, 'GET', '/files/caf%C3%A9')).toBe(true);
+    expect(credentialAllows(s, 'GET', '/v2/models')).toBe(false);
   });
 });
 

@@ -10,11 +10,13 @@ export {
   FORBIDDEN_GRANT_HEADERS,
   type GrantProblem,
   grantsCovering,
+  METHOD_OVERRIDE_HEADERS,
   MIN_VALUE_LENGTH,
   mintPlaceholder,
   PLACEHOLDER_PREFIX,
   PLACEHOLDER_RE,
   PLACEHOLDER_SCAN_RE,
+  routedPath,
   VALUE_MARKER,
   validateGrants,
 } from '../core/credentials.ts';

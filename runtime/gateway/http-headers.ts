@@ -15,14 +15,30 @@ export const HOP_BY_HOP: ReadonlySet<string> = new Set([
 ]);
 
 /**
+ * Headers a `Connection` option can never remove (E12): the Host the decision was made on and the
+ * message framing. A sender naming them there asks the next hop to forget how long the body is
+ * (RFC 9112 §6 frames a message by Transfer-Encoding or Content-Length only), which is how a body
+ * becomes a second request.
+ */
+export const NEVER_CONNECTION_NAMED: ReadonlySet<string> = new Set([
+  'host',
+  'content-length',
+  'transfer-encoding',
+]);
+
+/**
  * `rawHeaders` (flat `[name, value, …]`) without hop-by-hop headers and without every header the
- * `Connection` header names. Pure.
+ * `Connection` header names, except those in {@link NEVER_CONNECTION_NAMED} (kept: Host and
+ * Content-Length stay; Transfer-Encoding is hop-by-hop and always dropped). Pure.
  */
 export function stripHopByHop(rawHeaders: readonly string[]): string[] {
   const named = new Set<string>();
   for (let i = 0; i + 1 < rawHeaders.length; i += 2) {
     if (rawHeaders[i]!.toLowerCase() === 'connection') {
-      for (const t of rawHeaders[i + 1]!.split(',')) named.add(t.trim().toLowerCase());
+      for (const t of rawHeaders[i + 1]!.split(',')) {
+        const name = t.trim().toLowerCase();
+        if (!NEVER_CONNECTION_NAMED.has(name)) named.add(name);
+      }
     }
   }
   const out: string[] = [];
@@ -31,6 +47,32 @@ export function stripHopByHop(rawHeaders: readonly string[]): string[] {
     if (HOP_BY_HOP.has(name) || named.has(name)) continue;
     out.push(rawHeaders[i]!, rawHeaders[i + 1]!);
   }
+  return out;
+}
+
+/**
+ * The headers to re-send for a request whose head passed {@link requestHeadProblem}, framed by the
+ * gateway itself (E12): hop-by-hop and Connection-named headers dropped ({@link stripHopByHop}),
+ * every Content-Length dropped, then exactly one framing header written from what the parser read:
+ * `transfer-encoding: chunked` when the request was chunked, else `content-length: N` when it
+ * carried one, else none (no body: the next bytes are the next request, parsed and checked on
+ * their own). Whatever the method, a body is never re-sent unframed (node:http sends the body of a
+ * GET/HEAD/DELETE/OPTIONS with neither header as raw bytes, which the server behind reads as the
+ * next request). Pure.
+ */
+export function framedRequestHeaders(rawHeaders: readonly string[]): string[] {
+  let chunked = false;
+  let length: string | null = null;
+  for (let i = 0; i + 1 < rawHeaders.length; i += 2) {
+    const name = rawHeaders[i]!.toLowerCase();
+    if (name === 'transfer-encoding') chunked = true;
+    else if (name === 'content-length') length = rawHeaders[i + 1]!.trim();
+  }
+  const out = stripHopByHop(rawHeaders).filter(
+    (_, i, all) => all[i - (i % 2)]!.toLowerCase() !== 'content-length',
+  );
+  if (chunked) out.push('transfer-encoding', 'chunked');
+  else if (length !== null) out.push('content-length', String(Number(length)));
   return out;
 }
 

@@ -3,7 +3,7 @@
  * one on a keep-alive connection, T10); the Host must be a name the policy allows, an absolute-form
  * URI must name the same host (T11/E3), and the request is forwarded with `http.request` to an
  * address the gateway resolved itself for that Host (T01), with hop-by-hop headers stripped both
- * ways. CONNECT, upgrades and unparsable input are refused.
+ * ways and the request body framed by the gateway itself (E12). CONNECT, upgrades and unparsable input are refused.
  */
 import {
   Agent,
@@ -16,11 +16,9 @@ import {
 import type { Socket } from 'node:net';
 import { AUDITED_CLOSES, type Decision, type DenyReason } from './audit.ts';
 import { decideClaim, identifySource, resolveForDial } from './decide.ts';
-import { requestHeadProblem, safeResponseHead, stripHopByHop } from './http-headers.ts';
+import { framedRequestHeaders, requestHeadProblem, safeResponseHead, stripHopByHop } from './http-headers.ts';
 import type { Registration, TrackedConnection } from './registry.ts';
 import type { ProxyDeps } from './tls-proxy.ts';
-
-/** Headers that describe one hop and are never forwarded (RFC 9110 §7.6.1, plus proxy-*). */
 
 export { stripHopByHop };
 
@@ -217,7 +215,8 @@ export function createHttpProxy(deps: ProxyDeps): Server {
       port: deps.upstreamPort,
       method: req.method,
       path: t.path,
-      headers: stripHopByHop(req.rawHeaders),
+      // framed by the gateway (E12): a body always travels with its length or chunked
+      headers: framedRequestHeaders(req.rawHeaders),
       setHost: false,
       agent,
       timeout: limits.dialTimeoutMs,

@@ -15,6 +15,7 @@ import { type CredentialSource, staticCredentialSource } from './credential-sour
 import { type CredentialGrant, type CredentialSecret, mintPlaceholder } from './credentials.ts';
 import { type InterceptContext, interceptTls, prepareRequest } from './intercept.ts';
 import { needlesFor, SecretMask } from './reflection.ts';
+import { UnpackPool } from './unpack-pool.ts';
 
 const NAME = 'api.test.local';
 const REAL = 'sk-REAL-7f3a9c1e5b2d4f60';
@@ -116,6 +117,14 @@ async function startUpstream(ca: DeploymentCa, certName: string): Promise<Upstre
           res.write(gz.subarray(1, 2));
           setTimeout(() => res.end(gz.subarray(2)), 20);
         }, 20);
+      } else if (req.url === '/reflect-gz-nul') {
+        // E16: a whole gzip member, a NUL, then the value in the clear
+        res.end(Buffer.concat([gzipSync('x'), Buffer.from(`\0${String(req.headers.authorization)}`)]));
+      } else if (req.url === '/reflect-gz-hidden') {
+        // E16: a second member hidden behind a NUL
+        res.end(
+          Buffer.concat([gzipSync('x'), Buffer.from([0]), gzipSync(String(req.headers.authorization))]),
+        );
       } else if (req.url === '/reflect-gz') {
         res.end(gzipSync(`echo ${String(req.headers.authorization)}`)); // gzip without a label
       } else if (req.url === '/bad-status') {
@@ -149,6 +158,7 @@ let wrongName: Upstream;
 let proxy: net.Server;
 let proxyPort: number;
 let ctx: InterceptContext;
+const unpack = new UnpackPool({ workers: 1, timeoutMs: 5000, maxUnpackedBytes: 1024 * 1024 });
 const logLines: string[] = [];
 const log = pino({ level: 'info' }, { write: (line: string) => void logLines.push(line) });
 
@@ -164,6 +174,7 @@ function baseCtx(): InterceptContext {
     upstreamCa: [Buffer.from(publicCa.certPem)],
     upstreamPort: upstream.port,
     ca: deployment,
+    unpack: (body, needles) => unpack.mask('sbx_a', body, needles),
   };
 }
 
@@ -192,7 +203,8 @@ beforeAll(async () => {
   proxyPort = (proxy.address() as AddressInfo).port;
 });
 
-afterAll(() => {
+afterAll(async () => {
+  await unpack.close();
   proxy.close();
   for (const u of [upstream, rogue, wrongName]) u.close();
 });
@@ -359,6 +371,16 @@ describe('interceptTls', () => {
     },
   );
 
+  it('E16: bytes after a gzip member are masked as raw bytes; a member hidden behind them refuses the body', async () => {
+    const nul = await exchange(withPlaceholder('/reflect-gz-nul'));
+    expect(statuses(nul.text)).toEqual([200]);
+    expect(nul.text).not.toContain(REAL);
+    expect(nul.text).toContain(`\0Bearer ${'*'.repeat(REAL.length)}`);
+    const hidden = await exchange(withPlaceholder('/reflect-gz-hidden'));
+    expect(statuses(hidden.text)).toEqual([502]);
+    await denied('upstream-encoding');
+  });
+
   it('E9: a revoked credential is not injected: its placeholder goes out untouched', async () => {
     ctx = { ...baseCtx(), credentials: staticCredentialSource([secretOf(otherGrant, OTHER_REAL)]) };
     const r = await exchange(withPlaceholder('/'));
@@ -413,12 +435,22 @@ describe('interceptTls', () => {
       ...baseCtx(),
       credentials: staticCredentialSource([secretOf(grant, REAL, { methods: ['GET'], paths: ['/v1/*'] })]),
     };
-    for (const line of ['GET /echo HTTP/1.1', 'POST /v1/x HTTP/1.1', 'GET /v1%2f..%2fecho HTTP/1.1']) {
+    for (const [line, extra] of [
+      ['GET /echo HTTP/1.1'],
+      ['POST /v1/x HTTP/1.1'],
+      ['GET /v1%2f..%2fecho HTTP/1.1'],
+      // E15: a path routers read as another (Servlet path parameters) and method overrides
+      ['GET /v1/..;/echo HTTP/1.1'],
+      ['GET /v1/%E2%80%A5/echo HTTP/1.1'],
+      ['GET /v1/x HTTP/1.1', 'X-HTTP-Method-Override: DELETE'],
+      ['GET /v1/x?_method=DELETE HTTP/1.1'],
+    ] as const) {
       const r = await exchange(
         request([
           line,
           `Host: ${NAME}`,
           `Authorization: Bearer ${grant.placeholder}`,
+          ...(extra ? [extra] : []),
           'Content-Length: 0',
           'Connection: close',
         ]),

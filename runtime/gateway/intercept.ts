@@ -17,7 +17,9 @@
  * 5. Bodies stream both ways under `maxBodyBytes`. Responses are asked for `identity` encoding and
  *    every real value this sandbox holds is masked in response headers and bodies (an endpoint that
  *    echoes headers must not hand the secret back, T20); an encoded response is refused, since it
- *    could not be scanned.
+ *    could not be scanned. A body that starts like gzip without a label is read whole and masked in
+ *    a worker thread (`packed-body.ts`, `unpack-pool.ts`: raw bytes and every member, bounded in
+ *    size and time, E16/E17); one that cannot be fully read is refused.
  *
  * Audit lines use the gateway's shape: `egress allow|deny|close` with `sandbox.id`, `name`,
  * `address`, `port`, `rule`, `reason`. Real values are never logged nor part of any error text.
@@ -27,7 +29,6 @@ import https from 'node:https';
 import type net from 'node:net';
 import { pipeline } from 'node:stream';
 import tls from 'node:tls';
-import { gunzipSync, gzipSync } from 'node:zlib';
 import type { Logger } from 'pino';
 import { normaliseName } from '../core/egress.ts';
 import { F } from '../core/log-fields.ts';
@@ -39,10 +40,13 @@ import {
   type CredentialSecret,
   credentialAllows,
   grantsCovering,
+  METHOD_OVERRIDE_HEADERS,
   PLACEHOLDER_SCAN_RE,
 } from './credentials.ts';
 import { HOP_BY_HOP, requestHeadProblem, safeResponseHead, stripHopByHop } from './http-headers.ts';
-import { maskBuffer, maskText, type Needles, needlesFor, SecretMask, TooLarge } from './reflection.ts';
+import { looksGzipped } from './packed-body.ts';
+import { maskText, type Needles, needlesFor, SecretMask, TooLarge } from './reflection.ts';
+import type { UnpackOutcome } from './unpack-pool.ts';
 
 /** Limits applied to one intercepted connection. */
 export interface InterceptLimits {
@@ -74,6 +78,11 @@ export interface InterceptContext {
   /** Upstream port (default 443; tests override). */
   upstreamPort?: number;
   ca: DeploymentCa;
+  /**
+   * Masks a response body that starts with a gzip magic, off the event loop and bounded in size
+   * and time (`UnpackPool.mask` under this sandbox's key, E16/E17).
+   */
+  unpack: (body: Buffer, needles: Needles) => Promise<UnpackOutcome>;
 }
 
 /** Why an intercepted request or connection was refused or closed (bounded: an audit/metrics label). */
@@ -102,7 +111,8 @@ export type InterceptDenyReason =
   | 'ambiguous-framing'
   | 'malformed-response'
   | 'credential-unavailable'
-  | 'credential-scope';
+  | 'credential-scope'
+  | 'unpack-timeout';
 
 /** The parts of a parsed request head that {@link prepareRequest} looks at. */
 export interface RequestHead {
@@ -242,11 +252,15 @@ export function prepareRequest(
       : [];
   });
   const chosen = new Map<string, { grant: CredentialGrant; secret: CredentialSecret }>();
+  const overridden = pairs.some(([k]) => METHOD_OVERRIDE_HEADERS.has(k.toLowerCase()));
   for (const a of active) {
     const expected = applyFormat(a.secret.format, a.grant.placeholder);
     if (!forwarded.some(([k, v]) => k.toLowerCase() === a.secret.header && v === expected)) continue;
     if (chosen.has(a.secret.header)) return refusal(403, 'ambiguous-credential');
     if (!credentialAllows(a.secret, method, path)) return refusal(403, 'credential-scope');
+    // a method list means the method the server will act on: no override header or `_method` field
+    if (a.secret.methods !== null && (overridden || /[?&]_method=/i.test(path)))
+      return refusal(403, 'credential-scope');
     chosen.set(a.secret.header, a);
   }
   forwarded = forwarded.filter(([k]) => !chosen.has(k.toLowerCase()));
@@ -281,20 +295,6 @@ export function prepareRequest(
  */
 export function responseHeaders(rawHeaders: readonly string[], needles: Needles): string[] {
   return stripHopByHop(rawHeaders).map((v) => maskText(v, needles));
-}
-
-/** True when `chunk` starts like a gzip member (magic 1f 8b, method 8). */
-function looksGzipped(chunk: Buffer): boolean {
-  return chunk.length >= 3 && chunk[0] === 0x1f && chunk[1] === 0x8b && chunk[2] === 0x08;
-}
-
-/**
- * A gzip body sent without a Content-Encoding label (E10): decompressed (within `maxBytes`), masked,
- * compressed again when anything was found. Throws when it does not decompress or is too large.
- */
-export function maskGzipBody(body: Buffer, needles: Needles, maxBytes: number): Buffer {
-  const plain = gunzipSync(body, { maxOutputLength: maxBytes });
-  return maskBuffer(plain, needles) > 0 ? gzipSync(plain) : body;
 }
 
 /** OpenSSL / Node codes of a failed upstream certificate verification. */
@@ -654,14 +654,22 @@ function serveHttp(
         }
         const chunks: Buffer[] = [first];
         let size = first.length;
-        const finish = () => {
+        // unpacked and masked in a worker (E17), the whole body or nothing (E16)
+        const finish = async () => {
           if (abandoned) return;
-          let out: Buffer;
-          try {
-            out = maskGzipBody(Buffer.concat(chunks), needles, limits.maxBodyBytes);
-          } catch {
-            return fail('upstream-encoding');
+          const r = await ctx.unpack(Buffer.concat(chunks), needles);
+          if (abandoned) return;
+          if (!r.ok) {
+            return fail(
+              r.problem === 'too-large'
+                ? 'response-too-large'
+                : r.problem === 'timeout'
+                  ? 'unpack-timeout'
+                  : 'upstream-encoding',
+            );
           }
+          const out = r.body;
+          idle();
           const headers = safe.headers.filter(
             (_, i, all) => all[i - (i % 2)]!.toLowerCase() !== 'content-length',
           );
@@ -669,7 +677,7 @@ function serveHttp(
           res.end(out);
         };
         if (ended) {
-          finish();
+          void finish();
           return;
         }
         ures.on('data', (c: Buffer) => {
@@ -678,7 +686,7 @@ function serveHttp(
           if (size > limits.maxBodyBytes) return fail('response-too-large');
           chunks.push(c);
         });
-        ures.once('end', finish);
+        ures.once('end', () => void finish());
         ures.resume();
       };
       ures.on('data', onHeadData);

@@ -14,6 +14,7 @@ import { buildGateway, createGatewayDeps, type GatewayDeps } from './app.ts';
 import { loadOrCreateCa } from './ca.ts';
 import type { GatewayConfig } from './config.ts';
 import { redisCredentialSource } from './credential-source.ts';
+import { UnpackPool } from './unpack-pool.ts';
 
 /** A started gateway: the ports it bound (useful with port 0) and `close()`. */
 export interface RunningGateway {
@@ -53,7 +54,12 @@ export async function startGateway(
   });
   redis.on('error', (err) => log.warn({ err: err.message }, 'credential store unreachable'));
   const credentials = redisCredentialSource(redis, { ttlMs: config.credentialCacheMs });
-  const deps = createGatewayDeps(config, log, { ca, upstreamCa, credentials });
+  const unpack = new UnpackPool({
+    workers: config.unpackWorkers,
+    timeoutMs: config.unpackTimeoutMs,
+    maxUnpackedBytes: config.maxUnpackedBytes,
+  });
+  const deps = createGatewayDeps(config, log, { ca, upstreamCa, credentials, unpack });
   await deps.denySet.start();
   await redis
     .connect()
@@ -124,6 +130,7 @@ export async function startGateway(
         if (metricsServer) await closeServer(metricsServer);
         await rm(config.controlSocket, { force: true });
         deps.denySet.stop();
+        await unpack.close();
         redis.disconnect();
         log.info('gateway stopped');
       })();

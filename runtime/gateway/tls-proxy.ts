@@ -6,6 +6,7 @@
  * the connection is closed and audited `deny`.
  */
 import { connect, createServer, type Server, type Socket } from 'node:net';
+import { Transform } from 'node:stream';
 import type { Logger } from 'pino';
 import { AUDITED_CLOSES, type Audit, type DenyReason } from './audit.ts';
 import type { DeploymentCa } from './ca.ts';
@@ -18,6 +19,8 @@ import { type ConnectionLimits, guardSockets } from './limits.ts';
 import { decideName } from './policy.ts';
 import type { Registry, TrackedConnection } from './registry.ts';
 import type { UpstreamResolver } from './resolver.ts';
+import { HandshakeWatch, type WatchProblem } from './splice-watch.ts';
+import type { UnpackPool } from './unpack-pool.ts';
 
 /** What the TLS and HTTP proxies need. */
 export interface ProxyDeps {
@@ -33,7 +36,13 @@ export interface ProxyDeps {
 /** What the TLS proxy needs on top of {@link ProxyDeps} to intercept credential hosts. */
 export interface TlsProxyDeps extends ProxyDeps {
   /** Absent: credential hosts are refused (`credential-interception-unavailable`), never spliced. */
-  intercept?: { ca: DeploymentCa; upstreamCa: Buffer[]; credentials: CredentialSource };
+  intercept?: {
+    ca: DeploymentCa;
+    upstreamCa: Buffer[];
+    credentials: CredentialSource;
+    /** Where gzip response bodies are unpacked and masked (worker threads, E17). */
+    unpack: UnpackPool;
+  };
 }
 
 /** Error thrown by the intercept context's `resolve` when a name may not be dialled. */
@@ -133,7 +142,7 @@ function handle(deps: TlsProxyDeps, client: Socket): void {
     client.pause();
     if (r.status === 'error') return deny(r.reason);
     if (r.sni === null) return deny('no-sni');
-    void proceed(buf, r.sni);
+    void proceed(buf, r.sni, r.length);
   };
   client.on('data', onData);
   client.once('end', () => {
@@ -141,7 +150,7 @@ function handle(deps: TlsProxyDeps, client: Socket): void {
   });
   client.once('close', () => clearTimeout(deadline));
 
-  async function proceed(hello: Buffer, sni: string): Promise<void> {
+  async function proceed(hello: Buffer, sni: string, helloLength: number): Promise<void> {
     const claim = decideClaim(reg!.policy, sni);
     decision.name = claim.name;
     decision.rule = claim.rule;
@@ -151,6 +160,7 @@ function handle(deps: TlsProxyDeps, client: Socket): void {
     if (grants.length > 0) {
       conn.intercepted = true;
       if (!deps.intercept) return deny('credential-interception-unavailable');
+      const { unpack } = deps.intercept;
       // the interceptor audits each request itself (`egress allow|deny|close`, rule `credential`)
       void interceptTls(client, hello, {
         sandboxId: reg!.sandboxId,
@@ -167,6 +177,7 @@ function handle(deps: TlsProxyDeps, client: Socket): void {
         upstreamCa: deps.intercept.upstreamCa,
         ca: deps.intercept.ca,
         credentials: deps.intercept.credentials,
+        unpack: (body, needles) => unpack.mask(reg!.sandboxId, body, needles),
         resolve: async (name) => {
           const d = decideName(reg!.policy, name);
           if (!d.allowed) throw new EgressDenied(d.reason, `${name} is not allowed`);
@@ -181,10 +192,37 @@ function handle(deps: TlsProxyDeps, client: Socket): void {
     if (closed) return;
     decision.address = target.address;
     if (!target.ok) return deny(target.reason);
-    dial(hello, target.address);
+    dial(hello, helloLength, claim.name, target.address);
   }
 
-  function dial(hello: Buffer, address: string): void {
+  /**
+   * Dials `address`, replays what the client sent (`hello`: its first ClientHello, `helloLength`
+   * bytes, and anything after it) and splices, with every clear-text handshake message checked
+   * both ways until the server's real ServerHello (E13, `splice-watch.ts`).
+   */
+  function dial(hello: Buffer, helloLength: number, name: string, address: string): void {
+    const watch = new HandshakeWatch(name, limits.maxHelloBytes);
+    const cut = (reason: WatchProblem) => conn.close(reason);
+    const early = watch.fromClient(hello.subarray(helloLength));
+    if (early) {
+      deny(early);
+      return;
+    }
+    // a pass-through that checks each chunk before it is forwarded, until the watch is done
+    const checked = (check: (chunk: Buffer) => WatchProblem | null) =>
+      new Transform({
+        transform(chunk: Buffer, _enc, cb) {
+          if (!watch.done) {
+            const problem = check(chunk);
+            if (problem) {
+              cut(problem);
+              cb();
+              return;
+            }
+          }
+          cb(null, chunk);
+        },
+      });
     const up = connect({ host: address, port: deps.upstreamPort, noDelay: true, allowHalfOpen: true });
     upstream = up;
     up.on('error', () => {
@@ -204,8 +242,8 @@ function handle(deps: TlsProxyDeps, client: Socket): void {
       guard.add(client);
       guard.add(up);
       up.write(hello);
-      client.pipe(up);
-      up.pipe(client);
+      client.pipe(checked((c) => watch.fromClient(c))).pipe(up);
+      up.pipe(checked((c) => watch.fromServer(c))).pipe(client);
       up.once('close', (hadError) => {
         if (hadError) client.destroy();
       });
