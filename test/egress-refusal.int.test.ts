@@ -119,8 +119,8 @@ print(json.dumps(out))
 
 /**
  * Holds one connection to FAR:OPEN: reads the greeting, says so, waits for /tmp/go, then sends a
- * line and reads until the connection ends or CLIENT_TIMEOUT_S passes; reports everything it read
- * and how the read ended.
+ * line and reads until the connection ends, a line with `bye` arrives or CLIENT_TIMEOUT_S passes;
+ * reports everything it read and how the read ended.
  */
 const HOLD = `
 import json, os, socket, time
@@ -140,6 +140,9 @@ try:
             end = 'eof'
             break
         got += d.decode()
+        if 'bye' in got:
+            end = 'bye'
+            break
 except socket.timeout:
     end = 'timeout'
 except OSError as e:
@@ -264,9 +267,12 @@ describe('R24: denied egress is refused at once, and a removed CIDR rule closes 
     expect(got[0]?.got).toBe('connected');
   });
 
-  it('removing the CIDR rule resets its open connection at both ends instead of black-holing it', async () => {
-    const mark = far.length;
+  const RULE = { cidr: `${FAR}/32`, ports: [OPEN] };
+
+  /** Opens a held connection to FAR:OPEN from the sandbox; returns its exec and the far side's number for it. */
+  async function hold() {
     await s.exec(id, { cmd: 'rm', args: ['-f', '/tmp/go', '/tmp/held'] });
+    const mark = far.length;
     const held = s.exec(id, { cmd: 'python3', args: ['-c', HOLD], timeoutMs: 120_000 });
     await waitFor('the sandbox to hold its connection', async () => {
       const r = await s.exec(id, { cmd: 'cat', args: ['/tmp/held'] });
@@ -274,25 +280,56 @@ describe('R24: denied egress is refused at once, and a removed CIDR rule closes 
     });
     const opened = far.slice(mark).filter((e) => e.kind === 'conn' && e.port === OPEN);
     expect(opened).toHaveLength(1);
-    const mine = (e: FarEvent) => e.n === opened[0]!.n;
-    const patch = await s.call('PATCH', `/v1/sandboxes/${id}/egress`, { allow: [], cidrs: [] });
-    expect(patch.status).toBe(200);
-    // the far end speaks first: what it sends must not reach the sandbox, and it is told the
-    // connection is gone (a reset), not left to time out
-    world.stdin!.write('push after-removal\n');
-    await waitFor(
-      'the far end to see its connection end',
-      async () => (far.some((e) => mine(e) && (e.kind === 'error' || e.kind === 'close')) ? true : undefined),
-      10_000,
-    );
-    expect(far.find((e) => mine(e) && e.kind === 'error')?.code).toBe('ECONNRESET');
-    // then the sandbox speaks: it is told at once, and never got the far end's line
+    const n = opened[0]!.n;
+    return { held, mine: (e: FarEvent) => e.n === n };
+  }
+
+  const patchEgress = async (egress: Record<string, unknown>) =>
+    expect((await s.call('PATCH', `/v1/sandboxes/${id}/egress`, egress)).status).toBe(200);
+
+  it.each([
+    ['removed', { allow: [], cidrs: [] }],
+    ['narrowed to another port', { allow: [], cidrs: [{ ...RULE, ports: [OPEN + 1] }] }],
+    ['narrowed to another address', { allow: [], cidrs: [{ cidr: `${NET}.3/32`, ports: [OPEN] }] }],
+  ])(
+    'a CIDR rule %s resets the connection it had allowed, at both ends, instead of black-holing it',
+    async (_what, egress) => {
+      await patchEgress({ allow: [], cidrs: [RULE] });
+      const { held, mine } = await hold();
+      await patchEgress(egress);
+      // the far end speaks first: what it sends must not reach the sandbox, and it is told the
+      // connection is gone (a reset), not left to time out
+      world.stdin!.write('push after-removal bye\n');
+      await waitFor(
+        'the far end to see its connection end',
+        async () =>
+          far.some((e) => mine(e) && (e.kind === 'error' || e.kind === 'close')) ? true : undefined,
+        10_000,
+      );
+      expect(far.find((e) => mine(e) && e.kind === 'error')?.code).toBe('ECONNRESET');
+      // then the sandbox speaks: it is told at once, and never got the far end's line
+      await s.exec(id, { cmd: 'touch', args: ['/tmp/go'] });
+      const r = await held;
+      const out = JSON.parse(r.stdout.toString()) as { got: string; end: string; s: number };
+      expect(out.got).not.toContain('after-removal');
+      expect(REFUSALS, JSON.stringify(out)).toContain(out.end);
+      expect(out.s).toBeLessThan(REFUSED_WITHIN_S);
+      expect(far.filter((e) => mine(e) && e.kind === 'data')).toEqual([]);
+    },
+  );
+
+  it('a policy change that keeps the rule leaves its open connection alone, both ways', async () => {
+    await patchEgress({ allow: [], cidrs: [RULE] });
+    const { held, mine } = await hold();
+    await patchEgress({ allow: ['other.test'], cidrs: [RULE, { cidr: `${NET}.3/32`, ports: [22] }] });
+    world.stdin!.write('push still-here bye\n');
     await s.exec(id, { cmd: 'touch', args: ['/tmp/go'] });
-    const r = await held;
-    const out = JSON.parse(r.stdout.toString()) as { got: string; end: string; s: number };
-    expect(out.got).not.toContain('after-removal');
-    expect(REFUSALS, JSON.stringify(out)).toContain(out.end);
-    expect(out.s).toBeLessThan(REFUSED_WITHIN_S);
-    expect(far.filter((e) => mine(e) && e.kind === 'data')).toEqual([]);
+    const out = JSON.parse((await held).stdout.toString()) as { got: string; end: string };
+    expect(out).toMatchObject({ end: 'bye', got: expect.stringContaining('still-here') });
+    await waitFor('the sandbox line to arrive', async () =>
+      far.some((e) => mine(e) && e.kind === 'data' && e.data?.includes('ping')) ? true : undefined,
+    );
+    // no reset at the far end (the script's own close at exit is a FIN, not an error)
+    expect(far.filter((e) => mine(e) && e.kind === 'error')).toEqual([]);
   });
 });
