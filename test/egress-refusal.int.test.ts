@@ -13,6 +13,7 @@ import { once } from 'node:events';
 import { writeFile } from 'node:fs/promises';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { SandboxNetworks } from '../runtime/agent/network.ts';
 import { DEFAULT_DENY_CIDRS } from '../runtime/gateway/addresses.ts';
 import { leftovers, NO_LEFTOVERS, type Stack, startStack, waitFor } from './stack.ts';
 
@@ -330,6 +331,24 @@ describe('R24: denied egress is refused at once, and a removed CIDR rule closes 
       far.some((e) => mine(e) && e.kind === 'data' && e.data?.includes('ping')) ? true : undefined,
     );
     // no reset at the far end (the script's own close at exit is a FIN, not an error)
+    expect(far.filter((e) => mine(e) && e.kind === 'error')).toEqual([]);
+  });
+
+  it('an agent restart re-adopting the sandbox (its network layer) leaves the connection its rule allows alone', async () => {
+    await patchEgress({ allow: [], cidrs: [RULE] });
+    const { held, mine } = await hold();
+    // what a restarted agent does before it applies the sandbox's policy again: the base ruleset
+    // and each adopted sandbox's chains, installed anew
+    const g = s.gateway!;
+    const found = await new SandboxNetworks({
+      pool: s.pool,
+      gateway: { dns: g.dnsPort, http: g.httpPort, tls: g.tlsPort },
+    }).adopt();
+    expect(found.length).toBeGreaterThan(0);
+    world.stdin!.write('push still-here bye\n');
+    await s.exec(id, { cmd: 'touch', args: ['/tmp/go'] });
+    const out = JSON.parse((await held).stdout.toString()) as { got: string; end: string };
+    expect(out).toMatchObject({ end: 'bye', got: expect.stringContaining('still-here') });
     expect(far.filter((e) => mine(e) && e.kind === 'error')).toEqual([]);
   });
 });

@@ -102,17 +102,25 @@ export function baseRuleset(): string {
   ].join('\n');
 }
 
-/** Script that installs one sandbox's chains and map elements. Pure. */
+/**
+ * Script that installs one sandbox's chains and map elements. Pure.
+ * @param o.cidrAllows the sandbox's CIDR rules, or `keep`: leave its CIDR chains as they are (an
+ *   agent re-adopting a running sandbox before its policy is applied again: rewriting them empty
+ *   would reset every connection they allow).
+ */
 export function sandboxRuleset(o: {
   hostIf: string;
   sandboxAddress: string;
   gateway: GatewayPorts | null;
-  cidrAllows: CidrAllow[];
+  cidrAllows: CidrAllow[] | 'keep';
 }): string {
   const i = o.hostIf;
+  const keep = o.cidrAllows === 'keep';
   const lines = [
     ...HOOKS.map(([p]) => `add chain ${T} ${p}_${i}`),
-    ...HOOKS.map(([p]) => `flush chain ${T} ${p}_${i}`),
+    ...HOOKS.filter(([p]) => !keep || (p !== 'fwd' && p !== 'rep')).map(
+      ([p]) => `flush chain ${T} ${p}_${i}`,
+    ),
     `add rule ${T} raw_${i} ip saddr ${o.sandboxAddress} accept`,
     `add rule ${T} raw_${i} counter drop`,
   ];
@@ -126,7 +134,7 @@ export function sandboxRuleset(o: {
       `add rule ${T} in_${i} udp dport ${g.dns} accept`,
     );
   }
-  lines.push(...cidrRules(i, o.cidrAllows));
+  if (o.cidrAllows !== 'keep') lines.push(...cidrRules(i, o.cidrAllows));
   lines.push(...HOOKS.map(([p, map]) => `add element ${T} ${map} { "${i}" : jump ${p}_${i} }`));
   return `${lines.join('\n')}\n`;
 }

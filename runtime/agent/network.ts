@@ -296,9 +296,10 @@ export class SandboxNetworks {
       ];
     });
     // (re)install each adopted sandbox's rules: the base chains may have been rewritten by a newer
-    // agent, and a sandbox without its map elements would be cut off from the host entirely
+    // agent, and a sandbox without its map elements would be cut off from the host entirely. Its
+    // CIDR rules stay until its policy is applied again: emptied, they would reset its connections
     for (const net of found) {
-      await sh('nft', ['-f', '-'], sandboxRuleset({ ...net, gateway: this.gateway, cidrAllows: [] }));
+      await sh('nft', ['-f', '-'], sandboxRuleset({ ...net, gateway: this.gateway, cidrAllows: 'keep' }));
     }
     return found;
   }
