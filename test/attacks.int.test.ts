@@ -108,7 +108,9 @@ const CREDENTIAL_CACHE_MS = 2000;
 /** Every attempt the suite makes (asserted, so a silently skipped attack shows). */
 /** Third-round attempts of the HTTP/TLS side (E12 7, E13 4, E15 10, E16 6, E17 2). */
 const ROUND3_HTTP_ATTEMPTS = 29;
-const EXPECTED_ATTEMPTS = 231 + ROUND3_HTTP_ATTEMPTS;
+/** Third-round attempts at the node's local routes (E14: 4 addresses × DNS, HTTP, TLS). */
+const ROUND3_E14_ATTEMPTS = 12;
+const EXPECTED_ATTEMPTS = 231 + ROUND3_E14_ATTEMPTS + ROUND3_HTTP_ATTEMPTS;
 const RT_TABLE = String(19_800 + N);
 const REAL = `sk-real-${randomBytes(20).toString('hex')}`;
 /** Team `tb`'s value of its own `cred-api` (same name, same host as the default team's REAL). */
@@ -116,7 +118,22 @@ const REAL_TB = `sk-team-b-${randomBytes(20).toString('hex')}`;
 const HANDSHAKE_MS = 2000;
 const MAX_CONNS = 16;
 
+// ---- E14: addresses the node answers for through its local routing table ----
+/** E14: an AnyIP range of the node (`ip route add local … dev lo`) inside the world's /24, added during the run. */
+const E14_ANYIP_RANGE = `${NET}.192/28`;
+/** E14: a second AnyIP range, outside every configured deny range. */
+const E14_ANYIP_RANGE2 = '192.88.99.64/28';
+/** E14: allowed names and what they resolve to (world DNS): each an address the node answers for. */
+const E14_RECORDS: Record<string, string> = {
+  'anyip.allowed.test': `${NET}.200`, // in E14_ANYIP_RANGE
+  'anyip2.allowed.test': '192.88.99.70', // in E14_ANYIP_RANGE2
+  'bcast.allowed.test': `${NET}.255`, // the broadcast address of the node's link to the world
+  'mcast.allowed.test': '239.255.0.7', // multicast
+};
+// ---- end E14 ----
+
 const ALLOWED = [
+  ...Object.keys(E14_RECORDS),
   'pkg.allowed.test',
   'good.allowed.test',
   'good.shared.test',
@@ -153,6 +170,7 @@ const RECORDS: Record<string, string> = {
   'cname.test': 'cname:cdn.evil.test', // E8: a CNAME chain through a denied pattern
   'evil.test': W.evil,
   '*.evil.test': W.evil,
+  ...E14_RECORDS,
 };
 /** The gateway's deny set: its defaults, with 10/8 carved around the world's /24 (the internal /24 stays denied). */
 const DENY = [
@@ -2270,6 +2288,57 @@ describe('egress attack suite', () => {
         .length,
     ).toBeGreaterThan(0);
   });
+
+  // ---- E14 ----
+  it('E14: addresses the node owns through local routes (AnyIP ranges added at run time), broadcast and multicast are never dialled nor answered', async () => {
+    for (const range of [E14_ANYIP_RANGE, E14_ANYIP_RANGE2]) {
+      await sh('ip', ['route', 'add', 'local', range, 'dev', 'lo']);
+      cleanups.push(() => run('ip', ['route', 'del', 'local', range, 'dev', 'lo']));
+    }
+    // servers on the node, bound where the local routes make it answer: any connection is an escape
+    await startNodeServices(E14_RECORDS['anyip.allowed.test']!);
+    await startNodeServices(E14_RECORDS['anyip2.allowed.test']!);
+    await sleep(3 * NODE_REFRESH_MS); // at the latest the periodic refresh has read the routes by now
+    const noAnswer: Judge = (o) =>
+      o.stage === 'reply' && Number(o.answers) > 0 ? `DNS answered ${o.answers} address(es)` : null;
+    // the gateway itself must refuse the name (403), not merely fail to dial the address
+    const refused403: Judge = (o, far) =>
+      noForbiddenBody(o, far) ??
+      (o.stage === 'response' && body(o).startsWith('HTTP/1.1 403')
+        ? null
+        : `not refused by the gateway: ${body(o).slice(0, 60) || o.stage}`);
+    const list: Attempt[] = [];
+    for (const name of Object.keys(E14_RECORDS)) {
+      const tag = name.split('.')[0];
+      list.push(
+        atk('E14', `e14-${tag}-dns`, `DNS ${name}`, 'dns', { ip: W.host, name }, noAnswer),
+        atk(
+          'E14',
+          `e14-${tag}-http`,
+          `HTTP Host ${name}`,
+          'http',
+          { ip: W.good, port: 80, req: get(`/e14-${tag}`, name) },
+          refused403,
+        ),
+        atk(
+          'E14',
+          `e14-${tag}-tls`,
+          `TLS SNI ${name}`,
+          'tls',
+          tls(W.good, name, { path: `/e14-${tag}` }),
+          refused,
+        ),
+      );
+    }
+    await batch('A', A, list);
+    // this block's own verdicts (the whole-run table checks them again)
+    expect(rows.filter((r) => r.t === 'E14' && r.verdict !== 'blocked')).toEqual([]);
+    const denied = new Set(
+      audit.filter((l) => l.reason === 'resolved-to-denied-address').map((l) => String(l.name)),
+    );
+    expect(Object.keys(E14_RECORDS).filter((n) => !denied.has(n))).toEqual([]);
+  });
+  // ---- end E14 ----
 
   it('E8: in allow-all mode a denied name holds by address and through CNAME chains', async () => {
     const C = await sandbox({ egress: { mode: 'allow-all', deny: ['evil.test', '*.evil.test'] } });

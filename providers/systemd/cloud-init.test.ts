@@ -12,6 +12,7 @@ import {
   agentServiceEnv,
   controlPlan,
   controlServiceEnv,
+  IP_FORWARD_SYSCTL_FILE,
   LETS_ENCRYPT_DIRECTORY,
   NODE_LOCAL_PORTS,
   toCloudConfig,
@@ -52,6 +53,14 @@ describe('cloud-init for the systemd (vm) mode', () => {
 
   it('agent user data (snapshot)', () => {
     expect(toCloudConfig(agent())).toMatchSnapshot();
+  });
+
+  it('agent VMs forward IPv4 (CIDR egress rules), from first boot and at every boot, with or without a gateway', () => {
+    for (const plan of [agent(), agent('0.1.0', false)]) {
+      expect(file(plan, IP_FORWARD_SYSCTL_FILE)).toBe('net.ipv4.ip_forward = 1\n');
+      expect(plan.commands).toContain(`sysctl -p ${IP_FORWARD_SYSCTL_FILE}`);
+    }
+    expect(file(control(), IP_FORWARD_SYSCTL_FILE)).toBeUndefined();
   });
 
   it('the control VM runs the router with Redis and the verify key only; the API hands out its URL', () => {

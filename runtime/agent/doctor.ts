@@ -25,6 +25,8 @@ export interface Check {
   remedy?: string;
   /** Drivers that need this check to pass. */
   neededBy: DriverName[];
+  /** A feature (not a driver) that needs it, e.g. `CIDR egress rules`: listed, never blocking. */
+  feature?: string;
 }
 
 /** The whole report. */
@@ -88,6 +90,63 @@ async function cgroups(): Promise<{ ok: boolean; detail: string }> {
     ok: missing.length === 0,
     detail: `v1${missing.length ? `; missing ${missing.join(', ')}` : ' (cpu, memory, pids, freezer)'}`,
   };
+}
+
+/** The sysctl that turns IPv4 forwarding on for every interface (`net.ipv4.conf.all.forwarding`). */
+export const IPV4_FORWARD_SYSCTL = 'net.ipv4.ip_forward';
+
+/** One interface a default route leaves by, and whether it forwards IPv4. */
+export interface Uplink {
+  ifname: string;
+  forwarding: boolean;
+}
+
+/**
+ * The interfaces of the node's IPv4 default routes (main table) with their
+ * `/proc/sys/net/ipv4/conf/<if>/forwarding`. Empty when there is no default route.
+ * @throws Error when `ip` cannot be run.
+ */
+export async function readUplinks(): Promise<Uplink[]> {
+  const { stdout } = await run('ip', ['-j', '-4', 'route', 'show', 'default'], { timeout: 10_000 });
+  const devs = [
+    ...new Set((JSON.parse(stdout.trim() || '[]') as { dev?: string }[]).flatMap((r) => r.dev ?? [])),
+  ];
+  return Promise.all(
+    devs.map(async (ifname) => ({
+      ifname,
+      forwarding:
+        (await readFile(`/proc/sys/net/ipv4/conf/${ifname}/forwarding`, 'utf8').catch(() => '0')).trim() ===
+        '1',
+    })),
+  );
+}
+
+/**
+ * The doctor's finding on IPv4 forwarding (R24's third part). A sandbox's CIDR-rule connection is
+ * forwarded out and masqueraded; its replies come in on the uplink and must be forwarded back to
+ * the sandbox's veth, which the kernel does only when the interface they arrive on forwards
+ * (`net.ipv4.conf.<uplink>.forwarding`). Without it the CIDR rules are accepted and every
+ * connection they allow hangs. Needed by no driver: the agent runs without it, minus CIDR rules.
+ * Pure. `uplinks` null: they could not be read (`error` says why).
+ */
+export function forwardingFinding(uplinks: Uplink[] | null, error = ''): Check {
+  const base = {
+    id: 'ipv4-forwarding',
+    neededBy: [] as DriverName[],
+    feature: 'CIDR egress rules',
+    remedy: `sysctl -w ${IPV4_FORWARD_SYSCTL}=1, and keep it across reboots with a line "${IPV4_FORWARD_SYSCTL} = 1" in /etc/sysctl.d/60-space.conf (space up and the deployments set it); replies to CIDR-rule connections come in on the uplink and are dropped while it does not forward`,
+  };
+  if (uplinks === null) return { ...base, ok: false, detail: `uplinks unreadable: ${error}` };
+  if (uplinks.length === 0)
+    return { ...base, ok: false, detail: 'no IPv4 default route: CIDR rules reach nothing beyond the node' };
+  const off = uplinks.filter((u) => !u.forwarding).map((u) => u.ifname);
+  return off.length === 0
+    ? { ...base, ok: true, detail: `forwarding on ${uplinks.map((u) => u.ifname).join(', ')}` }
+    : {
+        ...base,
+        ok: false,
+        detail: `net.ipv4.conf.${off[0]}.forwarding = 0${off.length > 1 ? ` (also ${off.slice(1).join(', ')})` : ''}: ${IPV4_FORWARD_SYSCTL} is off`,
+      };
 }
 
 /**
@@ -216,6 +275,12 @@ export async function diagnose(c: DoctorConfig): Promise<DoctorReport> {
     remedy: 'apt-get install e2fsprogs (sandbox disks and VM images)',
     neededBy: all,
   });
+  add(
+    await readUplinks().then(
+      (u) => forwardingFinding(u),
+      (err: unknown) => forwardingFinding(null, (err as Error).message.split('\n')[0]),
+    ),
+  );
   const major = Number(process.versions.node.split('.')[0]);
   add({
     id: 'node',

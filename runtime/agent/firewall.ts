@@ -11,14 +11,24 @@
  *   HTTP (tcp 80) and TLS (tcp 443) to this node's gateway ports — whatever address the sandbox
  *   aimed at. Without a gateway the chain is empty: no egress at all.
  * - `input`: replies to connections the host opened; new connections only to the gateway ports
- *   (per-sandbox chain via `input_map`); everything else from a sandbox is dropped.
- * - `forward`: only the sandbox's policy CIDR rules (`forward_map`), masqueraded in `nat_post`;
- *   everything else to or from a sandbox is dropped (other sandboxes, the LAN, metadata…). The
- *   per-sandbox chain drops new connections into any sandbox interface and to 169.254.0.0/16
- *   before its CIDR accepts, so no policy CIDR opens those.
+ *   (per-sandbox chain via `input_map`); everything else from a sandbox is refused (below).
+ * - `forward`: from a sandbox, only its policy CIDR rules (`forward_map`), masqueraded in
+ *   `nat_post`, checked on every packet (not only the first); everything else from a sandbox is
+ *   refused (other sandboxes, the LAN, metadata…). The per-sandbox chain refuses connections into
+ *   any sandbox interface and to 169.254.0.0/16 before its CIDR accepts, so no policy CIDR opens
+ *   those. To a sandbox: only replies from an address and port its CIDR rules allow now
+ *   (`reply_map`), and ICMP errors related to its connections; a reply on a TCP connection no rule
+ *   allows any more is answered with a reset, so removing a rule closes what it had allowed
+ *   (both ends) instead of leaving it half open. Anything else to a sandbox is dropped.
+ *
+ * Refused (R24): a sandbox's TCP gets a reset (the client sees "connection refused" at once), its
+ * UDP an ICMP port unreachable, anything else an ICMP administratively prohibited — never a
+ * silent drop, which leaves clients waiting for their own timeouts (ssh, git, database clients
+ * hung ~127 s). Drops stay where answering would be wrong: IPv6 and forged sources (`raw_pre`,
+ * where the answer would go to the forged address) and packets to a sandbox.
  *
  * Each sandbox's chains are named after its host interface (`raw_<if>`, `nat_<if>`, `in_<if>`,
- * `fwd_<if>`) and are removed with their map elements on release.
+ * `fwd_<if>`, `rep_<if>`) and are removed with their map elements on release.
  */
 /** Prefix of every host-side sandbox interface name. */
 export const HOST_IF_PREFIX = 'spv';
@@ -39,12 +49,28 @@ export interface CidrAllow {
 }
 
 const T = `inet ${NFT_TABLE}`;
+/** Per-sandbox chain prefix and the verdict map (keyed by the host interface) that jumps to it. */
 const HOOKS = [
   ['raw', 'raw_map'],
   ['nat', 'nat_map'],
   ['in', 'input_map'],
   ['fwd', 'forward_map'],
+  ['rep', 'reply_map'],
 ] as const;
+
+/**
+ * Rules (after `prefix`, e.g. `add rule inet space input iifname "spv*"`) that refuse a packet
+ * from a sandbox out loud: TCP reset (RFC 9293 §3.10.7.1: a segment for no connection is answered
+ * with RST), UDP an ICMP port unreachable (RFC 1122 §4.1.3.1), anything else ICMP
+ * administratively prohibited (RFC 1812 §5.2.7.1). Pure.
+ */
+function refuse(prefix: string): string[] {
+  return [
+    `${prefix} meta l4proto tcp counter reject with tcp reset`,
+    `${prefix} meta l4proto udp counter reject with icmpx type port-unreachable`,
+    `${prefix} counter reject with icmpx type admin-prohibited`,
+  ];
+}
 
 /** Script that creates (idempotently) the table, maps and base chains. Pure. */
 export function baseRuleset(): string {
@@ -65,27 +91,36 @@ export function baseRuleset(): string {
     `add rule ${T} nat_pre iifname vmap @nat_map`,
     `add rule ${T} input ${any} ct state established,related accept`,
     `add rule ${T} input iifname vmap @input_map`,
-    `add rule ${T} input ${any} counter drop`,
-    `add rule ${T} forward ${anyOut} ct state established,related accept`,
+    ...refuse(`add rule ${T} input ${any}`),
     `add rule ${T} forward iifname vmap @forward_map`,
-    `add rule ${T} forward ${any} counter drop`,
+    ...refuse(`add rule ${T} forward ${any}`),
+    `add rule ${T} forward ${anyOut} ct state related meta l4proto icmp accept`,
+    `add rule ${T} forward oifname vmap @reply_map`,
     `add rule ${T} forward ${anyOut} counter drop`,
     `add rule ${T} nat_post ${any} ${anyOut.replace('oifname', 'oifname !=')} masquerade`,
     '',
   ].join('\n');
 }
 
-/** Script that installs one sandbox's chains and map elements. Pure. */
+/**
+ * Script that installs one sandbox's chains and map elements. Pure.
+ * @param o.cidrAllows the sandbox's CIDR rules, or `keep`: leave its CIDR chains as they are (an
+ *   agent re-adopting a running sandbox before its policy is applied again: rewriting them empty
+ *   would reset every connection they allow).
+ */
 export function sandboxRuleset(o: {
   hostIf: string;
   sandboxAddress: string;
   gateway: GatewayPorts | null;
-  cidrAllows: CidrAllow[];
+  cidrAllows: CidrAllow[] | 'keep';
 }): string {
   const i = o.hostIf;
+  const keep = o.cidrAllows === 'keep';
   const lines = [
     ...HOOKS.map(([p]) => `add chain ${T} ${p}_${i}`),
-    ...HOOKS.map(([p]) => `flush chain ${T} ${p}_${i}`),
+    ...HOOKS.filter(([p]) => !keep || (p !== 'fwd' && p !== 'rep')).map(
+      ([p]) => `flush chain ${T} ${p}_${i}`,
+    ),
     `add rule ${T} raw_${i} ip saddr ${o.sandboxAddress} accept`,
     `add rule ${T} raw_${i} counter drop`,
   ];
@@ -99,30 +134,48 @@ export function sandboxRuleset(o: {
       `add rule ${T} in_${i} udp dport ${g.dns} accept`,
     );
   }
-  lines.push(...cidrRules(i, o.cidrAllows));
+  if (o.cidrAllows !== 'keep') lines.push(...cidrRules(i, o.cidrAllows));
   lines.push(...HOOKS.map(([p, map]) => `add element ${T} ${map} { "${i}" : jump ${p}_${i} }`));
   return `${lines.join('\n')}\n`;
 }
 
+/**
+ * The sandbox's CIDR rules, both ways: `fwd_<if>` (from the sandbox, every packet) and `rep_<if>`
+ * (replies to it). A reply no rule allows any more — the rule was removed or narrowed while the
+ * connection was open — is answered with a reset that conntrack sends to the far end through the
+ * connection's own NAT mapping, and the sandbox's next packet on it meets the base chain's reset:
+ * the connection closes at both ends instead of going silent. Pure.
+ */
 function cidrRules(hostIf: string, allows: CidrAllow[]): string[] {
+  const open = allows.filter((a) => a.ports.length > 0);
   return [
-    // A CIDR rule's accept is final, so these drops must come first — and live in this sandbox's own
-    // chain, not the shared base chain, which agents of other versions on the host rewrite. Without
-    // them a CIDR covering the sandbox pool reached another sandbox, and one naming 169.254.169.254
-    // reached the metadata address (found by test/attacks.int.test.ts, T18/T19).
-    `add rule ${T} fwd_${hostIf} oifname "${HOST_IF_PREFIX}*" counter drop`,
-    `add rule ${T} fwd_${hostIf} ip daddr 169.254.0.0/16 counter drop`,
-    ...allows
-      .filter((a) => a.ports.length > 0)
-      .map(
-        (a) => `add rule ${T} fwd_${hostIf} ip daddr ${a.cidr} tcp dport { ${a.ports.join(', ')} } accept`,
-      ),
+    // A CIDR rule's accept is final, so these refusals must come first — and live in this sandbox's
+    // own chain, not the shared base chain, which agents of other versions on the host rewrite.
+    // Without them a CIDR covering the sandbox pool reached another sandbox, and one naming
+    // 169.254.169.254 reached the metadata address (found by test/attacks.int.test.ts, T18/T19).
+    ...refuse(`add rule ${T} fwd_${hostIf} oifname "${HOST_IF_PREFIX}*"`),
+    ...refuse(`add rule ${T} fwd_${hostIf} ip daddr 169.254.0.0/16`),
+    ...open.map(
+      (a) => `add rule ${T} fwd_${hostIf} ip daddr ${a.cidr} tcp dport { ${a.ports.join(', ')} } accept`,
+    ),
+    ...open.map(
+      (a) =>
+        `add rule ${T} rep_${hostIf} ct state established ip saddr ${a.cidr} tcp sport { ${a.ports.join(', ')} } accept`,
+    ),
+    `add rule ${T} rep_${hostIf} ct state established meta l4proto tcp counter reject with tcp reset`,
   ];
 }
 
-/** Script that replaces one sandbox's CIDR rules (policy update). Pure. */
+/** Script that replaces one sandbox's CIDR rules (policy update), both ways in one transaction. Pure. */
 export function cidrUpdateRuleset(hostIf: string, allows: CidrAllow[]): string {
-  return [`flush chain ${T} fwd_${hostIf}`, ...cidrRules(hostIf, allows), ''].join('\n');
+  return [
+    `add chain ${T} rep_${hostIf}`,
+    `flush chain ${T} fwd_${hostIf}`,
+    `flush chain ${T} rep_${hostIf}`,
+    ...cidrRules(hostIf, allows),
+    `add element ${T} reply_map { "${hostIf}" : jump rep_${hostIf} }`,
+    '',
+  ].join('\n');
 }
 
 /** Script that removes one sandbox's map elements and chains. Pure. */

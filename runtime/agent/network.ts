@@ -4,8 +4,10 @@
  * the namespace: sandboxes have no egress until the gateway lands.
  *
  * Host protection (nftables table `inet space`, owned by this module): packets that arrive from any
- * `spv*` interface reach the host only as replies to connections the host opened; everything else
- * from a sandbox to the host, and everything forwarded to or from a sandbox, is dropped.
+ * `spv*` interface reach the host only as replies to connections the host opened, or to the
+ * gateway's ports; nothing is forwarded to or from a sandbox but what its CIDR rules allow. What a
+ * sandbox sends that is not allowed is refused out loud (TCP reset, ICMP unreachable), not dropped
+ * (see firewall.ts).
  *
  * State lives in the kernel (namespaces, links, addresses), so {@link SandboxNetworks.adopt} can rebuild
  * the pool after an agent restart and {@link SandboxNetworks.sweep} removes leftovers.
@@ -294,9 +296,10 @@ export class SandboxNetworks {
       ];
     });
     // (re)install each adopted sandbox's rules: the base chains may have been rewritten by a newer
-    // agent, and a sandbox without its map elements would be cut off from the host entirely
+    // agent, and a sandbox without its map elements would be cut off from the host entirely. Its
+    // CIDR rules stay until its policy is applied again: emptied, they would reset its connections
     for (const net of found) {
-      await sh('nft', ['-f', '-'], sandboxRuleset({ ...net, gateway: this.gateway, cidrAllows: [] }));
+      await sh('nft', ['-f', '-'], sandboxRuleset({ ...net, gateway: this.gateway, cidrAllows: 'keep' }));
     }
     return found;
   }
@@ -443,7 +446,8 @@ async function listSandboxChainInterfaces(): Promise<string[]> {
   const items = (JSON.parse(out) as { nftables: { chain?: { table: string; name: string } }[] }).nftables;
   const names = new Set<string>();
   for (const i of items) {
-    const m = i.chain?.table === NFT_TABLE ? /^(?:raw|nat|in|fwd)_(spv[a-z0-9]+)$/.exec(i.chain.name) : null;
+    const m =
+      i.chain?.table === NFT_TABLE ? /^(?:raw|nat|in|fwd|rep)_(spv[a-z0-9]+)$/.exec(i.chain.name) : null;
     if (m) names.add(m[1]!);
   }
   return [...names];

@@ -15,6 +15,7 @@ import { encodeEndReport } from '../core/types.ts';
 import { ActivityMeter } from './activity.ts';
 import { buildAgentApp } from './app.ts';
 import { type AgentConfig, hibernateStore, warmTemplates } from './config.ts';
+import { forwardingFinding, readUplinks } from './doctor.ts';
 import type { TemplateImage } from './drivers/driver.ts';
 import { chooseDriver, createDriver } from './drivers/index.ts';
 import { qemuKvmBootTest } from './drivers/qemu.ts';
@@ -74,6 +75,14 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   );
   await driver.preflight();
   log.info({ driver: driver.name, kvm: choice.kvm, why: choice.reason }, 'driver chosen');
+  // CIDR egress rules need the uplink to forward their replies: said once at start, as doctor says it
+  void readUplinks().then(
+    (uplinks) => {
+      const f = forwardingFinding(uplinks);
+      if (!f.ok) log.warn({ found: f.detail, fix: f.remedy }, 'CIDR egress rules will not work on this node');
+    },
+    (err: unknown) => log.warn({ err }, 'IPv4 forwarding could not be checked'),
+  );
   const guestInputs = defaultGuestLayerInputs();
   const images = new Map<string, Promise<TemplateImage>>();
   /** The image of a template for this driver, made once per agent process. */

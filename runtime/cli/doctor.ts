@@ -13,13 +13,15 @@ export function registerDoctor(program: Command): void {
   program
     .command('doctor')
     .description(
-      'check what this node supports (KVM, VMMs, runsc, nftables, cgroups…) and which driver the agent picks',
+      'check what this node supports (KVM, VMMs, runsc, nftables, cgroups, IPv4 forwarding…) and which driver the agent picks',
     )
     .addHelpText(
       'after',
       `
 Reads the agent's settings from the environment (SPACE_DRIVER, SPACE_KVM, SPACE_*_BINARY,
 SPACE_GVISOR_PLATFORM). KVM is probed by booting a guest under it, not by looking for /dev/kvm.
+Features that need host settings are listed too (CIDR egress rules need net.ipv4.ip_forward=1);
+they never change the exit status.
 Exit status: 0 when the chosen driver has all it needs, 1 when it does not.`,
     )
     .action(async (_opts, cmd: Command) => {
@@ -60,6 +62,12 @@ Exit status: 0 when the chosen driver has all it needs, 1 when it does not.`,
           println();
           println('to enable other drivers:');
           for (const c of others) println(`  ${c.id}: ${c.remedy}`);
+        }
+        for (const c of report.checks.filter((x) => !x.ok && x.feature && x.remedy)) {
+          println();
+          println(`to use ${c.feature}:`);
+          println(`  ${c.id}: ${c.detail}`);
+          println(`  fix: ${c.remedy}`);
         }
         println();
         println(

@@ -4,7 +4,7 @@
  * `base` template and logs under `$SPACE_HOME`. With the router, the API hands out router URLs
  * (SPACE_ROUTER_URL) for command streams and files; without it, the agent's own URL.
  *
- * Start: prerequisites → free ports → `$SPACE_HOME` + key pair → template `base` → Redis → API,
+ * Start: prerequisites → free ports → `$SPACE_HOME` + key pair → IPv4 forwarding → template `base` → Redis → API,
  * router and agent → their `/readyz` → an alive node in `GET /v1/nodes` → `local.json` → "ready".
  * Stop (Ctrl-C / SIGTERM / SIGHUP): the router first (no new client traffic), then the agent (it
  * destroys its sandboxes), then the API, then Redis, each with
@@ -329,6 +329,7 @@ export function registerUp(program: Command): void {
       'after',
       `
 Needs root and runsc, redis-server, nft, ip, debootstrap, tini-static (install: bash scripts/host-deps.sh).
+Turns IPv4 forwarding on (net.ipv4.ip_forward=1) when it is off: sandboxes' CIDR egress rules need it.
 Keeps its things in $SPACE_HOME (default ~/.space): api-key, key pair, local.json, logs/, redis/.
 The first start builds template "base" (about a minute); later starts reuse it.
 
@@ -341,6 +342,27 @@ Examples:
     .action(async (o: UpOptions, cmd: Command) => {
       process.exitCode = await runUp(o, isJson(cmd));
     });
+}
+
+/** Where the kernel keeps `net.ipv4.ip_forward` (every interface's IPv4 forwarding). */
+const IP_FORWARD_PATH = '/proc/sys/net/ipv4/ip_forward';
+
+/**
+ * Turns IPv4 forwarding on, as the deployments' agent nodes have it: a sandbox's CIDR egress
+ * rules need the uplink to forward their replies back to it (`space doctor`: ipv4-forwarding).
+ * Already on: nothing is written. A host that refuses (no root, a read-only /proc/sys) gets a note
+ * naming the sysctl; the stack still starts, without working CIDR rules. Never throws.
+ */
+function enableIpv4Forwarding(): void {
+  try {
+    if (readFileSync(IP_FORWARD_PATH, 'utf8').trim() === '1') return;
+    writeFileSync(IP_FORWARD_PATH, '1\n');
+    note('space: IPv4 forwarding turned on (net.ipv4.ip_forward=1): CIDR egress rules need it');
+  } catch (err) {
+    note(
+      `space: could not turn IPv4 forwarding on (${(err as Error).message}); CIDR egress rules need net.ipv4.ip_forward=1 (npx space doctor)`,
+    );
+  }
 }
 
 async function runUp(o: UpOptions, json: boolean): Promise<number> {
@@ -383,6 +405,7 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
   }
 
   await prepareHome(paths);
+  enableIpv4Forwarding();
   const built = await buildLocalTemplate('base', DEFAULT_CACHE_DIR, (line) => note(`space: ${line}`));
   note(`space: template base ready${built.cached ? ' (cached)' : ''}`);
 

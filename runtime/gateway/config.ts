@@ -203,7 +203,7 @@ export const gatewaySettings = {
   ),
   nodeRefreshMs: setting.int(
     'SPACE_GATEWAY_NODE_REFRESH_MS',
-    "How often the node's interface addresses and the node CIDRs file are read again, ms.",
+    "How often the node's interface addresses, its local routing table and the node CIDRs file are read again, ms (route changes the kernel reports are read at once as well).",
     5000,
     100,
   ),

@@ -1,15 +1,29 @@
 /**
- * The deny set as it is in force (E7): the configured ranges (`SPACE_GATEWAY_DENY_CIDRS` plus the
- * always-denied ones) and the node's and cluster's own addresses — every address of every local
- * interface (read from the kernel), `SPACE_GATEWAY_NODE_CIDRS` (node IPs, pod and service ranges,
- * load balancers) and the optional `SPACE_GATEWAY_NODE_CIDRS_FILE` — read at start and again every
- * `SPACE_GATEWAY_NODE_REFRESH_MS`, so an address the node gains later is denied within one period.
- * The node's addresses are denied whatever range they are in, public ones included.
+ * The deny set as it is in force (E7, E14): the configured ranges (`SPACE_GATEWAY_DENY_CIDRS` plus
+ * the always-denied ones) and the node's and cluster's own addresses — every address of every local
+ * interface (read from the kernel), every destination of the kernel's `local` routing table (the
+ * addresses the node answers for itself whatever interface holds them: AnyIP ranges such as
+ * `ip route add local 10.77.0.0/24 dev lo`, load-balancer VIPs, and each subnet's broadcast
+ * address), `SPACE_GATEWAY_NODE_CIDRS` (node IPs, pod and service ranges, load balancers) and the
+ * optional `SPACE_GATEWAY_NODE_CIDRS_FILE`. The node's addresses are denied whatever range they are
+ * in, public ones included.
+ *
+ * How fresh: read at start (a gateway that cannot read the local table does not start), again
+ * within milliseconds of any route change the kernel reports (`ip monitor route`: adding an address
+ * or a local route changes the local table), and every `SPACE_GATEWAY_NODE_REFRESH_MS` in any case
+ * (the CIDRs file, and a monitor that died). Only root on the node changes routes, never a sandbox,
+ * so the remaining window — the moments between a route change and its event — is not one a
+ * sandbox can widen or aim at; checking the kernel per dial instead would cost a process (or a
+ * netlink socket Node does not have) per connection.
  */
+import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { networkInterfaces } from 'node:os';
+import { promisify } from 'node:util';
 import type { Logger } from 'pino';
-import { buildDenySet, type DenySet, deniedBy, parseCidr } from './addresses.ts';
+import { buildDenySet, type Cidr, type DenySet, deniedBy, parseCidr } from './addresses.ts';
+
+const execFileP = promisify(execFile);
 
 /** Anything that can say whether an address may be dialled / handed out. */
 export interface DenyCheck {
@@ -27,6 +41,76 @@ export function interfaceCidrs(): string[] {
     }
   }
   return out;
+}
+
+/** One route of `ip -j route show` (the fields used here). */
+interface IpRoute {
+  type?: string;
+  dst?: string;
+}
+
+/**
+ * Destinations of routes `ip -j` printed, as CIDRs: `dst` `default` is the whole family, a bare
+ * address a host route. Pure.
+ * @param family 4 or 6 (which `default` and bare addresses mean).
+ */
+export function routeCidrs(routes: readonly IpRoute[], family: 4 | 6): string[] {
+  return routes.flatMap((r) => {
+    if (!r.dst) return [];
+    if (r.dst === 'default') return [family === 4 ? '0.0.0.0/0' : '::/0'];
+    return [r.dst.includes('/') ? r.dst : `${r.dst}/${family === 4 ? 32 : 128}`];
+  });
+}
+
+/**
+ * Every destination of the kernel's `local` routing table (table 255), IPv4 and IPv6, as CIDRs:
+ * the node's own addresses, AnyIP ranges, broadcast and anycast addresses — every route there
+ * means "this node answers for it" (ip-route(8): local, broadcast and anycast routes go to that
+ * table). Local routes in other tables apply only through policy rules (a TPROXY set-up's
+ * `fwmark` table) and are left out: the gateway's own connections carry no mark.
+ * @throws Error when `ip` cannot be run or prints something that is not its JSON.
+ */
+export async function localRouteCidrs(): Promise<string[]> {
+  const out: string[] = [];
+  for (const family of [4, 6] as const) {
+    const { stdout } = await execFileP('ip', ['-j', `-${family}`, 'route', 'show', 'table', 'local'], {
+      timeout: 5000,
+      maxBuffer: 16 * 1024 * 1024,
+    });
+    out.push(...routeCidrs(JSON.parse(stdout.trim() || '[]') as IpRoute[], family));
+  }
+  return out;
+}
+
+/**
+ * Watches the kernel's route changes (`ip -o monitor route`) and calls `onChange` for each batch of
+ * them. Returns a function that stops watching. A watcher that exits is started again after
+ * `retryMs` (logged); its absence only slows freshness to the periodic refresh.
+ */
+export function watchRoutes(onChange: () => void, retryMs: number, log?: Logger): () => void {
+  let child: ChildProcess | undefined;
+  let timer: NodeJS.Timeout | undefined;
+  let stopped = false;
+  const startOne = () => {
+    const c = spawn('ip', ['-o', 'monitor', 'route'], { stdio: ['ignore', 'pipe', 'ignore'] });
+    child = c;
+    c.stdout!.on('data', () => onChange());
+    c.on('error', (err) => log?.warn({ err }, 'route monitor failed to start'));
+    c.on('close', (code, signal) => {
+      if (stopped) return;
+      log?.warn({ code, signal }, 'route monitor ended; starting it again');
+      timer = setTimeout(startOne, retryMs);
+      timer.unref();
+    });
+    c.unref();
+    (c.stdout as unknown as { unref?: () => void }).unref?.();
+  };
+  startOne();
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+    child?.kill();
+  };
 }
 
 /** Splits a comma/newline/space separated CIDR list, dropping empties and `#` comments. Pure. */
@@ -51,7 +135,18 @@ export interface LiveDenySetOptions {
   refreshMs: number;
   /** Reads the local interfaces' addresses (default {@link interfaceCidrs}). */
   interfaces?: () => string[];
+  /** Reads the local routing table's destinations (default {@link localRouteCidrs}). */
+  localRoutes?: () => Promise<string[]>;
+  /** Watches route changes (default {@link watchRoutes}); returns its stop function. */
+  watch?: (onChange: () => void) => () => void;
   log?: Logger;
+}
+
+/** Whether every address of `inner` lies in `outer`. Pure. */
+function covers(outer: Cidr, inner: Cidr): boolean {
+  if (outer.family !== inner.family || outer.prefix > inner.prefix) return false;
+  const shift = BigInt((outer.family === 4 ? 32 : 128) - outer.prefix);
+  return inner.network >> shift === outer.network >> shift;
 }
 
 /** The configured deny set plus the node's own addresses, kept current. Throws on bad config CIDRs. */
@@ -80,8 +175,11 @@ export class LiveDenySet implements DenyCheck {
   }
 
   /**
-   * Reads the interfaces and the node CIDRs file again. A file that can't be read or holds a bad
-   * CIDR keeps the previous file entries (logged): a refresh never shrinks the set by accident.
+   * Reads the interfaces, the local routing table and the node CIDRs file again. A file that can't
+   * be read or holds a bad CIDR keeps the previous file entries, and a local table that can't be
+   * read the previous routes (both logged): a refresh never shrinks the set by accident.
+   * @throws Error when the local table cannot be read and never was (a gateway that cannot see
+   *   which addresses are the node's must not start).
    */
   async refresh(): Promise<void> {
     const o = this.#opts;
@@ -99,21 +197,71 @@ export class LiveDenySet implements DenyCheck {
       }
     }
     this.#fileEntries = fromFile;
-    const texts = [...new Set([...o.nodeCidrs, ...fromFile, ...(o.interfaces ?? interfaceCidrs)()])];
-    this.#node = texts.map(parseCidr);
+    let routes = this.#routeEntries;
+    try {
+      const read = await (o.localRoutes ?? localRouteCidrs)();
+      read.forEach(parseCidr);
+      routes = read;
+    } catch (err) {
+      if (routes === undefined)
+        throw new Error(`cannot read the node's local routing table (ip -j route show table local): ${err}`);
+      o.log?.warn({ err }, 'local routing table unreadable; keeping the previous routes');
+    }
+    this.#routeEntries = routes;
+    const texts = [
+      ...new Set([...o.nodeCidrs, ...fromFile, ...(o.interfaces ?? interfaceCidrs)(), ...routes]),
+    ];
+    // entries the configured set already covers are left out: each sandbox adds its host end and
+    // its /30's broadcast address to the local table, all inside the (configured) sandbox pool
+    this.#node = texts.map(parseCidr).filter((c) => !this.#configured.some((k) => covers(k, c)));
   }
   #fileEntries: string[] = [];
+  #routeEntries: string[] | undefined;
 
-  /** Refreshes now and then every `refreshMs` until {@link stop}. */
+  /**
+   * Refreshes soon, once for any number of calls while one is under way (route events come in
+   * bursts). Failures are logged.
+   */
+  refreshSoon(): void {
+    if (this.#running) {
+      this.#again = true;
+      return;
+    }
+    this.#running = this.refresh()
+      .catch((err: unknown) => this.#opts.log?.warn({ err }, 'deny set refresh failed'))
+      .finally(() => {
+        this.#running = undefined;
+        if (this.#again) {
+          this.#again = false;
+          this.refreshSoon();
+        }
+      });
+  }
+  #running: Promise<void> | undefined;
+  #again = false;
+  #unwatch: (() => void) | undefined;
+
+  /**
+   * Refreshes now, then at every route change the kernel reports and every `refreshMs` until
+   * {@link stop}. @throws what {@link refresh} throws the first time.
+   */
   async start(): Promise<void> {
-    await this.refresh();
-    this.#timer = setInterval(() => {
-      this.refresh().catch((err: unknown) => this.#opts.log?.warn({ err }, 'deny set refresh failed'));
-    }, this.#opts.refreshMs);
+    this.#unwatch = (this.#opts.watch ?? ((f) => watchRoutes(f, this.#opts.refreshMs, this.#opts.log)))(() =>
+      this.refreshSoon(),
+    );
+    try {
+      await this.refresh();
+    } catch (err) {
+      this.stop();
+      throw err;
+    }
+    this.#timer = setInterval(() => this.refreshSoon(), this.#opts.refreshMs);
     this.#timer.unref();
   }
 
   stop(): void {
     clearInterval(this.#timer);
+    this.#unwatch?.();
+    this.#unwatch = undefined;
   }
 }
