@@ -2,7 +2,7 @@
  * The rendered startup script run for real, twice, as Crusoe runs it (at every boot): under bash,
  * as root, inside a throwaway copy-on-write view of this machine's root (a private mount namespace
  * with an overlay over `/`, then chroot), with stubs for what would touch the host (apt-get,
- * systemctl, podman, nft, modprobe, redis-cli, openssl). Between the two "boots" the VM is
+ * systemctl, podman, nft, modprobe, sysctl, redis-cli, openssl). Between the two "boots" the VM is
  * upgraded in place with its own `space-upgrade`: the second boot must not rewind it.
  *
  * Needs root (mount namespaces, overlayfs, chroot); skipped otherwise.
@@ -32,7 +32,7 @@ const pool: NodePool = {
 };
 const common = { version: '0.1.0', imageRepository: 'registry.example/space', privateCidr: '10.10.0.0/24' };
 
-const STUBS = ['apt-get', 'systemctl', 'podman', 'nft', 'modprobe', 'redis-cli', 'openssl', 'certbot'];
+const STUBS = ['apt-get', 'systemctl', 'podman', 'nft', 'modprobe', 'sysctl', 'redis-cli', 'openssl', 'certbot'];
 const work = mkdtempSync(join(tmpdir(), 'space-startup-'));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
 

@@ -1,7 +1,8 @@
 /**
  * The node's out-of-memory guard for drivers whose sandboxes have no OOM killer of their own
  * (gVisor: the sentry has none, and the host's memory cgroup ends the whole sandbox when one
- * process takes too much — case R21). It reads each running sandbox's host memory charge and,
+ * process takes too much — case R21). It reads each running sandbox's host memory charge (less
+ * the file pages the host reclaims on its own: Driver.memoryCharge) and,
  * when the charge comes within a margin of its limit, asks the sandbox's guest to kill the process
  * holding the most memory (guest/oom.ts), as Linux's OOM killer would: that process dies alone
  * and the sandbox lives on. Sandboxes are read more often the closer they are to their limit, so

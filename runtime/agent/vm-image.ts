@@ -359,6 +359,13 @@ echo "nameserver $gw" > /newroot/etc/resolv.conf
 hostname sandbox
 echo sandbox > /newroot/etc/hostname
 if [ "$probe" = late ]; then echo "${BOOT_MARKER}"; reboot -f; fi
+# one process never ends the sandbox: the kernel's OOM killer never picks tini or the guest daemon
+# (the daemon gives each command oom_score_adj 0 again), and each user's tasks are bounded (here,
+# while /proc is still this init's)
+echo -1000 > /proc/self/oom_score_adj
+mem=$(awk '/^MemTotal:/ { print int($2 / 1024) }' /proc/meminfo)
+nproc=$((mem / ${MIB_PER_GUEST_PROCESS})); [ "$nproc" -lt ${MIN_GUEST_PROCESSES} ] && nproc=${MIN_GUEST_PROCESSES}
+ulimit -u "$nproc" || echo "space-init: no process limit"
 mkdir -p /newroot/proc /newroot/sys /newroot/dev
 mount --move /proc /newroot/proc
 mount --move /sys /newroot/sys
@@ -366,12 +373,6 @@ mount --move /dev /newroot/dev
 mkdir -p /newroot/dev/pts /newroot/dev/shm
 mount -t devpts -o nosuid,noexec,gid=5,mode=620,ptmxmode=666 devpts /newroot/dev/pts
 mount -t tmpfs -o nosuid,nodev,noexec,size=${SHM_PERCENT}% shm /newroot/dev/shm
-# one process never ends the sandbox: the kernel's OOM killer never picks tini or the guest daemon
-# (the daemon gives each command oom_score_adj 0 again), and each user's tasks are bounded
-echo -1000 > /proc/self/oom_score_adj
-mem=$(awk '/^MemTotal:/ { print int($2 / 1024) }' /proc/meminfo)
-nproc=$((mem / ${MIB_PER_GUEST_PROCESS})); [ "$nproc" -lt ${MIN_GUEST_PROCESSES} ] && nproc=${MIN_GUEST_PROCESSES}
-ulimit -u "$nproc" || echo "space-init: no process limit"
 exec env -i ${env.join(' ')} switch_root /newroot ${argv.map(shQuote).join(' ')}
 `;
 }

@@ -84,21 +84,36 @@ export async function commandProcesses(
 /**
  * Sends `signal` to every process of a command ({@link commandProcesses}) and, for SIGKILL, sweeps
  * again until a sweep finds none alive (at most {@link MAX_SWEEPS}), so processes forked while
- * the first sweep ran die too. Never throws; resolves with how many signals were sent.
+ * the first sweep ran die too. A SIGKILL is preceded by SIGSTOP sweeps until one finds no process
+ * it had not stopped: a stopped process cannot fork, so a fork bomb cannot outpace the kill (R19;
+ * without them 256 of a bomb's processes outlived its command's timeout). Never throws; resolves
+ * with how many signals were sent.
  */
 export async function signalCommand(leader: number, marker: string, signal: NodeJS.Signals): Promise<number> {
   let sent = 0;
+  const send = (pid: number, sig: NodeJS.Signals): boolean => {
+    try {
+      process.kill(pid, sig);
+      sent++;
+      return true;
+    } catch {
+      return false; // ESRCH: gone meanwhile
+    }
+  };
+  if (signal === 'SIGKILL') {
+    const stopped = new Set<number>();
+    for (let sweep = 0; sweep < MAX_SWEEPS; sweep++) {
+      const fresh = (await commandProcesses(leader, marker).catch(() => [] as number[])).filter(
+        (pid) => !stopped.has(pid),
+      );
+      if (fresh.length === 0) break;
+      for (const pid of fresh) if (send(pid, 'SIGSTOP')) stopped.add(pid);
+    }
+  }
   for (let sweep = 0; sweep < (signal === 'SIGKILL' ? MAX_SWEEPS : 1); sweep++) {
     const pids = await commandProcesses(leader, marker).catch(() => [] as number[]);
     if (pids.length === 0) break;
-    for (const pid of pids) {
-      try {
-        process.kill(pid, signal);
-        sent++;
-      } catch {
-        // ESRCH: gone meanwhile
-      }
-    }
+    for (const pid of pids) send(pid, signal);
     await new Promise((r) => setTimeout(r, SWEEP_PAUSE_MS));
   }
   return sent;

@@ -4,6 +4,7 @@ import {
   buildOciSpec,
   checkpointFailureReason,
   endCauseFromCounters,
+  fileCacheBytes,
   GvisorDriver,
   guestProcessLimit,
   hostTaskLimit,
@@ -226,6 +227,16 @@ describe('sandbox limits', () => {
       });
       expect(mib.reduce((a, b) => a + b, 0)).toBeLessThanOrEqual(Math.max(64, memoryMiB) * 0.8);
     }
+  });
+});
+
+describe('fileCacheBytes', () => {
+  it('adds the file LRU lists of memory.stat (v1 local counters, v2 alike), not the hierarchical totals', () => {
+    const v1 =
+      'cache 20062208\nrss 12283904\nshmem 17846272\ninactive_anon 27140096\nactive_anon 2990080\ninactive_file 880640\nactive_file 1335296\ntotal_inactive_file 880640\ntotal_active_file 1335296\n';
+    expect(fileCacheBytes(v1)).toBe(880640 + 1335296);
+    expect(fileCacheBytes('anon 100\nfile 900\nactive_file 300\ninactive_file 600\n')).toBe(900);
+    expect(fileCacheBytes('')).toBe(0);
   });
 });
 

@@ -270,6 +270,16 @@ export function buildOciSpec(i: OciInputs): Record<string, unknown> {
 }
 
 /**
+ * Bytes of file pages (page cache the host can reclaim) in a cgroup `memory.stat` text:
+ * `active_file` + `inactive_file` (v1 and v2 name them alike). Pure.
+ */
+export function fileCacheBytes(memoryStat: string): number {
+  let n = 0;
+  for (const m of memoryStat.matchAll(/^(?:active_file|inactive_file) (\d+)$/gm)) n += Number(m[1]);
+  return n;
+}
+
+/**
  * The cause named by cgroup counter files (memory: `oom_kill N`; pids: `max N`), N > 0. Pure.
  */
 export function endCauseFromCounters(memory: string, pids: string): InstanceEndCause | undefined {
@@ -647,20 +657,33 @@ export class GvisorDriver implements Driver {
   }
 
   /**
-   * The instance's host memory charge, bytes: cgroup v1 `memory.usage_in_bytes`, else v2
-   * `memory.current`; undefined when neither can be read (the instance is gone).
+   * The instance's host memory charge that a process kill can free, bytes: the cgroup's usage less
+   * its file pages (`active_file` + `inactive_file` of `memory.stat`), which the host reclaims on
+   * its own (the sandbox disk's page cache: writing a large file raised the usage by its size).
+   * cgroup v1 `memory.usage_in_bytes`, else v2 `memory.current`; undefined when neither can be read
+   * (the instance is gone). Synchronous, for the memory guard.
    */
   memoryCharge(instanceId: string): number | undefined {
-    for (const file of [
-      join('/sys/fs/cgroup/memory/space', instanceId, 'memory.usage_in_bytes'),
-      join('/sys/fs/cgroup/space', instanceId, 'memory.current'),
-    ]) {
+    for (const [usageFile, statFile] of [
+      [
+        join('/sys/fs/cgroup/memory/space', instanceId, 'memory.usage_in_bytes'),
+        join('/sys/fs/cgroup/memory/space', instanceId, 'memory.stat'),
+      ],
+      [
+        join('/sys/fs/cgroup/space', instanceId, 'memory.current'),
+        join('/sys/fs/cgroup/space', instanceId, 'memory.stat'),
+      ],
+    ] as const) {
+      let usage: number;
+      let stat: string;
       try {
-        const n = Number(readFileSync(file, 'latin1').trim());
-        if (Number.isSafeInteger(n)) return n;
+        usage = Number(readFileSync(usageFile, 'latin1').trim());
+        stat = readFileSync(statFile, 'latin1');
       } catch {
-        // not this hierarchy
+        continue; // not this hierarchy
       }
+      if (!Number.isSafeInteger(usage)) continue;
+      return Math.max(0, usage - fileCacheBytes(stat));
     }
     return undefined;
   }

@@ -179,7 +179,7 @@ describe('QemuDriver (real microVMs under TCG)', () => {
     // sized /dev/shm, tini and the daemon out of the OOM killer's reach, the command back in it
     const limits = await exec(
       c,
-      "ulimit -u; df -k /dev/shm | tail -1 | awk '{print $2 > 0 && $2 <= 128 * 1024}'; cat /proc/self/oom_score_adj /proc/$PPID/oom_score_adj /proc/1/oom_score_adj",
+      "awk '/^Max processes/ {print $3}' /proc/self/limits; df -k /dev/shm | tail -1 | awk '{print ($2 > 0 && $2 <= 128 * 1024)}'; cat /proc/self/oom_score_adj /proc/$PPID/oom_score_adj /proc/1/oom_score_adj",
     );
     const [nproc, shmBounded, ...adj] = limits.chunks.join('').trim().split('\n');
     expect(Number(nproc)).toBeGreaterThanOrEqual(MIN_GUEST_PROCESSES);
