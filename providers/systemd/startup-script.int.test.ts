@@ -32,7 +32,17 @@ const pool: NodePool = {
 };
 const common = { version: '0.1.0', imageRepository: 'registry.example/space', privateCidr: '10.10.0.0/24' };
 
-const STUBS = ['apt-get', 'systemctl', 'podman', 'nft', 'modprobe', 'sysctl', 'redis-cli', 'openssl', 'certbot'];
+const STUBS = [
+  'apt-get',
+  'systemctl',
+  'podman',
+  'nft',
+  'modprobe',
+  'sysctl',
+  'redis-cli',
+  'openssl',
+  'certbot',
+];
 const work = mkdtempSync(join(tmpdir(), 'space-startup-'));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
 
