@@ -11,7 +11,7 @@ import { createParser } from 'eventsource-parser';
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { request } from 'undici';
-import { inject } from 'vitest';
+import { expect, inject } from 'vitest';
 import { loadAgentConfig } from '../runtime/agent/config.ts';
 import { NFT_TABLE } from '../runtime/agent/firewall.ts';
 import { networkNames } from '../runtime/agent/network.ts';
@@ -413,6 +413,25 @@ export async function leftovers(
     .map((l) => l.split(' ')[4] ?? '')
     .filter((m) => m.startsWith(`${stackDir}/`) || m === stackDir);
   return { links, runsc, cgroups, vmms, netns, mounts, chains, processes };
+}
+
+/**
+ * The end of a test file that started `s` (undefined: it never got that far) and pushed undo steps
+ * onto `cleanups`: stops `s` and expects it left nothing behind ({@link leftovers}); then, also
+ * when that failed, runs `cleanups` last first, ignoring their errors. Rethrows the stop's failure.
+ */
+export async function stopThenClean(
+  s: Stack | undefined,
+  cleanups: (() => Promise<unknown>)[],
+): Promise<void> {
+  try {
+    if (s) {
+      await s.stop();
+      expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
+    }
+  } finally {
+    for (const c of cleanups.reverse()) await c().catch(() => {});
+  }
 }
 
 /** Agent settings that restart `s`'s agent as it was (plus `extra`). */
