@@ -7,7 +7,16 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { connect } from 'node:net';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { collect, leftovers, NO_LEFTOVERS, readEvents, type Stack, startStack, waitFor } from './stack.ts';
+import {
+  collect,
+  leftovers,
+  NO_LEFTOVERS,
+  readEvents,
+  type Stack,
+  startStack,
+  waitFor,
+  waitForEnd,
+} from './stack.ts';
 
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
@@ -570,17 +579,7 @@ describe('runtime cases', () => {
     await hostOomKill(doomed);
     // at once, before the watchdog's next pass: the delete must not record `request`
     expect((await s.call('DELETE', `/v1/sandboxes/${doomed}`)).status).toBeLessThan(300);
-    const rec = await waitFor(
-      'the end record',
-      async () => {
-        const r = await s.call<{ state: string; killReason?: string; endMessage?: string }>(
-          'GET',
-          `/v1/sandboxes/${doomed}`,
-        );
-        return r.body.state === 'killed' ? r.body : undefined;
-      },
-      60_000,
-    );
+    const rec = await waitForEnd(s, doomed, 60_000);
     expect(rec.killReason).toBe('oom');
     expect(rec.endMessage).toMatch(/ran out of memory/);
   }, 180_000);

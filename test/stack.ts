@@ -434,6 +434,29 @@ export async function stopThenClean(
   }
 }
 
+/** A sandbox's record once it ended: why (`killReason`, e.g. `timeout`, `oom`) and the message users see. */
+export interface EndRecord {
+  state: 'killed';
+  killReason: string;
+  endMessage: string;
+}
+
+/**
+ * Polls sandbox `id`'s record (`GET /v1/sandboxes/:id`) every 100 ms until its state is `killed`.
+ * @returns that record.
+ * @throws Error when it has not ended after `timeoutMs` (ms).
+ */
+export function waitForEnd(s: StackClient, id: string, timeoutMs = 30_000): Promise<EndRecord> {
+  return waitFor(
+    `sandbox ${id} to end`,
+    async () => {
+      const r = await s.call<EndRecord | { state: string }>('GET', `/v1/sandboxes/${id}`);
+      return r.body.state === 'killed' ? (r.body as EndRecord) : undefined;
+    },
+    timeoutMs,
+  );
+}
+
 /** Agent settings that restart `s`'s agent as it was (plus `extra`). */
 export function agentEnv(s: Stack, extra: Record<string, string> = {}): Record<string, string> {
   return {
