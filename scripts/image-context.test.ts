@@ -64,6 +64,17 @@ describe('dependency sets: runtime vs deployment', () => {
     expect(pkg.devDependencies['@pulumi/pulumi']).toBeDefined();
   });
 
+  it('the image carries no test nor test fixture of the runtime', () => {
+    const files = runtimeFiles();
+    expect(files).toContain('runtime/gateway/http-proxy.ts');
+    const fixtures = [
+      'runtime/gateway/test-proxy.ts',
+      'runtime/gateway/test-upstreams.ts',
+      'runtime/guest/test-harness.ts',
+    ];
+    expect(files.filter((f) => fixtures.includes(f) || f.endsWith('.test.ts'))).toEqual([]);
+  });
+
   it('packageOf names the package of a specifier', () => {
     expect(packageOf('@pulumi/pulumi/dynamic')).toBe('@pulumi/pulumi');
     expect(packageOf('fastify')).toBe('fastify');

@@ -44,13 +44,13 @@ export function packageOf(specifier: string): string | null {
   return specifier.startsWith('@') ? parts.slice(0, 2).join('/') : parts[0]!;
 }
 
-/** Files under `dir` (relative to ROOT) that the image carries: sources, not tests. */
+/** Files under `dir` (relative to ROOT) that the image carries: sources, not tests (`*.test.ts`) nor test fixtures (`test-*.ts`). */
 export function runtimeFiles(dir = join(ROOT, 'runtime')): string[] {
   const out: string[] = [];
   for (const name of readdirSync(dir)) {
     const p = join(dir, name);
     if (statSync(p).isDirectory()) out.push(...runtimeFiles(p));
-    else if (!/\.test\.ts$|test-harness\.ts$|test-upstreams\.ts$/.test(name)) out.push(relative(ROOT, p));
+    else if (!/\.test\.ts$|^test-[\w-]+\.ts$/.test(name)) out.push(relative(ROOT, p));
   }
   return out.sort();
 }

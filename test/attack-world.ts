@@ -18,8 +18,9 @@ import { createServer as createHttp, type IncomingMessage, type ServerResponse }
 import { createServer as createHttps } from 'node:https';
 import { createServer as createTcp, type Socket } from 'node:net';
 import type { TLSSocket } from 'node:tls';
-import { crc32, deflateRawSync, gzipSync } from 'node:zlib';
+import { gzipSync } from 'node:zlib';
 import dnsPacket from 'dns-packet';
+import { gzipNamed } from '../runtime/gateway/test-gzip.ts';
 
 /** Config passed as argv[2]. */
 export interface WorldConfig {
@@ -112,20 +113,6 @@ function dnsServers(records: Record<string, string>, role: string, address: stri
 }
 
 // ---------- third round (E13, E16, E17) ----------
-
-/** A gzip member whose FNAME header field is `name` (RFC 1952 §2.3.1), built by hand. */
-function gzipNamed(name: string, text: string): Buffer {
-  const data = Buffer.from(text);
-  const trailer = Buffer.alloc(8);
-  trailer.writeUInt32LE(crc32(data), 0);
-  trailer.writeUInt32LE(data.length, 4);
-  return Buffer.concat([
-    Buffer.from([0x1f, 0x8b, 0x08, 0x08, 0, 0, 0, 0, 0, 0xff]),
-    Buffer.from(`${name}\0`),
-    deflateRawSync(data),
-    trailer,
-  ]);
-}
 
 let bomb: Buffer | null = null;
 

@@ -35,21 +35,12 @@ import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEFAULT_DENY_CIDRS } from '../runtime/gateway/addresses.ts';
 import type { WorldConfig } from './attack-world.ts';
-import {
-  collect,
-  leftovers,
-  NO_LEFTOVERS,
-  readEvents,
-  type Stack,
-  type StackClient,
-  startStack,
-} from './stack.ts';
+import { collect, readEvents, type Stack, type StackClient, startStack, stopThenClean } from './stack.ts';
+import { makeWorldLink, worldLinkNames } from './world-link.ts';
 
 const run = promisify(execFile);
-const TAG = randomBytes(2).toString('hex');
-const NS = `atk-${TAG}`;
-const HOST_IF = `atkh${TAG}`;
-const NS_IF = `atkn${TAG}`;
+const LINK = worldLinkNames('atk');
+const { ns: NS, hostIf: HOST_IF } = LINK;
 /**
  * The world's pair of /24s, 10.198.<N>.0/24 (its link) and 10.198.<N+1>.0/24 (internal, behind
  * it), N even in 2–240: drawn at random among the pairs this host does not use yet. A run killed
@@ -273,29 +264,25 @@ async function makeCerts(): Promise<void> {
 }
 
 async function makeWorld(): Promise<void> {
-  await sh('ip', ['netns', 'add', NS]);
-  cleanups.push(() => run('ip', ['netns', 'del', NS]));
-  await sh('ip', ['link', 'add', HOST_IF, 'type', 'veth', 'peer', 'name', NS_IF, 'netns', NS]);
-  cleanups.push(() => run('ip', ['link', 'del', HOST_IF]));
-  await writeFile(`/proc/sys/net/ipv6/conf/${HOST_IF}/disable_ipv6`, '1');
-  // replies to sandboxes' direct (CIDR-rule) connections come back on this link and are forwarded
-  await writeFile(`/proc/sys/net/ipv4/conf/${HOST_IF}/forwarding`, '1');
-  await sh('ip', ['addr', 'add', `${W.host}/24`, 'dev', HOST_IF]);
-  await sh('ip', ['link', 'set', HOST_IF, 'up']);
-  await sh('ip', ['netns', 'exec', NS, 'sysctl', '-qw', 'net.ipv6.conf.all.disable_ipv6=1']);
-  for (const a of [
-    `${W.good}/24`,
-    `${W.evil}/24`,
-    `${W.cred}/24`,
-    `${W.dns}/24`,
-    `${W.internal}/24`,
-    `${W.meta}/32`,
-    `${W.lb}/24`,
-    `${W.hrr}/24`,
-  ])
-    await sh('ip', ['-n', NS, 'addr', 'add', a, 'dev', NS_IF]);
-  await sh('ip', ['-n', NS, 'link', 'set', NS_IF, 'up']);
-  await sh('ip', ['-n', NS, 'link', 'set', 'lo', 'up']);
+  // routed: replies to sandboxes' direct (CIDR-rule) connections come back on this link and are forwarded
+  await makeWorldLink(
+    LINK,
+    {
+      hostCidr: `${W.host}/24`,
+      nsCidrs: [
+        `${W.good}/24`,
+        `${W.evil}/24`,
+        `${W.cred}/24`,
+        `${W.dns}/24`,
+        `${W.internal}/24`,
+        `${W.meta}/32`,
+        `${W.lb}/24`,
+        `${W.hrr}/24`,
+      ],
+      routed: true,
+    },
+    cleanups,
+  );
   await sh('ip', ['route', 'add', `10.198.${N + 1}.0/24`, 'via', W.good, 'dev', HOST_IF]);
   // far-side packet counters inside the world
   const counters = ['evil', 'internal', 'icmp', 'udp_other', 'spoofed', 'ipv6', 'good_other'];
@@ -1084,16 +1071,7 @@ describe('egress attack suite', () => {
     expect(phA).not.toBe(phB);
   }, 300_000);
 
-  afterAll(async () => {
-    try {
-      if (s) {
-        await s.stop();
-        expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
-      }
-    } finally {
-      for (const c of cleanups.reverse()) await c().catch(() => {});
-    }
-  }, 120_000);
+  afterAll(() => stopThenClean(s, cleanups), 120_000);
 
   it('positive path: plain allowed HTTP/HTTPS work; an injected credential reaches the upstream, never the sandbox', async () => {
     const mark = hits.length;

@@ -7,21 +7,16 @@
  * correctness bound against a silent drop, not a speed goal — and the far side must have seen
  * nothing of a denied connection.
  */
-import { type ChildProcess, execFile, execFileSync, spawn } from 'node:child_process';
-import { randomBytes, randomInt } from 'node:crypto';
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { randomInt } from 'node:crypto';
 import { once } from 'node:events';
-import { writeFile } from 'node:fs/promises';
-import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SandboxNetworks } from '../runtime/agent/network.ts';
 import { DEFAULT_DENY_CIDRS } from '../runtime/gateway/addresses.ts';
-import { leftovers, NO_LEFTOVERS, type Stack, startStack, waitFor } from './stack.ts';
+import { type Stack, startStack, stopThenClean, waitFor } from './stack.ts';
+import { makeWorldLink, worldLinkNames } from './world-link.ts';
 
-const run = promisify(execFile);
-const TAG = randomBytes(2).toString('hex');
-const NS = `rej-${TAG}`;
-const HOST_IF = `rejh${TAG}`;
-const NS_IF = `rejn${TAG}`;
+const LINK = worldLinkNames('rej');
 
 /** A 198.18.<k>.0/24 no route of this host's lies in yet. @throws Error when all are taken. */
 function freeNet(): string {
@@ -160,19 +155,9 @@ describe('R24: denied egress is refused at once, and a removed CIDR rule closes 
   const cleanups: (() => Promise<unknown>)[] = [];
 
   beforeAll(async () => {
-    await run('ip', ['netns', 'add', NS]);
-    cleanups.push(() => run('ip', ['netns', 'del', NS]));
-    await run('ip', ['link', 'add', HOST_IF, 'type', 'veth', 'peer', 'name', NS_IF, 'netns', NS]);
-    cleanups.push(() => run('ip', ['link', 'del', HOST_IF]));
-    await writeFile(`/proc/sys/net/ipv6/conf/${HOST_IF}/disable_ipv6`, '1');
-    // replies to the CIDR rule's connection come back on this link and are forwarded to the sandbox
-    await writeFile(`/proc/sys/net/ipv4/conf/${HOST_IF}/forwarding`, '1');
-    await run('ip', ['addr', 'add', `${HOST}/24`, 'dev', HOST_IF]);
-    await run('ip', ['link', 'set', HOST_IF, 'up']);
-    await run('ip', ['-n', NS, 'addr', 'add', `${FAR}/24`, 'dev', NS_IF]);
-    await run('ip', ['-n', NS, 'link', 'set', NS_IF, 'up']);
-    await run('ip', ['-n', NS, 'link', 'set', 'lo', 'up']);
-    world = spawn('ip', ['netns', 'exec', NS, process.execPath, '-e', WORLD], {
+    // routed: replies to the CIDR rule's connection come back on this link and go on to the sandbox
+    await makeWorldLink(LINK, { hostCidr: `${HOST}/24`, nsCidrs: [`${FAR}/24`], routed: true }, cleanups);
+    world = spawn('ip', ['netns', 'exec', LINK.ns, process.execPath, '-e', WORLD], {
       stdio: ['pipe', 'pipe', 'inherit'],
     });
     cleanups.push(async () => {
@@ -209,16 +194,7 @@ describe('R24: denied egress is refused at once, and a removed CIDR rule closes 
     expect(hostEnd).toMatch(/^\d+\.\d+\.\d+\.\d+$/);
   }, 300_000);
 
-  afterAll(async () => {
-    try {
-      if (s) {
-        await s.stop();
-        expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
-      }
-    } finally {
-      for (const c of cleanups.reverse()) await c().catch(() => {});
-    }
-  }, 120_000);
+  afterAll(() => stopThenClean(s, cleanups), 120_000);
 
   async function probe(list: { addr: string; port: number; proto: 'tcp' | 'udp' }[]) {
     const r = await s.exec(id, {

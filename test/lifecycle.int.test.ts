@@ -21,6 +21,7 @@ import {
   type Stack,
   startStack,
   waitFor,
+  waitForEnd,
 } from './stack.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -130,13 +131,7 @@ describe('lifecycle', () => {
 
   it('r7-lifetime: at the deadline the sandbox is killed and its record says why', async () => {
     const id = await s.createSandbox({ timeoutSec: 2 });
-    const rec = await waitFor('the sandbox to be killed', async () => {
-      const r = await s.call<{ state: string; killReason: string; endMessage: string }>(
-        'GET',
-        `/v1/sandboxes/${id}`,
-      );
-      return r.body.state === 'killed' ? r.body : undefined;
-    });
+    const rec = await waitForEnd(s, id);
     expect(rec.killReason).toBe('timeout');
     expect(rec.endMessage).toMatch(/lifetime/);
     expect(s.agent.sandboxes.list().map((x) => x.id)).not.toContain(id);
@@ -153,10 +148,7 @@ describe('lifecycle', () => {
       expect(r.body.state).toBe('running');
     }
     const stoppedAt = Date.now();
-    await waitFor('the sandbox to be killed', async () => {
-      const r = await s.call<{ state: string }>('GET', `/v1/sandboxes/${id}`);
-      return r.body.state === 'killed' ? true : undefined;
-    });
+    await waitForEnd(s, id);
     expect(Date.now() - stoppedAt).toBeLessThan(4000 + 4000);
     const late = await s.call<{ error: { code: string } }>('POST', `/v1/sandboxes/${id}/timeout`, {
       timeoutSec: 60,
@@ -265,17 +257,7 @@ describe('lifecycle', () => {
     const ended = collect(await events);
     expect(ended.exit.exitCode).toBeNull();
     expect(ended.exit.error).toBeTruthy();
-    const rec = await waitFor(
-      'the crash to be recorded',
-      async () => {
-        const r = await s.call<{ state: string; killReason: string; endMessage: string }>(
-          'GET',
-          `/v1/sandboxes/${id}`,
-        );
-        return r.body.state === 'killed' ? r.body : undefined;
-      },
-      30_000,
-    );
+    const rec = await waitForEnd(s, id);
     expect(rec.killReason).toBe('crashed');
     expect(rec.endMessage).toMatch(/stopped on its own/);
     expect(await placed()).toBe(before);
@@ -314,14 +296,7 @@ describe('lifecycle', () => {
     // the agent goes away destroying its sandboxes, and a new one comes back without them
     await s.agent.close('test', 'destroy');
     s.agent = await startAgent(cfg);
-    const rec = await waitFor(
-      'the lost sandbox to be killed',
-      async () => {
-        const r = await s.call<{ state: string; killReason: string }>('GET', `/v1/sandboxes/${id}`);
-        return r.body.state === 'killed' ? r.body : undefined;
-      },
-      20_000,
-    );
+    const rec = await waitForEnd(s, id, 20_000);
     expect(rec.killReason).toBe('node_lost');
     const node = await s.call<{ nodes: { sandboxes: number }[] }>('GET', '/v1/nodes');
     expect(node.body.nodes[0]!.sandboxes).toBe(0);

@@ -6,7 +6,7 @@
  * server in this process that the gateway uses as its upstream. Nothing leaves the machine.
  */
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
-import { createHash, randomBytes } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import { createSocket, type Socket } from 'node:dgram';
 import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -15,13 +15,11 @@ import { promisify } from 'node:util';
 import dnsPacket from 'dns-packet';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEFAULT_DENY_CIDRS } from '../runtime/gateway/addresses.ts';
-import { leftovers, NO_LEFTOVERS, type Stack, startStack, waitFor } from './stack.ts';
+import { type Stack, startStack, stopThenClean, waitFor } from './stack.ts';
+import { makeWorldLink, worldLinkNames } from './world-link.ts';
 
 const run = promisify(execFile);
-const TAG = randomBytes(2).toString('hex');
-const NS = `pkg-${TAG}`;
-const HOST_IF = `pkgh${TAG}`;
-const NS_IF = `pkgn${TAG}`;
+const LINK = worldLinkNames('pkg');
 const HOST_ADDR = '10.198.250.1';
 const INDEX_ADDR = '10.198.250.2';
 const INDEX = 'pkg.test';
@@ -144,17 +142,22 @@ async function startDns(): Promise<number> {
 }
 
 async function startIndex(): Promise<void> {
-  await run('ip', ['netns', 'add', NS]);
-  cleanups.push(() => run('ip', ['netns', 'del', NS]));
-  await run('ip', ['link', 'add', HOST_IF, 'type', 'veth', 'peer', 'name', NS_IF, 'netns', NS]);
-  cleanups.push(() => run('ip', ['link', 'del', HOST_IF]));
-  await run('ip', ['addr', 'add', `${HOST_ADDR}/24`, 'dev', HOST_IF]);
-  await run('ip', ['link', 'set', HOST_IF, 'up']);
-  await run('ip', ['-n', NS, 'addr', 'add', `${INDEX_ADDR}/24`, 'dev', NS_IF]);
-  await run('ip', ['-n', NS, 'link', 'set', NS_IF, 'up']);
+  await makeWorldLink(LINK, { hostCidr: `${HOST_ADDR}/24`, nsCidrs: [`${INDEX_ADDR}/24`] }, cleanups);
   server = spawn(
     'ip',
-    ['netns', 'exec', NS, 'python3', '-m', 'http.server', '80', '--bind', INDEX_ADDR, '--directory', dir],
+    [
+      'netns',
+      'exec',
+      LINK.ns,
+      'python3',
+      '-m',
+      'http.server',
+      '80',
+      '--bind',
+      INDEX_ADDR,
+      '--directory',
+      dir,
+    ],
     { stdio: ['ignore', 'ignore', 'pipe'] },
   );
   // its request log: one line per request, on stderr
@@ -180,16 +183,7 @@ describe('r14 template tools and package installs', () => {
     id = await s.createSandbox({ egress: { allow: [INDEX] }, timeoutSec: 900 });
   }, 600_000);
 
-  afterAll(async () => {
-    try {
-      if (s) {
-        await s.stop();
-        expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
-      }
-    } finally {
-      for (const c of cleanups.reverse()) await c().catch(() => {});
-    }
-  });
+  afterAll(() => stopThenClean(s, cleanups));
 
   it('r14-template-tools: venv + pip, npm, npx, git, curl and localhost work in base', async () => {
     const r = await s.exec(id, {

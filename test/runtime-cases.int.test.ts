@@ -7,7 +7,7 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { connect } from 'node:net';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { collect, leftovers, NO_LEFTOVERS, readEvents, type Stack, startStack, waitFor } from './stack.ts';
+import { collect, readEvents, type Stack, startStack, stopThenClean, waitFor, waitForEnd } from './stack.ts';
 
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
@@ -49,11 +49,7 @@ describe('runtime cases', () => {
     id = await s.createSandbox({ timeoutSec: 1800, memoryMiB: 1024 });
     files = await s.token(id);
   });
-  afterAll(async () => {
-    if (!s) return;
-    await s.stop();
-    expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
-  });
+  afterAll(() => stopThenClean(s, []));
 
   it('r1-two-readers-one-drops: every line reaches the reader that stays; a late reader replays; peak memory bounded', async () => {
     const rss = async () => {
@@ -570,17 +566,7 @@ describe('runtime cases', () => {
     await hostOomKill(doomed);
     // at once, before the watchdog's next pass: the delete must not record `request`
     expect((await s.call('DELETE', `/v1/sandboxes/${doomed}`)).status).toBeLessThan(300);
-    const rec = await waitFor(
-      'the end record',
-      async () => {
-        const r = await s.call<{ state: string; killReason?: string; endMessage?: string }>(
-          'GET',
-          `/v1/sandboxes/${doomed}`,
-        );
-        return r.body.state === 'killed' ? r.body : undefined;
-      },
-      60_000,
-    );
+    const rec = await waitForEnd(s, doomed, 60_000);
     expect(rec.killReason).toBe('oom');
     expect(rec.endMessage).toMatch(/ran out of memory/);
   }, 180_000);

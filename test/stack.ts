@@ -11,7 +11,7 @@ import { createParser } from 'eventsource-parser';
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { request } from 'undici';
-import { inject } from 'vitest';
+import { expect, inject } from 'vitest';
 import { loadAgentConfig } from '../runtime/agent/config.ts';
 import { NFT_TABLE } from '../runtime/agent/firewall.ts';
 import { networkNames } from '../runtime/agent/network.ts';
@@ -413,6 +413,48 @@ export async function leftovers(
     .map((l) => l.split(' ')[4] ?? '')
     .filter((m) => m.startsWith(`${stackDir}/`) || m === stackDir);
   return { links, runsc, cgroups, vmms, netns, mounts, chains, processes };
+}
+
+/**
+ * The end of a test file that started `s` (undefined: it never got that far) and pushed undo steps
+ * onto `cleanups`: stops `s` and expects it left nothing behind ({@link leftovers}); then, also
+ * when that failed, runs `cleanups` last first, ignoring their errors. Rethrows the stop's failure.
+ */
+export async function stopThenClean(
+  s: Stack | undefined,
+  cleanups: (() => Promise<unknown>)[],
+): Promise<void> {
+  try {
+    if (s) {
+      await s.stop();
+      expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
+    }
+  } finally {
+    for (const c of cleanups.reverse()) await c().catch(() => {});
+  }
+}
+
+/** A sandbox's record once it ended: why (`killReason`, e.g. `timeout`, `oom`) and the message users see. */
+export interface EndRecord {
+  state: 'killed';
+  killReason: string;
+  endMessage: string;
+}
+
+/**
+ * Polls sandbox `id`'s record (`GET /v1/sandboxes/:id`) every 100 ms until its state is `killed`.
+ * @returns that record.
+ * @throws Error when it has not ended after `timeoutMs` (ms).
+ */
+export function waitForEnd(s: StackClient, id: string, timeoutMs = 30_000): Promise<EndRecord> {
+  return waitFor(
+    `sandbox ${id} to end`,
+    async () => {
+      const r = await s.call<EndRecord | { state: string }>('GET', `/v1/sandboxes/${id}`);
+      return r.body.state === 'killed' ? (r.body as EndRecord) : undefined;
+    },
+    timeoutMs,
+  );
 }
 
 /** Agent settings that restart `s`'s agent as it was (plus `extra`). */

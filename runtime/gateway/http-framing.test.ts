@@ -5,22 +5,15 @@
  * body — never as a second request for the forbidden host. Judged on the server's side: the list of
  * requests it actually read.
  */
-import { once } from 'node:events';
 import { createServer, type Server } from 'node:http';
-import net, { type AddressInfo } from 'node:net';
-import { pino } from 'pino';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { createAudit } from './audit.ts';
 import { framedRequestHeaders, stripHopByHop } from './http-headers.ts';
-import { createHttpProxy } from './http-proxy.ts';
-import { normalisePolicy } from './policy.ts';
-import { Registry } from './registry.ts';
+import { listenOnLoopback, rawExchange, startTestProxy } from './test-proxy.ts';
 
 /** What the server behind read: one entry per request. */
 const served: { method: string; url: string; host: string; body: string }[] = [];
 let upstream: Server;
-let proxy: Server;
-let proxyPort: number;
+let proxy: { port: number; close: () => void };
 
 beforeAll(async () => {
   upstream = createServer((req, res) => {
@@ -33,36 +26,7 @@ beforeAll(async () => {
       res.end(`${req.headers.host} ${req.url}`);
     });
   });
-  upstream.listen(0, '127.0.0.1');
-  await once(upstream, 'listening');
-  const registry = new Registry({ maxConnections: 64, dnsQueriesPerSec: 100 });
-  registry.put('127.0.0.1', {
-    sandboxId: 'sbx-e12',
-    policy: normalisePolicy({ allow: ['allowed.test'] }),
-    credentials: [],
-  });
-  proxy = createHttpProxy({
-    registry,
-    resolver: {
-      resolve: async () => ({ allowed: ['127.0.0.1'], denied: [], ttlSec: 30, chain: [] }),
-      clear() {},
-    },
-    audit: createAudit(pino({ level: 'silent' })),
-    log: pino({ level: 'silent' }),
-    limits: {
-      handshakeTimeoutMs: 2000,
-      idleTimeoutMs: 5000,
-      dialTimeoutMs: 2000,
-      maxConnectionBytes: 1 << 20,
-      maxHelloBytes: 16384,
-      maxHeaderBytes: 16384,
-      maxBodyBytes: 1 << 20,
-    },
-    upstreamPort: (upstream.address() as AddressInfo).port,
-  });
-  proxy.listen(0, '127.0.0.1');
-  await once(proxy, 'listening');
-  proxyPort = (proxy.address() as AddressInfo).port;
+  proxy = await startTestProxy('http', 'sbx-e12', await listenOnLoopback(upstream));
 });
 
 afterAll(() => {
@@ -74,22 +38,8 @@ beforeEach(() => {
   served.length = 0;
 });
 
-/** Sends raw bytes through the proxy, half-closes, reads until it closes (bounded by a 3 s guard). */
-function send(raw: string): Promise<string> {
-  return new Promise((resolve) => {
-    let text = '';
-    const c = net.connect(proxyPort, '127.0.0.1', () => c.write(raw));
-    const guard = setTimeout(() => c.destroy(), 3000);
-    c.on('data', (d: Buffer) => {
-      text += d.toString('latin1');
-    });
-    c.on('error', () => {});
-    c.on('close', () => {
-      clearTimeout(guard);
-      resolve(text);
-    });
-  });
-}
+/** Sends raw bytes through the proxy, reads until it closes (bounded by a 3 s guard). */
+const send = (raw: string) => rawExchange(proxy.port, raw);
 
 const SMUGGLED = 'GET /smuggled HTTP/1.1\r\nHost: forbidden.test\r\n\r\n';
 const chunk = (s: string) => `${s.length.toString(16)}\r\n${s}\r\n0\r\n\r\n`;

@@ -4,22 +4,15 @@
  * forwarded (E6); malformed upstream responses end that exchange, never the process (E11) — also
  * under a bounded, seeded fuzz of response heads.
  */
-import { once } from 'node:events';
-import type { Server } from 'node:http';
-import net, { type AddressInfo } from 'node:net';
-import { pino } from 'pino';
+import net from 'node:net';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { createAudit } from './audit.ts';
-import { createHttpProxy } from './http-proxy.ts';
-import { normalisePolicy } from './policy.ts';
-import { Registry } from './registry.ts';
+import { listenOnLoopback, rawExchange, startTestProxy } from './test-proxy.ts';
 
 /** What the raw upstream answers next, and every request it received. */
 let answer: Buffer = Buffer.from('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok');
 const received: string[] = [];
 let upstream: net.Server;
-let proxy: Server;
-let proxyPort: number;
+let proxy: { port: number; close: () => void };
 
 beforeAll(async () => {
   upstream = net.createServer((s) => {
@@ -29,36 +22,7 @@ beforeAll(async () => {
       s.end(answer);
     });
   });
-  upstream.listen(0, '127.0.0.1');
-  await once(upstream, 'listening');
-  const registry = new Registry({ maxConnections: 64, dnsQueriesPerSec: 100 });
-  registry.put('127.0.0.1', {
-    sandboxId: 'sbx-fuzz',
-    policy: normalisePolicy({ allow: ['allowed.test'] }),
-    credentials: [],
-  });
-  proxy = createHttpProxy({
-    registry,
-    resolver: {
-      resolve: async () => ({ allowed: ['127.0.0.1'], denied: [], ttlSec: 30, chain: [] }),
-      clear() {},
-    },
-    audit: createAudit(pino({ level: 'silent' })),
-    log: pino({ level: 'silent' }),
-    limits: {
-      handshakeTimeoutMs: 2000,
-      idleTimeoutMs: 5000,
-      dialTimeoutMs: 2000,
-      maxConnectionBytes: 1 << 20,
-      maxHelloBytes: 16384,
-      maxHeaderBytes: 16384,
-      maxBodyBytes: 1 << 20,
-    },
-    upstreamPort: (upstream.address() as AddressInfo).port,
-  });
-  proxy.listen(0, '127.0.0.1');
-  await once(proxy, 'listening');
-  proxyPort = (proxy.address() as AddressInfo).port;
+  proxy = await startTestProxy('http', 'sbx-fuzz', await listenOnLoopback(upstream));
 });
 
 afterAll(() => {
@@ -72,21 +36,7 @@ beforeEach(() => {
 });
 
 /** Sends raw bytes through the proxy and reads until it closes (bounded by a 3 s guard). */
-function send(raw: string): Promise<string> {
-  return new Promise((resolve) => {
-    let text = '';
-    const c = net.connect(proxyPort, '127.0.0.1', () => c.write(raw));
-    const guard = setTimeout(() => c.destroy(), 3000);
-    c.on('data', (d: Buffer) => {
-      text += d.toString('latin1');
-    });
-    c.on('error', () => {});
-    c.on('close', () => {
-      clearTimeout(guard);
-      resolve(text);
-    });
-  });
-}
+const send = (raw: string) => rawExchange(proxy.port, raw);
 
 const GET = (headers: string[]) => `GET / HTTP/1.1\r\n${headers.map((h) => `${h}\r\n`).join('')}\r\n`;
 

@@ -1,26 +1,13 @@
-import { crc32, deflateRawSync, gunzipSync, gzipSync } from 'node:zlib';
+import { gunzipSync, gzipSync } from 'node:zlib';
 import { describe, expect, it } from 'vitest';
 import { maskPackedBody, PackedBodyError } from './packed-body.ts';
 import { needlesFor } from './reflection.ts';
+import { gzipNamed } from './test-gzip.ts';
 
 const VALUE = 'sk-live-0123456789abcdef0123';
 const needles = needlesFor([VALUE]);
 const MASKED = '*'.repeat(VALUE.length);
 const MiB = 1024 * 1024;
-
-/** A gzip member with the FNAME field set to `name` (RFC 1952 §2.3.1), built by hand. */
-function memberNamed(name: string, text: string): Buffer {
-  const data = Buffer.from(text);
-  const trailer = Buffer.alloc(8);
-  trailer.writeUInt32LE(crc32(data), 0);
-  trailer.writeUInt32LE(data.length, 4);
-  return Buffer.concat([
-    Buffer.from([0x1f, 0x8b, 0x08, 0x08, 0, 0, 0, 0, 0, 0xff]),
-    Buffer.from(`${name}\0`),
-    deflateRawSync(data),
-    trailer,
-  ]);
-}
 
 /** Every text the body holds once unpacked, as a client could read it: the raw bytes and each member at any offset. */
 function readable(body: Buffer, depth = 0): string {
@@ -52,7 +39,7 @@ describe('maskPackedBody (E16: the whole body is understood, or refused)', () =>
       'a member, then NUL and the value in base64',
       Buffer.concat([gzipSync('x'), Buffer.from(`\0${Buffer.from(VALUE).toString('base64')}`)]),
     ],
-    ['the value in a member header (FNAME)', memberNamed(VALUE, 'plain text')],
+    ['the value in a member header (FNAME)', gzipNamed(VALUE, 'plain text')],
     ['the value inside gzip inside gzip', gzipSync(gzipSync(`echo ${VALUE}`))],
     ['two members, the second holding the value', Buffer.concat([gzipSync('x'), gzipSync(VALUE)])],
     ['the value in the member and after it', Buffer.concat([gzipSync(VALUE), Buffer.from(VALUE)])],

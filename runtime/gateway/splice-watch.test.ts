@@ -6,16 +6,12 @@
  * HelloRetryRequest and logs every hello it reads never reads one naming another server.
  */
 import { once } from 'node:events';
-import net, { type AddressInfo } from 'node:net';
+import net from 'node:net';
 import tls from 'node:tls';
-import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createAudit } from './audit.ts';
 import { caFromPem, generateCaPem } from './ca.ts';
-import { normalisePolicy } from './policy.ts';
-import { Registry } from './registry.ts';
 import { HandshakeWatch } from './splice-watch.ts';
-import { createTlsProxy } from './tls-proxy.ts';
+import { listenOnLoopback, rawExchange, startTestProxy } from './test-proxy.ts';
 
 const u16 = (n: number) => Buffer.from([n >> 8, n & 255]);
 const u24 = (n: number) => Buffer.from([n >> 16, (n >> 8) & 255, n & 255]);
@@ -125,9 +121,7 @@ beforeAll(async () => {
       s.end('real served');
     },
   );
-  real.listen(0, '127.0.0.1');
-  await once(real, 'listening');
-  realPort = (real.address() as AddressInfo).port;
+  realPort = await listenOnLoopback(real);
   // the fake upstream: answers the first hello with a HelloRetryRequest, logs every hello it reads
   const fake = net.createServer((s) => {
     s.on('error', () => {});
@@ -147,9 +141,7 @@ beforeAll(async () => {
       }
     });
   });
-  fake.listen(0, '127.0.0.1');
-  await once(fake, 'listening');
-  fakePort = (fake.address() as AddressInfo).port;
+  fakePort = await listenOnLoopback(fake);
   let target = realPort;
   const sw = net.createServer((c) => {
     const up = net.connect(target, '127.0.0.1');
@@ -157,40 +149,12 @@ beforeAll(async () => {
     c.on('error', () => up.destroy());
     up.on('error', () => c.destroy());
   });
-  sw.listen(0, '127.0.0.1');
-  await once(sw, 'listening');
-  upstreamPort = (sw.address() as AddressInfo).port;
+  upstreamPort = await listenOnLoopback(sw);
   useUpstream = (which) => {
     target = which === 'real' ? realPort : fakePort;
   };
-  const registry = new Registry({ maxConnections: 64, dnsQueriesPerSec: 100 });
-  registry.put('127.0.0.1', {
-    sandboxId: 'sbx-e13',
-    policy: normalisePolicy({ allow: ['allowed.test'] }),
-    credentials: [],
-  });
-  const proxy = createTlsProxy({
-    registry,
-    resolver: {
-      resolve: async () => ({ allowed: ['127.0.0.1'], denied: [], ttlSec: 30, chain: [] }),
-      clear() {},
-    },
-    audit: createAudit(pino({ level: 'silent' })),
-    log: pino({ level: 'silent' }),
-    limits: {
-      handshakeTimeoutMs: 2000,
-      idleTimeoutMs: 5000,
-      dialTimeoutMs: 2000,
-      maxConnectionBytes: 1 << 20,
-      maxHelloBytes: 16384,
-      maxHeaderBytes: 16384,
-      maxBodyBytes: 1 << 20,
-    },
-    upstreamPort,
-  });
-  proxy.listen(0, '127.0.0.1');
-  await once(proxy, 'listening');
-  proxyPort = (proxy.address() as AddressInfo).port;
+  const proxy = await startTestProxy('tls', 'sbx-e13', upstreamPort);
+  proxyPort = proxy.port;
   closers.push(
     () => proxy.close(),
     () => sw.close(),
@@ -205,24 +169,7 @@ afterAll(() => {
 });
 
 /** Raw client: writes `first`, then after the first answer `second` (if any); what came back. Bounded by 3 s. */
-function raw(first: Buffer, second?: Buffer): Promise<string> {
-  return new Promise((resolve) => {
-    let text = '';
-    let answered = false;
-    const c = net.connect(proxyPort, '127.0.0.1', () => c.write(first));
-    const guard = setTimeout(() => c.destroy(), 3000);
-    c.on('data', (d: Buffer) => {
-      text += d.toString('latin1');
-      if (!answered && second) c.write(second);
-      answered = true;
-    });
-    c.on('error', () => {});
-    c.on('close', () => {
-      clearTimeout(guard);
-      resolve(text);
-    });
-  });
-}
+const raw = (first: Buffer, second?: Buffer) => rawExchange(proxyPort, first, second);
 
 describe('the TLS proxy checks every ClientHello of a spliced connection (E13)', () => {
   it('a real HelloRetryRequest handshake completes through the splice', async () => {
