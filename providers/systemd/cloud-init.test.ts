@@ -12,13 +12,13 @@ import {
   agentServiceEnv,
   controlPlan,
   controlServiceEnv,
-  IP_FORWARD_SYSCTL_FILE,
   LETS_ENCRYPT_DIRECTORY,
   NODE_LOCAL_PORTS,
   toCloudConfig,
   toShellScript,
   type VmPlan,
 } from './cloud-init.ts';
+import { IP_FORWARD_SYSCTL_FILE } from './ip-forwarding.ts';
 
 const pool: NodePool = {
   name: 'default',

@@ -55,6 +55,7 @@ import {
   TLS_KEY_FILE,
   VERIFY_KEY_FILE,
 } from '../runtime-settings.ts';
+import { IP_FORWARDING } from './ip-forwarding.ts';
 
 /** One file written at first boot. */
 export interface VmFile {
@@ -669,9 +670,6 @@ export function controlPlan(a: ControlArgs): VmPlan {
   };
 }
 
-/** The agent VM's sysctl drop-in turning IPv4 forwarding on (CIDR egress rules need it). */
-export const IP_FORWARD_SYSCTL_FILE = '/etc/sysctl.d/60-space.conf';
-
 /** An agent VM of `pool`: the verify key from the control VM, then the agent (and gateway). */
 export function agentPlan(a: AgentArgs): VmPlan {
   const gw = a.gatewayEnabled ?? true;
@@ -709,9 +707,7 @@ export function agentPlan(a: AgentArgs): VmPlan {
     packages: ['podman', 'redis-tools', 'nftables'],
     files: [
       imageFile(a),
-      // sandboxes' CIDR egress rules: their replies come in on the uplink and must be forwarded
-      // back to the sandbox (space doctor: ipv4-forwarding); systemd-sysctl applies it at every boot
-      { path: IP_FORWARD_SYSCTL_FILE, mode: '0644', content: 'net.ipv4.ip_forward = 1\n' },
+      IP_FORWARDING.file,
       { path: '/etc/space/space-agent.env', mode: '0644', content: envFile(env) },
       {
         path: '/usr/local/sbin/space-node-env',
@@ -779,8 +775,7 @@ export function agentPlan(a: AgentArgs): VmPlan {
       ...(gw ? [`mkdir -p -m 0700 ${GATEWAY_RUN_DIR} ${GATEWAY_CA_DIR}`] : []),
       'modprobe tun || true',
       ...(a.pool.driver === 'gvisor' ? [] : ['modprobe kvm_intel || modprobe kvm_amd || true']),
-      // this boot's systemd-sysctl ran before the file was written
-      `sysctl -p ${IP_FORWARD_SYSCTL_FILE}`,
+      IP_FORWARDING.applyNow,
       'podman pull "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"',
       'systemctl daemon-reload',
       `systemctl enable --now space-node-env.service ${[...(gw ? ['space-gateway-guard'] : []), ...units].map((u) => `${u}.service`).join(' ')} space-version-sync.timer space-config-sync.timer`,

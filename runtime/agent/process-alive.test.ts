@@ -2,7 +2,7 @@ import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { readFileSync } from 'node:fs';
 import { afterEach, describe, expect, it } from 'vitest';
-import { processAlive } from './sandboxes.ts';
+import { processAlive } from './process-alive.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const parents: ReturnType<typeof spawn>[] = [];

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { REFILL_MAX_DELAY_MS, REFILL_QUIET_MS, refillDelay } from './sandboxes.ts';
+import { REFILL_MAX_DELAY_MS, REFILL_QUIET_MS, refillDelay } from './refill-pacing.ts';
 
 describe('refill pacing (refillDelay)', () => {
   it('waits the quiet time after the last create came or ended', () => {

@@ -8,7 +8,7 @@
  * nothing is left behind on either order.
  */
 import { randomBytes } from 'node:crypto';
-import { existsSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { existsSync, renameSync, writeFileSync } from 'node:fs';
 import { cp, mkdir, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join, resolve, sep } from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
@@ -19,7 +19,7 @@ import { SpaceError } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
 import { inSpan, untraced } from '../core/tracing.ts';
-import { describeKillReason, type EndReport, type PauseMode } from '../core/types.ts';
+import type { EndReport, PauseMode } from '../core/types.ts';
 import type { ActivityMeter } from './activity.ts';
 import {
   type Command,
@@ -29,17 +29,14 @@ import {
   type StartCommand,
   startCommand,
 } from './commands.ts';
-import type {
-  Driver,
-  InstanceEndCause,
-  InstanceInfo,
-  SandboxNetwork,
-  SnapshotRef,
-  TemplateImage,
-} from './drivers/driver.ts';
+import { type CrashReporter, crashReport } from './crash-report.ts';
+import type { Driver, InstanceInfo, SandboxNetwork, SnapshotRef, TemplateImage } from './drivers/driver.ts';
 import type { GatewayClient } from './gateway-client.ts';
 import { GuestClient } from './guest-client.ts';
+import { type HibernatedView, readHibernatedView } from './hibernated-view.ts';
 import type { SandboxNetworks } from './network.ts';
+import { processAlive } from './process-alive.ts';
+import { refillDelay } from './refill-pacing.ts';
 import { Spool } from './spool.ts';
 import { StartGate, type StartKind } from './start-gate.ts';
 import type { WarmPool } from './warm-pool.ts';
@@ -82,29 +79,6 @@ interface HibernatedFile {
   hibernatedAt: number;
   /** The session its tokens carry (absent in files of agents before it was kept). */
   sessionId?: string;
-}
-
-/** One command of a hibernated sandbox, as its spooled record says. */
-export interface HibernatedCommand {
-  id: string;
-  pid: number;
-  /** Epoch ms. */
-  startedAt: number;
-  config: CommandConfig;
-  /** Its spool file in the hibernation store (frames as {@link Spool} writes them). */
-  spoolPath: string;
-}
-
-/**
- * A sandbox hibernated into this node's store and running nowhere here: what the data plane can
- * still serve of it without its guest (its commands' spooled output).
- */
-export interface HibernatedView {
-  sandboxId: string;
-  /** Its session (undefined: a hibernation of an agent before sessions were kept there). */
-  sessionId: string | undefined;
-  /** Its commands (a folder that vanished meanwhile — a resume took it — reads as none). */
-  commands(): Promise<HibernatedCommand[]>;
 }
 
 /** Where a hibernated sandbox is: its store's name and its folder there. */
@@ -166,49 +140,6 @@ function localSandbox(
   };
 }
 
-/**
- * The end report of a sandbox that stopped on its own: `oom` or `pids` when the driver read the
- * exhausted resource from the host's counters, else `crashed`; the message names it. Pure.
- */
-export function crashReport(cause: InstanceEndCause | undefined): EndReport {
-  switch (cause) {
-    case 'memory':
-      return { reason: 'oom', message: describeKillReason('oom') };
-    case 'processes':
-      return { reason: 'pids', message: describeKillReason('pids') };
-    case undefined:
-      return {
-        reason: 'crashed',
-        message: 'the sandbox stopped on its own (out of memory or processes, or its kernel failed)',
-      };
-    default: {
-      const never: never = cause;
-      return never;
-    }
-  }
-}
-
-/** Reports a sandbox that ended on its own to the control plane (`node:<id>:ended`). */
-export type CrashReporter = (id: string, report: EndReport) => Promise<void>;
-
-/**
- * Whether host process `pid` still runs: it has a `/proc/<pid>/stat` and is not a zombie (`Z`,
- * killed but not yet reaped by its parent — a SIGKILLed runsc sandbox whose parent is an init that
- * reaps late stays one) or dead (`X`). A pid the kernel handed to another process since reads as
- * running; callers treat this as a cheap first check only (a file read, no process spawned).
- */
-export function processAlive(pid: number): boolean {
-  let stat: string;
-  try {
-    stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  } catch {
-    return false;
-  }
-  // `pid (comm) S …`: comm may hold spaces and parentheses, the state follows the last ')'
-  const state = stat.charAt(stat.lastIndexOf(')') + 2);
-  return state !== 'Z' && state !== 'X' && state !== '';
-}
-
 /** Whether an instance's guest daemon answers /health (the ground truth of "alive"). */
 async function guestAnswers(inst: InstanceInfo): Promise<boolean> {
   const g = new GuestClient(inst.guest);
@@ -227,34 +158,6 @@ const EGRESS_NOT_IN_FORCE = "the sandbox's egress policy could not be put in for
 
 /** Tombstones older than this are forgotten (ms): far longer than any create can take. */
 const TOMBSTONE_TTL_MS = 24 * 3600 * 1000;
-
-/**
- * The warm pool is topped up once no create has come or ended for this long (ms). A refill's first
- * steps (the network's `ip`/`nft` commands, the driver's `runsc restore`) take CPU the creates of a
- * burst need, and a slot it makes is ready only seconds later, too late for that burst (whose
- * creates that find no slot restore or boot at the start gate, ahead of refills). Longer than the
- * gaps between the creates of a burst the API delivers slowly: the first 32-way burst after a
- * start reached this agent with gaps up to ~190 ms (the API's code not yet optimised), and a refill
- * that began in such a gap (at 50 ms of quiet) held the rest of the burst up by ~1 s, its network
- * setup alone taking 4.1–4.4 s under that load (2-core VM, 2026-12-04, `npm run bench -- latency
- * --phases warm --concurrency 32 --n 96 --trace-file …`).
- */
-export const REFILL_QUIET_MS = 400;
-/**
- * A refill waits for quiet at most this long after it was first asked for (ms), so a steady stream
- * of creates still gets its pool topped up. Longer than a 32-way burst on a 2-core node takes
- * (~2.3 s for the first after a start, above).
- */
-export const REFILL_MAX_DELAY_MS = 3000;
-
-/**
- * How long a refill asked for at `askedAtMs` waits from `nowMs` (ms): until no create has come or
- * ended for {@link REFILL_QUIET_MS} (the last did at `lastCreateMs`), and at most until
- * {@link REFILL_MAX_DELAY_MS} after `askedAtMs`. Pure.
- */
-export function refillDelay(t: { askedAtMs: number; lastCreateMs: number; nowMs: number }): number {
-  return Math.max(0, Math.min(t.lastCreateMs + REFILL_QUIET_MS, t.askedAtMs + REFILL_MAX_DELAY_MS) - t.nowMs);
-}
 
 /**
  * Each ready warm slot's guest is asked whether it answers at most this often (ms), by the
@@ -391,34 +294,7 @@ export class SandboxManager {
    */
   async hibernated(id: string): Promise<HibernatedView | null> {
     if (this.#sandboxes.has(id) || !/^[A-Za-z0-9_-]+$/.test(id)) return null;
-    const path = this.#hibernationPath(id);
-    const raw = await readFile(join(path, 'hibernated.json'), 'utf8').catch(() => null);
-    if (raw === null) return null;
-    const file = JSON.parse(raw) as HibernatedFile;
-    const dir = join(path, 'commands');
-    return {
-      sandboxId: id,
-      sessionId: file.sessionId,
-      async commands() {
-        const out: HibernatedCommand[] = [];
-        for (const name of await readdir(dir).catch(() => [] as string[])) {
-          if (!name.endsWith('.json')) continue;
-          const cmdId = name.slice(0, -'.json'.length);
-          const meta = await readFile(join(dir, name), 'utf8')
-            .then((t) => JSON.parse(t) as { pid: number; startedAt: number; config?: CommandConfig })
-            .catch(() => null);
-          if (!meta) continue;
-          out.push({
-            id: cmdId,
-            pid: meta.pid,
-            startedAt: meta.startedAt,
-            config: meta.config ?? { cmd: '', args: [], env: {} },
-            spoolPath: join(dir, `${cmdId}.out`),
-          });
-        }
-        return out;
-      },
-    };
+    return readHibernatedView(id, this.#hibernationPath(id));
   }
 
   /** The running sandbox or SANDBOX_NOT_FOUND. */

@@ -30,7 +30,7 @@ import { basename, dirname, join } from 'node:path';
 import { promisify } from 'node:util';
 import { SpaceError } from '../core/errors.ts';
 import type { TemplateImage } from './drivers/driver.ts';
-import { MIB_PER_GUEST_PROCESS, MIN_GUEST_PROCESSES } from './drivers/gvisor.ts';
+import { MIB_PER_GUEST_PROCESS, MIN_GUEST_PROCESSES } from './drivers/gvisor-limits.ts';
 import { directoryImage, GUEST_ARGV, type GuestLayerInputs, imageDigest } from './images.ts';
 
 const run = promisify(execFile);

@@ -8,9 +8,8 @@
  * Never chosen: PID 1 (tini), this daemon, and zombies. Sizes come from `/proc/<pid>/statm`
  * (`resident`, in pages), which gVisor and a VM's kernel both serve.
  */
-import { readdir, readFile } from 'node:fs/promises';
-import { parseStat } from '../core/proc-stat.ts';
-import { COMMAND_MARKER_ENV } from './tree.ts';
+import { readFile } from 'node:fs/promises';
+import { COMMAND_MARKER_ENV, procEntries } from './tree.ts';
 
 /** Bytes of a page as `statm` counts them (x86-64 and arm64 Linux; gVisor alike). */
 export const PAGE_BYTES = 4096;
@@ -54,22 +53,16 @@ export async function chooseOomVictim(
   exclude: ReadonlySet<number>,
   procRoot = '/proc',
 ): Promise<OomVictim | undefined> {
-  const names = (await readdir(procRoot).catch(() => [] as string[])).filter((n) => /^\d+$/.test(n));
-  const parents = new Map<number, number>();
+  const entries = await procEntries(procRoot);
+  const parents = new Map(entries.map((e) => [e.pid, e.ppid]));
   let best: { pid: number; rssBytes: number } | undefined;
   await Promise.all(
-    names.map(async (n) => {
-      const [stat, statm] = await Promise.all([
-        readFile(`${procRoot}/${n}/stat`, 'utf8').catch(() => ''),
-        readFile(`${procRoot}/${n}/statm`, 'utf8').catch(() => ''),
-      ]);
-      const e = parseStat(stat);
-      if (!e) return;
-      parents.set(e.pid, e.ppid);
-      const rssBytes = residentBytes(statm);
-      if (e.zombie || e.pid === 1 || exclude.has(e.pid) || rssBytes === undefined) return;
-      if (!best || rssBytes > best.rssBytes) best = { pid: e.pid, rssBytes };
-    }),
+    entries
+      .filter((e) => !e.zombie && e.pid !== 1 && !exclude.has(e.pid))
+      .map(async (e) => {
+        const rssBytes = residentBytes(await readFile(`${procRoot}/${e.pid}/statm`, 'utf8').catch(() => ''));
+        if (rssBytes !== undefined && (!best || rssBytes > best.rssBytes)) best = { pid: e.pid, rssBytes };
+      }),
   );
   if (!best) return undefined;
   const { pid, rssBytes } = best;

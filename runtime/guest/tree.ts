@@ -26,6 +26,24 @@ const MAX_SWEEPS = 20;
 const SWEEP_PAUSE_MS = 20;
 
 /**
+ * Every process in `procRoot` (`/proc`) as its `stat` line reads; processes that vanish during the
+ * scan are skipped. Never throws.
+ */
+export async function procEntries(procRoot = '/proc'): Promise<ProcEntry[]> {
+  const names = await readdir(procRoot).catch(() => [] as string[]);
+  const entries: ProcEntry[] = [];
+  await Promise.all(
+    names
+      .filter((n) => /^\d+$/.test(n))
+      .map(async (n) => {
+        const e = parseStat(await readFile(`${procRoot}/${n}/stat`, 'utf8').catch(() => ''));
+        if (e) entries.push(e);
+      }),
+  );
+  return entries;
+}
+
+/**
  * Pids (live, not zombies) tied to a command: descendants of `leader` and processes whose
  * environment holds `SPACE_COMMAND=marker`. Never the caller itself nor PID 1. Processes that
  * vanish during the scan are skipped.
@@ -38,17 +56,7 @@ export async function commandProcesses(
   marker: string,
   procRoot = '/proc',
 ): Promise<number[]> {
-  const names = await readdir(procRoot).catch(() => [] as string[]);
-  const entries: ProcEntry[] = [];
-  await Promise.all(
-    names
-      .filter((n) => /^\d+$/.test(n))
-      .map(async (n) => {
-        const line = await readFile(`${procRoot}/${n}/stat`, 'utf8').catch(() => '');
-        const e = parseStat(line);
-        if (e) entries.push(e);
-      }),
-  );
+  const entries = await procEntries(procRoot);
   const children = new Map<number, number[]>();
   for (const e of entries) {
     const list = children.get(e.ppid) ?? [];

@@ -16,7 +16,7 @@ import { SandboxNetworks } from '../network.ts';
 import { buildTemplate } from '../templates.ts';
 import { vmImage } from '../vm-image.ts';
 import type { InstanceSpec, SandboxNetwork, TemplateImage } from './driver.ts';
-import { MIB_PER_GUEST_PROCESS, MIN_GUEST_PROCESSES } from './gvisor.ts';
+import { MIB_PER_GUEST_PROCESS, MIN_GUEST_PROCESSES } from './gvisor-limits.ts';
 import { QemuDriver } from './qemu.ts';
 
 /** Template and image cache shared with the other int tests (persists between runs). */
