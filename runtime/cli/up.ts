@@ -540,7 +540,7 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
     // Under tini as a subreaper (as SERVICE_COMMANDS runs it in deployments): the sandbox
     // processes `runsc run --detach` leaves behind are re-parented to it, not to the host's init,
     // and reaped as they exit. `runsc delete` polls until its sandbox process is gone, so an init
-    // that reaps late holds every destroy (README, Operating notes: ~1 s per delete on this
+    // that reaps late holds every destroy (docs/operations.md, Operating notes: ~1 s per delete on this
     // project's VM).
     start(
       'agent',

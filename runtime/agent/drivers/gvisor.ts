@@ -81,7 +81,7 @@ export interface GvisorConfig {
    * Advertise snapshot/restore in {@link GvisorDriver.capabilities} (default false; the agent turns
    * it on with SPACE_GVISOR_SNAPSHOTS). The methods work either way; the flag says whether the agent
    * may rely on them. Restores of sandboxes that had a host connection open at the checkpoint were
-   * seen to come up unreachable (see README, Known limits); template snapshots have none, and the
+   * seen to come up unreachable (see docs/operations.md, Known limits); template snapshots have none, and the
    * agent boots instead when a restore fails.
    */
   snapshots?: boolean;
