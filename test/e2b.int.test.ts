@@ -664,7 +664,7 @@ describe('e2b SDK: egress', () => {
 });
 
 /**
- * shared/cases/runtime.md through the SDK. The same cases run against SPACE's own API in
+ * The runtime cases (R1–R18) through the SDK. The same cases run against SPACE's own API in
  * runtime-cases.int.test.ts (r1–r13), packages.int.test.ts (r14 installs), bad-input (r18) and
  * the guest's unit tests (r15); here each is driven the way an E2B user would. Not here: r16/r17
  * (the `space` CLI's own exit codes and --json, no SDK path), r5's 256 MiB upload and r8's 100-way
