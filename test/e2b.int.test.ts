@@ -367,7 +367,7 @@ describe('e2b SDK: files', () => {
         ['one.txt', { author: 'ann', purpose: 'a test run' }],
       ]);
       // it follows the file through the SDK's rename; a command's `mv` leaves it behind (SPACE
-      // keeps it by path in the guest daemon, not as an xattr: README, E2B section)
+      // keeps it by path in the guest daemon, not as an xattr: docs/e2b.md)
       await sbx.files.rename('/home/user/m/one.txt', '/home/user/m/two.txt');
       expect((await sbx.files.getInfo('/home/user/m/two.txt')).metadata).toEqual({
         author: 'ann',

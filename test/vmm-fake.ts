@@ -1,8 +1,8 @@
 /**
  * Test support: loopback stand-ins for the Firecracker and Cloud Hypervisor API servers, checked against
- * the projects' own API descriptions, loaded at test time from {@link SPECS_DIR}: Firecracker's
- * https://github.com/firecracker-microvm/firecracker/blob/main/src/firecracker/swagger/firecracker.yaml and Cloud Hypervisor's
- * https://github.com/cloud-hypervisor/cloud-hypervisor/blob/main/vmm/src/api/openapi/cloud-hypervisor.yaml.
+ * the projects' own API descriptions, loaded at test time from {@link SPECS_DIR}:
+ * https://github.com/firecracker-microvm/firecracker/blob/main/src/firecracker/swagger/firecracker.yaml
+ * https://github.com/cloud-hypervisor/cloud-hypervisor/blob/main/vmm/src/api/openapi/cloud-hypervisor.yaml
  *
  * Each fake listens on the Unix socket the driver connects to and, for every request:
  * - finds the operation in the spec's `paths` (unknown path or method → error, as the VMMs answer);
@@ -268,12 +268,13 @@ const PRE_BOOT = new Set([
 ]);
 
 /**
- * Firecracker's API (`firecracker-openapi.yaml`; order rules from its path descriptions and
- * Firecracker's API request docs, https://github.com/firecracker-microvm/firecracker/tree/main/docs/api_requests): pre-boot resources only before InstanceStart; InstanceStart needs a
- * boot source; `/logger` and `/metrics` once each; `PATCH /vm` only after start; snapshot create only
- * while Paused; snapshot load only on a fresh process (nothing but logger/metrics before it), with
- * exactly one of `mem_file_path`/`mem_backend`. Paths resolve inside `root` (the chroot). 204 for
- * accepted PUT/PATCH, 400 `{fault_message}` otherwise.
+ * Firecracker's API (`firecracker-openapi.yaml`; order rules from its path descriptions and its
+ * API request docs, https://github.com/firecracker-microvm/firecracker/tree/main/docs/api_requests):
+ * pre-boot resources only before InstanceStart; InstanceStart needs a boot source; `/logger` and
+ * `/metrics` once each; `PATCH /vm` only after start; snapshot create only while Paused; snapshot
+ * load only on a fresh process (nothing but logger/metrics before it), with exactly one of
+ * `mem_file_path`/`mem_backend`. Paths resolve inside `root` (the chroot). 204 for accepted
+ * PUT/PATCH, 400 `{fault_message}` otherwise.
  */
 export class FakeFirecracker extends FakeVmm {
   protected readonly spec = firecrackerSpec();
