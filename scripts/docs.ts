@@ -1,6 +1,7 @@
 /**
- * Regenerates the README's error and configuration tables from the code (`npm run docs`).
- * The tables sit between `<!-- generated:<name> -->` and `<!-- /generated:<name> -->` markers;
+ * Regenerates the docs' tables from the code (`npm run docs`): the error table in docs/api.md and
+ * the configuration tables in docs/configuration.md. The tables sit between
+ * `<!-- generated:<name> -->` and `<!-- /generated:<name> -->` markers;
  * `runtime/core/docs.test.ts` fails when they are out of date.
  */
 import { readFileSync, writeFileSync } from 'node:fs';
@@ -39,6 +40,12 @@ export function generatedBlocks(): Record<string, string> {
   };
 }
 
+/** Which docs page (path from the repository root) holds each generated block. */
+export const GENERATED_PAGES: Record<string, readonly string[]> = {
+  'docs/api.md': ['errors'],
+  'docs/configuration.md': ['config-api', 'config-agent', 'config-gateway', 'config-router'],
+};
+
 /** `text` with every marked block replaced by its generated content. */
 export function fill(text: string, blocks: Record<string, string>): string {
   let out = text;
@@ -50,9 +57,12 @@ export function fill(text: string, blocks: Record<string, string>): string {
 }
 
 if (import.meta.main) {
-  const path = new URL('../README.md', import.meta.url);
-  const before = readFileSync(path, 'utf8');
-  const after = fill(before, generatedBlocks());
-  writeFileSync(path, after);
-  console.log(after === before ? 'README tables already current' : 'README tables regenerated');
+  const blocks = generatedBlocks();
+  for (const page of Object.keys(GENERATED_PAGES)) {
+    const path = new URL(`../${page}`, import.meta.url);
+    const before = readFileSync(path, 'utf8');
+    const after = fill(before, blocks);
+    writeFileSync(path, after);
+    console.log(`${page}: ${after === before ? 'tables already current' : 'tables regenerated'}`);
+  }
 }

@@ -1,6 +1,6 @@
 /**
- * The egress attack suite (issue 3; ../shared/cases/egress.md E1–E5; ../shared/reference/egress.md
- * §2 T01–T26). Every attack runs from inside a real gVisor sandbox of a real single-node stack with
+ * The egress attack suite (issue 3; egress cases E1–E17 and attack techniques T01–T26; docs/egress.md
+ * describes the suite). Every attack runs from inside a real gVisor sandbox of a real single-node stack with
  * the real gateway, against an "outside world" in network namespaces of its own:
  *
  * - `atk-<tag>`: 10.198.<n>.0/24 — good (pkg/good.allowed.test, good.shared.test and the forbidden
@@ -860,7 +860,7 @@ function coreAttacks(withCredential: boolean): Attempt[] {
         tls(W.good, 'good.shared.test', { path: '/e3-residual', host: 'evil.shared.test' }),
         (o) =>
           body(o).includes('host=evil.shared.test')
-            ? 'residual: spliced TLS is opaque to the gateway; a server hosting both names on the allowed address can be fronted (egress.md §0 rule 4: keep shared/CDN names off allow lists, or make them credential hosts to intercept)'
+            ? 'residual: spliced TLS is opaque to the gateway; a server hosting both names on the allowed address can be fronted (docs/security.md, residual risks: keep shared/CDN names off allow lists, or make them credential hosts to intercept)'
             : null,
       ),
     );

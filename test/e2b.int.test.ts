@@ -367,7 +367,7 @@ describe('e2b SDK: files', () => {
         ['one.txt', { author: 'ann', purpose: 'a test run' }],
       ]);
       // it follows the file through the SDK's rename; a command's `mv` leaves it behind (SPACE
-      // keeps it by path in the guest daemon, not as an xattr: README, E2B section)
+      // keeps it by path in the guest daemon, not as an xattr: docs/e2b.md)
       await sbx.files.rename('/home/user/m/one.txt', '/home/user/m/two.txt');
       expect((await sbx.files.getInfo('/home/user/m/two.txt')).metadata).toEqual({
         author: 'ann',
@@ -664,7 +664,7 @@ describe('e2b SDK: egress', () => {
 });
 
 /**
- * shared/cases/runtime.md through the SDK. The same cases run against SPACE's own API in
+ * The runtime cases (R1–R18) through the SDK. The same cases run against SPACE's own API in
  * runtime-cases.int.test.ts (r1–r13), packages.int.test.ts (r14 installs), bad-input (r18) and
  * the guest's unit tests (r15); here each is driven the way an E2B user would. Not here: r16/r17
  * (the `space` CLI's own exit codes and --json, no SDK path), r5's 256 MiB upload and r8's 100-way

@@ -1,12 +1,12 @@
 /**
- * The fault suite (`npm run test:faults`): each case of ../shared/cases/faults.md (F1–F5) injected
+ * The fault suite (`npm run test:faults`): each fault case (F1–F5) injected
  * for real into a stack whose parts are separate processes (kill -9, SIGSTOP/SIGCONT, a killed
  * gateway), checking the node as well as the records: after each, node inventory = records =
- * reservations, and no operation ended twice. The `workload-…` cases run faults.md's workload
+ * reservations, and no operation ended twice. The `workload-…` cases run the fault workload
  * (test/fault-workload.ts: line streams, create/delete churn, exec probe) around API, agent, Redis
  * and gateway kill -9 and agent SIGSTOP (short, past the node-lost grace). Each case logs how long
- * recovery took and what the clients saw (`fault …` lines) — the figures for the issue's closing
- * note and the README's fault table.
+ * recovery took and what the clients saw (`fault …` lines) — the figures of the fault table in
+ * docs/operations.md.
  */
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -511,7 +511,7 @@ describe('faults', { timeout: 240_000 }, () => {
   });
 
   /**
-   * The workload of ../shared/cases/faults.md around one fault: 3 sandboxes streaming numbered
+   * The fault workload around one fault: 3 sandboxes streaming numbered
    * lines (one of them also the exec probe's), a create/delete loop and an exec probe every 500 ms.
    * `inject` makes the fault and resolves when it is over (the part restarted, SIGCONT sent);
    * it returns when it began. Afterwards: the probe works again (the recovery time is logged with

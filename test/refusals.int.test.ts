@@ -1,5 +1,5 @@
 /**
- * Issue 49's refusals (shared/cases/runtime.md R22, R23, R25, R26, R27), against the real stack and a
+ * Issue 49's refusals (runtime cases R22, R23, R25, R26, R27), against the real stack and a
  * router process: a refusal is immediate, carries its own code and the error envelope, reaches a
  * client that writes its whole body before reading, and leaves no socket held.
  */

@@ -1,5 +1,5 @@
 /**
- * The runtime cases of shared/cases/runtime.md (R1–R7), each against the real stack.
+ * The runtime cases R1–R7, each against the real stack.
  * R8 and R9 live in lifecycle.int.test.ts.
  */
 import { createHash, randomBytes } from 'node:crypto';

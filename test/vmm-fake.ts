@@ -1,6 +1,8 @@
 /**
  * Test support: loopback stand-ins for the Firecracker and Cloud Hypervisor API servers, checked against
- * the projects' own API descriptions (`../shared/specs/*.yaml` beside the repository, loaded at test time).
+ * the projects' own API descriptions, loaded at test time from {@link SPECS_DIR}:
+ * https://github.com/firecracker-microvm/firecracker/blob/main/src/firecracker/swagger/firecracker.yaml
+ * https://github.com/cloud-hypervisor/cloud-hypervisor/blob/main/vmm/src/api/openapi/cloud-hypervisor.yaml
  *
  * Each fake listens on the Unix socket the driver connects to and, for every request:
  * - finds the operation in the spec's `paths` (unknown path or method → error, as the VMMs answer);
@@ -34,8 +36,9 @@ import {
 import type { VmmLauncher } from '../runtime/agent/drivers/vmm-common.ts';
 
 /**
- * The VMMs' API descriptions: `shared/specs/` beside the repository (where the team's workspace and
- * CI put it), or `SPACE_SPECS_DIR`.
+ * Folder of the VMMs' API descriptions (`firecracker-openapi.yaml`, `cloud-hypervisor-openapi.yaml`:
+ * the upstream files named above, unchanged): `SPACE_SPECS_DIR`, else the `specs` folder of the team's
+ * shared workspace next to the repository (where CI puts it too; the repository does not carry them).
  */
 export const SPECS_DIR =
   process.env.SPACE_SPECS_DIR ?? fileURLToPath(new URL('../../shared/specs/', import.meta.url));
@@ -265,12 +268,13 @@ const PRE_BOOT = new Set([
 ]);
 
 /**
- * Firecracker's API (`firecracker-openapi.yaml`; order rules from its path descriptions and
- * `reference/firecracker.md` §1–5): pre-boot resources only before InstanceStart; InstanceStart needs a
- * boot source; `/logger` and `/metrics` once each; `PATCH /vm` only after start; snapshot create only
- * while Paused; snapshot load only on a fresh process (nothing but logger/metrics before it), with
- * exactly one of `mem_file_path`/`mem_backend`. Paths resolve inside `root` (the chroot). 204 for
- * accepted PUT/PATCH, 400 `{fault_message}` otherwise.
+ * Firecracker's API (`firecracker-openapi.yaml`; order rules from its path descriptions and its
+ * API request docs, https://github.com/firecracker-microvm/firecracker/tree/main/docs/api_requests):
+ * pre-boot resources only before InstanceStart; InstanceStart needs a boot source; `/logger` and
+ * `/metrics` once each; `PATCH /vm` only after start; snapshot create only while Paused; snapshot
+ * load only on a fresh process (nothing but logger/metrics before it), with exactly one of
+ * `mem_file_path`/`mem_backend`. Paths resolve inside `root` (the chroot). 204 for accepted
+ * PUT/PATCH, 400 `{fault_message}` otherwise.
  */
 export class FakeFirecracker extends FakeVmm {
   protected readonly spec = firecrackerSpec();

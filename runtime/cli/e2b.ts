@@ -1,6 +1,6 @@
 /**
  * `space e2b env`: the environment that points the official `e2b` SDK at this SPACE, so that
- * `eval "$(space e2b env)"` is the whole migration (shared/reference/e2b-protocol.md §3: the SDK
+ * `eval "$(space e2b env)"` is the whole migration (the E2B SDK, https://github.com/e2b-dev/e2b,
  * reads E2B_API_URL for the control plane, E2B_SANDBOX_URL for every envd call, E2B_API_KEY as
  * its `X-API-KEY`).
  */

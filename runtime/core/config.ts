@@ -2,7 +2,7 @@
  * Declarative service configuration: each service declares its settings once (env name, type,
  * default with unit, allowed values, one-line doc), and {@link loadConfig} reads them from the
  * environment, validates all of them with TypeBox, reports every problem at once, and freezes
- * the result. The README's config tables are generated from the same declarations.
+ * the result. The config tables of docs/configuration.md are generated from the same declarations.
  */
 import {
   type Static,
@@ -24,7 +24,7 @@ export interface Setting<S extends TSchema = TSchema> {
   readonly schema: S;
   /** Default value (already typed); absent means required. */
   readonly default?: unknown;
-  /** One line for the README, with the unit ("ms", "MiB"). */
+  /** One line for docs/configuration.md, with the unit ("ms", "MiB"). */
   readonly doc: string;
 }
 
@@ -127,7 +127,7 @@ export function loadConfig<S extends SettingsSpec>(
   return Object.freeze(out) as ConfigOf<S>;
 }
 
-/** Rows for a README config table: env, default, doc. */
+/** Rows for a config table of docs/configuration.md: env, default, doc. */
 export function describeConfig(spec: SettingsSpec): { env: string; default: string; doc: string }[] {
   return Object.values(spec).map((s) => ({
     env: s.env,

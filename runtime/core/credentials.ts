@@ -1,7 +1,8 @@
 /**
  * Credential grants: what the agent registers so the gateway can swap a sandbox's placeholder for a
- * real secret on intercepted TLS (egress.md §0 rule 7, T20). The sandbox only ever holds the
- * placeholder, `space_ph_` + 32 base32 characters (160 random bits), minted per sandbox and grant.
+ * real secret on intercepted TLS (docs/egress.md, Credentials; attack technique T20). The sandbox
+ * only ever holds the placeholder, `space_ph_` + 32 base32 characters (160 random bits), minted per
+ * sandbox and grant.
  * Pure apart from {@link mintPlaceholder}'s randomness.
  */
 import { randomBytes } from 'node:crypto';

@@ -1,7 +1,7 @@
 /**
  * The one error registry of SPACE. Every error a service returns to a client has a stable
  * `code` from this table, an HTTP status and a `retryable` flag. Codes are never reused once
- * retired; the README's error table lists exactly these rows (a unit test checks both ways).
+ * retired; the error table of docs/api.md lists exactly these rows (a unit test checks both ways).
  *
  * Wire shape (every service): `{ "error": { "code": "SANDBOX_NOT_FOUND", "message": "…", "details"?: {…} } }`.
  */
@@ -12,7 +12,7 @@ export interface ErrorSpec {
   readonly status: number;
   /** Whether the same request may succeed if retried unchanged later. */
   readonly retryable: boolean;
-  /** One-line meaning, copied into the README's error table. */
+  /** One-line meaning, copied into the error table of docs/api.md. */
   readonly doc: string;
 }
 

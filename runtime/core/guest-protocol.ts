@@ -166,7 +166,8 @@ export interface FileStat {
  * Request header of `PUT /files`: the new file's metadata as a JSON object of strings (printable
  * ASCII, so the JSON text is a valid header value). An upload without it leaves the file with
  * none: metadata describes what was uploaded, as E2B's `X-Metadata-*` headers do (envd ≥ 0.6.2,
- * shared/reference/e2b-protocol.md §2.7, where envd keeps it as `user.e2b.*` xattrs).
+ * where envd keeps it as `user.e2b.*` xattrs; the E2B SDK: https://github.com/e2b-dev/e2b,
+ * packages/js-sdk, npm `e2b` 2.51.0).
  */
 export const FILE_METADATA_HEADER = 'x-space-file-metadata';
 

@@ -22,8 +22,8 @@ export function newId(prefix: string, length = 20): string {
 /**
  * A new sandbox id `sbx<20 chars>`, e.g. `sbxk3m…` (≈ 100 bits of entropy). No separator: a
  * sandbox id is a DNS label part, since E2B clients address a sandbox's port as
- * `<port>-<sandboxId>.<domain>` (split on `-`; E2B's own ids are `^[a-z0-9]+$`, see
- * shared/reference/e2b-protocol.md §1.5). Ids made before this (`sbx_…`) stay valid.
+ * `<port>-<sandboxId>.<domain>` (split on `-`; E2B's own ids are `^[a-z0-9]+$`, as its control
+ * plane returns them to the SDK: https://github.com/e2b-dev/e2b). Ids made before this (`sbx_…`) stay valid.
  */
 export function newSandboxId(): string {
   return `sbx${randomChars(20)}`;

@@ -50,7 +50,7 @@ export interface SandboxResolution {
  * entry — and for the names of that entry's own chain — are removed (`denied-name-address` when
  * nothing is left); the deny set applies as always (`resolved-to-denied-address`, T04/E7). A deny
  * entry that does not resolve removes no address. Wildcard deny entries hold by name and CNAME chain
- * only (their names can't be enumerated; see README "Egress"). Throws on upstream failure.
+ * only (their names can't be enumerated; see docs/egress.md). Throws on upstream failure.
  */
 export async function resolveForSandbox(
   resolver: UpstreamResolver,

@@ -1,5 +1,6 @@
 /**
- * Intercepted TLS for credential hosts (DESIGN.md "Credentials", egress.md §0 rule 7, T20, T22, T23).
+ * Intercepted TLS for credential hosts (DESIGN.md "Credentials", docs/egress.md; attack
+ * techniques T20, T22, T23).
  *
  * The TLS proxy has already decided the SNI names a host covered by a credential granted to this
  * sandbox; it hands over the client socket and the bytes it read. Here:

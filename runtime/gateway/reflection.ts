@@ -5,9 +5,10 @@
  * sent, any ASCII case folding of them, lower/upper-case hex, and standard and URL-safe base64 at each
  * of the three byte alignments (the aligned middle of the encoding, which does not depend on the
  * neighbouring bytes). Compressed bodies are handled by the caller (gunzip, mask, gzip again).
- * What is NOT recognised (the README's residual risk): other encodings (base32, URL-encoding of
- * non-ASCII, MIME-wrapped base64 with line breaks inside the value, custom ciphers), fragments
- * shorter than the whole value, and anything the sandbox can derive from side channels.
+ * What is NOT recognised (the residual risk in docs/egress.md, Credentials): other encodings
+ * (base32, URL-encoding of non-ASCII, MIME-wrapped base64 with line breaks inside the value, custom
+ * ciphers), fragments shorter than the whole value, and anything the sandbox can derive from side
+ * channels.
  */
 import { Transform, type TransformCallback } from 'node:stream';
 

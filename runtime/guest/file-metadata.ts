@@ -1,5 +1,5 @@
 /**
- * File metadata (E2B's `X-Metadata-*` uploads, shared/reference/e2b-protocol.md §2.7), kept by the
+ * File metadata (E2B's `X-Metadata-*` uploads to envd's `/files`; docs/e2b.md), kept by the
  * daemon in memory.
  *
  * envd keeps it as `user.e2b.*` xattrs. SPACE cannot: under gVisor the root file system

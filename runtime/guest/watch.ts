@@ -48,7 +48,8 @@ const seenOf = (st: Stats): Seen => ({
 /**
  * statfs(2) types of network file systems (Linux `include/uapi/linux/magic.h`: NFS, CIFS, SMB,
  * SMB2, FUSE): the ones envd refuses to watch unless the call allows network mounts (envd 0.6.4,
- * shared/reference/e2b-protocol.md §2.8); inotify misses changes made on another machine there.
+ * as the E2B SDK gates it: https://github.com/e2b-dev/e2b); inotify misses changes made on another
+ * machine there.
  */
 export const NETWORK_FS_TYPES: ReadonlySet<number> = new Set([
   0x6969, 0xff534d42, 0x517b, 0xfe534d42, 0x65735546,

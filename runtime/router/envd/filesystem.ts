@@ -1,5 +1,5 @@
 /**
- * envd's `filesystem.Filesystem` service (shared/reference/e2b-protocol.md §2.4, §2.5) on the
+ * envd's `filesystem.Filesystem` service (as the E2B SDK calls it; docs/e2b.md) on the
  * agent's file routes. EntryInfo follows envd: absolute paths, permission bits only in `mode`,
  * Go `FileMode.String()` text in `permissions`, a symlink typed as its target.
  */

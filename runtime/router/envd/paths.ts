@@ -1,6 +1,6 @@
 /**
- * How envd requests name things: the sandbox (header or host, shared/reference/e2b-protocol.md §3),
- * paths (relative to the user's home, §2.5) and the user (Basic auth username, §2.1). Pure.
+ * How envd requests name things: the sandbox (header or host), paths (relative to the user's home)
+ * and the user (Basic auth username), as the E2B SDK sends them (docs/e2b.md). Pure.
  */
 import type { IncomingHttpHeaders } from 'node:http';
 

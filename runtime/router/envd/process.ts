@@ -1,5 +1,5 @@
 /**
- * envd's `process.Process` service (shared/reference/e2b-protocol.md §2.3, §2.5) on SPACE commands.
+ * envd's `process.Process` service (as the E2B SDK calls it; docs/e2b.md) on SPACE commands.
  *
  * Which command a pid names is asked of the sandbox's agent (`GET …/commands?pid=`), never kept
  * in this process: any router replica serves Start, Connect, SendInput, CloseStdin, SendSignal

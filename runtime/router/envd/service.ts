@@ -10,7 +10,9 @@
  * plane hands out (a SPACE session token with scopes `commands` and `files`); it is verified
  * before anything else happens, as on the router's own routes.
  *
- * Source of every external fact: shared/reference/e2b-protocol.md §2 (envd) and §3 (routing).
+ * Source of every external fact: the E2B SDK (https://github.com/e2b-dev/e2b, packages/js-sdk;
+ * npm `e2b` 2.51.0), its envd client and its routing of envd calls; what SPACE supports of it is
+ * docs/e2b.md.
  * The services live in `process.ts` and `filesystem.ts`; their calls on the agent in `upstream.ts`.
  * Nothing about a sandbox is kept in this process: any number of router replicas serve it.
  * Signed `/files` URLs (`uploadUrl()`/`downloadUrl()`) are checked against the sandbox's envd

@@ -1,7 +1,8 @@
 /**
- * Signed `/files` URLs as envd checks them (shared/reference/e2b-protocol.md §2.7): the SDK's
- * `uploadUrl()`/`downloadUrl()` sign `path:operation:user:token[:expiration]` with the sandbox's
- * envd access token, so a URL can be handed to a client that holds no token. Pure.
+ * Signed `/files` URLs as envd checks them (the SDK's `getSignature`:
+ * https://github.com/e2b-dev/e2b): the SDK's `uploadUrl()`/`downloadUrl()` sign
+ * `path:operation:user:token[:expiration]` with the sandbox's envd access token, so a URL can be
+ * handed to a client that holds no token. Pure.
  */
 import { createHash, timingSafeEqual } from 'node:crypto';
 

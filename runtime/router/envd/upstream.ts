@@ -1,8 +1,9 @@
 /**
  * How the router's envd layer talks to a sandbox's agent: the data-plane routes of
  * `core/data-plane.ts`, authorised by the request's own session token (the E2B access token), and
- * SPACE's errors turned into Connect errors in the E2B SDK's terms (shared/reference/
- * e2b-protocol.md §2.6: Unavailable reads as "sandbox not running", NotFound as not found, …).
+ * SPACE's errors turned into Connect errors in the E2B SDK's terms (its Connect error mapping,
+ * https://github.com/e2b-dev/e2b: Unavailable reads as "sandbox not running", NotFound as not
+ * found, …).
  */
 import type { Readable } from 'node:stream';
 import { Code, ConnectError, createContextKey, type HandlerContext } from '@connectrpc/connect';
