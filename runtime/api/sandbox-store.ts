@@ -173,6 +173,28 @@ export class SandboxStore {
     now = Date.now(),
     create?: DraftOperation,
   ): Promise<SandboxRecord> {
+    const res = await this.admit(s, quotas, now, create);
+    if (!('admitted' in res)) throw new SpaceError('INTERNAL', 'admission without a key answered a replay');
+    return res.admitted;
+  }
+
+  /**
+   * {@link create} with an Idempotency-Key: `idempotency.key` (the Redis key,
+   * `keys.idempotency`) is looked up and claimed in the admission's own step (admit.lua,
+   * claim-or-return). Returns `{ admitted }` (this call wrote the sandbox) or `{ replay }` (the key
+   * was used before with the same `bodyHash`: the first request's sandbox and operation ids;
+   * nothing was written).
+   * @throws SpaceError IDEMPOTENCY_CONFLICT when the key was used with another body; INTERNAL when
+   *   an API from before claim-or-return holds the key without its operation yet; the quota errors
+   *   of {@link create}.
+   */
+  async admit(
+    s: NewSandbox,
+    quotas: TeamQuotas,
+    now = Date.now(),
+    create?: DraftOperation,
+    idempotency?: { key: string; bodyHash: string; ttlSec: number },
+  ): Promise<{ admitted: SandboxRecord } | { replay: { sandboxId: string; operationId: string } }> {
     const fields: Record<string, string> = {
       id: s.id,
       template: s.template,
@@ -204,6 +226,7 @@ export class SandboxStore {
       keys.operation(create?.record.id ?? ''),
       keys.operationQueue(),
       keys.teamLiveSandboxes(s.team),
+      idempotency?.key ?? '',
       String(now),
       s.id,
       String(quotas.sandboxes),
@@ -213,12 +236,33 @@ export class SandboxStore {
       String(cpuMilli),
       String(s.memoryMiB),
       create ? JSON.stringify(create.hash) : '',
+      idempotency?.bodyHash ?? '',
+      String(idempotency?.ttlSec ?? 0),
       ...Object.entries(fields).flat(),
     );
-    if (res[0] === 0)
-      throw quotaError(s.team, { quota: res[1], limit: res[2], current: res[3] } as QuotaRefusal);
-    // what admit.lua wrote is exactly `fields` (plus quotaHeld): no read back
-    return sandboxFromHash({ ...fields, quotaHeld: '1' })!;
+    switch (res[0]) {
+      case 0:
+        throw quotaError(s.team, { quota: res[1], limit: res[2], current: res[3] } as QuotaRefusal);
+      case 2:
+        return { replay: { sandboxId: res[1], operationId: res[2] } };
+      case 3:
+        throw new SpaceError('IDEMPOTENCY_CONFLICT', 'Idempotency-Key was used with a different body');
+      case 4:
+        throw new SpaceError('INTERNAL', 'the first request with this Idempotency-Key did not finish');
+      default:
+        // what admit.lua wrote is exactly `fields` (plus quotaHeld): no read back
+        return { admitted: sandboxFromHash({ ...fields, quotaHeld: '1' })! };
+    }
+  }
+
+  /** The id of the delete operation last asked for sandbox `id` (null when none was). */
+  async deleteOperationId(id: string): Promise<string | null> {
+    return this.redis.hget(keys.sandbox(id), 'deleteOperationId');
+  }
+
+  /** Notes `operationId` as sandbox `id`'s delete operation (a repeated DELETE answers with it). */
+  async setDeleteOperationId(id: string, operationId: string): Promise<void> {
+    await this.redis.hset(keys.sandbox(id), 'deleteOperationId', operationId);
   }
 
   /** What team `team`'s live sandboxes reserve now (counted by admit.lua and transition.lua). */
