@@ -8,6 +8,7 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
+import { ErrorSchema, OperationSchema, SandboxSchema } from '../core/api-schemas.ts';
 import { SpaceError } from '../core/errors.ts';
 import { acceptEmptyBodies, clientErrorHandler, installErrorHandlers } from '../core/http-errors.ts';
 import { requestLogOptions } from '../core/http-log.ts';
@@ -38,7 +39,6 @@ import { sandboxRoutes } from './routes/sandboxes.ts';
 import { teamRoutes } from './routes/teams.ts';
 import { usageRoutes } from './routes/usage.ts';
 import { type SandboxRecord, SandboxStore } from './sandbox-store.ts';
-import { ErrorSchema, OperationSchema, SandboxSchema } from './schemas.ts';
 import { TeamStore } from './teams.ts';
 
 /** Everything handlers use; built once per process by {@link createApiDeps}. */

@@ -16,6 +16,7 @@
  * `allow_internet_access: false`, `order=asc`.
  */
 import type { FastifyPluginAsync, FastifyRequest } from 'fastify';
+import { CreateSandboxBody } from '../../core/api-schemas.ts';
 import { EgressPolicySchema } from '../../core/egress.ts';
 import { isErrorCode, SpaceError } from '../../core/errors.ts';
 import { ID_PATTERN } from '../../core/ids.ts';
@@ -28,7 +29,6 @@ import type { ApiDeps } from '../app.ts';
 import { principalOf, requireScope } from '../auth.ts';
 import { MAX_WAIT_MS, type OperationRecord } from '../operations.ts';
 import type { SandboxRecord } from '../sandbox-store.ts';
-import { CreateSandboxBody } from '../schemas.ts';
 import { createSandbox } from '../usecases/create.ts';
 import { deleteSandbox } from '../usecases/delete.ts';
 import { replaceEgress } from '../usecases/egress.ts';

@@ -6,10 +6,17 @@
  */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
+import {
+  CommandBody,
+  CommandResponse,
+  ErrorSchema,
+  IdParams,
+  StreamGrant,
+  TokenBody,
+} from '../../core/api-schemas.ts';
 import { inSpan, traceContextFrom } from '../../core/tracing.ts';
 import type { ApiDeps } from '../app.ts';
 import { principalOf } from '../auth.ts';
-import { CommandBody, CommandResponse, ErrorSchema, IdParams, StreamGrant, TokenBody } from '../schemas.ts';
 import { grantSession, startCommand } from '../usecases/command-start.ts';
 
 const errors = {

@@ -5,15 +5,6 @@
 
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
-import { EgressPolicySchema } from '../../core/egress.ts';
-import { nullable } from '../../core/json-schema.ts';
-import { inSpan, traceContextFrom } from '../../core/tracing.ts';
-import type { SandboxState } from '../../core/types.ts';
-import type { ApiDeps } from '../app.ts';
-import { principalOf } from '../auth.ts';
-import { parseV1MetadataQuery } from '../metadata-filter.ts';
-import { operationToPublic } from '../operations.ts';
-import { toPublic } from '../sandbox-store.ts';
 import {
   CreateSandboxBody,
   ErrorSchema,
@@ -26,7 +17,16 @@ import {
   SandboxUsageSchema,
   TimeoutBody,
   WaitQuery,
-} from '../schemas.ts';
+} from '../../core/api-schemas.ts';
+import { EgressPolicySchema } from '../../core/egress.ts';
+import { nullable } from '../../core/json-schema.ts';
+import { inSpan, traceContextFrom } from '../../core/tracing.ts';
+import type { SandboxState } from '../../core/types.ts';
+import type { ApiDeps } from '../app.ts';
+import { principalOf } from '../auth.ts';
+import { parseV1MetadataQuery } from '../metadata-filter.ts';
+import { operationToPublic } from '../operations.ts';
+import { toPublic } from '../sandbox-store.ts';
 import { sandboxUsage } from '../usage.ts';
 import { createSandbox } from '../usecases/create.ts';
 import { deleteSandbox } from '../usecases/delete.ts';

@@ -1,9 +1,9 @@
 /** GET /v1/usage: the key's team's active, idle and paused time summed over a range, grouped. */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
+import { ErrorSchema, UsageQuery, UsageReportSchema } from '../../core/api-schemas.ts';
 import { SpaceError } from '../../core/errors.ts';
 import type { ApiDeps } from '../app.ts';
 import { principalOf } from '../auth.ts';
-import { ErrorSchema, UsageQuery, UsageReportSchema } from '../schemas.ts';
 import { queryUsage } from '../usage.ts';
 
 /** Default range of a query without `from` (ms): the last 24 hours. */

@@ -4,6 +4,8 @@
  * SPACE_RESUME_TIMEOUT_MS). Output then flows client → router → node (or client → node where no
  * router is configured). Called by `POST /v1/sandboxes/:id/commands` and `…/tokens`.
  */
+
+import type { CommandBody } from '../../core/api-schemas.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { newId } from '../../core/ids.ts';
 import { ensureRunning } from '../../core/lifecycle-requests.ts';
@@ -12,7 +14,6 @@ import { mintSessionToken, type SessionScope } from '../../core/tokens.ts';
 import type { NodeInfo } from '../../core/types.ts';
 import type { ApiDeps } from '../app.ts';
 import type { SandboxRecord } from '../sandbox-store.ts';
-import type { CommandBody } from '../schemas.ts';
 import type { UseCaseLog } from './log.ts';
 
 /** A data-plane grant: the URL to call, the session token, and when it expires (ISO 8601). */

@@ -6,6 +6,7 @@
  * boots it (lifecycle.ts). Called by `POST /v1/sandboxes` and by the E2B layer's create.
  */
 import { createHash } from 'node:crypto';
+import type { CreateSandboxBody } from '../../core/api-schemas.ts';
 import { normalisePolicy } from '../../core/egress.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { newId, newSandboxId } from '../../core/ids.ts';
@@ -19,7 +20,6 @@ import { allowCredentialHosts } from '../credential-store.ts';
 import { type DraftOperation, type OperationRecord, operationToPublic } from '../operations.ts';
 import { precheckPlacement } from '../placement.ts';
 import { type SandboxRecord, toPublic } from '../sandbox-store.ts';
-import type { CreateSandboxBody } from '../schemas.ts';
 import type { UseCaseLog } from './log.ts';
 
 /** What a create is asked: the validated body (schema defaults applied) and how to answer. */
