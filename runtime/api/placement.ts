@@ -1,13 +1,157 @@
 /**
- * The create's pre-check: before anything is written, refuse a sandbox no node could ever hold,
- * with a code that says why (a template nobody has, a shape too large for every node, a shape no
- * driver of the nodes that hold the template can run). Whether a node has room *now* is judged
- * when the create operation places it (place.lua).
+ * Placement, described once. {@link PLACEMENT_RULES} is the rule a node must meet to take a sandbox
+ * (alive, schedulable, holds the template, reads the hibernation store asked for, runs a driver
+ * that can run the shape, has room for its vCPUs, memory and one more sandbox), as data. Two
+ * places judge by it: the create's pre-check here ({@link precheckPlacement}: could any node ever
+ * take it? — room judged on an empty node), before anything is written; and place.lua, which
+ * receives the same rules as JSON and picks a node that takes it *now* (room judged on what the
+ * node holds), reserving its share in the same step. placement.test.ts runs the same cases
+ * through {@link nodeTakes} and place.lua and compares.
  */
-import { isDriverName, shapeProblem } from '../core/drivers.ts';
+import { acceptingDrivers, isDriverName, shapeProblem } from '../core/drivers.ts';
 import { SpaceError } from '../core/errors.ts';
 import type { NodeInfo } from '../core/types.ts';
 import { knownTemplates, readyTemplates } from './node-store.ts';
+
+/**
+ * A node as placement judges it. Field names are those of the node's Redis hash (`node:<id>`,
+ * runtime/core/REDIS.md), which place.lua reads; `alive` is its heartbeat key, `heldMemoryMiB` the
+ * memory its warm slots hold (less one slot's share when this sandbox would claim one).
+ */
+export interface NodeView {
+  alive: boolean;
+  schedulable: boolean;
+  /** Templates built on the node. */
+  templates: readonly string[];
+  driver: string;
+  /** Hibernation store the node reads ('' for none). */
+  hibernateStore: string;
+  /** Capacity and what placed sandboxes reserve: vCPUs in milli-vCPU, memory in MiB. */
+  vcpusMilli: number;
+  usedVcpusMilli: number;
+  memoryMiB: number;
+  usedMemoryMiB: number;
+  heldMemoryMiB: number;
+  maxSandboxes: number;
+  sandboxes: number;
+}
+
+/** What a sandbox asks of a node, as placement judges it (vCPUs in milli-vCPU, memory in MiB). */
+export interface AskView {
+  template: string;
+  /** Drivers that can run the shape (core/drivers.ts `acceptingDrivers`). */
+  drivers: readonly string[];
+  /** Hibernation store the node must read ('' = any). */
+  store: string;
+  vcpusMilli: number;
+  memoryMiB: number;
+  /** Always 1: the one sandbox slot a placement takes. */
+  one: 1;
+}
+
+/**
+ * One condition on a node. `flag`: `field` is true. `has`: the node's list `field` holds the ask's
+ * `ask`. `in`: the ask's list `ask` holds the node's `field`. `matches`: the ask's `ask` is '' or
+ * equals the node's `field`. `room`: the node's `used` fields plus the ask's `ask` fit within its
+ * `total` (on an empty node, for the pre-check, `used` counts 0).
+ */
+export type PlacementRule =
+  | { name: string; kind: 'flag'; field: 'alive' | 'schedulable' }
+  | { name: string; kind: 'has'; field: 'templates'; ask: 'template' }
+  | { name: string; kind: 'in'; field: 'driver'; ask: 'drivers' }
+  | { name: string; kind: 'matches'; field: 'hibernateStore'; ask: 'store' }
+  | {
+      name: string;
+      kind: 'room';
+      total: 'vcpusMilli' | 'memoryMiB' | 'maxSandboxes';
+      used: readonly ('usedVcpusMilli' | 'usedMemoryMiB' | 'heldMemoryMiB' | 'sandboxes')[];
+      ask: 'vcpusMilli' | 'memoryMiB' | 'one';
+    };
+
+/** The placement rule: a node takes a sandbox when every one of these holds. */
+export const PLACEMENT_RULES = [
+  { name: 'alive', kind: 'flag', field: 'alive' },
+  { name: 'schedulable', kind: 'flag', field: 'schedulable' },
+  { name: 'template', kind: 'has', field: 'templates', ask: 'template' },
+  { name: 'store', kind: 'matches', field: 'hibernateStore', ask: 'store' },
+  { name: 'driver', kind: 'in', field: 'driver', ask: 'drivers' },
+  { name: 'vcpus', kind: 'room', total: 'vcpusMilli', used: ['usedVcpusMilli'], ask: 'vcpusMilli' },
+  {
+    name: 'memory',
+    kind: 'room',
+    total: 'memoryMiB',
+    used: ['usedMemoryMiB', 'heldMemoryMiB'],
+    ask: 'memoryMiB',
+  },
+  { name: 'sandboxes', kind: 'room', total: 'maxSandboxes', used: ['sandboxes'], ask: 'one' },
+] as const satisfies readonly PlacementRule[];
+
+/** Names of the rules in {@link PLACEMENT_RULES}. */
+export type PlacementRuleName = (typeof PLACEMENT_RULES)[number]['name'];
+
+/** The rules as place.lua receives them (ARGV, JSON). */
+export const PLACEMENT_RULES_JSON = JSON.stringify(PLACEMENT_RULES);
+
+/** Whether `rule` holds for node `v` and ask `a`; with `empty`, room is judged on an empty node. Pure. */
+function holds(rule: PlacementRule, v: NodeView, a: AskView, empty: boolean): boolean {
+  switch (rule.kind) {
+    case 'flag':
+      return v[rule.field];
+    case 'has':
+      return v[rule.field].includes(a[rule.ask]);
+    case 'in':
+      return a[rule.ask].includes(v[rule.field]);
+    case 'matches':
+      return a[rule.ask] === '' || v[rule.field] === a[rule.ask];
+    case 'room': {
+      const used = empty ? 0 : rule.used.reduce((sum, f) => sum + v[f], 0);
+      return used + a[rule.ask] <= v[rule.total];
+    }
+  }
+}
+
+/**
+ * Whether node `v` takes ask `a` now under the rules named `only` (default: all of
+ * {@link PLACEMENT_RULES}); with `empty`, room is judged as if the node held nothing. Pure.
+ */
+export function nodeTakes(
+  v: NodeView,
+  a: AskView,
+  opts: { only?: readonly PlacementRuleName[]; empty?: boolean } = {},
+): boolean {
+  const judged = opts.only ?? PLACEMENT_RULES.map((r) => r.name);
+  return PLACEMENT_RULES.every((r) => !judged.includes(r.name) || holds(r, v, a, opts.empty ?? false));
+}
+
+/** A node's view from its registration (warm-slot memory is not part of `NodeInfo`: 0). Pure. */
+export function nodeView(n: NodeInfo): NodeView {
+  return {
+    alive: n.alive,
+    schedulable: n.schedulable,
+    templates: n.templates,
+    driver: n.driver,
+    hibernateStore: n.hibernateStore,
+    vcpusMilli: Math.round(n.vcpus * 1000),
+    usedVcpusMilli: Math.round(n.usedVcpus * 1000),
+    memoryMiB: n.memoryMiB,
+    usedMemoryMiB: n.usedMemoryMiB,
+    heldMemoryMiB: 0,
+    maxSandboxes: n.maxSandboxes,
+    sandboxes: n.sandboxes,
+  };
+}
+
+/** What a create asks (template, vCPUs, memory in MiB; `store` for a hibernated resume). Pure. */
+export function askView(ask: PlacementAsk, store = ''): AskView {
+  return {
+    template: ask.template,
+    drivers: acceptingDrivers(ask),
+    store,
+    vcpusMilli: Math.round(ask.vcpus * 1000),
+    memoryMiB: ask.memoryMiB,
+    one: 1,
+  };
+}
 
 /** What a create asks of a node: a template and a shape (vCPUs, memory in MiB). */
 export interface PlacementAsk {
@@ -26,8 +170,9 @@ export interface PlacementAsk {
  */
 export function precheckPlacement(all: readonly NodeInfo[], ask: PlacementAsk): void {
   const { template, vcpus, memoryMiB } = ask;
-  const templates = readyTemplates(all);
-  if (!templates.has(template)) {
+  const want = askView(ask);
+  const served = all.some((n) => nodeTakes(nodeView(n), want, { only: ['alive', 'template'] }));
+  if (!served) {
     // transient states get retryable codes: a template some node holds but no live node serves
     // now is not ready; with no live node at all, nothing can be said about it
     if (knownTemplates(all).has(template)) {
@@ -40,11 +185,12 @@ export function precheckPlacement(all: readonly NodeInfo[], ask: PlacementAsk): 
     }
     throw new SpaceError('TEMPLATE_NOT_FOUND', `no template "${template}" on any available node`, {
       template,
-      known: [...templates].sort(),
+      known: [...readyTemplates(all)].sort(),
     });
   }
-  const nodes = all.filter((n) => n.alive && n.schedulable);
-  if (nodes.length > 0 && !nodes.some((n) => n.vcpus >= vcpus && n.memoryMiB >= memoryMiB)) {
+  const nodes = all.filter((n) => nodeTakes(nodeView(n), want, { only: ['alive', 'schedulable'] }));
+  const ever = (n: NodeInfo) => nodeTakes(nodeView(n), want, { only: ['vcpus', 'memory'], empty: true });
+  if (nodes.length > 0 && !nodes.some(ever)) {
     // no node could ever hold it, however empty: a 4xx that names what is on offer, not a
     // retryable 503 (R25); a shape some node holds but not now stays NODE_CAPACITY_EXHAUSTED
     const largest = largestShapes(nodes);
@@ -55,15 +201,15 @@ export function precheckPlacement(all: readonly NodeInfo[], ask: PlacementAsk): 
       { vcpus, memoryMiB, largest },
     );
   }
-  const able = nodes.filter((n) => n.templates.includes(template));
-  const problems = able.flatMap((n) => {
-    const why = isDriverName(n.driver)
-      ? shapeProblem(n.driver, { vcpus, memoryMiB })
-      : `unknown driver ${n.driver}`;
-    return why ? [why] : [];
-  });
-  if (able.length > 0 && problems.length === able.length) {
+  const able = nodes.filter((n) => nodeTakes(nodeView(n), want, { only: ['template'] }));
+  if (able.length > 0 && !able.some((n) => nodeTakes(nodeView(n), want, { only: ['driver'] }))) {
     // every node that could hold the template runs a driver that cannot run this shape
+    const problems = able.flatMap((n) => {
+      const why = isDriverName(n.driver)
+        ? shapeProblem(n.driver, { vcpus, memoryMiB })
+        : `unknown driver ${n.driver}`;
+      return why ? [why] : [];
+    });
     throw new SpaceError('SHAPE_UNSUPPORTED', [...new Set(problems)].join('; '), {
       vcpus,
       memoryMiB,

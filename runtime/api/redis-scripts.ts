@@ -18,6 +18,7 @@ export interface SpaceScripts {
     memoryMiB: string,
     drivers: string,
     hibernateStore: string,
+    rules: string,
   ): Promise<[string, number | string, string?, number?]>;
   spaceRelease(sandboxKey: string, prefix: string): Promise<number>;
   spaceAdmit(

@@ -64,6 +64,7 @@ async function addNode(id: string, vcpus: number, memoryMiB: number, warm = 0, d
       usedVcpusMilli: '0',
       usedMemoryMiB: '0',
       sandboxes: '0',
+      templates: 'base',
     })
     .set(keys.nodeAlive(id), '1')
     .hset(keys.nodeWarm(id), 'base', String(warm))

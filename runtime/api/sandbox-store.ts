@@ -21,6 +21,7 @@ import {
 } from '../core/types.ts';
 import type { SandboxGrant } from './credential-store.ts';
 import type { DraftOperation } from './operations.ts';
+import { PLACEMENT_RULES_JSON } from './placement.ts';
 import type { ScriptedRedis } from './redis-scripts.ts';
 
 /** A sandbox as stored (the public record plus what only the platform needs). */
@@ -488,8 +489,9 @@ export class SandboxStore {
   }
 
   /**
-   * Reserves room on a node (see place.lua); with `store`, only on a node reading that hibernation
-   * store (resuming a hibernated sandbox). Returns the node with its agent URL and whether it
+   * Reserves room on a node that takes the sandbox under the placement rules (placement.ts, judged
+   * by place.lua); with `store`, only on a node reading that hibernation store (resuming a
+   * hibernated sandbox). Returns the node with its agent URL and whether it
    * heartbeats now (a new placement always does; a sandbox placed before keeps its node), or why
    * none was found (`no_nodes`, `full`).
    */
@@ -510,6 +512,7 @@ export class SandboxStore {
         String(rec.memoryMiB),
         acceptingDrivers(rec).join(','),
         store,
+        PLACEMENT_RULES_JSON,
       ),
     );
     if (!node) return { nodeId: null, reason: String(extra) };
