@@ -20,6 +20,7 @@ import { AuditLog } from './audit.ts';
 import { installAuth } from './auth.ts';
 import { type ApiConfig, defaultQuotas } from './config.ts';
 import { CredentialStore } from './credential-store.ts';
+import { DeploymentStore } from './deployment-store.ts';
 import { e2bRoutes } from './e2b/routes.ts';
 import { lifecycleHandlers } from './lifecycle.ts';
 import { type ApiMetrics, createApiMetrics } from './metrics.ts';
@@ -56,6 +57,7 @@ export interface ApiDeps {
   apiKeys: ApiKeyStore;
   teams: TeamStore;
   audit: AuditLog;
+  deployment: DeploymentStore;
   metrics: ApiMetrics;
   /** Templates ready on some alive node. */
   templates(): Promise<Set<string>>;
@@ -95,6 +97,7 @@ export function createApiDeps(o: {
       retentionSec: o.config.auditRetentionSec,
       maxEntries: o.config.auditMaxEntries,
     }),
+    deployment: new DeploymentStore(redis),
     metrics: createApiMetrics(),
     templates: async () => readyTemplates(await nodes.list()),
     async requireSandbox(id, team) {

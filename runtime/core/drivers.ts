@@ -4,7 +4,8 @@
  * again before booting).
  *
  * Sources: Firecracker's `PUT /machine-config` takes `vcpu_count` 1–32 and, as its API description
- * says, 1 or an even number (`../shared/specs/firecracker-openapi.yaml`, MachineConfiguration);
+ * says, 1 or an even number (MachineConfiguration in
+ * https://github.com/firecracker-microvm/firecracker/blob/main/src/firecracker/swagger/firecracker.yaml);
  * Cloud Hypervisor's `CpusConfig` takes integer `boot_vcpus` ≥ 1 (its `max_vcpus` limit is 254 on
  * x86-64 KVM); QEMU's microvm machine takes integer `-smp`; gVisor limits CPU with a CFS quota,
  * so fractions work.

@@ -2,8 +2,9 @@
  * E2B-compatible control plane: the routes the official `e2b` JS SDK (2.45–2.51) calls for
  * sandboxes, as an encapsulated plugin with its own auth (`X-API-KEY` = a SPACE API key: its team
  * owns what it creates and is all it sees; each route needs the same scope as its v1 twin) and
- * E2B's error body `{code, message}` (the SDK reads `code`). Sources: shared/reference/
- * e2b-protocol.md §1 (routes, bodies, statuses) and §5 (checklist).
+ * E2B's error body `{code, message}` (the SDK reads `code`). Sources: E2B's OpenAPI description
+ * (https://github.com/e2b-dev/E2B/blob/main/spec/openapi.yml: routes, bodies, statuses) as the JS
+ * SDK 2.45–2.51 reads it; what SPACE serves of it is in docs/e2b.md.
  *
  * The routes translate: create, kill, pause, resume and network updates call SPACE's own use cases
  * (`../usecases/`, with the v1 body schemas checked in process, so placement checks, validation and
@@ -22,8 +23,6 @@ import { isErrorCode, SpaceError } from '../../core/errors.ts';
 import { ID_PATTERN } from '../../core/ids.ts';
 import { F } from '../../core/log-fields.ts';
 import { CONTROL_PLANE_RETRY_AFTER_SEC, fromRedisOutage } from '../../core/redis-errors.ts';
-import { envdTokenTtlSec, keys } from '../../core/redis-keys.ts';
-import { mintSessionToken } from '../../core/tokens.ts';
 import { checkBody } from '../../core/validation.ts';
 import type { ApiDeps } from '../app.ts';
 import { principalOf, requireScope } from '../auth.ts';
@@ -34,6 +33,7 @@ import { deleteSandbox } from '../usecases/delete.ts';
 import { replaceEgress } from '../usecases/egress.ts';
 import { pauseSandbox } from '../usecases/pause.ts';
 import { resumeSandbox } from '../usecases/resume.ts';
+import { envdToken } from './envd-token.ts';
 import {
   type E2bNetwork,
   type E2bState,
@@ -122,30 +122,6 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
   }
 
   /**
-   * The envd access token of a sandbox: a SPACE session token with both data-plane scopes, for
-   * the sandbox's current session, valid as long as the longest lifetime a client may set. One
-   * per sandbox, kept in Redis (`keys.e2bEnvdToken`): create, connect and get answer the same
-   * token, and the router checks `/files` URLs the SDK signed with it. Minted when absent (first
-   * create, or the stored one is within a minute of its end); `SET NX` makes racing mints agree.
-   */
-  async function envdToken(rec: SandboxRecord): Promise<string> {
-    const key = keys.e2bEnvdToken(rec.id);
-    const stored = await deps.redis.get(key);
-    if (stored) return stored;
-    const ttlSec = Math.max(deps.config.sessionTokenTtlSec, deps.config.maxTimeoutSec);
-    const grant = await mintSessionToken(deps.signingKey, {
-      sandboxId: rec.id,
-      sessionId: rec.sessionId,
-      team: rec.team,
-      maxStreams: (await deps.teams.quotas(rec.team)).streams,
-      scopes: ['commands', 'files'],
-      ttlSec,
-    });
-    const set = await deps.redis.set(key, grant.token, 'EX', envdTokenTtlSec(ttlSec), 'NX');
-    return set ? grant.token : ((await deps.redis.get(key)) ?? grant.token);
-  }
-
-  /**
    * Waits for operation `id` to end, at most `waitMs`.
    * @throws SpaceError with the operation's own code when it failed; {@link TimeoutOf} (504) when it has
    *   not ended in time.
@@ -198,7 +174,7 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
     const resumed = await runIt(rec, log);
     await extendAtLeast(rec, timeoutSec);
     const now = await liveRecord(id, team);
-    return { status: resumed ? 201 : 200, body: toE2bSandbox(now, await envdToken(now)) };
+    return { status: resumed ? 201 : 200, body: toE2bSandbox(now, await envdToken(deps, now)) };
   }
 
   return async (app) => {
@@ -269,7 +245,7 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       await settle(out.operation.id, 2 * MAX_WAIT_MS);
       const rec = await liveRecord(out.sandbox.id, who.team);
       deps.log.info({ [F.sandboxId]: rec.id, [F.templateId]: template }, 'e2b sandbox created');
-      return toE2bSandbox(rec, await envdToken(rec));
+      return toE2bSandbox(rec, await envdToken(deps, rec));
     };
 
     const write = { scope: 'sandboxes:write' } as const;
@@ -321,7 +297,7 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
 
     app.get<IdReq>('/sandboxes/:id', { config: read }, async (req) => {
       const rec = await liveRecord(req.params.id, principalOf(req).team);
-      return toE2bDetail(rec, await envdToken(rec));
+      return toE2bDetail(rec, await envdToken(deps, rec));
     });
 
     app.delete<IdReq>('/sandboxes/:id', { config: write }, async (req, reply) => {
