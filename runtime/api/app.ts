@@ -41,6 +41,7 @@ import { teamRoutes } from './routes/teams.ts';
 import { usageRoutes } from './routes/usage.ts';
 import { type SandboxRecord, SandboxStore } from './sandbox-store.ts';
 import { TeamStore } from './teams.ts';
+import { UsageReader } from './usage.ts';
 
 /** Everything handlers use; built once per process by {@link createApiDeps}. */
 export interface ApiDeps {
@@ -58,6 +59,7 @@ export interface ApiDeps {
   teams: TeamStore;
   audit: AuditLog;
   deployment: DeploymentStore;
+  usage: UsageReader;
   metrics: ApiMetrics;
   /** Templates ready on some alive node. */
   templates(): Promise<Set<string>>;
@@ -98,6 +100,7 @@ export function createApiDeps(o: {
       maxEntries: o.config.auditMaxEntries,
     }),
     deployment: new DeploymentStore(redis),
+    usage: new UsageReader(redis),
     metrics: createApiMetrics(),
     templates: async () => readyTemplates(await nodes.list()),
     async requireSandbox(id, team) {

@@ -35,6 +35,18 @@ describe('sandbox routes (buildApp + inject)', () => {
     expect(list.json().sandboxes.map((s: { id: string }) => s.id)).toContain(out.sandbox.id);
   });
 
+  it('usage: a sandbox nothing was metered for yet is not found; the team report answers', async () => {
+    const id = (await call('POST', '/v1/sandboxes', { template: 'base' })).json().sandbox.id;
+    const one = await call('GET', `/v1/sandboxes/${id}/usage`);
+    expect({ status: one.statusCode, code: one.json().error.code }).toEqual({
+      status: 404,
+      code: 'SANDBOX_NOT_FOUND',
+    });
+    const report = await call('GET', '/v1/usage?groupBy=template');
+    expect(report.statusCode).toBe(200);
+    expect(report.json()).toMatchObject({ groupBy: 'template', resolutionSec: 60 });
+  });
+
   it('refuses what no node could hold before writing anything, each with its code', async () => {
     await api.addNode({ id: 'n1', vcpus: 2, memoryMiB: 2048, driver: 'firecracker' });
     const cases: [unknown, ErrorCode][] = [

@@ -27,7 +27,6 @@ import { principalOf } from '../auth.ts';
 import { parseV1MetadataQuery } from '../metadata-filter.ts';
 import { operationToPublic } from '../operations.ts';
 import { toPublic } from '../sandbox-store.ts';
-import { sandboxUsage } from '../usage.ts';
 import { createSandbox } from '../usecases/create.ts';
 import { deleteSandbox } from '../usecases/delete.ts';
 import { replaceEgress } from '../usecases/egress.ts';
@@ -193,7 +192,7 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
       },
       async (req) => {
         const rec = await deps.requireSandbox(req.params.id, principalOf(req).team);
-        return sandboxUsage(deps.redis, rec.id);
+        return deps.usage.sandbox(rec.id);
       },
     );
 
