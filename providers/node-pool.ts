@@ -4,18 +4,14 @@
  * having KVM. `validateNodePools` reports every problem with its config path, so a stack fails
  * with one clear message before any resource is created.
  */
+import { DRIVER_NAMES, type DriverName } from '../runtime/core/drivers.ts';
 import { type Cloud, instanceType, instanceTypeNames } from './catalogue.ts';
 
-/** How a node makes sandboxes (see DESIGN.md "Drivers"). Only `gvisor` exists in the agent today. */
-export type Driver = 'firecracker' | 'cloud-hypervisor' | 'qemu' | 'gvisor';
+/** How a node makes sandboxes: the drivers the agent knows, declared once (runtime/core/drivers.ts). */
+export type Driver = DriverName;
 
 /** Every driver. */
-export const DRIVERS = [
-  'firecracker',
-  'cloud-hypervisor',
-  'qemu',
-  'gvisor',
-] as const satisfies readonly Driver[];
+export const DRIVERS = DRIVER_NAMES;
 
 /** Drivers that run a hypervisor and therefore need `/dev/kvm`. */
 export const VMM_DRIVERS = ['firecracker', 'cloud-hypervisor', 'qemu'] as const satisfies readonly Driver[];

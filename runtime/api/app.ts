@@ -8,6 +8,7 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
+import { ErrorSchema, OperationSchema, SandboxSchema } from '../core/api-schemas.ts';
 import { SpaceError } from '../core/errors.ts';
 import { acceptEmptyBodies, clientErrorHandler, installErrorHandlers } from '../core/http-errors.ts';
 import { requestLogOptions } from '../core/http-log.ts';
@@ -19,6 +20,7 @@ import { AuditLog } from './audit.ts';
 import { installAuth } from './auth.ts';
 import { type ApiConfig, defaultQuotas } from './config.ts';
 import { CredentialStore } from './credential-store.ts';
+import { DeploymentStore } from './deployment-store.ts';
 import { e2bRoutes } from './e2b/routes.ts';
 import { lifecycleHandlers } from './lifecycle.ts';
 import { type ApiMetrics, createApiMetrics } from './metrics.ts';
@@ -38,8 +40,8 @@ import { sandboxRoutes } from './routes/sandboxes.ts';
 import { teamRoutes } from './routes/teams.ts';
 import { usageRoutes } from './routes/usage.ts';
 import { type SandboxRecord, SandboxStore } from './sandbox-store.ts';
-import { ErrorSchema, OperationSchema, SandboxSchema } from './schemas.ts';
 import { TeamStore } from './teams.ts';
+import { UsageReader } from './usage.ts';
 
 /** Everything handlers use; built once per process by {@link createApiDeps}. */
 export interface ApiDeps {
@@ -56,6 +58,8 @@ export interface ApiDeps {
   apiKeys: ApiKeyStore;
   teams: TeamStore;
   audit: AuditLog;
+  deployment: DeploymentStore;
+  usage: UsageReader;
   metrics: ApiMetrics;
   /** Templates ready on some alive node. */
   templates(): Promise<Set<string>>;
@@ -95,6 +99,8 @@ export function createApiDeps(o: {
       retentionSec: o.config.auditRetentionSec,
       maxEntries: o.config.auditMaxEntries,
     }),
+    deployment: new DeploymentStore(redis),
+    usage: new UsageReader(redis),
     metrics: createApiMetrics(),
     templates: async () => readyTemplates(await nodes.list()),
     async requireSandbox(id, team) {

@@ -4,7 +4,6 @@
  * to build when a route names neither. The `onRequest` hook authenticates the key (Redis, every
  * request) and checks the scope; the `onResponse` hook audits every mutating call of a known key.
  */
-import { randomBytes } from 'node:crypto';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { SpaceError } from '../core/errors.ts';
 import type { ApiScope } from '../core/tenancy.ts';
@@ -66,19 +65,6 @@ export function actingTeam(p: Principal, asked: string | undefined): string {
 }
 
 /**
- * Header of a call the API makes to itself (`app.inject`, the E2B layer's create and kill through
- * the v1 routes) that the outer call audits already. Its value is this process's secret, so a
- * client cannot send it to go unaudited.
- */
-const INNER_CALL_HEADER = 'x-space-inner-call';
-const INNER_CALL_SECRET = randomBytes(24).toString('hex');
-
-/** Headers that mark an `app.inject` call as part of an audited outer call (one audit entry, the outer one's). */
-export function innerCallHeaders(): Record<string, string> {
-  return { [INNER_CALL_HEADER]: INNER_CALL_SECRET };
-}
-
-/**
  * Installs the hooks on `app` (before any route is registered). Call the returned `check()` after
  * every route is registered: it throws naming every route without `scope` or `public`.
  */
@@ -102,7 +88,6 @@ export function installAuth(
   });
   app.addHook('onResponse', async (req, reply) => {
     if (!req.auth || !MUTATING.has(req.method) || !req.routeOptions.url) return;
-    if (req.headers[INNER_CALL_HEADER] === INNER_CALL_SECRET) return;
     const params = (req.params ?? {}) as Record<string, string | undefined>;
     await deps.audit.record({
       team: req.auth.team,

@@ -32,6 +32,7 @@ async function runningOn(node: string, id: string, at: number) {
       usedVcpusMilli: '0',
       usedMemoryMiB: '0',
       sandboxes: '0',
+      templates: 'base',
     })
     .set(keys.nodeAlive(node), '1')
     .exec();

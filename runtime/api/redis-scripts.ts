@@ -18,6 +18,7 @@ export interface SpaceScripts {
     memoryMiB: string,
     drivers: string,
     hibernateStore: string,
+    rules: string,
   ): Promise<[string, number | string, string?, number?]>;
   spaceRelease(sandboxKey: string, prefix: string): Promise<number>;
   spaceAdmit(
@@ -28,8 +29,10 @@ export interface SpaceScripts {
     teamIndexKey: string,
     operationKey: string,
     queueKey: string,
+    teamLiveKey: string,
+    idempotencyKey: string,
     ...argv: string[]
-  ): Promise<[1] | [0, string, number, number]>;
+  ): Promise<[1] | [0, string, number, number] | [2, string, string] | [3] | [4, string]>;
   spaceExpire(
     deadlinesKey: string,
     queueKey: string,
@@ -81,7 +84,7 @@ export function withScripts(redis: Redis): ScriptedRedis {
   if (typeof r.spaceTransition === 'function') return r;
   redis.defineCommand('spaceTransition', { numberOfKeys: 2, lua: src('transition') });
   redis.defineCommand('spacePlace', { numberOfKeys: 2, lua: src('place') });
-  redis.defineCommand('spaceAdmit', { numberOfKeys: 8, lua: src('admit') });
+  redis.defineCommand('spaceAdmit', { numberOfKeys: 9, lua: src('admit') });
   redis.defineCommand('spaceRelease', { numberOfKeys: 1, lua: src('release') });
   redis.defineCommand('spaceExpire', { numberOfKeys: 2, lua: src('expire') });
   redis.defineCommand('spaceExtend', { numberOfKeys: 2, lua: src('extend') });

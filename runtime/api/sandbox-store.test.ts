@@ -64,6 +64,7 @@ async function addNode(id: string, vcpus: number, memoryMiB: number, warm = 0, d
       usedVcpusMilli: '0',
       usedMemoryMiB: '0',
       sandboxes: '0',
+      templates: 'base',
     })
     .set(keys.nodeAlive(id), '1')
     .hset(keys.nodeWarm(id), 'base', String(warm))
@@ -102,6 +103,60 @@ describe('SandboxStore', () => {
     expect(await store.get('sbx_admit00000000000002')).toBeNull();
     expect(await ops.get(second.record.id)).toBeNull();
     expect(await redis.xlen(keys.operationQueue())).toBe(1);
+  });
+
+  it('an Idempotency-Key is claimed in the admission step or answered with the first sandbox (claim-or-return)', async () => {
+    const ops = new OperationStore(redis);
+    const sandbox = (id: string, memoryMiB = 512) => ({
+      id,
+      template: 'base',
+      vcpus: 1,
+      memoryMiB,
+      timeoutSec: 60,
+      metadata: {},
+      env: {},
+      sessionId: 'ses_aaaaaaaaaaaaaaaaaaaa',
+      egress: normalisePolicy(undefined),
+      grants: [],
+      team: 'ti',
+    });
+    const key = keys.idempotency('ti', 'k1');
+    const idem = (bodyHash: string) => ({ key, bodyHash, ttlSec: 60 });
+    const quotas = { ...UNLIMITED_QUOTAS, memoryMiB: 1024 };
+    // refused by a quota: no key is written, so the key stays free
+    const big = ops.draft('sandbox.create', 'sbx_idem00000000000000', {}, 'ti');
+    await expect(
+      store.admit(sandbox('sbx_idem00000000000000', 2048), quotas, 1_000, big, idem('h1')),
+    ).rejects.toMatchObject({ code: 'QUOTA_EXCEEDED' });
+    expect(await redis.exists(key)).toBe(0);
+    // admitted: the key holds the sandbox and its operation, written in the same step
+    const first = ops.draft('sandbox.create', 'sbx_idem00000000000001', {}, 'ti');
+    const made = await store.admit(sandbox('sbx_idem00000000000001'), quotas, 1_000, first, idem('h1'));
+    expect(made).toMatchObject({ admitted: { id: 'sbx_idem00000000000001', state: 'creating' } });
+    expect(JSON.parse((await redis.get(key))!)).toEqual({
+      bodyHash: 'h1',
+      sandboxId: 'sbx_idem00000000000001',
+      operationId: first.record.id,
+    });
+    expect(await redis.ttl(key)).toBeGreaterThan(0);
+    // the same body again: the first answer, nothing written, no quota or rate counted
+    const again = ops.draft('sandbox.create', 'sbx_idem00000000000002', {}, 'ti');
+    expect(await store.admit(sandbox('sbx_idem00000000000002'), quotas, 1_001, again, idem('h1'))).toEqual({
+      replay: { sandboxId: 'sbx_idem00000000000001', operationId: first.record.id },
+    });
+    expect(await store.get('sbx_idem00000000000002')).toBeNull();
+    expect(await ops.get(again.record.id)).toBeNull();
+    expect(await store.reserved('ti')).toEqual({ sandboxes: 1, vcpus: 1, memoryMiB: 512 });
+    // another body: a conflict, nothing written
+    await expect(
+      store.admit(sandbox('sbx_idem00000000000003'), quotas, 1_002, undefined, idem('h2')),
+    ).rejects.toMatchObject({ code: 'IDEMPOTENCY_CONFLICT' });
+    expect(await store.get('sbx_idem00000000000003')).toBeNull();
+    // a key an API from before claim-or-return claimed without its operation yet
+    await redis.set(key, JSON.stringify({ bodyHash: 'h3', sandboxId: 'sbx_idem00000000000004' }));
+    await expect(
+      store.admit(sandbox('sbx_idem00000000000005'), quotas, 1_003, undefined, idem('h3')),
+    ).rejects.toMatchObject({ code: 'INTERNAL' });
   });
 
   it('pages through every sandbox exactly once, newest first, including equal timestamps', async () => {

@@ -21,6 +21,7 @@ import {
 } from '../core/types.ts';
 import type { SandboxGrant } from './credential-store.ts';
 import type { DraftOperation } from './operations.ts';
+import { PLACEMENT_RULES_JSON } from './placement.ts';
 import type { ScriptedRedis } from './redis-scripts.ts';
 
 /** A sandbox as stored (the public record plus what only the platform needs). */
@@ -173,6 +174,28 @@ export class SandboxStore {
     now = Date.now(),
     create?: DraftOperation,
   ): Promise<SandboxRecord> {
+    const res = await this.admit(s, quotas, now, create);
+    if (!('admitted' in res)) throw new SpaceError('INTERNAL', 'admission without a key answered a replay');
+    return res.admitted;
+  }
+
+  /**
+   * {@link create} with an Idempotency-Key: `idempotency.key` (the Redis key,
+   * `keys.idempotency`) is looked up and claimed in the admission's own step (admit.lua,
+   * claim-or-return). Returns `{ admitted }` (this call wrote the sandbox) or `{ replay }` (the key
+   * was used before with the same `bodyHash`: the first request's sandbox and operation ids;
+   * nothing was written).
+   * @throws SpaceError IDEMPOTENCY_CONFLICT when the key was used with another body; INTERNAL when
+   *   an API from before claim-or-return holds the key without its operation yet; the quota errors
+   *   of {@link create}.
+   */
+  async admit(
+    s: NewSandbox,
+    quotas: TeamQuotas,
+    now = Date.now(),
+    create?: DraftOperation,
+    idempotency?: { key: string; bodyHash: string; ttlSec: number },
+  ): Promise<{ admitted: SandboxRecord } | { replay: { sandboxId: string; operationId: string } }> {
     const fields: Record<string, string> = {
       id: s.id,
       template: s.template,
@@ -204,6 +227,7 @@ export class SandboxStore {
       keys.operation(create?.record.id ?? ''),
       keys.operationQueue(),
       keys.teamLiveSandboxes(s.team),
+      idempotency?.key ?? '',
       String(now),
       s.id,
       String(quotas.sandboxes),
@@ -213,12 +237,33 @@ export class SandboxStore {
       String(cpuMilli),
       String(s.memoryMiB),
       create ? JSON.stringify(create.hash) : '',
+      idempotency?.bodyHash ?? '',
+      String(idempotency?.ttlSec ?? 0),
       ...Object.entries(fields).flat(),
     );
-    if (res[0] === 0)
-      throw quotaError(s.team, { quota: res[1], limit: res[2], current: res[3] } as QuotaRefusal);
-    // what admit.lua wrote is exactly `fields` (plus quotaHeld): no read back
-    return sandboxFromHash({ ...fields, quotaHeld: '1' })!;
+    switch (res[0]) {
+      case 0:
+        throw quotaError(s.team, { quota: res[1], limit: res[2], current: res[3] } as QuotaRefusal);
+      case 2:
+        return { replay: { sandboxId: res[1], operationId: res[2] } };
+      case 3:
+        throw new SpaceError('IDEMPOTENCY_CONFLICT', 'Idempotency-Key was used with a different body');
+      case 4:
+        throw new SpaceError('INTERNAL', 'the first request with this Idempotency-Key did not finish');
+      default:
+        // what admit.lua wrote is exactly `fields` (plus quotaHeld): no read back
+        return { admitted: sandboxFromHash({ ...fields, quotaHeld: '1' })! };
+    }
+  }
+
+  /** The id of the delete operation last asked for sandbox `id` (null when none was). */
+  async deleteOperationId(id: string): Promise<string | null> {
+    return this.redis.hget(keys.sandbox(id), 'deleteOperationId');
+  }
+
+  /** Notes `operationId` as sandbox `id`'s delete operation (a repeated DELETE answers with it). */
+  async setDeleteOperationId(id: string, operationId: string): Promise<void> {
+    await this.redis.hset(keys.sandbox(id), 'deleteOperationId', operationId);
   }
 
   /** What team `team`'s live sandboxes reserve now (counted by admit.lua and transition.lua). */
@@ -444,8 +489,9 @@ export class SandboxStore {
   }
 
   /**
-   * Reserves room on a node (see place.lua); with `store`, only on a node reading that hibernation
-   * store (resuming a hibernated sandbox). Returns the node with its agent URL and whether it
+   * Reserves room on a node that takes the sandbox under the placement rules (placement.ts, judged
+   * by place.lua); with `store`, only on a node reading that hibernation store (resuming a
+   * hibernated sandbox). Returns the node with its agent URL and whether it
    * heartbeats now (a new placement always does; a sandbox placed before keeps its node), or why
    * none was found (`no_nodes`, `full`).
    */
@@ -466,6 +512,7 @@ export class SandboxStore {
         String(rec.memoryMiB),
         acceptingDrivers(rec).join(','),
         store,
+        PLACEMENT_RULES_JSON,
       ),
     );
     if (!node) return { nodeId: null, reason: String(extra) };

@@ -3,39 +3,28 @@
  * range grouped by sandbox, API key or template, for one team. Closed time comes from one-minute buckets; the
  * interval each live sandbox is in now is added up to the moment of the query (on Redis's clock).
  */
+import type { Static } from '@sinclair/typebox';
 import type { Redis } from 'ioredis';
+import type {
+  SandboxUsageSchema,
+  UsageFigures as UsageFiguresSchema,
+  UsageReportSchema,
+} from '../core/api-schemas.ts';
 import { SpaceError } from '../core/errors.ts';
 import { keys } from '../core/redis-keys.ts';
 import { DEFAULT_TEAM } from '../core/tenancy.ts';
 import { USAGE_STATES, type UsageState } from '../core/usage.ts';
 
-/** Seconds, vCPU-seconds and GiB-seconds per activity state. */
-export interface UsageFigures {
-  seconds: Record<UsageState, number>;
-  vcpuSeconds: Record<UsageState, number>;
-  gibSeconds: Record<UsageState, number>;
-}
+/** Seconds, vCPU-seconds and GiB-seconds per activity state (the public schema's shape). */
+export type UsageFigures = Static<typeof UsageFiguresSchema>;
 
-/** One sandbox's whole-life usage. */
-export interface SandboxUsage extends UsageFigures {
-  sandboxId: string;
-  template: string;
-  startedAt: string | null;
-  endedAt: string | null;
-  state: UsageState | null;
-}
+/** One sandbox's whole-life usage (`GET /v1/sandboxes/:id/usage`). */
+export type SandboxUsage = Static<typeof SandboxUsageSchema>;
 
 export type UsageGroupBy = 'sandbox' | 'apiKey' | 'template';
 
 /** The answer of GET /v1/usage. */
-export interface UsageReportBody {
-  from: string;
-  to: string;
-  groupBy: UsageGroupBy;
-  resolutionSec: number;
-  groups: ({ key: string } & UsageFigures)[];
-  total: UsageFigures;
-}
+export type UsageReportBody = Omit<Static<typeof UsageReportSchema>, 'groupBy'> & { groupBy: UsageGroupBy };
 
 /** Longest range one usage query may cover (ms): 31 days of one-minute buckets. */
 export const MAX_USAGE_RANGE_MS = 31 * 24 * 3600 * 1000;
@@ -205,4 +194,26 @@ export async function queryUsage(
       .map(([key, f]) => ({ key, ...tidy(f) })),
     total: tidy(total),
   };
+}
+
+/** The usage reads of the API's routes, over one Redis connection. */
+export class UsageReader {
+  readonly #redis: Redis;
+  constructor(redis: Redis) {
+    this.#redis = redis;
+  }
+
+  /** {@link sandboxUsage} of sandbox `id`. */
+  sandbox(id: string): Promise<SandboxUsage> {
+    return sandboxUsage(this.#redis, id);
+  }
+
+  /** {@link queryUsage} for team `team`. */
+  query(
+    range: { fromMs: number; toMs: number },
+    groupBy: UsageGroupBy,
+    team: string,
+  ): Promise<UsageReportBody> {
+    return queryUsage(this.#redis, range, groupBy, team);
+  }
 }

@@ -4,7 +4,15 @@
  * `UNREACHABLE` / `BAD_RESPONSE` when there is no SPACE answer at all.
  */
 import type { Readable } from 'node:stream';
+import type { Static } from '@sinclair/typebox';
 import { type Dispatcher, request } from 'undici';
+import type {
+  SandboxUsageSchema,
+  StreamGrant as StreamGrantSchema,
+  UsageFigures as UsageFiguresSchema,
+  UsageReportSchema,
+} from '../core/api-schemas.ts';
+import type { Operation, Sandbox } from '../core/types.ts';
 import type { Endpoint } from './local.ts';
 import { CliError } from './output.ts';
 
@@ -229,70 +237,20 @@ export class DataPlane {
   }
 }
 
-/** Public shapes the CLI reads (see runtime/api/schemas.ts). */
-export interface Operation {
-  id: string;
-  kind: string;
-  target: string;
-  state: 'pending' | 'running' | 'succeeded' | 'failed';
-  error: { code: string; message: string } | null;
-  createdAt: string;
-  updatedAt: string;
-}
-
-export interface Sandbox {
-  id: string;
-  template: string;
-  state: string;
-  vcpus: number;
-  memoryMiB: number;
-  timeoutSec: number;
-  autoPauseSec?: number;
-  pause?: { mode: string; reason: string; pausedAt: string; timeLeftSec: number } | null;
-  metadata: Record<string, string>;
-  nodeId: string | null;
-  fromWarmPool: boolean;
-  createdFrom?: 'warm' | 'snapshot' | 'boot' | null;
-  sessionId: string;
-  createdAt: string;
-  updatedAt: string;
-  expiresAt: string;
-  endedAt: string | null;
-  killReason: string | null;
-  endMessage: string | null;
-}
+/** Public shapes the CLI reads: the API's own declarations (core/api-schemas.ts). */
+export type { Operation, Sandbox };
 
 /** Seconds, vCPU-seconds and GiB-seconds per activity state (API JSON). */
-export interface UsageFigures {
-  seconds: Record<'active' | 'idle' | 'paused', number>;
-  vcpuSeconds: Record<'active' | 'idle' | 'paused', number>;
-  gibSeconds: Record<'active' | 'idle' | 'paused', number>;
-}
+export type UsageFigures = Static<typeof UsageFiguresSchema>;
 
 /** `GET /v1/sandboxes/:id/usage`. */
-export interface SandboxUsage extends UsageFigures {
-  sandboxId: string;
-  template: string;
-  startedAt: string | null;
-  endedAt: string | null;
-  state: 'active' | 'idle' | 'paused' | null;
-}
+export type SandboxUsage = Static<typeof SandboxUsageSchema>;
 
 /** `GET /v1/usage`. */
-export interface UsageReport {
-  from: string;
-  to: string;
-  groupBy: string;
-  resolutionSec: number;
-  groups: ({ key: string } & UsageFigures)[];
-  total: UsageFigures;
-}
+export type UsageReport = Static<typeof UsageReportSchema>;
 
-export interface StreamGrant {
-  url: string;
-  token: string;
-  expiresAt: string;
-}
+/** A data-plane URL, a session token for it and when that expires (`POST …/tokens`). */
+export type StreamGrant = Static<typeof StreamGrantSchema>;
 
 /** Longest server-side wait of one long-poll, ms (the API caps it at 60 s). */
 export const LONG_POLL_MS = 30_000;

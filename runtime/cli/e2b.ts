@@ -1,8 +1,8 @@
 /**
  * `space e2b env`: the environment that points the official `e2b` SDK at this SPACE, so that
- * `eval "$(space e2b env)"` is the whole migration (the E2B SDK, https://github.com/e2b-dev/e2b,
- * reads E2B_API_URL for the control plane, E2B_SANDBOX_URL for every envd call, E2B_API_KEY as
- * its `X-API-KEY`).
+ * `eval "$(space e2b env)"` is the whole migration (docs/e2b.md; the SDK reads E2B_API_URL for
+ * the control plane, E2B_SANDBOX_URL for every envd call, E2B_API_KEY as its `X-API-KEY`: its
+ * connection config, https://github.com/e2b-dev/E2B/blob/main/packages/js-sdk/src/connectionConfig.ts).
  */
 import type { Command } from 'commander';
 import { globals, isJson } from './context.ts';

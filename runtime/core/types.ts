@@ -1,4 +1,5 @@
-import type { EgressPolicy } from './egress.ts';
+import type { Static } from '@sinclair/typebox';
+import type { OperationSchema, SandboxSchema } from './api-schemas.ts';
 
 /**
  * Shared data shapes of the control plane: the sandbox lifecycle as data, operations, nodes.
@@ -131,54 +132,11 @@ export type PauseMode = (typeof PAUSE_MODES)[number];
 export const PAUSE_REASONS = ['request', 'idle'] as const;
 export type PauseReason = (typeof PAUSE_REASONS)[number];
 
-/** The public sandbox record (API JSON). */
-export interface Sandbox {
-  id: string;
-  template: string;
-  state: SandboxState;
-  vcpus: number;
-  memoryMiB: number;
-  /**
-   * Running lifetime, seconds, from creation or the last timeout change. Only running time counts:
-   * a paused sandbox's clock stops (see {@link Sandbox.pause}).
-   */
-  timeoutSec: number;
-  /** Idle seconds after which the platform pauses the sandbox (0: never). */
-  autoPauseSec: number;
-  /** Set while paused (or pausing/resuming after a pause): how and since when, ISO 8601. */
-  pause: {
-    mode: PauseMode;
-    reason: PauseReason;
-    pausedAt: string;
-    /** Running lifetime left when it was paused, seconds. */
-    timeLeftSec: number;
-  } | null;
-  metadata: Record<string, string>;
-  /** Node holding it, once placed. */
-  nodeId: string | null;
-  /** Whether creation claimed a warm-pool slot. */
-  fromWarmPool: boolean;
-  /** How its instance came to be: a warm-pool claim, a snapshot restore or a cold boot (null before). */
-  createdFrom: 'warm' | 'snapshot' | 'boot' | null;
-  /** Current session id (bound into session tokens). */
-  sessionId: string;
-  /** ISO 8601 times. */
-  createdAt: string;
-  updatedAt: string;
-  /**
-   * When the platform will kill it (ISO 8601): the end of its running lifetime, or while paused
-   * the end of the paused retention.
-   */
-  expiresAt: string;
-  endedAt: string | null;
-  killReason: KillReason | null;
-  /** Human explanation of the end (or of the failure), when ended. */
-  endMessage: string | null;
-  /** The sandbox's egress policy (normalised). */
-  egress: EgressPolicy;
-  /** Credentials granted: the env var in the sandbox holds a placeholder, never the value. */
-  credentials: { name: string; envVar: string }[];
-}
+/**
+ * The public sandbox record (API JSON), as its schema (`SandboxSchema`, core/api-schemas.ts)
+ * declares it: the API answers with it and the CLI reads it.
+ */
+export type Sandbox = Static<typeof SandboxSchema>;
 
 /** Kinds of asynchronous operations. */
 export const OPERATION_KINDS = [
@@ -192,17 +150,8 @@ export type OperationKind = (typeof OPERATION_KINDS)[number];
 export const OPERATION_STATES = ['pending', 'running', 'succeeded', 'failed'] as const;
 export type OperationState = (typeof OPERATION_STATES)[number];
 
-/** An operation (API JSON). */
-export interface Operation {
-  id: string;
-  kind: OperationKind;
-  /** Id of the sandbox it acts on. */
-  target: string;
-  state: OperationState;
-  error: { code: string; message: string } | null;
-  createdAt: string;
-  updatedAt: string;
-}
+/** An operation (API JSON), as its schema (`OperationSchema`, core/api-schemas.ts) declares it. */
+export type Operation = Static<typeof OperationSchema>;
 
 /** A node as it registers itself (Redis, API JSON). */
 export interface NodeInfo {

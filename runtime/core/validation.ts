@@ -7,6 +7,7 @@
 import { Ajv, type Options } from 'ajv';
 import addFormatsModule from 'ajv-formats';
 import type { FastifyInstance } from 'fastify';
+import { SpaceError } from './errors.ts';
 
 // ajv-formats is CommonJS; its default export is the function under ESM interop
 const addFormats = addFormatsModule as unknown as (ajv: Ajv) => Ajv;
@@ -20,4 +21,26 @@ export function installValidators(app: FastifyInstance): void {
   app.setValidatorCompiler(({ schema, httpPart }) =>
     (httpPart === 'body' ? strict : converting).compile(schema as object),
   );
+}
+
+const strictBodies = addFormats(new Ajv({ ...common, coerceTypes: false }));
+const bodyCheckers = new WeakMap<object, ReturnType<Ajv['compile']>>();
+
+/**
+ * Checks `value` as a route's body would be checked (strict, defaults applied in place), for a
+ * body built in process rather than received (the E2B layer builds SPACE's create and egress bodies).
+ * @throws SpaceError BAD_REQUEST with the message Fastify gives a body that fails its schema
+ *   (`body/<path> <reason>`).
+ */
+export function checkBody(schema: object, value: unknown): void {
+  let check = bodyCheckers.get(schema);
+  if (!check) {
+    check = strictBodies.compile(schema);
+    bodyCheckers.set(schema, check);
+  }
+  if (check(value)) return;
+  const message = (check.errors ?? [])
+    .map((e) => `body${e.instancePath} ${e.message ?? 'is invalid'}`)
+    .join(', ');
+  throw new SpaceError('BAD_REQUEST', message || 'body is invalid');
 }

@@ -2,12 +2,14 @@
  * E2B-compatible control plane: the routes the official `e2b` JS SDK (2.45–2.51) calls for
  * sandboxes, as an encapsulated plugin with its own auth (`X-API-KEY` = a SPACE API key: its team
  * owns what it creates and is all it sees; each route needs the same scope as its v1 twin) and
- * E2B's error body `{code, message}` (the SDK reads `code`). Sources: shared/reference/
- * e2b-protocol.md §1 (routes, bodies, statuses) and §5 (checklist).
+ * E2B's error body `{code, message}` (the SDK reads `code`). Sources: E2B's OpenAPI description
+ * (https://github.com/e2b-dev/E2B/blob/main/spec/openapi.yml: routes, bodies, statuses) as the JS
+ * SDK 2.45–2.51 reads it; what SPACE serves of it is in docs/e2b.md.
  *
- * The routes translate: create and kill go through SPACE's own v1 routes (`inject`, so placement
- * checks, validation and records have one implementation) and then wait on SPACE's operation,
- * since E2B's create, kill, pause and connect answer when done. Waits are bounded by
+ * The routes translate: create, kill, pause, resume and network updates call SPACE's own use cases
+ * (`../usecases/`, with the v1 body schemas checked in process, so placement checks, validation and
+ * records have one implementation) and then wait on SPACE's operation, since E2B's create, kill,
+ * pause and connect answer when done. Waits are bounded by
  * `waitMs` (create: 2 × MAX_WAIT_MS) and end in 504 when the operation has not finished.
  *
  * Not implemented (clear 4xx/501 in the SDK's terms): metrics, network updates, snapshots,
@@ -15,17 +17,23 @@
  * `allow_internet_access: false`, `order=asc`.
  */
 import type { FastifyPluginAsync, FastifyRequest } from 'fastify';
+import { CreateSandboxBody } from '../../core/api-schemas.ts';
+import { EgressPolicySchema } from '../../core/egress.ts';
 import { isErrorCode, SpaceError } from '../../core/errors.ts';
 import { ID_PATTERN } from '../../core/ids.ts';
-import { requestLifecycle } from '../../core/lifecycle-requests.ts';
 import { F } from '../../core/log-fields.ts';
 import { CONTROL_PLANE_RETRY_AFTER_SEC, fromRedisOutage } from '../../core/redis-errors.ts';
-import { envdTokenTtlSec, keys } from '../../core/redis-keys.ts';
-import { mintSessionToken } from '../../core/tokens.ts';
+import { checkBody } from '../../core/validation.ts';
 import type { ApiDeps } from '../app.ts';
-import { innerCallHeaders, principalOf, requireScope } from '../auth.ts';
+import { principalOf, requireScope } from '../auth.ts';
 import { MAX_WAIT_MS, type OperationRecord } from '../operations.ts';
 import type { SandboxRecord } from '../sandbox-store.ts';
+import { createSandbox } from '../usecases/create.ts';
+import { deleteSandbox } from '../usecases/delete.ts';
+import { replaceEgress } from '../usecases/egress.ts';
+import { pauseSandbox } from '../usecases/pause.ts';
+import { resumeSandbox } from '../usecases/resume.ts';
+import { envdToken } from './envd-token.ts';
 import {
   type E2bNetwork,
   type E2bState,
@@ -114,30 +122,6 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
   }
 
   /**
-   * The envd access token of a sandbox: a SPACE session token with both data-plane scopes, for
-   * the sandbox's current session, valid as long as the longest lifetime a client may set. One
-   * per sandbox, kept in Redis (`keys.e2bEnvdToken`): create, connect and get answer the same
-   * token, and the router checks `/files` URLs the SDK signed with it. Minted when absent (first
-   * create, or the stored one is within a minute of its end); `SET NX` makes racing mints agree.
-   */
-  async function envdToken(rec: SandboxRecord): Promise<string> {
-    const key = keys.e2bEnvdToken(rec.id);
-    const stored = await deps.redis.get(key);
-    if (stored) return stored;
-    const ttlSec = Math.max(deps.config.sessionTokenTtlSec, deps.config.maxTimeoutSec);
-    const grant = await mintSessionToken(deps.signingKey, {
-      sandboxId: rec.id,
-      sessionId: rec.sessionId,
-      team: rec.team,
-      maxStreams: (await deps.teams.quotas(rec.team)).streams,
-      scopes: ['commands', 'files'],
-      ttlSec,
-    });
-    const set = await deps.redis.set(key, grant.token, 'EX', envdTokenTtlSec(ttlSec), 'NX');
-    return set ? grant.token : ((await deps.redis.get(key)) ?? grant.token);
-  }
-
-  /**
    * Waits for operation `id` to end, at most `waitMs`.
    * @throws SpaceError with the operation's own code when it failed; {@link TimeoutOf} (504) when it has
    *   not ended in time.
@@ -160,10 +144,10 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
   }
 
   /** Resumes `rec` when paused and waits for it; returns true when it had to resume. */
-  async function runIt(rec: SandboxRecord): Promise<boolean> {
+  async function runIt(rec: SandboxRecord, log: FastifyRequest['log']): Promise<boolean> {
     if (rec.state === 'running' || rec.state === 'creating') return false;
-    const asked = await requestLifecycle(deps.redis, 'sandbox.resume', rec.id, { reason: 'request' });
-    await settle(asked.operationId, MAX_WAIT_MS);
+    const op = await resumeSandbox(deps, rec.team, rec.id, log);
+    await settle(op.id, MAX_WAIT_MS);
     return true;
   }
 
@@ -185,12 +169,12 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
   }
 
   /** Connect/resume: running ⇒ extend only (200), paused ⇒ resume (201), ending ⇒ 409. */
-  async function connect(id: string, team: string, timeoutSec: number) {
+  async function connect(id: string, team: string, timeoutSec: number, log: FastifyRequest['log']) {
     const rec = await liveRecord(id, team);
-    const resumed = await runIt(rec);
+    const resumed = await runIt(rec, log);
     await extendAtLeast(rec, timeoutSec);
     const now = await liveRecord(id, team);
-    return { status: resumed ? 201 : 200, body: toE2bSandbox(now, await envdToken(now)) };
+    return { status: resumed ? 201 : 200, body: toE2bSandbox(now, await envdToken(deps, now)) };
   }
 
   return async (app) => {
@@ -234,39 +218,34 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       const egress = egressOf(b.allow_internet_access, b.network);
       const template = (b.templateID ?? 'base').split(':')[0] ?? 'base';
       const timeoutSec = b.timeout || (v1 ? 15 : E2B_DEFAULT_TIMEOUT_SEC);
-      const res = await app.inject({
-        method: 'POST',
-        url: '/v1/sandboxes',
-        headers: {
-          authorization: `Bearer ${req.headers['x-api-key']}`,
-          'content-type': 'application/json',
-          ...innerCallHeaders(),
-        },
-        payload: {
-          template,
-          timeoutSec: Math.min(timeoutSec, deps.config.maxTimeoutSec),
-          metadata: b.metadata ?? {},
-          env: b.envVars ?? {},
-          egress,
-        },
-      });
-      const out = res.json() as {
-        sandbox?: { id: string };
-        operation?: { id: string };
-        error?: { code: string; message: string };
+      const who = principalOf(req);
+      // SPACE's create body, checked as POST /v1/sandboxes checks it
+      const body = {
+        template,
+        timeoutSec: Math.min(timeoutSec, deps.config.maxTimeoutSec),
+        metadata: b.metadata ?? {},
+        env: b.envVars ?? {},
+        egress,
       };
-      if (res.statusCode !== 202 || !out.sandbox || !out.operation) {
-        const code = out.error?.code;
-        if (code === 'TEMPLATE_NOT_FOUND') {
-          throw new SpaceError('BAD_REQUEST', `template "${b.templateID}" not found: ${out.error?.message}`);
+      checkBody(CreateSandboxBody, body);
+      let out: Awaited<ReturnType<typeof createSandbox>>;
+      try {
+        out = await createSandbox(deps, {
+          who,
+          body: body as CreateSandboxBody,
+          log: req.log,
+        });
+      } catch (err) {
+        if (err instanceof SpaceError && err.code === 'TEMPLATE_NOT_FOUND') {
+          throw new SpaceError('BAD_REQUEST', `template "${b.templateID}" not found: ${err.message}`);
         }
-        throw new SpaceError(isErrorCode(code) ? code : 'INTERNAL', out.error?.message ?? 'create failed');
+        throw err;
       }
       req.auditTarget = out.sandbox.id;
       await settle(out.operation.id, 2 * MAX_WAIT_MS);
-      const rec = await liveRecord(out.sandbox.id, principalOf(req).team);
+      const rec = await liveRecord(out.sandbox.id, who.team);
       deps.log.info({ [F.sandboxId]: rec.id, [F.templateId]: template }, 'e2b sandbox created');
-      return toE2bSandbox(rec, await envdToken(rec));
+      return toE2bSandbox(rec, await envdToken(deps, rec));
     };
 
     const write = { scope: 'sandboxes:write' } as const;
@@ -318,24 +297,14 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
 
     app.get<IdReq>('/sandboxes/:id', { config: read }, async (req) => {
       const rec = await liveRecord(req.params.id, principalOf(req).team);
-      return toE2bDetail(rec, await envdToken(rec));
+      return toE2bDetail(rec, await envdToken(deps, rec));
     });
 
     app.delete<IdReq>('/sandboxes/:id', { config: write }, async (req, reply) => {
-      await liveRecord(req.params.id, principalOf(req).team);
-      const res = await app.inject({
-        method: 'DELETE',
-        url: `/v1/sandboxes/${req.params.id}`,
-        headers: { authorization: `Bearer ${req.headers['x-api-key']}`, ...innerCallHeaders() },
-      });
-      const out = res.json() as { operation?: { id: string }; error?: { code: string; message: string } };
-      if (!out.operation) {
-        throw new SpaceError(
-          isErrorCode(out.error?.code) ? out.error.code : 'INTERNAL',
-          out.error?.message ?? '',
-        );
-      }
-      await settle(out.operation.id, MAX_WAIT_MS);
+      const team = principalOf(req).team;
+      await liveRecord(req.params.id, team);
+      const op = await deleteSandbox(deps, team, req.params.id);
+      await settle(op.id, MAX_WAIT_MS);
       req.log.info({ [F.sandboxId]: req.params.id }, 'e2b sandbox killed');
       return reply.status(204).send();
     });
@@ -355,8 +324,8 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       if (e2bState(rec.state) === 'paused') {
         throw new SpaceError('SANDBOX_PAUSED', `sandbox "${rec.id}" is already paused`);
       }
-      const asked = await requestLifecycle(deps.redis, 'sandbox.pause', rec.id, { reason: 'request' });
-      await settle(asked.operationId, MAX_WAIT_MS);
+      const op = await pauseSandbox(deps, rec.team, rec.id, undefined, req.log);
+      await settle(op.id, MAX_WAIT_MS);
       return reply.status(204).send();
     });
 
@@ -365,7 +334,12 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       reply: { status(n: number): { send(b: unknown): unknown } },
     ) => {
       const timeout = (req.body as { timeout?: number } | undefined)?.timeout;
-      const r = await connect(req.params.id, principalOf(req).team, timeout || E2B_DEFAULT_TIMEOUT_SEC);
+      const r = await connect(
+        req.params.id,
+        principalOf(req).team,
+        timeout || E2B_DEFAULT_TIMEOUT_SEC,
+        req.log,
+      );
       return reply.status(r.status).send(r.body);
     };
     const connectOpts = { schema: { body: ConnectSchema }, config: write };
@@ -379,24 +353,12 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       '/sandboxes/:id/network',
       { schema: { body: NetworkSchema }, config: write },
       async (req, reply) => {
-        await liveRecord(req.params.id, principalOf(req).team);
-        const res = await app.inject({
-          method: 'PATCH',
-          url: `/v1/sandboxes/${req.params.id}/egress`,
-          headers: {
-            authorization: `Bearer ${req.headers['x-api-key']}`,
-            'content-type': 'application/json',
-            ...innerCallHeaders(),
-          },
-          payload: egressOf(req.body.allow_internet_access, req.body),
-        });
-        if (res.statusCode >= 400) {
-          const out = res.json() as { error?: { code: string; message: string } };
-          throw new SpaceError(
-            isErrorCode(out.error?.code) ? out.error.code : 'INTERNAL',
-            out.error?.message ?? '',
-          );
-        }
+        const team = principalOf(req).team;
+        await liveRecord(req.params.id, team);
+        // SPACE's egress policy, checked as PATCH /v1/sandboxes/:id/egress checks it
+        const policy = egressOf(req.body.allow_internet_access, req.body);
+        checkBody(EgressPolicySchema, policy);
+        await replaceEgress(deps, team, req.params.id, policy, req.log);
         return reply.status(204).send();
       },
     );

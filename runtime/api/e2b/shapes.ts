@@ -1,7 +1,8 @@
 /**
  * E2B's control-plane shapes, and how SPACE's records and errors map onto them. Pure functions.
- * Source of every external fact: shared/reference/e2b-protocol.md §1 (E2B's `spec/openapi.yml`
- * as read by the JS SDK 2.45–2.51).
+ * Source of every external fact: E2B's OpenAPI description
+ * (https://github.com/e2b-dev/E2B/blob/main/spec/openapi.yml) as the JS SDK 2.45–2.51 reads it;
+ * the mapping is summed up in docs/e2b.md.
  */
 
 import { isIP } from 'node:net';

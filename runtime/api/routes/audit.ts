@@ -1,11 +1,11 @@
 /** GET /v1/audit: the team's audit log, newest first (keys with `audit:read`). */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
+import { ErrorSchema } from '../../core/api-schemas.ts';
 import { nullable, stringEnum } from '../../core/json-schema.ts';
 import { TEAM_ID_PATTERN } from '../../core/tenancy.ts';
 import type { ApiDeps } from '../app.ts';
 import { actingTeam, principalOf } from '../auth.ts';
-import { ErrorSchema } from '../schemas.ts';
 
 const AuditEntrySchema = Type.Object({
   id: Type.String(),

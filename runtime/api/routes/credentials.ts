@@ -6,10 +6,10 @@
  */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
+import { CREDENTIAL_NAME, CredentialBody, CredentialSchema, ErrorSchema } from '../../core/api-schemas.ts';
 import { SpaceError } from '../../core/errors.ts';
 import type { ApiDeps } from '../app.ts';
 import { principalOf } from '../auth.ts';
-import { CREDENTIAL_NAME, CredentialBody, CredentialSchema, ErrorSchema } from '../schemas.ts';
 
 const NameParams = Type.Object({ name: Type.String({ pattern: CREDENTIAL_NAME }) });
 const errors = { 400: ErrorSchema, 401: ErrorSchema, 403: ErrorSchema, 404: ErrorSchema };

@@ -7,8 +7,8 @@
  */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
-import { ENV_NAME, ENV_VALUE, parseEnvFile, renderEnvFile } from '../../core/env-file.ts';
-import { DEPLOY_VM_CONFIG_KEY, VM_SERVICE } from '../../core/redis-keys.ts';
+import { ENV_NAME, ENV_VALUE } from '../../core/env-file.ts';
+import { VM_SERVICE } from '../../core/redis-keys.ts';
 import type { ApiDeps } from '../app.ts';
 
 const Env = Type.Record(
@@ -46,10 +46,7 @@ export function deploymentRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
       async (req) => {
         const { services } = req.body;
         // the whole document at once: a service missing from it is left as its VMs have it
-        const m = deps.redis.multi().del(DEPLOY_VM_CONFIG_KEY);
-        const fields = Object.entries(services).flatMap(([s, env]) => [s, renderEnvFile(env)]);
-        if (fields.length) m.hset(DEPLOY_VM_CONFIG_KEY, ...fields);
-        await m.exec();
+        await deps.deployment.setVmConfig(services);
         req.log.info({ services: Object.keys(services) }, 'vm config set');
         return { services };
       },
@@ -63,12 +60,7 @@ export function deploymentRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
           response: { 200: VmConfig },
         },
       },
-      async () => {
-        const h = await deps.redis.hgetall(DEPLOY_VM_CONFIG_KEY);
-        return {
-          services: Object.fromEntries(Object.entries(h).map(([s, text]) => [s, parseEnvFile(text)])),
-        };
-      },
+      async () => ({ services: await deps.deployment.vmConfig() }),
     );
   };
 }

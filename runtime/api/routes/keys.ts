@@ -5,13 +5,13 @@
  */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
+import { ErrorSchema, IdParams } from '../../core/api-schemas.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { nullable, stringEnum } from '../../core/json-schema.ts';
 import { ALL_SCOPES, type ApiScope, DEFAULT_KEY_SCOPES, TEAM_ID_PATTERN } from '../../core/tenancy.ts';
 import type { Principal } from '../api-keys.ts';
 import type { ApiDeps } from '../app.ts';
 import { actingTeam, principalOf } from '../auth.ts';
-import { ErrorSchema, IdParams } from '../schemas.ts';
 
 const ScopeSchema = stringEnum(ALL_SCOPES);
 

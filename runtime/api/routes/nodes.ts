@@ -2,7 +2,7 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
 import { nullable } from '../../core/json-schema.ts';
-import { DEPLOY_TARGET_VERSION_KEY, VERSION_TAG } from '../../core/redis-keys.ts';
+import { VERSION_TAG } from '../../core/redis-keys.ts';
 import type { ApiDeps } from '../app.ts';
 import { knownTemplates, readyTemplates } from '../node-store.ts';
 
@@ -51,7 +51,7 @@ export function nodeRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         },
       },
       async (req) => {
-        await deps.redis.set(DEPLOY_TARGET_VERSION_KEY, req.body.version);
+        await deps.deployment.setTargetVersion(req.body.version);
         req.log.info({ version: req.body.version }, 'deployment target version set');
         return { version: req.body.version };
       },
@@ -65,7 +65,7 @@ export function nodeRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
           response: { 200: Type.Object({ version: nullable(Type.String()) }) },
         },
       },
-      async () => ({ version: await deps.redis.get(DEPLOY_TARGET_VERSION_KEY) }),
+      async () => ({ version: await deps.deployment.targetVersion() }),
     );
     app.get(
       '/v1/templates',

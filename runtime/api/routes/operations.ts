@@ -4,12 +4,12 @@
  */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
+import { ErrorSchema, IdParams, OperationSchema, WaitQuery } from '../../core/api-schemas.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { DEFAULT_TEAM } from '../../core/tenancy.ts';
 import type { ApiDeps } from '../app.ts';
 import { principalOf } from '../auth.ts';
 import { type OperationRecord, operationToPublic } from '../operations.ts';
-import { ErrorSchema, IdParams, OperationSchema, WaitQuery } from '../schemas.ts';
 
 export function operationRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
   /** The operation's team: recorded on it, else its sandbox's (operations from before teams). */

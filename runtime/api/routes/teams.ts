@@ -4,11 +4,11 @@
  */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
+import { ErrorSchema } from '../../core/api-schemas.ts';
 import { nullable } from '../../core/json-schema.ts';
 import { QUOTA_NAMES, TEAM_ID_PATTERN } from '../../core/tenancy.ts';
 import type { ApiDeps } from '../app.ts';
 import { actingTeam, principalOf } from '../auth.ts';
-import { ErrorSchema } from '../schemas.ts';
 
 const Quotas = Type.Object(
   Object.fromEntries(QUOTA_NAMES.map((q) => [q, Type.Integer({ minimum: 0 })])) as Record<

@@ -1,10 +1,9 @@
 /** GET /v1/usage: the key's team's active, idle and paused time summed over a range, grouped. */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
+import { ErrorSchema, UsageQuery, UsageReportSchema } from '../../core/api-schemas.ts';
 import { SpaceError } from '../../core/errors.ts';
 import type { ApiDeps } from '../app.ts';
 import { principalOf } from '../auth.ts';
-import { ErrorSchema, UsageQuery, UsageReportSchema } from '../schemas.ts';
-import { queryUsage } from '../usage.ts';
 
 /** Default range of a query without `from` (ms): the last 24 hours. */
 const DEFAULT_RANGE_MS = 24 * 3600 * 1000;
@@ -28,12 +27,7 @@ export function usageRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         if (Number.isNaN(fromMs) || Number.isNaN(toMs)) {
           throw new SpaceError('BAD_REQUEST', '`from` and `to` must be ISO 8601 times');
         }
-        return queryUsage(
-          deps.redis,
-          { fromMs, toMs },
-          req.query.groupBy ?? 'sandbox',
-          principalOf(req).team,
-        );
+        return deps.usage.query({ fromMs, toMs }, req.query.groupBy ?? 'sandbox', principalOf(req).team);
       },
     );
   };

@@ -4,17 +4,36 @@
 -- KEYS[1] sandbox hash, KEYS[2] sandbox index zset, KEYS[3] team reserved hash
 -- (`sandboxes`, `vcpusMilli`, `memoryMiB`), KEYS[4] team creates zset (sliding 60 s window),
 -- KEYS[5] the team's sandbox index zset, KEYS[6] the create operation's hash, KEYS[7] the operation
--- queue stream, KEYS[8] the team's index of sandboxes not yet killed (transition.lua removes)
+-- queue stream, KEYS[8] the team's index of sandboxes not yet killed (transition.lua removes),
+-- KEYS[9] the request's idempotency key (unused without a body hash)
 -- ARGV[1] now (ms), ARGV[2] sandbox id, ARGV[3] sandboxes limit, ARGV[4] vCPU limit (milli),
 -- ARGV[5] memory limit (MiB), ARGV[6] creates-per-minute limit (limits: 0 = unlimited),
 -- ARGV[7] this sandbox's vCPUs (milli), ARGV[8] its memory (MiB), ARGV[9] the create operation's
--- hash as a JSON object ('' = none: the caller queues it), ARGV[10..] sandbox field/value pairs
--- Returns { 1 } when admitted and recorded, or { 0, quota, limit, current } when refused.
+-- hash as a JSON object ('' = none: the caller queues it), ARGV[10] the request body's hash
+-- ('' = no Idempotency-Key), ARGV[11] the idempotency key's TTL (s), ARGV[12..] sandbox
+-- field/value pairs
+-- Returns { 1 } when admitted and recorded, { 0, quota, limit, current } when refused, and with an
+-- idempotency key: { 2, sandboxId, operationId } when the key was used before with the same body
+-- (the first request's sandbox: nothing is written), { 3 } when it was used with another body,
+-- { 4, sandboxId } when an API from before this script holds the key without an operation yet.
+-- The key is claimed in the step that admits the sandbox (claim-or-return): a retry sees either
+-- nothing (and admits) or the first request's whole answer, never a half-written one; a refused
+-- create writes no key, so the key may be used again with a body that fits.
 -- With an operation, an admitted sandbox and its queued create are one step: no record is ever
 -- left `creating` without the operation that makes it (an API dying between two writes did that),
 -- and the create costs one round trip less.
 -- The reservation is returned exactly once when the sandbox reaches `killed` (transition.lua),
 -- marked by the record's `quotaHeld` field.
+local bodyHash = ARGV[10]
+if bodyHash ~= '' then
+  local prior = redis.call('GET', KEYS[9])
+  if prior then
+    local p = cjson.decode(prior)
+    if p.bodyHash ~= bodyHash then return { 3 } end
+    if not p.operationId then return { 4, p.sandboxId or '' } end
+    return { 2, p.sandboxId, p.operationId }
+  end
+end
 local now = tonumber(ARGV[1])
 local cpu, mem = tonumber(ARGV[7]), tonumber(ARGV[8])
 local r = redis.call('HMGET', KEYS[3], 'sandboxes', 'vcpusMilli', 'memoryMiB')
@@ -39,7 +58,7 @@ redis.call('PEXPIRE', KEYS[4], 120000)
 redis.call('HINCRBY', KEYS[3], 'sandboxes', 1)
 redis.call('HINCRBY', KEYS[3], 'vcpusMilli', cpu)
 redis.call('HINCRBY', KEYS[3], 'memoryMiB', mem)
-for i = 10, #ARGV, 2 do
+for i = 12, #ARGV, 2 do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
 end
 redis.call('HSET', KEYS[1], 'quotaHeld', '1')
@@ -52,5 +71,10 @@ if ARGV[9] ~= '' then
     redis.call('HSET', KEYS[6], field, value)
   end
   redis.call('XADD', KEYS[7], '*', 'id', op.id)
+end
+if bodyHash ~= '' then
+  local claim = { bodyHash = bodyHash, sandboxId = ARGV[2], operationId = '' }
+  if ARGV[9] ~= '' then claim.operationId = cjson.decode(ARGV[9]).id end
+  redis.call('SET', KEYS[9], cjson.encode(claim), 'EX', tonumber(ARGV[11]))
 end
 return { 1 }

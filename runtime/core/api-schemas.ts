@@ -1,8 +1,8 @@
 /** TypeBox schemas of the public API v1 (the OpenAPI document is generated from these). */
 import { type Static, Type } from '@sinclair/typebox';
-import { EgressPolicySchema } from '../core/egress.ts';
-import { ID_PATTERN } from '../core/ids.ts';
-import { nullable, stringEnum } from '../core/json-schema.ts';
+import { EgressPolicySchema } from './egress.ts';
+import { ID_PATTERN } from './ids.ts';
+import { nullable, stringEnum } from './json-schema.ts';
 import {
   KILL_REASONS,
   OPERATION_KINDS,
@@ -10,8 +10,8 @@ import {
   PAUSE_MODES,
   PAUSE_REASONS,
   SANDBOX_STATES,
-} from '../core/types.ts';
-import { USAGE_STATES } from '../core/usage.ts';
+} from './types.ts';
+import { USAGE_STATES } from './usage.ts';
 
 /** Limits on client input (documented in the README). */
 export const LIMITS = {
@@ -132,15 +132,23 @@ export const CreateSandboxBody = Type.Object(
 );
 export type CreateSandboxBody = Static<typeof CreateSandboxBody>;
 
+/** The public sandbox record (API JSON); its static type is `Sandbox` (core/types.ts). */
 export const SandboxSchema = Type.Object(
   {
     id: Type.String(),
     template: Type.String(),
     state: stringEnum(SANDBOX_STATES),
     vcpus: Type.Number(),
+    /** MiB. */
     memoryMiB: Type.Integer(),
+    /**
+     * Running lifetime, seconds, from creation or the last timeout change. Only running time
+     * counts: a paused sandbox's clock stops (see `pause`).
+     */
     timeoutSec: Type.Integer(),
+    /** Idle seconds after which the platform pauses the sandbox (0: never). */
     autoPauseSec: Type.Integer(),
+    /** Set while paused (or pausing/resuming after a pause): how and since when. */
     pause: nullable(
       Type.Object({
         mode: stringEnum(PAUSE_MODES),
@@ -150,27 +158,39 @@ export const SandboxSchema = Type.Object(
       }),
     ),
     metadata: Type.Record(Type.String(), Type.String()),
+    /** Node holding it, once placed. */
     nodeId: nullable(Type.String()),
+    /** Whether creation claimed a warm-pool slot. */
     fromWarmPool: Type.Boolean(),
+    /** How its instance came to be: a warm-pool claim, a snapshot restore or a cold boot (null before). */
     createdFrom: nullable(stringEnum(['warm', 'snapshot', 'boot'] as const)),
+    /** Current session id (bound into session tokens). */
     sessionId: Type.String(),
     createdAt: Type.String({ format: 'date-time' }),
     updatedAt: Type.String({ format: 'date-time' }),
+    /**
+     * When the platform will kill it: the end of its running lifetime, or while paused the end of
+     * the paused retention.
+     */
     expiresAt: Type.String({ format: 'date-time' }),
     endedAt: nullable(Type.String({ format: 'date-time' })),
     killReason: nullable(stringEnum(KILL_REASONS)),
+    /** Human explanation of the end (or of the failure), when ended. */
     endMessage: nullable(Type.String()),
+    /** The sandbox's egress policy (normalised). */
     egress: Type.Object({
       mode: Type.String(),
       allow: Type.Array(Type.String()),
       deny: Type.Array(Type.String()),
       cidrs: Type.Array(Type.Object({ cidr: Type.String(), ports: Type.Array(Type.Integer()) })),
     }),
+    /** Credentials granted: the env var in the sandbox holds a placeholder, never the value. */
     credentials: Type.Array(Type.Object({ name: Type.String(), envVar: Type.String() })),
   },
   { $id: 'Sandbox' },
 );
 
+/** An operation (API JSON); its static type is `Operation` (core/types.ts). */
 export const OperationSchema = Type.Object(
   {
     id: Type.String(),

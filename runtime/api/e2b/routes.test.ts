@@ -1,0 +1,87 @@
+/**
+ * The E2B routes in process: `buildApp` + `inject` over a real Redis, with the operation worker
+ * running against a fake agent client (test-app.ts). The routes call SPACE's use cases and wait on
+ * their operations; these follow one sandbox through create, pause, connect and kill, and check
+ * that a body the v1 schema refuses is refused here too.
+ */
+import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { keys } from '../../core/redis-keys.ts';
+import { startTestApi, type TestApi } from '../test-app.ts';
+
+let api: TestApi;
+beforeAll(async () => {
+  api = await startTestApi(inject('redisUrl'), 14, { worker: true });
+  await api.addNode({ id: 'n1' });
+});
+afterAll(() => api.close());
+
+const call = (method: 'GET' | 'POST' | 'DELETE' | 'PUT', url: string, payload?: unknown) =>
+  api.app.inject({ method, url, headers: { 'x-api-key': api.key }, ...(payload ? { payload } : {}) });
+
+describe('e2b routes (buildApp + inject, worker on a fake agent)', () => {
+  it('creates, pauses, resumes on connect and kills, each answered when done', async () => {
+    const created = await call('POST', '/v2/sandboxes', {
+      templateID: 'base',
+      timeout: 60,
+      metadata: { k: 'v' },
+    });
+    expect(created.statusCode).toBe(201);
+    const id = created.json().sandboxID as string;
+    expect(created.json().envdAccessToken).toEqual(expect.any(String));
+    expect(api.calls.creates.map((c) => c.sandboxId)).toContain(id);
+    expect((await api.deps.sandboxes.get(id))?.state).toBe('running');
+
+    expect((await call('POST', `/sandboxes/${id}/pause`)).statusCode).toBe(204);
+    expect((await api.deps.sandboxes.get(id))?.state).toBe('paused');
+    expect(api.calls.pauses.map((p) => p.sandboxId)).toContain(id);
+
+    const connected = await call('POST', `/sandboxes/${id}/connect`, { timeout: 60 });
+    expect(connected.statusCode).toBe(201);
+    expect(api.calls.resumes).toContain(id);
+    // the same envd token as at create
+    expect(connected.json().envdAccessToken).toBe(created.json().envdAccessToken);
+
+    const net = await call('PUT', `/sandboxes/${id}/network`, {
+      allowOut: ['example.com'],
+      denyOut: ['0.0.0.0/0'],
+    });
+    expect(net.statusCode).toBe(204);
+    expect(api.calls.egress.at(-1)).toMatchObject({
+      sandboxId: id,
+      egress: { mode: 'allow-list', allow: ['example.com'] },
+    });
+    // a policy PATCH /v1/…/egress would refuse is refused here too, and nothing reaches the node
+    const pushed = api.calls.egress.length;
+    const long = await call('PUT', `/sandboxes/${id}/network`, {
+      allowOut: [`${'a'.repeat(1025)}.com`],
+      denyOut: ['0.0.0.0/0'],
+    });
+    expect({ status: long.statusCode, message: long.json().message }).toEqual({
+      status: 400,
+      message: expect.stringMatching(/^body\/allow/),
+    });
+    expect(api.calls.egress.length).toBe(pushed);
+
+    expect((await call('DELETE', `/sandboxes/${id}`)).statusCode).toBe(204);
+    expect((await api.deps.sandboxes.get(id))?.state).toBe('killed');
+    expect((await call('GET', `/sandboxes/${id}`)).statusCode).toBe(404);
+  });
+
+  it('refuses in E2B terms what SPACE’s v1 schemas and pre-check refuse, writing nothing', async () => {
+    const before = await api.redis.zcard(keys.sandboxIndex());
+    const cases: [unknown, RegExp][] = [
+      [{ templateID: 'base', envVars: { '1BAD': 'x' } }, /body\/env/],
+      [{ templateID: 'base', metadata: { k: 'v'.repeat(257) } }, /body\/metadata/],
+      [{ templateID: 'Not_A_Template' }, /body\/template/],
+      [{ templateID: 'missing' }, /template "missing" not found/],
+    ];
+    for (const [body, message] of cases) {
+      const res = await call('POST', '/v2/sandboxes', body);
+      expect({ status: res.statusCode, body: res.json() }, JSON.stringify(body)).toMatchObject({
+        status: 400,
+        body: { code: 400, message: expect.stringMatching(message) },
+      });
+    }
+    expect(await api.redis.zcard(keys.sandboxIndex())).toBe(before);
+  });
+});
