@@ -36,7 +36,6 @@ const PENDING_ELSEWHERE = new Set([
   'providers/crusoe/index.ts: clouds.md',
   'providers/crusoe/provider.ts: clouds.md',
   'providers/crusoe/signing.ts: clouds.md',
-  'providers/node-pool.ts: DESIGN.md',
   'providers/node-pool.ts: clouds.md',
   'providers/systemd/cloud-init.ts: clouds.md',
   'providers/testing/mocks.ts: runtime/rpc.js',
@@ -45,9 +44,6 @@ const PENDING_ELSEWHERE = new Set([
   'runtime/agent/drivers/firecracker.ts: ../shared/reference/firecracker.md',
   'runtime/agent/drivers/firecracker.ts: reference/firecracker.md',
   'runtime/agent/kvm.ts: ../shared/reference/machine-notes.md',
-  'runtime/api/e2b/routes.ts: shared/reference',
-  'runtime/api/e2b/routes.ts: e2b-protocol.md',
-  'runtime/api/e2b/shapes.ts: shared/reference/e2b-protocol.md',
 ]);
 
 const fixtures: string[] = [];
