@@ -17,7 +17,7 @@ import type { AgentConfig } from './config.ts';
 import type { AgentReconciler } from './reconcile.ts';
 import { dataPlaneRoutes } from './routes/data-plane.ts';
 import { internalRoutes } from './routes/internal.ts';
-import type { SandboxManager } from './sandboxes.ts';
+import type { SandboxManager } from './sandboxes/manager.ts';
 import type { TeamStreams } from './team-streams.ts';
 import type { WarmPool } from './warm-pool.ts';
 

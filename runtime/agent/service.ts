@@ -27,7 +27,7 @@ import { MemoryGuard } from './memory-guard.ts';
 import { SandboxNetworks } from './network.ts';
 import { AgentReconciler } from './reconcile.ts';
 import { NodeRegistry } from './registry.ts';
-import { SandboxManager } from './sandboxes.ts';
+import { SandboxManager } from './sandboxes/manager.ts';
 import { scrubCredentialValues } from './state-scrub.ts';
 import { TeamStreams } from './team-streams.ts';
 import { buildTemplate, ensureTemplates, listTemplateDefinitions, resolveTemplate } from './templates.ts';
@@ -182,6 +182,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     return state === null || state === 'killing' || state === 'killed';
   });
   if (swept.length) log.info({ sandboxes: swept }, 'hibernated snapshots of ended sandboxes removed');
+  const slots = sandboxes.warmSlots;
   const warm = new WarmPool({
     templates: warmTemplates(config).filter((t) => ready.includes(t)),
     min: config.warmPoolSize,
@@ -192,12 +193,13 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     capacityMiB: config.memoryMiB,
     reservedMiB: () => sandboxes.reservedMiB(),
     footprint: async (i) => (await driver.stats(i.instanceId)).memoryBytes,
-    schedule: () => sandboxes.refillWhenQuiet(),
-    boot: (t) => sandboxes.boot(t, { vcpus: config.warmVcpus, memoryMiB: config.warmMemoryMiB }),
-    discard: (i) => sandboxes.discard(i),
+    // slots come from the instance factory through the node's warm-slot keeper, not the manager
+    schedule: () => slots.refillSoon(),
+    boot: (t) => slots.boot(t, { vcpus: config.warmVcpus, memoryMiB: config.warmMemoryMiB }),
+    discard: (i) => slots.discard(i),
     log: log.child({ component: 'warm-pool' }),
   });
-  sandboxes.setWarmPool(warm);
+  slots.attach(warm);
   // template snapshots first (drivers that can restore), so warm slots and cold creates restore
   // from them instead of booting; the agent serves meanwhile
   const snapshotsMade = (async () => {

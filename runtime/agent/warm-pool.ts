@@ -9,7 +9,7 @@
  * Size: from the creates seen lately and the node's free memory (pool-sizing.ts), between
  * SPACE_WARM_POOL_SIZE and SPACE_WARM_POOL_MAX. Refills start once the creates that set them off
  * are done and no other came for a moment (the agent's refill pacing, `refillDelay` in
- * sandboxes.ts), at most `parallel` at a time, and at the start gate they yield to every waiting
+ * instances/warm-slots.ts), at most `parallel` at a time, and at the start gate they yield to every waiting
  * create (start-gate.ts), so topping up never competes with a request. While the pool is
  * {@link WarmPool.stocked stocked}, the next slot after one is made, and a {@link tick}'s top-up,
  * wait for that quiet moment too (`schedule`); a pool running low refills back to back. A periodic

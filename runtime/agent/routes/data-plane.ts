@@ -28,7 +28,7 @@ import { inSpan, traceContextFrom } from '../../core/tracing.ts';
 import type { AgentDeps } from '../app.ts';
 import { startOptions } from '../commands.ts';
 import type { HibernatedCommand, HibernatedView } from '../hibernated-view.ts';
-import type { LocalSandbox } from '../sandboxes.ts';
+import type { LocalSandbox } from '../sandboxes/manager.ts';
 import { Spool } from '../spool.ts';
 import { streamSpool } from '../sse.ts';
 
