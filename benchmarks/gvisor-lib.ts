@@ -26,7 +26,7 @@ import {
   runscGlobalArgs,
   runscStartCommand,
 } from '../runtime/agent/drivers/gvisor.ts';
-import type { SandboxNetworks } from '../runtime/agent/network.ts';
+import type { SandboxNetworks } from '../runtime/agent/host/network.ts';
 import type { FloorInstances } from './density.ts';
 
 const run = promisify(execFile);

@@ -12,27 +12,32 @@ import { createLogger } from '../core/log-fields.ts';
 import { keys } from '../core/redis-keys.ts';
 import { loadVerifyKey } from '../core/tokens.ts';
 import { encodeEndReport } from '../core/types.ts';
-import { ActivityMeter } from './activity.ts';
 import { buildAgentApp } from './app.ts';
+import { TeamStreams } from './commands/team-streams.ts';
 import { type AgentConfig, hibernateStore, warmTemplates } from './config.ts';
-import type { CrashReporter } from './crash-report.ts';
 import { forwardingFinding, readUplinks } from './doctor.ts';
 import type { TemplateImage } from './drivers/driver.ts';
 import { chooseDriver, createDriver } from './drivers/index.ts';
 import { qemuKvmBootTest } from './drivers/qemu.ts';
-import { GatewayClient } from './gateway-client.ts';
-import { defaultGuestLayerInputs, directoryImage } from './images.ts';
-import { setKvmBootTest } from './kvm.ts';
-import { MemoryGuard } from './memory-guard.ts';
-import { SandboxNetworks } from './network.ts';
+import { GatewayClient } from './host/gateway-client.ts';
+import { setKvmBootTest } from './host/kvm.ts';
+import { SandboxNetworks } from './host/network.ts';
+import { defaultGuestLayerInputs, directoryImage } from './image/images.ts';
+import {
+  buildTemplate,
+  ensureTemplates,
+  listTemplateDefinitions,
+  resolveTemplate,
+} from './image/templates.ts';
+import { vmImage } from './image/vm-image.ts';
+import { WarmPool } from './instances/warm-pool.ts';
 import { AgentReconciler } from './reconcile.ts';
 import { NodeRegistry } from './registry.ts';
+import { ActivityMeter } from './sandboxes/activity.ts';
+import type { CrashReporter } from './sandboxes/crash-report.ts';
 import { SandboxManager } from './sandboxes/manager.ts';
-import { scrubCredentialValues } from './state-scrub.ts';
-import { TeamStreams } from './team-streams.ts';
-import { buildTemplate, ensureTemplates, listTemplateDefinitions, resolveTemplate } from './templates.ts';
-import { vmImage } from './vm-image.ts';
-import { WarmPool } from './warm-pool.ts';
+import { MemoryGuard } from './sandboxes/memory-guard.ts';
+import { scrubCredentialValues } from './sandboxes/state-scrub.ts';
 
 /** Version the agent reports (package version). */
 export const AGENT_VERSION = '0.1.0';

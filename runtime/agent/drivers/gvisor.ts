@@ -33,8 +33,8 @@ import { existsSync } from 'node:fs';
 import { mkdir, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SpaceError } from '../../core/errors.ts';
-import { hostExec } from '../host-exec.ts';
-import { GUEST_ARGV, GUEST_PATHS } from '../images.ts';
+import { hostExec } from '../host/host-exec.ts';
+import { GUEST_ARGV, GUEST_PATHS } from '../image/images.ts';
 import {
   CleanupStack,
   type Driver,

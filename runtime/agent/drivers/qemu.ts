@@ -26,9 +26,9 @@ import { existsSync } from 'node:fs';
 import { chmod, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SpaceError } from '../../core/errors.ts';
-import { hostExec } from '../host-exec.ts';
-import type { KvmBootTest } from '../kvm.ts';
-import { BOOT_MARKER, guestInitrd, guestKernel, shQuote } from '../vm-image.ts';
+import { hostExec } from '../host/host-exec.ts';
+import type { KvmBootTest } from '../host/kvm.ts';
+import { BOOT_MARKER, guestInitrd, guestKernel, shQuote } from '../image/vm-image.ts';
 import {
   CleanupStack,
   type Driver,

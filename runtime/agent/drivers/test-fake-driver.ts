@@ -11,8 +11,8 @@ import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { SpaceError } from '../../core/errors.ts';
-import type { CidrAllow } from '../firewall.ts';
-import type { Registration } from '../gateway-client.ts';
+import type { CidrAllow } from '../host/firewall.ts';
+import type { Registration } from '../host/gateway-client.ts';
 import type { HostNetworks } from '../sandboxes/types.ts';
 import type {
   Driver,

@@ -19,7 +19,7 @@ import { request } from 'node:http';
 import { join } from 'node:path';
 import { SpaceError } from '../../core/errors.ts';
 import { GUEST_PORT } from '../../core/guest-protocol.ts';
-import { hostExec } from '../host-exec.ts';
+import { hostExec } from '../host/host-exec.ts';
 import {
   CleanupStack,
   type Driver,

@@ -20,7 +20,7 @@ import {
 } from '../drivers/driver.ts';
 import { GuestClient } from '../guest-client.ts';
 import type { HostNetworks } from '../sandboxes/types.ts';
-import { StartGate, type StartKind } from '../start-gate.ts';
+import { StartGate, type StartKind } from './start-gate.ts';
 
 /** The shape of an instance: vCPUs and memory (MiB). */
 export interface InstanceShape {

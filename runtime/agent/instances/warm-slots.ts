@@ -10,10 +10,10 @@ import { F } from '../../core/log-fields.ts';
 import { untraced } from '../../core/tracing.ts';
 import type { InstanceInfo } from '../drivers/driver.ts';
 import { GuestClient } from '../guest-client.ts';
-import { refillDelay } from '../refill-pacing.ts';
 import type { StateFiles } from '../sandboxes/state-files.ts';
-import type { WarmPool } from '../warm-pool.ts';
 import type { InstanceFactory, InstanceShape } from './factory.ts';
+import { refillDelay } from './refill-pacing.ts';
+import type { WarmPool } from './warm-pool.ts';
 
 /**
  * Each ready warm slot's guest is asked whether it answers at most this often (ms), by the

@@ -24,7 +24,7 @@ import { installValidators } from '../../core/validation.ts';
 import type { AgentDeps } from '../app.ts';
 import type { AgentConfig } from '../config.ts';
 import type { GuestClient } from '../guest-client.ts';
-import type { HibernatedView } from '../hibernated-view.ts';
+import type { HibernatedView } from '../sandboxes/hibernated-view.ts';
 import type { SandboxManager } from '../sandboxes/manager.ts';
 import { SandboxRegistry } from '../sandboxes/registry.ts';
 import { type LocalSandbox, localSandbox } from '../sandboxes/types.ts';

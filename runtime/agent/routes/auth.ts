@@ -11,7 +11,7 @@ import { DATA_PLANE_ROUTES, type DataPlaneRoute } from '../../core/data-plane.ts
 import { SpaceError } from '../../core/errors.ts';
 import { type SessionClaims, verifySessionToken } from '../../core/tokens.ts';
 import type { AgentDeps } from '../app.ts';
-import type { HibernatedView } from '../hibernated-view.ts';
+import type { HibernatedView } from '../sandboxes/hibernated-view.ts';
 import type { LocalSandbox } from '../sandboxes/manager.ts';
 
 /** Name of a declared data-plane route. */

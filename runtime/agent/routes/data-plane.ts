@@ -26,11 +26,11 @@ import { ID_PATTERN, newId } from '../../core/ids.ts';
 import { DEFAULT_TEAM } from '../../core/tenancy.ts';
 import { inSpan, traceContextFrom } from '../../core/tracing.ts';
 import type { AgentDeps } from '../app.ts';
-import { startOptions } from '../commands.ts';
-import type { HibernatedCommand, HibernatedView } from '../hibernated-view.ts';
+import { startOptions } from '../commands/commands.ts';
+import { Spool } from '../commands/spool.ts';
+import { streamSpool } from '../commands/sse.ts';
+import type { HibernatedCommand, HibernatedView } from '../sandboxes/hibernated-view.ts';
 import type { LocalSandbox } from '../sandboxes/manager.ts';
-import { Spool } from '../spool.ts';
-import { streamSpool } from '../sse.ts';
 import { dataPlaneGate, declared } from './auth.ts';
 
 const Sid = Type.String({ pattern: ID_PATTERN });

@@ -6,7 +6,7 @@
 import { existsSync } from 'node:fs';
 import { readdir, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import { DETACH } from '../commands.ts';
+import { DETACH } from '../commands/commands.ts';
 import type { InstanceInfo } from '../drivers/driver.ts';
 import { GuestClient } from '../guest-client.ts';
 import type { SandboxContext } from './context.ts';

@@ -3,9 +3,10 @@
  * adopt.ts) works on: the manager's options and its parts. The manager (manager.ts) makes one and
  * hands it to each verb.
  */
-import type { CrashReporter } from '../crash-report.ts';
+
 import type { InstanceFactory } from '../instances/factory.ts';
 import type { WarmSlots } from '../instances/warm-slots.ts';
+import type { CrashReporter } from './crash-report.ts';
 import type { EgressBinding } from './egress-binding.ts';
 import type { SandboxRegistry } from './registry.ts';
 import type { StateFiles } from './state-files.ts';

@@ -10,7 +10,7 @@ import { F } from '../../core/log-fields.ts';
 import { inSpan } from '../../core/tracing.ts';
 import type { InstanceInfo } from '../drivers/driver.ts';
 import { GuestClient } from '../guest-client.ts';
-import { processAlive } from '../process-alive.ts';
+import { processAlive } from '../instances/process-alive.ts';
 import type { SandboxContext } from './context.ts';
 import { type CreateSandbox, type InstanceSource, type LocalSandbox, localSandbox } from './types.ts';
 import { claimStepFailed, EGRESS_NOT_IN_FORCE } from './watchdog.ts';

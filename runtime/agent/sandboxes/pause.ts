@@ -6,7 +6,7 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { SpaceError } from '../../core/errors.ts';
 import type { PauseMode } from '../../core/types.ts';
-import { DETACH } from '../commands.ts';
+import { DETACH } from '../commands/commands.ts';
 import type { SandboxContext } from './context.ts';
 import { hibernate } from './hibernate.ts';
 import type { Hibernation, LocalSandbox } from './types.ts';

@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { pino } from 'pino';
 import { afterEach, describe, expect, it } from 'vitest';
 import { FakeDriver, FakeGateway, FakeGuests, FakeNetworks } from '../drivers/test-fake-driver.ts';
-import { WarmPool } from '../warm-pool.ts';
+import { WarmPool } from '../instances/warm-pool.ts';
 import { SandboxManager } from './manager.ts';
 import type { CreateSandbox } from './types.ts';
 

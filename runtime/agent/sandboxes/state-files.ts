@@ -10,10 +10,10 @@ import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { F } from '../../core/log-fields.ts';
-import type { ActivityMeter } from '../activity.ts';
-import { type Command, type CommandConfig, resumePump } from '../commands.ts';
+import { type Command, type CommandConfig, resumePump } from '../commands/commands.ts';
+import { Spool } from '../commands/spool.ts';
 import type { InstanceInfo, SnapshotRef } from '../drivers/driver.ts';
-import { Spool } from '../spool.ts';
+import type { ActivityMeter } from './activity.ts';
 import type { CreateSandbox, InstanceSource, LocalSandbox } from './types.ts';
 
 /** On-disk record of a sandbox on this node (`<stateDir>/sandboxes/<id>/sandbox.json`). */

@@ -6,12 +6,12 @@
 import type { Logger } from 'pino';
 import type { CredentialGrant } from '../../core/credentials.ts';
 import type { EgressPolicy } from '../../core/egress.ts';
-import type { ActivityMeter } from '../activity.ts';
-import type { Command } from '../commands.ts';
+import type { Command } from '../commands/commands.ts';
 import type { Driver, InstanceInfo, TemplateImage } from '../drivers/driver.ts';
-import type { GatewayClient } from '../gateway-client.ts';
 import type { GuestClient } from '../guest-client.ts';
-import type { SandboxNetworks } from '../network.ts';
+import type { GatewayClient } from '../host/gateway-client.ts';
+import type { SandboxNetworks } from '../host/network.ts';
+import type { ActivityMeter } from './activity.ts';
 
 /** What the API sends to create a sandbox. */
 export interface CreateSandbox {

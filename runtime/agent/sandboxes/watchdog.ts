@@ -6,8 +6,8 @@
 import { SpaceError } from '../../core/errors.ts';
 import { F } from '../../core/log-fields.ts';
 import type { EndReport } from '../../core/types.ts';
-import { type CrashReporter, crashReport } from '../crash-report.ts';
 import type { SandboxContext } from './context.ts';
+import { type CrashReporter, crashReport } from './crash-report.ts';
 import type { LocalSandbox } from './types.ts';
 
 /** Why a warm claim's sandbox cannot run anything (its calls' error, its crash message). */

@@ -13,9 +13,9 @@
  * host still ends the sandbox, and its record says `oom`.
  */
 import type { Logger } from 'pino';
-import { SpaceError } from '../core/errors.ts';
-import type { OomKillResult } from '../core/guest-protocol.ts';
-import { F } from '../core/log-fields.ts';
+import { SpaceError } from '../../core/errors.ts';
+import type { OomKillResult } from '../../core/guest-protocol.ts';
+import { F } from '../../core/log-fields.ts';
 
 /**
  * Fastest allocation the margin has to absorb, bytes per ms per vCPU: ~0.8–0.9 GB/s measured here

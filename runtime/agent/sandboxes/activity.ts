@@ -11,8 +11,8 @@
  */
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import { F } from '../core/log-fields.ts';
-import { reportUsage, type UsageState } from '../core/usage.ts';
+import { F } from '../../core/log-fields.ts';
+import { reportUsage, type UsageState } from '../../core/usage.ts';
 
 /** One sandbox's tracked activity. */
 interface Tracked {

@@ -8,7 +8,7 @@
  */
 import { EventEmitter } from 'node:events';
 import { type FileHandle, open } from 'node:fs/promises';
-import { FRAME_EXIT, FRAME_HEADER_BYTES } from '../core/guest-protocol.ts';
+import { FRAME_EXIT, FRAME_HEADER_BYTES } from '../../core/guest-protocol.ts';
 
 /** Frame type the agent adds when a command's output passed the spool limit (payload JSON `{ droppedAfter }`). */
 export const FRAME_TRUNCATED = 4;

@@ -13,8 +13,8 @@
  * the pool after an agent restart and {@link SandboxNetworks.sweep} removes leftovers.
  */
 import { readdir, stat, writeFile } from 'node:fs/promises';
-import { SpaceError } from '../core/errors.ts';
-import { GUEST_NET, type SandboxNetwork, type TapAttachment } from './drivers/driver.ts';
+import { SpaceError } from '../../core/errors.ts';
+import { GUEST_NET, type SandboxNetwork, type TapAttachment } from '../drivers/driver.ts';
 import {
   baseRuleset,
   type CidrAllow,

@@ -6,7 +6,7 @@
  * last, after which the stream ends.
  */
 import type { ServerResponse } from 'node:http';
-import { FRAME_EXIT, FRAME_STDERR, FRAME_STDOUT } from '../core/guest-protocol.ts';
+import { FRAME_EXIT, FRAME_STDERR, FRAME_STDOUT } from '../../core/guest-protocol.ts';
 import { FRAME_TRUNCATED, type Spool } from './spool.ts';
 
 /** Comment line sent when no event went out for this long (keeps proxies from timing out), ms. */

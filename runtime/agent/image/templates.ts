@@ -30,13 +30,13 @@ import {
 import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
-import { SpaceError } from '../core/errors.ts';
+import { SpaceError } from '../../core/errors.ts';
 
 /** Bump when the build steps change, so every cached template is rebuilt. */
 export const TEMPLATE_BUILDER_VERSION = 'space-template-builder/2';
 
 /** Folder holding the repo's template definitions. */
-export const DEFAULT_TEMPLATES_DIR = fileURLToPath(new URL('../../templates/', import.meta.url));
+export const DEFAULT_TEMPLATES_DIR = fileURLToPath(new URL('../../../templates/', import.meta.url));
 
 /** The non-root user every template gets. */
 export interface TemplateUser {

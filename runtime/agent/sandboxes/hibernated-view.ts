@@ -5,8 +5,8 @@
  */
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import type { CommandConfig } from './commands.ts';
-import type { Spool } from './spool.ts';
+import type { CommandConfig } from '../commands/commands.ts';
+import type { Spool } from '../commands/spool.ts';
 
 /** One command of a hibernated sandbox, as its spooled record says. */
 export interface HibernatedCommand {

@@ -7,9 +7,9 @@
 import { Redis } from 'ioredis';
 import pino from 'pino';
 import { afterAll, afterEach, beforeEach, describe, expect, inject, it, vi } from 'vitest';
-import { queryUsage, sandboxUsage } from '../api/usage.ts';
-import { keys } from '../core/redis-keys.ts';
-import { reportUsage } from '../core/usage.ts';
+import { queryUsage, sandboxUsage } from '../../api/usage.ts';
+import { keys } from '../../core/redis-keys.ts';
+import { reportUsage } from '../../core/usage.ts';
 import { ActivityMeter } from './activity.ts';
 
 const redis = new Redis(inject('redisUrl'), { db: 5 });

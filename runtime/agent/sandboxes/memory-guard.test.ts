@@ -1,7 +1,7 @@
 import pino from 'pino';
 import { afterEach, describe, expect, it } from 'vitest';
-import { SpaceError } from '../core/errors.ts';
-import type { OomKillResult } from '../core/guest-protocol.ts';
+import { SpaceError } from '../../core/errors.ts';
+import type { OomKillResult } from '../../core/guest-protocol.ts';
 import {
   AFTER_KILL_MS,
   type GuardedSandbox,

@@ -16,10 +16,10 @@ import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import { SpaceError } from '../core/errors.ts';
-import { keys } from '../core/redis-keys.ts';
+import { SpaceError } from '../../core/errors.ts';
+import { keys } from '../../core/redis-keys.ts';
 
-const SCRIPT = readFileSync(new URL('./scripts/team-stream.lua', import.meta.url), 'utf8');
+const SCRIPT = readFileSync(new URL('../scripts/team-stream.lua', import.meta.url), 'utf8');
 
 /**
  * How long a stream's lease lasts without renewal, ms: what a crashed agent's streams keep

@@ -25,15 +25,15 @@ import { chmod, copyFile, mkdir, readFile, rename, rm, writeFile } from 'node:fs
 import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { build as esbuild, version as esbuildVersion } from 'esbuild';
-import { SpaceError } from '../core/errors.ts';
-import type { TemplateImage } from './drivers/driver.ts';
+import { SpaceError } from '../../core/errors.ts';
+import type { TemplateImage } from '../drivers/driver.ts';
 import { loadTemplateDefinition, resolveTemplate } from './templates.ts';
 
 /** Bump when the guest layer's layout changes. */
 export const GUEST_LAYER_VERSION = 'space-guest-layer/2';
 
 /** The repository's `runtime/` folder (the guest's sources are taken from here). */
-export const RUNTIME_DIR = fileURLToPath(new URL('../', import.meta.url));
+export const RUNTIME_DIR = fileURLToPath(new URL('../../', import.meta.url));
 
 /** Where the guest layer puts things inside the sandbox. */
 export const GUEST_PATHS = {

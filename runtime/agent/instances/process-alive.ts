@@ -1,6 +1,6 @@
 /** A cheap check that a host process still runs, for the warm claim (a file read, no process spawned). */
 import { readFileSync } from 'node:fs';
-import { parseStat } from '../core/proc-stat.ts';
+import { parseStat } from '../../core/proc-stat.ts';
 
 /**
  * Whether host process `pid` still runs: it has a `/proc/<pid>/stat` and is not a zombie (`Z`,

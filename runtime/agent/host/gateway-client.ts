@@ -11,9 +11,9 @@
  * ~250 ms per wave.
  */
 import { Pool } from 'undici';
-import type { CredentialGrant } from '../core/credentials.ts';
-import type { EgressPolicy } from '../core/egress.ts';
-import { errorFromBody, SpaceError } from '../core/errors.ts';
+import type { CredentialGrant } from '../../core/credentials.ts';
+import type { EgressPolicy } from '../../core/egress.ts';
+import { errorFromBody, SpaceError } from '../../core/errors.ts';
 
 /** Timeout of one control call, ms. */
 const CALL_TIMEOUT_MS = 10_000;

@@ -28,9 +28,9 @@ import { createReadStream, existsSync } from 'node:fs';
 import { chmod, copyFile, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { promisify } from 'node:util';
-import { SpaceError } from '../core/errors.ts';
-import type { TemplateImage } from './drivers/driver.ts';
-import { MIB_PER_GUEST_PROCESS, MIN_GUEST_PROCESSES } from './drivers/gvisor-limits.ts';
+import { SpaceError } from '../../core/errors.ts';
+import type { TemplateImage } from '../drivers/driver.ts';
+import { MIB_PER_GUEST_PROCESS, MIN_GUEST_PROCESSES } from '../drivers/gvisor-limits.ts';
 import { directoryImage, GUEST_ARGV, type GuestLayerInputs, imageDigest } from './images.ts';
 
 const run = promisify(execFile);

@@ -7,8 +7,8 @@
 import { Redis } from 'ioredis';
 import pino from 'pino';
 import { afterAll, beforeEach, describe, expect, inject, it } from 'vitest';
-import { SpaceError } from '../core/errors.ts';
-import { keys } from '../core/redis-keys.ts';
+import { SpaceError } from '../../core/errors.ts';
+import { keys } from '../../core/redis-keys.ts';
 import { TeamStreams } from './team-streams.ts';
 
 const redis = new Redis(inject('redisUrl'), { db: 7 });

@@ -4,7 +4,7 @@
  * create on a fresh deployment answered TEMPLATE_NOT_READY.
  */
 import { describe, expect, it } from 'vitest';
-import { agentSettings } from './config.ts';
+import { agentSettings } from '../config.ts';
 import { ensureTemplates } from './templates.ts';
 
 function fakeNode(built: string[], failing: string[] = []) {
@@ -48,7 +48,7 @@ describe('templates at agent start', () => {
 
   it('off by default (the local stack builds templates itself); deployments turn it on', async () => {
     expect(agentSettings.buildTemplates.default).toBe('off');
-    const { agentEnvironment } = await import('../../providers/runtime-settings.ts');
+    const { agentEnvironment } = await import('../../../providers/runtime-settings.ts');
     const pool = {
       name: 'default',
       driver: 'gvisor' as const,

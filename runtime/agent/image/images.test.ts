@@ -31,7 +31,7 @@ describe('guest layer', () => {
 
   it('refuses a guest it cannot bundle with DRIVER_FAILED naming the entry', async () => {
     const entry = join(await scratch(), 'main.ts');
-    await writeFile(entry, "import { nothing } from './missing.ts';\nconsole.log(nothing);\n");
+    await writeFile(entry, "import { nothing } from '../missing.ts';\nconsole.log(nothing);\n");
     await expect(bundleGuest(entry)).rejects.toMatchObject({
       code: 'DRIVER_FAILED',
       details: { path: entry },

@@ -8,12 +8,12 @@ import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
-import type { AgentCommandRequest, PtySize } from '../core/agent-protocol.ts';
-import { SpaceError } from '../core/errors.ts';
-import { FRAME_EXIT, type ProcessExit, type ProcessStartRequest } from '../core/guest-protocol.ts';
-import { F } from '../core/log-fields.ts';
-import { inChildSpan } from '../core/tracing.ts';
-import type { GuestClient } from './guest-client.ts';
+import type { AgentCommandRequest, PtySize } from '../../core/agent-protocol.ts';
+import { SpaceError } from '../../core/errors.ts';
+import { FRAME_EXIT, type ProcessExit, type ProcessStartRequest } from '../../core/guest-protocol.ts';
+import { F } from '../../core/log-fields.ts';
+import { inChildSpan } from '../../core/tracing.ts';
+import type { GuestClient } from '../guest-client.ts';
 import { encodeFrame, FRAME_TRUNCATED, FrameSplitter, Spool } from './spool.ts';
 
 /** Abort reason that stops spooling without ending the command (agent restart with `keep`). */

@@ -1,6 +1,6 @@
 import pino from 'pino';
 import { describe, expect, it } from 'vitest';
-import type { InstanceInfo } from './drivers/driver.ts';
+import type { InstanceInfo } from '../drivers/driver.ts';
 import { WarmPool, type WarmPoolOptions } from './warm-pool.ts';
 
 const shape = { vcpus: 1, memoryMiB: 512 };

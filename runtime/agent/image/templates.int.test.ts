@@ -3,8 +3,8 @@ import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { TEST_CACHE_DIR } from '../../test/cache-dir.ts';
-import { SpaceError } from '../core/errors.ts';
+import { TEST_CACHE_DIR } from '../../../test/cache-dir.ts';
+import { SpaceError } from '../../core/errors.ts';
 import {
   buildTemplate,
   DEFAULT_TEMPLATES_DIR,

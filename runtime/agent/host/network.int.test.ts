@@ -3,7 +3,7 @@ import { existsSync } from 'node:fs';
 import { connect, createServer, type Server } from 'node:net';
 import { promisify } from 'node:util';
 import { afterAll, describe, expect, it } from 'vitest';
-import type { SandboxNetwork } from './drivers/driver.ts';
+import type { SandboxNetwork } from '../drivers/driver.ts';
 import { parsePool, SandboxNetworks, shortId, slotAddresses, slotOfHostAddress } from './network.ts';
 
 const run = promisify(execFile);

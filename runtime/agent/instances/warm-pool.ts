@@ -16,8 +16,8 @@
  * {@link tick} re-sizes: it tops up, and discards slots beyond the target once demand has passed.
  */
 import type { Logger } from 'pino';
-import { F } from '../core/log-fields.ts';
-import type { InstanceInfo } from './drivers/driver.ts';
+import { F } from '../../core/log-fields.ts';
+import type { InstanceInfo } from '../drivers/driver.ts';
 import { DemandMeter, RecentDurations, warmTarget } from './pool-sizing.ts';
 
 /** Shape every warm instance of a pool has. */

@@ -2,8 +2,8 @@
  * What the node says of a sandbox that ended on its own (core/types.ts EndReport): the kill reason
  * its driver could read from the host, and where the report goes.
  */
-import { describeKillReason, type EndReport } from '../core/types.ts';
-import type { InstanceEndCause } from './drivers/driver.ts';
+import { describeKillReason, type EndReport } from '../../core/types.ts';
+import type { InstanceEndCause } from '../drivers/driver.ts';
 
 /**
  * The end report of a sandbox that stopped on its own: `oom` or `pids` when the driver read the

@@ -5,11 +5,11 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { FastifyInstance } from 'fastify';
 import { pino } from 'pino';
 import { afterEach, describe, expect, it } from 'vitest';
-import { normalisePolicy } from '../core/egress.ts';
-import { SpaceError } from '../core/errors.ts';
-import { createGatewayMetrics } from '../gateway/audit.ts';
-import { buildControlApp } from '../gateway/control.ts';
-import { Registry } from '../gateway/registry.ts';
+import { normalisePolicy } from '../../core/egress.ts';
+import { SpaceError } from '../../core/errors.ts';
+import { createGatewayMetrics } from '../../gateway/audit.ts';
+import { buildControlApp } from '../../gateway/control.ts';
+import { Registry } from '../../gateway/registry.ts';
 import { GatewayClient } from './gateway-client.ts';
 
 /** A real gateway control app on a Unix socket, and what reached it. */
