@@ -22,10 +22,10 @@ import { waitForHealth } from '../runtime/agent/drivers/guest-health.ts';
 import {
   buildOciSpec,
   GvisorDriver,
-  removeCgroups,
   runscGlobalArgs,
   runscStartCommand,
 } from '../runtime/agent/drivers/gvisor.ts';
+import { removeCgroups } from '../runtime/agent/drivers/gvisor-host.ts';
 import type { SandboxNetworks } from '../runtime/agent/host/network.ts';
 import type { FloorInstances } from './density.ts';
 
