@@ -1,5 +1,5 @@
 /**
- * R24 (../shared/cases/runtime.md): denied egress fails fast on every port, and removing a CIDR
+ * R24: denied egress fails fast on every port, and removing a CIDR
  * rule closes what it had allowed. From inside a real gVisor sandbox of a real single-node stack
  * (with its gateway), against a "far" server in a network namespace of the test's own
  * (198.18.<k>.0/24, a benchmark range no real network uses), judged on both sides: the sandbox's
