@@ -16,9 +16,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { InstanceSpec, SandboxNetwork } from '../runtime/agent/drivers/driver.ts';
 import { QemuDriver } from '../runtime/agent/drivers/qemu.ts';
-import { SandboxNetworks } from '../runtime/agent/network.ts';
-import { buildTemplate } from '../runtime/agent/templates.ts';
-import { vmImage } from '../runtime/agent/vm-image.ts';
+import { SandboxNetworks } from '../runtime/agent/host/network.ts';
+import { buildTemplate } from '../runtime/agent/image/templates.ts';
+import { vmImage } from '../runtime/agent/image/vm-image.ts';
 import { TEST_CACHE_DIR } from '../test/cache-dir.ts';
 import { measureQemuFloor } from './floor.ts';
 

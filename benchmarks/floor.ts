@@ -38,8 +38,8 @@ export async function gvisorPlatform(): Promise<'ptrace' | 'systrap'> {
 /** Template `base` as the gVisor driver boots it (built into `cacheDir` on first use). */
 export async function baseDirectoryImage(cacheDir: string): Promise<TemplateImage> {
   const [{ directoryImage }, { buildTemplate }] = await Promise.all([
-    import('../runtime/agent/images.ts'),
-    import('../runtime/agent/templates.ts'),
+    import('../runtime/agent/image/images.ts'),
+    import('../runtime/agent/image/templates.ts'),
   ]);
   await buildTemplate('base', { cacheDir });
   return directoryImage('base', cacheDir, {
@@ -69,9 +69,9 @@ export async function measureQemuFloor(o: QemuFloorOptions): Promise<number[]> {
     await Promise.all([
       import('../runtime/agent/drivers/qemu.ts'),
       import('../runtime/agent/drivers/vm-common.ts'),
-      import('../runtime/agent/network.ts'),
-      import('../runtime/agent/templates.ts'),
-      import('../runtime/agent/vm-image.ts'),
+      import('../runtime/agent/host/network.ts'),
+      import('../runtime/agent/image/templates.ts'),
+      import('../runtime/agent/image/vm-image.ts'),
     ]);
   await buildTemplate('base', { cacheDir: o.cacheDir });
   const image = await vmImage('base', o.cacheDir, {

@@ -22,11 +22,11 @@ import { waitForHealth } from '../runtime/agent/drivers/guest-health.ts';
 import {
   buildOciSpec,
   GvisorDriver,
-  removeCgroups,
   runscGlobalArgs,
   runscStartCommand,
 } from '../runtime/agent/drivers/gvisor.ts';
-import type { SandboxNetworks } from '../runtime/agent/network.ts';
+import { removeCgroups } from '../runtime/agent/drivers/gvisor-host.ts';
+import type { SandboxNetworks } from '../runtime/agent/host/network.ts';
 import type { FloorInstances } from './density.ts';
 
 const run = promisify(execFile);

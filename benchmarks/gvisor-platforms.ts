@@ -15,9 +15,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Command } from 'commander';
-import { directoryImage } from '../runtime/agent/images.ts';
-import { SandboxNetworks } from '../runtime/agent/network.ts';
-import { buildTemplate } from '../runtime/agent/templates.ts';
+import { SandboxNetworks } from '../runtime/agent/host/network.ts';
+import { directoryImage } from '../runtime/agent/image/images.ts';
+import { buildTemplate } from '../runtime/agent/image/templates.ts';
 import { TEST_CACHE_DIR } from '../test/cache-dir.ts';
 import { formatFigures, type GvisorFigures, measureGvisor } from './gvisor-lib.ts';
 

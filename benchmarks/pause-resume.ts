@@ -90,7 +90,7 @@ export async function measurePauseResume(
  */
 export async function pauseResumeFloor(n: number, cacheDir: string): Promise<PauseResumeSamples> {
   const [{ SandboxNetworks }, { measureGvisor }] = await Promise.all([
-    import('../runtime/agent/network.ts'),
+    import('../runtime/agent/host/network.ts'),
     import('./gvisor-lib.ts'),
   ]);
   const f = await measureGvisor({

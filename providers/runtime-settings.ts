@@ -6,7 +6,7 @@
  */
 
 import { agentSettings } from '../runtime/agent/config.ts';
-import { HOST_IF_PREFIX } from '../runtime/agent/firewall.ts';
+import { HOST_IF_PREFIX } from '../runtime/agent/host/firewall.ts';
 import { API_NODE_FLAGS, apiSettings } from '../runtime/api/config.ts';
 import { gatewaySettings } from '../runtime/gateway/config.ts';
 import { routerSettings } from '../runtime/router/config.ts';

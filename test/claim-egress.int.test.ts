@@ -1,6 +1,6 @@
 /**
- * A warm claim's egress policy is put in force behind the create (runtime/agent/sandboxes.ts,
- * #claimOrMake): the create answers once the state file is written, and every call into the
+ * A warm claim's egress policy is put in force behind the create (runtime/agent/sandboxes/create.ts,
+ * claimOrMake): the create answers once the state file is written, and every call into the
  * sandbox waits for the gateway registration. These check both outcomes against a real gateway:
  * the first command finds the policy registered, and a registration that cannot be made (the
  * gateway does not answer) never lets a command run and ends the sandbox as crashed. The last

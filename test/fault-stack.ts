@@ -13,7 +13,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { request } from 'undici';
-import { buildTemplate } from '../runtime/agent/templates.ts';
+import { buildTemplate } from '../runtime/agent/image/templates.ts';
 import { AGENT_ROUTES, type AgentSandboxSummary } from '../runtime/core/agent-protocol.ts';
 import { keys } from '../runtime/core/redis-keys.ts';
 import { loadSigningKey, mintDispatchToken, writeNewKeyPair } from '../runtime/core/tokens.ts';

@@ -11,8 +11,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, describe, expect, it } from 'vitest';
-import { NFT_TABLE } from '../runtime/agent/firewall.ts';
-import { networkNames } from '../runtime/agent/network.ts';
+import { NFT_TABLE } from '../runtime/agent/host/firewall.ts';
+import { networkNames } from '../runtime/agent/host/network.ts';
 import { leftovers, NO_LEFTOVERS, waitFor } from './stack.ts';
 
 const run = promisify(execFile);

@@ -8,7 +8,7 @@ import { mkdir, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises'
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { loadAgentConfig } from '../runtime/agent/config.ts';
-import { WARM_SLOT_CHECK_MS } from '../runtime/agent/sandboxes.ts';
+import { WARM_SLOT_CHECK_MS } from '../runtime/agent/sandboxes/manager.ts';
 import { startAgent } from '../runtime/agent/service.ts';
 import { loadApiConfig } from '../runtime/api/config.ts';
 import { startApi } from '../runtime/api/service.ts';

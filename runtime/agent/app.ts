@@ -12,14 +12,14 @@ import { acceptEmptyBodies, clientErrorHandler, installErrorHandlers } from '../
 import { requestLogOptions } from '../core/http-log.ts';
 import type { VerifyKey } from '../core/tokens.ts';
 import { installValidators } from '../core/validation.ts';
-import type { ActivityMeter } from './activity.ts';
+import type { TeamStreams } from './commands/team-streams.ts';
 import type { AgentConfig } from './config.ts';
+import type { WarmPool } from './instances/warm-pool.ts';
 import type { AgentReconciler } from './reconcile.ts';
 import { dataPlaneRoutes } from './routes/data-plane.ts';
 import { internalRoutes } from './routes/internal.ts';
-import type { SandboxManager } from './sandboxes.ts';
-import type { TeamStreams } from './team-streams.ts';
-import type { WarmPool } from './warm-pool.ts';
+import type { ActivityMeter } from './sandboxes/activity.ts';
+import type { SandboxManager } from './sandboxes/manager.ts';
 
 /** Everything the agent's routes use. */
 export interface AgentDeps {

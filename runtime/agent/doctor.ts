@@ -10,7 +10,7 @@ import { access, readFile } from 'node:fs/promises';
 import { promisify } from 'node:util';
 import type { DriverName } from '../core/drivers.ts';
 import { chooseDriver } from './drivers/index.ts';
-import { probeKvm } from './kvm.ts';
+import { probeKvm } from './host/kvm.ts';
 
 const run = promisify(execFile);
 

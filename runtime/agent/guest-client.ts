@@ -129,7 +129,7 @@ export class GuestClient {
     }
   }
   /**
-   * Asks the guest to kill the process holding the most memory (agent/memory-guard.ts).
+   * Asks the guest to kill the process holding the most memory (agent/sandboxes/memory-guard.ts).
    * @returns what it killed (null: nothing but its daemon was left).
    * @throws SpaceError BAD_REQUEST from a guest older than protocol {@link OOM_KILL_PROTOCOL}.
    */

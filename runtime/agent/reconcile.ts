@@ -15,7 +15,7 @@ import type { Logger } from 'pino';
 import { Counter } from 'prom-client';
 import { F } from '../core/log-fields.ts';
 import { keys } from '../core/redis-keys.ts';
-import type { SandboxManager } from './sandboxes.ts';
+import type { SandboxManager } from './sandboxes/manager.ts';
 
 /** The control plane's record of a sandbox as reconciliation reads it (null fields: absent). */
 export interface RecordView {

@@ -12,27 +12,32 @@ import { createLogger } from '../core/log-fields.ts';
 import { keys } from '../core/redis-keys.ts';
 import { loadVerifyKey } from '../core/tokens.ts';
 import { encodeEndReport } from '../core/types.ts';
-import { ActivityMeter } from './activity.ts';
 import { buildAgentApp } from './app.ts';
+import { TeamStreams } from './commands/team-streams.ts';
 import { type AgentConfig, hibernateStore, warmTemplates } from './config.ts';
-import type { CrashReporter } from './crash-report.ts';
 import { forwardingFinding, readUplinks } from './doctor.ts';
 import type { TemplateImage } from './drivers/driver.ts';
 import { chooseDriver, createDriver } from './drivers/index.ts';
 import { qemuKvmBootTest } from './drivers/qemu.ts';
-import { GatewayClient } from './gateway-client.ts';
-import { defaultGuestLayerInputs, directoryImage } from './images.ts';
-import { setKvmBootTest } from './kvm.ts';
-import { MemoryGuard } from './memory-guard.ts';
-import { SandboxNetworks } from './network.ts';
+import { GatewayClient } from './host/gateway-client.ts';
+import { setKvmBootTest } from './host/kvm.ts';
+import { SandboxNetworks } from './host/network.ts';
+import { defaultGuestLayerInputs, directoryImage } from './image/images.ts';
+import {
+  buildTemplate,
+  ensureTemplates,
+  listTemplateDefinitions,
+  resolveTemplate,
+} from './image/templates.ts';
+import { vmImage } from './image/vm-image.ts';
+import { WarmPool } from './instances/warm-pool.ts';
 import { AgentReconciler } from './reconcile.ts';
 import { NodeRegistry } from './registry.ts';
-import { SandboxManager } from './sandboxes.ts';
-import { scrubCredentialValues } from './state-scrub.ts';
-import { TeamStreams } from './team-streams.ts';
-import { buildTemplate, ensureTemplates, listTemplateDefinitions, resolveTemplate } from './templates.ts';
-import { vmImage } from './vm-image.ts';
-import { WarmPool } from './warm-pool.ts';
+import { ActivityMeter } from './sandboxes/activity.ts';
+import type { CrashReporter } from './sandboxes/crash-report.ts';
+import { SandboxManager } from './sandboxes/manager.ts';
+import { MemoryGuard } from './sandboxes/memory-guard.ts';
+import { scrubCredentialValues } from './sandboxes/state-scrub.ts';
 
 /** Version the agent reports (package version). */
 export const AGENT_VERSION = '0.1.0';
@@ -182,6 +187,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     return state === null || state === 'killing' || state === 'killed';
   });
   if (swept.length) log.info({ sandboxes: swept }, 'hibernated snapshots of ended sandboxes removed');
+  const slots = sandboxes.warmSlots;
   const warm = new WarmPool({
     templates: warmTemplates(config).filter((t) => ready.includes(t)),
     min: config.warmPoolSize,
@@ -192,12 +198,13 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     capacityMiB: config.memoryMiB,
     reservedMiB: () => sandboxes.reservedMiB(),
     footprint: async (i) => (await driver.stats(i.instanceId)).memoryBytes,
-    schedule: () => sandboxes.refillWhenQuiet(),
-    boot: (t) => sandboxes.boot(t, { vcpus: config.warmVcpus, memoryMiB: config.warmMemoryMiB }),
-    discard: (i) => sandboxes.discard(i),
+    // slots come from the instance factory through the node's warm-slot keeper, not the manager
+    schedule: () => slots.refillSoon(),
+    boot: (t) => slots.boot(t, { vcpus: config.warmVcpus, memoryMiB: config.warmMemoryMiB }),
+    discard: (i) => slots.discard(i),
     log: log.child({ component: 'warm-pool' }),
   });
-  sandboxes.setWarmPool(warm);
+  slots.attach(warm);
   // template snapshots first (drivers that can restore), so warm slots and cold creates restore
   // from them instead of booting; the agent serves meanwhile
   const snapshotsMade = (async () => {

@@ -22,7 +22,7 @@ export async function buildLocalTemplate(
   cacheDir: string,
   progress: (line: string) => void = note,
 ): Promise<BuildResult> {
-  const { buildTemplate } = await import('../agent/templates.ts');
+  const { buildTemplate } = await import('../agent/image/templates.ts');
   try {
     return await buildTemplate(name, { cacheDir, onProgress: progress });
   } catch (err) {

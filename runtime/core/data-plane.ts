@@ -6,13 +6,26 @@
  */
 import type { SessionScope } from './tokens.ts';
 
-/** One data-plane route: HTTP method, Fastify path pattern (`:id` = sandbox id), scope. */
+/**
+ * How the agent admits a data-plane request once its session token (for the sandbox `:id`, the
+ * route's scope and the sandbox's session) is verified — one hook, `runtime/agent/routes/auth.ts`:
+ * - `guest`: the sandbox runs on this node and is not paused; the request holds its guest until
+ *   its response closes (a pause waits for it first);
+ * - `sandbox`: the sandbox runs on this node, paused or not; no hold on the guest (a long watch);
+ * - `spool`: as `sandbox`, and a sandbox hibernated into this node's store is served from there
+ *   (its spooled command output, case R27).
+ * Any other sandbox hibernated into the store is refused with SANDBOX_PAUSED.
+ */
+export type DataPlaneAuth = 'guest' | 'sandbox' | 'spool';
+
+/** One data-plane route: HTTP method, Fastify path pattern (`:id` = sandbox id), scope, auth kind. */
 export interface DataPlaneRoute {
   /** Short stable name, used as a metrics label. */
   readonly name: string;
   readonly method: 'GET' | 'POST' | 'PUT' | 'DELETE';
   readonly path: string;
   readonly scope: SessionScope;
+  readonly auth: DataPlaneAuth;
   /** True when the route streams its answer for long (SSE): counted as a stream. */
   readonly stream?: boolean;
   /**
@@ -41,6 +54,7 @@ export const DATA_PLANE_ROUTES = [
     method: 'POST',
     path: '/v1/sandboxes/:id/commands',
     scope: 'commands',
+    auth: 'guest',
     forwarded: false,
     body: 'json',
   },
@@ -49,17 +63,31 @@ export const DATA_PLANE_ROUTES = [
     method: 'GET',
     path: '/v1/sandboxes/:id/commands/:cmd/events',
     scope: 'commands',
+    auth: 'spool',
     stream: true,
   },
   // the commands of the sandbox (running ones; `?all=true` also ended ones), filtered by `pid` or
   // `tag`: how any router replica finds a command by the pid an E2B client holds
-  { name: 'command.list', method: 'GET', path: '/v1/sandboxes/:id/commands', scope: 'commands' },
-  { name: 'command.get', method: 'GET', path: '/v1/sandboxes/:id/commands/:cmd', scope: 'commands' },
+  {
+    name: 'command.list',
+    method: 'GET',
+    path: '/v1/sandboxes/:id/commands',
+    scope: 'commands',
+    auth: 'spool',
+  },
+  {
+    name: 'command.get',
+    method: 'GET',
+    path: '/v1/sandboxes/:id/commands/:cmd',
+    scope: 'commands',
+    auth: 'spool',
+  },
   {
     name: 'command.stdin',
     method: 'POST',
     path: '/v1/sandboxes/:id/commands/:cmd/stdin',
     scope: 'commands',
+    auth: 'guest',
     body: 'stream',
   },
   {
@@ -67,6 +95,7 @@ export const DATA_PLANE_ROUTES = [
     method: 'POST',
     path: '/v1/sandboxes/:id/commands/:cmd/stdin/close',
     scope: 'commands',
+    auth: 'guest',
   },
   // a PTY command's terminal size
   {
@@ -74,6 +103,7 @@ export const DATA_PLANE_ROUTES = [
     method: 'POST',
     path: '/v1/sandboxes/:id/commands/:cmd/resize',
     scope: 'commands',
+    auth: 'guest',
     body: 'json',
   },
   {
@@ -81,17 +111,46 @@ export const DATA_PLANE_ROUTES = [
     method: 'POST',
     path: '/v1/sandboxes/:id/commands/:cmd/signal',
     scope: 'commands',
+    auth: 'guest',
     body: 'json',
   },
-  { name: 'files.read', method: 'GET', path: '/v1/sandboxes/:id/files', scope: 'files' },
-  { name: 'files.write', method: 'PUT', path: '/v1/sandboxes/:id/files', scope: 'files', body: 'upload' },
-  { name: 'fs.stat', method: 'GET', path: '/v1/sandboxes/:id/fs/stat', scope: 'files' },
-  { name: 'fs.list', method: 'GET', path: '/v1/sandboxes/:id/fs/list', scope: 'files' },
-  { name: 'fs.mkdir', method: 'POST', path: '/v1/sandboxes/:id/fs/mkdir', scope: 'files', body: 'json' },
-  { name: 'fs.remove', method: 'DELETE', path: '/v1/sandboxes/:id/fs', scope: 'files' },
-  { name: 'fs.rename', method: 'POST', path: '/v1/sandboxes/:id/fs/rename', scope: 'files', body: 'json' },
+  { name: 'files.read', method: 'GET', path: '/v1/sandboxes/:id/files', scope: 'files', auth: 'guest' },
+  {
+    name: 'files.write',
+    method: 'PUT',
+    path: '/v1/sandboxes/:id/files',
+    scope: 'files',
+    auth: 'guest',
+    body: 'upload',
+  },
+  { name: 'fs.stat', method: 'GET', path: '/v1/sandboxes/:id/fs/stat', scope: 'files', auth: 'guest' },
+  { name: 'fs.list', method: 'GET', path: '/v1/sandboxes/:id/fs/list', scope: 'files', auth: 'guest' },
+  {
+    name: 'fs.mkdir',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/fs/mkdir',
+    scope: 'files',
+    auth: 'guest',
+    body: 'json',
+  },
+  { name: 'fs.remove', method: 'DELETE', path: '/v1/sandboxes/:id/fs', scope: 'files', auth: 'guest' },
+  {
+    name: 'fs.rename',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/fs/rename',
+    scope: 'files',
+    auth: 'guest',
+    body: 'json',
+  },
   // NDJSON lines of core/guest-protocol.ts WatchEvent, `start` first, until the client leaves
-  { name: 'fs.watch', method: 'GET', path: '/v1/sandboxes/:id/fs/watch', scope: 'files', stream: true },
+  {
+    name: 'fs.watch',
+    method: 'GET',
+    path: '/v1/sandboxes/:id/fs/watch',
+    scope: 'files',
+    auth: 'sandbox',
+    stream: true,
+  },
 ] as const satisfies readonly DataPlaneRoute[];
 
 /**

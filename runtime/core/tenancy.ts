@@ -70,7 +70,7 @@ export interface TeamQuotas {
   createsPerMinute: number;
   /**
    * Command output streams open at once (through the router or on an agent directly); counted by
-   * agents with leases in Redis, the limit carried in session tokens (`agent/team-streams.ts`).
+   * agents with leases in Redis, the limit carried in session tokens (`agent/commands/team-streams.ts`).
    */
   streams: number;
 }

@@ -12,7 +12,7 @@
  *   (without `registryId`), or `{ address, error: { code, message } }` for an entry refused or
  *   failed on its own (BAD_REQUEST: a bad address or grant; INTERNAL); the others still land. A
  *   body that fails the schema is refused whole (400), as is one over the body limit (413). The
- *   agent sends its claims' registrations this way (runtime/agent/gateway-client.ts): one call per
+ *   agent sends its claims' registrations this way (runtime/agent/host/gateway-client.ts): one call per
  *   burst, not one per sandbox.
  * - `DELETE /v1/sandboxes/:address` → 204 (404 `SANDBOX_NOT_FOUND` when unknown): forgets it and
  *   closes its connections.

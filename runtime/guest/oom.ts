@@ -1,6 +1,6 @@
 /**
  * The guest's out-of-memory kill: when its node agent sees the sandbox's host memory charge near
- * its limit (agent/memory-guard.ts), the guest kills the one process holding the most memory, as
+ * its limit (agent/sandboxes/memory-guard.ts), the guest kills the one process holding the most memory, as
  * Linux's OOM killer picks by resident size, so the offender dies alone and the sandbox, this
  * daemon and every other process live on (case R21). gVisor has no OOM killer of its own: without
  * this the host's memory cgroup ends the whole sandbox.

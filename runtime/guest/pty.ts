@@ -11,7 +11,7 @@
  * process group. It exits as the command did (same code, or the same signal).
  *
  * Why a helper and not a native PTY module (node-pty and its prebuilt forks): the guest layer is
- * our sources plus the node binary (agent/images.ts), with no native addons to build per Node ABI
+ * our sources plus the node binary (agent/image/images.ts), with no native addons to build per Node ABI
  * and libc; Node itself cannot make a PTY (no grantpt/unlockpt/TIOCSWINSZ). gVisor implements
  * /dev/ptmx and devpts, and python3 is in the `base` template. `script(1)` was the other candidate:
  * it cannot be resized from outside without finding its terminal and running `stty` against it.

@@ -269,7 +269,7 @@ export interface Driver {
   /**
    * The instance's host memory charge now, bytes (synchronous: a cgroup counter, read often by the
    * memory guard); undefined when it cannot be read. Drivers whose guests have no OOM killer of
-   * their own implement it (agent/memory-guard.ts); a VM's kernel has one.
+   * their own implement it (agent/sandboxes/memory-guard.ts); a VM's kernel has one.
    */
   memoryCharge?(instanceId: string): number | undefined;
 }

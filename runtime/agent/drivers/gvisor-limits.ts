@@ -1,7 +1,7 @@
 /**
  * A gVisor sandbox's resource limits — how many tasks, how large its memory-backed filesystems —
  * and what the host's cgroup counters say of them: why an instance ended, and the memory charge the
- * memory guard watches (agent/memory-guard.ts). Used by the gVisor driver's OCI spec and, for the
+ * memory guard watches (agent/sandboxes/memory-guard.ts). Used by the gVisor driver's OCI spec and, for the
  * task and filesystem sizes, by the VM guests' init (vm-image.ts), so both drivers enforce the same.
  *
  * Cgroup files: v1 (`/sys/fs/cgroup/<controller>/space/<instance>/…`, these hosts) first, else v2

@@ -1,6 +1,6 @@
 /**
  * The gVisor driver: one `runsc` container per instance, with gVisor's own network stack on the
- * namespace prepared by `network.ts` (the OCI spec names `/var/run/netns/<netns>`).
+ * namespace prepared by `host/network.ts` (the OCI spec names `/var/run/netns/<netns>`).
  *
  * Per instance, under `<stateDir>/instances/<id>/`:
  * ```
@@ -19,9 +19,10 @@
  * ```
  * runsc state lives in `runscRoot` (default `<stateDir>/runsc`). Needs runsc 2024-07-29 or later
  * ({@link MIN_RUNSC_RELEASE}: checkpoint with live TCP endpoints, systrap). The platform is
- * {@link DEFAULT_GVISOR_PLATFORM} by default (KVM hangs on these machines; see machine-notes). Nothing
+ * {@link DEFAULT_GVISOR_PLATFORM} by default (the KVM platform hung on the machines SPACE was measured on; `npm run bench:gvisor` compares the
+ * platforms). Nothing
  * from the host is mounted into the sandbox: the guest daemon, its Node and tini come from the image's
- * guest layer (`images.ts`).
+ * guest layer (`image/images.ts`).
  *
  * Network on restore: runsc (2024-07-29, checked) rebuilds the sandbox's NICs, addresses and routes
  * from the namespace it is restored into, so a restored instance simply has its new network's
@@ -30,11 +31,11 @@
  */
 import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { mkdir, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SpaceError } from '../../core/errors.ts';
-import { hostExec } from '../host-exec.ts';
-import { GUEST_ARGV, GUEST_PATHS } from '../images.ts';
+import { hostExec } from '../host/host-exec.ts';
+import { GUEST_ARGV, GUEST_PATHS } from '../image/images.ts';
 import {
   CleanupStack,
   type Driver,
@@ -46,54 +47,14 @@ import {
   type InstanceStats,
   instanceInfo,
   type RestoreSpec,
-  type SandboxNetwork,
   type SnapshotRef,
 } from './driver.ts';
 import { waitForHealth } from './guest-health.ts';
-import {
-  cgroupV1File,
-  guestProcessLimit,
-  hostTaskLimit,
-  instanceEndCause,
-  instanceMemoryCharge,
-  shmSizeMiB,
-  tmpSizeMiB,
-} from './gvisor-limits.ts';
+import { giveBackAddress, removeCgroups, sh, unmountIfMounted } from './gvisor-host.ts';
+import { cgroupV1File, instanceEndCause, instanceMemoryCharge } from './gvisor-limits.ts';
 import { DEFAULT_GVISOR_PLATFORM } from './gvisor-platform.ts';
 
 const run = hostExec;
-
-/** Configuration of {@link GvisorDriver}. */
-export interface GvisorConfig {
-  /** Driver state root (instances, runsc root). */
-  stateDir: string;
-  /** runsc `--root` (default `<stateDir>/runsc`). */
-  runscRoot?: string;
-  /** runsc binary (default `runsc` on PATH). */
-  runscBinary?: string;
-  /** runsc `--platform` (default {@link DEFAULT_GVISOR_PLATFORM}). */
-  platform?: 'ptrace' | 'systrap';
-  /** The guest's argv (default {@link DEFAULT_GUEST_ARGV}, from the image's guest layer). */
-  guestArgv?: string[];
-  /** How long create() waits for the guest's /health, ms (default 30 000). */
-  healthTimeoutMs?: number;
-  /**
-   * Advertise snapshot/restore in {@link GvisorDriver.capabilities} (default false; the agent turns
-   * it on with SPACE_GVISOR_SNAPSHOTS). The methods work either way; the flag says whether the agent
-   * may rely on them. Restores of sandboxes that had a host connection open at the checkpoint were
-   * seen to come up unreachable (see docs/operations.md, Known limits); template snapshots have none, and the
-   * agent boots instead when a restore fails.
-   */
-  snapshots?: boolean;
-  /**
-   * `runsc checkpoint --compression` (default `none`: a larger image, but restore maps it without
-   * inflating it first; see benchmarks/gvisor-platforms.ts for the figures).
-   */
-  checkpointCompression?: 'none' | 'flate-best-speed';
-  /** Pass `--debug` to runsc (verbose logs in logs/). Default false. */
-  debug?: boolean;
-  log?: (msg: string, fields?: Record<string, unknown>) => void;
-}
 
 /** The guest daemon under tini, from the image's guest layer. */
 export const DEFAULT_GUEST_ARGV = GUEST_ARGV;
@@ -105,264 +66,43 @@ export interface PersistedInstance {
   createdAt: number;
 }
 
-/** CPU period for the CFS quota, µs. */
-export const CPU_PERIOD_US = 100_000;
+// the pure parts (its configuration, the OCI spec, runsc command lines) live in gvisor-runsc.ts;
+// re-exported for callers
+export {
+  buildOciSpec,
+  CPU_PERIOD_US,
+  checkpointFailureReason,
+  type GvisorConfig,
+  MIN_RUNSC_RELEASE,
+  mapRunscStatus,
+  type OciInputs,
+  overlayOptions,
+  runscCheckpointArgs,
+  runscCmdArgs,
+  runscGlobalArgs,
+  runscRelease,
+  runscRestoreCommand,
+  runscRunCommand,
+  runscStartCommand,
+  SANDBOX_PID_FILE,
+} from './gvisor-runsc.ts';
 
-/** Docker's default capability set: enough for the guest (root) to drop to `user` and manage files. */
-const CAPS = [
-  'CAP_CHOWN',
-  'CAP_DAC_OVERRIDE',
-  'CAP_FSETID',
-  'CAP_FOWNER',
-  'CAP_MKNOD',
-  'CAP_NET_RAW',
-  'CAP_SETGID',
-  'CAP_SETUID',
-  'CAP_SETFCAP',
-  'CAP_SETPCAP',
-  'CAP_NET_BIND_SERVICE',
-  'CAP_SYS_CHROOT',
-  'CAP_KILL',
-  'CAP_AUDIT_WRITE',
-];
-
-/** Inputs of {@link buildOciSpec}. */
-export interface OciInputs {
-  spec: InstanceSpec;
-  /** Absolute path of the merged overlay (container root). */
-  rootPath: string;
-  guestArgv: string[];
-}
-
-/**
- * The OCI runtime spec (config.json) for an instance. Pure.
- * CPU: quota = vcpus × {@link CPU_PERIOD_US} µs; memory: memoryMiB × 2^20 bytes; cgroupsPath `/space/<id>`;
- * processes: {@link guestProcessLimit} inside (RLIMIT_NPROC), {@link hostTaskLimit} on the host;
- * `/tmp`: a tmpfs of {@link tmpSizeMiB}; `/dev/shm` of {@link shmSizeMiB}: every memory-backed
- * filesystem the sandbox user can write is sized, so a full one is ENOSPC to its writer (R13, R20).
- */
-export function buildOciSpec(i: OciInputs): Record<string, unknown> {
-  const { spec } = i;
-  const nproc = guestProcessLimit(spec);
-  return {
-    ociVersion: '1.0.2',
-    process: {
-      terminal: false,
-      user: { uid: 0, gid: 0 },
-      args: i.guestArgv,
-      env: [
-        'PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
-        'HOME=/root',
-        'LANG=C.UTF-8',
-      ],
-      cwd: '/',
-      capabilities: { bounding: CAPS, effective: CAPS, permitted: CAPS },
-      rlimits: [
-        { type: 'RLIMIT_NOFILE', hard: 65536, soft: 65536 },
-        { type: 'RLIMIT_NPROC', hard: nproc, soft: nproc },
-      ],
-      noNewPrivileges: false,
-    },
-    root: { path: i.rootPath, readonly: false },
-    hostname: 'sandbox',
-    mounts: [
-      { destination: '/proc', type: 'proc', source: 'proc' },
-      // gVisor ignores a size (and `ro` makes its device nodes unwritable) on `/dev`: it stays
-      // unsized, writable by root alone (mode 755)
-      { destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'strictatime', 'mode=755'] },
-      { destination: '/dev/pts', type: 'devpts', source: 'devpts', options: ['nosuid', 'noexec'] },
-      {
-        destination: '/dev/shm',
-        type: 'tmpfs',
-        source: 'shm',
-        options: ['nosuid', 'noexec', 'nodev', 'mode=1777', `size=${shmSizeMiB(spec.memoryMiB)}m`],
-      },
-      {
-        destination: '/tmp',
-        type: 'tmpfs',
-        source: 'tmp',
-        options: ['nosuid', 'nodev', 'mode=1777', `size=${tmpSizeMiB(spec.memoryMiB)}m`],
-      },
-      { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] },
-    ],
-    linux: {
-      cgroupsPath: `/space/${spec.instanceId}`,
-      namespaces: [
-        { type: 'pid' },
-        { type: 'ipc' },
-        { type: 'uts' },
-        { type: 'mount' },
-        { type: 'network', path: `/var/run/netns/${spec.network.netns}` },
-      ],
-      resources: {
-        cpu: { quota: Math.max(1000, Math.round(spec.vcpus * CPU_PERIOD_US)), period: CPU_PERIOD_US },
-        memory: { limit: spec.memoryMiB * 1024 * 1024 },
-        pids: { limit: hostTaskLimit(nproc) },
-      },
-    },
-  };
-}
-
-/** Oldest runsc release the driver accepts (yyyymmdd): checkpoint with live TCP endpoints, systrap. */
-export const MIN_RUNSC_RELEASE = 20240729;
-
-/**
- * Release date (yyyymmdd) in `runsc --version` output: Debian's `runsc version 0.0~20240729.0` or
- * upstream's `runsc version release-20240729.0`; undefined when none is found. Pure.
- */
-export function runscRelease(versionOutput: string): number | undefined {
-  const m = /runsc version \S*?(20\d{6})/.exec(versionOutput);
-  return m ? Number(m[1]) : undefined;
-}
-
-/**
- * Global runsc flags common to every call. Pure.
- * - `--net-disconnect-ok`: a checkpoint resets the sandbox's connected TCP endpoints (the agent's
- *   keep-alive link to the guest daemon, anything in TIME_WAIT) instead of refusing to save them.
- *   Both ends see a reset; the agent's guest client reconnects on its next request.
- * - `--overlay2=none`: the sandbox writes straight to its overlay on its own ext4 disk, as with runsc
- *   2022-12. runsc's default (`root:self`) would keep writes in a sparse memory file inside the
- *   rootfs, which turns a full disk into a sentry error instead of ENOSPC and hides the writes from
- *   the disk copy a snapshot takes.
- */
-export function runscGlobalArgs(o: {
-  root: string;
-  platform?: string;
-  debugLogDir?: string;
-  debug?: boolean;
-}): string[] {
-  return [
-    `--root=${o.root}`,
-    `--platform=${o.platform ?? DEFAULT_GVISOR_PLATFORM}`,
-    '--net-disconnect-ok',
-    '--overlay2=none',
-    ...(o.debugLogDir
-      ? [`--debug-log=${o.debugLogDir.endsWith('/') ? o.debugLogDir : `${o.debugLogDir}/`}`]
-      : []),
-    ...(o.debug ? ['--debug'] : []),
-  ];
-}
-
-/** Where runsc writes the host pid of an instance's sandbox process (`--pid-file`), in its bundle. */
-export const SANDBOX_PID_FILE = 'sandbox.pid';
-
-/**
- * Command + argv that starts the container: `runsc … run --detach --pid-file=<bundle>/sandbox.pid`
- * in a private mount namespace where `/proc/sys/net` is hidden under an empty tmpfs. See
- * {@link runscStartCommand}. Pure.
- */
-export function runscRunCommand(
-  runsc: string,
-  global: string[],
-  bundle: string,
-  id: string,
-): { cmd: string; args: string[] } {
-  return runscStartCommand(runsc, global, [
-    'run',
-    '--detach',
-    `--bundle=${bundle}`,
-    `--pid-file=${join(bundle, SANDBOX_PID_FILE)}`,
-    id,
-  ]);
-}
-
-/**
- * Command + argv that restores the container from a checkpoint image directory:
- * `runsc … restore --detach --bundle=<bundle> --image-path=<image> --pid-file=<bundle>/sandbox.pid
- * <id>`, wrapped as in {@link runscStartCommand}. Pure.
- */
-export function runscRestoreCommand(
-  runsc: string,
-  global: string[],
-  bundle: string,
-  imagePath: string,
-  id: string,
-): { cmd: string; args: string[] } {
-  return runscStartCommand(runsc, global, [
-    'restore',
-    '--detach',
-    `--bundle=${bundle}`,
-    `--image-path=${imagePath}`,
-    `--pid-file=${join(bundle, SANDBOX_PID_FILE)}`,
-    id,
-  ]);
-}
-
-/**
- * Wraps a runsc subcommand that starts a sandbox (`run`, `restore`) in a private mount namespace
- * where `/proc/sys/net` is hidden under an empty tmpfs.
- *
- * Why: runsc decides "am I in the root network namespace?" by testing whether
- * `/proc/sys/net/core/rmem_default` exists, which newer kernels (6.x here) expose in every namespace,
- * so it refuses to take over the prepared namespace ("cannot run with network enabled in root network
- * namespace"). Still so in 2024-07-29 (checked: `runsc restore` fails that way without the wrapper).
- * Hiding `/proc/sys/net` (hiding only `core` does not survive the setns) for runsc only makes the
- * check answer correctly. Pure.
- */
-export function runscStartCommand(
-  runsc: string,
-  global: string[],
-  sub: string[],
-): { cmd: string; args: string[] } {
-  return {
-    cmd: 'unshare',
-    args: [
-      '--mount',
-      '--propagation=private',
-      '--',
-      '/bin/sh',
-      '-c',
-      'mount -t tmpfs -o size=4k,mode=0555 space-hide /proc/sys/net && exec "$@"',
-      'sh',
-      runsc,
-      ...global,
-      ...sub,
-    ],
-  };
-}
-
-/** argv of a simple per-container subcommand (`pause`, `resume`, `state`, `delete --force`). Pure. */
-export function runscCmdArgs(global: string[], cmd: string[], id: string): string[] {
-  return [...global, ...cmd, id];
-}
-
-/** argv of `runsc checkpoint --leave-running --image-path=<dir> [--compression=…]`. Pure. */
-export function runscCheckpointArgs(
-  global: string[],
-  id: string,
-  imagePath: string,
-  compression?: string,
-): string[] {
-  return [
-    ...global,
-    'checkpoint',
-    '--leave-running',
-    `--image-path=${imagePath}`,
-    ...(compression ? [`--compression=${compression}`] : []),
-    id,
-  ];
-}
-
-/** Overlay mount options for read-only lowers (topmost first) and upper/work dirs. Pure. */
-export function overlayOptions(lowers: string[], upper: string, work: string): string {
-  if (!lowers.length) throw new Error('overlay needs at least one lower dir');
-  for (const p of [...lowers, upper, work])
-    if (/[,:]/.test(p)) throw new Error(`overlay path has , or : — ${p}`);
-  return `lowerdir=${lowers.join(':')},upperdir=${upper},workdir=${work}`;
-}
-
-/** The useful part of runsc checkpoint's (huge, Go-dump) error output, ≤ 300 chars. Pure. */
-export function checkpointFailureReason(stderr: string): string {
-  const m = /(save rejected[^\n]*?)(?::\n|$)/.exec(stderr) ?? /(checkpoint failed: [^\n{]*)/.exec(stderr);
-  return (m?.[1] ?? stderr.trim().split('\n')[0] ?? '').slice(0, 300);
-}
-
-/** Maps `runsc state` status to the driver's state. Pure. */
-export function mapRunscStatus(status: string | undefined): InstanceInfo['state'] {
-  if (status === 'running' || status === 'created') return 'running';
-  if (status === 'paused') return 'paused';
-  return 'stopped';
-}
+import {
+  buildOciSpec,
+  checkpointFailureReason,
+  type GvisorConfig,
+  MIN_RUNSC_RELEASE,
+  mapRunscStatus,
+  overlayOptions,
+  runscCheckpointArgs,
+  runscCmdArgs,
+  runscGlobalArgs,
+  runscRelease,
+  runscRestoreCommand,
+  runscRunCommand,
+  runscStartCommand,
+  SANDBOX_PID_FILE,
+} from './gvisor-runsc.ts';
 
 /** gVisor implementation of {@link Driver}. */
 export class GvisorDriver implements Driver {
@@ -850,40 +590,5 @@ export class GvisorDriver implements Driver {
       await tail(join(dir, 'logs', f), f);
     }
     return parts.join('\n');
-  }
-}
-
-async function sh(cmd: string, args: string[]): Promise<string> {
-  try {
-    return (await run(cmd, args)).stdout;
-  } catch (err) {
-    const e = err as { stderr?: string; message: string };
-    throw new Error(`${cmd} ${args.join(' ')}: ${(e.stderr || e.message).trim()}`);
-  }
-}
-
-/**
- * Puts the sandbox's address and default route back on the namespace's `eth0`. runsc moves them into
- * its own network stack when it starts (removing them from the kernel interface), so after a failed
- * start the namespace would be left without them and the next start on it would have no IPv4 address.
- * Idempotent (`replace`). @throws Error when `ip` fails.
- */
-export async function giveBackAddress(net: SandboxNetwork): Promise<void> {
-  const ns = net.netns;
-  await sh('ip', ['-n', ns, 'addr', 'replace', `${net.sandboxAddress}/${net.prefixLength}`, 'dev', 'eth0']);
-  await sh('ip', ['-n', ns, 'route', 'replace', 'default', 'via', net.hostAddress]);
-}
-
-async function unmountIfMounted(path: string): Promise<void> {
-  const mounts = await readFile('/proc/self/mountinfo', 'utf8');
-  if (!mounts.split('\n').some((l) => l.split(' ')[4] === path)) return;
-  await sh('umount', [path]).catch(() => sh('umount', ['-l', path]));
-}
-
-/** Removes `/sys/fs/cgroup/<controller>/space/<id>` in every v1 hierarchy (and the unified one). */
-export async function removeCgroups(instanceId: string): Promise<void> {
-  for (const ctrl of await readdir('/sys/fs/cgroup').catch(() => [] as string[])) {
-    const p = join('/sys/fs/cgroup', ctrl, 'space', instanceId);
-    if (existsSync(p)) await rmdir(p).catch(() => {});
   }
 }

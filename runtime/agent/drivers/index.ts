@@ -8,7 +8,7 @@ import { existsSync } from 'node:fs';
 import type { DriverName } from '../../core/drivers.ts';
 import { SpaceError } from '../../core/errors.ts';
 import type { AgentConfig } from '../config.ts';
-import { probeKvm } from '../kvm.ts';
+import { probeKvm } from '../host/kvm.ts';
 import { CloudHypervisorDriver } from './cloud-hypervisor.ts';
 import type { Driver } from './driver.ts';
 import { FirecrackerDriver } from './firecracker.ts';

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { GUEST_ARGV } from '../images.ts';
-import { BOOT_MARKER, initScript, moduleDepends, moduleLoadOrder, shQuote } from '../vm-image.ts';
+import { GUEST_ARGV } from '../image/images.ts';
+import { BOOT_MARKER, initScript, moduleDepends, moduleLoadOrder, shQuote } from '../image/vm-image.ts';
 import { GUEST_NET } from './driver.ts';
 import { guestClockArgs, inNetns, mapQmpStatus, qemuArgv } from './qemu.ts';
 import { vmKernelCmdline } from './vm-common.ts';

@@ -12,8 +12,8 @@ import { chmod, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { SpaceError } from '../../core/errors.ts';
-import { hostExec } from '../host-exec.ts';
-import { GUEST_PATHS } from '../images.ts';
+import { hostExec } from '../host/host-exec.ts';
+import { GUEST_PATHS } from '../image/images.ts';
 import { GUEST_NET } from './driver.ts';
 
 const run = hostExec;

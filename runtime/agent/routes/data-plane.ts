@@ -1,8 +1,9 @@
 /**
  * The data plane clients use directly, authorised by session tokens verified offline:
  * command events (SSE), stdin, signals, command status, and files (download, upload, stat, list,
- * mkdir, remove). Tokens go in `Authorization: Bearer` or `?token=`; a token for another sandbox,
- * another session of this sandbox, or without the route's scope is refused.
+ * mkdir, remove). Each route is registered from its row of `DATA_PLANE_ROUTES` (core/data-plane.ts)
+ * and admitted by the one token hook (auth.ts) as that row's scope and auth kind say, before its
+ * handler runs; handlers read the admitted sandbox (or hibernation) from the hook.
  */
 import { PassThrough, type Readable, Transform } from 'node:stream';
 import { finished, pipeline } from 'node:stream/promises';
@@ -23,14 +24,14 @@ import {
 } from '../../core/guest-protocol.ts';
 import { ID_PATTERN, newId } from '../../core/ids.ts';
 import { DEFAULT_TEAM } from '../../core/tenancy.ts';
-import { type SessionClaims, type SessionScope, verifySessionToken } from '../../core/tokens.ts';
 import { inSpan, traceContextFrom } from '../../core/tracing.ts';
 import type { AgentDeps } from '../app.ts';
-import { startOptions } from '../commands.ts';
-import type { HibernatedCommand, HibernatedView } from '../hibernated-view.ts';
-import type { LocalSandbox } from '../sandboxes.ts';
-import { Spool } from '../spool.ts';
-import { streamSpool } from '../sse.ts';
+import { startOptions } from '../commands/commands.ts';
+import { Spool } from '../commands/spool.ts';
+import { streamSpool } from '../commands/sse.ts';
+import type { HibernatedCommand, HibernatedView } from '../sandboxes/hibernated-view.ts';
+import type { LocalSandbox } from '../sandboxes/manager.ts';
+import { dataPlaneGate, declared } from './auth.ts';
 
 const Sid = Type.String({ pattern: ID_PATTERN });
 const SandboxParams = Type.Object({ id: Sid });
@@ -64,79 +65,7 @@ function eventOffset(header: string | undefined, query: string | undefined): num
 }
 
 export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
-  /** Ends the activity (metering) and guest hold of each authorised request once its response closes. */
-  const activityEnds = new WeakMap<object, () => void>();
-  /** The verified session token of each authorised request. */
-  const claimsOf = new WeakMap<object, SessionClaims>();
-
-  /**
-   * Verifies the session token for sandbox `id` and scope; returns the sandbox and counts the
-   * request as activity until its response closes. `needsGuest` (default true): a paused sandbox
-   * is refused with SANDBOX_PAUSED (its guest cannot answer; the router resumes it and retries);
-   * reading spooled output does not need the guest.
-   */
-  async function authorise(
-    req: FastifyRequest,
-    id: string,
-    scope: SessionScope,
-    needsGuest = true,
-  ): Promise<LocalSandbox> {
-    const claims = await claimsFor(req, id, scope);
-    if (!deps.sandboxes.find(id)) {
-      // hibernated into this node's store: paused, as the docs say, not unknown (R27)
-      const hib = await deps.sandboxes.hibernated(id);
-      if (hib) {
-        sameSession(claims, hib.sessionId);
-        throw pausedError(id);
-      }
-    }
-    const sb = deps.sandboxes.get(id);
-    sameSession(claims, sb.sessionId);
-    claimsOf.set(req.raw, claims);
-    // a guest call holds the guest until its response closes: a pause waits for it first
-    const release = needsGuest ? deps.sandboxes.holdGuest(id).release : () => {};
-    const endActivity = deps.sandboxes.beginActivity(id);
-    activityEnds.set(req.raw, () => {
-      release();
-      endActivity();
-    });
-    return sb;
-  }
-
-  /** The verified session token of `req` for sandbox `id` and `scope`. */
-  async function claimsFor(req: FastifyRequest, id: string, scope: SessionScope): Promise<SessionClaims> {
-    const header = /^Bearer\s+(\S+)$/i.exec(req.headers.authorization ?? '')?.[1];
-    const token = header ?? (req.query as { token?: string } | undefined)?.token;
-    if (!token)
-      throw new SpaceError('UNAUTHENTICATED', 'session token required (Authorization: Bearer or ?token=)');
-    return verifySessionToken(deps.verifyKey, token, { sandboxId: id, scope });
-  }
-
-  /** @throws SpaceError TOKEN_SCOPE when the token is of another session than `sessionId`. */
-  function sameSession(claims: SessionClaims, sessionId: string | undefined): void {
-    if (sessionId !== undefined && claims.sessionId !== sessionId)
-      throw new SpaceError('TOKEN_SCOPE', 'token is for another session');
-  }
-
-  function pausedError(id: string): SpaceError {
-    return new SpaceError('SANDBOX_PAUSED', `sandbox ${id} is hibernated; resume it first`, {
-      sandboxId: id,
-      mode: 'hibernated',
-    });
-  }
-
-  /**
-   * The sandbox `id` when it is hibernated into this node's store (not running here) and `req`'s
-   * token is good for it: its spooled output is served from the store. Null when this node runs
-   * it or has no such hibernation (the caller then goes through {@link authorise}).
-   */
-  async function hibernatedFor(req: FastifyRequest, id: string): Promise<HibernatedView | null> {
-    if (deps.sandboxes.find(id)) return null;
-    const claims = await claimsFor(req, id, 'commands');
-    const hib = await deps.sandboxes.hibernated(id);
-    if (hib) sameSession(claims, hib.sessionId);
-    return hib;
-  }
+  const gate = dataPlaneGate(deps);
 
   /** The command `cmdId` of hibernated sandbox `hib`. @throws SpaceError COMMAND_NOT_FOUND. */
   async function hibernatedCommand(hib: HibernatedView, cmdId: string): Promise<HibernatedCommand> {
@@ -162,7 +91,7 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
    */
   async function admitStream(req: FastifyRequest, sb: LocalSandbox): Promise<() => void> {
     if (sb.streams >= deps.config.maxStreams) throw new SpaceError('RATE_LIMITED', 'too many open streams');
-    const claims = claimsOf.get(req.raw);
+    const claims = gate.claims(req);
     return claims?.maxStreams != null && deps.teamStreams
       ? await deps.teamStreams.open(claims.team ?? DEFAULT_TEAM, claims.maxStreams)
       : () => {};
@@ -171,25 +100,25 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
   return async (app) => {
     app.addHook('onRequest', async (req, reply) => {
       // 'close' also fires for hijacked (SSE) responses and for clients that go away
-      reply.raw.once('close', () => activityEnds.get(req.raw)?.());
+      reply.raw.once('close', () => gate.release(req));
     });
+    // the one token hook: each route is admitted as its row of DATA_PLANE_ROUTES declares
+    app.addHook('preHandler', gate.hook);
 
     // raw bodies (stdin, uploads) stream through untouched; limits are enforced while streaming
     app.addContentTypeParser('application/octet-stream', (_req, payload, done) => done(null, payload));
 
-    app.get(
-      '/v1/sandboxes/:id/commands/:cmd/events',
-      {
-        schema: {
-          params: CommandParams,
-          querystring: Type.Object({
-            ...TokenQuery,
-            lastEventId: Type.Optional(Type.String({ pattern: '^[0-9]{1,15}$' })),
-          }),
-        },
+    app.route({
+      ...declared('command.events'),
+      schema: {
+        params: CommandParams,
+        querystring: Type.Object({
+          ...TokenQuery,
+          lastEventId: Type.Optional(Type.String({ pattern: '^[0-9]{1,15}$' })),
+        }),
       },
-      async (req, reply) => {
-        const hib = await hibernatedFor(req, req.params.id);
+      handler: async (req, reply) => {
+        const hib = gate.hibernated(req);
         if (hib) {
           // a hibernated sandbox's output is what was spooled: served, then the stream ends (the
           // client reconnects with Last-Event-ID once it resumed)
@@ -214,7 +143,7 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
           'agent.stream.open',
           { 'space.sandbox.id': req.params.id },
           async () => {
-            const sb = await authorise(req, req.params.id, 'commands', false);
+            const sb = gate.sandbox(req);
             const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
             const from = eventOffset(
               req.headers['last-event-id'] as string | undefined,
@@ -238,19 +167,17 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
           closeTeamStream();
         }
       },
-    );
+    });
 
-    app.post(
-      '/v1/sandboxes/:id/commands',
-      {
-        schema: {
-          params: SandboxParams,
-          querystring: Type.Object(TokenQuery),
-          body: Type.Omit(AgentCommandRequestSchema, ['commandId']),
-        },
+    app.route({
+      ...declared('command.start'),
+      schema: {
+        params: SandboxParams,
+        querystring: Type.Object(TokenQuery),
+        body: Type.Omit(AgentCommandRequestSchema, ['commandId']),
       },
-      async (req, reply) => {
-        const sb = await authorise(req, req.params.id, 'commands');
+      handler: async (req, reply) => {
+        const sb = gate.sandbox(req);
         // the same span as a start the API dispatches (routes/internal.ts): an envd Process/Start
         const cmd = await inSpan(
           'agent.commands.start',
@@ -260,24 +187,22 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         );
         return reply.status(201).send({ commandId: cmd.id, pid: cmd.pid } satisfies AgentCommandResponse);
       },
-    );
+    });
 
-    app.get(
-      '/v1/sandboxes/:id/commands',
-      {
-        schema: {
-          params: SandboxParams,
-          querystring: Type.Object({
-            ...TokenQuery,
-            pid: Type.Optional(Type.Integer({ minimum: 0 })),
-            tag: Type.Optional(Type.String({ maxLength: 256 })),
-            all: Type.Optional(Type.Boolean()),
-          }),
-        },
+    app.route({
+      ...declared('command.list'),
+      schema: {
+        params: SandboxParams,
+        querystring: Type.Object({
+          ...TokenQuery,
+          pid: Type.Optional(Type.Integer({ minimum: 0 })),
+          tag: Type.Optional(Type.String({ maxLength: 256 })),
+          all: Type.Optional(Type.Boolean()),
+        }),
       },
-      async (req) => {
+      handler: async (req) => {
         const { pid, tag, all } = req.query;
-        const hib = await hibernatedFor(req, req.params.id);
+        const hib = gate.hibernated(req);
         if (hib) {
           const rows: CommandSummary[] = [];
           for (const c of await hib.commands()) {
@@ -293,7 +218,7 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
           }
           return { commands: rows.sort((a, b) => b.startedAt - a.startedAt) };
         }
-        const sb = await authorise(req, req.params.id, 'commands', false);
+        const sb = gate.sandbox(req);
         const commands: CommandSummary[] = [...sb.commands.values()]
           .filter(
             (c) =>
@@ -312,13 +237,13 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
           }));
         return { commands };
       },
-    );
+    });
 
-    app.get(
-      '/v1/sandboxes/:id/commands/:cmd',
-      { schema: { params: CommandParams, querystring: Type.Object(TokenQuery) } },
-      async (req) => {
-        const hib = await hibernatedFor(req, req.params.id);
+    app.route({
+      ...declared('command.get'),
+      schema: { params: CommandParams, querystring: Type.Object(TokenQuery) },
+      handler: async (req) => {
+        const hib = gate.hibernated(req);
         if (hib) {
           const c = await hibernatedCommand(hib, req.params.cmd);
           const spool = await hibernatedSpool(hib, c);
@@ -326,7 +251,7 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
           // the exit is read by the resumed sandbox's pump; until then it is not known here
           return { id: c.id, pid: c.pid, running: !spool.closed, exit: null, outputBytes: spool.size };
         }
-        const sb = await authorise(req, req.params.id, 'commands', false);
+        const sb = gate.sandbox(req);
         const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
         return {
           id: cmd.id,
@@ -336,13 +261,13 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
           outputBytes: cmd.spool.size,
         };
       },
-    );
+    });
 
-    app.post(
-      '/v1/sandboxes/:id/commands/:cmd/stdin',
-      { schema: { params: CommandParams, querystring: Type.Object(TokenQuery) } },
-      async (req, reply) => {
-        const sb = await authorise(req, req.params.id, 'commands');
+    app.route({
+      ...declared('command.stdin'),
+      schema: { params: CommandParams, querystring: Type.Object(TokenQuery) },
+      handler: async (req, reply) => {
+        const sb = gate.sandbox(req);
         const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
         if (cmd.exit) throw new SpaceError('PROCESS_EXITED', 'the command has exited');
         const body = req.body as NodeJS.ReadableStream | undefined;
@@ -356,72 +281,68 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
         await sb.guest.writeStdin(cmd.pid, pass);
         return reply.status(204).send();
       },
-    );
+    });
 
-    app.post(
-      '/v1/sandboxes/:id/commands/:cmd/stdin/close',
-      { schema: { params: CommandParams, querystring: Type.Object(TokenQuery) } },
-      async (req, reply) => {
-        const sb = await authorise(req, req.params.id, 'commands');
+    app.route({
+      ...declared('command.stdin-close'),
+      schema: { params: CommandParams, querystring: Type.Object(TokenQuery) },
+      handler: async (req, reply) => {
+        const sb = gate.sandbox(req);
         const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
         await sb.guest.closeStdin(cmd.pid);
         return reply.status(204).send();
       },
-    );
+    });
 
-    app.post(
-      '/v1/sandboxes/:id/commands/:cmd/resize',
-      {
-        schema: { params: CommandParams, querystring: Type.Object(TokenQuery), body: PtySizeSchema },
-      },
-      async (req, reply) => {
-        const sb = await authorise(req, req.params.id, 'commands');
+    app.route({
+      ...declared('command.resize'),
+      schema: { params: CommandParams, querystring: Type.Object(TokenQuery), body: PtySizeSchema },
+      handler: async (req, reply) => {
+        const sb = gate.sandbox(req);
         const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
         if (cmd.exit) throw new SpaceError('PROCESS_EXITED', 'the command has exited');
         if (!cmd.config.pty) throw new SpaceError('BAD_REQUEST', 'the command has no terminal to resize');
         await sb.guest.resize(cmd.pid, req.body.cols, req.body.rows);
         return reply.status(204).send();
       },
-    );
+    });
 
-    app.post(
-      '/v1/sandboxes/:id/commands/:cmd/signal',
-      {
-        schema: {
-          params: CommandParams,
-          querystring: Type.Object(TokenQuery),
-          body: Type.Object(
-            { signal: Type.String({ pattern: '^SIG[A-Z0-9]{2,8}$' }) },
-            { additionalProperties: false },
-          ),
-        },
+    app.route({
+      ...declared('command.signal'),
+      schema: {
+        params: CommandParams,
+        querystring: Type.Object(TokenQuery),
+        body: Type.Object(
+          { signal: Type.String({ pattern: '^SIG[A-Z0-9]{2,8}$' }) },
+          { additionalProperties: false },
+        ),
       },
-      async (req, reply) => {
-        const sb = await authorise(req, req.params.id, 'commands');
+      handler: async (req, reply) => {
+        const sb = gate.sandbox(req);
         const cmd = deps.sandboxes.command(sb.id, req.params.cmd);
         if (cmd.exit) throw new SpaceError('PROCESS_EXITED', 'the command has exited');
         await sb.guest.signal(cmd.pid, req.body.signal);
         return reply.status(204).send();
       },
-    );
+    });
 
-    app.get(
-      '/v1/sandboxes/:id/files',
-      { schema: { params: SandboxParams, querystring: PathQuery } },
-      async (req, reply) => {
-        const sb = await authorise(req, req.params.id, 'files');
+    app.route({
+      ...declared('files.read'),
+      schema: { params: SandboxParams, querystring: PathQuery },
+      handler: async (req, reply) => {
+        const sb = gate.sandbox(req);
         // one guest call: the length comes with the bytes it describes (a separate stat of a
         // symlink or of a file that changes in between would disagree with them — R10)
         const { body, size } = await sb.guest.readFile(req.query.path);
         return reply.type('application/octet-stream').header('content-length', size).send(body);
       },
-    );
+    });
 
-    app.put(
-      '/v1/sandboxes/:id/files',
-      { schema: { params: SandboxParams, querystring: PathQuery } },
-      async (req, reply) => {
-        const sb = await authorise(req, req.params.id, 'files');
+    app.route({
+      ...declared('files.write'),
+      schema: { params: SandboxParams, querystring: PathQuery },
+      handler: async (req, reply) => {
+        const sb = gate.sandbox(req);
         // checked before any byte moves (the guest checks it again), as is the guest's protocol
         const metadata = parseFileMetadataHeader(req.headers[FILE_METADATA_HEADER]);
         if (metadata && Object.keys(metadata).length) {
@@ -478,76 +399,70 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
           throw tooLarge ?? err;
         }
       },
-    );
+    });
 
-    app.get(
-      '/v1/sandboxes/:id/fs/stat',
-      { schema: { params: SandboxParams, querystring: PathQuery } },
-      async (req) => {
-        const sb = await authorise(req, req.params.id, 'files');
+    app.route({
+      ...declared('fs.stat'),
+      schema: { params: SandboxParams, querystring: PathQuery },
+      handler: async (req) => {
+        const sb = gate.sandbox(req);
         return sb.guest.stat(req.query.path);
       },
-    );
+    });
 
-    app.get(
-      '/v1/sandboxes/:id/fs/list',
-      { schema: { params: SandboxParams, querystring: PathQuery } },
-      async (req) => {
-        const sb = await authorise(req, req.params.id, 'files');
+    app.route({
+      ...declared('fs.list'),
+      schema: { params: SandboxParams, querystring: PathQuery },
+      handler: async (req) => {
+        const sb = gate.sandbox(req);
         return sb.guest.list(req.query.path);
       },
-    );
+    });
 
-    app.post(
-      '/v1/sandboxes/:id/fs/mkdir',
-      {
-        schema: {
-          params: SandboxParams,
-          querystring: Type.Object(TokenQuery),
-          body: Type.Object(
-            { path: Type.String({ minLength: 1, maxLength: 4096 }), parents: Type.Optional(Type.Boolean()) },
-            { additionalProperties: false },
-          ),
-        },
+    app.route({
+      ...declared('fs.mkdir'),
+      schema: {
+        params: SandboxParams,
+        querystring: Type.Object(TokenQuery),
+        body: Type.Object(
+          { path: Type.String({ minLength: 1, maxLength: 4096 }), parents: Type.Optional(Type.Boolean()) },
+          { additionalProperties: false },
+        ),
       },
-      async (req) => {
-        const sb = await authorise(req, req.params.id, 'files');
+      handler: async (req) => {
+        const sb = gate.sandbox(req);
         return sb.guest.mkdir(req.body.path, req.body.parents ?? false);
       },
-    );
+    });
 
-    app.post(
-      '/v1/sandboxes/:id/fs/rename',
-      {
-        schema: {
-          params: SandboxParams,
-          querystring: Type.Object(TokenQuery),
-          body: Type.Object(
-            {
-              from: Type.String({ minLength: 1, maxLength: 4096 }),
-              to: Type.String({ minLength: 1, maxLength: 4096 }),
-            },
-            { additionalProperties: false },
-          ),
-        },
+    app.route({
+      ...declared('fs.rename'),
+      schema: {
+        params: SandboxParams,
+        querystring: Type.Object(TokenQuery),
+        body: Type.Object(
+          {
+            from: Type.String({ minLength: 1, maxLength: 4096 }),
+            to: Type.String({ minLength: 1, maxLength: 4096 }),
+          },
+          { additionalProperties: false },
+        ),
       },
-      async (req) => {
-        const sb = await authorise(req, req.params.id, 'files');
+      handler: async (req) => {
+        const sb = gate.sandbox(req);
         return sb.guest.rename(req.body.from, req.body.to);
       },
-    );
+    });
 
-    app.get(
-      '/v1/sandboxes/:id/fs/watch',
-      {
-        schema: {
-          params: SandboxParams,
-          querystring: WatchQuery,
-        },
+    app.route({
+      ...declared('fs.watch'),
+      schema: {
+        params: SandboxParams,
+        querystring: WatchQuery,
       },
-      async (req, reply) => {
+      handler: async (req, reply) => {
         // a watch lasts as long as its client: it must not hold the guest against a pause
-        const sb = await authorise(req, req.params.id, 'files', false);
+        const sb = gate.sandbox(req);
         // a watch is an open stream like a command's: it counts against the same limits
         const closeTeamStream = await admitStream(req, sb);
         const abort = new AbortController();
@@ -583,21 +498,19 @@ export function dataPlaneRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
           closeTeamStream();
         }
       },
-    );
+    });
 
-    app.delete(
-      '/v1/sandboxes/:id/fs',
-      {
-        schema: {
-          params: SandboxParams,
-          querystring: PathRecursiveQuery,
-        },
+    app.route({
+      ...declared('fs.remove'),
+      schema: {
+        params: SandboxParams,
+        querystring: PathRecursiveQuery,
       },
-      async (req, reply) => {
-        const sb = await authorise(req, req.params.id, 'files');
+      handler: async (req, reply) => {
+        const sb = gate.sandbox(req);
         await sb.guest.remove(req.query.path, req.query.recursive ?? false);
         return reply.status(204).send();
       },
-    );
+    });
   };
 }

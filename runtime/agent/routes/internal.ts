@@ -23,7 +23,7 @@ import { SpaceError } from '../../core/errors.ts';
 import { DispatchTokenVerifier } from '../../core/tokens.ts';
 import { inSpan, traceContextFrom } from '../../core/tracing.ts';
 import type { AgentDeps } from '../app.ts';
-import { startOptions } from '../commands.ts';
+import { startOptions } from '../commands/commands.ts';
 
 export function internalRoutes(deps: AgentDeps): FastifyPluginAsyncTypebox {
   return async (app) => {

@@ -1,0 +1,133 @@
+/**
+ * A node agent's start and end: adopting what an earlier agent left running (from the state
+ * files), letting go of every sandbox without destroying it (an agent restart that keeps them),
+ * and destroying everything (a local stack's shutdown).
+ */
+import { existsSync } from 'node:fs';
+import { readdir, readFile, rm } from 'node:fs/promises';
+import { join } from 'node:path';
+import { DETACH } from '../commands/commands.ts';
+import type { InstanceInfo } from '../drivers/driver.ts';
+import { GuestClient } from '../guest-client.ts';
+import type { SandboxContext } from './context.ts';
+import type { SandboxFile } from './state-files.ts';
+import { localSandbox } from './types.ts';
+
+/** Whether an instance's guest daemon answers /health (the ground truth of "alive"). */
+async function guestAnswers(inst: InstanceInfo): Promise<boolean> {
+  const g = new GuestClient(inst.guest);
+  try {
+    await g.health();
+    return true;
+  } catch {
+    return false;
+  } finally {
+    await g.close();
+  }
+}
+
+/**
+ * After an agent restart: re-binds sandboxes whose instance still runs (reopening their command
+ * spools; commands that were still running keep streaming from the exact spooled offset),
+ * destroys instances no sandbox owns (old warm slots), and drops records whose instance is gone.
+ * Returns what it did.
+ */
+export async function adopt(
+  ctx: SandboxContext,
+): Promise<{ adopted: string[]; destroyed: string[]; lost: string[] }> {
+  const { o, reg } = ctx;
+  const instances = new Map((await o.driver.list()).map((i) => [i.instanceId, i]));
+  const adopted: string[] = [];
+  const lost: string[] = [];
+  const root = ctx.files.root;
+  for (const id of existsSync(root) ? await readdir(root) : []) {
+    const file = join(root, id, 'sandbox.json');
+    let rec: SandboxFile;
+    try {
+      rec = JSON.parse(await readFile(file, 'utf8')) as SandboxFile;
+    } catch {
+      await rm(join(root, id), { recursive: true, force: true });
+      continue;
+    }
+    const listed = instances.get(rec.instance.instanceId);
+    // a `runsc state` that failed reads as stopped: trust a guest that still answers; then
+    // re-attach to the instance (a VMM's API socket)
+    const inst =
+      listed && (listed.state !== 'stopped' || (await guestAnswers(listed)))
+        ? await o.driver.adopt(listed.instanceId).catch(() => null)
+        : null;
+    if (!inst) {
+      lost.push(id);
+      if (listed) {
+        instances.delete(listed.instanceId);
+        await ctx.slots.discard(listed).catch(() => {});
+      }
+      await rm(join(root, id), { recursive: true, force: true });
+      continue;
+    }
+    instances.delete(inst.instanceId);
+    const sb = localSandbox(
+      { ...rec.req, sandboxId: id, credentials: rec.req.credentials ?? [] },
+      inst,
+      new GuestClient(inst.guest),
+      rec.source ?? (rec.fromWarmPool ? 'warm' : 'boot'),
+    );
+    sb.paused = listed?.state === 'paused' ? 'frozen' : null;
+    await ctx.egress.apply(id, inst, sb.egress, sb.credentials);
+    // the previous agent's open interval is closed by this agent's first report
+    o.activity?.track(id, { paused: sb.paused !== null, reported: sb.paused ? 'paused' : null });
+    await ctx.files.adoptCommands(sb, o);
+    reg.running.set(id, sb);
+    adopted.push(id);
+  }
+  const destroyed = [...instances.keys()];
+  for (const inst of instances.values()) await ctx.slots.discard(inst).catch(() => {});
+  // the state directories of slots whose instance is already gone (see StateFiles.slotDir)
+  await rm(ctx.files.slotsRoot, { recursive: true, force: true });
+  await o.networks.sweep(reg.list().map((s) => s.instance.network.netns));
+  o.log.info(
+    { adopted: adopted.length, destroyed: destroyed.length, lost: lost.length },
+    'sandboxes re-adopted',
+  );
+  return { adopted, destroyed, lost };
+}
+
+/**
+ * Lets go of every sandbox without destroying it (agent restart with `keep`): stops spooling,
+ * closes spools and guest connections. The next agent re-adopts them from disk.
+ */
+export async function detachAll(ctx: SandboxContext): Promise<void> {
+  ctx.reg.closing = true;
+  await Promise.allSettled([...ctx.reg.creating.values()]);
+  for (const sb of ctx.reg.running.values()) {
+    for (const c of sb.commands.values()) c.abort.abort(DETACH);
+    await Promise.allSettled(
+      [...sb.commands.values()].map(async (c) => {
+        await c.done;
+        await c.spool.close();
+      }),
+    );
+    for (const a of sb.guestStreams) a.abort();
+    await sb.guest.close();
+  }
+  ctx.reg.running.clear();
+  await ctx.slots.closeGuests();
+}
+
+/**
+ * Destroys every sandbox, including those still being created, and then every instance the
+ * driver still has that no sandbox owns (local stack shutdown): nothing of this node is left.
+ */
+export async function destroyAll(ctx: SandboxContext): Promise<void> {
+  const { o, reg } = ctx;
+  reg.closing = true;
+  const ids = new Set([...reg.running.keys(), ...reg.creating.keys()]);
+  await Promise.allSettled([...ids].map((id) => ctx.delete(id)));
+  const owned = new Set(reg.list().map((sb) => sb.instance.instanceId));
+  const strays = (await o.driver.list().catch(() => [] as InstanceInfo[])).filter(
+    (i) => !owned.has(i.instanceId),
+  );
+  await Promise.allSettled(strays.map((i) => ctx.slots.discard(i)));
+  await ctx.slots.closeGuests();
+  if (strays.length) o.log.info({ instances: strays.length }, 'unowned instances destroyed');
+}
