@@ -43,7 +43,6 @@ const PENDING_ELSEWHERE = new Set([
   'runtime/agent/drivers/firecracker.ts: ../shared/specs/firecracker-openapi.yaml',
   'runtime/agent/drivers/firecracker.ts: ../shared/reference/firecracker.md',
   'runtime/agent/drivers/firecracker.ts: reference/firecracker.md',
-  'runtime/agent/kvm.ts: ../shared/reference/machine-notes.md',
 ]);
 
 const fixtures: string[] = [];

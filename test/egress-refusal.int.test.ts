@@ -11,7 +11,7 @@ import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { randomInt } from 'node:crypto';
 import { once } from 'node:events';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { SandboxNetworks } from '../runtime/agent/network.ts';
+import { SandboxNetworks } from '../runtime/agent/host/network.ts';
 import { DEFAULT_DENY_CIDRS } from '../runtime/gateway/addresses.ts';
 import { type Stack, startStack, stopThenClean, waitFor } from './stack.ts';
 import { makeWorldLink, worldLinkNames } from './world-link.ts';
