@@ -345,15 +345,19 @@ export function parseMermaid(md: string): MermaidGraph {
  * The import graph between `folders` (repo-relative): an edge `A --> B` when a non-test `.ts` file
  * whose deepest enclosing folder among `folders` is A imports (statically, dynamically, or by
  * `export … from`) a relative module whose deepest enclosing folder is B ≠ A. Bare package imports
- * are not edges. Files: every `.ts` under the folders, `*.test.ts` and generated protobuf code
- * excluded. Returns edges as `"A --> B"` strings, sorted.
+ * are not edges. Files: every `.ts` under the folders, tests (`*.test.ts`), test fixtures
+ * (`test-*.ts`, e.g. the agent's FakeDriver) and generated protobuf code excluded. Returns edges as `"A --> B"` strings, sorted.
  */
 export function importGraph(folders: readonly string[], root = REPO_ROOT): string[] {
   const owner = (p: string): string | undefined =>
     folders.filter((f) => p === f || p.startsWith(`${f}/`)).sort((a, b) => b.length - a.length)[0];
   const edges = new Set<string>();
   const files = [...new Set(folders.flatMap((f) => listFiles(f, root)))].filter(
-    (f) => f.endsWith('.ts') && !f.endsWith('.test.ts') && !f.includes('/envd/gen/'),
+    (f) =>
+      f.endsWith('.ts') &&
+      !f.endsWith('.test.ts') &&
+      !/(^|\/)test-[^/]*\.ts$/.test(f) &&
+      !f.includes('/envd/gen/'),
   );
   for (const f of files) {
     const from = owner(f);
