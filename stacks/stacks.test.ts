@@ -10,95 +10,26 @@ import { catalogue } from '../providers/catalogue.ts';
 import { GATEWAY_PORTS } from '../providers/runtime-settings.ts';
 import { schemaProblems } from '../providers/testing/k8s-schema.ts';
 import {
-  installMocks,
   isWireSecret,
   plaintextOccurrences,
   type RecordedResource,
-  settle,
   unwrapSecrets,
 } from '../providers/testing/mocks.ts';
 import { loadAgentConfig } from '../runtime/agent/config.ts';
 import { createDriver } from '../runtime/agent/drivers/index.ts';
 import type { DriverName } from '../runtime/core/drivers.ts';
 import { renderEnvFile } from '../runtime/core/env-file.ts';
-import { generateCaPem } from '../runtime/gateway/ca.ts';
-import { CONFIG_KEYS, type ConfigKey, loadStackConfig, StackConfigError } from './config.ts';
-import { run } from './program.ts';
-
-const CA = await generateCaPem();
-const SIGNING = generateKeyPairSync('ed25519').privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
-const SECRETS = {
-  signingKey: SIGNING,
-  redisPassword: 'redis-pw-3f9c1e7a5b',
-  kubeconfig:
-    'apiVersion: v1\nkind: Config\nusers: [{name: u, user: {token: CW-SECRET-kubeconfig-token-77}}]\n',
-  lkeFirewallToken: 'linode-token-for-the-firewall-attacher-91',
-  bootstrapApiKey: 'space_deploymentkeyABCDEF0123456789abcdef0123',
-};
-const NEEDLES = [
-  SIGNING.split('\n')[1]!,
-  SECRETS.redisPassword,
-  'CW-SECRET-kubeconfig-token-77',
-  SECRETS.lkeFirewallToken,
-  SECRETS.bootstrapApiKey,
-  CA.keyPem.split('\n')[1]!,
-];
-
-type Raw = Partial<Record<ConfigKey, string>>;
-
-/** The `space:*` values of a stack file as Pulumi stores them (objects as JSON). */
-function stackFile(stack: string): Raw {
-  const doc = parse(readFileSync(new URL(`./Pulumi.${stack}.yaml`, import.meta.url), 'utf8')) as {
-    config: Record<string, unknown>;
-  };
-  return Object.fromEntries(
-    Object.entries(doc.config)
-      .filter(([k]) => k.startsWith('space:'))
-      .map(([k, v]) => [k.slice('space:'.length), typeof v === 'string' ? v : JSON.stringify(v)]),
-  );
-}
-
-/** The secrets an operator sets for `raw` with `pulumi config set --secret`. */
-function withSecrets(raw: Raw): Raw {
-  const out = { ...raw };
-  if ((raw.mode ?? '') === 'kubernetes')
-    Object.assign(out, {
-      signingKey: SECRETS.signingKey,
-      redisPassword: SECRETS.redisPassword,
-      gatewayCaCertificate: CA.certPem,
-      gatewayCaKey: CA.keyPem,
-    });
-  if (raw.cloud === 'coreweave') out.kubeconfig = SECRETS.kubeconfig;
-  if (raw.cloud === 'akamai' && raw.mode === 'kubernetes') out.lkeFirewallToken = SECRETS.lkeFirewallToken;
-  return withDeploymentKey(out);
-}
-
-/** `raw` with `space:bootstrapApiKey` in vm mode (required there), unless `raw` names it, even as undefined. */
-function withDeploymentKey(raw: Raw): Raw {
-  const vm = (raw.mode ?? (raw.cloud === 'akamai' || raw.cloud === 'crusoe' ? 'vm' : '')) === 'vm';
-  return vm && !('bootstrapApiKey' in raw) ? { ...raw, bootstrapApiKey: SECRETS.bootstrapApiKey } : raw;
-}
-
-async function render(raw: Raw): Promise<RecordedResource[]> {
-  const recorded = await installMocks();
-  run((k) => raw[k]);
-  await settle(recorded);
-  return recorded;
-}
-
-const VARIANTS: Record<string, Raw> = {
-  akamai: stackFile('akamai'),
-  'akamai-lke': { ...stackFile('akamai'), mode: 'kubernetes', routerUrl: 'http://router.space.example.com' },
-  'coreweave-tls': {
-    ...stackFile('coreweave'),
-    routerUrl: undefined,
-    tlsIssuer: 'letsencrypt',
-    tlsHostnames: JSON.stringify({ api: 'api.space.example.com', router: 'router.space.example.com' }),
-  },
-  coreweave: stackFile('coreweave'),
-  crusoe: stackFile('crusoe'),
-  kind: stackFile('kind'),
-};
+import { CONFIG_KEYS, loadStackConfig, StackConfigError } from './config.ts';
+import {
+  CA,
+  NEEDLES,
+  type Raw,
+  render,
+  SECRETS,
+  VARIANTS,
+  withDeploymentKey,
+  withSecrets,
+} from './test-stacks.ts';
 
 type Obj = Record<string, unknown>;
 /** The problems the stack configuration `raw` is refused with (empty when it loads). */
