@@ -4,13 +4,13 @@
  * before any resource exists), and frozen. docs/deployment.md has the same table; a test keeps
  * the two in step.
  */
-import { isIP } from 'node:net';
 import * as pulumi from '@pulumi/pulumi';
 import { CLOUDS, type Cloud, instanceType } from '../providers/catalogue.ts';
 import { cloudProfiles, type DeployMode, type NodePool, parseNodePools } from '../providers/node-pool.ts';
 import { checkEnvOverrides, DEFAULT_IMAGE_REPOSITORY } from '../providers/runtime-settings.ts';
 import { LETS_ENCRYPT_DIRECTORY } from '../providers/systemd/cloud-init.ts';
 import { agentSettings } from '../runtime/agent/config.ts';
+import { isIPv4, isIPv4Cidr, isIPv6NoZone } from '../runtime/core/net-address.ts';
 import { buildDenySet, type Cidr, parseCidr } from '../runtime/gateway/addresses.ts';
 import { caFromPem } from '../runtime/gateway/ca.ts';
 
@@ -320,19 +320,15 @@ export class StackConfigError extends Error {
   }
 }
 
-const CIDR = /^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})\/(\d{1,2})$/;
-/** True for an IPv4 CIDR such as `10.0.0.0/16`. */
-export function isCidr(s: unknown): s is string {
-  const m = typeof s === 'string' ? CIDR.exec(s) : null;
-  return !!m && m.slice(1, 5).every((o) => Number(o) <= 255) && Number(m[5]) <= 32;
-}
+/** True for an IPv4 CIDR such as `10.0.0.0/16` (runtime/core/net-address.ts). */
+export const isCidr: (s: unknown) => s is string = isIPv4Cidr;
 
 /** True for `ip:port` (IPv4) or `[ipv6]:port`, what `SPACE_GATEWAY_UPSTREAM_DNS` takes. */
 export function isResolver(s: unknown): s is string {
   if (typeof s !== 'string') return false;
-  const m = /^(?:(\d{1,3}(?:\.\d{1,3}){3})|\[([0-9A-Fa-f:.]+)\]):(\d{1,5})$/.exec(s);
+  const m = /^(?:([^[\]:]+)|\[([0-9A-Fa-f:.]+)\]):(\d{1,5})$/.exec(s);
   if (!m || Number(m[3]) < 1 || Number(m[3]) > 65535) return false;
-  return m[1] !== undefined ? isIP(m[1]) === 4 : isIP(m[2]!) === 6;
+  return m[1] !== undefined ? isIPv4(m[1]) : isIPv6NoZone(m[2]);
 }
 
 /** True for an IPv4 or IPv6 CIDR the gateway accepts. */

@@ -19,6 +19,7 @@ import { loadAgentConfig } from '../runtime/agent/config.ts';
 import { createDriver } from '../runtime/agent/drivers/index.ts';
 import type { DriverName } from '../runtime/core/drivers.ts';
 import { renderEnvFile } from '../runtime/core/env-file.ts';
+import { cidrContains } from '../runtime/core/net-address.ts';
 import { CONFIG_KEYS, loadStackConfig, StackConfigError } from './config.ts';
 import {
   CA,
@@ -120,12 +121,7 @@ function portsCover(ports: string | undefined, port: number): boolean {
 }
 /** True for a CIDR inside RFC 1918 space (a private network, never the internet). */
 function isPrivateCidr(cidr: string): boolean {
-  const [ip, bits] = cidr.split('/') as [string, string];
-  const [a, b] = ip.split('.').map(Number) as [number, number];
-  const n = Number(bits);
-  return (
-    (a === 10 && n >= 8) || (a === 172 && b >= 16 && b < 32 && n >= 12) || (a === 192 && b === 168 && n >= 16)
-  );
+  return ['10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16'].some((rfc1918) => cidrContains(rfc1918, cidr));
 }
 /** Decoded user data / startup script of every VM, by resource name. */
 function vmScripts(recorded: RecordedResource[]): Record<string, string> {
