@@ -6,8 +6,9 @@
  */
 import * as pulumi from '@pulumi/pulumi';
 import { CLOUDS, type Cloud, instanceType } from '../providers/catalogue.ts';
-import { cloudProfiles, type DeployMode, type NodePool, parseNodePools } from '../providers/node-pool.ts';
+import { cloudProfiles, type DeployMode, parseNodePools } from '../providers/node-pool.ts';
 import { checkEnvOverrides, DEFAULT_IMAGE_REPOSITORY } from '../providers/runtime-settings.ts';
+import type { StackConfig } from '../providers/stack-config.ts';
 import { LETS_ENCRYPT_DIRECTORY } from '../providers/systemd/cloud-init.ts';
 import { agentSettings } from '../runtime/agent/config.ts';
 import { isIPv4, isIPv4Cidr, isIPv6NoZone } from '../runtime/core/net-address.ts';
@@ -244,69 +245,11 @@ export const CONFIG_KEYS = {
   },
 } as const satisfies Record<string, KeySpec>;
 
+/** The validated configuration's type is the providers' (providers/stack-config.ts); re-exported for callers here. */
+export type { StackConfig };
+
 /** A declared key name. */
 export type ConfigKey = keyof typeof CONFIG_KEYS;
-
-/** The validated, frozen stack configuration (secrets stay Outputs). */
-export interface StackConfig {
-  readonly cloud: Cloud;
-  readonly mode: DeployMode;
-  readonly version: string;
-  readonly imageRepository: string;
-  /** `space:imageBuild`: build and push the image in `pulumi up`. */
-  readonly imageBuild: boolean;
-  readonly region: string;
-  readonly nodePools: readonly NodePool[];
-  readonly clientCidrs: readonly string[];
-  readonly sshCidrs: readonly string[];
-  readonly sshPublicKey: string | undefined;
-  readonly privateCidr: string;
-  readonly controlInstanceType: string;
-  readonly gatewayEnabled: boolean;
-  /** The CA certificate (kubernetes mode with the gateway). */
-  readonly gatewayCaCertificate: string | undefined;
-  /** Empty: the gateway's own default. */
-  readonly gatewayUpstreamDns: readonly string[];
-  /** Empty: the gateway's own default. */
-  readonly gatewayDenyCidrs: readonly string[];
-  readonly gatewayEnv: Readonly<Record<string, string>>;
-  readonly apiReplicas: number;
-  readonly agentDrainSeconds: number;
-  readonly k8sVersion: string;
-  readonly kubeContext: string | undefined;
-  readonly redisStorageClass: string | undefined;
-  readonly apiTlsCertificate: string | undefined;
-  /** `space:routerUrl`, when set. */
-  readonly routerUrl: string | undefined;
-  /** ACME TLS on the Crusoe control VM, when `space:tlsHostnames` is set there. */
-  readonly acme:
-    | { readonly hostnames: readonly string[]; readonly email: string; readonly server: string }
-    | undefined;
-  /** Akamai `vm`: the names `space:apiTlsCertificate` carries (`space:tlsHostnames`), when set. */
-  readonly vmTlsHostnames: { readonly api: string; readonly router: string } | undefined;
-  /** cert-manager TLS (`kubernetes` mode), when `space:tlsIssuer` and `space:tlsHostnames` are set. */
-  readonly tls:
-    | { readonly issuer: string; readonly apiHostname: string; readonly routerHostname: string }
-    | undefined;
-  readonly nodeCidrs: readonly string[];
-  readonly nodeTolerations: readonly Record<string, string>[];
-  readonly crusoeProjectId: string;
-  readonly crusoeVpcNetworkId: string;
-  readonly crusoeImage: string;
-  readonly apiEnv: Readonly<Record<string, string>>;
-  readonly agentEnv: Readonly<Record<string, string>>;
-  /** Secret values, present only when set. */
-  readonly secrets: {
-    readonly signingKey?: pulumi.Output<string>;
-    readonly redisPassword?: pulumi.Output<string>;
-    readonly redisUrl?: pulumi.Output<string>;
-    readonly kubeconfig?: pulumi.Output<string>;
-    readonly apiTlsKey?: pulumi.Output<string>;
-    readonly gatewayCaKey?: pulumi.Output<string>;
-    readonly lkeFirewallToken?: pulumi.Output<string>;
-    readonly bootstrapApiKey?: pulumi.Output<string>;
-  };
-}
 
 /** Thrown with every configuration problem, one per line. */
 export class StackConfigError extends Error {

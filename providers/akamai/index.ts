@@ -12,11 +12,11 @@
 import * as k8s from '@pulumi/kubernetes';
 import * as linode from '@pulumi/linode';
 import * as pulumi from '@pulumi/pulumi';
-import type { StackConfig } from '../../stacks/config.ts';
 import { runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
 import { type PublicExposure, Runtime } from '../kubernetes/runtime.ts';
 import { NODE_LABEL, POOL_LABEL } from '../node-pool.ts';
 import { AGENT_PORT, API_PORT, imageRef, REDIS_PORT, ROUTER_PORT } from '../runtime-settings.ts';
+import type { StackConfig } from '../stack-config.ts';
 import {
   type AgentArgs,
   agentPlan,

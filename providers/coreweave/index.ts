@@ -6,10 +6,10 @@
  */
 import * as k8s from '@pulumi/kubernetes';
 import type * as pulumi from '@pulumi/pulumi';
-import type { StackConfig } from '../../stacks/config.ts';
 import { runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
 import { type PublicExposure, Runtime } from '../kubernetes/runtime.ts';
 import { NODE_LABEL, type NodePool, POOL_LABEL } from '../node-pool.ts';
+import type { StackConfig } from '../stack-config.ts';
 
 /**
  * The CKS NodePool object of `pool` (`compute.coreweave.com/v1alpha1`, docs.coreweave.com/products/

@@ -9,9 +9,9 @@
  * the agents' scripts are rendered from the address the created VM reports.
  */
 import * as pulumi from '@pulumi/pulumi';
-import type { StackConfig } from '../../stacks/config.ts';
 import { isVmmDriver } from '../node-pool.ts';
 import { AGENT_PORT, API_PORT, REDIS_PORT, ROUTER_PORT } from '../runtime-settings.ts';
+import type { StackConfig } from '../stack-config.ts';
 import {
   type AgentArgs,
   agentPlan,

@@ -6,11 +6,11 @@
 import * as k8s from '@pulumi/kubernetes';
 import type * as pulumi from '@pulumi/pulumi';
 import { stringify } from 'yaml';
-import type { StackConfig } from '../../stacks/config.ts';
 import { runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
 import { Runtime } from '../kubernetes/runtime.ts';
 import { isVmmDriver, NODE_LABEL, type NodePool, POOL_LABEL } from '../node-pool.ts';
 import { AGENT_PORT, API_PORT, ROUTER_PORT } from '../runtime-settings.ts';
+import type { StackConfig } from '../stack-config.ts';
 
 /** NodePort of the API on kind (mapped to the host by the cluster config). */
 export const KIND_API_NODE_PORT = 30080;
