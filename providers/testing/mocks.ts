@@ -127,6 +127,13 @@ function nameNumber(name: string): number {
   return (h % 250) + 1;
 }
 
+/** A number derived from `text` (31-multiplier string hash, unsigned 32-bit). */
+function stableNumber(text: string): number {
+  let h = 0;
+  for (const c of text) h = (h * 31 + c.charCodeAt(0)) >>> 0;
+  return h;
+}
+
 /** Fake outputs for resource types whose real outputs the program reads. */
 function fakeState(type: string, name: string, inputs: Record<string, unknown>): Record<string, unknown> {
   const n = nameNumber(name);
@@ -190,7 +197,9 @@ export async function installMocks(
       newResource(args: pulumi.runtime.MockResourceArgs): { id: string; state: Record<string, unknown> } {
         recorded.push({ type: args.type, name: args.name, inputs: args.inputs, urn: '', ...current });
         current = { parent: '', aliases: [] };
-        const numericId = String(10_000 + recorded.length);
+        // from the type and name, not the registration order: the same resource gets the same id
+        // however the program is structured (a component registered first shifts no id)
+        const numericId = String(10_000 + (stableNumber(`${args.type}::${args.name}`) % 89_999));
         return { id: numericId, state: fakeState(args.type, args.name, args.inputs) };
       },
       call(args: pulumi.runtime.MockCallArgs): Record<string, unknown> {
