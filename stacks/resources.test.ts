@@ -59,3 +59,18 @@ describe.each(Object.entries(VARIANTS))('resources of stack %s', (name, base) =>
     );
   });
 });
+
+describe.each(Object.entries(VARIANTS))('the component of stack %s', (_name, base) => {
+  it('is one space:<cloud>:Stack, and everything else is made under it', async () => {
+    const raw = withSecrets(base);
+    const recorded = await render(raw);
+    const stacks = recorded.filter((r) => /^space:[a-z]+:Stack$/.test(r.type));
+    expect(stacks.map((r) => r.type)).toEqual([`space:${raw.cloud}:Stack`]);
+    const root = stacks[0]!.urn;
+    const byUrn = new Map(recorded.map((r) => [r.urn, r]));
+    const under = (r: RecordedResource): boolean =>
+      r.parent === root || (byUrn.has(r.parent) && under(byUrn.get(r.parent)!));
+    const outside = recorded.filter((r) => r.urn && r !== stacks[0] && !under(r)).map((r) => r.urn);
+    expect(outside).toEqual([]);
+  });
+});
