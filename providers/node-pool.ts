@@ -6,7 +6,7 @@
  */
 import { type Cloud, instanceType, instanceTypeNames } from './catalogue.ts';
 
-/** How a node makes sandboxes (see DESIGN.md "Drivers"). Only `gvisor` exists in the agent today. */
+/** How a node makes sandboxes (docs/architecture.md, "Drivers"). Only `gvisor` exists in the agent today. */
 export type Driver = 'firecracker' | 'cloud-hypervisor' | 'qemu' | 'gvisor';
 
 /** Every driver. */
@@ -44,7 +44,7 @@ export type DeployMode = 'kubernetes' | 'vm';
 
 /**
  * Per-cloud capabilities. Akamai defaults to gVisor because Linode KVM is unconfirmed
- * (clouds.md §1.7); CoreWeave too, because KVM for customer pods on CKS is documented only as a
+ * (docs/deployment.md "Akamai (Linode)"); CoreWeave too, because KVM for customer pods on CKS is documented only as a
  * preview (§2.3: bare metal, but unverified); Crusoe to Cloud Hypervisor, the only inner
  * hypervisor it documents (§3.5).
  */

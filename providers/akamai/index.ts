@@ -7,7 +7,7 @@
  * - `kubernetes` (LKE): an LKE cluster with one pool per node pool, labelled for the agents, a
  *   firewall on its nodes, and the Kubernetes component (its LoadBalancer Service makes the
  *   NodeBalancer through Linode's cloud controller).
- * Linode KVM is unconfirmed (clouds.md §1.7): pools default to gVisor.
+ * Linode KVM is unconfirmed (docs/deployment.md "Akamai (Linode)"): pools default to gVisor.
  */
 import * as k8s from '@pulumi/kubernetes';
 import * as linode from '@pulumi/linode';
@@ -105,7 +105,7 @@ export const LINODE_FIREWALL_ACL_ANNOTATION = 'service.beta.kubernetes.io/linode
 
 /**
  * How LKE exposes client-facing Services. Linode's cloud controller ignores
- * `spec.loadBalancerSourceRanges` (clouds.md "Checked against the real APIs"); it applies an access
+ * `spec.loadBalancerSourceRanges` (docs/deployment.md "What only a real cloud account can confirm"); it applies an access
  * list only through the `linode-loadbalancer-firewall-acl` annotation, a JSON object with an
  * `allowList` (or `denyList`, not both) of `ipv4` / `ipv6` CIDRs, from which it makes and keeps a
  * Cloud Firewall on the NodeBalancer (linode/linode-cloud-controller-manager
@@ -389,7 +389,7 @@ function akamaiLke(parent: CloudStack, cfg: StackConfig, image?: pulumi.Resource
     },
     parent.child(),
   );
-  // the kubeconfig output is base64 and secret (clouds.md §1.5)
+  // the kubeconfig output is base64 and secret (docs/deployment.md "Akamai (Linode)")
   const kubeconfig = pulumi.secret(
     cluster.kubeconfig.apply((b64) => Buffer.from(b64, 'base64').toString('utf8')),
   );

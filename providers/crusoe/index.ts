@@ -40,8 +40,8 @@ export interface CrusoeRule {
 
 /**
  * The firewall rules of a Crusoe stack. Pure, for tests. Custom VPCs deny all egress until egress
- * rules exist (Crusoe networking docs, "VPC firewall rules"; clouds.md "Checked against the real
- * APIs"): without `space-egress` the VMs could not install packages, pull the image, or carry any
+ * rules exist (Crusoe networking docs, "VPC firewall rules"; docs/deployment.md "What only a real cloud
+ * account can confirm"): without `space-egress` the VMs could not install packages, pull the image, or carry any
  * sandbox egress through the gateway. `1-65535` is how the Terraform provider spells "all ports"
  * (`vpc_firewall_rule` replaces `*` with it).
  */

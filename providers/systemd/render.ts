@@ -24,7 +24,7 @@ export const PROVISIONED_MARKER = '/var/lib/space/provisioned';
 /**
  * The plan as one bash script, for clouds without cloud-init (Crusoe `startup_script`). Crusoe
  * runs startup scripts at **every boot**, requires them to start with `#!/bin/bash` and to be
- * ASCII only (Crusoe docs, "startup scripts"; clouds.md "Checked against the real APIs"). So:
+ * ASCII only (Crusoe docs, "startup scripts"; docs/deployment.md "What only a real cloud account can confirm"). So:
  * - a non-ASCII character anywhere (an operator setting, a comment) is refused here, at render time;
  * - the script provisions once and leaves {@link PROVISIONED_MARKER}; at every later boot it exits
  *   at once. Re-running it would rewrite `/etc/space/image.env` and so rewind an in-place upgrade

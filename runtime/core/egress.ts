@@ -2,7 +2,7 @@
  * Egress policy of one sandbox: its wire shape (TypeBox schema, also the API's `egress` field), name
  * normalisation and matching. Pure: no I/O, no clock.
  *
- * Matching rules (see DESIGN.md): names are normalised first (lower case, one trailing dot removed,
+ * Matching rules (docs/egress.md): names are normalised first (lower case, one trailing dot removed,
  * IDNA → punycode, must be a syntactically valid DNS name, never an IP literal); `a.b` matches only
  * `a.b`; `*.b` matches any name with at least one more label below `b` but not `b` itself; deny wins
  * over allow and over allow-all.
