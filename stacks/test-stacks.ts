@@ -6,9 +6,9 @@
 import { generateKeyPairSync } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { parse } from 'yaml';
-import { installMocks, type RecordedResource, settle } from '../providers/testing/mocks.ts';
+import { installMocks, type RecordedResource, settle, unwrapSecrets } from '../providers/testing/mocks.ts';
 import { generateCaPem } from '../runtime/gateway/ca.ts';
-import type { ConfigKey } from './config.ts';
+import { type ConfigKey, loadStackConfig, StackConfigError } from './config.ts';
 import { run } from './program.ts';
 
 export const CA = await generateCaPem();
@@ -86,4 +86,37 @@ export const VARIANTS: Record<string, Raw> = {
   coreweave: stackFile('coreweave'),
   crusoe: stackFile('crusoe'),
   kind: stackFile('kind'),
+};
+
+type Obj = Record<string, unknown>;
+/** Decoded user data / startup script of every VM, by resource name. */
+export function vmScripts(recorded: RecordedResource[]): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const r of recorded) {
+    if (r.type === 'linode:index/instance:Instance')
+      out[r.name] = Buffer.from(
+        (r.inputs['metadatas'] as { userData: string }[])[0]!.userData,
+        'base64',
+      ).toString();
+    if (r.type === 'pulumi-nodejs:dynamic/crusoe:Instance') out[r.name] = String(r.inputs['startupScript']);
+  }
+  return out;
+}
+export const podSpecOf = (r: RecordedResource) =>
+  (((unwrapSecrets(r.inputs) as Obj)['spec'] as Obj)['template'] as Obj)['spec'] as Obj;
+export const componentOf = (r: RecordedResource) =>
+  (((unwrapSecrets(r.inputs) as Obj)['metadata'] as Obj)['labels'] as Record<string, string>)[
+    'app.kubernetes.io/component'
+  ];
+
+/** The problems the stack configuration `raw` is refused with (empty when it loads). */
+export const fails = (given: Raw) => {
+  const raw = withDeploymentKey(given);
+  try {
+    loadStackConfig((k) => raw[k]);
+  } catch (err) {
+    if (err instanceof StackConfigError) return err.problems;
+    throw err;
+  }
+  return [];
 };
