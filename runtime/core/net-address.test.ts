@@ -3,6 +3,7 @@ import {
   cidrContains,
   intToIPv4,
   ipv4CidrProblem,
+  ipv4Netmask,
   ipv4ToBigInt,
   ipv4ToInt,
   ipv6ToBigInt,
@@ -37,6 +38,13 @@ describe('net-address', () => {
     expect(ipv4ToInt('255.255.255.255')).toBe(0xffffffff);
     expect(intToIPv4(0xffffffff)).toBe('255.255.255.255');
     expect(intToIPv4(0)).toBe('0.0.0.0');
+    expect([0, 8, 30, 32].map(ipv4Netmask)).toEqual([
+      '0.0.0.0',
+      '255.0.0.0',
+      '255.255.255.252',
+      '255.255.255.255',
+    ]);
+    expect(() => ipv4Netmask(33)).toThrow('bad IPv4 prefix length 33');
     for (const ip of ['192.168.130.7', '100.64.0.2']) expect(intToIPv4(ipv4ToInt(ip))).toBe(ip);
     expect(() => ipv4ToInt('10.0.0.256')).toThrow('bad IPv4 address 10.0.0.256');
     expect(ipv4ToBigInt('1.2.3.4')).toBe(0x01020304n);

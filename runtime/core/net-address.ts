@@ -44,6 +44,13 @@ export function intToIPv4(n: number): string {
   return ipaddr.fromByteArray([u >>> 24, (u >>> 16) & 255, (u >>> 8) & 255, u & 255]).toString();
 }
 
+/** Dotted netmask of an IPv4 prefix length 0–32 (`30` → `255.255.255.252`). Throws outside 0–32. */
+export function ipv4Netmask(prefix: number): string {
+  if (!Number.isInteger(prefix) || prefix < 0 || prefix > 32)
+    throw new Error(`bad IPv4 prefix length ${prefix}`);
+  return ipaddr.IPv4.subnetMaskFromPrefixLength(prefix).toString();
+}
+
 /** Strict IPv4 text → 32-bit bigint, or null when it is not one. */
 export function ipv4ToBigInt(text: string): bigint | null {
   return isIPv4(text) ? BigInt(ipv4ToInt(text)) : null;

@@ -26,6 +26,7 @@
  */
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
+import { ipv4Netmask } from '../../core/net-address.ts';
 import type { CleanupStack, DriverCapabilities, InstanceSpec, SnapshotRef } from './driver.ts';
 import { GUEST_NET } from './driver.ts';
 import { makeInstanceDisk, vmKernelCmdline } from './vm-common.ts';
@@ -60,10 +61,7 @@ export interface ChPaths {
 }
 
 /** Dotted netmask of a prefix length (30 → 255.255.255.252). Pure. */
-export function prefixToMask(prefix: number): string {
-  const bits = prefix === 0 ? 0 : (0xffffffff << (32 - prefix)) >>> 0;
-  return [24, 16, 8, 0].map((s) => (bits >>> s) & 0xff).join('.');
-}
+export const prefixToMask: (prefix: number) => string = ipv4Netmask;
 
 /**
  * The `vm.create` body (`VmConfig`). Units: `memory.size` in **bytes** (`MemoryConfig.size`, int64);
