@@ -57,7 +57,8 @@ describe.each(Object.entries(VARIANTS))('resources of stack %s', (name, base) =>
     await expect(`${JSON.stringify(rows, null, 2)}\n`).toMatchFileSnapshot(
       `./__snapshots__/resources-${name}.json`,
     );
-  });
+    // a whole stack under the mock engine: seconds on a loaded 2-core machine
+  }, 30_000);
 });
 
 describe.each(Object.entries(VARIANTS))('the component of stack %s', (_name, base) => {
@@ -72,5 +73,5 @@ describe.each(Object.entries(VARIANTS))('the component of stack %s', (_name, bas
       r.parent === root || (byUrn.has(r.parent) && under(byUrn.get(r.parent)!));
     const outside = recorded.filter((r) => r.urn && r !== stacks[0] && !under(r)).map((r) => r.urn);
     expect(outside).toEqual([]);
-  });
+  }, 30_000);
 });
