@@ -235,7 +235,9 @@ export function renderContext(a: RuntimeArgs): RenderContext {
  * to compile), plain data comes out.
  */
 export class ObjectList {
+  /** What was added, in order. */
   readonly out: RenderedObject[] = [];
+  /** Adds `object` as role `role` (Pulumi name `${name}-${role}`), applied after the roles in `after`. */
   add(role: string, object: object, after?: readonly string[]): void {
     this.out.push({
       role,
