@@ -4,8 +4,8 @@
  * comes from and when it was read). One `as const` table per cloud, keyed by the type name, so a
  * pool naming an unknown type fails validation and code naming one fails to compile.
  *
- * Facts come from `../shared/reference/clouds.md` (§1.8 Linode, §2.4 CoreWeave, §3.5 Crusoe), which
- * cites the original pages. Prices change: re-read the source before relying on a figure, and
+ * Facts come from the providers' public type lists and price pages each entry names as its source
+ * (the `§…` tags in those strings are section ids of the cloud survey they were read in). Prices change: re-read the source before relying on a figure, and
  * update `asOf` with it. The benchmarks read this module (`catalogue`, `instanceType`).
  */
 
@@ -125,8 +125,8 @@ const CW_PRICING = 'https://www.coreweave.com/pricing (capture of 2026-09-20, cl
 /**
  * Why CoreWeave KVM is `unverified`: CKS nodes are bare metal, but the only VM path CoreWeave
  * documents is a Kata-based private preview that needs Support enablement and a virtualization
- * node pool (docs.coreweave.com/products/cks/container-runtimes; clouds.md §2.3 and "Checked
- * against the real APIs"). KVM for customer pods is not a general product.
+ * node pool (docs.coreweave.com/products/cks/container-runtimes; docs/deployment.md "What only a real
+ * cloud account can confirm"). KVM for customer pods is not a general product.
  */
 const CW_KVM =
   'CKS nodes are bare metal (docs.coreweave.com/products/cks/clusters/introduction), but the only documented ' +

@@ -40,7 +40,7 @@ export type DeployMode = 'kubernetes' | 'vm';
 
 /**
  * Per-cloud capabilities. Akamai defaults to gVisor because Linode KVM is unconfirmed
- * (clouds.md §1.7); CoreWeave too, because KVM for customer pods on CKS is documented only as a
+ * (docs/deployment.md "Akamai (Linode)"); CoreWeave too, because KVM for customer pods on CKS is documented only as a
  * preview (§2.3: bare metal, but unverified); Crusoe to Cloud Hypervisor, the only inner
  * hypervisor it documents (§3.5).
  */

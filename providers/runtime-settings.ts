@@ -1,12 +1,13 @@
 /**
  * What both deployment components (Kubernetes, systemd) agree on: ports, paths, the image, the
  * service commands and the environment of each service. Names and defaults follow the runtime's
- * own config declarations (`runtime/{api,agent,gateway}/config.ts`), which the
- * `apiEnv`/`agentEnv`/`gatewayEnv` overrides are checked against.
+ * own config declarations (`runtime/{api,agent,gateway,router}/config.ts`), which the
+ * `apiEnv`/`agentEnv`/`gatewayEnv` overrides are checked against. Those config modules are the
+ * only part of the runtime read here (their public settings tables and the few names they export
+ * for deployments); nothing reaches into a service's internals.
  */
 
-import { agentSettings } from '../runtime/agent/config.ts';
-import { HOST_IF_PREFIX } from '../runtime/agent/host/firewall.ts';
+import { agentSettings, HOST_IF_PREFIX } from '../runtime/agent/config.ts';
 import { API_NODE_FLAGS, apiSettings } from '../runtime/api/config.ts';
 import { gatewaySettings } from '../runtime/gateway/config.ts';
 import { routerSettings } from '../runtime/router/config.ts';

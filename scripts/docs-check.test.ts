@@ -20,31 +20,6 @@ import {
   slug,
 } from './docs-check.ts';
 
-/**
- * Citations in files that other parts of issue 43 own (the agent, the API, the deployment code)
- * and fix in their own branches: `file: cited path`. The check fails when one of these is fixed
- * (remove it here) or when any citation not listed here breaks.
- */
-const PENDING_ELSEWHERE = new Set([
-  'providers/akamai/index.ts: clouds.md',
-  'providers/akamai/index.ts: docs/configuration/firewall.md',
-  'providers/akamai/lke-firewall.ts: clouds.md',
-  'providers/catalogue.ts: ../shared/reference/clouds.md',
-  'providers/catalogue.ts: clouds.md',
-  'providers/crusoe/client.ts: clouds.md',
-  'providers/crusoe/crud.ts: clouds.md',
-  'providers/crusoe/index.ts: clouds.md',
-  'providers/crusoe/provider.ts: clouds.md',
-  'providers/crusoe/signing.ts: clouds.md',
-  'providers/node-pool.ts: clouds.md',
-  'providers/systemd/cloud-init.ts: clouds.md',
-  'providers/testing/mocks.ts: runtime/rpc.js',
-  'runtime/agent/drivers/cloud-hypervisor.ts: ../shared/specs/cloud-hypervisor-openapi.yaml',
-  'runtime/agent/drivers/firecracker.ts: ../shared/specs/firecracker-openapi.yaml',
-  'runtime/agent/drivers/firecracker.ts: ../shared/reference/firecracker.md',
-  'runtime/agent/drivers/firecracker.ts: reference/firecracker.md',
-]);
-
 const fixtures: string[] = [];
 afterAll(() => {
   for (const d of fixtures) rmSync(d, { recursive: true, force: true });
@@ -165,15 +140,10 @@ describe('the repository', () => {
   });
 
   it('no code comment cites a path the repository does not have', { timeout: 60_000 }, () => {
-    const broken = brokenCitations();
-    const key = (line: string): string => line.replace(/:\d+: /, ': ');
-    const unexpected = broken.filter((l) => !PENDING_ELSEWHERE.has(key(l)));
-    const fixed = [...PENDING_ELSEWHERE].filter((k) => !broken.some((l) => key(l) === k));
     expect(
-      unexpected,
+      brokenCitations(),
       'comments citing paths that do not exist (cite a docs/ page or the upstream URL)',
     ).toEqual([]);
-    expect(fixed, 'fixed since: remove from PENDING_ELSEWHERE').toEqual([]);
   });
 
   it('is the tree this check reads', () => {

@@ -1,312 +1,24 @@
 /**
- * Stack configuration: every `space:*` key declared once (type, default, secret, meaning, clouds),
- * read from Pulumi config, validated all at once (every problem with its key, in one error thrown
- * before any resource exists), and frozen. docs/deployment.md has the same table; a test keeps
- * the two in step.
+ * Stack configuration: every `space:*` key (declared once in config-keys.ts) read from Pulumi
+ * config, validated all at once (every problem with its key, in one error thrown before any
+ * resource exists), and frozen. docs/deployment.md has the same table; a test keeps the two in step.
  */
-import { isIP } from 'node:net';
 import * as pulumi from '@pulumi/pulumi';
 import { CLOUDS, type Cloud, instanceType } from '../providers/catalogue.ts';
-import { cloudProfiles, type DeployMode, type NodePool, parseNodePools } from '../providers/node-pool.ts';
+import { cloudProfiles, type DeployMode, parseNodePools } from '../providers/node-pool.ts';
 import { checkEnvOverrides, DEFAULT_IMAGE_REPOSITORY } from '../providers/runtime-settings.ts';
+import type { StackConfig } from '../providers/stack-config.ts';
 import { LETS_ENCRYPT_DIRECTORY } from '../providers/systemd/cloud-init.ts';
 import { agentSettings } from '../runtime/agent/config.ts';
+import { isIPv4, isIPv4Cidr, isIPv6NoZone } from '../runtime/core/net-address.ts';
 import { buildDenySet, type Cidr, parseCidr } from '../runtime/gateway/addresses.ts';
 import { caFromPem } from '../runtime/gateway/ca.ts';
+import { CONFIG_KEYS, type ConfigKey, type KeySpec } from './config-keys.ts';
 
-/** The type of a config value as `pulumi config set` stores it (objects and arrays as JSON). */
-export type KeyType = 'string' | 'boolean' | 'integer' | 'array' | 'object';
+export { CONFIG_KEYS, type ConfigKey, type KeySpec, type KeyType } from './config-keys.ts';
 
-/** One declared config key. */
-export interface KeySpec {
-  readonly type: KeyType;
-  /** Default as written in the docs; undefined = required where `required` says, else unset. */
-  readonly default?: string;
-  readonly secret?: boolean;
-  /** Clouds the key applies to (all when absent). */
-  readonly clouds?: readonly Cloud[];
-  readonly doc: string;
-}
-
-/** Every `space:*` key (without the `space:` prefix). */
-export const CONFIG_KEYS = {
-  cloud: { type: 'string', doc: 'Target: `akamai`, `coreweave`, `crusoe` or `kind`. Required.' },
-  mode: {
-    type: 'string',
-    default: 'akamai: `vm`; coreweave, kind: `kubernetes`; crusoe: `vm`',
-    doc: '`kubernetes` (the Kubernetes component on LKE/CKS/kind) or `vm` (cloud-init + systemd).',
-  },
-  version: { type: 'string', doc: 'SPACE version: the tag of the image every service runs. Required.' },
-  imageRepository: {
-    type: 'string',
-    default: DEFAULT_IMAGE_REPOSITORY,
-    doc: 'Image repository (one image, one command per service).',
-  },
-  imageBuild: {
-    type: 'boolean',
-    default: 'false',
-    doc: '`pulumi up` builds the image (`scripts/image.sh`, buildah, root) on the machine running Pulumi and pushes it as `imageRepository:version` (`buildah push`; log in first with `buildah login`) before anything that runs it. False: the tag must already be pushed.',
-  },
-  region: {
-    type: 'string',
-    clouds: ['akamai', 'crusoe'],
-    doc: 'Linode region (e.g. `us-ord`) or Crusoe location (e.g. `us-east1-a`). Required there.',
-  },
-  nodePools: {
-    type: 'array',
-    default: 'one pool `default` of the cloud’s default type and driver',
-    doc: 'Node pools: `[{ name, driver, instanceType, count, labels, allowUnverifiedKvm }]` (see "Node pools").',
-  },
-  clientCidrs: {
-    type: 'array',
-    default: '`["0.0.0.0/0"]`',
-    doc: 'Sources allowed to reach the API and the router (the data plane). Nothing else is open: agents, Redis and gateways stay private.',
-  },
-  sshCidrs: {
-    type: 'array',
-    default: '`[]` (SSH closed)',
-    clouds: ['akamai', 'crusoe'],
-    doc: 'Sources allowed to SSH (22) to VMs.',
-  },
-  sshPublicKey: {
-    type: 'string',
-    clouds: ['akamai', 'crusoe'],
-    doc: 'OpenSSH public key installed for root. Required on Crusoe (its API requires one).',
-  },
-  privateCidr: {
-    type: 'string',
-    default: '`10.77.128.0/24`',
-    clouds: ['akamai', 'crusoe'],
-    doc: 'CIDR of the VPC subnet the nodes share (must not overlap the agents’ `SPACE_NETWORK_POOL`).',
-  },
-  controlInstanceType: {
-    type: 'string',
-    default: 'akamai `g6-dedicated-2`, crusoe `c1a.2x`',
-    clouds: ['akamai', 'crusoe'],
-    doc: 'Instance type of the control VM (API + Redis) in `vm` mode.',
-  },
-  gatewayEnabled: {
-    type: 'boolean',
-    default: 'true',
-    doc: 'Run the egress gateway beside every agent. `false`: agents get no gateway socket, so sandboxes have **no network egress at all**.',
-  },
-  gatewayCaCertificate: {
-    type: 'string',
-    clouds: ['akamai', 'coreweave', 'kind'],
-    doc: 'PEM certificate of the per-deployment CA (ECDSA P-256, CA:TRUE) the gateway signs intercepted leaves with; sandboxes trust it. Required in `kubernetes` mode with the gateway (see "Gateway CA"); `vm` mode makes one per node.',
-  },
-  gatewayCaKey: {
-    type: 'string',
-    secret: true,
-    clouds: ['akamai', 'coreweave', 'kind'],
-    doc: 'PEM private key of `gatewayCaCertificate`; only the gateway pods mount it.',
-  },
-  gatewayUpstreamDns: {
-    type: 'array',
-    default: 'the gateway’s (`["1.1.1.1:53"]`)',
-    doc: 'Resolvers the gateway itself asks, `ip:port` each (`SPACE_GATEWAY_UPSTREAM_DNS`).',
-  },
-  gatewayDenyCidrs: {
-    type: 'array',
-    default: 'the gateway’s (RFC 1918, CGNAT, ULA, documentation ranges…)',
-    doc: 'CIDRs the gateway never dials nor answers (`SPACE_GATEWAY_DENY_CIDRS`; loopback, link-local and multicast are always added). Must cover the nodes’ network and the sandbox pool.',
-  },
-  gatewayEnv: {
-    type: 'object',
-    default: '`{}`',
-    doc: 'Extra gateway settings (`SPACE_GATEWAY_*`, `SPACE_LOG_LEVEL`), e.g. `SPACE_GATEWAY_DNS_QPS`.',
-  },
-  apiReplicas: { type: 'integer', default: '2', doc: 'API replicas (HPA minimum) in `kubernetes` mode.' },
-  agentDrainSeconds: {
-    type: 'integer',
-    default: '120',
-    doc: 'Drain budget of an agent, s; the pod grace period is this + 30 s.',
-  },
-  k8sVersion: {
-    type: 'string',
-    default: '`1.33`',
-    clouds: ['akamai'],
-    doc: 'LKE Kubernetes version (`lke` mode).',
-  },
-  kubeconfig: {
-    type: 'string',
-    secret: true,
-    clouds: ['coreweave', 'kind'],
-    doc: 'Kubeconfig of the cluster. Required on CoreWeave; on kind the default kubeconfig is used when unset.',
-  },
-  kubeContext: {
-    type: 'string',
-    default: '`kind-space`',
-    clouds: ['kind'],
-    doc: 'Context of the kubeconfig to use.',
-  },
-  signingKey: {
-    type: 'string',
-    secret: true,
-    doc: 'Ed25519 private key, PKCS#8 PEM (`openssl genpkey -algorithm ed25519`). Required in `kubernetes` mode; `vm` mode makes its own on the control VM.',
-  },
-  redisPassword: {
-    type: 'string',
-    secret: true,
-    doc: 'Password of the in-cluster Redis. Required in `kubernetes` mode unless `redisUrl` is set.',
-  },
-  redisUrl: {
-    type: 'string',
-    secret: true,
-    doc: 'External Redis URL (`kubernetes` mode); then no Redis is deployed.',
-  },
-  redisStorageClass: {
-    type: 'string',
-    doc: 'StorageClass of the Redis volume (default: the cluster’s default).',
-  },
-  apiTlsCertificate: {
-    type: 'string',
-    clouds: ['akamai'],
-    doc: 'PEM certificate for HTTPS on the API NodeBalancer (`vm` mode); with `apiTlsKey`. Unset: plain TCP.',
-  },
-  apiTlsKey: {
-    type: 'string',
-    secret: true,
-    clouds: ['akamai'],
-    doc: 'PEM private key for `apiTlsCertificate`.',
-  },
-  routerUrl: {
-    type: 'string',
-    default:
-      'kind: `http://127.0.0.1:8082`; akamai `vm`: the NodeBalancer’s router port (with `tlsHostnames`: `https://<router>:8443`); kubernetes with `tlsHostnames`: `https://<router>`; crusoe with `tlsHostnames`: `https://<router>:8082`',
-    doc: 'Public base URL of the router (`SPACE_ROUTER_URL`): the data-plane URL the API hands to clients. Required where no default applies (coreweave and akamai `kubernetes` without `tlsHostnames`, crusoe without `tlsHostnames`).',
-  },
-  tlsIssuer: {
-    type: 'string',
-    clouds: ['akamai', 'coreweave', 'kind'],
-    doc: 'cert-manager ClusterIssuer that signs the API and router certificate (`kubernetes` mode; cert-manager installed by the operator). With `tlsHostnames`. Unset: plain HTTP.',
-  },
-  tlsHostnames: {
-    type: 'object',
-    doc: '`{ "api": "<dns name>", "router": "<dns name>" }`: the names clients use and the certificate carries. Kubernetes: with `tlsIssuer`, point them at the `space-api` and `space-router` load balancers; Akamai `vm`: the names on `apiTlsCertificate`, pointed at the NodeBalancer; Crusoe: the control VM gets the certificate from an ACME CA (`acmeEmail`), point both at its address (output `controlPublicIp`).',
-  },
-  acmeEmail: {
-    type: 'string',
-    clouds: ['crusoe'],
-    doc: 'Account e-mail for the ACME CA that issues the control VM’s certificate (certbot, HTTP-01: port 80 is opened to all while `tlsHostnames` is set). Required with `tlsHostnames` on Crusoe.',
-  },
-  acmeServer: {
-    type: 'string',
-    default: 'Let’s Encrypt production (`https://acme-v02.api.letsencrypt.org/directory`)',
-    clouds: ['crusoe'],
-    doc: 'ACME directory URL (e.g. Let’s Encrypt staging while testing).',
-  },
-  bootstrapApiKey: {
-    type: 'string',
-    secret: true,
-    clouds: ['akamai', 'crusoe'],
-    doc: 'An API key the deployment makes for itself (`space_` + at least 32 letters or digits: `echo space_$(openssl rand -hex 24)`): the API imports its SHA-256 as an admin key, and every `pulumi up` writes the VMs’ configuration through it (`space:VmConfig`). Required in `vm` mode; use it as your first API key too.',
-  },
-  lkeFirewallToken: {
-    type: 'string',
-    secret: true,
-    clouds: ['akamai'],
-    doc: 'Linode API token (Firewalls read/write, Linodes read-only) the `space-lke-firewall` DaemonSet uses to attach every LKE node, new ones included, to the nodes’ Cloud Firewall. Required in `kubernetes` mode on Akamai.',
-  },
-  nodeCidrs: {
-    type: 'array',
-    default: 'kind `["172.16.0.0/12"]`, LKE `["192.168.128.0/17"]`',
-    clouds: ['akamai', 'coreweave', 'kind'],
-    doc: 'Node address blocks (`kubernetes` mode): agents use the host network, so Redis admits these. Required on CoreWeave (the CKS VPC host prefix).',
-  },
-  nodeTolerations: {
-    type: 'array',
-    default: 'CoreWeave: `[]`',
-    clouds: ['coreweave'],
-    doc: 'Extra Kubernetes tolerations for the agent pods (e.g. taints of CPU node pools).',
-  },
-  crusoeProjectId: { type: 'string', clouds: ['crusoe'], doc: 'Crusoe project id. Required on Crusoe.' },
-  crusoeVpcNetworkId: {
-    type: 'string',
-    clouds: ['crusoe'],
-    doc: 'Existing Crusoe VPC network the subnet is made in. Required on Crusoe.',
-  },
-  crusoeImage: {
-    type: 'string',
-    default: '`ubuntu22.04:latest`',
-    clouds: ['crusoe'],
-    doc: 'Crusoe VM image (22.04+ for nested virtualisation).',
-  },
-  apiEnv: {
-    type: 'object',
-    default: '`{}`',
-    doc: 'Extra API settings (`SPACE_*` from README.md), e.g. `SPACE_LOG_LEVEL`.',
-  },
-  agentEnv: {
-    type: 'object',
-    default: '`{}`',
-    doc: 'Extra agent settings (`SPACE_*`), e.g. `SPACE_WARM_POOL_SIZE`.',
-  },
-} as const satisfies Record<string, KeySpec>;
-
-/** A declared key name. */
-export type ConfigKey = keyof typeof CONFIG_KEYS;
-
-/** The validated, frozen stack configuration (secrets stay Outputs). */
-export interface StackConfig {
-  readonly cloud: Cloud;
-  readonly mode: DeployMode;
-  readonly version: string;
-  readonly imageRepository: string;
-  /** `space:imageBuild`: build and push the image in `pulumi up`. */
-  readonly imageBuild: boolean;
-  readonly region: string;
-  readonly nodePools: readonly NodePool[];
-  readonly clientCidrs: readonly string[];
-  readonly sshCidrs: readonly string[];
-  readonly sshPublicKey: string | undefined;
-  readonly privateCidr: string;
-  readonly controlInstanceType: string;
-  readonly gatewayEnabled: boolean;
-  /** The CA certificate (kubernetes mode with the gateway). */
-  readonly gatewayCaCertificate: string | undefined;
-  /** Empty: the gateway's own default. */
-  readonly gatewayUpstreamDns: readonly string[];
-  /** Empty: the gateway's own default. */
-  readonly gatewayDenyCidrs: readonly string[];
-  readonly gatewayEnv: Readonly<Record<string, string>>;
-  readonly apiReplicas: number;
-  readonly agentDrainSeconds: number;
-  readonly k8sVersion: string;
-  readonly kubeContext: string | undefined;
-  readonly redisStorageClass: string | undefined;
-  readonly apiTlsCertificate: string | undefined;
-  /** `space:routerUrl`, when set. */
-  readonly routerUrl: string | undefined;
-  /** ACME TLS on the Crusoe control VM, when `space:tlsHostnames` is set there. */
-  readonly acme:
-    | { readonly hostnames: readonly string[]; readonly email: string; readonly server: string }
-    | undefined;
-  /** Akamai `vm`: the names `space:apiTlsCertificate` carries (`space:tlsHostnames`), when set. */
-  readonly vmTlsHostnames: { readonly api: string; readonly router: string } | undefined;
-  /** cert-manager TLS (`kubernetes` mode), when `space:tlsIssuer` and `space:tlsHostnames` are set. */
-  readonly tls:
-    | { readonly issuer: string; readonly apiHostname: string; readonly routerHostname: string }
-    | undefined;
-  readonly nodeCidrs: readonly string[];
-  readonly nodeTolerations: readonly Record<string, string>[];
-  readonly crusoeProjectId: string;
-  readonly crusoeVpcNetworkId: string;
-  readonly crusoeImage: string;
-  readonly apiEnv: Readonly<Record<string, string>>;
-  readonly agentEnv: Readonly<Record<string, string>>;
-  /** Secret values, present only when set. */
-  readonly secrets: {
-    readonly signingKey?: pulumi.Output<string>;
-    readonly redisPassword?: pulumi.Output<string>;
-    readonly redisUrl?: pulumi.Output<string>;
-    readonly kubeconfig?: pulumi.Output<string>;
-    readonly apiTlsKey?: pulumi.Output<string>;
-    readonly gatewayCaKey?: pulumi.Output<string>;
-    readonly lkeFirewallToken?: pulumi.Output<string>;
-    readonly bootstrapApiKey?: pulumi.Output<string>;
-  };
-}
+/** The validated configuration's type is the providers' (providers/stack-config.ts); re-exported for callers here. */
+export type { StackConfig };
 
 /** Thrown with every configuration problem, one per line. */
 export class StackConfigError extends Error {
@@ -320,19 +32,15 @@ export class StackConfigError extends Error {
   }
 }
 
-const CIDR = /^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})\/(\d{1,2})$/;
-/** True for an IPv4 CIDR such as `10.0.0.0/16`. */
-export function isCidr(s: unknown): s is string {
-  const m = typeof s === 'string' ? CIDR.exec(s) : null;
-  return !!m && m.slice(1, 5).every((o) => Number(o) <= 255) && Number(m[5]) <= 32;
-}
+/** True for an IPv4 CIDR such as `10.0.0.0/16` (runtime/core/net-address.ts). */
+export const isCidr: (s: unknown) => s is string = isIPv4Cidr;
 
 /** True for `ip:port` (IPv4) or `[ipv6]:port`, what `SPACE_GATEWAY_UPSTREAM_DNS` takes. */
 export function isResolver(s: unknown): s is string {
   if (typeof s !== 'string') return false;
-  const m = /^(?:(\d{1,3}(?:\.\d{1,3}){3})|\[([0-9A-Fa-f:.]+)\]):(\d{1,5})$/.exec(s);
+  const m = /^(?:([^[\]:]+)|\[([0-9A-Fa-f:.]+)\]):(\d{1,5})$/.exec(s);
   if (!m || Number(m[3]) < 1 || Number(m[3]) > 65535) return false;
-  return m[1] !== undefined ? isIP(m[1]) === 4 : isIP(m[2]!) === 6;
+  return m[1] !== undefined ? isIPv4(m[1]) : isIPv6NoZone(m[2]);
 }
 
 /** True for an IPv4 or IPv6 CIDR the gateway accepts. */

@@ -1,26 +1,27 @@
 /**
  * The SPACE Pulumi program: validate the whole stack configuration first (one error listing every
- * problem, before any resource exists), then hand off to the cloud's provider module.
+ * problem, before any resource exists), then make the cloud's `space:<cloud>:Stack` component.
  */
 import { fileURLToPath } from 'node:url';
 import * as command from '@pulumi/command';
 import type * as pulumi from '@pulumi/pulumi';
-import { deployAkamai } from '../providers/akamai/index.ts';
+import { AkamaiStack } from '../providers/akamai/index.ts';
 import type { Cloud } from '../providers/catalogue.ts';
-import { deployCoreweave } from '../providers/coreweave/index.ts';
-import { deployCrusoe } from '../providers/crusoe/index.ts';
-import { deployKind } from '../providers/kind/index.ts';
+import type { CloudStack, CloudStackArgs, StackOutputs } from '../providers/cloud-stack.ts';
+import { CoreweaveStack } from '../providers/coreweave/index.ts';
+import { CrusoeStack } from '../providers/crusoe/index.ts';
+import { KindStack } from '../providers/kind/index.ts';
 import { imageRef } from '../providers/runtime-settings.ts';
-import { loadStackConfig, pulumiRawConfig, type RawConfig, type StackConfig } from './config.ts';
+import { loadStackConfig, pulumiRawConfig, type RawConfig } from './config.ts';
 
-/** Stack outputs (`pulumi stack output`). */
-export type StackOutputs = Record<string, pulumi.Input<unknown>>;
+export type { StackOutputs };
 
-const DEPLOY: Record<Cloud, (cfg: StackConfig, image?: pulumi.Resource) => StackOutputs> = {
-  akamai: deployAkamai,
-  coreweave: deployCoreweave,
-  crusoe: deployCrusoe,
-  kind: deployKind,
+/** The `space:<cloud>:Stack` component of each cloud. */
+const STACKS: Record<Cloud, new (name: string, args: CloudStackArgs) => CloudStack> = {
+  akamai: AkamaiStack,
+  coreweave: CoreweaveStack,
+  crusoe: CrusoeStack,
+  kind: KindStack,
 };
 
 /** The repository root: where `scripts/image.sh` builds from. */
@@ -57,7 +58,7 @@ export function run(raw: RawConfig = pulumiRawConfig): StackOutputs {
     cloud: cfg.cloud,
     mode: cfg.mode,
     version: cfg.version,
-    // every cloud module orders what runs the image after it (its Kubernetes provider, its VMs)
-    ...DEPLOY[cfg.cloud](cfg, image),
+    // every cloud stack orders what runs the image after it (its Kubernetes provider, its VMs)
+    ...new STACKS[cfg.cloud]('space', { config: cfg, ...(image ? { image } : {}) }).outputs,
   };
 }

@@ -7,16 +7,17 @@
  * - `kubernetes` (LKE): an LKE cluster with one pool per node pool, labelled for the agents, a
  *   firewall on its nodes, and the Kubernetes component (its LoadBalancer Service makes the
  *   NodeBalancer through Linode's cloud controller).
- * Linode KVM is unconfirmed (clouds.md §1.7): pools default to gVisor.
+ * Linode KVM is unconfirmed (docs/deployment.md "Akamai (Linode)"): pools default to gVisor.
  */
 import * as k8s from '@pulumi/kubernetes';
 import * as linode from '@pulumi/linode';
 import * as pulumi from '@pulumi/pulumi';
-import type { StackConfig } from '../../stacks/config.ts';
+import { CloudStack, type CloudStackArgs, type StackOutputs } from '../cloud-stack.ts';
 import { runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
 import { type PublicExposure, Runtime } from '../kubernetes/runtime.ts';
 import { NODE_LABEL, POOL_LABEL } from '../node-pool.ts';
 import { AGENT_PORT, API_PORT, imageRef, REDIS_PORT, ROUTER_PORT } from '../runtime-settings.ts';
+import type { StackConfig } from '../stack-config.ts';
 import {
   type AgentArgs,
   agentPlan,
@@ -104,11 +105,11 @@ export const LINODE_FIREWALL_ACL_ANNOTATION = 'service.beta.kubernetes.io/linode
 
 /**
  * How LKE exposes client-facing Services. Linode's cloud controller ignores
- * `spec.loadBalancerSourceRanges` (clouds.md "Checked against the real APIs"); it applies an access
+ * `spec.loadBalancerSourceRanges` (docs/deployment.md "What only a real cloud account can confirm"); it applies an access
  * list only through the `linode-loadbalancer-firewall-acl` annotation, a JSON object with an
  * `allowList` (or `denyList`, not both) of `ipv4` / `ipv6` CIDRs, from which it makes and keeps a
- * Cloud Firewall on the NodeBalancer (linode/linode-cloud-controller-manager
- * `docs/configuration/firewall.md`, "CCM-Managed Firewalls"). So the field is not set at all: it
+ * Cloud Firewall on the NodeBalancer (https://github.com/linode/linode-cloud-controller-manager/blob/main/docs/configuration/firewall.md,
+ * "CCM-Managed Firewalls"). So the field is not set at all: it
  * would only suggest a protection that does not exist. Pure.
  */
 export function lkeExposure(clientCidrs: readonly string[]): PublicExposure {
@@ -120,36 +121,56 @@ export function lkeExposure(clientCidrs: readonly string[]): PublicExposure {
   };
 }
 
-/** Deploys SPACE on Linode. */
-export function deployAkamai(
-  cfg: StackConfig,
-  image?: pulumi.Resource,
-): Record<string, pulumi.Input<unknown>> {
-  return cfg.mode === 'vm' ? deployVms(cfg, image) : deployLke(cfg, image);
+/** Arguments of {@link AkamaiStack}. */
+export type AkamaiStackArgs = CloudStackArgs;
+
+/** `space:akamai:Stack`: SPACE on Linode, as VMs (`vm` mode) or on LKE (`kubernetes` mode). */
+export class AkamaiStack extends CloudStack {
+  readonly outputs: StackOutputs;
+
+  constructor(name: string, args: AkamaiStackArgs, opts?: pulumi.ComponentResourceOptions) {
+    super('akamai', name, opts);
+    const { config: cfg, image } = args;
+    this.outputs = cfg.mode === 'vm' ? akamaiVms(this, cfg, image) : akamaiLke(this, cfg, image);
+    this.registerOutputs(this.outputs);
+  }
 }
 
-function deployVms(cfg: StackConfig, image?: pulumi.Resource): Record<string, pulumi.Input<unknown>> {
+/** `vm` mode: the VPC, firewalls, NodeBalancer and VMs, as children of `parent`. */
+function akamaiVms(parent: CloudStack, cfg: StackConfig, image?: pulumi.Resource): StackOutputs {
   const stack = pulumi.getStack();
   const tags = ['space', `space-${stack}`];
-  const vpc = new linode.Vpc('space-vpc', {
-    label: `space-${stack}`,
-    region: cfg.region,
-    description: 'SPACE',
-  });
-  const subnet = new linode.VpcSubnet('space-subnet', {
-    vpcId: id(vpc),
-    label: 'space',
-    ipv4: cfg.privateCidr,
-  });
+  const vpc = new linode.Vpc(
+    'space-vpc',
+    {
+      label: `space-${stack}`,
+      region: cfg.region,
+      description: 'SPACE',
+    },
+    parent.child(),
+  );
+  const subnet = new linode.VpcSubnet(
+    'space-subnet',
+    {
+      vpcId: id(vpc),
+      label: 'space',
+      ipv4: cfg.privateCidr,
+    },
+    parent.child(),
+  );
   const rules = akamaiFirewallRules(cfg);
   const firewall = (name: string, inbounds: readonly InboundRule[]) =>
-    new linode.Firewall(name, {
-      label: `${name}-${stack}`.slice(0, 32),
-      inboundPolicy: 'DROP',
-      outboundPolicy: 'ACCEPT',
-      inbounds: inbounds.map((r) => ({ ...r, ipv4s: [...r.ipv4s] })),
-      tags,
-    });
+    new linode.Firewall(
+      name,
+      {
+        label: `${name}-${stack}`.slice(0, 32),
+        inboundPolicy: 'DROP',
+        outboundPolicy: 'ACCEPT',
+        inbounds: inbounds.map((r) => ({ ...r, ipv4s: [...r.ipv4s] })),
+        tags,
+      },
+      parent.child(),
+    );
   const controlFw = firewall('space-control-fw', rules.control);
   const vmArgs = { version: cfg.version, imageRepository: cfg.imageRepository, privateCidr: cfg.privateCidr };
   const ssh = cfg.sshPublicKey ? { authorizedKeys: [cfg.sshPublicKey] } : {};
@@ -167,12 +188,16 @@ function deployVms(cfg: StackConfig, image?: pulumi.Resource): Record<string, pu
   const keep = { ignoreChanges: ['metadatas'], dependsOn: image ? [image] : [] };
   const userData = (text: string) => [{ userData: Buffer.from(text).toString('base64') }];
   const nbFw = firewall('space-nb-fw', rules.nodebalancer);
-  const nb = new linode.NodeBalancer('space-api-nb', {
-    label: `space-api-${stack}`.slice(0, 32),
-    region: cfg.region,
-    firewallId: id(nbFw),
-    tags,
-  });
+  const nb = new linode.NodeBalancer(
+    'space-api-nb',
+    {
+      label: `space-api-${stack}`.slice(0, 32),
+      region: cfg.region,
+      firewallId: id(nbFw),
+      tags,
+    },
+    parent.child(),
+  );
   const routerScheme = cfg.apiTlsCertificate ? 'https' : 'http';
   // the API hands out the router's address on the NodeBalancer (or the operator's name for it)
   // the names the certificate carries (space:tlsHostnames) when given, else the NodeBalancer's address
@@ -214,17 +239,21 @@ function deployVms(cfg: StackConfig, image?: pulumi.Resource): Record<string, pu
       tags,
       ...ssh,
     },
-    keep,
+    parent.child(keep),
   );
-  const nodesFw = new linode.Firewall('space-nodes-fw', {
-    label: `space-nodes-fw-${stack}`.slice(0, 32),
-    inboundPolicy: 'DROP',
-    outboundPolicy: 'ACCEPT',
-    inbounds: control.ipv4s.apply((ips) =>
-      akamaiFirewallRules(cfg, ips[0]).nodes.map((r) => ({ ...r, ipv4s: [...r.ipv4s] })),
-    ),
-    tags,
-  });
+  const nodesFw = new linode.Firewall(
+    'space-nodes-fw',
+    {
+      label: `space-nodes-fw-${stack}`.slice(0, 32),
+      inboundPolicy: 'DROP',
+      outboundPolicy: 'ACCEPT',
+      inbounds: control.ipv4s.apply((ips) =>
+        akamaiFirewallRules(cfg, ips[0]).nodes.map((r) => ({ ...r, ipv4s: [...r.ipv4s] })),
+      ),
+      tags,
+    },
+    parent.child(),
+  );
   const nodes = cfg.nodePools.flatMap((pool) =>
     Array.from(
       { length: pool.count },
@@ -243,43 +272,59 @@ function deployVms(cfg: StackConfig, image?: pulumi.Resource): Record<string, pu
             tags: [...tags, `space-pool-${pool.name}`],
             ...ssh,
           },
-          keep,
+          parent.child(keep),
         ),
     ),
   );
   const tls = cfg.apiTlsCertificate && cfg.secrets.apiTlsKey;
-  const nbConfig = new linode.NodeBalancerConfig('space-api-nb-config', {
-    nodebalancerId: id(nb),
-    port: tls ? 443 : 80,
-    protocol: tls ? 'https' : 'tcp',
-    ...(tls ? { sslCert: cfg.apiTlsCertificate, sslKey: cfg.secrets.apiTlsKey } : {}),
-    algorithm: 'leastconn',
-    check: 'http',
-    checkPath: '/readyz',
-  });
-  new linode.NodeBalancerNode('space-api-nb-control', {
-    nodebalancerId: id(nb),
-    configId: id(nbConfig),
-    label: 'space-control',
-    address: pulumi.interpolate`${control.privateIpAddress}:${API_PORT}`,
-  });
+  const nbConfig = new linode.NodeBalancerConfig(
+    'space-api-nb-config',
+    {
+      nodebalancerId: id(nb),
+      port: tls ? 443 : 80,
+      protocol: tls ? 'https' : 'tcp',
+      ...(tls ? { sslCert: cfg.apiTlsCertificate, sslKey: cfg.secrets.apiTlsKey } : {}),
+      algorithm: 'leastconn',
+      check: 'http',
+      checkPath: '/readyz',
+    },
+    parent.child(),
+  );
+  new linode.NodeBalancerNode(
+    'space-api-nb-control',
+    {
+      nodebalancerId: id(nb),
+      configId: id(nbConfig),
+      label: 'space-control',
+      address: pulumi.interpolate`${control.privateIpAddress}:${API_PORT}`,
+    },
+    parent.child(),
+  );
   // the router on the same NodeBalancer, its own port: https (the NodeBalancer terminates TLS with
   // the same certificate) or tcp; streams are long-lived HTTP responses (docs/deployment.md "TLS")
-  const routerConfig = new linode.NodeBalancerConfig('space-router-nb-config', {
-    nodebalancerId: id(nb),
-    port: akamaiRouterPort(cfg),
-    protocol: tls ? 'https' : 'tcp',
-    ...(tls ? { sslCert: cfg.apiTlsCertificate, sslKey: cfg.secrets.apiTlsKey } : {}),
-    algorithm: 'leastconn',
-    check: 'http',
-    checkPath: '/readyz',
-  });
-  new linode.NodeBalancerNode('space-router-nb-control', {
-    nodebalancerId: id(nb),
-    configId: id(routerConfig),
-    label: 'space-control-router',
-    address: pulumi.interpolate`${control.privateIpAddress}:${ROUTER_PORT}`,
-  });
+  const routerConfig = new linode.NodeBalancerConfig(
+    'space-router-nb-config',
+    {
+      nodebalancerId: id(nb),
+      port: akamaiRouterPort(cfg),
+      protocol: tls ? 'https' : 'tcp',
+      ...(tls ? { sslCert: cfg.apiTlsCertificate, sslKey: cfg.secrets.apiTlsKey } : {}),
+      algorithm: 'leastconn',
+      check: 'http',
+      checkPath: '/readyz',
+    },
+    parent.child(),
+  );
+  new linode.NodeBalancerNode(
+    'space-router-nb-control',
+    {
+      nodebalancerId: id(nb),
+      configId: id(routerConfig),
+      label: 'space-control-router',
+      address: pulumi.interpolate`${control.privateIpAddress}:${ROUTER_PORT}`,
+    },
+    parent.child(),
+  );
   const apiUrl = cfg.vmTlsHostnames
     ? pulumi.output(`https://${cfg.vmTlsHostnames.api}`)
     : pulumi.interpolate`${tls ? 'https' : 'http'}://${nb.ipv4}`;
@@ -301,7 +346,7 @@ function deployVms(cfg: StackConfig, image?: pulumi.Resource): Record<string, pu
             ),
           ),
       },
-      { dependsOn: [control, ...nodes] },
+      parent.child({ dependsOn: [control, ...nodes] }),
     );
   }
   return {
@@ -312,41 +357,50 @@ function deployVms(cfg: StackConfig, image?: pulumi.Resource): Record<string, pu
   };
 }
 
-function deployLke(cfg: StackConfig, image?: pulumi.Resource): Record<string, pulumi.Input<unknown>> {
+/** `kubernetes` mode: the LKE cluster, its nodes' firewall and the Kubernetes component, as children of `parent`. */
+function akamaiLke(parent: CloudStack, cfg: StackConfig, image?: pulumi.Resource): StackOutputs {
   const stack = pulumi.getStack();
-  const cluster = new linode.LkeCluster('space-lke', {
-    label: `space-${stack}`,
-    region: cfg.region,
-    k8sVersion: cfg.k8sVersion,
-    tags: ['space'],
-    pools: cfg.nodePools.map((pool) => ({
-      type: pool.instanceType,
-      count: pool.count,
-      labels: { [POOL_LABEL]: pool.name, [NODE_LABEL]: 'true', ...pool.labels },
-      tags: ['space', `space-pool-${pool.name}`],
-    })),
-  });
+  const cluster = new linode.LkeCluster(
+    'space-lke',
+    {
+      label: `space-${stack}`,
+      region: cfg.region,
+      k8sVersion: cfg.k8sVersion,
+      tags: ['space'],
+      pools: cfg.nodePools.map((pool) => ({
+        type: pool.instanceType,
+        count: pool.count,
+        labels: { [POOL_LABEL]: pool.name, [NODE_LABEL]: 'true', ...pool.labels },
+        tags: ['space', `space-pool-${pool.name}`],
+      })),
+    },
+    parent.child(),
+  );
   // no `linodes`: ids captured now go stale when LKE replaces nodes; the space-lke-firewall
   // DaemonSet attaches every node it runs on, new ones included (lke-firewall.ts)
-  const nodesFw = new linode.Firewall('space-lke-fw', {
-    label: `space-lke-fw-${stack}`.slice(0, 32),
-    inboundPolicy: 'DROP',
-    outboundPolicy: 'ACCEPT',
-    inbounds: akamaiFirewallRules(cfg).lke.map((r) => ({ ...r, ipv4s: [...r.ipv4s] })),
-    tags: ['space'],
-  });
-  // the kubeconfig output is base64 and secret (clouds.md §1.5)
+  const nodesFw = new linode.Firewall(
+    'space-lke-fw',
+    {
+      label: `space-lke-fw-${stack}`.slice(0, 32),
+      inboundPolicy: 'DROP',
+      outboundPolicy: 'ACCEPT',
+      inbounds: akamaiFirewallRules(cfg).lke.map((r) => ({ ...r, ipv4s: [...r.ipv4s] })),
+      tags: ['space'],
+    },
+    parent.child(),
+  );
+  // the kubeconfig output is base64 and secret (docs/deployment.md "Akamai (Linode)")
   const kubeconfig = pulumi.secret(
     cluster.kubeconfig.apply((b64) => Buffer.from(b64, 'base64').toString('utf8')),
   );
   // every Kubernetes object goes through this provider: with space:imageBuild, after the push
-  const provider = new k8s.Provider('lke', { kubeconfig }, { dependsOn: image ? [image] : [] });
+  const provider = new k8s.Provider('lke', { kubeconfig }, parent.child({ dependsOn: image ? [image] : [] }));
   const runtime = new Runtime(
     'space',
     runtimeArgsFromConfig(cfg, { exposure: lkeExposure(cfg.clientCidrs) }),
-    {
+    parent.child({
       providers: [provider],
-    },
+    }),
   );
   const K8S = {
     Secret: k8s.core.v1.Secret,
@@ -361,11 +415,15 @@ function deployLke(cfg: StackConfig, image?: pulumi.Resource): Record<string, pu
     version: cfg.version,
   })) {
     const { apiVersion: _v, kind, ...body } = object as { apiVersion: string; kind: keyof typeof K8S };
-    new K8S[kind](`space-${role}`, body as never, {
-      provider,
-      dependsOn: [runtime],
-      ...(kind === 'Secret' ? { additionalSecretOutputs: ['data', 'stringData'] } : {}),
-    });
+    new K8S[kind](
+      `space-${role}`,
+      body as never,
+      parent.child({
+        provider,
+        dependsOn: [runtime],
+        ...(kind === 'Secret' ? { additionalSecretOutputs: ['data', 'stringData'] } : {}),
+      }),
+    );
   }
   return {
     kubeconfig,

@@ -5,7 +5,7 @@
  * Instead the `space-lke-firewall` DaemonSet runs on every node and attaches the node it runs on
  * (`firewall-attach.ts`), at start and every 10 minutes. LKE Enterprise node pools take a
  * `firewall_id` of their own (Linode API v4beta, linode/linode_api4-python PR #615, 2025-10), which
- * @pulumi/linode 5.1.1 (the newest 5.x installable here, clouds.md §0) does not expose.
+ * @pulumi/linode 5.1.1 (the newest 5.x installable here, docs/deployment.md "Prerequisites (operator machine)") does not expose.
  *
  * What remains: a new node is unprotected from its first boot until this pod runs on it (the
  * kubelet pulls the image and starts it; typically a minute). Pure render; the caller creates them.

@@ -6,7 +6,7 @@
  */
 import * as k8s from '@pulumi/kubernetes';
 import type * as pulumi from '@pulumi/pulumi';
-import type { StackConfig } from '../../stacks/config.ts';
+import { CloudStack, type CloudStackArgs, type StackOutputs } from '../cloud-stack.ts';
 import { runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
 import { type PublicExposure, Runtime } from '../kubernetes/runtime.ts';
 import { NODE_LABEL, type NodePool, POOL_LABEL } from '../node-pool.ts';
@@ -50,38 +50,45 @@ export function coreweaveExposure(clientCidrs: readonly string[]): PublicExposur
   };
 }
 
-/** Deploys the runtime to an existing CKS cluster (kubeconfig from the secret `space:kubeconfig`). */
-export function deployCoreweave(
-  cfg: StackConfig,
-  image?: pulumi.Resource,
-): Record<string, pulumi.Input<unknown>> {
-  // every Kubernetes object goes through this provider: with space:imageBuild, after the push
-  const provider = new k8s.Provider(
-    'cks',
-    { kubeconfig: cfg.secrets.kubeconfig! },
-    { dependsOn: image ? [image] : [] },
-  );
-  const pools = cfg.nodePools.map(
-    (pool) =>
-      new k8s.apiextensions.CustomResource(
-        `cks-pool-${pool.name}`,
-        coreweaveNodePool(pool) as k8s.apiextensions.CustomResourceArgs,
-        // an instance type change replaces the pool: never lose the old one before the new exists
-        { provider, replaceOnChanges: ['spec.instanceType'] },
-      ),
-  );
-  const runtime = new Runtime(
-    'space',
-    runtimeArgsFromConfig(cfg, { exposure: coreweaveExposure(cfg.clientCidrs) }),
-    {
-      providers: [provider],
-      dependsOn: pools,
-    },
-  );
-  return {
-    namespace: runtime.namespace,
-    apiLoadBalancer: runtime.apiService.status.loadBalancer.ingress,
-    // point space:routerUrl (or the router TLS hostname) here
-    routerLoadBalancer: runtime.routerService.status.loadBalancer.ingress,
-  };
+/** Arguments of {@link CoreweaveStack}. */
+export type CoreweaveStackArgs = CloudStackArgs;
+
+/**
+ * `space:coreweave:Stack`: the runtime on an existing CKS cluster (kubeconfig from the secret
+ * `space:kubeconfig`), one CKS NodePool per pool, public load balancers limited to the clients.
+ */
+export class CoreweaveStack extends CloudStack {
+  readonly outputs: StackOutputs;
+
+  constructor(name: string, args: CoreweaveStackArgs, opts?: pulumi.ComponentResourceOptions) {
+    super('coreweave', name, opts);
+    const { config: cfg, image } = args;
+    // every Kubernetes object goes through this provider: with space:imageBuild, after the push
+    const provider = new k8s.Provider(
+      'cks',
+      { kubeconfig: cfg.secrets.kubeconfig! },
+      this.child(CloudStack.afterImage(image)),
+    );
+    const pools = cfg.nodePools.map(
+      (pool) =>
+        new k8s.apiextensions.CustomResource(
+          `cks-pool-${pool.name}`,
+          coreweaveNodePool(pool) as k8s.apiextensions.CustomResourceArgs,
+          // an instance type change replaces the pool: never lose the old one before the new exists
+          this.child({ provider, replaceOnChanges: ['spec.instanceType'] }),
+        ),
+    );
+    const runtime = new Runtime(
+      'space',
+      runtimeArgsFromConfig(cfg, { exposure: coreweaveExposure(cfg.clientCidrs) }),
+      this.child({ providers: [provider], dependsOn: pools }),
+    );
+    this.outputs = {
+      namespace: runtime.namespace,
+      apiLoadBalancer: runtime.apiService.status.loadBalancer.ingress,
+      // point space:routerUrl (or the router TLS hostname) here
+      routerLoadBalancer: runtime.routerService.status.loadBalancer.ingress,
+    };
+    this.registerOutputs(this.outputs);
+  }
 }

@@ -6,7 +6,7 @@
  */
 import { crusoeTimestamp, signRequest } from './signing.ts';
 
-/** Default API base URL (clouds.md §3.1). */
+/** Default API base URL (docs/deployment.md "Crusoe"). */
 export const DEFAULT_ENDPOINT = 'https://api.cloud.crusoe.ai/v1';
 
 /** An HTTP error answer of the Crusoe API. */

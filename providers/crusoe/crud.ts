@@ -1,6 +1,6 @@
 /**
  * The Crusoe resource kinds the dynamic provider manages and their CRUD over REST v1
- * (clouds.md §3.3–3.4): VM instances (nested virtualisation on), VPC subnets, VPC firewall rules.
+ * (docs/deployment.md "Crusoe"): VM instances (nested virtualisation on), VPC subnets, VPC firewall rules.
  * Inputs are camelCase (Pulumi style); bodies are the API's snake_case. Loaded lazily by
  * `provider.ts`, so nothing here is serialized into the Pulumi state.
  */

@@ -9,9 +9,10 @@
  * the agents' scripts are rendered from the address the created VM reports.
  */
 import * as pulumi from '@pulumi/pulumi';
-import type { StackConfig } from '../../stacks/config.ts';
+import { CloudStack, type CloudStackArgs, type StackOutputs } from '../cloud-stack.ts';
 import { isVmmDriver } from '../node-pool.ts';
 import { AGENT_PORT, API_PORT, REDIS_PORT, ROUTER_PORT } from '../runtime-settings.ts';
+import type { StackConfig } from '../stack-config.ts';
 import {
   type AgentArgs,
   agentPlan,
@@ -39,8 +40,8 @@ export interface CrusoeRule {
 
 /**
  * The firewall rules of a Crusoe stack. Pure, for tests. Custom VPCs deny all egress until egress
- * rules exist (Crusoe networking docs, "VPC firewall rules"; clouds.md "Checked against the real
- * APIs"): without `space-egress` the VMs could not install packages, pull the image, or carry any
+ * rules exist (Crusoe networking docs, "VPC firewall rules"; docs/deployment.md "What only a real cloud
+ * account can confirm"): without `space-egress` the VMs could not install packages, pull the image, or carry any
  * sandbox egress through the gateway. `1-65535` is how the Terraform provider spells "all ports"
  * (`vpc_firewall_rule` replaces `*` with it).
  */
@@ -105,137 +106,152 @@ export function crusoeApiUrl(
   return cfg.acme && names.api ? `https://${names.api}:${API_PORT}` : `http://${publicIp}:${API_PORT}`;
 }
 
-/** Deploys SPACE on Crusoe VMs. */
-export function deployCrusoe(
-  cfg: StackConfig,
-  image?: pulumi.Resource,
-): Record<string, pulumi.Input<unknown>> {
-  const common = { projectId: cfg.crusoeProjectId };
-  const subnet = new Subnet('space-subnet', {
-    ...common,
-    name: `space-${pulumi.getStack()}`,
-    cidr: cfg.privateCidr,
-    location: cfg.region,
-    vpcNetworkId: cfg.crusoeVpcNetworkId,
-    natGatewayEnabled: true,
-  });
-  // Crusoe cannot create subnets and firewall rules concurrently: chain them
-  let previous: pulumi.Resource = subnet;
-  for (const r of crusoeFirewallRules(cfg)) {
-    previous = new FirewallRule(
-      r.name,
+/** Arguments of {@link CrusoeStack}. */
+export type CrusoeStackArgs = CloudStackArgs;
+
+/** `space:crusoe:Stack`: SPACE on Crusoe VMs (`vm` mode), through the dynamic provider. */
+export class CrusoeStack extends CloudStack {
+  readonly outputs: StackOutputs;
+
+  constructor(name: string, args: CrusoeStackArgs, opts?: pulumi.ComponentResourceOptions) {
+    super('crusoe', name, opts);
+    const { config: cfg, image } = args;
+    const common = { projectId: cfg.crusoeProjectId };
+    const subnet = new Subnet(
+      'space-subnet',
       {
         ...common,
-        name: `${r.name}-${pulumi.getStack()}`,
+        name: `space-${pulumi.getStack()}`,
+        cidr: cfg.privateCidr,
+        location: cfg.region,
         vpcNetworkId: cfg.crusoeVpcNetworkId,
-        action: 'allow',
-        direction: r.direction,
-        protocols: [...r.protocols],
-        sources: [...r.sources],
-        destinations: [...r.destinations],
-        destinationPorts: [...r.ports],
+        natGatewayEnabled: true,
       },
-      { dependsOn: [previous] },
+      this.child(),
     );
-  }
-  const vmCommon = {
-    ...common,
-    location: cfg.region,
-    image: cfg.crusoeImage,
-    sshPublicKey: cfg.sshPublicKey!,
-    subnetId: subnet.id,
-  };
-  const vmArgs = { version: cfg.version, imageRepository: cfg.imageRepository, privateCidr: cfg.privateCidr };
-  // a version bump must not replace VMs (that would kill their sandboxes): upgrades run
-  // `space-upgrade` on each VM (docs/deployment.md), so the startup script is ignored after creation
-  // and with space:imageBuild, no VM is made before its image is pushed
-  const keepVms = { ignoreChanges: ['startupScript'], dependsOn: [previous, ...(image ? [image] : [])] };
-  const names = { api: cfg.acme?.hostnames[0] };
-  // the TLS unit is always there (no names: plain HTTP), so TLS can be turned on later through
-  // the VM configuration without replacing the control VM
-  const acme = cfg.acme ?? { hostnames: [], email: '', server: LETS_ENCRYPT_DIRECTORY };
-  // without a name the router's public address is not known before the VM exists: routerUrl is required
-  const routerUrl = cfg.routerUrl ?? `https://${cfg.acme!.hostnames.at(-1)}:${ROUTER_PORT}`;
-  const keySha = bootstrapKeySha256(cfg);
-  const controlArgs = (sha: string | undefined): ControlArgs => ({
-    ...vmArgs,
-    apiEnv: cfg.apiEnv,
-    routerUrl,
-    acme,
-    ...(sha ? { bootstrapKeySha256: sha } : {}),
-  });
-  const control = new Instance(
-    'space-control',
-    {
-      ...vmCommon,
-      name: `space-control-${pulumi.getStack()}`,
-      type: cfg.controlInstanceType,
-      startupScript: keySha.apply((sha) => toShellScript(controlPlan(controlArgs(sha)))),
-      nestedVirtualization: false,
-    },
-    keepVms,
-  );
-  const agentArgs = (pool: (typeof cfg.nodePools)[number], controlAddress: string): AgentArgs => ({
-    ...vmArgs,
-    pool,
-    controlAddress,
-    gatewayEnabled: cfg.gatewayEnabled,
-    gatewayUpstreamDns: cfg.gatewayUpstreamDns,
-    gatewayDenyCidrs: cfg.gatewayDenyCidrs,
-    gatewayEnv: cfg.gatewayEnv,
-    agentEnv: cfg.agentEnv,
-  });
-  const nodes = cfg.nodePools.flatMap((pool) =>
-    Array.from(
-      { length: pool.count },
-      (_, i) =>
-        new Instance(
-          `space-node-${pool.name}-${i}`,
-          {
-            ...vmCommon,
-            name: `space-node-${pool.name}-${i}-${pulumi.getStack()}`,
-            type: pool.instanceType,
-            startupScript: control.resource.apply((resource) =>
-              toShellScript(agentPlan(agentArgs(pool, controlPrivateAddress(resource)))),
-            ),
-            nestedVirtualization: isVmmDriver(pool.driver),
-          },
-          keepVms,
-        ),
-    ),
-  );
-  const publicIp = control.resource.apply(controlPublicAddress);
-  const apiUrl = publicIp.apply((ip) => crusoeApiUrl(cfg, names, ip));
-  if (cfg.secrets.bootstrapApiKey) {
-    // every pulumi up: what a VM made now would get, written for the VMs that exist
-    new VmConfig(
-      'space-vm-config',
+    // Crusoe cannot create subnets and firewall rules concurrently: chain them
+    let previous: pulumi.Resource = subnet;
+    for (const r of crusoeFirewallRules(cfg)) {
+      previous = new FirewallRule(
+        r.name,
+        {
+          ...common,
+          name: `${r.name}-${pulumi.getStack()}`,
+          vpcNetworkId: cfg.crusoeVpcNetworkId,
+          action: 'allow',
+          direction: r.direction,
+          protocols: [...r.protocols],
+          sources: [...r.sources],
+          destinations: [...r.destinations],
+          destinationPorts: [...r.ports],
+        },
+        this.child({ dependsOn: [previous] }),
+      );
+    }
+    const vmCommon = {
+      ...common,
+      location: cfg.region,
+      image: cfg.crusoeImage,
+      sshPublicKey: cfg.sshPublicKey!,
+      subnetId: subnet.id,
+    };
+    const vmArgs = {
+      version: cfg.version,
+      imageRepository: cfg.imageRepository,
+      privateCidr: cfg.privateCidr,
+    };
+    // a version bump must not replace VMs (that would kill their sandboxes): upgrades run
+    // `space-upgrade` on each VM (docs/deployment.md), so the startup script is ignored after creation
+    // and with space:imageBuild, no VM is made before its image is pushed
+    const keepVms = { ignoreChanges: ['startupScript'], dependsOn: [previous, ...(image ? [image] : [])] };
+    const names = { api: cfg.acme?.hostnames[0] };
+    // the TLS unit is always there (no names: plain HTTP), so TLS can be turned on later through
+    // the VM configuration without replacing the control VM
+    const acme = cfg.acme ?? { hostnames: [], email: '', server: LETS_ENCRYPT_DIRECTORY };
+    // without a name the router's public address is not known before the VM exists: routerUrl is required
+    const routerUrl = cfg.routerUrl ?? `https://${cfg.acme!.hostnames.at(-1)}:${ROUTER_PORT}`;
+    const keySha = bootstrapKeySha256(cfg);
+    const controlArgs = (sha: string | undefined): ControlArgs => ({
+      ...vmArgs,
+      apiEnv: cfg.apiEnv,
+      routerUrl,
+      acme,
+      ...(sha ? { bootstrapKeySha256: sha } : {}),
+    });
+    const control = new Instance(
+      'space-control',
       {
-        apiUrl,
-        ...(cfg.acme ? { plainApiUrl: pulumi.interpolate`http://${publicIp}:${API_PORT}` } : {}),
-        apiKey: cfg.secrets.bootstrapApiKey,
-        // a version bump reaches the VMs too: each moves to it in place (space-version-sync)
-        version: cfg.version,
-        services: pulumi
-          .all([control.resource, keySha])
-          .apply(([resource, sha]) =>
-            Object.assign(
-              controlServiceEnv(controlArgs(sha)),
-              ...cfg.nodePools.map((pool) =>
-                agentServiceEnv(agentArgs(pool, controlPrivateAddress(resource))),
+        ...vmCommon,
+        name: `space-control-${pulumi.getStack()}`,
+        type: cfg.controlInstanceType,
+        startupScript: keySha.apply((sha) => toShellScript(controlPlan(controlArgs(sha)))),
+        nestedVirtualization: false,
+      },
+      this.child(keepVms),
+    );
+    const agentArgs = (pool: (typeof cfg.nodePools)[number], controlAddress: string): AgentArgs => ({
+      ...vmArgs,
+      pool,
+      controlAddress,
+      gatewayEnabled: cfg.gatewayEnabled,
+      gatewayUpstreamDns: cfg.gatewayUpstreamDns,
+      gatewayDenyCidrs: cfg.gatewayDenyCidrs,
+      gatewayEnv: cfg.gatewayEnv,
+      agentEnv: cfg.agentEnv,
+    });
+    const nodes = cfg.nodePools.flatMap((pool) =>
+      Array.from(
+        { length: pool.count },
+        (_, i) =>
+          new Instance(
+            `space-node-${pool.name}-${i}`,
+            {
+              ...vmCommon,
+              name: `space-node-${pool.name}-${i}-${pulumi.getStack()}`,
+              type: pool.instanceType,
+              startupScript: control.resource.apply((resource) =>
+                toShellScript(agentPlan(agentArgs(pool, controlPrivateAddress(resource)))),
+              ),
+              nestedVirtualization: isVmmDriver(pool.driver),
+            },
+            this.child(keepVms),
+          ),
+      ),
+    );
+    const publicIp = control.resource.apply(controlPublicAddress);
+    const apiUrl = publicIp.apply((ip) => crusoeApiUrl(cfg, names, ip));
+    if (cfg.secrets.bootstrapApiKey) {
+      // every pulumi up: what a VM made now would get, written for the VMs that exist
+      new VmConfig(
+        'space-vm-config',
+        {
+          apiUrl,
+          ...(cfg.acme ? { plainApiUrl: pulumi.interpolate`http://${publicIp}:${API_PORT}` } : {}),
+          apiKey: cfg.secrets.bootstrapApiKey,
+          // a version bump reaches the VMs too: each moves to it in place (space-version-sync)
+          version: cfg.version,
+          services: pulumi
+            .all([control.resource, keySha])
+            .apply(([resource, sha]) =>
+              Object.assign(
+                controlServiceEnv(controlArgs(sha)),
+                ...cfg.nodePools.map((pool) =>
+                  agentServiceEnv(agentArgs(pool, controlPrivateAddress(resource))),
+                ),
               ),
             ),
-          ),
-      },
-      { dependsOn: [control, ...nodes] },
-    );
+        },
+        this.child({ dependsOn: [control, ...nodes] }),
+      );
+    }
+    this.outputs = {
+      apiUrl,
+      routerUrl,
+      controlVm: control.id,
+      controlPublicIp: publicIp,
+      controlPrivateAddress: control.resource.apply(controlPrivateAddress),
+      nodeVms: nodes.map((n) => n.id),
+    };
+    this.registerOutputs(this.outputs);
   }
-  return {
-    apiUrl,
-    routerUrl,
-    controlVm: control.id,
-    controlPublicIp: publicIp,
-    controlPrivateAddress: control.resource.apply(controlPrivateAddress),
-    nodeVms: nodes.map((n) => n.id),
-  };
 }

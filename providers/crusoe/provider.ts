@@ -1,5 +1,5 @@
 /**
- * Pulumi dynamic resources for Crusoe (no Pulumi package exists, clouds.md §3.8). The provider
+ * Pulumi dynamic resources for Crusoe (no Pulumi package exists, docs/deployment.md "Crusoe"). The provider
  * object Pulumi serializes into the state captures only two strings (the kind and the URL of
  * `crud.ts`); the implementation and the credentials are loaded when a method runs, so no secret
  * is ever captured. Type tokens: `pulumi-nodejs:dynamic/crusoe:<Kind>`.

@@ -1,6 +1,6 @@
 /**
  * Crusoe API request signing, version 1.0 (crusoecloud/terraform-provider-crusoe
- * `internal/common/auth.go`, identical to crusoecloud/client-go `auth/v1/auth.go`; clouds.md §3.2):
+ * `internal/common/auth.go`, identical to crusoecloud/client-go `auth/v1/auth.go`; docs/deployment.md "Crusoe"):
  * message = path (with the `/v1` prefix) + "\n" + canonical query + "\n" + METHOD + "\n" +
  * timestamp + "\n"; HMAC-SHA256 keyed with the base64url-decoded secret; header
  * `Authorization: Bearer 1.0:<access key id>:<base64url(signature), no padding>` and

@@ -6,7 +6,7 @@
 import * as k8s from '@pulumi/kubernetes';
 import type * as pulumi from '@pulumi/pulumi';
 import { stringify } from 'yaml';
-import type { StackConfig } from '../../stacks/config.ts';
+import { CloudStack, type CloudStackArgs, type StackOutputs } from '../cloud-stack.ts';
 import { runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
 import { Runtime } from '../kubernetes/runtime.ts';
 import { isVmmDriver, NODE_LABEL, type NodePool, POOL_LABEL } from '../node-pool.ts';
@@ -47,36 +47,47 @@ export function kindClusterConfig(pools: readonly NodePool[]): string {
   return `# rendered by providers/kind/index.ts (kindClusterConfig); agents listen on node port ${AGENT_PORT}\n${stringify(doc)}`;
 }
 
-/** Deploys the runtime to the kind cluster of the current kubeconfig (context `space:kubeContext`). */
-export function deployKind(cfg: StackConfig, image?: pulumi.Resource): Record<string, pulumi.Input<unknown>> {
-  // every Kubernetes object goes through this provider: with space:imageBuild, after the push
-  const provider = new k8s.Provider(
-    'kind',
-    {
-      ...(cfg.secrets.kubeconfig ? { kubeconfig: cfg.secrets.kubeconfig } : {}),
-      ...(cfg.kubeContext ? { context: cfg.kubeContext } : {}),
-    },
-    { dependsOn: image ? [image] : [] },
-  );
-  const runtime = new Runtime(
-    'space',
-    runtimeArgsFromConfig(cfg, {
-      apiServiceType: 'NodePort',
-      apiNodePort: KIND_API_NODE_PORT,
-      apiReplicas: 1,
-      router: {
-        nodePort: KIND_ROUTER_NODE_PORT,
-        publicUrl: cfg.routerUrl ?? `http://127.0.0.1:${ROUTER_PORT}`,
+/** Arguments of {@link KindStack}. */
+export type KindStackArgs = CloudStackArgs;
+
+/**
+ * `space:kind:Stack`: the runtime on the kind cluster of the current kubeconfig (context
+ * `space:kubeContext`), the API and the router on fixed node ports the cluster file maps to the host.
+ */
+export class KindStack extends CloudStack {
+  readonly outputs: StackOutputs;
+
+  constructor(name: string, args: KindStackArgs, opts?: pulumi.ComponentResourceOptions) {
+    super('kind', name, opts);
+    const { config: cfg, image } = args;
+    // every Kubernetes object goes through this provider: with space:imageBuild, after the push
+    const provider = new k8s.Provider(
+      'kind',
+      {
+        ...(cfg.secrets.kubeconfig ? { kubeconfig: cfg.secrets.kubeconfig } : {}),
+        ...(cfg.kubeContext ? { context: cfg.kubeContext } : {}),
       },
-    }),
-    {
-      providers: [provider],
-    },
-  );
-  return {
-    namespace: runtime.namespace,
-    apiUrl: `http://127.0.0.1:${API_PORT}`,
-    routerUrl: cfg.routerUrl ?? `http://127.0.0.1:${ROUTER_PORT}`,
-    kindClusterConfig: kindClusterConfig(cfg.nodePools),
-  };
+      this.child(CloudStack.afterImage(image)),
+    );
+    const runtime = new Runtime(
+      'space',
+      runtimeArgsFromConfig(cfg, {
+        apiServiceType: 'NodePort',
+        apiNodePort: KIND_API_NODE_PORT,
+        apiReplicas: 1,
+        router: {
+          nodePort: KIND_ROUTER_NODE_PORT,
+          publicUrl: cfg.routerUrl ?? `http://127.0.0.1:${ROUTER_PORT}`,
+        },
+      }),
+      this.child({ providers: [provider] }),
+    );
+    this.outputs = {
+      namespace: runtime.namespace,
+      apiUrl: `http://127.0.0.1:${API_PORT}`,
+      routerUrl: cfg.routerUrl ?? `http://127.0.0.1:${ROUTER_PORT}`,
+      kindClusterConfig: kindClusterConfig(cfg.nodePools),
+    };
+    this.registerOutputs(this.outputs);
+  }
 }

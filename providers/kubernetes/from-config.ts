@@ -2,7 +2,7 @@
 import { createPublicKey } from 'node:crypto';
 import type * as k8s from '@pulumi/kubernetes';
 import * as pulumi from '@pulumi/pulumi';
-import type { StackConfig } from '../../stacks/config.ts';
+import type { StackConfig } from '../stack-config.ts';
 import type { RuntimeArgs } from './runtime.ts';
 
 /** The SPKI public key of a PKCS#8 Ed25519 private key. Not secret, so unwrapped from the secret. */

@@ -1,11 +1,5 @@
-import { generateKeyPairSync } from 'node:crypto';
 import * as pulumi from '@pulumi/pulumi';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { agentSettings } from '../../runtime/agent/config.ts';
-import { generateCaPem } from '../../runtime/gateway/ca.ts';
-import { gatewaySettings } from '../../runtime/gateway/config.ts';
-import type { NodePool } from '../node-pool.ts';
-import { GATEWAY_PORTS } from '../runtime-settings.ts';
 import { schemaProblems } from '../testing/k8s-schema.ts';
 import {
   installMocks,
@@ -15,52 +9,21 @@ import {
   settle,
   unwrapSecrets,
 } from '../testing/mocks.ts';
-import { type RuntimeArgs, renderRuntimeObjects } from './runtime.ts';
-
-const keys = generateKeyPairSync('ed25519');
-const SIGNING = keys.privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
-const VERIFY = keys.publicKey.export({ type: 'spki', format: 'pem' }).toString();
-const REDIS_PASSWORD = 'redis-password-that-must-stay-secret';
-const CA = await generateCaPem();
-
-const pools: NodePool[] = [
-  {
-    name: 'vmm',
-    driver: 'firecracker',
-    instanceType: 'cd-hp-a96-genoa',
-    count: 2,
-    labels: {},
-    allowUnverifiedKvm: false,
-  },
-  {
-    name: 'gv',
-    driver: 'gvisor',
-    instanceType: 'cd-hp-a96-genoa',
-    count: 1,
-    labels: {},
-    allowUnverifiedKvm: false,
-  },
-];
-
-const args = (over: Partial<RuntimeArgs> = {}): RuntimeArgs => ({
-  version: '1.2.3',
-  nodePools: pools,
-  signingKey: pulumi.secret(SIGNING),
-  verifyKey: VERIFY,
-  redis: { mode: 'in-cluster', password: pulumi.secret(REDIS_PASSWORD) },
-  nodeCidrs: ['10.0.0.0/16'],
-  gatewayEnabled: true,
-  gatewayCa: { certificate: CA.certPem, key: pulumi.secret(CA.keyPem) },
-  ...over,
-});
-
-type Obj = Record<string, unknown>;
-// small typed accessors over rendered data
-const spec = (o: Obj) => o['spec'] as Obj;
-const podSpec = (o: Obj) => (spec(o)['template'] as Obj)['spec'] as Obj;
-const containers = (o: Obj) => podSpec(o)['containers'] as Obj[];
-const runtimeArgs = (over: Partial<RuntimeArgs> = {}) => args(over);
-const names = (xs: Obj[] | undefined) => (xs ?? []).map((x) => x['name']);
+import { renderRuntimeObjects } from './runtime.ts';
+import {
+  args,
+  CA,
+  containers,
+  names,
+  type Obj,
+  podSpec,
+  pools,
+  REDIS_PASSWORD,
+  rendered,
+  runtimeArgs,
+  SIGNING,
+  spec,
+} from './test-runtime.ts';
 
 describe('space:kubernetes:Runtime under the mock runtime', () => {
   let recorded: RecordedResource[];
@@ -118,23 +81,7 @@ describe('space:kubernetes:Runtime under the mock runtime', () => {
 });
 
 describe('renderRuntimeObjects policies', () => {
-  const objs = renderRuntimeObjects(args()).map((r) => r.object as Obj);
-  const byKind = (kind: string) => objs.filter((o) => o['kind'] === kind);
-  const workloads = objs.filter((o) =>
-    ['Deployment', 'DaemonSet', 'StatefulSet'].includes(o['kind'] as string),
-  );
-  const component = (o: Obj) =>
-    ((o['metadata'] as Obj)['labels'] as Record<string, string>)['app.kubernetes.io/component'];
-  const agents = byKind('DaemonSet').filter((o) => component(o) === 'agent');
-  const gateways = byKind('DaemonSet').filter((o) => component(o) === 'gateway');
-  const envOf = (c: Obj) => Object.fromEntries((c['env'] as Obj[]).map((e) => [e['name'], e['value']]));
-  const mounts = (c: Obj) => (c['volumeMounts'] as Obj[] | undefined) ?? [];
-  const volumes = (w: Obj) => (podSpec(w)['volumes'] as Obj[] | undefined) ?? [];
-  const container = (w: Obj, name: string) => containers(w).find((c) => c['name'] === name)!;
-  const gatewayOf = (agent: Obj) =>
-    gateways.find(
-      (g) => JSON.stringify(podSpec(g)['nodeSelector']) === JSON.stringify(podSpec(agent)['nodeSelector']),
-    );
+  const { byKind, workloads, agents } = rendered();
 
   it('/dev/kvm is mounted only into agents of VMM-driver pools', () => {
     const withKvm = workloads.filter((w) =>
@@ -449,153 +396,6 @@ describe('renderRuntimeObjects policies', () => {
     );
     // no TLS asked: no Certificate, plain HTTP probes
     expect(renderRuntimeObjects(args()).some((r) => r.object.kind === 'Certificate')).toBe(false);
-  });
-
-  it('the gateway is on by default and runs on every agent node (same selector and tolerations), on the host network', () => {
-    const { gatewayEnabled: _g, ...rest } = args();
-    expect(renderRuntimeObjects(rest).map((r) => r.role)).toContain('gateway-vmm');
-    expect(gateways).toHaveLength(pools.length);
-    for (const a of agents) {
-      const g = gatewayOf(a);
-      expect(g, `gateway beside ${(a['metadata'] as Obj)['name']}`).toBeDefined();
-      expect(podSpec(g!)['tolerations']).toEqual(podSpec(a)['tolerations']);
-      expect(podSpec(g!)['hostNetwork']).toBe(true);
-      expect(podSpec(g!)['affinity']).toBeUndefined();
-    }
-  });
-
-  it('gateway and agent share the control socket (same path, same host directory, both root) and the ports', () => {
-    for (const a of agents) {
-      const g = gatewayOf(a)!;
-      const ae = envOf(container(a, 'agent'));
-      const ge = envOf(container(g, 'gateway'));
-      expect(ae['SPACE_GATEWAY_CONTROL_SOCKET']).toBe('/run/space/gateway.sock');
-      expect(ge['SPACE_GATEWAY_CONTROL_SOCKET']).toBe(ae['SPACE_GATEWAY_CONTROL_SOCKET']);
-      for (const p of ['DNS', 'HTTP', 'TLS'])
-        expect(ge[`SPACE_GATEWAY_${p}_PORT`], p).toBe(ae[`SPACE_GATEWAY_${p}_PORT`]);
-      expect(ae['SPACE_GATEWAY_DNS_PORT']).toBe(String(GATEWAY_PORTS.dns));
-      // every name set is one the service declares
-      for (const k of Object.keys(ae).filter((k) => k.startsWith('SPACE_')))
-        expect(
-          Object.values(agentSettings).map((s) => s.env),
-          k,
-        ).toContain(k);
-      // POD_IP only feeds $(POD_IP) in SPACE_GATEWAY_METRICS_HOST
-      for (const k of Object.keys(ge).filter((k) => k !== 'POD_IP'))
-        expect(
-          Object.values(gatewaySettings).map((s) => s.env),
-          k,
-        ).toContain(k);
-      // the socket's directory is the same host path in both pods
-      const hostDir = (w: Obj, c: Obj) => {
-        const m = mounts(c).find((x) => x['mountPath'] === '/run/space')!;
-        return (volumes(w).find((v) => v['name'] === m['name'])!['hostPath'] as Obj)['path'];
-      };
-      expect(hostDir(a, container(a, 'agent'))).toBe('/run/space');
-      expect(hostDir(g, container(g, 'gateway'))).toBe('/run/space');
-      expect((container(g, 'gateway')['securityContext'] as Obj)['runAsUser']).toBe(0);
-      expect((container(a, 'agent')['securityContext'] as Obj)['runAsUser']).toBe(0);
-    }
-  });
-
-  it('the CA key is only in the gateway Secret, mounted only by gateways; agents get the certificate as SPACE_TRUSTED_CA_FILE', () => {
-    const secret = byKind('Secret').find((x) => (x['metadata'] as Obj)['name'] === 'space-gateway-ca')!;
-    expect(Object.keys(secret['stringData'] as Obj).sort()).toEqual(['ca.crt', 'ca.key']);
-    expect(pulumi.Output.isInstance((secret['stringData'] as Obj)['ca.key'])).toBe(true);
-    const mountsCaSecret = workloads.filter((w) =>
-      volumes(w).some((v) => (v['secret'] as Obj | undefined)?.['secretName'] === 'space-gateway-ca'),
-    );
-    expect(mountsCaSecret).toEqual(gateways);
-    for (const g of gateways) {
-      const v = volumes(g).find(
-        (x) => (x['secret'] as Obj | undefined)?.['secretName'] === 'space-gateway-ca',
-      )!;
-      expect((v['secret'] as Obj)['defaultMode']).toBe(0o400);
-      const ge = envOf(container(g, 'gateway'));
-      expect(ge['SPACE_GATEWAY_CA_KEY_FILE']).toBe('/etc/space/gateway-ca/ca.key');
-    }
-    const cm = byKind('ConfigMap').find((x) => (x['metadata'] as Obj)['name'] === 'space-gateway-ca-cert')!;
-    expect(cm['data']).toEqual({ 'ca.crt': CA.certPem });
-    for (const a of agents) {
-      const ae = envOf(container(a, 'agent'));
-      expect(ae['SPACE_TRUSTED_CA_FILE']).toBe(
-        envOf(container(gatewayOf(a)!, 'gateway'))['SPACE_GATEWAY_CA_CERT_FILE'],
-      );
-      const m = mounts(container(a, 'agent')).find((x) => x['mountPath'] === '/etc/space/gateway-ca')!;
-      expect(volumes(a).find((v) => v['name'] === m['name'])!['configMap']).toEqual({
-        name: 'space-gateway-ca-cert',
-      });
-    }
-  });
-
-  it('no gateway port is exposed: no container or host port, no Service; a host firewall is installed first', () => {
-    const gwPorts: number[] = Object.values(GATEWAY_PORTS);
-    for (const w of workloads)
-      for (const c of containers(w))
-        for (const p of (c['ports'] as Obj[] | undefined) ?? []) {
-          expect(gwPorts).not.toContain(p['containerPort']);
-          expect(gwPorts).not.toContain(p['hostPort']);
-        }
-    for (const svc of byKind('Service'))
-      for (const p of spec(svc)['ports'] as Obj[]) {
-        expect(gwPorts).not.toContain(p['port']);
-        expect(gwPorts).not.toContain(p['targetPort']);
-      }
-    const guard = byKind('ConfigMap').find((x) => (x['metadata'] as Obj)['name'] === 'space-gateway-guard')!;
-    const nft = (guard['data'] as Record<string, string>)['guard.nft']!;
-    expect(nft).toContain('iifname "spv*" accept');
-    expect(nft).toContain(`tcp dport { ${gwPorts.join(', ')} } counter drop`);
-    expect(nft).toContain(`udp dport ${GATEWAY_PORTS.dns} counter drop`);
-    for (const g of gateways) {
-      const init = (podSpec(g)['initContainers'] as Obj[])[0]!;
-      expect(init['command']).toEqual(['nft', '-f', '/etc/space/nft/guard.nft']);
-      expect((init['securityContext'] as Obj)['capabilities']).toEqual({ drop: ['ALL'], add: ['NET_ADMIN'] });
-      // the gateway itself: not privileged, no capability
-      const sc = container(g, 'gateway')['securityContext'] as Obj;
-      expect(sc['privileged']).toBeUndefined();
-      expect(sc['capabilities']).toEqual({ drop: ['ALL'] });
-    }
-  });
-
-  it('each agent is applied after its node pool’s gateway (so a version bump re-registers sandboxes)', () => {
-    const rendered = renderRuntimeObjects(args());
-    for (const pool of pools) {
-      const roles = rendered.map((r) => r.role);
-      const agent = rendered.find((r) => r.role === `agent-${pool.name}`)!;
-      expect(agent.after).toEqual([`gateway-${pool.name}`]);
-      expect(roles.indexOf(`gateway-${pool.name}`)).toBeLessThan(roles.indexOf(`agent-${pool.name}`));
-    }
-  });
-
-  it('operator gateway settings reach only the gateway; deployment-owned ones win', () => {
-    const o = renderRuntimeObjects(
-      args({
-        gatewayUpstreamDns: ['10.0.0.2:53', '10.0.0.3:53'],
-        gatewayDenyCidrs: ['10.0.0.0/8', '192.168.0.0/16'],
-        gatewayEnv: { SPACE_GATEWAY_DNS_QPS: '20' },
-      }),
-    ).map((r) => r.object as Obj);
-    const g = o.find((x) => (x['metadata'] as Obj)['name'] === 'space-gateway-gv')!;
-    const ge = envOf(container(g, 'gateway'));
-    expect(ge['SPACE_GATEWAY_UPSTREAM_DNS']).toBe('10.0.0.2:53,10.0.0.3:53');
-    expect(ge['SPACE_GATEWAY_DENY_CIDRS']).toBe('10.0.0.0/8,192.168.0.0/16');
-    expect(ge['SPACE_GATEWAY_DNS_QPS']).toBe('20');
-    // default: the gateway's own
-    expect(envOf(container(gateways[0]!, 'gateway'))['SPACE_GATEWAY_UPSTREAM_DNS']).toBeUndefined();
-  });
-
-  it('without the gateway: no gateway objects, and agents get no control socket (no egress at all)', () => {
-    const off = renderRuntimeObjects(args({ gatewayEnabled: false, gatewayCa: undefined })).map(
-      (r) => r.object as Obj,
-    );
-    expect(off.filter((o) => JSON.stringify(o['metadata']).includes('gateway'))).toEqual([]);
-    for (const a of off.filter((o) => o['kind'] === 'DaemonSet')) {
-      const ae = envOf(container(a, 'agent'));
-      expect(
-        Object.keys(ae).filter((k) => k.startsWith('SPACE_GATEWAY') || k === 'SPACE_TRUSTED_CA_FILE'),
-      ).toEqual([]);
-    }
-    expect(() => renderRuntimeObjects(args({ gatewayCa: undefined }))).toThrow(/gatewayCa is required/);
   });
 
   it('with an external Redis no Redis workload, Service or password is rendered', () => {

@@ -6,7 +6,8 @@
  */
 import * as pulumi from '@pulumi/pulumi';
 
-/** Pulumi's wire marker of a secret value (`runtime/rpc.js` `specialSigKey` / `specialSecretSig`). */
+/** Pulumi's wire marker of a secret value (`specialSigKey` / `specialSecretSig` in
+ * https://github.com/pulumi/pulumi/blob/master/sdk/nodejs/runtime/rpc.ts). */
 const SIG_KEY = '4dabf18193072939515e22adb298388d';
 const SECRET_SIG = '1b47061264138c4ac30d75fd1eb44270';
 
@@ -16,6 +17,75 @@ export interface RecordedResource {
   readonly name: string;
   /** Inputs as sent: a secret appears as `{ [SIG_KEY]: SECRET_SIG, value }`. */
   readonly inputs: Record<string, unknown>;
+  /** The URN the mock engine gave it (empty for a read). */
+  readonly urn: string;
+  /** The parent's URN (empty: no parent, i.e. the stack). */
+  readonly parent: string;
+  /** Its aliases as registered: URNs, or specs (`noParent`: it had none; `parentUrn`: that one). */
+  readonly aliases: readonly RecordedAlias[];
+}
+
+/** One registered alias (Pulumi `Alias`; empty strings mean "the resource's current value"). */
+export type RecordedAlias =
+  | { readonly urn: string }
+  | {
+      readonly name: string;
+      readonly type: string;
+      readonly noParent: boolean;
+      readonly parentUrn: string;
+    };
+
+/** The mock monitor's `registerResource` request, the getters read here. */
+interface RegisterRequest {
+  getType(): string;
+  getName(): string;
+  getParent(): string;
+  getAliasesList(): {
+    hasSpec(): boolean;
+    getUrn(): string;
+    getSpec(): {
+      getName(): string;
+      getType(): string;
+      getNoparent(): boolean;
+      getParenturn(): string;
+    };
+  }[];
+}
+
+/** The URN Pulumi gives `type`/`name` under `parent` (the engine's rule; the mock's `newUrn`). */
+export function urnOf(parent: string, type: string, name: string, stack: string, project: string): string {
+  const qualified = parent ? `${parent.split('::')[2]!.split('$').pop()}$${type}` : type;
+  return `urn:pulumi:${stack}::${project}::${qualified}::${name}`;
+}
+
+/**
+ * The URN each resource had before it moved (URN → prior URN): its own alias to another parent
+ * (`noParent`: none; `parentUrn`: that one; with the name or type it had) names it; otherwise a resource whose parent moved
+ * inherits the move (the engine derives children's aliases from their parent's). Resources
+ * without aliases keep their URN.
+ */
+export function priorUrns(recorded: readonly RecordedResource[]): Map<string, string> {
+  const byUrn = new Map(recorded.filter((r) => r.urn).map((r) => [r.urn, r]));
+  const prior = new Map<string, string>();
+  const resolve = (r: RecordedResource): string => {
+    const known = prior.get(r.urn);
+    if (known) return known;
+    const [, stack = '', project = ''] = /^urn:pulumi:([^:]*)::([^:]*)::/.exec(r.urn) ?? [];
+    const parentPrior = r.parent && byUrn.has(r.parent) ? resolve(byUrn.get(r.parent)!) : r.parent;
+    let urn = urnOf(parentPrior, r.type, r.name, stack, project);
+    // a move is an alias to another parent (or none); type-only aliases (the Kubernetes
+    // package's older apiVersions) name other types the same resource may have had, not a move
+    const alias = r.aliases.find((a) => 'urn' in a || a.noParent || a.parentUrn !== r.parent);
+    if (alias && 'urn' in alias) urn = alias.urn;
+    else if (alias) {
+      const parent = alias.noParent ? '' : alias.parentUrn || parentPrior;
+      urn = urnOf(parent, alias.type || r.type, alias.name || r.name, stack, project);
+    }
+    prior.set(r.urn, urn);
+    return urn;
+  };
+  for (const r of byUrn.values()) resolve(r);
+  return prior;
 }
 
 /** True when `v` is a wire-format secret. */
@@ -56,6 +126,13 @@ function nameNumber(name: string): number {
   let h = 0;
   for (const c of name) h = (h * 31 + c.charCodeAt(0)) >>> 0;
   return (h % 250) + 1;
+}
+
+/** A number derived from `text` (31-multiplier string hash, unsigned 32-bit). */
+function stableNumber(text: string): number {
+  let h = 0;
+  for (const c of text) h = (h * 31 + c.charCodeAt(0)) >>> 0;
+  return h;
 }
 
 /** Fake outputs for resource types whose real outputs the program reads. */
@@ -114,12 +191,16 @@ export async function installMocks(
   stack = 'test',
 ): Promise<RecordedResource[]> {
   const recorded: RecordedResource[] = [];
+  let current: Pick<RecordedResource, 'parent' | 'aliases'> & { urn?: string } = { parent: '', aliases: [] };
   pulumi.runtime.setAllConfig(config, secretKeys);
   await pulumi.runtime.setMocks(
     {
       newResource(args: pulumi.runtime.MockResourceArgs): { id: string; state: Record<string, unknown> } {
-        recorded.push({ type: args.type, name: args.name, inputs: args.inputs });
-        const numericId = String(10_000 + recorded.length);
+        recorded.push({ type: args.type, name: args.name, inputs: args.inputs, urn: '', ...current });
+        current = { parent: '', aliases: [] };
+        // from the type and name, not the registration order: the same resource gets the same id
+        // however the program is structured (a component registered first shifts no id)
+        const numericId = String(10_000 + (stableNumber(`${args.type}::${args.name}`) % 89_999));
         return { id: numericId, state: fakeState(args.type, args.name, args.inputs) };
       },
       call(args: pulumi.runtime.MockCallArgs): Record<string, unknown> {
@@ -130,6 +211,30 @@ export async function installMocks(
     stack,
     false,
   );
+  // the mock hands newResource no parent nor aliases: read them off each request first (the
+  // monitor calls newResource synchronously, before its first await)
+  const monitor = pulumi.runtime.getMonitor() as unknown as {
+    registerResource(req: RegisterRequest, cb: unknown): Promise<void>;
+  };
+  const register = monitor.registerResource.bind(monitor);
+  monitor.registerResource = (req, cb) => {
+    const parent = req.getParent();
+    current = {
+      parent,
+      urn: urnOf(parent, req.getType(), req.getName(), stack, 'space'),
+      aliases: req.getAliasesList().map((a) =>
+        a.hasSpec()
+          ? {
+              name: a.getSpec().getName(),
+              type: a.getSpec().getType(),
+              noParent: a.getSpec().getNoparent(),
+              parentUrn: a.getSpec().getParenturn(),
+            }
+          : { urn: a.getUrn() },
+      ),
+    };
+    return register(req, cb);
+  };
   return recorded;
 }
 

@@ -4,6 +4,9 @@ import { type ConfigOf, loadConfig, setting } from '../core/config.ts';
 import { DRIVER_NAMES } from '../core/drivers.ts';
 import { DEFAULT_GVISOR_PLATFORM } from './drivers/gvisor-platform.ts';
 
+/** Host-end prefix of sandbox veths (`spv<id>`): public for the deploy layer's gateway guard. */
+export { HOST_IF_PREFIX } from './host/firewall.ts';
+
 export const agentSettings = {
   nodeId: setting.string('SPACE_NODE_ID', 'Node id (default: the host name).', hostname()),
   host: setting.string(

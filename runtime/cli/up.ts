@@ -38,6 +38,7 @@ import { fileURLToPath } from 'node:url';
 import type { Command } from 'commander';
 import { request } from 'undici';
 import { API_NODE_FLAGS } from '../api/config.ts';
+import { isIPv4 } from '../core/net-address.ts';
 import { parseStat } from '../core/proc-stat.ts';
 import { ApiClient } from './client.ts';
 import { isJson } from './context.ts';
@@ -60,8 +61,8 @@ export const STOP_TIMEOUT_MS = {
 
 /** The host's first resolver (`/etc/resolv.conf`), as `ip:53`: what the local gateway asks. */
 export function hostResolver(resolvConf: string): string {
-  const m = /^\s*nameserver\s+(\d{1,3}(?:\.\d{1,3}){3})\s*$/m.exec(resolvConf);
-  return `${m?.[1] ?? '127.0.0.1'}:53`;
+  const first = [...resolvConf.matchAll(/^\s*nameserver\s+(\S+)\s*$/gm)].map((m) => m[1]).find(isIPv4);
+  return `${first ?? '127.0.0.1'}:53`;
 }
 
 interface UpOptions {

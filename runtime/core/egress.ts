@@ -12,6 +12,7 @@ import { domainToASCII } from 'node:url';
 import { type Static, Type } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
 import { SpaceError } from './errors.ts';
+import { ipv4CidrProblem } from './net-address.ts';
 
 /** Longest DNS name in presentation form without the trailing dot, bytes (RFC 1035). */
 export const MAX_NAME_BYTES = 253;
@@ -138,16 +139,6 @@ export function decideName(policy: EgressPolicy, name: string): NameDecision {
       throw new Error(`unknown mode ${String(never)}`);
     }
   }
-}
-
-/** Parses an IPv4 CIDR `a.b.c.d/n`; returns a problem string or null. Pure. */
-function ipv4CidrProblem(cidr: string): string | null {
-  const m = /^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})\/(\d{1,2})$/.exec(cidr);
-  if (!m) return 'not an IPv4 CIDR';
-  if (m.slice(1, 5).some((o) => Number(o) > 255 || (o.length > 1 && o.startsWith('0'))))
-    return 'bad IPv4 address';
-  if (Number(m[5]) > 32) return 'prefix over 32';
-  return null;
 }
 
 /**

@@ -4,7 +4,7 @@
  * (IPv4-mapped, IPv4-compatible, NAT64 64:ff9b::/96 and 64:ff9b:1::/48, 6to4 2002::/16, Teredo
  * 2001::/32) are checked by the embedded IPv4 address too. Pure.
  */
-import { isIPv4, isIPv6 } from 'node:net';
+import { ipv4ToBigInt, ipv6ToBigInt } from '../core/net-address.ts';
 
 /** One parsed CIDR: family, network bits as a bigint (IPv4: 32 bits, IPv6: 128), prefix length. */
 export interface Cidr {
@@ -52,37 +52,10 @@ export const DEFAULT_DENY_CIDRS = [
 ] as const;
 
 /** Parses dotted-quad IPv4 (strict: four decimal octets, no leading zeros) to a bigint, or null. */
-export function parseIPv4(ip: string): bigint | null {
-  if (!isIPv4(ip)) return null;
-  let n = 0n;
-  for (const part of ip.split('.')) n = (n << 8n) | BigInt(Number(part));
-  return n;
-}
+export const parseIPv4: (ip: string) => bigint | null = ipv4ToBigInt;
 
 /** Parses an IPv6 address (with `::` and a dotted-quad tail; no zone id) to a bigint, or null. */
-export function parseIPv6(ip: string): bigint | null {
-  if (ip.includes('%') || !isIPv6(ip)) return null;
-  let text = ip;
-  const tail = /(\d+\.\d+\.\d+\.\d+)$/.exec(text);
-  if (tail) {
-    const v4 = parseIPv4(tail[1]!);
-    if (v4 === null) return null;
-    text = `${text.slice(0, -tail[1]!.length)}${(v4 >> 16n).toString(16)}:${(v4 & 0xffffn).toString(16)}`;
-  }
-  const halves = text.split('::');
-  if (halves.length > 2) return null;
-  const head = halves[0] ? halves[0].split(':') : [];
-  const rest = halves.length === 2 && halves[1] ? halves[1].split(':') : [];
-  const missing = 8 - head.length - rest.length;
-  if (halves.length === 1 ? missing !== 0 : missing < 1) return null;
-  const groups = [...head, ...Array<string>(halves.length === 2 ? missing : 0).fill('0'), ...rest];
-  let n = 0n;
-  for (const g of groups) {
-    if (!/^[0-9a-fA-F]{1,4}$/.test(g)) return null;
-    n = (n << 16n) | BigInt(Number.parseInt(g, 16));
-  }
-  return n;
-}
+export const parseIPv6: (ip: string) => bigint | null = ipv6ToBigInt;
 
 /** Parses `addr/prefix` (IPv4 or IPv6). Throws an Error naming the bad CIDR. */
 export function parseCidr(text: string): Cidr {

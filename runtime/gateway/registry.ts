@@ -9,6 +9,7 @@
 import { randomUUID } from 'node:crypto';
 import { isIPv4, isIPv6 } from 'node:net';
 import { isDeepStrictEqual } from 'node:util';
+import { unmapIPv4 } from '../core/net-address.ts';
 import type { DenyReason, Protocol } from './audit.ts';
 import { type CredentialGrant, grantsCovering } from './credentials.ts';
 import { TokenBucket } from './limits.ts';
@@ -58,8 +59,7 @@ export interface RegistrationView {
 /** Canonical source address: IPv4-mapped IPv6 (`::ffff:a.b.c.d`) becomes `a.b.c.d`; undefined if not an IP. */
 export function canonicalAddress(address: string | undefined): string | undefined {
   if (!address) return undefined;
-  const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(address);
-  const a = mapped ? mapped[1]! : address;
+  const a = unmapIPv4(address);
   if (isIPv4(a)) return a;
   if (isIPv6(a)) return a.toLowerCase();
   return undefined;

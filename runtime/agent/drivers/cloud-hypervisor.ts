@@ -1,6 +1,7 @@
 /**
  * The Cloud Hypervisor driver: one `cloud-hypervisor` process per instance, driven over its REST API
- * on a Unix socket (`--api-socket`), base path `/api/v1` (`../shared/specs/cloud-hypervisor-openapi.yaml`,
+ * on a Unix socket (`--api-socket`), base path `/api/v1` (Cloud Hypervisor's OpenAPI
+ * description, https://github.com/cloud-hypervisor/cloud-hypervisor/blob/main/vmm/src/api/openapi/cloud-hypervisor.yaml:
  * `servers` and `paths`; bodies are `components/schemas`).
  *
  * Cold boot: `PUT vm.create` ({@link chVmConfig}), then `PUT vm.boot`. Restore: a fresh process, then
@@ -26,6 +27,7 @@
  */
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
+import { ipv4Netmask } from '../../core/net-address.ts';
 import type { CleanupStack, DriverCapabilities, InstanceSpec, SnapshotRef } from './driver.ts';
 import { GUEST_NET } from './driver.ts';
 import { makeInstanceDisk, vmKernelCmdline } from './vm-common.ts';
@@ -60,10 +62,7 @@ export interface ChPaths {
 }
 
 /** Dotted netmask of a prefix length (30 → 255.255.255.252). Pure. */
-export function prefixToMask(prefix: number): string {
-  const bits = prefix === 0 ? 0 : (0xffffffff << (32 - prefix)) >>> 0;
-  return [24, 16, 8, 0].map((s) => (bits >>> s) & 0xff).join('.');
-}
+export const prefixToMask: (prefix: number) => string = ipv4Netmask;
 
 /**
  * The `vm.create` body (`VmConfig`). Units: `memory.size` in **bytes** (`MemoryConfig.size`, int64);

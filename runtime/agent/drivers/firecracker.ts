@@ -1,8 +1,12 @@
 /**
  * The Firecracker driver: one jailed Firecracker process per instance, configured over its API socket.
  *
- * Facts used here come from `../shared/specs/firecracker-openapi.yaml` (paths and `definitions`) and
- * `../shared/reference/firecracker.md` (§2 call sequence, §4–5 snapshots, §6 jailer).
+ * Facts used here come from Firecracker's API description
+ * (https://github.com/firecracker-microvm/firecracker/blob/main/src/firecracker/swagger/firecracker.yaml:
+ * paths and `definitions`) and its guides: the boot call sequence
+ * (https://github.com/firecracker-microvm/firecracker/blob/main/docs/getting-started.md), snapshots
+ * (https://github.com/firecracker-microvm/firecracker/tree/main/docs/snapshotting) and the jailer
+ * (https://github.com/firecracker-microvm/firecracker/blob/main/docs/jailer.md).
  *
  * The jailer (`jailerArgs`) runs Firecracker as a per-instance uid, in its own mount and pid
  * namespaces, chrooted in `<chrootBase>/<exec file name>/<id>/root`, inside the sandbox's network
@@ -127,7 +131,7 @@ export interface JailerInputs {
 }
 
 /**
- * The jailer's argv (`reference/firecracker.md` §6): per-instance uid/gid, chroot base, netns, cgroup
+ * The jailer's argv (Firecracker's jailer guide, linked above): per-instance uid/gid, chroot base, netns, cgroup
  * limits (memory = guest RAM + {@link VMM_OVERHEAD_MIB} MiB in bytes; CPU = vcpus × period µs),
  * rlimits (`fsize` ≥ the largest file Firecracker writes: the memory snapshot or the disk), a new pid
  * namespace (killing Firecracker ends the jail; the jailer writes the pid file), and Firecracker's own
@@ -175,7 +179,7 @@ export function jailerArgs(i: JailerInputs): string[] {
   ];
 }
 
-/** Request bodies of a cold boot, in call order (`reference/firecracker.md` §2). Pure. */
+/** Request bodies of a cold boot, in call order (Firecracker's getting-started guide, linked above). Pure. */
 export function bootRequests(spec: InstanceSpec, metrics: boolean): [string, string, unknown][] {
   const tap = spec.network.tap!;
   return [

@@ -14,6 +14,7 @@
  */
 import { readdir, stat, writeFile } from 'node:fs/promises';
 import { SpaceError } from '../../core/errors.ts';
+import { intToIPv4, ipv4ToInt, isIPv4Cidr, parseIPv4Cidr } from '../../core/net-address.ts';
 import { GUEST_NET, type SandboxNetwork, type TapAttachment } from '../drivers/driver.ts';
 import {
   baseRuleset,
@@ -45,18 +46,10 @@ export interface NetworkOptions {
 }
 
 /** Parses `a.b.c.d` to an unsigned 32-bit number. Throws on malformed input. Pure. */
-export function ipToInt(ip: string): number {
-  const parts = ip.split('.').map((p) => Number(p));
-  if (parts.length !== 4 || parts.some((p) => !Number.isInteger(p) || p < 0 || p > 255)) {
-    throw new Error(`bad IPv4 address ${ip}`);
-  }
-  return ((parts[0]! << 24) | (parts[1]! << 16) | (parts[2]! << 8) | parts[3]!) >>> 0;
-}
+export const ipToInt: (ip: string) => number = ipv4ToInt;
 
 /** Formats an unsigned 32-bit number as `a.b.c.d`. Pure. */
-export function intToIp(n: number): string {
-  return [n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255].join('.');
-}
+export const intToIp: (n: number) => string = intToIPv4;
 
 /** A parsed pool: network base address (as int) and number of /30 slots. */
 export interface Pool {
@@ -66,12 +59,9 @@ export interface Pool {
 
 /** Parses a pool CIDR (`10.77.0.0/16` → 16384 slots). Throws on a bad CIDR or a prefix > 30. Pure. */
 export function parsePool(cidr: string): Pool {
-  const [addr, len] = cidr.split('/');
-  const prefix = Number(len);
-  if (!addr || !Number.isInteger(prefix) || prefix < 8 || prefix > 30)
-    throw new Error(`bad pool CIDR ${cidr}`);
-  const mask = prefix === 0 ? 0 : (~0 << (32 - prefix)) >>> 0;
-  return { base: (ipToInt(addr) & mask) >>> 0, slots: 2 ** (30 - prefix) };
+  const c = isIPv4Cidr(cidr) ? parseIPv4Cidr(cidr) : undefined;
+  if (!c || c.prefix < 8 || c.prefix > 30) throw new Error(`bad pool CIDR ${cidr}`);
+  return { base: c.network, slots: 2 ** (30 - c.prefix) };
 }
 
 /** Host and sandbox addresses of slot `i` of `pool`. Pure. */

@@ -1,0 +1,166 @@
+/**
+ * The node agent on Kubernetes: one DaemonSet per node pool (`space-agent-<pool>`), privileged, on
+ * the host network and PID namespace (sandboxes outlive the container and are re-adopted), with
+ * `/dev/kvm` only for VMM drivers and, with the gateway, the shared host directory and the CA
+ * certificate.
+ */
+import type * as k8s from '@pulumi/kubernetes';
+import { isVmmDriver, type NodePool, POOL_LABEL } from '../node-pool.ts';
+import {
+  AGENT_PORT,
+  agentEnvironment,
+  CACHE_DIR,
+  GATEWAY_CA_DIR,
+  GATEWAY_RUN_DIR,
+  KEY_DIR,
+  SERVICE_COMMANDS,
+  scrapeAnnotations,
+} from '../runtime-settings.ts';
+import {
+  env,
+  labels,
+  type ObjectList,
+  type RenderContext,
+  type RuntimeArgs,
+  redisUrlEnv,
+  runtimeDefaults,
+} from './args.ts';
+import { gatewayDaemonSet } from './gateway.ts';
+
+/** The agent DaemonSet of `pool`. Pure. */
+export function agentDaemonSet(
+  a: RuntimeArgs,
+  pool: NodePool,
+  image: string,
+  tolerations: k8s.types.input.core.v1.Toleration[],
+): k8s.types.input.apps.v1.DaemonSet {
+  const d = runtimeDefaults(a);
+  const sel = labels('agent', { [POOL_LABEL]: pool.name });
+  const vmm = isVmmDriver(pool.driver);
+  const hostPath = (name: string, path: string, type: string): k8s.types.input.core.v1.Volume => ({
+    name,
+    hostPath: { path, type },
+  });
+  return {
+    apiVersion: 'apps/v1',
+    kind: 'DaemonSet',
+    metadata: {
+      name: `space-agent-${pool.name}`,
+      namespace: d.namespace,
+      labels: { ...sel, 'app.kubernetes.io/version': a.version },
+    },
+    spec: {
+      selector: { matchLabels: sel },
+      // one node at a time; no surge: two agents cannot share a node's sandboxes, taps and nft table
+      updateStrategy: { type: 'RollingUpdate', rollingUpdate: { maxUnavailable: 1, maxSurge: 0 } },
+      minReadySeconds: 10,
+      template: {
+        metadata: {
+          labels: { ...sel, 'app.kubernetes.io/version': a.version },
+          // /metrics is on the data-plane port
+          annotations: scrapeAnnotations(AGENT_PORT),
+        },
+        spec: {
+          serviceAccountName: 'space-agent',
+          automountServiceAccountToken: false,
+          nodeSelector: { [POOL_LABEL]: pool.name },
+          tolerations,
+          priorityClassName: 'system-node-critical',
+          // sandboxes' namespaces, veths and nft rules live in the node's network namespace
+          hostNetwork: true,
+          dnsPolicy: 'ClusterFirstWithHostNet',
+          // sandbox processes must outlive the agent container to be re-adopted after a restart
+          hostPID: true,
+          // SIGTERM is the drain: the agent stops heartbeating (unschedulable), stops serving and
+          // leaves sandboxes running (SPACE_AGENT_ON_SHUTDOWN=keep) for the next agent to re-adopt
+          terminationGracePeriodSeconds: d.agentDrainSeconds + 30,
+          containers: [
+            {
+              name: 'agent',
+              image,
+              command: [...SERVICE_COMMANDS.agent],
+              env: [
+                { name: 'SPACE_NODE_ID', valueFrom: { fieldRef: { fieldPath: 'spec.nodeName' } } },
+                { name: 'NODE_IP', valueFrom: { fieldRef: { fieldPath: 'status.hostIP' } } },
+                { name: 'SPACE_AGENT_URL', value: `http://$(NODE_IP):${AGENT_PORT}` },
+                ...env(agentEnvironment(pool, a.agentEnv, { enabled: d.gatewayEnabled })),
+                redisUrlEnv,
+              ],
+              ports: [{ name: 'data-plane', containerPort: AGENT_PORT, hostPort: AGENT_PORT }],
+              readinessProbe: { httpGet: { path: '/readyz', port: AGENT_PORT }, periodSeconds: 5 },
+              livenessProbe: {
+                httpGet: { path: '/healthz', port: AGENT_PORT },
+                periodSeconds: 10,
+                failureThreshold: 6,
+                initialDelaySeconds: 30,
+              },
+              startupProbe: {
+                httpGet: { path: '/readyz', port: AGENT_PORT },
+                periodSeconds: 5,
+                // the first start may build templates (minutes)
+                failureThreshold: 120,
+              },
+              resources: { requests: { cpu: '500m', memory: '512Mi' }, limits: { memory: '4Gi' } },
+              // needs: netns/veth/nftables, runsc, cgroups, and (VMM drivers) /dev/kvm
+              securityContext: { privileged: true, runAsUser: 0 },
+              volumeMounts: [
+                { name: 'verify-key', mountPath: KEY_DIR, readOnly: true },
+                { name: 'state', mountPath: CACHE_DIR },
+                { name: 'netns', mountPath: '/var/run/netns', mountPropagation: 'Bidirectional' },
+                { name: 'cgroup', mountPath: '/sys/fs/cgroup' },
+                { name: 'modules', mountPath: '/lib/modules', readOnly: true },
+                { name: 'tun', mountPath: '/dev/net/tun' },
+                ...(vmm ? [{ name: 'kvm', mountPath: '/dev/kvm' }] : []),
+                ...(d.gatewayEnabled
+                  ? [
+                      { name: 'gateway-run', mountPath: GATEWAY_RUN_DIR },
+                      { name: 'gateway-ca-cert', mountPath: GATEWAY_CA_DIR, readOnly: true },
+                    ]
+                  : []),
+              ],
+            },
+          ],
+          volumes: [
+            { name: 'verify-key', configMap: { name: 'space-verify-key' } },
+            hostPath('state', CACHE_DIR, 'DirectoryOrCreate'),
+            hostPath('netns', '/var/run/netns', 'DirectoryOrCreate'),
+            hostPath('cgroup', '/sys/fs/cgroup', 'Directory'),
+            hostPath('modules', '/lib/modules', 'Directory'),
+            hostPath('tun', '/dev/net/tun', 'CharDevice'),
+            ...(vmm ? [hostPath('kvm', '/dev/kvm', 'CharDevice')] : []),
+            ...(d.gatewayEnabled
+              ? [
+                  hostPath('gateway-run', GATEWAY_RUN_DIR, 'DirectoryOrCreate'),
+                  { name: 'gateway-ca-cert', configMap: { name: 'space-gateway-ca-cert' } },
+                ]
+              : []),
+          ],
+        },
+      },
+    },
+  };
+}
+
+/**
+ * Adds, per node pool, the gateway DaemonSet (when enabled) and then the agent DaemonSet, applied
+ * after its pool's gateway. Both tolerate the pool taint and {@link RuntimeArgs.agentTolerations}.
+ */
+export function addNodeServices(list: ObjectList, ctx: RenderContext): void {
+  const { a, d, image } = ctx;
+  const add = list.add.bind(list);
+  const tolerations = [
+    // pools may be tainted so that nothing else lands there; the agent goes everywhere it is asked to
+    { key: POOL_LABEL, operator: 'Exists', effect: 'NoSchedule' },
+    ...(a.agentTolerations ?? []),
+  ];
+  // the gateway of each pool first: on a version bump the agents roll only after their gateways
+  // (a restarted gateway forgets registrations; an agent re-registers its sandboxes when it starts)
+  for (const pool of a.nodePools) {
+    if (d.gatewayEnabled) add(`gateway-${pool.name}`, gatewayDaemonSet(a, pool, image, tolerations));
+    add(
+      `agent-${pool.name}`,
+      agentDaemonSet(a, pool, image, tolerations),
+      d.gatewayEnabled ? [`gateway-${pool.name}`] : undefined,
+    );
+  }
+}

@@ -1,0 +1,141 @@
+/**
+ * Redis on Kubernetes, the state of record: the `space-redis` Secret every service reads its URL
+ * from, and in-cluster a StatefulSet with a volume (AOF persistence), its ClusterIP Service, a
+ * disruption budget no eviction passes and a NetworkPolicy admitting only the API, the router and
+ * the agents' node addresses. With an external Redis only the Secret.
+ */
+import type * as k8s from '@pulumi/kubernetes';
+import * as pulumi from '@pulumi/pulumi';
+import { REDIS_PERSISTENCE, REDIS_PORT } from '../runtime-settings.ts';
+import { labels, type ObjectList, type RenderContext } from './args.ts';
+
+/** Adds the Redis Secret and, in-cluster, the StatefulSet, its Service and its PDB. */
+export function addRedis(list: ObjectList, ctx: RenderContext): void {
+  const { a, ns } = ctx;
+  const add = list.add.bind(list);
+  const redisUrl =
+    a.redis.mode === 'external'
+      ? a.redis.url
+      : pulumi.interpolate`redis://:${a.redis.password}@space-redis.${ns}.svc:${REDIS_PORT}`;
+  const redisSecret: k8s.types.input.core.v1.Secret = {
+    apiVersion: 'v1',
+    kind: 'Secret',
+    metadata: { name: 'space-redis', namespace: ns, labels: labels('redis') },
+    type: 'Opaque',
+    stringData: {
+      url: redisUrl,
+      ...(a.redis.mode === 'in-cluster' ? { password: a.redis.password } : {}),
+    },
+  };
+  add('redis-secret', redisSecret);
+
+  if (a.redis.mode === 'in-cluster') {
+    const sel = labels('redis');
+    const sts: k8s.types.input.apps.v1.StatefulSet = {
+      apiVersion: 'apps/v1',
+      kind: 'StatefulSet',
+      metadata: { name: 'space-redis', namespace: ns, labels: sel },
+      spec: {
+        serviceName: 'space-redis',
+        replicas: 1,
+        selector: { matchLabels: sel },
+        template: {
+          metadata: { labels: sel },
+          spec: {
+            serviceAccountName: 'space-redis',
+            automountServiceAccountToken: false,
+            securityContext: { runAsNonRoot: true, runAsUser: 999, fsGroup: 999 },
+            containers: [
+              {
+                name: 'redis',
+                image: a.redis.image ?? 'redis:7.4-alpine',
+                args: [
+                  ...REDIS_PERSISTENCE.flatMap(([k, v]) => [`--${k}`, v]),
+                  '--requirepass',
+                  '$(REDIS_PASSWORD)',
+                  '--port',
+                  String(REDIS_PORT),
+                ],
+                env: [
+                  {
+                    name: 'REDIS_PASSWORD',
+                    valueFrom: { secretKeyRef: { name: 'space-redis', key: 'password' } },
+                  },
+                ],
+                ports: [{ name: 'redis', containerPort: REDIS_PORT }],
+                readinessProbe: { tcpSocket: { port: REDIS_PORT }, periodSeconds: 5 },
+                livenessProbe: { tcpSocket: { port: REDIS_PORT }, periodSeconds: 10, failureThreshold: 6 },
+                resources: { requests: { cpu: '250m', memory: '512Mi' }, limits: { memory: '2Gi' } },
+                securityContext: { allowPrivilegeEscalation: false, capabilities: { drop: ['ALL'] } },
+                volumeMounts: [{ name: 'data', mountPath: '/data' }],
+              },
+            ],
+          },
+        },
+        volumeClaimTemplates: [
+          {
+            metadata: { name: 'data' },
+            spec: {
+              accessModes: ['ReadWriteOnce'],
+              ...(a.redis.storageClassName ? { storageClassName: a.redis.storageClassName } : {}),
+              resources: { requests: { storage: `${a.redis.storageGiB ?? 10}Gi` } },
+            },
+          },
+        ],
+      },
+    };
+    add('redis', sts);
+    const svc: k8s.types.input.core.v1.Service = {
+      apiVersion: 'v1',
+      kind: 'Service',
+      metadata: { name: 'space-redis', namespace: ns, labels: sel },
+      spec: {
+        type: 'ClusterIP',
+        selector: sel,
+        ports: [{ name: 'redis', port: REDIS_PORT, targetPort: REDIS_PORT }],
+      },
+    };
+    add('redis-svc', svc);
+    // one Redis (no replica to fail over to; docs/deployment.md "Redis"): a voluntary eviction
+    // (node drain, cluster upgrade) must not take it down behind the operator's back. A drain then
+    // waits until the operator moves it deliberately (backup, then delete the pod).
+    const redisPdb: k8s.types.input.policy.v1.PodDisruptionBudget = {
+      apiVersion: 'policy/v1',
+      kind: 'PodDisruptionBudget',
+      metadata: { name: 'space-redis', namespace: ns, labels: sel },
+      spec: { maxUnavailable: 0, selector: { matchLabels: sel } },
+    };
+    add('redis-pdb', redisPdb);
+  }
+}
+
+/** Adds the in-cluster Redis's NetworkPolicy (none with an external Redis). */
+export function addRedisPolicy(list: ObjectList, ctx: RenderContext): void {
+  const { a, d, ns } = ctx;
+  const add = list.add.bind(list);
+  const apiSel = labels('api');
+  const routerSel = labels('router');
+  if (a.redis.mode === 'in-cluster') {
+    const redisIngress: k8s.types.input.networking.v1.NetworkPolicy = {
+      apiVersion: 'networking.k8s.io/v1',
+      kind: 'NetworkPolicy',
+      metadata: { name: 'space-redis-ingress', namespace: ns, labels: labels('policy') },
+      spec: {
+        podSelector: { matchLabels: labels('redis') },
+        policyTypes: ['Ingress'],
+        ingress: [
+          {
+            from: [
+              { podSelector: { matchLabels: apiSel } },
+              { podSelector: { matchLabels: routerSel } },
+              // agents run on the host network: their packets carry node addresses
+              ...d.nodeCidrs.map((cidr) => ({ ipBlock: { cidr } })),
+            ],
+            ports: [{ protocol: 'TCP', port: REDIS_PORT }],
+          },
+        ],
+      },
+    };
+    add('netpol-redis', redisIngress);
+  }
+}

@@ -1,0 +1,69 @@
+/**
+ * The validated stack configuration every cloud's component takes: the providers own this type
+ * (stacks/config.ts reads and validates `space:*` keys into it; nothing in providers/ imports from
+ * stacks/). Keys and their meaning: docs/configuration.md and docs/deployment.md.
+ */
+import type * as pulumi from '@pulumi/pulumi';
+import type { Cloud } from './catalogue.ts';
+import type { DeployMode, NodePool } from './node-pool.ts';
+
+/** The validated, frozen stack configuration (secrets stay Outputs). */
+export interface StackConfig {
+  readonly cloud: Cloud;
+  readonly mode: DeployMode;
+  readonly version: string;
+  readonly imageRepository: string;
+  /** `space:imageBuild`: build and push the image in `pulumi up`. */
+  readonly imageBuild: boolean;
+  readonly region: string;
+  readonly nodePools: readonly NodePool[];
+  readonly clientCidrs: readonly string[];
+  readonly sshCidrs: readonly string[];
+  readonly sshPublicKey: string | undefined;
+  readonly privateCidr: string;
+  readonly controlInstanceType: string;
+  readonly gatewayEnabled: boolean;
+  /** The CA certificate (kubernetes mode with the gateway). */
+  readonly gatewayCaCertificate: string | undefined;
+  /** Empty: the gateway's own default. */
+  readonly gatewayUpstreamDns: readonly string[];
+  /** Empty: the gateway's own default. */
+  readonly gatewayDenyCidrs: readonly string[];
+  readonly gatewayEnv: Readonly<Record<string, string>>;
+  readonly apiReplicas: number;
+  readonly agentDrainSeconds: number;
+  readonly k8sVersion: string;
+  readonly kubeContext: string | undefined;
+  readonly redisStorageClass: string | undefined;
+  readonly apiTlsCertificate: string | undefined;
+  /** `space:routerUrl`, when set. */
+  readonly routerUrl: string | undefined;
+  /** ACME TLS on the Crusoe control VM, when `space:tlsHostnames` is set there. */
+  readonly acme:
+    | { readonly hostnames: readonly string[]; readonly email: string; readonly server: string }
+    | undefined;
+  /** Akamai `vm`: the names `space:apiTlsCertificate` carries (`space:tlsHostnames`), when set. */
+  readonly vmTlsHostnames: { readonly api: string; readonly router: string } | undefined;
+  /** cert-manager TLS (`kubernetes` mode), when `space:tlsIssuer` and `space:tlsHostnames` are set. */
+  readonly tls:
+    | { readonly issuer: string; readonly apiHostname: string; readonly routerHostname: string }
+    | undefined;
+  readonly nodeCidrs: readonly string[];
+  readonly nodeTolerations: readonly Record<string, string>[];
+  readonly crusoeProjectId: string;
+  readonly crusoeVpcNetworkId: string;
+  readonly crusoeImage: string;
+  readonly apiEnv: Readonly<Record<string, string>>;
+  readonly agentEnv: Readonly<Record<string, string>>;
+  /** Secret values, present only when set. */
+  readonly secrets: {
+    readonly signingKey?: pulumi.Output<string>;
+    readonly redisPassword?: pulumi.Output<string>;
+    readonly redisUrl?: pulumi.Output<string>;
+    readonly kubeconfig?: pulumi.Output<string>;
+    readonly apiTlsKey?: pulumi.Output<string>;
+    readonly gatewayCaKey?: pulumi.Output<string>;
+    readonly lkeFirewallToken?: pulumi.Output<string>;
+    readonly bootstrapApiKey?: pulumi.Output<string>;
+  };
+}

@@ -1,0 +1,82 @@
+/**
+ * The API on the control VM: its environment, the key pair it makes at first boot (the private key
+ * never leaves the VM; the public key is published in Redis for the agents and the router) and
+ * its podman unit.
+ */
+import {
+  apiEnvironment,
+  KEY_DIR,
+  REDIS_PORT,
+  SERVICE_COMMANDS,
+  SIGNING_KEY_FILE,
+  VERIFY_KEY_FILE,
+} from '../runtime-settings.ts';
+import { type ControlArgs, unit, VERIFY_KEY_REDIS_KEY, type VmFile } from './plan.ts';
+
+/** How a control-VM service serves TLS (ACME): its podman arguments and `ExecStartPre` lines. */
+export interface VmTls {
+  readonly serve: string[];
+  readonly pre: string[];
+}
+
+/** The API's env (`space-api` in the VM configuration). Pure. */
+export function apiServiceEnv(a: ControlArgs, redisUrl: string): Record<string, string> {
+  return {
+    ...apiEnvironment(a.apiEnv, { routerUrl: a.routerUrl }),
+    ...(a.bootstrapKeySha256 ? { SPACE_BOOTSTRAP_API_KEY_SHA256: a.bootstrapKeySha256 } : {}),
+    SPACE_REDIS_URL: redisUrl,
+  };
+}
+
+/** `space-keys`: makes the API key pair once and publishes the public key in Redis. Pure. */
+export function apiKeyFiles(): VmFile[] {
+  return [
+    {
+      path: '/usr/local/sbin/space-keys',
+      mode: '0755',
+      content: [
+        '#!/bin/sh',
+        '# makes the API key pair once (the private key never leaves this VM) and publishes the public key',
+        'set -eu',
+        `mkdir -p -m 0700 ${KEY_DIR}`,
+        `[ -s ${SIGNING_KEY_FILE} ] || openssl genpkey -algorithm ed25519 -out ${SIGNING_KEY_FILE}`,
+        `chmod 0600 ${SIGNING_KEY_FILE}`,
+        `openssl pkey -in ${SIGNING_KEY_FILE} -pubout -out ${VERIFY_KEY_FILE}`,
+        `until redis-cli -p ${REDIS_PORT} ping >/dev/null 2>&1; do sleep 1; done`,
+        `redis-cli -p ${REDIS_PORT} -x SET ${VERIFY_KEY_REDIS_KEY} < ${VERIFY_KEY_FILE} >/dev/null`,
+        '',
+      ].join('\n'),
+    },
+    {
+      path: '/etc/systemd/system/space-keys.service',
+      mode: '0644',
+      content: [
+        '[Unit]',
+        'Description=SPACE API key pair',
+        'After=redis-server.service',
+        'Requires=redis-server.service',
+        '',
+        '[Service]',
+        'Type=oneshot',
+        'RemainAfterExit=yes',
+        'ExecStart=/usr/local/sbin/space-keys',
+        '',
+        '[Install]',
+        'WantedBy=multi-user.target',
+        '',
+      ].join('\n'),
+    },
+  ];
+}
+
+/** The API's podman unit. Pure. */
+export function apiUnit(tls: VmTls): VmFile {
+  return unit(
+    'space-api',
+    'SPACE API',
+    SERVICE_COMMANDS.api,
+    [`-v ${KEY_DIR}:${KEY_DIR}:ro`, `-v /var/lib/space/api:/var/lib/space/api`, ...tls.serve],
+    ['After=space-keys.service redis-server.service', 'Requires=space-keys.service'],
+    tls.pre,
+  );
+}

@@ -1,0 +1,94 @@
+/**
+ * The control VM: Redis, the API (with its key pair) and the router, and with ACME its own TLS.
+ * Each service renders in its own module (redis.ts, api.ts, router.ts, acme.ts); this composes
+ * them into the VM's plan and its services' env.
+ */
+import { KEY_DIR, REDIS_PORT, TLS_DIR } from '../runtime-settings.ts';
+import { acmeFiles } from './acme.ts';
+import { apiKeyFiles, apiServiceEnv, apiUnit, type VmTls } from './api.ts';
+import {
+  type ControlArgs,
+  envFile,
+  imageFile,
+  type SyncedService,
+  upgradeScript,
+  type VmPlan,
+  type VmServiceEnv,
+} from './plan.ts';
+import { redisFiles } from './redis.ts';
+import { routerServiceEnv, routerUnit } from './router.ts';
+import { configSyncFiles, versionSyncFiles } from './sync.ts';
+
+/** The control VM's services: API, router, and with {@link ControlArgs.acme} the TLS unit. Pure. */
+export function controlServiceEnv(a: ControlArgs): VmServiceEnv {
+  const redisUrl = `redis://127.0.0.1:${REDIS_PORT}`;
+  return {
+    'space-api': apiServiceEnv(a, redisUrl),
+    // the router: Redis and the verify key the control VM made (space-keys), nothing else
+    'space-router': routerServiceEnv(redisUrl),
+    ...(a.acme
+      ? {
+          'space-tls': {
+            // always present (maybe empty): an empty file would read as "no configuration"
+            SPACE_TLS_HOSTNAMES: a.acme.hostnames.join(','),
+            SPACE_ACME_EMAIL: a.acme.email,
+            SPACE_ACME_SERVER: a.acme.server,
+          },
+        }
+      : {}),
+  };
+}
+
+/** The control VM: Redis on the private network, the API, its own key pair. */
+export function controlPlan(a: ControlArgs): VmPlan {
+  const env = controlServiceEnv(a);
+  const synced: SyncedService[] = [
+    // TLS first: a new certificate or name set is in place before the API and router restart
+    ...(a.acme ? [{ service: 'space-tls', file: '/etc/space/space-tls.env', unit: 'space-tls' }] : []),
+    { service: 'space-api', file: '/etc/space/space-api.env', unit: 'space-api' },
+    { service: 'space-router', file: '/etc/space/space-router.env', unit: 'space-router' },
+  ];
+  // with ACME, the API and the router read their TLS settings from a second env file the
+  // `space-tls` unit writes once a certificate exists (empty until then: they serve plain HTTP)
+  const tls = (unit: string): VmTls => ({
+    serve: a.acme ? [`-v ${TLS_DIR}:${TLS_DIR}:ro`, `--env-file /etc/space/${unit}.tls.env`] : [],
+    pre: a.acme
+      ? [`ExecStartPre=/bin/sh -c 'mkdir -p -m 0700 ${TLS_DIR} && touch /etc/space/${unit}.tls.env'`]
+      : [],
+  });
+  return {
+    packages: ['podman', 'redis-server', 'openssl', 'nftables', ...(a.acme ? ['certbot'] : [])],
+    files: [
+      imageFile(a),
+      ...synced.map((x) => ({ path: x.file, mode: '0644', content: envFile(env[x.service]!) })),
+      ...redisFiles(a),
+      ...apiKeyFiles(),
+      apiUnit(tls('space-api')),
+      routerUnit(tls('space-router')),
+      ...(a.acme ? acmeFiles() : []),
+      upgradeScript(a, ['space-router', 'space-api']),
+      ...versionSyncFiles('127.0.0.1', 0),
+      ...configSyncFiles('127.0.0.1', synced),
+    ],
+    commands: [
+      `mkdir -p /var/lib/space/api ${KEY_DIR}`,
+      'grep -q "redis.conf.d" /etc/redis/redis.conf || echo "include /etc/redis/redis.conf.d/*.conf" >> /etc/redis/redis.conf',
+      'systemctl daemon-reload',
+      'systemctl enable --now space-control-guard.service',
+      'systemctl restart redis-server',
+      'podman pull "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"',
+      ...(a.acme
+        ? [
+            `mkdir -p -m 0700 ${TLS_DIR}`,
+            'touch /etc/space/space-api.tls.env /etc/space/space-router.tls.env',
+          ]
+        : []),
+      'systemctl enable --now space-keys.service space-api.service space-router.service space-version-sync.timer space-config-sync.timer',
+      // not --now: a first certificate can fail (names not pointed yet) and a failed start would
+      // stop this script before it marks the VM provisioned; the unit retries on its own
+      ...(a.acme
+        ? ['systemctl enable space-tls.service', 'systemctl start --no-block space-tls.service']
+        : []),
+    ],
+  };
+}

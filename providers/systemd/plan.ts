@@ -1,0 +1,184 @@
+/**
+ * What every VM role's rendering shares: the plan a VM gets at first boot (packages, files,
+ * commands), the arguments of the control and agent roles, and the pieces every service's unit is
+ * made of (the image file, the podman unit, the upgrade script). Pure.
+ */
+import { renderEnvFile } from '../../runtime/core/env-file.ts';
+import type { NodePool } from '../node-pool.ts';
+import { imageRef } from '../runtime-settings.ts';
+
+/** One file written at first boot. */
+export interface VmFile {
+  readonly path: string;
+  readonly content: string;
+  /** Octal permission string, e.g. `0644`. */
+  readonly mode: string;
+}
+
+/** What a VM gets at first boot: packages, files, then commands (each a shell line, run as root). */
+export interface VmPlan {
+  readonly packages: readonly string[];
+  readonly files: readonly VmFile[];
+  readonly commands: readonly string[];
+}
+
+/** Redis key where the control VM publishes the agents' verify key (outside the runtime's `space:v1:`). */
+export const VERIFY_KEY_REDIS_KEY = 'space:deploy:verify-key';
+
+/** Arguments shared by both roles. */
+export interface VmCommonArgs {
+  /** SPACE version: the image tag. */
+  readonly version: string;
+  /** Image repository. */
+  readonly imageRepository: string;
+  /** CIDR of the private network (VPC subnet) the nodes share; Redis admits only it. */
+  readonly privateCidr: string;
+}
+
+/**
+ * TLS on the control VM itself, from an ACME CA (certbot, HTTP-01 on port 80): for clouds with no
+ * load balancer that terminates TLS here (Crusoe).
+ */
+export interface AcmeArgs {
+  /** DNS names on the certificate (the API's and the router's); empty: plain HTTP. */
+  readonly hostnames: readonly string[];
+  /** Account e-mail given to the CA. */
+  readonly email: string;
+  /** ACME directory URL. */
+  readonly server: string;
+}
+
+/** Let's Encrypt's production ACME directory (letsencrypt.org/docs/acme-protocol-updates). */
+export const LETS_ENCRYPT_DIRECTORY = 'https://acme-v02.api.letsencrypt.org/directory';
+
+/** Arguments of the control role. */
+export interface ControlArgs extends VmCommonArgs {
+  /** Extra API settings. Default none. */
+  readonly apiEnv?: Readonly<Record<string, string>>;
+  /**
+   * SHA-256 (hex) of the API key the deployment holds (`space:bootstrapApiKey`): the API imports it,
+   * so `pulumi up` can write the VM configuration. Not a secret (the key is 190+ random bits).
+   * Default none.
+   */
+  readonly bootstrapKeySha256?: string;
+  /**
+   * ACME TLS on the control VM (`space-tls` unit). Absent: the VM has no such unit (a load balancer
+   * in front terminates TLS, or none does). Present with no hostnames: the unit exists and serves
+   * nothing, so TLS can be turned on later through the VM configuration.
+   */
+  readonly acme?: AcmeArgs;
+  /**
+   * The router's public base URL (`SPACE_ROUTER_URL` of the API): the cloud's load balancer in front
+   * of the router, or the control VM's public address. Clients get data-plane URLs there only.
+   */
+  readonly routerUrl: string;
+}
+
+/** Arguments of the agent role. */
+export interface AgentArgs extends VmCommonArgs {
+  readonly pool: NodePool;
+  /** Private address of the control VM (Redis, verify key). */
+  readonly controlAddress: string;
+  /**
+   * Run the `space-gateway` unit beside the agent. Default true. False: the agent gets no
+   * `SPACE_GATEWAY_CONTROL_SOCKET`, so its sandboxes have no egress at all.
+   */
+  readonly gatewayEnabled?: boolean;
+  /** The gateway's upstream resolvers, `ip:port`. Default: the gateway's own. */
+  readonly gatewayUpstreamDns?: readonly string[];
+  /** CIDRs the gateway never dials nor answers. Default: the gateway's own. */
+  readonly gatewayDenyCidrs?: readonly string[];
+  /** Extra gateway settings. Default none. */
+  readonly gatewayEnv?: Readonly<Record<string, string>>;
+  /** Extra agent settings. Default none. */
+  readonly agentEnv?: Readonly<Record<string, string>>;
+}
+
+/** A service's env file (`NAME=value` lines; runtime/core/env-file.ts). */
+export const envFile = renderEnvFile;
+
+/**
+ * The env of every service of a VM role, by VM service name (the fields of
+ * `space:deploy:vm-config`): what cloud-init writes at first boot and what `pulumi up` writes
+ * through `PUT /v1/deployment/vm-config` afterwards, from one function so the two agree byte for
+ * byte (a VM restarts a service only when its file changes).
+ */
+export type VmServiceEnv = Record<string, Record<string, string>>;
+
+/** Where a VM keeps a service's env file and which unit reads it. */
+export interface SyncedService {
+  /** Field in `space:deploy:vm-config`. */
+  readonly service: string;
+  readonly file: string;
+  /** Unit restarted when the file changes. */
+  readonly unit: string;
+}
+
+/** `/etc/space/image.env`: the only place a VM names the image; `space-upgrade` rewrites it. */
+export function imageFile(a: VmCommonArgs): VmFile {
+  return {
+    path: '/etc/space/image.env',
+    content: `SPACE_IMAGE=${imageRef(a.imageRepository, a.version)}\n`,
+    mode: '0644',
+  };
+}
+
+/**
+ * A podman-run systemd unit. `KillMode=process` and host PID/cgroup namespaces: stopping the unit
+ * signals only the service, so sandboxes outlive an agent restart and are re-adopted.
+ */
+export function unit(
+  name: string,
+  description: string,
+  command: readonly string[],
+  podmanArgs: string[],
+  extra: string[] = [],
+  serviceExtra: string[] = [],
+): VmFile {
+  return {
+    path: `/etc/systemd/system/${name}.service`,
+    mode: '0644',
+    content: [
+      '[Unit]',
+      `Description=${description}`,
+      'Wants=network-online.target',
+      'After=network-online.target',
+      ...extra,
+      '',
+      '[Service]',
+      'EnvironmentFile=/etc/space/image.env',
+      ...serviceExtra,
+      `ExecStartPre=-/usr/bin/podman rm -f ${name}`,
+      `ExecStart=/usr/bin/podman run --rm --name ${name} --network host ${podmanArgs.join(' ')} --env-file /etc/space/${name}.env \${SPACE_IMAGE} ${command.join(' ')}`,
+      `ExecStop=/usr/bin/podman stop --time 150 ${name}`,
+      'KillMode=process',
+      'TimeoutStopSec=180',
+      'Restart=always',
+      'RestartSec=2',
+      '',
+      '[Install]',
+      'WantedBy=multi-user.target',
+      '',
+    ].join('\n'),
+  };
+}
+
+/** `space-upgrade <version>`: pulls the new image and restarts this VM's SPACE services (runbook). */
+export function upgradeScript(a: VmCommonArgs, units: string[]): VmFile {
+  return {
+    path: '/usr/local/sbin/space-upgrade',
+    mode: '0755',
+    content: [
+      '#!/bin/sh',
+      '# usage: space-upgrade <version> - pulls the image, then restarts the SPACE units one by one',
+      'set -eu',
+      // biome-ignore lint/suspicious/noTemplateCurlyInString: shell parameter expansion, not a template
+      'v="${1:?usage: space-upgrade <version>}"',
+      `img="${a.imageRepository}:$v"`,
+      'podman pull "$img"',
+      'printf "SPACE_IMAGE=%s\\n" "$img" > /etc/space/image.env',
+      `systemctl restart ${units.join(' ')}`,
+      '',
+    ].join('\n'),
+  };
+}
