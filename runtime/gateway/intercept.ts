@@ -26,8 +26,8 @@
  * `address`, `port`, `rule`, `reason`. Real values are never logged nor part of any error text.
  *
  * This module owns the hand-over contract ({@link InterceptContext}) and step 1, the TLS
- * termination with its deadlines; `intercept-request.ts` steps 2–3 (the pure request rewrite, also
- * re-exported here) and `intercept-forward.ts` steps 4–5 (serving and forwarding).
+ * termination with its deadlines; `intercept-request.ts` steps 2–3 (the pure request rewrite) and
+ * `intercept-forward.ts` steps 4–5 (serving and forwarding).
  */
 import type net from 'node:net';
 import tls from 'node:tls';
@@ -41,15 +41,6 @@ import { type AuditLine, serveHttp } from './intercept-forward.ts';
 import type { InterceptDenyReason } from './intercept-request.ts';
 import type { Needles } from './reflection.ts';
 import type { UnpackOutcome } from './unpack-pool.ts';
-
-export {
-  authorityMatches,
-  type InterceptDenyReason,
-  type PreparedRequest,
-  prepareRequest,
-  type RequestHead,
-  responseHeaders,
-} from './intercept-request.ts';
 
 /** Limits applied to one intercepted connection. */
 export interface InterceptLimits {
