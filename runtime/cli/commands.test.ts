@@ -8,7 +8,8 @@ import { commandBody } from './exec.ts';
 import { localTarget } from './files.ts';
 import { wantsJson } from './program.ts';
 import { createBody, parseStates, sandboxRows } from './sandbox.ts';
-import { childPids, logTail, missingPrerequisites, portInUse, searchPath, signalName } from './up.ts';
+import { missingPrerequisites, portInUse, searchPath } from './up-host.ts';
+import { childPids, logTail, signalName } from './up-supervise.ts';
 import { parseSince, usageRows } from './usage.ts';
 
 describe('exec request body', () => {

@@ -11,59 +11,53 @@
  * a timeout and a SIGKILL fallback; exit 0. A child that dies on its own stops the rest: exit 1 with
  * the tail of its log. Children run in their own process groups so a terminal Ctrl-C reaches only us
  * and the stop order holds.
+ *
+ * This module owns the command (its flags and help) and the start/stop sequence; the host checks
+ * and first-run steps are `up-host.ts`, the children and readiness polls `up-supervise.ts`.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
-import { createPublicKey } from 'node:crypto';
-import {
-  accessSync,
-  chmodSync,
-  closeSync,
-  constants,
-  createWriteStream,
-  existsSync,
-  fstatSync,
-  mkdirSync,
-  openSync,
-  readdirSync,
-  readFileSync,
-  rmSync,
-  writeFileSync,
-} from 'node:fs';
-import { connect, createServer } from 'node:net';
-import { constants as osConstants } from 'node:os';
-import { delimiter, join } from 'node:path';
-import { createInterface } from 'node:readline';
-import { setTimeout as sleep } from 'node:timers/promises';
+import { existsSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Command } from 'commander';
-import { request } from 'undici';
 import { API_NODE_FLAGS } from '../api/config.ts';
-import { isIPv4 } from '../core/net-address.ts';
-import { parseStat } from '../core/proc-stat.ts';
 import { ApiClient } from './client.ts';
 import { isJson } from './context.ts';
-import { type LocalState, localPaths, readLocalState, spaceHome } from './local.ts';
+import { type LocalState, localPaths, spaceHome } from './local.ts';
 import { CliError, note, parsePositiveInt, printJson, println, usageError } from './output.ts';
 import { buildLocalTemplate, DEFAULT_CACHE_DIR } from './template.ts';
+import {
+  checkPortsFree,
+  checkPrerequisites,
+  enableIpv4Forwarding,
+  findExecutable,
+  LOCAL_HOST as HOST,
+  hostResolver,
+  prepareHome,
+  searchPath,
+} from './up-host.ts';
+import {
+  Child,
+  httpOk,
+  logTail,
+  redisPing,
+  STOP_TIMEOUT_MS,
+  StopFirst,
+  type StopReason,
+  until,
+} from './up-supervise.ts';
+
+export {
+  findExecutable,
+  hostResolver,
+  missingPrerequisites,
+  portInUse,
+  requiredTools,
+  searchPath,
+} from './up-host.ts';
+export { childPids, logTail, STOP_TIMEOUT_MS, signalName } from './up-supervise.ts';
 
 export const LOCAL_REDIS_PORT = 16379;
 export const LOCAL_NODE_ID = 'local';
-const HOST = '127.0.0.1';
-
-/** How long each child gets to stop after SIGTERM before SIGKILL, ms. */
-export const STOP_TIMEOUT_MS = {
-  router: 15_000,
-  agent: 120_000,
-  gateway: 15_000,
-  api: 15_000,
-  redis: 15_000,
-} as const;
-
-/** The host's first resolver (`/etc/resolv.conf`), as `ip:53`: what the local gateway asks. */
-export function hostResolver(resolvConf: string): string {
-  const first = [...resolvConf.matchAll(/^\s*nameserver\s+(\S+)\s*$/gm)].map((m) => m[1]).find(isIPv4);
-  return `${first ?? '127.0.0.1'}:53`;
-}
 
 interface UpOptions {
   apiPort: number;
@@ -75,236 +69,6 @@ interface UpOptions {
   warm?: number;
   verbose?: boolean;
 }
-
-/** Directories searched besides $PATH (root's tools often live in sbin, absent from user PATHs). */
-const EXTRA_DIRS = ['/usr/local/sbin', '/usr/local/bin', '/usr/sbin', '/usr/bin', '/sbin', '/bin'];
-
-/** `$PATH` with the standard system dirs appended (children get this too). Pure. */
-export function searchPath(pathEnv: string | undefined): string {
-  const dirs = (pathEnv ?? '').split(delimiter).filter(Boolean);
-  for (const d of EXTRA_DIRS) if (!dirs.includes(d)) dirs.push(d);
-  return dirs.join(delimiter);
-}
-
-/** Absolute path of executable `name` on `pathEnv` (+ system dirs), or null. */
-export function findExecutable(name: string, pathEnv = process.env['PATH']): string | null {
-  for (const dir of searchPath(pathEnv).split(delimiter)) {
-    const p = join(dir, name);
-    try {
-      accessSync(p, constants.X_OK);
-      return p;
-    } catch {
-      // next
-    }
-  }
-  return null;
-}
-
-/** Tools the local stack needs on the host. */
-export function requiredTools(localRedis: boolean): string[] {
-  return ['runsc', ...(localRedis ? ['redis-server'] : []), 'nft', 'ip', 'debootstrap', 'tini-static'];
-}
-
-/** Every missing prerequisite as a line (root, then tools). */
-export function missingPrerequisites(
-  localRedis: boolean,
-  uid: number | undefined = process.getuid?.(),
-  find: (name: string) => string | null = (n) => findExecutable(n),
-): string[] {
-  const missing: string[] = [];
-  if (uid !== 0)
-    missing.push('root (the agent creates network namespaces, nftables rules and gVisor sandboxes)');
-  for (const tool of requiredTools(localRedis)) if (!find(tool)) missing.push(tool);
-  return missing;
-}
-
-/** True when something already listens on `host:port`. */
-export function portInUse(port: number, host = HOST): Promise<boolean> {
-  return new Promise((resolve) => {
-    const srv = createServer();
-    srv.once('error', (err: NodeJS.ErrnoException) =>
-      resolve(err.code === 'EADDRINUSE' || err.code === 'EACCES'),
-    );
-    srv.listen({ port, host, exclusive: true }, () => srv.close(() => resolve(false)));
-  });
-}
-
-/** Answers true once `redis-cli PING` would (speaks RESP directly; LOADING counts as not yet). */
-function redisPing(port: number, host = HOST): Promise<boolean> {
-  return new Promise((resolve) => {
-    const sock = connect({ port, host });
-    let buf = '';
-    const done = (ok: boolean) => {
-      sock.destroy();
-      resolve(ok);
-    };
-    sock.setTimeout(1000, () => done(false));
-    sock.once('error', () => done(false));
-    sock.once('connect', () => sock.write('PING\r\n'));
-    sock.on('data', (d) => {
-      buf += d.toString();
-      if (buf.includes('\r\n')) done(buf.startsWith('+PONG'));
-    });
-  });
-}
-
-async function httpOk(url: string): Promise<boolean> {
-  try {
-    const res = await request(url, { headersTimeout: 2000, bodyTimeout: 2000 });
-    await res.body.text();
-    return res.statusCode === 200;
-  } catch {
-    return false;
-  }
-}
-
-async function until(
-  what: string,
-  timeoutMs: number,
-  check: () => Promise<boolean>,
-  signal?: AbortSignal,
-): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (Date.now() < deadline) {
-    if (signal?.aborted) return;
-    if (await check()) return;
-    await sleep(200);
-  }
-  throw new CliError('START_TIMEOUT', `${what} was not ready after ${Math.round(timeoutMs / 1000)} s`);
-}
-
-/** The last `n` lines of `file` from byte `from` on. */
-export function logTail(file: string, from: number, n = 25): string[] {
-  try {
-    const text = readFileSync(file).subarray(from).toString('utf8');
-    return text.split('\n').filter(Boolean).slice(-n);
-  } catch {
-    return [];
-  }
-}
-
-/**
- * Pids of the live children of process `parent` whose command line contains `marker`, read from
- * `/proc`. Empty when there are none or `parent` is unknown.
- */
-export function childPids(parent: number | undefined, marker: string): number[] {
-  if (parent === undefined) return [];
-  const found: number[] = [];
-  for (const entry of readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      const proc = parseStat(readFileSync(`/proc/${entry}/stat`, 'utf8'));
-      if (proc?.ppid !== parent || proc.zombie) continue;
-      if (readFileSync(`/proc/${entry}/cmdline`, 'utf8').includes(marker)) found.push(proc.pid);
-    } catch {
-      // exited meanwhile
-    }
-  }
-  return found;
-}
-
-/** The name of signal number `n` (`SIGKILL` for 9), if it is one. */
-export function signalName(n: number): string | undefined {
-  return Object.entries(osConstants.signals).find(([, v]) => v === n)?.[0];
-}
-
-/** SIGKILL to `pid`, ignoring a process that is already gone. */
-function killQuietly(pid: number): void {
-  try {
-    process.kill(pid, 'SIGKILL');
-  } catch {
-    // gone
-  }
-}
-
-/** One supervised child process with its log file. */
-class Child {
-  readonly name: string;
-  readonly logFile: string;
-  readonly logStart: number;
-  readonly proc: ChildProcess;
-  readonly exited: Promise<{ code: number | null; signal: string | null; error?: string }>;
-  /** The service's own program when `file` is a wrapper that runs it (its child): tini. */
-  readonly service: string | undefined;
-  done = false;
-
-  constructor(
-    name: string,
-    file: string,
-    args: string[],
-    env: NodeJS.ProcessEnv,
-    logFile: string,
-    verbose: boolean,
-    service?: string,
-  ) {
-    this.name = name;
-    this.service = service;
-    this.logFile = logFile;
-    const fd = openSync(logFile, 'a', 0o600);
-    this.logStart = fstatSync(fd).size;
-    if (verbose) {
-      closeSync(fd);
-      this.proc = spawn(file, args, { env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
-      const log = createWriteStream(logFile, { flags: 'a' });
-      for (const s of [this.proc.stdout!, this.proc.stderr!]) {
-        s.pipe(log, { end: false });
-        createInterface({ input: s }).on('line', (line) =>
-          process.stderr.write(`${name.padEnd(5)}| ${line}\n`),
-        );
-      }
-      this.proc.once('close', () => log.end());
-    } else {
-      this.proc = spawn(file, args, { env, detached: true, stdio: ['ignore', fd, fd] });
-      closeSync(fd);
-    }
-    this.exited = new Promise((resolve) => {
-      this.proc.once('error', (err) => {
-        this.done = true;
-        resolve({ code: null, signal: null, error: err.message });
-      });
-      this.proc.once('exit', (code, signal) => {
-        this.done = true;
-        // tini exits 128 + n when signal n ended the service it runs: say which signal
-        const passed = service && code !== null && code > 128 ? signalName(code - 128) : undefined;
-        resolve(passed ? { code: null, signal: passed } : { code, signal });
-      });
-    });
-  }
-
-  /** SIGTERM, wait up to `timeoutMs`, then SIGKILL. */
-  async stop(timeoutMs: number): Promise<void> {
-    if (this.done) return;
-    this.proc.kill('SIGTERM');
-    const t = sleep(timeoutMs).then(() => 'timeout' as const);
-    if ((await Promise.race([this.exited, t])) === 'timeout') {
-      note(`space: ${this.name} did not stop within ${Math.round(timeoutMs / 1000)} s; killing it`);
-      // a service under a wrapper (the agent under tini): tini cannot pass SIGKILL on, so the
-      // service is killed first, by itself (the sandboxes tini reaps for are not its to end)
-      if (this.service) for (const pid of childPids(this.proc.pid, this.service)) killQuietly(pid);
-      this.proc.kill('SIGKILL');
-      await this.exited;
-    }
-  }
-}
-
-type StopReason = { kind: 'signal'; signal: string } | { kind: 'died'; child: Child; how: string };
-
-/** Creates `$SPACE_HOME` (0700) and its dirs, and the Ed25519 key pair when missing. */
-async function prepareHome(paths: ReturnType<typeof localPaths>): Promise<void> {
-  mkdirSync(paths.home, { recursive: true, mode: 0o700 });
-  chmodSync(paths.home, 0o700);
-  mkdirSync(paths.logs, { recursive: true, mode: 0o700 });
-  mkdirSync(paths.redisDir, { recursive: true, mode: 0o700 });
-  if (!existsSync(paths.signingKey)) {
-    const { writeNewKeyPair } = await import('../core/tokens.ts');
-    await writeNewKeyPair(paths.signingKey, paths.verifyKey);
-    note(`space: created key pair ${paths.signingKey}`);
-  } else if (!existsSync(paths.verifyKey)) {
-    const pub = createPublicKey(readFileSync(paths.signingKey)).export({ type: 'spki', format: 'pem' });
-    writeFileSync(paths.verifyKey, pub, { mode: 0o644 });
-  }
-}
-
 export function registerUp(program: Command): void {
   program
     .command('up')
@@ -345,65 +109,20 @@ Examples:
     });
 }
 
-/** Where the kernel keeps `net.ipv4.ip_forward` (every interface's IPv4 forwarding). */
-const IP_FORWARD_PATH = '/proc/sys/net/ipv4/ip_forward';
-
-/**
- * Turns IPv4 forwarding on, as the deployments' agent nodes have it: a sandbox's CIDR egress
- * rules need the uplink to forward their replies back to it (`space doctor`: ipv4-forwarding).
- * Already on: nothing is written. A host that refuses (no root, a read-only /proc/sys) gets a note
- * naming the sysctl; the stack still starts, without working CIDR rules. Never throws.
- */
-function enableIpv4Forwarding(): void {
-  try {
-    if (readFileSync(IP_FORWARD_PATH, 'utf8').trim() === '1') return;
-    writeFileSync(IP_FORWARD_PATH, '1\n');
-    note('space: IPv4 forwarding turned on (net.ipv4.ip_forward=1): CIDR egress rules need it');
-  } catch (err) {
-    note(
-      `space: could not turn IPv4 forwarding on (${(err as Error).message}); CIDR egress rules need net.ipv4.ip_forward=1 (npx space doctor)`,
-    );
-  }
-}
-
 async function runUp(o: UpOptions, json: boolean): Promise<number> {
   const paths = localPaths(spaceHome());
   const localRedis = !o.redisUrl;
 
-  const missing = missingPrerequisites(localRedis);
-  if (missing.length) {
-    throw new CliError('PREREQUISITES', `missing: ${missing.join(', ')}`, {
-      details: { missing },
-      hint: 'install the host packages with: bash scripts/host-deps.sh (as root), and run space up as root',
-    });
-  }
-  const ports: [string, number][] = [
-    ['API', o.apiPort],
-    ['agent', o.agentPort],
-    ...(o.router ? ([['router', o.routerPort]] as [string, number][]) : []),
-    ...(localRedis ? ([['Redis', LOCAL_REDIS_PORT]] as [string, number][]) : []),
-  ];
-  if (new Set(ports.map(([, p]) => p)).size !== ports.length) throw usageError('the ports must differ');
-  const busy: string[] = [];
-  for (const [what, port] of ports) if (await portInUse(port)) busy.push(`${port} (${what})`);
-  if (busy.length) {
-    const prior = readLocalState(paths.home);
-    const running = prior?.pid && prior.pid !== process.pid && pidAlive(prior.pid);
-    throw new CliError(
-      'PORT_IN_USE',
-      `port${busy.length > 1 ? 's' : ''} in use on ${HOST}: ${busy.join(', ')}`,
-      {
-        details: { ports: busy },
-        hint: running
-          ? `another \`space up\` seems to be running (pid ${prior.pid}); stop it first`
-          : prior
-            ? `a \`space up\` (pid ${prior.pid}) ended without stopping its services; stop them (the agent first: ` +
-              `pkill -TERM -f runtime/agent/server.ts, then runtime/router/, runtime/api/ and runtime/gateway/, then redis-server), ` +
-              'or pick other ports with --api-port / --agent-port'
-            : 'stop what uses them, or pick others with --api-port / --agent-port',
-      },
-    );
-  }
+  checkPrerequisites(localRedis);
+  await checkPortsFree(
+    [
+      ['API', o.apiPort],
+      ['agent', o.agentPort],
+      ...(o.router ? ([['router', o.routerPort]] as [string, number][]) : []),
+      ...(localRedis ? ([['Redis', LOCAL_REDIS_PORT]] as [string, number][]) : []),
+    ],
+    paths.home,
+  );
 
   await prepareHome(paths);
   enableIpv4Forwarding();
@@ -666,21 +385,4 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
   }
   note('space: stopped');
   return 0;
-}
-
-class StopFirst extends Error {
-  readonly reason: StopReason;
-  constructor(reason: StopReason) {
-    super('stopped');
-    this.reason = reason;
-  }
-}
-
-function pidAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
 }

@@ -15,7 +15,7 @@
  * and libc; Node itself cannot make a PTY (no grantpt/unlockpt/TIOCSWINSZ). gVisor implements
  * /dev/ptmx and devpts, and python3 is in the `base` template. `script(1)` was the other candidate:
  * it cannot be resized from outside without finding its terminal and running `stty` against it.
- * A template without python3 gets a clear start failure (exit 127, see processes.ts).
+ * A template without python3 gets a clear start failure (exit 127, see process-start.ts).
  */
 
 import { SpaceError } from '../core/errors.ts';
