@@ -21,6 +21,7 @@ import { pushImage, rehearsalCa, type Service, startAptCache, startRegistry } fr
 import { bootVm, type Vm } from './vm.ts';
 
 const API_PORT = 8080;
+const MIRROR = process.env['SPACE_DEBIAN_MIRROR'] || 'http://deb.debian.org/debian';
 const ROUTER_PORT = 8082;
 
 interface Options {
@@ -43,11 +44,11 @@ async function main(o: Options): Promise<void> {
     await rm(o.workDir, { recursive: true, force: true });
     await mkdir(o.workDir, { recursive: true });
     const ca = await rehearsalCa(o.cacheDir);
-    const base = await baseImage({ release: 'bookworm', cacheDir: o.cacheDir, caCertPem: ca.certPem, log });
+    const base = await baseImage({ release: 'bookworm', cacheDir: o.cacheDir, caCertPem: ca.certPem, mirror: MIRROR, log });
     log('network: namespace, bridge, veth');
     await createNetwork();
     cleanup.push(destroyNetwork);
-    const services: Service[] = [await startAptCache(o.cacheDir, o.workDir)];
+    const services: Service[] = [await startAptCache(o.cacheDir, o.workDir, MIRROR)];
     const registry = await startRegistry(o.workDir, ca);
     services.push(registry);
     cleanup.push(async () => {

@@ -205,29 +205,36 @@ export async function pushImage(
 }
 
 /**
- * Starts apt-cacher-ng on the host's rehearsal address, caching under `cacheDir` (kept between
- * runs, so a second rehearsal installs from disk).
+ * Starts apt-cacher-ng on the host's rehearsal address in front of `mirror` (Debian's archive; its
+ * security suite is taken from the same host), caching under `cacheDir` (kept between runs, so a
+ * second rehearsal installs from disk). Its own configuration directory: the package's default
+ * maps deb.debian.org to a mirror list whose first entry (ftp.debian.org) need not resolve here.
  */
-export async function startAptCache(cacheDir: string, workDir: string): Promise<Service> {
+export async function startAptCache(cacheDir: string, workDir: string, mirror: string): Promise<Service> {
   const { hostAddress, aptCachePort } = REHEARSAL_NET;
-  const logDir = join(workDir, 'apt-cacher-ng');
-  await mkdir(logDir, { recursive: true });
-  await mkdir(join(cacheDir, 'apt-cacher-ng'), { recursive: true });
-  const child = spawn(
-    'apt-cacher-ng',
+  const dir = join(workDir, 'apt-cacher-ng');
+  const store = join(cacheDir, 'apt-cacher-ng');
+  await mkdir(join(dir, 'log'), { recursive: true });
+  await mkdir(store, { recursive: true });
+  const archive = mirror.replace(/\/+$/, '');
+  const security = archive.replace(/\/debian$/, '/debian-security');
+  await writeFile(
+    join(dir, 'acng.conf'),
     [
-      '-c',
-      '/etc/apt-cacher-ng',
-      'ForeGround=1',
-      `Port=${aptCachePort}`,
-      `BindAddress=${hostAddress}`,
-      `CacheDir=${join(cacheDir, 'apt-cacher-ng')}`,
-      `LogDir=${logDir}`,
-      'PidFile=',
-      'SocketPath=',
-    ],
-    { stdio: ['ignore', 'ignore', 'pipe'] },
+      `CacheDir: ${store}`,
+      `LogDir: ${join(dir, 'log')}`,
+      'SupportDir: /usr/lib/apt-cacher-ng',
+      `Port: ${aptCachePort}`,
+      `BindAddress: ${hostAddress}`,
+      `Remap-debrep: deb.debian.org/debian ; ${archive}/`,
+      `Remap-secdeb: deb.debian.org/debian-security security.debian.org/debian-security ; ${security}/`,
+      'ExThreshold: 4',
+      '',
+    ].join('\n'),
   );
+  const child = spawn('apt-cacher-ng', ['-c', dir, 'ForeGround=1', 'PidFile=', 'SocketPath='], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
   let stderr = '';
   child.stderr?.on('data', (d) => {
     stderr = (stderr + d).slice(-4000);

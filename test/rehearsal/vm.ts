@@ -64,7 +64,9 @@ export function networkConfig(name: string, address: string): string {
         match: { macaddress: macFor(name) },
         'set-name': 'eth0',
         addresses: [`${address}/24`],
-        routes: [{ to: 'default', via: gateway }],
+        // not `routes`: cloud-init 22.4's ifupdown rendering adds routes with net-tools' `route`,
+        // which a minimal image lacks; `gateway4` becomes ifupdown's own `gateway` line
+        gateway4: gateway,
       },
     },
   });
