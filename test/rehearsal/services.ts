@@ -171,7 +171,13 @@ export async function startRegistry(workDir: string, ca: RehearsalCa): Promise<R
     child.kill('SIGKILL');
     throw new Error(`docker-registry did not start: ${(err as Error).message}\n${stderr}`);
   }
-  return { ...started('registry', child), address: `${hostAddress}:${registryPort}`, username, password, workDir: dir };
+  return {
+    ...started('registry', child),
+    address: `${hostAddress}:${registryPort}`,
+    username,
+    password,
+    workDir: dir,
+  };
 }
 
 /**
