@@ -30,6 +30,7 @@ export default defineConfig({
             'providers/**/*.test.ts',
             'stacks/**/*.test.ts',
             'scripts/**/*.test.ts',
+            'test/rehearsal/**/*.test.ts',
           ],
           exclude: ['**/*.int.test.ts', 'node_modules/**'],
         },

@@ -1,0 +1,71 @@
+/**
+ * The rehearsal's pure parts: what each VM is seeded with comes from the Pulumi program itself
+ * (under the mock runtime), and the NoCloud network config gives the address and route a cloud's
+ * private network would.
+ */
+import { describe, expect, it } from 'vitest';
+import { parse } from 'yaml';
+import { controlAddress } from '../../providers/vm-network.ts';
+import { REHEARSAL_NET } from './host.ts';
+import { renderStack } from './render.ts';
+import { macFor, networkConfig } from './vm.ts';
+
+const KEY = `space_${'ab'.repeat(24)}`;
+
+describe('the rehearsal seeds VMs with what the program renders', () => {
+  it('akamai vm: a control VM and one VM per pool node, each with its own #cloud-config naming the rehearsal registry', async () => {
+    const r = await renderStack('akamai', {
+      version: '9.9.9',
+      imageRepository: '10.88.1.1:5443/space',
+      privateCidr: REHEARSAL_NET.privateCidr,
+      routerUrl: 'http://10.88.1.1:8082',
+      bootstrapApiKey: KEY,
+    });
+    expect(r.vms.map((v) => v.role)).toEqual(['control', 'node', 'node']);
+    for (const v of r.vms) {
+      expect(v.userData.startsWith('#cloud-config\n')).toBe(true);
+      expect(v.userData).toContain('10.88.1.1:5443/space:9.9.9');
+      // the key itself never reaches user data (only its hash does)
+      expect(v.userData).not.toContain(KEY);
+    }
+    expect(r.vms[1]!.userData).toContain(controlAddress(REHEARSAL_NET.privateCidr));
+  }, 60_000);
+
+  it('crusoe: the startup scripts, run by cloud-init as a user-data script', async () => {
+    const r = await renderStack('crusoe', {
+      version: '9.9.9',
+      imageRepository: '10.88.1.1:5443/space',
+      bootstrapApiKey: KEY,
+    });
+    expect(r.vms.filter((v) => v.role === 'control')).toHaveLength(1);
+    expect(r.vms.filter((v) => v.role === 'node').length).toBeGreaterThan(0);
+    for (const v of r.vms) expect(v.userData.startsWith('#!')).toBe(true);
+  }, 60_000);
+});
+
+describe('network config', () => {
+  it('matches the VM by its MAC, with its address and a default route through the bridge', () => {
+    const doc = parse(networkConfig('node0', '10.88.0.21')) as {
+      version: number;
+      ethernets: Record<string, { match: { macaddress: string }; addresses: string[]; gateway4: string }>;
+    };
+    expect(doc.version).toBe(2);
+    expect(doc.ethernets['eth0']).toEqual({
+      match: { macaddress: macFor('node0') },
+      'set-name': 'eth0',
+      addresses: ['10.88.0.21/24'],
+      gateway4: REHEARSAL_NET.gateway,
+    });
+  });
+
+  it('gives each VM a distinct, locally administered unicast MAC', () => {
+    const macs = ['control', 'node0', 'node1', 'node2'].map(macFor);
+    expect(new Set(macs).size).toBe(4);
+    for (const m of macs) {
+      expect(m).toMatch(/^([0-9a-f]{2}:){5}[0-9a-f]{2}$/);
+      const first = Number.parseInt(m.slice(0, 2), 16);
+      expect(first & 1).toBe(0); // unicast
+      expect(first & 2).toBe(2); // locally administered
+    }
+  });
+});
