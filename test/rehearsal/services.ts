@@ -91,6 +91,30 @@ function started(name: string, child: ChildProcess): Service {
   };
 }
 
+/**
+ * Spawns `cmd args` as service `name` and resolves once `port` on the rehearsal's host address
+ * accepts connections (15 s); otherwise kills it and throws with the tail of its stderr.
+ */
+async function spawnService(
+  name: string,
+  cmd: string,
+  args: readonly string[],
+  port: number,
+): Promise<Service> {
+  const child = spawn(cmd, [...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+  let stderr = '';
+  child.stderr?.on('data', (d) => {
+    stderr = (stderr + d).slice(-4000);
+  });
+  try {
+    await waitForPort(REHEARSAL_NET.hostAddress, port, 15_000);
+  } catch (err) {
+    child.kill('SIGKILL');
+    throw new Error(`${cmd} did not start: ${(err as Error).message}\n${stderr}`);
+  }
+  return started(name, child);
+}
+
 /** The registry: where it listens, the credentials it takes, the CA its certificate chains to. */
 export interface Registry extends Service {
   /** `host:port`, what an image reference starts with. */
@@ -160,19 +184,9 @@ export async function startRegistry(workDir: string, ca: RehearsalCa): Promise<R
       auth: { htpasswd: { realm: 'space-rehearsal', path: htpasswd } },
     }),
   );
-  const child = spawn('docker-registry', ['serve', config], { stdio: ['ignore', 'ignore', 'pipe'] });
-  let stderr = '';
-  child.stderr?.on('data', (d) => {
-    stderr = (stderr + d).slice(-4000);
-  });
-  try {
-    await waitForPort(hostAddress, registryPort, 15_000);
-  } catch (err) {
-    child.kill('SIGKILL');
-    throw new Error(`docker-registry did not start: ${(err as Error).message}\n${stderr}`);
-  }
+  const service = await spawnService('registry', 'docker-registry', ['serve', config], registryPort);
   return {
-    ...started('registry', child),
+    ...service,
     address: `${hostAddress}:${registryPort}`,
     username,
     password,
@@ -238,18 +252,10 @@ export async function startAptCache(cacheDir: string, workDir: string, mirror: s
       '',
     ].join('\n'),
   );
-  const child = spawn('apt-cacher-ng', ['-c', dir, 'ForeGround=1', 'PidFile=', 'SocketPath='], {
-    stdio: ['ignore', 'ignore', 'pipe'],
-  });
-  let stderr = '';
-  child.stderr?.on('data', (d) => {
-    stderr = (stderr + d).slice(-4000);
-  });
-  try {
-    await waitForPort(hostAddress, aptCachePort, 15_000);
-  } catch (err) {
-    child.kill('SIGKILL');
-    throw new Error(`apt-cacher-ng did not start: ${(err as Error).message}\n${stderr}`);
-  }
-  return started('apt-cache', child);
+  return spawnService(
+    'apt-cache',
+    'apt-cacher-ng',
+    ['-c', dir, 'ForeGround=1', 'PidFile=', 'SocketPath='],
+    aptCachePort,
+  );
 }

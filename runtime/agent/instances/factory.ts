@@ -6,7 +6,6 @@
  * once (creates first, warm refills yield; start-gate.ts).
  */
 import { randomBytes } from 'node:crypto';
-import type { Logger } from 'pino';
 import { newId } from '../../core/ids.ts';
 import { F } from '../../core/log-fields.ts';
 import { inSpan } from '../../core/tracing.ts';
@@ -16,10 +15,9 @@ import {
   type InstanceInfo,
   type RestoreSpec,
   type SnapshotRef,
-  type TemplateImage,
 } from '../drivers/driver.ts';
 import { GuestClient } from '../guest-client.ts';
-import type { HostNetworks } from '../sandboxes/types.ts';
+import type { SandboxManagerOptions } from '../sandboxes/types.ts';
 import { StartGate, type StartKind } from './start-gate.ts';
 
 /** The shape of an instance: vCPUs and memory (MiB). */
@@ -28,18 +26,18 @@ export interface InstanceShape {
   memoryMiB: number;
 }
 
-/** Options of an {@link InstanceFactory} (a subset of the manager's). */
-export interface InstanceFactoryOptions {
-  driver: Driver;
-  networks: HostNetworks;
-  templateImage: (template: string) => Promise<TemplateImage>;
-  pidsLimit: number;
-  /** Writable disk per instance, MiB. */
-  diskMiB: number;
-  createConcurrency: number;
-  refillConcurrency: number;
-  log: Logger;
-}
+/** Options of an {@link InstanceFactory}: the manager's own, those that make instances. */
+export type InstanceFactoryOptions = Pick<
+  SandboxManagerOptions,
+  | 'driver'
+  | 'networks'
+  | 'templateImage'
+  | 'pidsLimit'
+  | 'diskMiB'
+  | 'createConcurrency'
+  | 'refillConcurrency'
+  | 'log'
+>;
 
 export class InstanceFactory {
   readonly #o: InstanceFactoryOptions;
