@@ -55,6 +55,24 @@ const LIFECYCLE_AGENT = {
   SPACE_WARM_POOL_MAX: '0',
 };
 
+/**
+ * SIGKILLs every process of instance `instanceId` and waits (≤ 10 s) until none is left running:
+ * a signal is only sent when pkill returns, and a gVisor sandbox (systrap: many threads, large
+ * mappings) takes a while to die on a loaded host, so a claim right after could still find it alive.
+ * A zombie's cmdline is empty, so `pgrep -f` stops matching once the process has died.
+ */
+async function killInstance(instanceId: string): Promise<void> {
+  await new Promise<void>((done) => execFile('pkill', ['-9', '-f', instanceId], () => done()));
+  await waitFor(
+    `instance ${instanceId} to die`,
+    () =>
+      new Promise<true | undefined>((done) =>
+        execFile('pgrep', ['-f', instanceId], (err) => done(err ? true : undefined)),
+      ),
+    10_000,
+  );
+}
+
 describe('lifecycle', () => {
   let s: Stack;
   beforeAll(async () => {
@@ -379,7 +397,7 @@ describe('warm pool', () => {
     await waitFor('2 warm slots', async () => (s.agent.warm.counts().base === 2 ? true : undefined), 60_000);
     // the slot a claim takes next (the pool hands out its oldest first): kill its whole instance
     const dead = s.agent.warm.instanceIds()[0]!;
-    await new Promise<void>((done) => execFile('pkill', ['-9', '-f', dead], () => done()));
+    await killInstance(dead);
     const id = await s.createSandbox();
     const rec = await s.call<{ createdFrom: string; state: string }>('GET', `/v1/sandboxes/${id}`);
     expect(rec.body.state).toBe('running');
@@ -404,7 +422,7 @@ describe('warm pool', () => {
     expect(await s.agent.sandboxes.checkWarmSlots(Date.now() + WARM_SLOT_CHECK_MS / 2)).toEqual([]);
     // a slot whose instance died: the next check (not a claim) takes it out of the pool
     const dead = slots[0]!;
-    await new Promise<void>((done) => execFile('pkill', ['-9', '-f', dead], () => done()));
+    await killInstance(dead);
     expect(await s.agent.sandboxes.checkWarmSlots(Date.now() + WARM_SLOT_CHECK_MS + 1)).toContain(dead);
     expect(s.agent.warm.instanceIds()).not.toContain(dead);
     await waitFor(
