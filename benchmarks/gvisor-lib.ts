@@ -19,13 +19,9 @@ import type {
   TemplateImage,
 } from '../runtime/agent/drivers/driver.ts';
 import { waitForHealth } from '../runtime/agent/drivers/guest-health.ts';
-import {
-  buildOciSpec,
-  GvisorDriver,
-  runscGlobalArgs,
-  runscStartCommand,
-} from '../runtime/agent/drivers/gvisor.ts';
+import { GvisorDriver } from '../runtime/agent/drivers/gvisor.ts';
 import { removeCgroups } from '../runtime/agent/drivers/gvisor-host.ts';
+import { buildOciSpec, runscGlobalArgs, runscStartCommand } from '../runtime/agent/drivers/gvisor-runsc.ts';
 import type { SandboxNetworks } from '../runtime/agent/host/network.ts';
 import type { FloorInstances } from './density.ts';
 

@@ -2,7 +2,7 @@
  * Small host helpers for the deployment rehearsal: run a command and fail with its stderr, and the
  * rehearsal's fixed addresses. Root only (namespaces, taps, debootstrap).
  */
-import { execFile, spawn } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 
 const execFileP = promisify(execFile);
@@ -14,9 +14,8 @@ const execFileP = promisify(execFile);
 export async function run(
   cmd: string,
   args: readonly string[],
-  opts: { timeoutMs?: number; input?: string; env?: NodeJS.ProcessEnv; cwd?: string } = {},
+  opts: { timeoutMs?: number; env?: NodeJS.ProcessEnv; cwd?: string } = {},
 ): Promise<string> {
-  if (opts.input !== undefined) return runWithInput(cmd, args, opts.input, opts.timeoutMs ?? 600_000);
   try {
     const { stdout } = await execFileP(cmd, [...args], {
       maxBuffer: 64 * 1024 * 1024,
@@ -32,33 +31,6 @@ export async function run(
       `${cmd} ${args.join(' ')} failed (${e.signal ? `signal ${e.signal}` : `status ${e.code}`}): ${String(e.stderr ?? '').slice(-2000)}`,
     );
   }
-}
-
-function runWithInput(
-  cmd: string,
-  args: readonly string[],
-  input: string,
-  timeoutMs: number,
-): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(cmd, [...args], { stdio: ['pipe', 'pipe', 'pipe'] });
-    let out = '';
-    let err = '';
-    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
-    child.stdout.on('data', (d) => {
-      out += d;
-    });
-    child.stderr.on('data', (d) => {
-      err += d;
-    });
-    child.on('error', reject);
-    child.on('close', (code) => {
-      clearTimeout(timer);
-      if (code === 0) resolve(out);
-      else reject(new Error(`${cmd} ${args.join(' ')} failed (status ${code}): ${err.slice(-2000)}`));
-    });
-    child.stdin.end(input);
-  });
 }
 
 /**

@@ -21,7 +21,8 @@ import {
   prefixToMask,
 } from './cloud-hypervisor.ts';
 import type { TemplateImage } from './driver.ts';
-import { apiRequest, pidAlive } from './vmm-common.ts';
+import { apiRequest } from './vmm-api.ts';
+import { pidAlive } from './vmm-common.ts';
 
 const paths: ChPaths = {
   kernel: '/img/vmlinux',

@@ -31,8 +31,8 @@ import { ipv4Netmask } from '../../core/net-address.ts';
 import type { CleanupStack, DriverCapabilities, InstanceSpec, SnapshotRef } from './driver.ts';
 import { GUEST_NET } from './driver.ts';
 import { makeInstanceDisk, vmKernelCmdline } from './vm-common.ts';
+import { apiCall } from './vmm-api.ts';
 import {
-  apiCall,
   copyDisk,
   mapVmmState,
   type PersistedVm,

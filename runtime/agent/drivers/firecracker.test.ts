@@ -316,7 +316,7 @@ describe('the Firecracker fake itself holds the contract', () => {
     await rm(dir, { recursive: true, force: true });
   });
   const put = async (method: string, path: string, body: unknown) => {
-    const { apiRequest } = await import('./vmm-common.ts');
+    const { apiRequest } = await import('./vmm-api.ts');
     return apiRequest(fake.socketPath, method, path, body);
   };
 

@@ -39,8 +39,8 @@ import { basename, join } from 'node:path';
 import { shapeProblem } from '../../core/drivers.ts';
 import type { CleanupStack, DriverCapabilities, InstanceSpec, SnapshotRef } from './driver.ts';
 import { makeInstanceDisk, vmKernelCmdline } from './vm-common.ts';
+import { apiCall } from './vmm-api.ts';
 import {
-  apiCall,
   copyDisk,
   linkOrCopy,
   mapVmmState,

@@ -20,8 +20,9 @@ import { directoryImage } from '../image/images.ts';
 import { buildTemplate } from '../image/templates.ts';
 import type { InstanceSpec, SandboxNetwork, TemplateImage } from './driver.ts';
 import { httpStatus } from './guest-health.ts';
-import { type GvisorConfig, GvisorDriver } from './gvisor.ts';
+import { GvisorDriver } from './gvisor.ts';
 import { DEFAULT_GVISOR_PLATFORM } from './gvisor-platform.ts';
+import type { GvisorConfig } from './gvisor-runsc.ts';
 
 /** Template cache shared with templates.int.test.ts (persists between runs). */
 const CACHE = TEST_CACHE_DIR;

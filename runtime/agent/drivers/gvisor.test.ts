@@ -1,9 +1,11 @@
 import { describe, expect, it } from 'vitest';
 import type { InstanceSpec } from './driver.ts';
+import { GvisorDriver } from './gvisor.ts';
+import { guestProcessLimit, hostTaskLimit, shmSizeMiB, tmpSizeMiB } from './gvisor-limits.ts';
+import { DEFAULT_GVISOR_PLATFORM } from './gvisor-platform.ts';
 import {
   buildOciSpec,
   checkpointFailureReason,
-  GvisorDriver,
   MIN_RUNSC_RELEASE,
   mapRunscStatus,
   overlayOptions,
@@ -13,9 +15,7 @@ import {
   runscRelease,
   runscRestoreCommand,
   runscRunCommand,
-} from './gvisor.ts';
-import { guestProcessLimit, hostTaskLimit, shmSizeMiB, tmpSizeMiB } from './gvisor-limits.ts';
-import { DEFAULT_GVISOR_PLATFORM } from './gvisor-platform.ts';
+} from './gvisor-runsc.ts';
 
 const spec: InstanceSpec = {
   instanceId: 'i-abc',

@@ -67,26 +67,6 @@ export interface PersistedInstance {
 }
 
 // the pure parts (its configuration, the OCI spec, runsc command lines) live in gvisor-runsc.ts;
-// re-exported for callers
-export {
-  buildOciSpec,
-  CPU_PERIOD_US,
-  checkpointFailureReason,
-  type GvisorConfig,
-  MIN_RUNSC_RELEASE,
-  mapRunscStatus,
-  type OciInputs,
-  overlayOptions,
-  runscCheckpointArgs,
-  runscCmdArgs,
-  runscGlobalArgs,
-  runscRelease,
-  runscRestoreCommand,
-  runscRunCommand,
-  runscStartCommand,
-  SANDBOX_PID_FILE,
-} from './gvisor-runsc.ts';
-
 import {
   buildOciSpec,
   checkpointFailureReason,

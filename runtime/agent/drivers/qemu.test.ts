@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { GUEST_ARGV } from '../image/images.ts';
 import { BOOT_MARKER, initScript, moduleDepends, moduleLoadOrder, shQuote } from '../image/vm-image.ts';
 import { GUEST_NET } from './driver.ts';
-import { guestClockArgs, inNetns, mapQmpStatus, qemuArgv } from './qemu.ts';
+import { guestClockArgs, inNetns, mapQmpStatus, qemuArgv } from './qemu-argv.ts';
 import { vmKernelCmdline } from './vm-common.ts';
 
 const base = {

@@ -71,15 +71,6 @@ export interface PersistedQemuInstance {
 }
 
 // its command lines live in qemu-argv.ts; re-exported for callers
-export {
-  guestClockArgs,
-  inNetns,
-  mapQmpStatus,
-  type QemuArgvInputs,
-  qemuArgv,
-  SNAPSHOT_FILES,
-} from './qemu-argv.ts';
-
 import { cpuinfo, guestClockArgs, inNetns, mapQmpStatus, qemuArgv, SNAPSHOT_FILES } from './qemu-argv.ts';
 
 /** QEMU microvm implementation of {@link Driver}. */

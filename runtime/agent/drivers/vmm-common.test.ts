@@ -3,14 +3,8 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import {
-  faultMessage,
-  killAndWait,
-  mapVmmState,
-  pidAlive,
-  processRssBytes,
-  spawnLauncher,
-} from './vmm-common.ts';
+import { faultMessage } from './vmm-api.ts';
+import { killAndWait, mapVmmState, pidAlive, processRssBytes, spawnLauncher } from './vmm-common.ts';
 
 describe('vmm-common', () => {
   let dir: string;

@@ -73,14 +73,6 @@ export const spawnLauncher: VmmLauncher = async (l) => {
 export type GuestWaiter = (host: string, timeoutMs: number, alive: () => Promise<boolean>) => Promise<void>;
 
 // the API client lives in vmm-api.ts; re-exported for the drivers
-export {
-  type ApiAnswer,
-  apiCall,
-  apiRequest,
-  faultMessage,
-  waitForApiSocket,
-} from './vmm-api.ts';
-
 import { waitForApiSocket } from './vmm-api.ts';
 
 /** Whether a process with this pid exists (signal 0). */
