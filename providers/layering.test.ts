@@ -3,10 +3,11 @@
  * program depends on the providers, not the other way round), and of the runtime it reads only
  * the services' public config modules (`runtime/<service>/config.ts`) and the shared core.
  */
-import { readdirSync, readFileSync } from 'node:fs';
+import { readdirSync } from 'node:fs';
 import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
+import { relativeImports } from '../scripts/docs-check.ts';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const ROOT = resolve(HERE, '..');
@@ -18,13 +19,8 @@ function tsFiles(dir: string): string[] {
   );
 }
 
-/** Repository-relative targets of the relative imports and re-exports of `file`. */
-function importsOf(file: string): string[] {
-  const text = readFileSync(file, 'utf8');
-  return [...text.matchAll(/\b(?:import|export)\b[^'";]*?\bfrom\s+'(\.[^']+)'/g)].map((m) =>
-    relative(ROOT, resolve(dirname(file), m[1]!)),
-  );
-}
+/** Repository-relative targets of every relative import of `file` (the docs check's parser). */
+const importsOf = (file: string): string[] => relativeImports(relative(ROOT, file));
 
 describe('providers/ import boundaries', () => {
   const files = tsFiles(HERE);

@@ -342,6 +342,22 @@ export function parseMermaid(md: string): MermaidGraph {
 }
 
 /**
+ * Repository-relative paths (`/`-separated) of the relative modules repo file `file` imports:
+ * static imports (named or bare), `export … from`, dynamic `import()` and `require()`, as
+ * TypeScript's own pre-processor finds them. Package imports are left out.
+ */
+export function relativeImports(file: string, root = REPO_ROOT): string[] {
+  const info = ts.preProcessFile(readFileSync(join(root, file), 'utf8'), true, true);
+  return info.importedFiles
+    .filter((imp) => imp.fileName.startsWith('.'))
+    .map((imp) =>
+      relative(root, resolve(root, dirname(file), imp.fileName))
+        .split(sep)
+        .join('/'),
+    );
+}
+
+/**
  * The import graph between `folders` (repo-relative): an edge `A --> B` when a non-test `.ts` file
  * whose deepest enclosing folder among `folders` is A imports (statically, dynamically, or by
  * `export … from`) a relative module whose deepest enclosing folder is B ≠ A. Bare package imports
@@ -361,12 +377,7 @@ export function importGraph(folders: readonly string[], root = REPO_ROOT): strin
   );
   for (const f of files) {
     const from = owner(f);
-    const info = ts.preProcessFile(readFileSync(join(root, f), 'utf8'), true, true);
-    for (const imp of info.importedFiles) {
-      if (!imp.fileName.startsWith('.')) continue;
-      const target = relative(root, resolve(root, dirname(f), imp.fileName))
-        .split(sep)
-        .join('/');
+    for (const target of relativeImports(f, root)) {
       const to = owner(target);
       if (from && to && from !== to) edges.add(`${from} --> ${to}`);
     }
