@@ -9,6 +9,8 @@ import { defineConfig } from 'vitest/config';
  */
 const SLOW = [
   'test/faults.int.test.ts',
+  // round-3 fault cases (F6–F10), one file per kind of fault so each starts its own stack
+  'test/faults-*.int.test.ts',
   'test/upgrade.int.test.ts',
   'test/lifecycle.int.test.ts',
   'benchmarks/bench.int.test.ts',
