@@ -7,6 +7,7 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
 import { Counter, Gauge, Registry } from 'prom-client';
+import { buildVersion } from '../core/build-version.ts';
 import { DATA_PLANE_JSON_BODY_LIMIT } from '../core/data-plane.ts';
 import { acceptEmptyBodies, clientErrorHandler, installErrorHandlers } from '../core/http-errors.ts';
 import { requestLogOptions } from '../core/http-log.ts';
@@ -114,7 +115,7 @@ export async function buildAgentApp(deps: AgentDeps): Promise<FastifyInstance> {
 
   if (deps.reconciler) registry.registerMetric(deps.reconciler.metric);
 
-  app.get('/healthz', async () => ({ ok: true }));
+  app.get('/healthz', async () => ({ ok: true, version: buildVersion() }));
   app.get('/readyz', async () => ({ ok: true, sandboxes: deps.sandboxes.size }));
   app.get('/metrics', async (_req, reply) => reply.type(registry.contentType).send(await registry.metrics()));
   await app.register(internalRoutes(deps));

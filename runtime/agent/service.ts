@@ -8,6 +8,7 @@
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { AGENT_PROTOCOL_VERSION } from '../core/agent-protocol.ts';
+import { buildVersion } from '../core/build-version.ts';
 import { createLogger } from '../core/log-fields.ts';
 import { keys } from '../core/redis-keys.ts';
 import { loadVerifyKey } from '../core/tokens.ts';
@@ -39,8 +40,8 @@ import { SandboxManager } from './sandboxes/manager.ts';
 import { MemoryGuard } from './sandboxes/memory-guard.ts';
 import { scrubCredentialValues } from './sandboxes/state-scrub.ts';
 
-/** Version the agent reports (package version). */
-export const AGENT_VERSION = '0.1.0';
+/** Version the agent reports in its heartbeat: the build it runs ({@link buildVersion}). */
+export const AGENT_VERSION = buildVersion();
 
 /** A started agent. */
 export interface RunningAgent {

@@ -9,6 +9,7 @@ import fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { ErrorSchema, OperationSchema, SandboxSchema } from '../core/api-schemas.ts';
+import { buildVersion } from '../core/build-version.ts';
 import { SpaceError } from '../core/errors.ts';
 import { acceptEmptyBodies, clientErrorHandler, installErrorHandlers } from '../core/http-errors.ts';
 import { requestLogOptions } from '../core/http-log.ts';
@@ -157,7 +158,8 @@ export async function buildApp(
   });
 
   const open = { schema: { hide: true }, config: { public: true } };
-  app.get('/healthz', open, async () => ({ ok: true }));
+  // the build that answers: a version bump is seen reaching each API
+  app.get('/healthz', open, async () => ({ ok: true, version: buildVersion() }));
   app.get('/readyz', open, async (_req, reply) => {
     try {
       await deps.redis.ping();

@@ -8,6 +8,7 @@
 import fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyServerOptions } from 'fastify';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
+import { buildVersion } from '../core/build-version.ts';
 import {
   DATA_PLANE_JSON_BODY_LIMIT,
   DATA_PLANE_ROUTES,
@@ -113,7 +114,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   app.removeAllContentTypeParsers();
   app.addContentTypeParser('*', (_req, _payload, done) => done(null));
 
-  app.get('/healthz', async () => ({ ok: true }));
+  app.get('/healthz', async () => ({ ok: true, version: buildVersion() }));
   app.get('/readyz', async (_req, reply) => {
     try {
       await deps.redis.ping();

@@ -6,6 +6,7 @@
 import { describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
 import { controlAddress } from '../../providers/vm-network.ts';
+import { counterDamage } from './exercise.ts';
 import { REHEARSAL_NET } from './host.ts';
 import { renderStack } from './render.ts';
 import { macFor, networkConfig } from './vm.ts';
@@ -29,6 +30,9 @@ describe('the rehearsal seeds VMs with what the program renders', () => {
       expect(v.userData).not.toContain(KEY);
     }
     expect(r.vms[1]!.userData).toContain(controlAddress(REHEARSAL_NET.privateCidr));
+    // a version bump is applied as `pulumi up` applies it: the VmConfig resource's own inputs
+    expect(r.vmConfig?.['version']).toBe('9.9.9');
+    expect(r.vmConfig?.['apiKey']).toBe(KEY);
   }, 60_000);
 
   it('crusoe: the startup scripts, run by cloud-init as a user-data script', async () => {
@@ -67,5 +71,22 @@ describe('network config', () => {
       expect(first & 1).toBe(0); // unicast
       expect(first & 2).toBe(2); // locally administered
     }
+  });
+});
+
+describe('counterDamage: what a streamed counter lost or repeated', () => {
+  const lines = (...n: (number | string)[]) => n.map(String);
+  it('an intact counter', () => {
+    expect(counterDamage(lines(0, 1, 2, 'end 3'))).toEqual({ count: 3, lost: 0, repeated: 0 });
+  });
+  it('a gap, a repeat, a line out of order and a stray line are each counted', () => {
+    expect(counterDamage(lines(0, 2, 'end 3'))).toEqual({ count: 3, lost: 1, repeated: 0 });
+    expect(counterDamage(lines(0, 1, 1, 2, 'end 3'))).toEqual({ count: 3, lost: 0, repeated: 1 });
+    expect(counterDamage(lines(0, 2, 1, 'end 3'))).toEqual({ count: 3, lost: 0, repeated: 1 });
+    expect(counterDamage(lines(0, 'x', 1, 'end 2'))).toEqual({ count: 2, lost: 0, repeated: 1 });
+  });
+  it('lines lost at the end show as an unknown count (no end line)', () => {
+    expect(counterDamage(lines(0, 1))).toEqual({ count: null, lost: 0, repeated: 0 });
+    expect(counterDamage(lines())).toEqual({ count: null, lost: 0, repeated: 0 });
   });
 });

@@ -5,23 +5,47 @@
  * the program's own user data), beside stand-ins for what the cloud provides: an OCI registry with
  * credentials holding the image `npm run image` built, an apt mirror, a TCP load balancer.
  * Prints progress and, per VM, the steps of its user data that failed; `--json` prints the summary
- * as JSON. Exit 0 only when every VM's cloud-init finished with no failed step and the API answers
- * ready through the load balancer. Root only.
+ * as JSON. Once the API answers through the load balancer it uses the deployment as a platform team
+ * would ({@link exercise}): a sandbox and a command on every node VM, `space bench latency
+ * --target`, then a version bump while two sandboxes stream counters. Exit 0 only when every VM's
+ * cloud-init finished with no failed step, every phase passed, and the streams lost and repeated
+ * nothing. Root only.
  *
- * Not yet rehearsed (issue 42 goes on): sandboxes on the node VMs, `space bench latency --target`,
- * a version bump while commands stream, the Crusoe scripts on a Redis 6.0 base (`bullseye`).
+ * Not rehearsed here: the Crusoe scripts on a Redis 6.0 base (`bullseye`); see docs/deployment.md.
  */
 import { randomBytes } from 'node:crypto';
 import { mkdir, rm } from 'node:fs/promises';
 import { Command } from 'commander';
 import { request } from 'undici';
+import { type VmConfigInputs, writeVmConfig } from '../../providers/systemd/vm-config-client.ts';
 import { controlAddress } from '../../providers/vm-network.ts';
 import { baseImage } from './base-image.ts';
+import {
+  benchLatency,
+  type CounterStream,
+  counterDamage,
+  liveNodes,
+  type NodeRun,
+  STOP_FILE,
+  sandboxesOnEveryNode,
+  space,
+  streamCounter,
+  type Target,
+} from './exercise.ts';
 import { REHEARSAL_NET, run } from './host.ts';
 import { forward } from './load-balancer.ts';
 import { createNetwork, destroyNetwork } from './network.ts';
-import { renderStack } from './render.ts';
-import { pushImage, rehearsalCa, type Service, startAptCache, startRegistry } from './services.ts';
+import { type Rendering, renderStack } from './render.ts';
+import {
+  pushImage,
+  type Registry,
+  type RehearsalCa,
+  rehearsalCa,
+  type Service,
+  stampedImage,
+  startAptCache,
+  startRegistry,
+} from './services.ts';
 import { bootVm, type Vm } from './vm.ts';
 
 const API_PORT = 8080;
@@ -36,6 +60,10 @@ interface Options {
   keep: boolean;
   json: boolean;
   apiWaitMinutes: number;
+  upgradeTo: string | undefined;
+  upgrade: boolean;
+  benchN: number;
+  upgradeWaitMinutes: number;
 }
 
 /** Host tools the rehearsal runs, and the Debian package of each. */
@@ -61,6 +89,26 @@ interface Summary {
   wallSeconds: number;
   vms: { name: string; address: string; cloudInitSeconds: number | null; blockers: string[] }[];
   apiReady: boolean;
+  /** One sandbox per node VM and the command run in it (through the load balancer). */
+  nodeRuns: NodeRun[];
+  /** `space bench latency --target` through the load balancer: create latency medians, ms. */
+  bench: { source: string; metric: string; n: number; p50Ms: number }[] | null;
+  /** The version bump, applied as `pulumi up` applies it, while counters streamed. */
+  upgrade: {
+    from: string;
+    to: string;
+    /** Seconds from the write of the new version until every node, the API and the router ran it. */
+    rolledSeconds: number | null;
+    streams: {
+      sandbox: string;
+      count: number | null;
+      lost: number;
+      repeated: number;
+      exitCode: number | null;
+    }[];
+  } | null;
+  /** What failed after the VMs were up (the first error of each phase). */
+  errors: string[];
 }
 
 async function missingTools(): Promise<string[]> {
@@ -73,6 +121,146 @@ async function missingTools(): Promise<string[]> {
     if (!found) missing.push(pkg);
   }
   return [...new Set(missing)];
+}
+
+/** The overrides each rendering was made with (a bump renders again with the same ones). */
+const renderedWith = new WeakMap<Rendering, Record<string, string>>();
+const stackOverrides = (r: Rendering): Record<string, string> => renderedWith.get(r) ?? {};
+
+/** What the phases after boot need besides the target. */
+interface ExerciseContext {
+  readonly nodeCount: number;
+  readonly registry: Registry;
+  readonly ca: RehearsalCa;
+  readonly repository: string;
+  readonly routerUrl: string;
+  readonly log: (line: string) => void;
+}
+
+/** `GET <url>/healthz` → the build that answers, or null when it does not. */
+async function healthVersion(url: string): Promise<string | null> {
+  const res = await request(`${url}/healthz`, { headersTimeout: 10_000, bodyTimeout: 10_000 }).catch(
+    () => undefined,
+  );
+  if (!res) return null;
+  const body = (await res.body.json().catch(() => ({}))) as { version?: string };
+  return res.statusCode === 200 ? (body.version ?? null) : null;
+}
+
+/**
+ * The deployment used as a platform team would, through the load-balancer stand-in: nodes
+ * registered, a sandbox and a command on every node VM, the latency benchmark with `--target`,
+ * then (unless `--no-upgrade`) a version bump applied as `pulumi up` applies it (the program
+ * rendered again with the new `space:version`; its `space:VmConfig` inputs written through
+ * `writeVmConfig`) while two sandboxes stream counters. Each phase's first error is recorded in
+ * `summary.errors`; a failed phase stops the ones after it.
+ */
+async function exercise(o: Options, summary: Summary, rendering: Rendering, t: Target, x: ExerciseContext) {
+  const phase = async (name: string, f: () => Promise<void>) => {
+    try {
+      await f();
+      return true;
+    } catch (err) {
+      summary.errors.push(`${name}: ${(err as Error).message.slice(0, 600)}`);
+      x.log(`${name} FAILED: ${(err as Error).message.slice(0, 600)}`);
+      return false;
+    }
+  };
+  const registered = await phase('nodes', async () => {
+    const deadline = Date.now() + o.apiWaitMinutes * 60_000;
+    for (;;) {
+      const nodes = await liveNodes(t).catch(() => []);
+      if (nodes.length >= x.nodeCount)
+        return x.log(`nodes: ${nodes.map((n) => `${n.id} (${n.version})`).join(', ')}`);
+      if (Date.now() > deadline) throw new Error(`${nodes.length} of ${x.nodeCount} nodes alive`);
+      await new Promise((r) => setTimeout(r, 10_000));
+    }
+  });
+  if (!registered) return;
+  const ran = await phase('sandboxes', async () => {
+    summary.nodeRuns = await sandboxesOnEveryNode(t, x.nodeCount, x.log);
+    for (const r of summary.nodeRuns) x.log(`${r.node}: ${r.sandbox} ran: ${r.output.replace(/\n/g, ' | ')}`);
+  });
+  if (!ran) return;
+  await phase('bench', async () => {
+    const doc = (await benchLatency(t, o.benchN)) as {
+      summary: { rows: { source: string; metric: string; summary: { n: number; p50: number } }[] };
+    };
+    summary.bench = doc.summary.rows.map((r) => ({
+      source: r.source,
+      metric: r.metric,
+      n: r.summary.n,
+      p50Ms: r.summary.p50,
+    }));
+    for (const r of summary.bench)
+      x.log(`bench latency: ${r.source} ${r.metric} n=${r.n} p50 ${r.p50Ms.toFixed(0)} ms`);
+  });
+  if (!o.upgrade) return;
+  const to = o.upgradeTo ?? `${o.version}-next`;
+  await phase('upgrade', async () => {
+    x.log(`upgrade: stamp and push ${x.repository}:${to}`);
+    await pushImage(x.registry, x.ca, await stampedImage(o.image, to), `${x.repository}:${to}`);
+    const sandboxes: string[] = [];
+    const streams: CounterStream[] = [];
+    try {
+      for (let i = 0; i < 2; i++) sandboxes.push((await space<{ id: string }>(t, ['sandbox', 'create'])).id);
+      for (const id of sandboxes) streams.push(streamCounter(t, id));
+      // a few lines before the roll starts
+      await new Promise((r) => setTimeout(r, 10_000));
+      const bumped = await renderStack('akamai', { ...stackOverrides(rendering), version: to });
+      if (!bumped.vmConfig) throw new Error('the program rendered no space:VmConfig');
+      const t1 = Date.now();
+      await writeVmConfig(
+        { ...(bumped.vmConfig as unknown as VmConfigInputs), apiUrl: t.apiUrl },
+        { allowPlain: false },
+      );
+      x.log(`upgrade: target version ${to} written; waiting for every VM`);
+      const deadline = Date.now() + o.upgradeWaitMinutes * 60_000;
+      let rolledSeconds: number | null = null;
+      for (;;) {
+        const nodes = await liveNodes(t).catch(() => []);
+        const api = await healthVersion(t.apiUrl);
+        const router = await healthVersion(x.routerUrl);
+        const done = nodes.filter((n) => n.version === to).length;
+        if (api === to && router === to && done >= x.nodeCount) {
+          rolledSeconds = Math.round((Date.now() - t1) / 1000);
+          break;
+        }
+        if (Date.now() > deadline) {
+          x.log(
+            `upgrade: not rolled after ${o.upgradeWaitMinutes} min (api ${api}, router ${router}, nodes ${done}/${x.nodeCount})`,
+          );
+          break;
+        }
+        await new Promise((r) => setTimeout(r, 10_000));
+      }
+      x.log(
+        `upgrade: ${rolledSeconds === null ? 'did not roll' : `every VM on ${to} after ${rolledSeconds} s`}`,
+      );
+      for (const id of sandboxes) await space(t, ['exec', id, '--', 'touch', STOP_FILE]);
+      const results = await Promise.all(
+        streams.map((st) =>
+          Promise.race([st.done, new Promise<null>((r) => setTimeout(() => r(null), 120_000))]),
+        ),
+      );
+      summary.upgrade = {
+        from: o.version,
+        to,
+        rolledSeconds,
+        streams: results.map((r, i) => {
+          const damage = r ? counterDamage(r.lines) : { count: null, lost: 0, repeated: 0 };
+          return { sandbox: sandboxes[i]!, ...damage, exitCode: r?.exitCode ?? null };
+        }),
+      };
+      for (const st of summary.upgrade.streams)
+        x.log(
+          `stream ${st.sandbox}: ${st.count ?? '?'} lines, lost ${st.lost}, repeated ${st.repeated}, exit ${st.exitCode}`,
+        );
+    } finally {
+      for (const st of streams) st.child.kill('SIGKILL');
+      for (const id of sandboxes) await space(t, ['sandbox', 'rm', id]).catch(() => undefined);
+    }
+  });
 }
 
 async function main(o: Options): Promise<Summary> {
@@ -112,13 +300,15 @@ async function main(o: Options): Promise<Summary> {
     log(`registry: push ${o.image} as ${repository}:${o.version}`);
     await pushImage(registry, ca, o.image, `${repository}:${o.version}`);
     const lbHost = REHEARSAL_NET.hostAddress;
-    const rendering = await renderStack('akamai', {
-      version: o.version,
+    const apiKey = process.env['SPACE_REHEARSAL_API_KEY'] ?? `space_${randomBytes(24).toString('hex')}`;
+    const overrides = {
       imageRepository: repository,
       privateCidr: REHEARSAL_NET.privateCidr,
       routerUrl: `http://${lbHost}:${ROUTER_PORT}`,
-      bootstrapApiKey: process.env['SPACE_REHEARSAL_API_KEY'] ?? `space_${randomBytes(24).toString('hex')}`,
-    });
+      bootstrapApiKey: apiKey,
+    };
+    const rendering = await renderStack('akamai', { ...overrides, version: o.version });
+    renderedWith.set(rendering, overrides);
     log(`rendered: ${rendering.vms.map((v) => v.resource).join(', ')}`);
     let nodeIndex = 0;
     for (const r of rendering.vms) {
@@ -148,7 +338,16 @@ async function main(o: Options): Promise<Summary> {
     const api = await forward(lbHost, API_PORT, control.spec.address, API_PORT);
     const router = await forward(lbHost, ROUTER_PORT, control.spec.address, ROUTER_PORT);
     cleanup.push(api.close, router.close);
-    const summary: Summary = { ok: false, wallSeconds: 0, vms: [], apiReady: false };
+    const summary: Summary = {
+      ok: false,
+      wallSeconds: 0,
+      vms: [],
+      apiReady: false,
+      nodeRuns: [],
+      bench: null,
+      upgrade: null,
+      errors: [],
+    };
     for (const v of vms) {
       const line = await v.waitForConsole(/Cloud-init v\. .* finished/, 45 * 60_000).catch(() => null);
       const up = line ? /Up ([\d.]+) seconds/.exec(line) : null;
@@ -181,9 +380,31 @@ async function main(o: Options): Promise<Summary> {
       if (Date.now() > deadline) break;
       await new Promise((r) => setTimeout(r, 10_000));
     }
+    if (summary.apiReady)
+      await exercise(
+        o,
+        summary,
+        rendering,
+        { apiUrl: `http://${lbHost}:${API_PORT}`, apiKey },
+        {
+          nodeCount: vms.length - 1,
+          registry,
+          ca,
+          repository,
+          routerUrl: `http://${lbHost}:${ROUTER_PORT}`,
+          log,
+        },
+      );
     summary.wallSeconds = Math.round((Date.now() - t0) / 1000);
     summary.ok =
-      summary.apiReady && summary.vms.every((v) => v.cloudInitSeconds !== null && v.blockers.length === 0);
+      summary.apiReady &&
+      summary.errors.length === 0 &&
+      summary.vms.every((v) => v.cloudInitSeconds !== null && v.blockers.length === 0) &&
+      summary.nodeRuns.length === vms.length - 1 &&
+      (!o.upgrade ||
+        (summary.upgrade?.rolledSeconds != null &&
+          summary.upgrade.streams.length === 2 &&
+          summary.upgrade.streams.every((x) => x.count !== null && x.lost === 0 && x.repeated === 0)));
     log(
       `${summary.ok ? 'passed' : 'FAILED'} in ${summary.wallSeconds} s; consoles under ${o.workDir}/<vm>/console.log`,
     );
@@ -210,6 +431,18 @@ const program = new Command('rehearse')
     'how long to wait for the API through the load balancer',
     (v) => Number(v),
     10,
+  )
+  .option(
+    '--upgrade-to <tag>',
+    'the version bump: the new build is the image stamped with this tag (default <version>-next)',
+  )
+  .option('--no-upgrade', 'stop after the sandboxes and the benchmark (no version bump)')
+  .option('--bench-n <n>', 'creates of `space bench latency --target`', (v) => Number(v), 4)
+  .option(
+    '--upgrade-wait-minutes <n>',
+    'how long every VM may take to run the new version',
+    (v) => Number(v),
+    40,
   )
   .option('--json', 'print the summary as JSON', false)
   .action(async (opts: Options) => {

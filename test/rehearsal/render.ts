@@ -18,10 +18,16 @@ export interface RenderedVm {
   readonly userData: string;
 }
 
-/** The stack program's rendering: its VMs and its outputs (resolved). */
+/** The stack program's rendering: its VMs, its outputs (resolved) and its VM configuration. */
 export interface Rendering {
   readonly vms: readonly RenderedVm[];
   readonly outputs: Record<string, unknown>;
+  /**
+   * The inputs of the stack's `space:VmConfig` resource (plain: secrets unwrapped), which
+   * `pulumi up` hands to `writeVmConfig`: how a configuration change or a version bump reaches VMs
+   * that already run. Absent when the program made none.
+   */
+  readonly vmConfig?: Record<string, unknown>;
 }
 
 /** `space:*` values of `stacks/Pulumi.<stack>.yaml` as Pulumi passes them (objects as JSON). */
@@ -46,8 +52,10 @@ export async function renderStack(stack: string, overrides: Record<string, strin
   const outputs = run((k) => raw[k]);
   await settle(recorded);
   const vms: RenderedVm[] = [];
+  let vmConfig: Record<string, unknown> | undefined;
   for (const r of recorded) {
     const inputs = unwrapSecrets(r.inputs) as Record<string, unknown>;
+    if (r.type === 'pulumi-nodejs:dynamic/space:VmConfig') vmConfig = inputs;
     let userData: string | undefined;
     if (r.type === 'linode:index/instance:Instance') {
       const md = inputs['metadatas'] as { userData?: string }[] | undefined;
@@ -60,5 +68,5 @@ export async function renderStack(stack: string, overrides: Record<string, strin
   }
   const resolvedOutputs: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(outputs)) resolvedOutputs[k] = await resolved(v);
-  return { vms, outputs: resolvedOutputs };
+  return { vms, outputs: resolvedOutputs, ...(vmConfig ? { vmConfig } : {}) };
 }

@@ -259,3 +259,28 @@ export async function startAptCache(cacheDir: string, workDir: string, mirror: s
     aptCachePort,
   );
 }
+
+/**
+ * Makes the "new build" of a version bump from the local image `source`: one more layer that
+ * stamps `version` into it (`SPACE_VERSION`, which every service reports: nodes in
+ * `GET /v1/nodes`, the API and router in `GET /healthz`), committed as `localhost/space:<version>`.
+ * Returns that reference. A real new image (its own digest), without a second full build.
+ */
+export async function stampedImage(source: string, version: string): Promise<string> {
+  const ref = `localhost/space:${version}`;
+  const cid = (await run('buildah', ['from', '--pull=never', source])).trim();
+  try {
+    await run('buildah', [
+      'config',
+      '--env',
+      `SPACE_VERSION=${version}`,
+      '--label',
+      `org.opencontainers.image.version=${version}`,
+      cid,
+    ]);
+    await run('buildah', ['commit', '--quiet', cid, ref], { timeoutMs: 900_000 });
+  } finally {
+    await run('buildah', ['rm', cid]).catch(() => undefined);
+  }
+  return ref;
+}

@@ -5,7 +5,8 @@
  */
 import { afterAll, beforeAll, beforeEach, describe, expect, inject, it } from 'vitest';
 import { ERROR_CODES, type ErrorCode } from '../../core/errors.ts';
-import { keys } from '../../core/redis-keys.ts';
+import { buildVersion } from '../../core/build-version.ts';
+import { keys, VERSION_TAG } from '../../core/redis-keys.ts';
 import { startTestApi, type TestApi } from '../test-app.ts';
 
 let api: TestApi;
@@ -21,6 +22,14 @@ beforeEach(async () => {
 const auth = () => ({ authorization: `Bearer ${api.key}` });
 const call = (method: 'GET' | 'POST' | 'DELETE' | 'PATCH', url: string, payload?: unknown, headers = {}) =>
   api.app.inject({ method, url, headers: { ...auth(), ...headers }, ...(payload ? { payload } : {}) });
+
+describe('health', () => {
+  it('/healthz names the build that answers (how a version bump is seen reaching each API)', async () => {
+    const res = await api.app.inject({ method: 'GET', url: '/healthz' });
+    expect(res.json()).toEqual({ ok: true, version: buildVersion() });
+    expect(buildVersion()).toMatch(VERSION_TAG);
+  });
+});
 
 describe('sandbox routes (buildApp + inject)', () => {
   it('create answers 202 with the creating sandbox and its pending operation, both written', async () => {

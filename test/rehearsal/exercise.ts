@@ -1,0 +1,177 @@
+/**
+ * What the rehearsal does with a deployment once it is up, as a platform team would: the `space`
+ * CLI through the load-balancer stand-in (sandboxes on every node VM, a command in each, the
+ * latency benchmark with `--target`), then a version bump applied as the stack applies it while
+ * sandboxes stream a counter, checked line by line (nothing lost, nothing repeated).
+ */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import type { NodeInfo } from '../../runtime/core/types.ts';
+import { run } from './host.ts';
+
+const CLI = fileURLToPath(new URL('../../runtime/cli/space.ts', import.meta.url));
+
+/** Where the deployment answers and with which key. */
+export interface Target {
+  readonly apiUrl: string;
+  readonly apiKey: string;
+}
+
+/** Runs `space --json <args>` against `t` and parses its stdout. Throws with the CLI's stderr. */
+export async function space<T>(t: Target, args: readonly string[], timeoutMs = 600_000): Promise<T> {
+  const out = await run(
+    process.execPath,
+    [CLI, '--json', '--api-url', t.apiUrl, '--api-key', t.apiKey, '--retry-for', '300', ...args],
+    { timeoutMs },
+  );
+  return JSON.parse(out) as T;
+}
+
+/** The alive, schedulable nodes the API knows. */
+export async function liveNodes(t: Target): Promise<NodeInfo[]> {
+  const { nodes } = await space<{ nodes: NodeInfo[] }>(t, ['nodes']);
+  return nodes.filter((n) => n.alive);
+}
+
+/** What {@link sandboxesOnEveryNode} found. */
+export interface NodeRun {
+  readonly node: string;
+  readonly sandbox: string;
+  /** The command's stdout (`uname -r` and a marker). */
+  readonly output: string;
+}
+
+/**
+ * Creates sandboxes until every one of `nodeCount` nodes holds one (at most `2 × nodeCount + 2`
+ * creates: placement spreads, it is not told where), runs a command in one sandbox per node and
+ * deletes them all. Throws when a node never got a sandbox or a command's output is wrong.
+ */
+export async function sandboxesOnEveryNode(
+  t: Target,
+  nodeCount: number,
+  log: (line: string) => void,
+): Promise<NodeRun[]> {
+  const made: { id: string; nodeId: string | null }[] = [];
+  const byNode = new Map<string, string>();
+  try {
+    for (let i = 0; i < 2 * nodeCount + 2 && byNode.size < nodeCount; i++) {
+      const s = await space<{ id: string; nodeId: string | null }>(t, ['sandbox', 'create']);
+      made.push(s);
+      log(`sandbox ${s.id} on ${s.nodeId ?? '?'}`);
+      if (s.nodeId && !byNode.has(s.nodeId)) byNode.set(s.nodeId, s.id);
+    }
+    if (byNode.size < nodeCount)
+      throw new Error(`${made.length} creates reached ${byNode.size} of ${nodeCount} nodes`);
+    const runs: NodeRun[] = [];
+    for (const [node, sandbox] of byNode) {
+      const r = await space<{ stdout: string; exitCode: number }>(t, [
+        'exec',
+        sandbox,
+        '--',
+        'sh',
+        '-c',
+        'uname -r; echo rehearsal-ok',
+      ]);
+      if (r.exitCode !== 0 || !r.stdout.includes('rehearsal-ok'))
+        throw new Error(
+          `exec in ${sandbox} on ${node}: exit ${r.exitCode}, stdout ${JSON.stringify(r.stdout)}`,
+        );
+      runs.push({ node, sandbox, output: r.stdout.trim() });
+    }
+    return runs;
+  } finally {
+    for (const s of made) await space(t, ['sandbox', 'rm', s.id]).catch(() => undefined);
+  }
+}
+
+/** `space bench latency --target` with a small N; returns its JSON document. */
+export async function benchLatency(t: Target, n: number): Promise<unknown> {
+  return space(
+    t,
+    [
+      'bench',
+      'latency',
+      '--target',
+      t.apiUrl,
+      '--n',
+      String(n),
+      '--concurrency',
+      '1',
+      '--no-floor',
+      '--no-plot',
+    ],
+    30 * 60_000,
+  );
+}
+
+/** Path inside a sandbox whose existence ends a {@link streamCounter} command. */
+export const STOP_FILE = '/tmp/rehearsal-stop';
+
+/** A command streaming a counter, one line per second, read through `space exec`. */
+export interface CounterStream {
+  readonly sandbox: string;
+  /** Resolves when the client ended, with every stdout line it received. */
+  readonly done: Promise<{ lines: string[]; exitCode: number | null; stderr: string }>;
+  readonly child: ChildProcess;
+}
+
+/**
+ * Starts a counter in `sandbox`: `0`, `1`, … one line per second until {@link STOP_FILE} exists,
+ * then a last line `end <count>`; read by `space exec` (the CLI as users run it), so reconnects
+ * across restarts of the API, router and agent are the CLI's own.
+ */
+export function streamCounter(t: Target, sandbox: string): CounterStream {
+  const script = `i=0; while [ ! -e ${STOP_FILE} ]; do echo $i; i=$((i+1)); sleep 1; done; echo end $i`;
+  const child = spawn(
+    process.execPath,
+    [CLI, '--api-url', t.apiUrl, '--api-key', t.apiKey, 'exec', sandbox, '--', 'sh', '-c', script],
+    { stdio: ['ignore', 'pipe', 'pipe'] },
+  );
+  let out = '';
+  let err = '';
+  child.stdout?.on('data', (d: Buffer) => {
+    out += d.toString('utf8');
+  });
+  child.stderr?.on('data', (d: Buffer) => {
+    err += d.toString('utf8');
+  });
+  const done = new Promise<{ lines: string[]; exitCode: number | null; stderr: string }>((resolve) => {
+    child.on('close', (code) =>
+      resolve({ lines: out.split('\n').filter((l) => l !== ''), exitCode: code, stderr: err }),
+    );
+  });
+  return { sandbox, done, child };
+}
+
+/**
+ * Compares a {@link streamCounter}'s received lines with `0 … count-1` (`count` from its `end`
+ * line; null when that line never came, itself a loss). `lost`: numbers never received;
+ * `repeated`: lines beyond the first of a number, lines out of order, and lines that are not a
+ * number of the counter at all.
+ */
+export function counterDamage(lines: readonly string[]): {
+  count: number | null;
+  lost: number;
+  repeated: number;
+} {
+  const endLine = lines.at(-1)?.match(/^end (\d+)$/);
+  const received = endLine ? lines.slice(0, -1) : lines;
+  // without its end line the counter's length is unknown: judge what came, and say so (count null)
+  const count = endLine
+    ? Number(endLine[1])
+    : received.reduce((m, l) => (/^\d+$/.test(l) ? Math.max(m, Number(l) + 1) : m), 0);
+  const seen = new Set<number>();
+  let repeated = 0;
+  let last = -1;
+  for (const l of received) {
+    const n = /^\d+$/.test(l) ? Number(l) : -1;
+    if (n < 0 || n >= count || seen.has(n)) repeated++;
+    else {
+      seen.add(n);
+      // delivered, but after a later line: the stream was replayed or reordered
+      if (n < last) repeated++;
+    }
+    if (n >= 0) last = Math.max(last, n);
+  }
+  return { count: endLine ? count : null, lost: count - seen.size, repeated };
+}
