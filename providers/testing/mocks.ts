@@ -184,11 +184,21 @@ function fakeState(type: string, name: string, inputs: Record<string, unknown>):
 /**
  * Installs mocks and returns the list that fills as resources register. Call before constructing
  * any resource; `config` (full keys such as `space:version`) and `secretKeys` are injected too.
+ * `stateOverride` replaces the state chosen resources report.
  */
 export async function installMocks(
   config: Record<string, string> = {},
   secretKeys: string[] = [],
   stack = 'test',
+  /**
+   * The state a created resource reports, in place of the default fake one (`undefined`: the
+   * default): how the deployment rehearsal gives each Crusoe VM the private address its QEMU VM has.
+   */
+  stateOverride?: (
+    type: string,
+    name: string,
+    fake: Record<string, unknown>,
+  ) => Record<string, unknown> | undefined,
 ): Promise<RecordedResource[]> {
   const recorded: RecordedResource[] = [];
   let current: Pick<RecordedResource, 'parent' | 'aliases'> & { urn?: string } = { parent: '', aliases: [] };
@@ -201,7 +211,8 @@ export async function installMocks(
         // from the type and name, not the registration order: the same resource gets the same id
         // however the program is structured (a component registered first shifts no id)
         const numericId = String(10_000 + (stableNumber(`${args.type}::${args.name}`) % 89_999));
-        return { id: numericId, state: fakeState(args.type, args.name, args.inputs) };
+        const fake = fakeState(args.type, args.name, args.inputs);
+        return { id: numericId, state: stateOverride?.(args.type, args.name, fake) ?? fake };
       },
       call(args: pulumi.runtime.MockCallArgs): Record<string, unknown> {
         return args.inputs;

@@ -23,6 +23,7 @@ describe('the rehearsal seeds VMs with what the program renders', () => {
       bootstrapApiKey: KEY,
     });
     expect(r.vms.map((v) => v.role)).toEqual(['control', 'node', 'node']);
+    expect(r.vms.map((v) => v.address)).toEqual(['10.88.0.10', '10.88.0.21', '10.88.0.22']);
     for (const v of r.vms) {
       expect(v.userData.startsWith('#cloud-config\n')).toBe(true);
       expect(v.userData).toContain('10.88.1.1:5443/space:9.9.9');
@@ -39,11 +40,19 @@ describe('the rehearsal seeds VMs with what the program renders', () => {
     const r = await renderStack('crusoe', {
       version: '9.9.9',
       imageRepository: '10.88.1.1:5443/space',
+      privateCidr: REHEARSAL_NET.privateCidr,
       bootstrapApiKey: KEY,
     });
-    expect(r.vms.filter((v) => v.role === 'control')).toHaveLength(1);
-    expect(r.vms.filter((v) => v.role === 'node').length).toBeGreaterThan(0);
+    const [control, ...more] = r.vms.filter((v) => v.role === 'control');
+    expect(more).toEqual([]);
+    const nodes = r.vms.filter((v) => v.role === 'node');
+    expect(nodes.length).toBeGreaterThan(0);
     for (const v of r.vms) expect(v.userData.startsWith('#!')).toBe(true);
+    // Crusoe's API picks private addresses: the mock reports the ones the rehearsal's VMs get, and
+    // each node's script points at the control VM's
+    expect(control!.address).toBe(controlAddress(REHEARSAL_NET.privateCidr));
+    expect(new Set(r.vms.map((v) => v.address)).size).toBe(r.vms.length);
+    for (const n of nodes) expect(n.userData).toContain(control!.address);
   }, 60_000);
 });
 

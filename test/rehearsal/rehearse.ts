@@ -15,10 +15,9 @@
  */
 import { randomBytes } from 'node:crypto';
 import { mkdir, rm } from 'node:fs/promises';
-import { Command } from 'commander';
+import { Command, Option } from 'commander';
 import { request } from 'undici';
 import { type VmConfigInputs, writeVmConfig } from '../../providers/systemd/vm-config-client.ts';
-import { controlAddress } from '../../providers/vm-network.ts';
 import { baseImage } from './base-image.ts';
 import {
   benchLatency,
@@ -53,6 +52,7 @@ const MIRROR = process.env['SPACE_DEBIAN_MIRROR'] || 'http://deb.debian.org/debi
 const ROUTER_PORT = 8082;
 
 interface Options {
+  stack: 'akamai' | 'crusoe';
   cacheDir: string;
   workDir: string;
   image: string;
@@ -79,6 +79,30 @@ const TOOLS: Record<string, string> = {
   openssl: 'openssl',
   nsenter: 'util-linux',
 };
+
+/**
+ * The stacks the rehearsal boots, each on the Debian release that stands in for the cloud's image,
+ * with the overrides a VM without KVM needs.
+ */
+const STACKS = {
+  akamai: {
+    release: 'bookworm',
+    why: 'the vm-mode stack (control VM + node VMs from Linode user data), on Debian 12',
+    overrides: {},
+  },
+  crusoe: {
+    // Ubuntu 22.04 (Crusoe's default image) ships Redis 6.0, as Debian 11 does: the base that
+    // shows a script that works only with a newer Redis
+    release: 'bullseye',
+    why: "the startup scripts, on Debian 11 (Redis 6.0 like Crusoe's Ubuntu 22.04); the pool runs gvisor: the rehearsal's VMs have no KVM for cloud-hypervisor",
+    overrides: {
+      nodePools: JSON.stringify([{ name: 'default', driver: 'gvisor', instanceType: 'c1a.8x', count: 2 }]),
+    },
+  },
+} as const satisfies Record<
+  Options['stack'],
+  { release: string; why: string; overrides: Record<string, string> }
+>;
 
 /** Console lines that say a step of the user data failed (systemd, cloud-init, podman). */
 const BLOCKER = /(Error:|Failed to |FAILED|failed because|not found|unauthorized|E: )/;
@@ -207,7 +231,7 @@ async function exercise(o: Options, summary: Summary, rendering: Rendering, t: T
       for (const id of sandboxes) streams.push(streamCounter(t, id));
       // a few lines before the roll starts
       await new Promise((r) => setTimeout(r, 10_000));
-      const bumped = await renderStack('akamai', { ...stackOverrides(rendering), version: to });
+      const bumped = await renderStack(o.stack, { ...stackOverrides(rendering), version: to });
       if (!bumped.vmConfig) throw new Error('the program rendered no space:VmConfig');
       const t1 = Date.now();
       await writeVmConfig(
@@ -280,8 +304,10 @@ async function main(o: Options): Promise<Summary> {
     await rm(o.workDir, { recursive: true, force: true });
     await mkdir(o.workDir, { recursive: true });
     const ca = await rehearsalCa(o.cacheDir);
+    const target = STACKS[o.stack];
+    log(`stack ${o.stack}: ${target.why}`);
     const base = await baseImage({
-      release: 'bookworm',
+      release: target.release,
       cacheDir: o.cacheDir,
       caCertPem: ca.certPem,
       mirror: MIRROR,
@@ -302,19 +328,19 @@ async function main(o: Options): Promise<Summary> {
     const lbHost = REHEARSAL_NET.hostAddress;
     const apiKey = process.env['SPACE_REHEARSAL_API_KEY'] ?? `space_${randomBytes(24).toString('hex')}`;
     const overrides = {
+      ...target.overrides,
       imageRepository: repository,
       privateCidr: REHEARSAL_NET.privateCidr,
       routerUrl: `http://${lbHost}:${ROUTER_PORT}`,
       bootstrapApiKey: apiKey,
     };
-    const rendering = await renderStack('akamai', { ...overrides, version: o.version });
+    const rendering = await renderStack(o.stack, { ...overrides, version: o.version });
     renderedWith.set(rendering, overrides);
     log(`rendered: ${rendering.vms.map((v) => v.resource).join(', ')}`);
     let nodeIndex = 0;
     for (const r of rendering.vms) {
       const name = r.role === 'control' ? 'control' : `node${nodeIndex++}`;
-      const address =
-        r.role === 'control' ? controlAddress(REHEARSAL_NET.privateCidr) : `10.88.0.${20 + nodeIndex}`;
+      const address = r.address;
       log(`boot ${name} (${address}) from ${r.resource}`);
       vms.push(
         await bootVm(
@@ -416,7 +442,12 @@ async function main(o: Options): Promise<Summary> {
 }
 
 const program = new Command('rehearse')
-  .description('boot what `pulumi up` renders for the Akamai vm stack in local VMs and try it')
+  .description('boot what `pulumi up` renders for a vm-mode stack in local VMs and try it')
+  .addOption(
+    new Option('--stack <name>', 'the stack whose rendering boots')
+      .choices(Object.keys(STACKS))
+      .default('akamai'),
+  )
   .option(
     '--cache-dir <dir>',
     'base images, CA and apt cache, kept between runs',

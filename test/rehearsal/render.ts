@@ -7,6 +7,8 @@
 import { readFileSync } from 'node:fs';
 import { parse } from 'yaml';
 import { installMocks, resolved, settle, unwrapSecrets } from '../../providers/testing/mocks.ts';
+import { controlAddress } from '../../providers/vm-network.ts';
+import { nthHost } from '../../runtime/core/net-address.ts';
 import { run } from '../../stacks/program.ts';
 
 /** A VM the program made, with what it boots with. */
@@ -14,6 +16,8 @@ export interface RenderedVm {
   /** The Pulumi resource name (`space-control`, `space-node-default-0`, …). */
   readonly resource: string;
   readonly role: 'control' | 'node';
+  /** Its private address: what the cloud would give it, and what the rehearsal's VM gets. */
+  readonly address: string;
   /** The exact text the cloud hands the VM at first boot. */
   readonly userData: string;
 }
@@ -48,7 +52,24 @@ export function stackFileConfig(stack: string): Record<string, string> {
  */
 export async function renderStack(stack: string, overrides: Record<string, string>): Promise<Rendering> {
   const raw: Record<string, string | undefined> = { ...stackFileConfig(stack), ...overrides };
-  const recorded = await installMocks();
+  const cidr = raw['privateCidr'];
+  if (!cidr) throw new Error(`rehearsal: stack ${stack} has no space:privateCidr`);
+  // Akamai's VPC addresses are the program's choice (control at controlAddress); Crusoe's API picks
+  // them, so its VMs report the address the rehearsal gives them: the control VM's own, then one
+  // per node in creation order, as rehearsalAddress() assigns them
+  const addressOf = new Map<string, string>();
+  const assign = (name: string) => {
+    if (!addressOf.has(name)) addressOf.set(name, rehearsalAddress(cidr, name, addressOf.size));
+    return addressOf.get(name)!;
+  };
+  const recorded = await installMocks({}, [], 'test', (type, name, fake) => {
+    if (type !== 'pulumi-nodejs:dynamic/crusoe:Instance') return undefined;
+    const resource = fake['resource'] as {
+      network_interfaces: { ips: { private_ipv4: { address: string } }[] }[];
+    };
+    resource.network_interfaces[0]!.ips[0]!.private_ipv4.address = assign(name);
+    return fake;
+  });
   const outputs = run((k) => raw[k]);
   await settle(recorded);
   const vms: RenderedVm[] = [];
@@ -64,9 +85,23 @@ export async function renderStack(stack: string, overrides: Record<string, strin
       userData = inputs['startupScript'] as string | undefined;
     }
     if (userData === undefined) continue;
-    vms.push({ resource: r.name, role: r.name.includes('control') ? 'control' : 'node', userData });
+    vms.push({
+      resource: r.name,
+      role: r.name.includes('control') ? 'control' : 'node',
+      address: assign(r.name),
+      userData,
+    });
   }
   const resolvedOutputs: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(outputs)) resolvedOutputs[k] = await resolved(v);
   return { vms, outputs: resolvedOutputs, ...(vmConfig ? { vmConfig } : {}) };
+}
+
+/**
+ * The rehearsal's private address for VM resource `name` in `cidr`: the control VM at
+ * {@link controlAddress} (where Akamai's program puts it), a node at host 21, 22, … by the order in
+ * which addresses are asked for (`index`, counting the control VM's). Pure.
+ */
+export function rehearsalAddress(cidr: string, name: string, index: number): string {
+  return name.includes('control') ? controlAddress(cidr) : nthHost(cidr, 20 + index);
 }
