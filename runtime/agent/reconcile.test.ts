@@ -26,4 +26,21 @@ describe('reconcileAction', () => {
     expect(reconcileAction({ ...live, released: '1' }, 'n1').action).toBe('reregister');
     expect(reconcileAction({ ...live, placed: false }, 'n1').action).toBe('reregister');
   });
+  it('brings a frozen or running sandbox to its record: thaw when it runs, freeze when it is paused frozen (F7)', () => {
+    expect(reconcileAction(live, 'n1', true).action).toBe('thaw');
+    expect(reconcileAction({ ...live, state: 'paused', pauseMode: 'frozen' }, 'n1', false).action).toBe(
+      'freeze',
+    );
+    expect(reconcileAction({ ...live, state: 'paused', pauseMode: 'frozen' }, 'n1', true).action).toBe(
+      'keep',
+    );
+    // a pause or resume in flight is its operation's
+    for (const state of ['pausing', 'resuming']) {
+      expect(reconcileAction({ ...live, state }, 'n1', true).action).toBe('keep');
+      expect(reconcileAction({ ...live, state }, 'n1', false).action).toBe('keep');
+    }
+    // ending or placed elsewhere still wins
+    expect(reconcileAction({ ...live, state: 'killing' }, 'n1', true).action).toBe('destroy');
+    expect(reconcileAction({ ...live, nodeId: 'n2' }, 'n1', true).action).toBe('destroy');
+  });
 });

@@ -2,7 +2,9 @@
  * The node's half of two-way reconciliation: the agent compares what it runs with the control
  * plane's records and converges on them. A sandbox whose record is gone, ending (`killing`,
  * `killed`) or placed on another node is destroyed here; one the control plane still wants on this
- * node but holds no reservation for is registered again. Runs at start (after re-adoption), every
+ * node but holds no reservation for is registered again; one frozen here whose record says it runs
+ * is thawed, and one running here whose record says frozen is frozen (a pause or resume whose
+ * operation failed after the node carried it out, e.g. an agent killed mid-pause: case F7). Runs at start (after re-adoption), every
  * {@link AgentReconciler.start} interval, and — as fencing — before a node the control plane
  * declared lost (`lostAt` in its node hash) announces itself alive again: such a node first
  * destroys every sandbox the control plane ended while it was away. Each action is a log line
@@ -20,6 +22,8 @@ import type { SandboxManager } from './sandboxes/manager.ts';
 /** The control plane's record of a sandbox as reconciliation reads it (null fields: absent). */
 export interface RecordView {
   state: string | null;
+  /** The record's pause mode (`frozen`, `hibernated`), when it was ever paused. */
+  pauseMode?: string | null;
   nodeId: string | null;
   released: string | null;
   /** Whether the sandbox is in the node's placed set (holds a reservation there). */
@@ -27,13 +31,29 @@ export interface RecordView {
 }
 
 /** What to do with a sandbox this node runs. */
-export type ReconcileAction = 'keep' | 'destroy' | 'reregister';
+export type ReconcileAction = 'keep' | 'destroy' | 'reregister' | 'thaw' | 'freeze';
 
 /**
- * Decides what this node does with one sandbox it runs, from the control plane's record. Pure.
+ * Decides what this node does with one sandbox it runs, from the control plane's record and
+ * whether the node holds it frozen (`frozen`). Pause and resume in flight (`pausing`, `resuming`)
+ * are left to their operation. Pure.
  * @returns the action and, for anything but `keep`, why (for the log line).
  */
-export function reconcileAction(rec: RecordView, nodeId: string): { action: ReconcileAction; why: string } {
+export function reconcileAction(
+  rec: RecordView,
+  nodeId: string,
+  frozen = false,
+): { action: ReconcileAction; why: string } {
+  const placement = placementAction(rec, nodeId);
+  if (placement.action !== 'keep' || rec.nodeId !== nodeId) return placement;
+  if (frozen && rec.state === 'running') return { action: 'thaw', why: 'frozen but its record is running' };
+  if (!frozen && rec.state === 'paused' && rec.pauseMode === 'frozen') {
+    return { action: 'freeze', why: 'running but its record is paused (frozen)' };
+  }
+  return placement;
+}
+
+function placementAction(rec: RecordView, nodeId: string): { action: ReconcileAction; why: string } {
   if (rec.state === null) return { action: 'destroy', why: 'no record' };
   if (rec.state === 'killing' || rec.state === 'killed')
     return { action: 'destroy', why: `record is ${rec.state}` };
@@ -54,10 +74,13 @@ export class AgentReconciler {
   readonly #nodeId: string;
   readonly #sandboxes: SandboxManager;
   readonly #log: Logger;
-  /** Actions taken, by `action` (`destroyed`, `reregistered`, `failed`); the agent app registers it. */
+  /**
+   * Actions taken, by `action` (`destroyed`, `reregistered`, `thawed`, `frozen`, `failed`); the
+   * agent app registers it.
+   */
   readonly metric = new Counter({
     name: 'space_agent_reconciled_total',
-    help: 'Sandboxes this node destroyed or re-registered because the control plane disagreed.',
+    help: 'Sandboxes this node destroyed, re-registered, thawed or froze because the control plane disagreed.',
     labelNames: ['action'],
     registers: [],
   });
@@ -97,7 +120,7 @@ export class AgentReconciler {
     if (ids.length === 0) return { destroyed, reregistered };
     const m = this.#redis.multi();
     for (const id of ids) {
-      m.hmget(keys.sandbox(id), 'state', 'nodeId', 'released');
+      m.hmget(keys.sandbox(id), 'state', 'nodeId', 'released', 'pauseMode');
       m.sismember(keys.nodeSandboxes(this.#nodeId), id);
     }
     const rows = (await m.exec()) ?? [];
@@ -105,10 +128,17 @@ export class AgentReconciler {
       const [e1, f] = rows[i * 2] ?? [];
       const [e2, member] = rows[i * 2 + 1] ?? [];
       if (e1 || e2 || !f) throw e1 ?? e2 ?? new Error('reconciliation read failed');
-      const [state, nodeId, released] = f as (string | null)[];
+      const [state, nodeId, released, pauseMode] = f as (string | null)[];
       const { action, why } = reconcileAction(
-        { state: state ?? null, nodeId: nodeId ?? null, released: released ?? null, placed: member === 1 },
+        {
+          state: state ?? null,
+          nodeId: nodeId ?? null,
+          released: released ?? null,
+          placed: member === 1,
+          pauseMode: pauseMode ?? null,
+        },
         this.#nodeId,
+        this.#sandboxes.find(id)?.paused === 'frozen',
       );
       const log = this.#log.child({ [F.sandboxId]: id });
       if (action === 'destroy') {
@@ -120,6 +150,23 @@ export class AgentReconciler {
         } catch (err) {
           this.metric.inc({ action: 'failed' });
           log.error({ err, why }, 'reconciliation could not destroy a sandbox; retrying next pass');
+        }
+      } else if (action === 'thaw' || action === 'freeze') {
+        const want = action === 'thaw' ? 'running' : 'paused';
+        try {
+          const changed = await this.#sandboxes.convergePause(
+            id,
+            action === 'thaw' ? 'running' : 'frozen',
+            // read again inside the sandbox's serial section: a pause or resume dispatched since wins
+            async () => (await this.#redis.hget(keys.sandbox(id), 'state')) === want,
+          );
+          if (changed) {
+            this.metric.inc({ action: action === 'thaw' ? 'thawed' : 'frozen' });
+            log.warn({ why, state }, `sandbox ${action === 'thaw' ? 'thawed' : 'frozen'} by reconciliation`);
+          }
+        } catch (err) {
+          this.metric.inc({ action: 'failed' });
+          log.error({ err, why }, 'reconciliation could not bring a sandbox to its recorded state');
         }
       } else if (action === 'reregister') {
         const done = await this.#redis.eval(

@@ -58,15 +58,58 @@ export const PAUSE_PROTOCOL = 3;
 /** How long a pause or resume waits for the other one, already under way, to settle (ms). */
 const SETTLE_WAIT_MS = 120_000;
 
-/** Records the sandbox's activity state change (metering); a Redis failure only logs. */
-async function meter(d: LifecycleDeps, rec: SandboxRecord, state: UsageState | 'ended', onlyIf?: UsageState) {
+/** How long a pause or resume whose node stopped answering mid-call asks it again (ms). */
+export const REDISPATCH_WAIT_MS = 120_000;
+/** Pause between two such asks (ms). */
+const REDISPATCH_EVERY_MS = 1_000;
+
+/**
+ * Records the sandbox's activity state change (metering); a Redis failure only logs. `agoMs`: the
+ * change happened that long ago (the node's word for when its instance paused or ran again), see
+ * `reportUsage`.
+ */
+async function meter(
+  d: LifecycleDeps,
+  rec: SandboxRecord,
+  state: UsageState | 'ended',
+  onlyIf?: UsageState,
+  agoMs?: number,
+) {
   await inChildSpan('redis.usage.report', { 'space.usage.state': state }, () =>
-    reportUsage(d.sandboxes.redis, rec.id, state, onlyIf),
+    reportUsage(d.sandboxes.redis, rec.id, state, onlyIf, agoMs),
   )
     .then((r) => {
       if (r.previous) d.onUsage?.(r.previous, r.closedMs);
     })
     .catch((err: unknown) => d.log.warn({ err, [F.sandboxId]: rec.id }, 'usage report failed'));
+}
+
+/**
+ * Runs a pause or resume dispatch to node `nodeId`, and when the node does not answer
+ * (NODE_UNAVAILABLE: it died or restarted mid-call, so whether it carried the change out is
+ * unknown) asks it again every {@link REDISPATCH_EVERY_MS} once it is alive, until it answers or
+ * {@link REDISPATCH_WAIT_MS} passed since the first ask. The node's pause and resume are idempotent
+ * and answer with the state it ended in (a restarted agent first settles what its predecessor left
+ * half done, agent/sandboxes/adopt.ts), so the operation ends once, on the node's word (case F7).
+ * @throws the last NODE_UNAVAILABLE when the node never answered; any other error at once.
+ */
+async function dispatchUntilAnswered<T>(
+  d: LifecycleDeps,
+  nodeId: string,
+  call: (node: NodeInfo) => Promise<T>,
+  log: Logger,
+): Promise<T> {
+  const until = Date.now() + REDISPATCH_WAIT_MS;
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await call(await d.nodes.requireAlive(nodeId));
+    } catch (err) {
+      if (!(err instanceof SpaceError) || err.code !== 'NODE_UNAVAILABLE' || Date.now() > until) throw err;
+      if (attempt === 1)
+        log.warn({ err, [F.nodeId]: nodeId }, 'node did not answer; asking again once it is back');
+    }
+    await sleep(REDISPATCH_EVERY_MS);
+  }
 }
 
 /** Waits (bounded) until the sandbox leaves `transient`; returns the record then. */
@@ -302,8 +345,9 @@ async function pause(d: LifecycleDeps, op: OperationRecord): Promise<void> {
   const started = Date.now();
   let out: Awaited<ReturnType<AgentClient['pauseSandbox']>>;
   try {
-    out = await d.agents.pauseSandbox(node, id, { mode });
+    out = await dispatchUntilAnswered(d, node.id, (n) => d.agents.pauseSandbox(n, id, { mode }), log);
   } catch (err) {
+    if (isRedisUnavailable(err)) throw err;
     await d.sandboxes.transition(id, 'running');
     d.onLifecycle?.('pause', mode, false, Date.now() - started);
     throw err;
@@ -322,7 +366,9 @@ async function pause(d: LifecycleDeps, op: OperationRecord): Promise<void> {
     });
   }
   if (out.mode === 'hibernated') await d.sandboxes.unplace(id);
-  await meter(d, rec, 'paused');
+  // paused from when the node's instance stopped running, whichever run of this operation (on
+  // whichever API) hears of it: a pause finished after an API died is not billed active (F9)
+  await meter(d, rec, 'paused', undefined, out.pausedForMs);
   log.info({ mode: out.mode, reason, [F.durationMs]: Date.now() - started }, 'sandbox paused');
 }
 
@@ -332,7 +378,13 @@ async function resume(d: LifecycleDeps, op: OperationRecord): Promise<void> {
   let rec = await d.sandboxes.get(id);
   if (rec?.state === 'pausing') rec = await settle(d, id, 'pausing');
   if (!rec) throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox ${id} vanished`);
-  if (rec.state === 'running') return;
+  if (rec.state === 'running') {
+    // its node confirms the instance runs (and thaws one left frozen, e.g. by an agent killed
+    // mid-pause): a resume that succeeds means the sandbox runs
+    const node = await d.nodes.requireAlive(rec.nodeId ?? '');
+    if ((node.protocol ?? 0) >= PAUSE_PROTOCOL) await d.agents.resumeSandbox(node, id, {});
+    return;
+  }
   if (rec.state !== 'paused' && rec.state !== 'resuming') {
     throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${rec.state}; it cannot be resumed`, {
       sandboxId: id,
@@ -351,6 +403,7 @@ async function resume(d: LifecycleDeps, op: OperationRecord): Promise<void> {
   const started = Date.now();
   const hib = rec.pause?.mode === 'hibernated' ? rec.hibernation : null;
   let nodeId = rec.nodeId;
+  let runningForMs: number | undefined;
   try {
     if (hib) {
       const placed = await d.sandboxes.place(rec, hib.store);
@@ -365,25 +418,37 @@ async function resume(d: LifecycleDeps, op: OperationRecord): Promise<void> {
         );
       }
       nodeId = placed.nodeId;
-      const node = await d.nodes.requireAlive(nodeId);
       const cur = (await d.sandboxes.get(id)) ?? rec;
-      await d.agents.resumeSandbox(node, id, {
-        restore: {
-          sandboxId: id,
-          sessionId: cur.sessionId,
-          template: cur.template,
-          vcpus: cur.vcpus,
-          memoryMiB: cur.memoryMiB,
-          env: cur.env,
-          expiresAtMs: Date.now() + (cur.pause?.timeLeftSec ?? cur.timeoutSec) * 1000,
-          egress: cur.egress,
-          credentials: await d.credentials.resolve(cur.grants),
-          hibernation: hib,
-        },
-      });
+      const credentials = await d.credentials.resolve(cur.grants);
+      const answer = await dispatchUntilAnswered(
+        d,
+        nodeId,
+        (node) =>
+          d.agents.resumeSandbox(node, id, {
+            restore: {
+              sandboxId: id,
+              sessionId: cur.sessionId,
+              template: cur.template,
+              vcpus: cur.vcpus,
+              memoryMiB: cur.memoryMiB,
+              env: cur.env,
+              expiresAtMs: Date.now() + (cur.pause?.timeLeftSec ?? cur.timeoutSec) * 1000,
+              egress: cur.egress,
+              credentials,
+              hibernation: hib,
+            },
+          }),
+        log,
+      );
+      runningForMs = answer.runningForMs;
     } else {
-      const node = await d.nodes.requireAlive(rec.nodeId ?? '');
-      await d.agents.resumeSandbox(node, id, {});
+      const answer = await dispatchUntilAnswered(
+        d,
+        rec.nodeId ?? '',
+        (node) => d.agents.resumeSandbox(node, id, {}),
+        log,
+      );
+      runningForMs = answer.runningForMs;
     }
   } catch (err) {
     // Redis away: the worker runs the resume again once it is back (the sandbox stays `resuming`)
@@ -414,7 +479,7 @@ async function resume(d: LifecycleDeps, op: OperationRecord): Promise<void> {
       sandboxId: id,
     });
   }
-  await meter(d, rec, 'idle', 'paused');
+  await meter(d, rec, 'idle', 'paused', runningForMs);
   log.info(
     { mode: rec.pause?.mode, [F.nodeId]: nodeId, [F.durationMs]: Date.now() - started },
     'sandbox resumed',

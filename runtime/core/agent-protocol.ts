@@ -127,6 +127,12 @@ export const AgentPauseResponseSchema = Type.Object({
   mode: stringEnum(['frozen', 'hibernated'] as const),
   /** Hibernated: the snapshot's folder in the node's hibernation store (`store`). */
   hibernation: Type.Optional(Type.Object({ store: Type.String(), path: Type.String() })),
+  /**
+   * How long ago (ms, by the node's clock) the instance stopped running for this pause, also when
+   * the answer repeats an earlier one: the API meters the sandbox paused from then (absent from
+   * agents before it was sent: from the answer).
+   */
+  pausedForMs: Type.Optional(Type.Number({ minimum: 0 })),
 });
 export type AgentPauseResponse = Static<typeof AgentPauseResponseSchema>;
 
@@ -150,6 +156,8 @@ export const AgentResumeResponseSchema = Type.Object({
   instanceId: Type.String(),
   /** `thawed`: a frozen instance resumed; `restored`: a hibernated one restored from its snapshot. */
   how: stringEnum(['thawed', 'restored'] as const),
+  /** How long ago (ms, by the node's clock) the instance ran again, when the node knows. */
+  runningForMs: Type.Optional(Type.Number({ minimum: 0 })),
 });
 export type AgentResumeResponse = Static<typeof AgentResumeResponseSchema>;
 

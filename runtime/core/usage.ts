@@ -19,7 +19,7 @@ export interface UsageReport {
   previous: UsageState | null;
   /** Length of the closed interval, ms. */
   closedMs: number;
-  /** Redis time of the report, epoch ms. */
+  /** Redis time of the report, epoch ms (the boundary, when `agoMs` moved it). */
   at: number;
   /** The state now open (null once ended, or unchanged when `onlyIf` did not match). */
   state: UsageState | null;
@@ -49,7 +49,10 @@ function metering(redis: Redis): MeteringRedis {
  * key) and `autoPauseSec` come from the sandbox's record. With `onlyIf`, nothing happens unless
  * the open interval is in that state (e.g. the API's "resumed → idle" must not overwrite an
  * agent's "active" that arrived first). Idle running sandboxes with `autoPauseSec` > 0 are put on
- * the auto-pause timer; any other state takes them off it.
+ * the auto-pause timer; any other state takes them off it. With `agoMs`, the change happened that
+ * long before the report (a node's "the instance paused 30 s ago"): the boundary between the two
+ * intervals is Redis's now minus `agoMs`, but never before the open interval began nor after now,
+ * so no interval is negative or overlaps another.
  * @throws whatever ioredis throws (Redis unreachable).
  */
 export async function reportUsage(
@@ -57,6 +60,7 @@ export async function reportUsage(
   sandboxId: string,
   state: UsageState | 'ended',
   onlyIf: UsageState | '' = '',
+  agoMs?: number,
 ): Promise<UsageReport> {
   const [previous, closedMs, at, now] = await metering(redis).spaceMeter(
     keys.usageOpen(sandboxId),
@@ -69,6 +73,7 @@ export async function reportUsage(
     state,
     String(USAGE_RETENTION_SEC),
     onlyIf,
+    agoMs !== undefined && Number.isFinite(agoMs) && agoMs > 0 ? String(Math.round(agoMs)) : '0',
   );
   return {
     previous: (previous || null) as UsageState | null,

@@ -6,10 +6,12 @@
 import { existsSync } from 'node:fs';
 import { readdir, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
+import { F } from '../../core/log-fields.ts';
 import { DETACH } from '../commands/commands.ts';
 import type { InstanceInfo } from '../drivers/driver.ts';
 import { GuestClient } from '../guest-client.ts';
 import type { SandboxContext } from './context.ts';
+import { readHibernation } from './hibernate.ts';
 import type { SandboxFile } from './state-files.ts';
 import { localSandbox } from './types.ts';
 
@@ -26,19 +28,41 @@ async function guestAnswers(inst: InstanceInfo): Promise<boolean> {
   }
 }
 
+/** What adoption did (ids of sandboxes), see {@link adopt}. */
+export interface Adopted {
+  /** Re-bound to their instance (running or frozen). */
+  adopted: string[];
+  /** Instances no sandbox owned (old warm slots), destroyed. */
+  destroyed: string[];
+  /** Their instance was gone: the sandbox ended while no agent watched. */
+  lost: string[];
+  /** A hibernation that had finished when the agent died: kept in the store, forgotten here. */
+  hibernated: string[];
+  /** A restore from hibernation that had not finished: its instance destroyed, the snapshot kept. */
+  unrestored: string[];
+}
+
 /**
  * After an agent restart: re-binds sandboxes whose instance still runs (reopening their command
  * spools; commands that were still running keep streaming from the exact spooled offset),
  * destroys instances no sandbox owns (old warm slots), and drops records whose instance is gone.
- * Returns what it did.
+ * A sandbox caught in a pause, hibernation or restore by the previous agent's death ends in one
+ * state its files and its instance agree on (case F7):
+ * - its instance frozen (the driver says paused): adopted frozen — the agent's reconciliation
+ *   thaws it when the control plane's record says it runs (the pause failed), and a retried pause
+ *   finishes from there;
+ * - a hibernation folder of its own instance beside a live instance (the hibernation stopped
+ *   before the instance was destroyed, so no pause was ever answered): the folder is dropped;
+ * - a complete hibernation of its instance and the instance gone (stopped after the destroy):
+ *   hibernated — the store keeps it and a retried pause answers with it;
+ * - a complete hibernation of another instance beside a live one (a restore that stopped before
+ *   it removed the snapshot, so no resume was ever answered): the restored instance is destroyed
+ *   and the snapshot kept for the retried resume.
  */
-export async function adopt(
-  ctx: SandboxContext,
-): Promise<{ adopted: string[]; destroyed: string[]; lost: string[] }> {
+export async function adopt(ctx: SandboxContext): Promise<Adopted> {
   const { o, reg } = ctx;
   const instances = new Map((await o.driver.list()).map((i) => [i.instanceId, i]));
-  const adopted: string[] = [];
-  const lost: string[] = [];
+  const out: Adopted = { adopted: [], destroyed: [], lost: [], hibernated: [], unrestored: [] };
   const root = ctx.files.root;
   for (const id of existsSync(root) ? await readdir(root) : []) {
     const file = join(root, id, 'sandbox.json');
@@ -49,6 +73,9 @@ export async function adopt(
       await rm(join(root, id), { recursive: true, force: true });
       continue;
     }
+    const log = o.log.child({ [F.sandboxId]: id });
+    const hibDir = join(o.hibernateDir, id);
+    const hib = existsSync(hibDir) ? await readHibernation(hibDir) : undefined;
     const listed = instances.get(rec.instance.instanceId);
     // a `runsc state` that failed reads as stopped: trust a guest that still answers; then
     // re-attach to the instance (a VMM's API socket)
@@ -56,40 +83,64 @@ export async function adopt(
       listed && (listed.state !== 'stopped' || (await guestAnswers(listed)))
         ? await o.driver.adopt(listed.instanceId).catch(() => null)
         : null;
+    if (listed) instances.delete(listed.instanceId);
     if (!inst) {
-      lost.push(id);
-      if (listed) {
-        instances.delete(listed.instanceId);
-        await ctx.slots.discard(listed).catch(() => {});
-      }
+      if (listed) await ctx.slots.discard(listed).catch(() => {});
       await rm(join(root, id), { recursive: true, force: true });
+      if (hib && hib.snapshot.instanceId === rec.instance.instanceId) {
+        out.hibernated.push(id);
+        log.warn('a hibernation the previous agent finished is kept in the store');
+      } else {
+        out.lost.push(id);
+      }
       continue;
     }
-    instances.delete(inst.instanceId);
+    if (hib && hib.snapshot.instanceId !== inst.instanceId) {
+      await ctx.slots.discard(inst).catch(() => {});
+      await rm(join(root, id), { recursive: true, force: true });
+      out.unrestored.push(id);
+      log.warn({ [F.instanceId]: inst.instanceId }, 'an unfinished restore was undone; its snapshot is kept');
+      continue;
+    }
+    if (hib !== undefined) {
+      await rm(hibDir, { recursive: true, force: true });
+      log.warn('an unfinished hibernation was dropped; the sandbox stays on its instance');
+    }
     const sb = localSandbox(
       { ...rec.req, sandboxId: id, credentials: rec.req.credentials ?? [] },
       inst,
       new GuestClient(inst.guest),
       rec.source ?? (rec.fromWarmPool ? 'warm' : 'boot'),
     );
-    sb.paused = listed?.state === 'paused' ? 'frozen' : null;
+    // the instance says whether it is frozen (a freeze not yet recorded reads as frozen now)
+    sb.paused = inst.state === 'paused' ? 'frozen' : null;
+    if (sb.paused) sb.pausedAt = rec.pausedAt ?? Date.now();
+    if (sb.paused !== (rec.paused ?? null)) {
+      await ctx.files.patch(id, { paused: sb.paused ?? undefined, pausedAt: sb.pausedAt });
+    }
     await ctx.egress.apply(id, inst, sb.egress, sb.credentials);
     // the previous agent's open interval is closed by this agent's first report
     o.activity?.track(id, { paused: sb.paused !== null, reported: sb.paused ? 'paused' : null });
     await ctx.files.adoptCommands(sb, o);
     reg.running.set(id, sb);
-    adopted.push(id);
+    out.adopted.push(id);
   }
-  const destroyed = [...instances.keys()];
+  out.destroyed = [...instances.keys()];
   for (const inst of instances.values()) await ctx.slots.discard(inst).catch(() => {});
   // the state directories of slots whose instance is already gone (see StateFiles.slotDir)
   await rm(ctx.files.slotsRoot, { recursive: true, force: true });
   await o.networks.sweep(reg.list().map((s) => s.instance.network.netns));
   o.log.info(
-    { adopted: adopted.length, destroyed: destroyed.length, lost: lost.length },
+    {
+      adopted: out.adopted.length,
+      destroyed: out.destroyed.length,
+      lost: out.lost.length,
+      hibernated: out.hibernated.length,
+      unrestored: out.unrestored.length,
+    },
     'sandboxes re-adopted',
   );
-  return { adopted, destroyed, lost };
+  return out;
 }
 
 /**

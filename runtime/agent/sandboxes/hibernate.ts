@@ -4,7 +4,7 @@
  * node reading the store can resume it, resume.ts). Also what is left of hibernations: the view the
  * data plane serves of one, and the sweep of those whose sandbox is gone.
  */
-import { cp, mkdir, readdir, rm, writeFile } from 'node:fs/promises';
+import { cp, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { F } from '../../core/log-fields.ts';
 import { GuestClient } from '../guest-client.ts';
@@ -17,10 +17,15 @@ import type { Hibernation, LocalSandbox } from './types.ts';
 /**
  * Hibernates `sb` into the store (called by the pause verb, one at a time per sandbox). On failure
  * the sandbox runs on as it was (thawed when it was not frozen before) and nothing of the attempt
- * is left in the store.
+ * is left in the store. A hibernation is complete once `hibernated.json` exists (written last, by a
+ * rename); an agent killed before that leaves a folder adoption drops (adopt.ts). Returns where it
+ * is and when (epoch ms, this node's clock) the instance was frozen for it.
  * @throws SpaceError SANDBOX_BUSY, SNAPSHOT_UNSUPPORTED / DRIVER_FAILED from the driver.
  */
-export async function hibernate(ctx: SandboxContext, sb: LocalSandbox): Promise<Hibernation> {
+export async function hibernate(
+  ctx: SandboxContext,
+  sb: LocalSandbox,
+): Promise<{ hibernation: Hibernation; pausedAt: number }> {
   const { o } = ctx;
   const log = o.log.child({ [F.sandboxId]: sb.id });
   const path = join(o.hibernateDir, sb.id);
@@ -39,8 +44,15 @@ export async function hibernate(ctx: SandboxContext, sb: LocalSandbox): Promise<
   // on disk and the guest keeps the output written meanwhile for the resumed pumps
   await detach(sb);
   step('detachMs');
+  let pausedAt = sb.pausedAt ?? Date.now();
   try {
-    if (!wasFrozen) await o.driver.pause(sb.instance.instanceId);
+    if (!wasFrozen) {
+      await o.driver.pause(sb.instance.instanceId);
+      pausedAt = Date.now();
+      // an agent killed from here on finds the freeze recorded (adopt.ts)
+      sb.pausedAt = pausedAt;
+      await ctx.files.patch(sb.id, { paused: 'frozen', pausedAt });
+    }
     step('freezeMs');
     await rm(path, { recursive: true, force: true });
     await mkdir(path, { recursive: true, mode: 0o700 });
@@ -53,15 +65,20 @@ export async function hibernate(ctx: SandboxContext, sb: LocalSandbox): Promise<
       snapshot,
       source: sb.source,
       hibernatedAt: Date.now(),
+      pausedAt,
       sessionId: sb.sessionId,
     };
-    await writeFile(join(path, 'hibernated.json'), JSON.stringify(file), { mode: 0o600 });
+    // complete or absent, never torn: a reader (adoption, a resume) takes a file as the whole
+    await writeFile(join(path, 'hibernated.json.tmp'), JSON.stringify(file), { mode: 0o600 });
+    await rename(join(path, 'hibernated.json.tmp'), join(path, 'hibernated.json'));
   } catch (err) {
     // the sandbox runs on as it was: nothing of the attempt is left
     await rm(path, { recursive: true, force: true });
     if (!wasFrozen) {
       await o.driver.resume(sb.instance.instanceId).catch(() => {});
       sb.paused = null;
+      sb.pausedAt = undefined;
+      await ctx.files.patch(sb.id, { paused: undefined, pausedAt: undefined }).catch(() => {});
     }
     sb.guest = new GuestClient(sb.instance.guest);
     await ctx.files.adoptCommands(sb, o);
@@ -77,7 +94,21 @@ export async function hibernate(ctx: SandboxContext, sb: LocalSandbox): Promise<
   await rm(ctx.files.dir(sb.id), { recursive: true, force: true });
   step('destroyMs');
   log.info({ path, [F.durationMs]: Date.now() - started, ...steps }, 'sandbox hibernated');
-  return { store: o.hibernateStore, path };
+  return { hibernation: { store: o.hibernateStore, path }, pausedAt };
+}
+
+/**
+ * The `hibernated.json` of the hibernation folder `path`, or null when there is none (no folder, or
+ * a hibernation that did not finish) or it cannot be parsed.
+ */
+export async function readHibernation(path: string): Promise<HibernatedFile | null> {
+  const raw = await readFile(join(path, 'hibernated.json'), 'utf8').catch(() => null);
+  if (!raw) return null;
+  try {
+    return JSON.parse(raw) as HibernatedFile;
+  } catch {
+    return null;
+  }
 }
 
 /**

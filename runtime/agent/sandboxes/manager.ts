@@ -19,7 +19,7 @@ import { InstanceFactory, type InstanceShape } from '../instances/factory.ts';
 import { prepareSnapshot } from '../instances/snapshots.ts';
 import type { StartGate } from '../instances/start-gate.ts';
 import { WarmSlots } from '../instances/warm-slots.ts';
-import { adopt, destroyAll, detachAll } from './adopt.ts';
+import { type Adopted, adopt, destroyAll, detachAll } from './adopt.ts';
 import type { SandboxContext } from './context.ts';
 import type { CrashReporter } from './crash-report.ts';
 import { createSandbox } from './create.ts';
@@ -27,11 +27,18 @@ import { deleteSandbox } from './delete.ts';
 import { EgressBinding } from './egress-binding.ts';
 import { hibernatedView, sweepHibernated } from './hibernate.ts';
 import type { HibernatedView } from './hibernated-view.ts';
-import { pauseSandbox } from './pause.ts';
+import { convergePause, pauseSandbox } from './pause.ts';
 import { SandboxRegistry } from './registry.ts';
 import { resumeSandbox } from './resume.ts';
 import { StateFiles } from './state-files.ts';
-import type { CreateSandbox, Hibernation, LocalSandbox, SandboxManagerOptions } from './types.ts';
+import type {
+  CreateSandbox,
+  Hibernation,
+  LocalSandbox,
+  PauseOutcome,
+  ResumeOutcome,
+  SandboxManagerOptions,
+} from './types.ts';
 import { guestFailed, watch } from './watchdog.ts';
 
 export { WARM_SLOT_CHECK_MS } from '../instances/warm-slots.ts';
@@ -130,16 +137,22 @@ export class SandboxManager {
   }
 
   /** See pause.ts (and hibernate.ts). */
-  pause(id: string, mode: PauseMode): Promise<{ mode: PauseMode; hibernation?: Hibernation }> {
+  pause(id: string, mode: PauseMode): Promise<PauseOutcome> {
     return pauseSandbox(this.#ctx, id, mode);
   }
 
   /** See resume.ts. */
-  resume(
-    id: string,
-    restore?: CreateSandbox & { hibernation: Hibernation },
-  ): Promise<{ instanceId: string; how: 'thawed' | 'restored' }> {
+  resume(id: string, restore?: CreateSandbox & { hibernation: Hibernation }): Promise<ResumeOutcome> {
     return resumeSandbox(this.#ctx, id, restore);
+  }
+
+  /** See pause.ts `convergePause`. */
+  convergePause(
+    id: string,
+    want: 'running' | 'frozen',
+    stillWanted: () => Promise<boolean>,
+  ): Promise<boolean> {
+    return convergePause(this.#ctx, id, want, stillWanted);
   }
 
   /** See hibernate.ts. */
@@ -231,7 +244,7 @@ export class SandboxManager {
   }
 
   /** See adopt.ts. */
-  adopt(): Promise<{ adopted: string[]; destroyed: string[]; lost: string[] }> {
+  adopt(): Promise<Adopted> {
     return adopt(this.#ctx);
   }
 

@@ -217,7 +217,7 @@ describe('sandbox verbs on the FakeDriver: races end consistent', () => {
     const deleted = manager.delete('sbx1');
     await letOthersRun();
     freeze.release();
-    expect(await paused).toEqual({ mode: 'frozen' });
+    expect(await paused).toMatchObject({ mode: 'frozen' });
     await deleted;
     await node.expectOnly([]);
     // a pause after the delete finds nothing

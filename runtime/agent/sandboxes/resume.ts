@@ -9,37 +9,54 @@ import { SpaceError } from '../../core/errors.ts';
 import { F } from '../../core/log-fields.ts';
 import { GuestClient } from '../guest-client.ts';
 import type { SandboxContext } from './context.ts';
+import { msSince, thaw } from './pause.ts';
 import type { HibernatedFile, SandboxFile } from './state-files.ts';
-import { type CreateSandbox, type Hibernation, type LocalSandbox, localSandbox } from './types.ts';
+import {
+  type CreateSandbox,
+  type Hibernation,
+  type LocalSandbox,
+  localSandbox,
+  type ResumeOutcome,
+} from './types.ts';
 
 /**
  * Resumes a sandbox. Without `restore`: thaws the frozen instance this node holds. With it:
  * restores the hibernated sandbox from `restore.hibernation` (which must be in this node's store).
- * Idempotent: a running sandbox answers at once. One pause/resume at a time per sandbox.
+ * Idempotent: a running sandbox answers at once — after its driver confirmed the instance runs (one
+ * the driver holds paused though the sandbox is not, e.g. left so by an agent killed mid-pause, is
+ * thawed), so a resume that answers means the instance runs. One pause/resume at a time per
+ * sandbox. `runningForMs` in the answer: how long ago the instance ran again (the metering boundary).
  * @throws SpaceError NODE_UNAVAILABLE (shutting down), SANDBOX_NOT_FOUND (nothing to thaw or
- *   restore, or deleted), BAD_REQUEST (a path outside the store), DRIVER_FAILED (the restore
- *   failed: the snapshot stays for a retry).
+ *   restore, or deleted), BAD_REQUEST (a path outside the store), DRIVER_FAILED (the thaw or the
+ *   restore failed: the snapshot stays for a retry).
  */
 export async function resumeSandbox(
   ctx: SandboxContext,
   id: string,
   restore?: CreateSandbox & { hibernation: Hibernation },
-): Promise<{ instanceId: string; how: 'thawed' | 'restored' }> {
+): Promise<ResumeOutcome> {
   const { o, reg } = ctx;
   if (reg.closing) throw new SpaceError('NODE_UNAVAILABLE', 'the node agent is shutting down');
   return reg.serial(id, async () => {
     const existing = reg.running.get(id);
     if (existing) {
+      const how = existing.paused === 'frozen' || !restore ? ('thawed' as const) : ('restored' as const);
       if (existing.paused === 'frozen') {
-        await o.driver.resume(existing.instance.instanceId);
-        existing.paused = null;
-        await ctx.files.patch(id, { paused: undefined });
-        o.activity?.resumed(id);
-        return { instanceId: existing.instance.instanceId, how: 'thawed' as const };
+        await thaw(ctx, existing);
+      } else {
+        const listed = (await o.driver.list()).find((i) => i.instanceId === existing.instance.instanceId);
+        if (listed?.state === 'paused') {
+          o.log.warn(
+            { [F.sandboxId]: id, [F.instanceId]: listed.instanceId },
+            'resume found the instance paused though its sandbox was not: thawing it',
+          );
+          await thaw(ctx, existing);
+        }
       }
       return {
         instanceId: existing.instance.instanceId,
-        how: restore ? ('restored' as const) : ('thawed' as const),
+        how,
+        ...(existing.resumedAt !== undefined ? { runningForMs: msSince(existing.resumedAt) } : {}),
       };
     }
     if (!restore) {
@@ -49,7 +66,11 @@ export async function resumeSandbox(
       throw new SpaceError('SANDBOX_NOT_FOUND', `sandbox ${id} was deleted`, { sandboxId: id });
     }
     const sb = await restoreHibernated(ctx, restore);
-    return { instanceId: sb.instance.instanceId, how: 'restored' as const };
+    return {
+      instanceId: sb.instance.instanceId,
+      how: 'restored' as const,
+      runningForMs: msSince(sb.resumedAt),
+    };
   });
 }
 
@@ -91,6 +112,7 @@ async function restoreHibernated(
     };
     await writeFile(join(dir, 'sandbox.json'), JSON.stringify(rec), { mode: 0o600 });
     const sb = localSandbox(req, inst, new GuestClient(inst.guest), file.source);
+    sb.resumedAt = Date.now();
     await ctx.egress.apply(sb.id, inst, sb.egress, sb.credentials);
     o.activity?.track(sb.id, { reported: 'paused' });
     await ctx.files.adoptCommands(sb, o);

@@ -24,8 +24,13 @@ export interface SandboxFile {
   source?: InstanceSource;
   fromWarmPool: boolean;
   createdAt: number;
-  /** Set while the instance is frozen by a pause. */
+  /**
+   * Set once a pause (or a hibernation) froze the instance, cleared when it is thawed: an agent
+   * restart tells a frozen sandbox from one whose pause did not get that far.
+   */
   paused?: 'frozen';
+  /** Epoch ms when the instance was frozen (with `paused`). */
+  pausedAt?: number;
 }
 
 /** `hibernated.json` in a hibernated sandbox's folder of the store. */
@@ -36,6 +41,11 @@ export interface HibernatedFile {
   source: InstanceSource;
   /** Epoch ms (this node's clock; informational). */
   hibernatedAt: number;
+  /**
+   * Epoch ms (this node's clock) when the instance was frozen for this hibernation: the metering
+   * boundary of the pause (absent in files of agents before it was kept; `hibernatedAt` then).
+   */
+  pausedAt?: number;
   /** The session its tokens carry (absent in files of agents before it was kept). */
   sessionId?: string;
 }

@@ -35,6 +35,25 @@ export interface Hibernation {
   path: string;
 }
 
+/**
+ * What a pause answers: the mode it is in, where a hibernated one is, and how long ago (ms, by this
+ * node's clock) its instance stopped running, so whoever closes the metering interval uses the
+ * instance's moment rather than its own (a duration, so the node's and Redis's clocks need not
+ * agree).
+ */
+export interface PauseOutcome {
+  mode: 'frozen' | 'hibernated';
+  hibernation?: Hibernation;
+  pausedForMs?: number;
+}
+
+/** What a resume answers; `runningForMs`: how long ago (ms) the instance ran again, when known. */
+export interface ResumeOutcome {
+  instanceId: string;
+  how: 'thawed' | 'restored';
+  runningForMs?: number;
+}
+
 /** A sandbox this node runs. */
 export interface LocalSandbox {
   id: string;
@@ -56,6 +75,13 @@ export interface LocalSandbox {
    * guest calls in flight to finish (new ones are refused); null when it runs.
    */
   paused: 'frozen' | 'pausing' | null;
+  /**
+   * Epoch ms (this node's clock) when its instance last stopped running for a pause (the driver's
+   * pause returned); undefined while it runs. What the pause's metering boundary is taken from.
+   */
+  pausedAt?: number;
+  /** Epoch ms (this node's clock) when its instance last ran again after a pause (thaw or restore). */
+  resumedAt?: number;
   /** Guest calls in flight (data-plane requests that need the guest, command starts). */
   guestCalls: number;
   /** Set once the sandbox was found dead on its own: why (its end message). */

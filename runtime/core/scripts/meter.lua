@@ -4,7 +4,9 @@
 -- KEYS[1] usage:open:<id> hash, KEYS[2] usage:sandbox:<id> hash, KEYS[3] autopause zset,
 -- KEYS[4] sandbox:<id> hash, KEYS[5] usage:open set
 -- ARGV[1] key prefix, ARGV[2] sandbox id, ARGV[3] new state: active | idle | paused | ended,
--- ARGV[4] retention of usage data (s), ARGV[5] only when the open state is this ('' = always)
+-- ARGV[4] retention of usage data (s), ARGV[5] only when the open state is this ('' = always),
+-- ARGV[6] how long ago the change happened, ms (the boundary: now minus it, kept within
+-- [the open interval's start, now]; '0' or absent = now)
 -- The sandbox's dimensions (vcpus, memoryMiB, template, apiKey, team) and its autoPauseSec are read from
 -- its record, so every reporter agrees on them.
 -- Returns { previous state ('' if none), closed interval (ms), now (ms), state now ('' if ended) }.
@@ -20,6 +22,12 @@ local prev = redis.call('HMGET', KEYS[1], 'state', 'since')
 local old, since = prev[1], tonumber(prev[2])
 if ARGV[5] and ARGV[5] ~= '' and old ~= ARGV[5] and want ~= 'ended' then
   return { old or '', 0, now, old or '' }
+end
+-- the boundary between the closed interval and the new one
+local ago = tonumber(ARGV[6] or '0') or 0
+if ago > 0 then
+  now = now - ago
+  if since and now < since then now = since end
 end
 local delta = 0
 if old and since and now > since then

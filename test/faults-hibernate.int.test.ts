@@ -1,0 +1,260 @@
+/**
+ * Round-3 fault cases F7 and F9 (`npm run test:faults`), injected for real into a stack of separate
+ * processes (test/fault-stack.ts):
+ * - f7: the node agent is killed -9 (with the runsc and copy processes it had started, as a service
+ *   manager's restart does) at points of a hibernating pause — right after runsc froze the
+ *   instance, and while the checkpoint is being written — then started again. The sandbox must end
+ *   in one state its record and its instance agree on, the pause's operation must end once, and the
+ *   next command (after a resume when it is paused) and a resume must work.
+ * - f9: the API is killed -9 while a hibernating pause runs and started again; its worker finishes
+ *   the operation after the reclaim time. The time since the instance was frozen must be metered
+ *   paused, not active.
+ */
+import { execFile } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { readdir, readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { request } from 'undici';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { keys } from '../runtime/core/redis-keys.ts';
+import { type FaultStack, startFaultStack } from './fault-stack.ts';
+import { NO_LEFTOVERS, waitFor } from './stack.ts';
+
+const run = promisify(execFile);
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+type Op = { id: string; state: string; error: { code: string; message: string } | null };
+type Sb = { id: string; state: string; nodeId: string | null; pause: { mode: string } | null };
+type Usage = { seconds: { active: number; idle: number; paused: number } };
+
+function report(fault: string, fields: Record<string, unknown>): void {
+  console.log(`fault ${fault} ${JSON.stringify(fields)}`);
+}
+
+describe('faults: hibernate', { timeout: 300_000 }, () => {
+  let s: FaultStack;
+
+  beforeAll(async () => {
+    s = await startFaultStack();
+  });
+  afterAll(async () => {
+    if (!s) return;
+    await s.stop();
+    expect(s.left).toEqual(NO_LEFTOVERS);
+  });
+
+  const runscRoot = () => join(s.dir, 'agent', 'driver', 'runsc');
+  const get = async (id: string) => (await s.call<Sb>('GET', `/v1/sandboxes/${id}`)).body;
+
+  async function create(): Promise<string> {
+    await waitFor(
+      'the node to count as alive',
+      async () => ((await s.redis.exists(keys.nodeAlive(s.nodeId))) === 1 ? true : undefined),
+      60_000,
+    );
+    const res = await s.call<{ sandbox: { id: string }; operation: { id: string } }>(
+      'POST',
+      '/v1/sandboxes',
+      {
+        template: 'base',
+        vcpus: 0.5,
+        memoryMiB: 128,
+      },
+    );
+    expect(res.status).toBe(202);
+    expect((await finished(res.body.operation.id)).state).toBe('succeeded');
+    return res.body.sandbox.id;
+  }
+
+  /** Waits until the operation ended (bounded); returns it. */
+  async function finished(opId: string): Promise<Op> {
+    for (let i = 0; i < 40; i++) {
+      const op = await s.call<Op>('GET', `/v1/operations/${opId}?waitMs=5000`).catch(() => null);
+      if (op?.body.state === 'succeeded' || op?.body.state === 'failed') return op.body;
+      if (!op) await sleep(500);
+    }
+    throw new Error(`operation ${opId} did not end`);
+  }
+
+  async function lifecycle(id: string, verb: 'pause' | 'resume', body?: unknown): Promise<Op> {
+    const res = await s.call<{ operation: Op }>('POST', `/v1/sandboxes/${id}/${verb}`, body);
+    expect(res.status).toBe(202);
+    return finished(res.body.operation.id);
+  }
+
+  /** Runs `echo ok` in the sandbox; returns the status the start got and whether it ran to its exit. */
+  async function exec(id: string): Promise<{ status: number; code?: string; ran: boolean }> {
+    const res = await s.call<{ stream: { url: string; token: string }; error?: { code: string } }>(
+      'POST',
+      `/v1/sandboxes/${id}/commands`,
+      { cmd: 'echo', args: ['ok'] },
+    );
+    if (res.status !== 201) return { status: res.status, code: res.body.error?.code, ran: false };
+    const r = await request(res.body.stream.url, {
+      headers: { authorization: `Bearer ${res.body.stream.token}` },
+      signal: AbortSignal.timeout(10_000),
+    });
+    const text = await r.body.text();
+    const exited = text.includes('"exit"') || text.includes('event: exit');
+    return { status: res.status, ran: r.statusCode === 200 && exited && text.includes('"exitCode":0') };
+  }
+
+  /** runsc's state of every container of the stack's agent (id → status). */
+  async function runscStates(): Promise<Map<string, string>> {
+    const { stdout } = await run('runsc', [`--root=${runscRoot()}`, 'list', '--format=json']).catch(() => ({
+      stdout: '[]',
+    }));
+    const list = (JSON.parse(stdout || '[]') as { id: string; status: string }[] | null) ?? [];
+    return new Map(list.map((c) => [c.id, c.status]));
+  }
+
+  /** The instance id the agent's state file gives sandbox `id` (undefined when it has none). */
+  async function instanceOf(id: string): Promise<string | undefined> {
+    const file = join(s.dir, 'agent', 'sandboxes', id, 'sandbox.json');
+    const text = await readFile(file, 'utf8').catch(() => '');
+    return text ? (JSON.parse(text) as { instance: { instanceId: string } }).instance.instanceId : undefined;
+  }
+
+  /** Polls (bounded, ~20 ms apart) until `check` holds; returns when it did (epoch ms). */
+  async function when(
+    what: string,
+    check: () => Promise<boolean> | boolean,
+    timeoutMs = 30_000,
+  ): Promise<number> {
+    const until = Date.now() + timeoutMs;
+    while (Date.now() < until) {
+      if (await check()) return Date.now();
+      await sleep(20);
+    }
+    throw new Error(`timed out waiting for ${what}`);
+  }
+
+  /**
+   * SIGKILLs the agent and every process it started that still runs (its runsc and cp children),
+   * as a service manager's restart of a killed agent does; the sandboxes' own processes are not
+   * its children (runsc daemonises them).
+   */
+  async function killAgentTree(): Promise<void> {
+    const root = s.proc('agent').pid;
+    if (root === undefined) return;
+    const children = new Map<number, number[]>();
+    for (const p of await readdir('/proc').catch(() => [] as string[])) {
+      if (!/^\d+$/.test(p)) continue;
+      const stat = await readFile(`/proc/${p}/stat`, 'utf8').catch(() => '');
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      if (ppid) children.set(ppid, [...(children.get(ppid) ?? []), Number(p)]);
+    }
+    const tree: number[] = [];
+    const walk = (pid: number) => {
+      for (const c of children.get(pid) ?? []) {
+        tree.push(c);
+        walk(c);
+      }
+    };
+    walk(root);
+    await s.kill('agent');
+    for (const pid of tree) {
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch {
+        // already gone
+      }
+    }
+  }
+
+  /** The record and the node agree on the sandbox: paused and not on the node, or running on it. */
+  async function agree(id: string): Promise<'paused' | 'running'> {
+    const rec = await get(id);
+    const onNode = (await s.inventory()).includes(id);
+    const inst = await instanceOf(id);
+    const status = inst ? (await runscStates()).get(inst) : undefined;
+    if (rec.state === 'paused' && rec.pause?.mode === 'hibernated') {
+      expect(onNode).toBe(false);
+      expect(status).toBeUndefined();
+      expect(existsSync(join(s.dir, 'agent', 'hibernated', id, 'hibernated.json'))).toBe(true);
+      return 'paused';
+    }
+    expect(rec.state).toBe('running');
+    expect(onNode).toBe(true);
+    expect(status).toBe('running');
+    return 'running';
+  }
+
+  /** Kills the agent once `point` holds during a hibernating pause, restarts it, checks the outcome. */
+  async function killDuringHibernate(point: string, reached: (inst: string, id: string) => Promise<boolean>) {
+    const id = await create();
+    expect((await exec(id)).ran).toBe(true);
+    const inst = (await instanceOf(id))!;
+    const res = await s.call<{ operation: Op }>('POST', `/v1/sandboxes/${id}/pause`, { mode: 'hibernated' });
+    expect(res.status).toBe(202);
+    await when(point, () => reached(inst, id));
+    await killAgentTree();
+    const killedAt = Date.now();
+    await s.start('agent');
+    const op = await finished(res.body.operation.id);
+    const settled = await agree(id);
+    if (settled === 'paused') expect(op.state).toBe('succeeded');
+    // an operation that ended never changes again
+    await sleep(1000);
+    expect((await s.call<Op>('GET', `/v1/operations/${op.id}`)).body.state).toBe(op.state);
+    const before = settled === 'running' ? await exec(id) : null;
+    if (settled === 'paused') expect((await lifecycle(id, 'resume')).state).toBe('succeeded');
+    const after = await exec(id);
+    expect(after).toMatchObject({ status: 201, ran: true });
+    // a resume of the running sandbox succeeds, and it still runs commands
+    expect((await lifecycle(id, 'resume')).state).toBe('succeeded');
+    expect((await exec(id)).ran).toBe(true);
+    expect(await agree(id)).toBe('running');
+    report(`f7-${point}`, {
+      settled,
+      op: op.state,
+      code: op.error?.code,
+      execBefore: before,
+      ms: Date.now() - killedAt,
+    });
+    expect((await s.call('DELETE', `/v1/sandboxes/${id}`)).status).toBe(202);
+  }
+
+  it('f7-kill-mid-hibernate: killed after the freeze and during the checkpoint, the sandbox is usable and agrees with its record', async () => {
+    // right after runsc froze the instance
+    await killDuringHibernate('frozen', async (inst) => (await runscStates()).get(inst) === 'paused');
+    // while runsc writes the checkpoint into the store
+    await killDuringHibernate('checkpoint', async (_inst, id) =>
+      existsSync(join(s.dir, 'agent', 'hibernated', id, 'snapshot', 'checkpoint.img')),
+    );
+  });
+
+  it('f9-api-kill-mid-hibernate-bills-paused: the time since the instance froze is metered paused', async () => {
+    const id = await create();
+    const inst = (await instanceOf(id))!;
+    const res = await s.call<{ operation: Op }>('POST', `/v1/sandboxes/${id}/pause`, { mode: 'hibernated' });
+    expect(res.status).toBe(202);
+    const frozeAt = await when(
+      'the instance to freeze',
+      async () => (await runscStates()).get(inst) === 'paused',
+    );
+    await s.kill('api');
+    await s.start('api');
+    const op = await finished(res.body.operation.id);
+    const endedAt = Date.now();
+    expect(op.state).toBe('succeeded');
+    expect((await get(id)).state).toBe('paused');
+    const usage = (await s.call<Usage>('GET', `/v1/sandboxes/${id}/usage`)).body;
+    // frozen since `frozeAt` (seen ≤ 20 ms after runsc did it, plus the test's own steps): all of
+    // that is paused time; 2 s of slack for the polls and the API's round trips
+    const pausedAtLeast = (endedAt - frozeAt) / 1000 - 2;
+    report('f9-api-kill-mid-hibernate', {
+      opMs: endedAt - frozeAt,
+      seconds: usage.seconds,
+      pausedAtLeast,
+    });
+    expect(usage.seconds.paused).toBeGreaterThanOrEqual(pausedAtLeast);
+    // and the operation ended once
+    await sleep(1000);
+    expect((await s.call<Op>('GET', `/v1/operations/${op.id}`)).body.state).toBe('succeeded');
+    expect((await lifecycle(id, 'resume')).state).toBe('succeeded');
+    expect((await exec(id)).ran).toBe(true);
+    expect((await s.call('DELETE', `/v1/sandboxes/${id}`)).status).toBe(202);
+  });
+});
