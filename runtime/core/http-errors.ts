@@ -2,7 +2,8 @@
  * The one Fastify error handler every SPACE HTTP service installs: renders
  * `{ error: { code, message, details? } }` from {@link SpaceError}, maps Fastify's own errors
  * (validation, body size, content type) onto stable codes, turns a Redis outage into 503
- * `CONTROL_PLANE_UNAVAILABLE` with `Retry-After` (see `redis-errors.ts`), logs ≥ 500 at `error`
+ * `CONTROL_PLANE_UNAVAILABLE` with `Retry-After` (see `redis-errors.ts`; any refusal whose details
+ * carry `retryAfterSec` gets the header too), logs ≥ 500 at `error`
  * and the rest at `info`.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
@@ -62,7 +63,8 @@ export function installErrorHandlers(
  */
 function sendRefusal(req: FastifyRequest, reply: FastifyReply, err: SpaceError): FastifyReply | undefined {
   const headers: Record<string, string | number> = {};
-  if (err.code === 'CONTROL_PLANE_UNAVAILABLE') headers['retry-after'] = CONTROL_PLANE_RETRY_AFTER_SEC;
+  const retryAfter = retryAfterSec(err);
+  if (retryAfter !== null) headers['retry-after'] = retryAfter;
   const raw = req.raw as IncomingMessage;
   if (unreadBody(raw)) {
     reply.hijack();
@@ -77,6 +79,17 @@ function sendRefusal(req: FastifyRequest, reply: FastifyReply, err: SpaceError):
     return undefined;
   }
   return reply.status(err.status).headers(headers).type('application/json').send(err.toBody());
+}
+
+/**
+ * The `Retry-After` seconds (RFC 9110 §10.2.3) a refusal carries: CONTROL_PLANE_UNAVAILABLE's, or
+ * the error's own `details.retryAfterSec` (a positive integer: a rate window, a node's room); null
+ * when it has none. Pure.
+ */
+export function retryAfterSec(err: SpaceError): number | null {
+  if (err.code === 'CONTROL_PLANE_UNAVAILABLE') return CONTROL_PLANE_RETRY_AFTER_SEC;
+  const sec = err.details?.retryAfterSec;
+  return typeof sec === 'number' && Number.isInteger(sec) && sec > 0 ? sec : null;
 }
 
 /**
