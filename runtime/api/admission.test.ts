@@ -10,6 +10,7 @@ import { normalisePolicy } from '../core/egress.ts';
 import { SpaceError } from '../core/errors.ts';
 import { retryAfterSec } from '../core/http-errors.ts';
 import { keys, NODE_ALIVE_TTL_MS } from '../core/redis-keys.ts';
+import { StoreOutage } from '../core/store-outage.ts';
 import { UNLIMITED_QUOTAS } from '../core/tenancy.ts';
 import { toE2bError } from './e2b/shapes.ts';
 import { NodeStore } from './node-store.ts';
@@ -17,7 +18,6 @@ import { OperationStore } from './operations.ts';
 import { ROOM_RETRY_AFTER_SEC } from './placement.ts';
 import { withScripts } from './redis-scripts.ts';
 import { SandboxStore } from './sandbox-store.ts';
-import { StoreOutage } from './store-outage.ts';
 
 const redis = withScripts(new Redis(inject('redisUrl'), { db: 14 }));
 const store = new SandboxStore(redis);

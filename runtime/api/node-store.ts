@@ -2,9 +2,9 @@
 import type { Redis } from 'ioredis';
 import { SpaceError } from '../core/errors.ts';
 import { KEY_PREFIX, keys } from '../core/redis-keys.ts';
+import { StoreOutage } from '../core/store-outage.ts';
 import type { NodeInfo } from '../core/types.ts';
 import { flatToHash, type ScriptedRedis, withScripts } from './redis-scripts.ts';
-import { StoreOutage } from './store-outage.ts';
 
 /** How often a dispatch in flight checks that its node still heartbeats (ms). */
 export const ALIVE_POLL_MS = 1_000;

@@ -19,11 +19,11 @@
 import type { Logger } from 'pino';
 import { F } from '../core/log-fields.ts';
 import { keys } from '../core/redis-keys.ts';
+import { StoreOutage } from '../core/store-outage.ts';
 import { DEFAULT_TEAM } from '../core/tenancy.ts';
 import { parseEndReport } from '../core/types.ts';
 import type { OperationStore } from './operations.ts';
 import type { SandboxStore } from './sandbox-store.ts';
-import { StoreOutage } from './store-outage.ts';
 
 /** Clock skew allowed between API and agent hosts when comparing inventory times (ms). */
 export const INVENTORY_GRACE_MS = 5_000;

@@ -8,6 +8,7 @@ import { acceptingDrivers } from '../core/drivers.ts';
 import type { EgressPolicy } from '../core/egress.ts';
 import { SpaceError } from '../core/errors.ts';
 import { KEY_PREFIX, KILLED_SANDBOX_TTL_SEC, keys } from '../core/redis-keys.ts';
+import type { StoreOutage } from '../core/store-outage.ts';
 import { DEFAULT_TEAM, type TeamQuotas } from '../core/tenancy.ts';
 import { inChildSpan } from '../core/tracing.ts';
 import {
@@ -23,7 +24,6 @@ import type { SandboxGrant } from './credential-store.ts';
 import type { DraftOperation } from './operations.ts';
 import { PLACEMENT_RULES, PLACEMENT_RULES_JSON, roomError } from './placement.ts';
 import type { ScriptedRedis } from './redis-scripts.ts';
-import type { StoreOutage } from './store-outage.ts';
 
 /** A sandbox as stored (the public record plus what only the platform needs). */
 export interface SandboxRecord extends Omit<Sandbox, 'credentials'> {

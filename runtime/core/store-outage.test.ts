@@ -1,6 +1,6 @@
 /** The outage rule (store-outage.ts): when a node without its alive key is still presumed alive. */
 import { describe, expect, it } from 'vitest';
-import { NODE_ALIVE_TTL_MS as TTL } from '../core/redis-keys.ts';
+import { NODE_ALIVE_TTL_MS as TTL } from './redis-keys.ts';
 import { StoreOutage } from './store-outage.ts';
 
 describe('StoreOutage', () => {

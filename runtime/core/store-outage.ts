@@ -9,11 +9,12 @@
  *   place.lua applies the same rule from the same figures ({@link StoreOutage.luaArgs});
  * - loss (the reconciler's node-lost grace): silence counts from the outage's end
  *   ({@link StoreOutage.silentFor}).
- * One instance per API process, fed by its Redis connections' events and by the failures its loops
- * see; it only knows what this process saw (an API started after an outage judges strictly).
+ * The router reads the same rule before it forwards to a sandbox's node. One instance per process
+ * (API, router), fed by its Redis connections' events and by the failures its loops see; it only
+ * knows what this process saw (a process started after an outage judges strictly).
  */
 import type { Redis } from 'ioredis';
-import { NODE_ALIVE_TTL_MS } from '../core/redis-keys.ts';
+import { NODE_ALIVE_TTL_MS } from './redis-keys.ts';
 
 export class StoreOutage {
   /** When the last outage began (epoch ms; 0: none seen). */
