@@ -127,7 +127,11 @@ describe('lifecycle', () => {
   }, 600_000);
 
   it('r8-failed-creates-leave-nothing: creates beyond capacity are refused at POST and leave nothing', async () => {
-    const before = await s.call<{ sandboxes: unknown[] }>('GET', '/v1/sandboxes?limit=1000');
+    const createFailed = async () =>
+      (
+        await s.call<{ sandboxes: { killReason: string }[] }>('GET', '/v1/sandboxes?state=killed&limit=1000')
+      ).body.sandboxes.filter((x) => x.killReason === 'create_failed').length;
+    const before = await createFailed();
     const over = await Promise.allSettled(
       Array.from({ length: 3 }, () => s.createSandbox({ vcpus: 40, memoryMiB: 128 })),
     );
@@ -139,9 +143,8 @@ describe('lifecycle', () => {
       expect(String((f as PromiseRejectedResult).reason)).toContain('create: 503');
       expect(String((f as PromiseRejectedResult).reason)).toContain('NODE_CAPACITY_EXHAUSTED');
     }
-    // a refused create writes no record: only the one that fitted is new
-    const after = await s.call<{ sandboxes: unknown[] }>('GET', '/v1/sandboxes?limit=1000');
-    expect(after.body.sandboxes.length).toBe(before.body.sandboxes.length + 1);
+    // a refused create writes no record: none ends killed `create_failed` (they all did before)
+    expect(await createFailed()).toBe(before);
     for (const r of over) {
       if (r.status !== 'fulfilled') continue;
       const del = await s.call<{ operation: { id: string } }>('DELETE', `/v1/sandboxes/${r.value}`);

@@ -47,8 +47,12 @@ export function installErrorHandlers(
     if (known.code === 'CONTROL_PLANE_UNAVAILABLE') {
       // one line without a stack per refused request: during a Redis restart there are many
       req.log.error({ code: known.code, cause: String(known.cause) }, 'request failed: redis unavailable');
-    } else if (known.status >= 500) req.log.error({ err, code: known.code }, 'request failed');
-    else req.log.info({ code: known.code, msg: known.message }, 'request refused');
+    } else if (known.status >= 500 && retryAfterSec(known) === null) {
+      req.log.error({ err, code: known.code }, 'request failed');
+    } else if (known.status >= 500) {
+      // a refusal with Retry-After (no room for a create) is the system working: one line, no stack
+      req.log.warn({ code: known.code, msg: known.message }, 'request refused');
+    } else req.log.info({ code: known.code, msg: known.message }, 'request refused');
     if (reply.sent || reply.raw.headersSent) return;
     return sendRefusal(req, reply, known);
   });
