@@ -198,6 +198,12 @@ describe('faults: admission', { timeout: 240_000 }, () => {
       expect(r.body.error.code).toBe('NODE_CAPACITY_EXHAUSTED');
       expect(r.retryAfter).toBeGreaterThan(0);
     }
+    // operators see the refusals too
+    const metrics = await (await request(new URL('/metrics', s.apiUrl))).body.text();
+    const line = metrics
+      .split('\n')
+      .find((l) => l.startsWith('space_api_creates_refused_total{code="NODE_CAPACITY_EXHAUSTED"}'));
+    expect(Number(line?.split(' ').pop())).toBe(refused.length);
     const ids = admitted.map((a) => a.body.sandbox.id).sort();
     // fill what room is left (creates that fit do fit)
     while (ids.length < MAX_SANDBOXES) {

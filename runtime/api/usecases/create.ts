@@ -138,7 +138,15 @@ export async function createSandbox(
         { outage: deps.nodes.outage },
       );
     });
-  const res = await untilRoom(admit, Math.min(r.roomWaitMs ?? 0, MAX_ROOM_WAIT_MS));
+  const res = await untilRoom(admit, Math.min(r.roomWaitMs ?? 0, MAX_ROOM_WAIT_MS)).catch((err: unknown) => {
+    if (
+      err instanceof SpaceError &&
+      (err.code === 'NODE_CAPACITY_EXHAUSTED' || err.code === 'NODE_UNAVAILABLE')
+    ) {
+      deps.metrics.createsRefused.inc({ code: err.code });
+    }
+    throw err;
+  });
   if ('replay' in res) {
     r.onTarget?.(res.replay.sandboxId);
     const [sb, op] = await Promise.all([
