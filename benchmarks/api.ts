@@ -6,14 +6,50 @@ import { randomBytes } from 'node:crypto';
 import { createParser } from 'eventsource-parser';
 import { request } from 'undici';
 
-/** An API answer with HTTP status ≥ 400 (`status`); the message carries the body. */
+/**
+ * An API answer with HTTP status ≥ 400 (`status`); the message carries the body. `code` is the
+ * error envelope's code (null when the body had none); `retryAfterSec` the `Retry-After` header's
+ * seconds (null when absent): a refusal the API gave before acting, to be asked again then (no room
+ * for a create: 503 NODE_CAPACITY_EXHAUSTED).
+ */
 export class ApiStatusError extends Error {
   readonly status: number;
-  constructor(status: number, message: string) {
+  readonly code: string | null;
+  readonly retryAfterSec: number | null;
+  constructor(
+    status: number,
+    message: string,
+    code: string | null = null,
+    retryAfterSec: number | null = null,
+  ) {
     super(message);
     this.name = 'ApiStatusError';
     this.status = status;
+    this.code = code;
+    this.retryAfterSec = retryAfterSec;
   }
+}
+
+/** The error of an API answer ≥ 400: refusals with `Retry-After` say so first. Pure. */
+export function apiStatusError(
+  method: string,
+  path: string,
+  status: number,
+  text: string,
+  retryAfter: string | string[] | undefined,
+): ApiStatusError {
+  let code: string | null = null;
+  try {
+    code = (JSON.parse(text) as { error?: { code?: string } }).error?.code ?? null;
+  } catch {
+    code = null;
+  }
+  const after = typeof retryAfter === 'string' && /^\d+$/.test(retryAfter) ? Number(retryAfter) : null;
+  const what =
+    after === null
+      ? `${status} ${text}`
+      : `refused at once, ${status} ${code ?? ''} (Retry-After ${after} s): ${text}`;
+  return new ApiStatusError(status, `${method} ${path}: ${what}`, code, after);
 }
 
 /**
@@ -77,7 +113,7 @@ export function benchClient(ep: { apiUrl: string; apiKey: string }): BenchClient
     });
     const text = await res.body.text();
     if (res.statusCode >= 400)
-      throw new ApiStatusError(res.statusCode, `${method} ${path}: ${res.statusCode} ${text}`);
+      throw apiStatusError(method, path, res.statusCode, text, res.headers['retry-after']);
     return (text ? JSON.parse(text) : {}) as T;
   }
   const client: BenchClient = {

@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import type { BenchClient } from './api.ts';
+import { apiStatusError } from './api.ts';
 import {
   type CreateMode,
   type CreateSample,
@@ -60,7 +61,26 @@ describe('latency classification', () => {
 
   it('failures are counted per phase, never timed', () => {
     expect(errorCounts(all)).toEqual([
-      { concurrency: 1, phase: 'cold', errors: 1, first: 'POST /v1/sandboxes: 503 capacity' },
+      { concurrency: 1, phase: 'cold', errors: 1, refused: 0, first: 'POST /v1/sandboxes: 503 capacity' },
+    ]);
+    // a POST refused for want of room (503 with Retry-After) is counted as such
+    const refusal = apiStatusError(
+      'POST',
+      '/v1/sandboxes',
+      503,
+      '{"error":{"code":"NODE_CAPACITY_EXHAUSTED","message":"no node has room"}}',
+      '2',
+    );
+    expect(refusal).toMatchObject({ status: 503, code: 'NODE_CAPACITY_EXHAUSTED', retryAfterSec: 2 });
+    expect(refusal.message).toContain('refused at once, 503 NODE_CAPACITY_EXHAUSTED (Retry-After 2 s)');
+    expect(apiStatusError('GET', '/x', 500, 'oops', undefined)).toMatchObject({
+      message: 'GET /x: 500 oops',
+      code: null,
+      retryAfterSec: null,
+    });
+    const refused = sample({ phase: 'warm', concurrency: 4, error: refusal.message, refused: true });
+    expect(errorCounts([refused, refused])).toEqual([
+      { concurrency: 4, phase: 'warm', errors: 2, refused: 2, first: refusal.message },
     ]);
   });
 

@@ -27,7 +27,7 @@
  * that found the pool empty counts as the snapshot or boot it was. Creates the API refused (e.g.
  * capacity) are counted as errors, not timed.
  */
-import type { BenchClient } from './api.ts';
+import { ApiStatusError, type BenchClient } from './api.ts';
 import { type FloorResult, measureFloor } from './floor.ts';
 import type { ProgressFactory } from './progress.ts';
 import {
@@ -69,6 +69,8 @@ export interface CreateSample {
   firstOutputMs: number;
   /** The failure (HTTP status and body, or the operation's error), when the create failed. */
   error?: string;
+  /** The POST was refused before anything was made (no room: 503 with `Retry-After`). */
+  refused?: boolean;
 }
 
 /**
@@ -129,16 +131,26 @@ export function latencyRows(all: readonly CreateSample[], floorP50: number): Lat
   return rows;
 }
 
-/** Failed creates per concurrency and phase (counted, never timed). Pure. */
+/** Failed creates per concurrency and phase (counted, never timed; `refused`: of them, refused at POST). Pure. */
 export function errorCounts(
   all: readonly CreateSample[],
-): { concurrency: number; phase: LatencyPhase; errors: number; first: string }[] {
-  const out = new Map<string, { concurrency: number; phase: LatencyPhase; errors: number; first: string }>();
+): { concurrency: number; phase: LatencyPhase; errors: number; refused: number; first: string }[] {
+  const out = new Map<
+    string,
+    { concurrency: number; phase: LatencyPhase; errors: number; refused: number; first: string }
+  >();
   for (const s of all) {
     if (s.error === undefined) continue;
     const k = `${s.concurrency}/${s.phase}`;
-    const e = out.get(k) ?? { concurrency: s.concurrency, phase: s.phase, errors: 0, first: s.error };
+    const e = out.get(k) ?? {
+      concurrency: s.concurrency,
+      phase: s.phase,
+      errors: 0,
+      refused: 0,
+      first: s.error,
+    };
     e.errors++;
+    if (s.refused) e.refused++;
     out.set(k, e);
   }
   return [...out.values()];
@@ -221,6 +233,7 @@ export async function timeCreate(
     s.readyMs = performance.now() - t0;
   } catch (err) {
     s.error = (err as Error).message.slice(0, 300);
+    if (id === undefined && err instanceof ApiStatusError && err.retryAfterSec !== null) s.refused = true;
   }
   return { sample: s, id: id ?? null };
 }
@@ -448,7 +461,7 @@ export async function latencyOutput(
     `Classes are what the API reports per create (createdFrom): warm = pool claim, snapshot = snapshot restore, boot = cold boot. Warm phase: default shape, each wave on a settled node (no sandbox left from earlier waves, the pool back to ${r.params.poolSeen} instances); cold phase: ${r.params.coldMemoryMiB} MiB, a shape the pool does not hold.`,
     ...errors.map(
       (e) =>
-        `C=${e.concurrency} ${e.phase} phase: ${e.errors} create(s) failed, not timed (first: ${e.first})`,
+        `C=${e.concurrency} ${e.phase} phase: ${e.errors} create(s) failed, not timed${e.refused ? ` (${e.refused} refused at POST with Retry-After: no room then)` : ''} (first: ${e.first})`,
     ),
   ];
   const doc: BenchDocument = {

@@ -212,7 +212,16 @@ export function createApiRuntime(deps: ApiDeps, workerConnection: Redis) {
     concurrency: deps.config.workerConcurrency,
   });
   const log = deps.log.child({ component: 'reaper' });
-  const reconciler = new Reconciler(deps.sandboxes, deps.operations, log, deps.config.nodeLostGraceMs);
+  // the worker's connection tells of outages too: the create it runs again after one reads nodes
+  // through the same rule (store-outage.ts)
+  deps.nodes.outage.watch(workerConnection);
+  const reconciler = new Reconciler(
+    deps.sandboxes,
+    deps.operations,
+    log,
+    deps.config.nodeLostGraceMs,
+    deps.nodes.outage,
+  );
   const reaper = new Reaper(deps.sandboxes, log, deps.config.reaperIntervalMs, reconciler);
   return {
     async start() {

@@ -194,7 +194,9 @@ async function create(d: LifecycleDeps, op: OperationRecord, target: Record<stri
       sandboxId: id,
     });
   }
-  const placed = await d.sandboxes.place(rec);
+  // placed at admission (admit.lua); this finds its node again, liveness read through the outage
+  // rule (a node whose alive key expired while Redis was away still has the sandbox it made)
+  const placed = await d.sandboxes.place(rec, '', d.nodes.outage);
   if (placed.nodeId === null) {
     const err = new SpaceError(
       'NODE_CAPACITY_EXHAUSTED',
@@ -406,7 +408,7 @@ async function resume(d: LifecycleDeps, op: OperationRecord): Promise<void> {
   let runningForMs: number | undefined;
   try {
     if (hib) {
-      const placed = await d.sandboxes.place(rec, hib.store);
+      const placed = await d.sandboxes.place(rec, hib.store, d.nodes.outage);
       if (placed.nodeId === null) {
         throw new SpaceError(
           'NODE_CAPACITY_EXHAUSTED',

@@ -6,6 +6,8 @@ export interface ApiMetrics {
   requests: Counter<'method' | 'route' | 'status'>;
   requestDuration: Histogram<'method' | 'route'>;
   sandboxesCreated: Counter<'template'>;
+  /** Creates refused at POST because no node could take them then (after any `roomWaitMs`), by code. */
+  createsRefused: Counter<'code'>;
   /** Metered sandbox time closed by this API's reports (paused time; idle/active up to a pause or end). */
   usageSeconds: Counter<'state'>;
   /** Pause and resume operations by kind, mode and result, with their duration. */
@@ -35,6 +37,12 @@ export function createApiMetrics(): ApiMetrics {
       name: 'space_api_sandboxes_accepted_total',
       help: 'Sandbox creations accepted.',
       labelNames: ['template'],
+      registers: [registry],
+    }),
+    createsRefused: new Counter({
+      name: 'space_api_creates_refused_total',
+      help: 'Creates refused at admission: no node had room (NODE_CAPACITY_EXHAUSTED) or counted as alive (NODE_UNAVAILABLE).',
+      labelNames: ['code'],
       registers: [registry],
     }),
     usageSeconds: new Counter({

@@ -2,15 +2,26 @@
 import type { Redis } from 'ioredis';
 import { SpaceError } from '../core/errors.ts';
 import { KEY_PREFIX, keys } from '../core/redis-keys.ts';
+import { StoreOutage } from '../core/store-outage.ts';
 import type { NodeInfo } from '../core/types.ts';
 import { flatToHash, type ScriptedRedis, withScripts } from './redis-scripts.ts';
 
 /** How often a dispatch in flight checks that its node still heartbeats (ms). */
 export const ALIVE_POLL_MS = 1_000;
 
-/** A node's view from its registration hash, alive flag and warm-slot hash (null: no registration). Pure. */
-function nodeFrom(h: Record<string, string>, alive: boolean, warm: Record<string, string>): NodeInfo | null {
+/**
+ * A node's view from its registration hash, alive key (present or not) and warm-slot hash (null:
+ * no registration). `alive` is the key, or the outage rule's presumption for a node not fenced as
+ * lost (store-outage.ts).
+ */
+function nodeFrom(
+  h: Record<string, string>,
+  aliveKey: boolean,
+  warm: Record<string, string>,
+  outage: StoreOutage,
+): NodeInfo | null {
   if (!h.id) return null;
+  const alive = aliveKey || (!h.lostAt && outage.presumedAlive(Number(h.heartbeatAt ?? 0)));
   return {
     id: h.id,
     url: h.url ?? '',
@@ -35,8 +46,13 @@ function nodeFrom(h: Record<string, string>, alive: boolean, warm: Record<string
 
 export class NodeStore {
   readonly redis: ScriptedRedis;
-  constructor(redis: Redis) {
+  /** This process's Redis outages: a node's alive key that expired during one is not its death. */
+  readonly outage: StoreOutage;
+  /** `outage` defaults to one that follows `redis`'s own connection events. */
+  constructor(redis: Redis, outage?: StoreOutage) {
     this.redis = withScripts(redis);
+    this.outage = outage ?? new StoreOutage();
+    if (!outage) this.outage.watch(redis);
   }
 
   /** Node `id` as registered (null when unknown); one round trip. */
@@ -54,7 +70,7 @@ export class NodeStore {
       number,
       Record<string, string>,
     ];
-    return nodeFrom(h, alive === 1, warm);
+    return nodeFrom(h, alive === 1, warm, this.outage);
   }
 
   /** Every registered node, in id order; one round trip however many there are (nodes.lua). */
@@ -66,6 +82,7 @@ export class NodeStore {
         flatToHash(flat[i + 2] as string[]),
         flat[i + 1] === 1,
         flatToHash(flat[i + 3] as string[]),
+        this.outage,
       );
       if (node) out.push(node);
     }
@@ -86,10 +103,32 @@ export class NodeStore {
   }
 
   /**
+   * Whether node `id` counts as alive now: its alive key, or (for a node not fenced as lost) the
+   * outage rule's presumption (store-outage.ts). A Redis that does not answer says nothing: true.
+   */
+  async #aliveNow(id: string): Promise<boolean> {
+    try {
+      const res = await this.redis
+        .pipeline()
+        .exists(keys.nodeAlive(id))
+        .hmget(keys.node(id), 'heartbeatAt', 'lostAt')
+        .exec();
+      if (!res) return true;
+      for (const [err] of res) if (err) throw err;
+      const [alive, [heartbeatAt, lostAt]] = res.map(([, v]) => v) as [number, (string | null)[]];
+      if (alive === 1) return true;
+      return !lostAt && this.outage.presumedAlive(Number(heartbeatAt ?? 0));
+    } catch {
+      return true;
+    }
+  }
+
+  /**
    * Runs `fn` (a dispatch to node `id`) with a signal that aborts as soon as the node stops
-   * heartbeating (its alive key is checked every {@link ALIVE_POLL_MS}), so a call to a hung agent
-   * ends within the heartbeat TTL instead of the whole dispatch timeout. The check loop ends when
-   * `fn` settles.
+   * heartbeating (checked every {@link ALIVE_POLL_MS}: its alive key, read through the outage rule
+   * of store-outage.ts, so a key that expired while Redis was away does not abort it), so a call to
+   * a hung agent ends within the heartbeat TTL instead of the whole dispatch timeout. The check loop
+   * ends when `fn` settles.
    * @throws SpaceError NODE_UNAVAILABLE when the node stopped heartbeating first; else what `fn` throws.
    */
   async whileAlive<T>(id: string, fn: (signal: AbortSignal) => Promise<T>): Promise<T> {
@@ -102,9 +141,9 @@ export class NodeStore {
     let settled = false;
     const poll = () => {
       timer = setTimeout(async () => {
-        const alive = await this.redis.exists(keys.nodeAlive(id)).catch(() => 1);
+        const alive = await this.#aliveNow(id);
         if (settled) return;
-        if (alive === 0) abort.abort();
+        if (!alive) abort.abort();
         else poll();
       }, ALIVE_POLL_MS);
     };

@@ -3,10 +3,12 @@
  * (alive, schedulable, holds the template, reads the hibernation store asked for, runs a driver
  * that can run the shape, has room for its vCPUs, memory and one more sandbox), as data. Two
  * places judge by it: the create's pre-check here ({@link precheckPlacement}: could any node ever
- * take it? — room judged on an empty node), before anything is written; and place.lua, which
- * receives the same rules as JSON and picks a node that takes it *now* (room judged on what the
- * node holds), reserving its share in the same step. placement.test.ts runs the same cases
- * through {@link nodeTakes} and place.lua and compares.
+ * take it? — room judged on an empty node), before anything is written; and the Lua placement
+ * (placement-lib.lua, run by admit.lua when a create is admitted and by place.lua when a
+ * hibernated sandbox resumes), which receives the same rules as JSON and picks a node that takes it
+ * *now* (room judged on what the node holds), reserving its share in the same step — a create no
+ * node has room for is refused at admission ({@link roomError}). placement.test.ts runs the same
+ * cases through {@link nodeTakes} and place.lua and compares.
  */
 import { acceptingDrivers, isDriverName, shapeProblem } from '../core/drivers.ts';
 import { SpaceError } from '../core/errors.ts';
@@ -242,4 +244,23 @@ export function largestShapes(
         ),
     )
     .sort((a, b) => b.memoryMiB - a.memoryMiB || b.vcpus - a.vcpus);
+}
+
+/**
+ * Seconds a client refused for want of room (or of a live node) is told to wait before it asks
+ * again (`Retry-After`, RFC 9110 §10.2.3): about how long a sandbox takes to be deleted and its
+ * room returned, or a node's heartbeat to come back.
+ */
+export const ROOM_RETRY_AFTER_SEC = 2;
+
+/**
+ * The error of a create no node can take now (admit.lua's or place.lua's `reason`): `no_nodes`
+ * (none counts as alive) is NODE_UNAVAILABLE, anything else (`full`) NODE_CAPACITY_EXHAUSTED; both
+ * retryable, with `details.retryAfterSec` ({@link ROOM_RETRY_AFTER_SEC}, sent as `Retry-After`). Pure.
+ */
+export function roomError(reason: string, details: Record<string, unknown> = {}): SpaceError {
+  const more = { ...details, retryAfterSec: ROOM_RETRY_AFTER_SEC };
+  return reason === 'no_nodes'
+    ? new SpaceError('NODE_UNAVAILABLE', 'no node is available right now', more)
+    : new SpaceError('NODE_CAPACITY_EXHAUSTED', 'no node has room for this sandbox right now', more);
 }

@@ -2,8 +2,10 @@
  * Reconciliation of sandbox records with what nodes really run (the control plane's half; the
  * node's half is `agent/reconcile.ts`). Every pass:
  * - a node that stopped heartbeating more than the node-lost grace ago is fenced (`lostAt` in its
- *   hash) — silence while Redis itself was away does not count (see `noteStoreOutage`): from then on deletes of its sandboxes finish without it, and the node destroys every
- *   sandbox the control plane ended before it may announce itself alive again;
+ *   hash) — silence while Redis itself was away does not count (`noteStoreOutage`, the rule of
+ *   store-outage.ts shared with placement and dispatch): from then on deletes of its sandboxes
+ *   finish without it, and the node destroys every sandbox the control plane ended before it may
+ *   announce itself alive again;
  * - a live sandbox placed on a node that stopped heartbeating more than {@link NODE_LOST_GRACE_MS}
  *   ago, or missing from its alive node's inventory although it was live well before that
  *   inventory was taken, is lost: it moves to
@@ -17,6 +19,7 @@
 import type { Logger } from 'pino';
 import { F } from '../core/log-fields.ts';
 import { keys } from '../core/redis-keys.ts';
+import { StoreOutage } from '../core/store-outage.ts';
 import { DEFAULT_TEAM } from '../core/tenancy.ts';
 import { parseEndReport } from '../core/types.ts';
 import type { OperationStore } from './operations.ts';
@@ -39,20 +42,22 @@ export class Reconciler {
   readonly #operations: OperationStore;
   readonly #log: Logger;
   readonly #graceMs: number;
-  /** When this process last found Redis unreachable (epoch ms; 0: never). */
-  #storeOutageAt = 0;
+  /** This process's Redis outages (shared with the node store: one rule for node liveness). */
+  readonly #outage: StoreOutage;
 
-  /** `nodeLostGraceMs` defaults to {@link NODE_LOST_GRACE_MS}. */
+  /** `nodeLostGraceMs` defaults to {@link NODE_LOST_GRACE_MS}; `outage` to one of its own. */
   constructor(
     sandboxes: SandboxStore,
     operations: OperationStore,
     log: Logger,
     nodeLostGraceMs = NODE_LOST_GRACE_MS,
+    outage = new StoreOutage(),
   ) {
     this.#sandboxes = sandboxes;
     this.#operations = operations;
     this.#log = log;
     this.#graceMs = nodeLostGraceMs;
+    this.#outage = outage;
   }
 
   /**
@@ -77,7 +82,7 @@ export class Reconciler {
    * sandbox killed, on the first pass after Redis came back.
    */
   noteStoreOutage(now = Date.now()): void {
-    this.#storeOutageAt = Math.max(this.#storeOutageAt, now);
+    this.#outage.down(now);
   }
 
   /** One pass over every node; returns the sandbox ids it acted on. */
@@ -94,7 +99,7 @@ export class Reconciler {
         redis.hgetall(keys.nodeEnded(node)),
         redis.hget(keys.node(node), 'heartbeatAt'),
       ]);
-      const deadFor = alive === 1 ? 0 : now - Math.max(Number(heartbeatAt ?? 0), this.#storeOutageAt);
+      const deadFor = alive === 1 ? 0 : this.#outage.silentFor(Number(heartbeatAt ?? 0), now);
       const lostNode = deadFor > this.#graceMs;
       if (lostNode && (await redis.hsetnx(keys.node(node), 'lostAt', String(now))) === 1) {
         // the fence: the node must reconcile before it may heartbeat again (agent/registry.ts)

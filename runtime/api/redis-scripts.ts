@@ -4,6 +4,8 @@ import type { Redis } from 'ioredis';
 
 const here = new URL('./scripts/', import.meta.url);
 const src = (name: string) => readFileSync(new URL(`${name}.lua`, here), 'utf8');
+/** A script that places sandboxes, with the placement functions (placement-lib.lua) in front. */
+const placing = (name: string) => `${src('placement-lib')}\n${src(name)}`;
 
 /** The atomic flows of the control plane (see runtime/core/REDIS.md). */
 export interface SpaceScripts {
@@ -19,6 +21,7 @@ export interface SpaceScripts {
     drivers: string,
     hibernateStore: string,
     rules: string,
+    ...outage: string[]
   ): Promise<[string, number | string, string?, number?]>;
   spaceRelease(sandboxKey: string, prefix: string): Promise<number>;
   spaceAdmit(
@@ -31,8 +34,17 @@ export interface SpaceScripts {
     queueKey: string,
     teamLiveKey: string,
     idempotencyKey: string,
+    nodeIndex: string,
     ...argv: string[]
-  ): Promise<[1] | [0, string, number, number] | [2, string, string] | [3] | [4, string]>;
+  ): Promise<
+    | [1]
+    | [1, string, number]
+    | [0, string, number, number]
+    | [2, string, string]
+    | [3]
+    | [4, string]
+    | [5, string]
+  >;
   spaceExpire(
     deadlinesKey: string,
     queueKey: string,
@@ -83,8 +95,8 @@ export function withScripts(redis: Redis): ScriptedRedis {
   const r = redis as ScriptedRedis;
   if (typeof r.spaceTransition === 'function') return r;
   redis.defineCommand('spaceTransition', { numberOfKeys: 2, lua: src('transition') });
-  redis.defineCommand('spacePlace', { numberOfKeys: 2, lua: src('place') });
-  redis.defineCommand('spaceAdmit', { numberOfKeys: 9, lua: src('admit') });
+  redis.defineCommand('spacePlace', { numberOfKeys: 2, lua: placing('place') });
+  redis.defineCommand('spaceAdmit', { numberOfKeys: 10, lua: placing('admit') });
   redis.defineCommand('spaceRelease', { numberOfKeys: 1, lua: src('release') });
   redis.defineCommand('spaceExpire', { numberOfKeys: 2, lua: src('expire') });
   redis.defineCommand('spaceExtend', { numberOfKeys: 2, lua: src('extend') });

@@ -8,6 +8,7 @@ import { acceptingDrivers } from '../core/drivers.ts';
 import type { EgressPolicy } from '../core/egress.ts';
 import { SpaceError } from '../core/errors.ts';
 import { KEY_PREFIX, KILLED_SANDBOX_TTL_SEC, keys } from '../core/redis-keys.ts';
+import type { StoreOutage } from '../core/store-outage.ts';
 import { DEFAULT_TEAM, type TeamQuotas } from '../core/tenancy.ts';
 import { inChildSpan } from '../core/tracing.ts';
 import {
@@ -21,7 +22,7 @@ import {
 } from '../core/types.ts';
 import type { SandboxGrant } from './credential-store.ts';
 import type { DraftOperation } from './operations.ts';
-import { PLACEMENT_RULES_JSON } from './placement.ts';
+import { PLACEMENT_RULES, PLACEMENT_RULES_JSON, roomError } from './placement.ts';
 import type { ScriptedRedis } from './redis-scripts.ts';
 
 /** A sandbox as stored (the public record plus what only the platform needs). */
@@ -184,10 +185,14 @@ export class SandboxStore {
    * `keys.idempotency`) is looked up and claimed in the admission's own step (admit.lua,
    * claim-or-return). Returns `{ admitted }` (this call wrote the sandbox) or `{ replay }` (the key
    * was used before with the same `bodyHash`: the first request's sandbox and operation ids;
-   * nothing was written).
+   * nothing was written). With `placement`, the same step also places the sandbox on a node that
+   * takes it now (the placement rules of place.lua, judged through `placement.outage`) and reserves
+   * the node's share, or refuses: capacity is answered at admission, and concurrent admissions
+   * cannot over-fill a node.
    * @throws SpaceError IDEMPOTENCY_CONFLICT when the key was used with another body; INTERNAL when
    *   an API from before claim-or-return holds the key without its operation yet; the quota errors
-   *   of {@link create}.
+   *   of {@link create}; with `placement`, {@link roomError}'s NODE_CAPACITY_EXHAUSTED (no node has
+   *   room now) or NODE_UNAVAILABLE (no node counts as alive), nothing written.
    */
   async admit(
     s: NewSandbox,
@@ -195,6 +200,7 @@ export class SandboxStore {
     now = Date.now(),
     create?: DraftOperation,
     idempotency?: { key: string; bodyHash: string; ttlSec: number },
+    placement?: { outage: StoreOutage },
   ): Promise<{ admitted: SandboxRecord } | { replay: { sandboxId: string; operationId: string } }> {
     const fields: Record<string, string> = {
       id: s.id,
@@ -218,6 +224,15 @@ export class SandboxStore {
       team: s.team,
     };
     const cpuMilli = Math.round(s.vcpus * 1000);
+    const ask = placement
+      ? JSON.stringify({
+          prefix: KEY_PREFIX,
+          template: s.template,
+          drivers: acceptingDrivers(s).join(','),
+          rules: PLACEMENT_RULES,
+          outage: placement.outage.luaArgs(now),
+        })
+      : '';
     const res = await this.redis.spaceAdmit(
       keys.sandbox(s.id),
       keys.sandboxIndex(),
@@ -228,6 +243,7 @@ export class SandboxStore {
       keys.operationQueue(),
       keys.teamLiveSandboxes(s.team),
       idempotency?.key ?? '',
+      keys.nodeIndex(),
       String(now),
       s.id,
       String(quotas.sandboxes),
@@ -239,6 +255,7 @@ export class SandboxStore {
       create ? JSON.stringify(create.hash) : '',
       idempotency?.bodyHash ?? '',
       String(idempotency?.ttlSec ?? 0),
+      ask,
       ...Object.entries(fields).flat(),
     );
     switch (res[0]) {
@@ -250,9 +267,15 @@ export class SandboxStore {
         throw new SpaceError('IDEMPOTENCY_CONFLICT', 'Idempotency-Key was used with a different body');
       case 4:
         throw new SpaceError('INTERNAL', 'the first request with this Idempotency-Key did not finish');
-      default:
-        // what admit.lua wrote is exactly `fields` (plus quotaHeld): no read back
-        return { admitted: sandboxFromHash({ ...fields, quotaHeld: '1' })! };
+      case 5:
+        throw roomError(res[1], { template: s.template, vcpus: s.vcpus, memoryMiB: s.memoryMiB });
+      default: {
+        // what admit.lua wrote is exactly `fields` (plus quotaHeld, and the node when it placed it):
+        // no read back
+        const placed: Record<string, string> =
+          res.length === 3 ? { nodeId: res[1], fromWarmPool: String(res[2]), released: '0' } : {};
+        return { admitted: sandboxFromHash({ ...fields, ...placed, quotaHeld: '1' })! };
+      }
     }
   }
 
@@ -491,13 +514,14 @@ export class SandboxStore {
   /**
    * Reserves room on a node that takes the sandbox under the placement rules (placement.ts, judged
    * by place.lua); with `store`, only on a node reading that hibernation store (resuming a
-   * hibernated sandbox). Returns the node with its agent URL and whether it
+   * hibernated sandbox). Liveness follows `outage`'s rule (store-outage.ts) when given. Returns the node with its agent URL and whether it
    * heartbeats now (a new placement always does; a sandbox placed before keeps its node), or why
    * none was found (`no_nodes`, `full`).
    */
   async place(
     rec: SandboxRecord,
     store = '',
+    outage?: StoreOutage,
   ): Promise<
     { nodeId: string; fromWarm: boolean; url: string; alive: boolean } | { nodeId: null; reason: string }
   > {
@@ -513,6 +537,7 @@ export class SandboxStore {
         acceptingDrivers(rec).join(','),
         store,
         PLACEMENT_RULES_JSON,
+        ...(outage?.luaArgs() ?? []),
       ),
     );
     if (!node) return { nodeId: null, reason: String(extra) };

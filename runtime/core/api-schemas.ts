@@ -250,6 +250,22 @@ export const WaitQuery = Type.Object(
   { additionalProperties: false },
 );
 
+/** Query of `POST /v1/sandboxes`: the long-poll of {@link WaitQuery} and a bounded wait for room. */
+export const CreateQuery = Type.Object(
+  {
+    waitMs: WaitQuery.properties.waitMs,
+    roomWaitMs: Type.Optional(
+      Type.Integer({
+        minimum: 0,
+        maximum: 60_000,
+        description:
+          'When no node has room now, wait up to this many ms for room before refusing with 503 NODE_CAPACITY_EXHAUSTED (0: refuse at once).',
+      }),
+    ),
+  },
+  { additionalProperties: false },
+);
+
 export const CommandBody = Type.Object(
   {
     cmd: Type.String({

@@ -120,7 +120,7 @@ export const ERROR_CODES = {
   NODE_CAPACITY_EXHAUSTED: {
     status: 503,
     retryable: true,
-    doc: 'No node has room for the sandbox right now (CPU, memory or sandbox count); a shape no node could ever hold is `SHAPE_TOO_LARGE`.',
+    doc: 'No node has room for the sandbox right now (CPU, memory or sandbox count): a create is refused at POST, nothing written; retry after the `Retry-After` header’s seconds (E2B routes: 429). A shape no node could ever hold is `SHAPE_TOO_LARGE`.',
   },
   NODE_UNAVAILABLE: { status: 503, retryable: true, doc: 'The node holding the sandbox is not reachable.' },
   CONTROL_PLANE_UNAVAILABLE: {

@@ -2,7 +2,8 @@
  * The one Fastify error handler every SPACE HTTP service installs: renders
  * `{ error: { code, message, details? } }` from {@link SpaceError}, maps Fastify's own errors
  * (validation, body size, content type) onto stable codes, turns a Redis outage into 503
- * `CONTROL_PLANE_UNAVAILABLE` with `Retry-After` (see `redis-errors.ts`), logs ≥ 500 at `error`
+ * `CONTROL_PLANE_UNAVAILABLE` with `Retry-After` (see `redis-errors.ts`; any refusal whose details
+ * carry `retryAfterSec` gets the header too), logs ≥ 500 at `error`
  * and the rest at `info`.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
@@ -46,8 +47,12 @@ export function installErrorHandlers(
     if (known.code === 'CONTROL_PLANE_UNAVAILABLE') {
       // one line without a stack per refused request: during a Redis restart there are many
       req.log.error({ code: known.code, cause: String(known.cause) }, 'request failed: redis unavailable');
-    } else if (known.status >= 500) req.log.error({ err, code: known.code }, 'request failed');
-    else req.log.info({ code: known.code, msg: known.message }, 'request refused');
+    } else if (known.status >= 500 && retryAfterSec(known) === null) {
+      req.log.error({ err, code: known.code }, 'request failed');
+    } else if (known.status >= 500) {
+      // a refusal with Retry-After (no room for a create) is the system working: one line, no stack
+      req.log.warn({ code: known.code, msg: known.message }, 'request refused');
+    } else req.log.info({ code: known.code, msg: known.message }, 'request refused');
     if (reply.sent || reply.raw.headersSent) return;
     return sendRefusal(req, reply, known);
   });
@@ -62,7 +67,8 @@ export function installErrorHandlers(
  */
 function sendRefusal(req: FastifyRequest, reply: FastifyReply, err: SpaceError): FastifyReply | undefined {
   const headers: Record<string, string | number> = {};
-  if (err.code === 'CONTROL_PLANE_UNAVAILABLE') headers['retry-after'] = CONTROL_PLANE_RETRY_AFTER_SEC;
+  const retryAfter = retryAfterSec(err);
+  if (retryAfter !== null) headers['retry-after'] = retryAfter;
   const raw = req.raw as IncomingMessage;
   if (unreadBody(raw)) {
     reply.hijack();
@@ -77,6 +83,17 @@ function sendRefusal(req: FastifyRequest, reply: FastifyReply, err: SpaceError):
     return undefined;
   }
   return reply.status(err.status).headers(headers).type('application/json').send(err.toBody());
+}
+
+/**
+ * The `Retry-After` seconds (RFC 9110 §10.2.3) a refusal carries: CONTROL_PLANE_UNAVAILABLE's, or
+ * the error's own `details.retryAfterSec` (a positive integer: a rate window, a node's room); null
+ * when it has none. Pure.
+ */
+export function retryAfterSec(err: SpaceError): number | null {
+  if (err.code === 'CONTROL_PLANE_UNAVAILABLE') return CONTROL_PLANE_RETRY_AFTER_SEC;
+  const sec = err.details?.retryAfterSec;
+  return typeof sec === 'number' && Number.isInteger(sec) && sec > 0 ? sec : null;
 }
 
 /**

@@ -8,6 +8,7 @@ import type { Redis } from 'ioredis';
 import { SpaceError } from '../core/errors.ts';
 import { ensureRunning } from '../core/lifecycle-requests.ts';
 import { keys } from '../core/redis-keys.ts';
+import { StoreOutage } from '../core/store-outage.ts';
 import { DEFAULT_TEAM } from '../core/tenancy.ts';
 import type { RouterMetrics } from './metrics.ts';
 
@@ -28,11 +29,16 @@ export class SandboxLocator {
   readonly #redis: Redis;
   readonly #metrics: RouterMetrics;
   readonly #resumeTimeoutMs: number;
+  /** This process's Redis outages: a node's alive key that expired during one is not its death. */
+  readonly #outage: StoreOutage;
 
-  constructor(redis: Redis, metrics: RouterMetrics, opts: { resumeTimeoutMs: number }) {
+  /** `opts.outage` defaults to one that follows `redis`'s connection events. */
+  constructor(redis: Redis, metrics: RouterMetrics, opts: { resumeTimeoutMs: number; outage?: StoreOutage }) {
     this.#redis = redis;
     this.#metrics = metrics;
     this.#resumeTimeoutMs = opts.resumeTimeoutMs;
+    this.#outage = opts.outage ?? new StoreOutage();
+    if (!opts.outage) this.#outage.watch(redis);
   }
 
   /**
@@ -41,7 +47,7 @@ export class SandboxLocator {
    * when it runs; while it resumes, polls at most `resumeTimeoutMs`.
    * @throws SpaceError SANDBOX_NOT_FOUND (also: the sandbox is another team's); SANDBOX_NOT_RUNNING (ending, or its resume failed);
    *   SANDBOX_PAUSED (it did not run within the timeout); NODE_UNAVAILABLE (its node has no
-   *   registration or stopped heartbeating).
+   *   registration or stopped heartbeating — not counting a Redis outage: core/store-outage.ts).
    */
   async locate(id: string, opts: { team: string; afterPaused?: boolean }): Promise<SandboxUpstream> {
     let [state, nodeId, team] = await this.#redis.hmget(keys.sandbox(id), 'state', 'nodeId', 'team');
@@ -63,12 +69,15 @@ export class SandboxLocator {
     if (!nodeId) {
       throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} has no node`, { sandboxId: id, state });
     }
-    const [[, url], [, alive]] = (await this.#redis
+    const [[, node], [, alive]] = (await this.#redis
       .multi()
-      .hget(keys.node(nodeId), 'url')
+      .hmget(keys.node(nodeId), 'url', 'heartbeatAt', 'lostAt')
       .exists(keys.nodeAlive(nodeId))
-      .exec()) as [[null, string | null], [null, number]];
-    if (!url || alive !== 1) {
+      .exec()) as [[null, (string | null)[]], [null, number]];
+    const [url, heartbeatAt, lostAt] = node;
+    // the outage rule (core/store-outage.ts): a key that expired while Redis was away is not death
+    const up = alive === 1 || (!lostAt && this.#outage.presumedAlive(Number(heartbeatAt ?? 0)));
+    if (!url || !up) {
       throw new SpaceError('NODE_UNAVAILABLE', `node ${nodeId} of sandbox ${id} is not available`, {
         sandboxId: id,
         nodeId,

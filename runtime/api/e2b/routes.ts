@@ -20,9 +20,10 @@ import type { FastifyPluginAsync, FastifyRequest } from 'fastify';
 import { CreateSandboxBody } from '../../core/api-schemas.ts';
 import { EgressPolicySchema } from '../../core/egress.ts';
 import { isErrorCode, SpaceError } from '../../core/errors.ts';
+import { retryAfterSec } from '../../core/http-errors.ts';
 import { ID_PATTERN } from '../../core/ids.ts';
 import { F } from '../../core/log-fields.ts';
-import { CONTROL_PLANE_RETRY_AFTER_SEC, fromRedisOutage } from '../../core/redis-errors.ts';
+import { fromRedisOutage } from '../../core/redis-errors.ts';
 import { checkBody } from '../../core/validation.ts';
 import type { ApiDeps } from '../app.ts';
 import { principalOf, requireScope } from '../auth.ts';
@@ -193,8 +194,8 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
     app.setErrorHandler((original, req, reply) => {
       const err = fromRedisOutage(original);
       const body = err instanceof TimeoutOf ? { code: 504, message: err.message } : toE2bError(err);
-      if (err instanceof SpaceError && err.code === 'CONTROL_PLANE_UNAVAILABLE')
-        void reply.header('retry-after', CONTROL_PLANE_RETRY_AFTER_SEC);
+      const retryAfter = err instanceof SpaceError ? retryAfterSec(err) : null;
+      if (retryAfter !== null) void reply.header('retry-after', retryAfter);
       if (body.code >= 500) req.log.error({ err }, 'e2b request failed');
       else req.log.info({ code: body.code, msg: body.message }, 'e2b request refused');
       void reply.status(body.code).type('application/json').send(body);

@@ -32,9 +32,17 @@ export interface E2bErrorBody {
   message: string;
 }
 
-/** The E2B body and status for any error a route throws (validation errors are 400). */
+/**
+ * The E2B body and status for any error a route throws (validation errors are 400). No room for a
+ * sandbox (NODE_CAPACITY_EXHAUSTED, 503 on SPACE's own API) is 429: E2B answers a create past its
+ * concurrent-sandbox limit with 429, which the SDKs raise as their retryable rate-limit error
+ * (JS `RateLimitError`, Python `RateLimitException`); the route adds `Retry-After`.
+ */
 export function toE2bError(err: unknown): E2bErrorBody {
-  if (err instanceof SpaceError) return { code: err.status, message: err.message };
+  if (err instanceof SpaceError) {
+    const code = err.code === 'NODE_CAPACITY_EXHAUSTED' ? 429 : err.status;
+    return { code, message: err.message };
+  }
   const e = err as { validation?: unknown; statusCode?: number; message?: string };
   if (e.validation) return { code: 400, message: e.message ?? 'bad request' };
   if (typeof e.statusCode === 'number' && e.statusCode >= 400 && e.statusCode < 500) {

@@ -1,11 +1,13 @@
 /**
  * Routes of /v1/sandboxes: create (202 + operation; with `?waitMs=`, answered once the operation
- * ends), list, get, delete, pause and resume (→ operation), timeout, egress, usage.
+ * ends; 503 NODE_CAPACITY_EXHAUSTED with `Retry-After` when no node has room, after `?roomWaitMs=`
+ * when asked), list, get, delete, pause and resume (→ operation), timeout, egress, usage.
  */
 
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
 import {
+  CreateQuery,
   CreateSandboxBody,
   ErrorSchema,
   IdParams,
@@ -16,7 +18,6 @@ import {
   SandboxSchema,
   SandboxUsageSchema,
   TimeoutBody,
-  WaitQuery,
 } from '../../core/api-schemas.ts';
 import { EgressPolicySchema } from '../../core/egress.ts';
 import { nullable } from '../../core/json-schema.ts';
@@ -53,12 +54,12 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         schema: {
           summary:
             'Create a sandbox (asynchronous); with waitMs, answer once its create operation ends or the time passes',
-          querystring: WaitQuery,
+          querystring: CreateQuery,
           headers: Type.Object({
             'idempotency-key': Type.Optional(Type.String({ minLength: 1, maxLength: 128 })),
           }),
           body: CreateSandboxBody,
-          response: { 202: SandboxAndOperation, ...errors },
+          response: { 202: SandboxAndOperation, ...errors, 503: ErrorSchema },
         },
       },
       async (req, reply) =>
@@ -71,6 +72,7 @@ export function sandboxRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
                 who: principalOf(req),
                 body: req.body,
                 waitMs: req.query.waitMs,
+                roomWaitMs: req.query.roomWaitMs,
                 idempotencyKey: req.headers['idempotency-key'],
                 log: req.log,
                 onTarget: (id) => {

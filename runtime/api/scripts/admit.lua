@@ -1,18 +1,25 @@
--- Admit a new sandbox against its team's quotas and record it, in one step: a concurrent burst of
--- creates admits exactly what the quotas allow, and a refused create leaves nothing behind (no
--- record, no index entry, no reservation, no rate-window entry).
+-- Admit a new sandbox against its team's quotas and a node's room, and record it, in one step: a
+-- concurrent burst of creates admits exactly what the quotas and the nodes allow, and a refused
+-- create leaves nothing behind (no record, no index entry, no reservation, no rate-window entry).
+-- With a placement ask (ARGV[12]) the sandbox is placed here (placement-lib.lua, loaded in front
+-- of this script: the rules of place.lua): a create that no node can take now is refused at once
+-- instead of being accepted and failing later, and an admitted one holds its node's share.
 -- KEYS[1] sandbox hash, KEYS[2] sandbox index zset, KEYS[3] team reserved hash
 -- (`sandboxes`, `vcpusMilli`, `memoryMiB`), KEYS[4] team creates zset (sliding 60 s window),
 -- KEYS[5] the team's sandbox index zset, KEYS[6] the create operation's hash, KEYS[7] the operation
 -- queue stream, KEYS[8] the team's index of sandboxes not yet killed (transition.lua removes),
--- KEYS[9] the request's idempotency key (unused without a body hash)
+-- KEYS[9] the request's idempotency key (unused without a body hash), KEYS[10] the node index set
 -- ARGV[1] now (ms), ARGV[2] sandbox id, ARGV[3] sandboxes limit, ARGV[4] vCPU limit (milli),
 -- ARGV[5] memory limit (MiB), ARGV[6] creates-per-minute limit (limits: 0 = unlimited),
 -- ARGV[7] this sandbox's vCPUs (milli), ARGV[8] its memory (MiB), ARGV[9] the create operation's
 -- hash as a JSON object ('' = none: the caller queues it), ARGV[10] the request body's hash
--- ('' = no Idempotency-Key), ARGV[11] the idempotency key's TTL (s), ARGV[12..] sandbox
--- field/value pairs
--- Returns { 1 } when admitted and recorded, { 0, quota, limit, current } when refused, and with an
+-- ('' = no Idempotency-Key), ARGV[11] the idempotency key's TTL (s), ARGV[12] the placement ask
+-- as a JSON object ('' = none: placed later by place.lua): { prefix, template, drivers (comma-
+-- separated), rules (placement.ts PLACEMENT_RULES), outage: [began, ended, now, ttl] (ms, the API's
+-- last Redis outage, store-outage.ts) }, ARGV[13..] sandbox field/value pairs
+-- Returns { 1 } when admitted and recorded ({ 1, nodeId, fromWarm (0/1) } when placed here),
+-- { 0, quota, limit, current } when refused by a quota, { 5, reason } when no node takes it now
+-- (reason 'no_nodes': none counts as alive; 'full': none has room), and with an
 -- idempotency key: { 2, sandboxId, operationId } when the key was used before with the same body
 -- (the first request's sandbox: nothing is written), { 3 } when it was used with another body,
 -- { 4, sandboxId } when an API from before this script holds the key without an operation yet.
@@ -53,15 +60,30 @@ if perMinute > 0 then
   if recent >= perMinute then return { 0, 'createsPerMinute', perMinute, recent } end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return { 0, 'exists', 0, 0 } end
+local node, warm, placing = nil, 0, nil
+if ARGV[12] ~= '' then
+  placing = cjson.decode(ARGV[12])
+  local ask = { template = placing.template, drivers = csv_set(placing.drivers), store = '',
+    vcpusMilli = cpu, memoryMiB = mem, one = 1 }
+  local o = placing.outage
+  local alive
+  node, warm, alive = pick_node(placing.prefix, KEYS[10], ask, placing.rules,
+    outage_of(o[1], o[2], o[3], o[4]))
+  if not node then
+    if alive == 0 then return { 5, 'no_nodes' } end
+    return { 5, 'full' }
+  end
+end
 redis.call('ZADD', KEYS[4], now, ARGV[2])
 redis.call('PEXPIRE', KEYS[4], 120000)
 redis.call('HINCRBY', KEYS[3], 'sandboxes', 1)
 redis.call('HINCRBY', KEYS[3], 'vcpusMilli', cpu)
 redis.call('HINCRBY', KEYS[3], 'memoryMiB', mem)
-for i = 12, #ARGV, 2 do
+for i = 13, #ARGV, 2 do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
 end
 redis.call('HSET', KEYS[1], 'quotaHeld', '1')
+if node then reserve(placing.prefix, node, warm, KEYS[1], ARGV[2], placing.template, cpu, mem) end
 redis.call('ZADD', KEYS[2], now, ARGV[2])
 redis.call('ZADD', KEYS[5], now, ARGV[2])
 redis.call('ZADD', KEYS[8], now, ARGV[2])
@@ -77,4 +99,5 @@ if bodyHash ~= '' then
   if ARGV[9] ~= '' then claim.operationId = cjson.decode(ARGV[9]).id end
   redis.call('SET', KEYS[9], cjson.encode(claim), 'EX', tonumber(ARGV[11]))
 end
+if node then return { 1, node, warm } end
 return { 1 }

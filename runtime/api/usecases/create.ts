@@ -1,11 +1,14 @@
 /**
  * Use case: create a sandbox. Checks the ask against the nodes (placement pre-check), the team's
  * credentials and the lifetime limit before anything is written, then admits the sandbox and its
- * create operation in one step (admit.lua) — with an Idempotency-Key, the same step claims the key
- * or returns the first request's sandbox (claim-or-return: no polling). The worker then places and
- * boots it (lifecycle.ts). Called by `POST /v1/sandboxes` and by the E2B layer's create.
+ * create operation in one step (admit.lua), placing it on a node with room now — or refusing at
+ * once with NODE_CAPACITY_EXHAUSTED and `Retry-After`, or, with `roomWaitMs`, asking again until
+ * room frees or the wait passes. With an Idempotency-Key, the same step claims the key or returns
+ * the first request's sandbox (claim-or-return: no polling). The worker then boots it on its node
+ * (lifecycle.ts). Called by `POST /v1/sandboxes` and by the E2B layer's create.
  */
 import { createHash } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { CreateSandboxBody } from '../../core/api-schemas.ts';
 import { normalisePolicy } from '../../core/egress.ts';
 import { SpaceError } from '../../core/errors.ts';
@@ -28,6 +31,11 @@ export interface CreateRequest {
   body: CreateSandboxBody;
   /** Answer once the create operation ends or this many ms pass (0: at once). */
   waitMs?: number;
+  /**
+   * When no node has room now, keep asking for this many ms (at most {@link MAX_ROOM_WAIT_MS})
+   * before refusing with NODE_CAPACITY_EXHAUSTED (0: refuse at once).
+   */
+  roomWaitMs?: number;
   /** The client's Idempotency-Key header (1–128 chars), if any. */
   idempotencyKey?: string;
   /** The request's logger. */
@@ -35,6 +43,11 @@ export interface CreateRequest {
   /** Told the new (or replayed) sandbox's id as soon as it is known (the audit's target). */
   onTarget?: (sandboxId: string) => void;
 }
+
+/** Longest wait for room a create may ask for (`roomWaitMs`, ms). */
+export const MAX_ROOM_WAIT_MS = 60_000;
+/** How often a create waiting for room asks again, at first and at most (ms; doubling between). */
+const ROOM_POLL_MS = { first: 100, most: 1_000 } as const;
 
 /** Canonical JSON (sorted keys) so the same body always hashes the same. Pure. */
 export function canonical(v: unknown): string {
@@ -52,8 +65,11 @@ export function canonical(v: unknown): string {
  * Creates a sandbox (asynchronous: answered with its `creating` record and pending operation, or
  * with `waitMs`, as they are once the operation ended or the wait passed). A repeated request with
  * the same Idempotency-Key and body answers with the first one's sandbox and operation.
+ * An admitted create holds its node's share from the start, so it never fails later for want of
+ * room.
  * @throws SpaceError TEMPLATE_NOT_FOUND / TEMPLATE_NOT_READY / NODE_UNAVAILABLE / SHAPE_TOO_LARGE /
- *   SHAPE_UNSUPPORTED (placement.ts), BAD_REQUEST (timeoutSec over the maximum), the credential
+ *   SHAPE_UNSUPPORTED (placement.ts), NODE_CAPACITY_EXHAUSTED (no node has room now, nor within
+ *   `roomWaitMs`; `details.retryAfterSec`), BAD_REQUEST (timeoutSec over the maximum), the credential
  *   store's errors for unknown credentials, QUOTA_EXCEEDED / RATE_LIMITED, IDEMPOTENCY_CONFLICT.
  */
 export async function createSandbox(
@@ -92,33 +108,44 @@ export async function createSandbox(
   // the sandbox and its create operation are written in one step (admit.lua); the operation
   // carries this span's context, so the worker's spans join the trace here
   let create: DraftOperation | undefined;
-  const res = await inSpan('redis.sandbox.create', {}, () => {
-    create = deps.operations.draft('sandbox.create', id, {}, who.team);
-    return deps.sandboxes.admit(
-      {
-        id,
-        template: body.template,
-        vcpus,
-        memoryMiB,
-        timeoutSec,
-        autoPauseSec: body.autoPauseSec ?? deps.config.defaultAutoPauseSec,
-        apiKey: who.keyId,
-        team: who.team,
-        metadata: body.metadata ?? {},
-        // the sandbox sees placeholders, never credential values
-        env: {
-          ...(body.env ?? {}),
-          ...Object.fromEntries(grants.map((g) => [g.envVar, g.placeholder])),
+  const admit = () =>
+    inSpan('redis.sandbox.create', {}, () => {
+      create = deps.operations.draft('sandbox.create', id, {}, who.team);
+      return deps.sandboxes.admit(
+        {
+          id,
+          template: body.template,
+          vcpus,
+          memoryMiB,
+          timeoutSec,
+          autoPauseSec: body.autoPauseSec ?? deps.config.defaultAutoPauseSec,
+          apiKey: who.keyId,
+          team: who.team,
+          metadata: body.metadata ?? {},
+          // the sandbox sees placeholders, never credential values
+          env: {
+            ...(body.env ?? {}),
+            ...Object.fromEntries(grants.map((g) => [g.envVar, g.placeholder])),
+          },
+          sessionId: newId('ses'),
+          egress,
+          grants,
         },
-        sessionId: newId('ses'),
-        egress,
-        grants,
-      },
-      quotas,
-      Date.now(),
-      create,
-      idempotency,
-    );
+        quotas,
+        Date.now(),
+        create,
+        idempotency,
+        { outage: deps.nodes.outage },
+      );
+    });
+  const res = await untilRoom(admit, Math.min(r.roomWaitMs ?? 0, MAX_ROOM_WAIT_MS)).catch((err: unknown) => {
+    if (
+      err instanceof SpaceError &&
+      (err.code === 'NODE_CAPACITY_EXHAUSTED' || err.code === 'NODE_UNAVAILABLE')
+    ) {
+      deps.metrics.createsRefused.inc({ code: err.code });
+    }
+    throw err;
   });
   if ('replay' in res) {
     r.onTarget?.(res.replay.sandboxId);
@@ -138,6 +165,24 @@ export async function createSandbox(
     'sandbox accepted',
   );
   return settled(deps, res.admitted, op, waitMs);
+}
+
+/**
+ * Runs `admit` again while it is refused only for want of room (NODE_CAPACITY_EXHAUSTED), asking
+ * every 100 ms → 1 s, until it admits, fails otherwise, or `waitMs` has passed (then the last
+ * refusal is thrown). A refused admission writes nothing, so asking again is safe.
+ */
+async function untilRoom<T>(admit: () => Promise<T>, waitMs: number): Promise<T> {
+  const until = Date.now() + waitMs;
+  for (let pause: number = ROOM_POLL_MS.first; ; pause = Math.min(pause * 2, ROOM_POLL_MS.most)) {
+    try {
+      return await admit();
+    } catch (err) {
+      const left = until - Date.now();
+      if (!(err instanceof SpaceError) || err.code !== 'NODE_CAPACITY_EXHAUSTED' || left <= 0) throw err;
+      await sleep(Math.min(pause, left));
+    }
+  }
 }
 
 /**
