@@ -37,6 +37,7 @@ import { ActivityMeter } from './sandboxes/activity.ts';
 import type { CrashReporter } from './sandboxes/crash-report.ts';
 import { SandboxManager } from './sandboxes/manager.ts';
 import { MemoryGuard } from './sandboxes/memory-guard.ts';
+import { recordedRequest } from './sandboxes/recover-record.ts';
 import { scrubCredentialValues } from './sandboxes/state-scrub.ts';
 
 /** Version the agent reports (package version). */
@@ -156,6 +157,8 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     hibernateDir: config.hibernateDir || join(config.stateDir, 'hibernated'),
     hibernateStore: hibernateStore(config),
     activity,
+    // a torn sandbox.json is rebuilt from the instance and this record (adopt.ts)
+    recorded: (id) => recordedRequest(redis, config.nodeId, id),
     log,
   });
   // values written by earlier versions leave the state files before anything reads them again

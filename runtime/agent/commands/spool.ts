@@ -9,6 +9,7 @@
 import { EventEmitter } from 'node:events';
 import { type FileHandle, open } from 'node:fs/promises';
 import { FRAME_EXIT, FRAME_HEADER_BYTES } from '../../core/guest-protocol.ts';
+import { diskFullError } from '../host/durable-file.ts';
 
 /** Frame type the agent adds when a command's output passed the spool limit (payload JSON `{ droppedAfter }`). */
 export const FRAME_TRUNCATED = 4;
@@ -33,6 +34,11 @@ export class Spool {
   /** The file handle was closed (the sandbox went away or the agent detached): followers stop. */
   #released = false;
   #writing: Promise<void> = Promise.resolve();
+  /**
+   * The exit frame of a command whose output could not be kept (the disk was full, so it is not in
+   * the file either): readers get it after the last frame on disk, with that frame's offset as id.
+   */
+  #tail: { type: number; payload: Buffer } | null = null;
 
   private constructor(path: string, fh: FileHandle, size: number, closed: boolean) {
     this.path = path;
@@ -96,18 +102,41 @@ export class Spool {
     return pos === offset;
   }
 
-  /** Appends whole frames (already encoded); readers are woken once the bytes are written. */
+  /**
+   * Appends whole frames (already encoded); readers are woken once the bytes are written.
+   * @throws SpaceError NODE_DISK_FULL when the disk has no room (ENOSPC/EDQUOT): the file is cut
+   *   back to its last whole frame, so readers never see part of one; the spool stays usable.
+   */
   append(bytes: Buffer): Promise<void> {
-    this.#writing = this.#writing.then(async () => {
+    const done = this.#writing.then(async () => {
       let off = 0;
-      while (off < bytes.length) {
-        const { bytesWritten } = await this.#fh.write(bytes, off, bytes.length - off, this.#size + off);
-        off += bytesWritten;
+      try {
+        while (off < bytes.length) {
+          const { bytesWritten } = await this.#fh.write(bytes, off, bytes.length - off, this.#size + off);
+          off += bytesWritten;
+        }
+      } catch (err) {
+        if (off > 0) await this.#fh.truncate(this.#size).catch(() => {});
+        throw diskFullError(err, 'command output');
       }
       this.#size += bytes.length;
       this.#events.emit('grow');
     });
-    return this.#writing;
+    // one failed append must not fail every later one (nor be an unhandled rejection)
+    this.#writing = done.catch(() => {});
+    return done;
+  }
+
+  /**
+   * Ends the log with `exitFrame` kept in memory only, for when the disk has no room for it:
+   * readers get it after the last frame on disk (its event id is that frame's). Lost when the
+   * agent restarts (the next one resumes the command's output from the guest, or ends it).
+   */
+  async failWith(exitFrame: Buffer): Promise<void> {
+    await this.#writing;
+    this.#tail = { type: exitFrame[0]!, payload: exitFrame.subarray(FRAME_HEADER_BYTES) };
+    this.#closed = true;
+    this.#events.emit('grow');
   }
 
   /** Marks the log complete (after the exit frame); followers finish once they reach the end. */
@@ -157,6 +186,10 @@ export class Spool {
             ? chunk.subarray(0, bytesRead)
             : Buffer.concat([buf, chunk.subarray(0, bytesRead)]);
         continue;
+      }
+      if (this.#tail && buf.length === 0 && this.#closed) {
+        yield { type: this.#tail.type, payload: this.#tail.payload, end: this.#size };
+        return;
       }
       if (!follow || this.#closed || this.#released) return;
       await new Promise<void>((resolve) => {

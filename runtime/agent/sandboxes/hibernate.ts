@@ -4,10 +4,11 @@
  * node reading the store can resume it, resume.ts). Also what is left of hibernations: the view the
  * data plane serves of one, and the sweep of those whose sandbox is gone.
  */
-import { cp, mkdir, readdir, rm, writeFile } from 'node:fs/promises';
+import { cp, mkdir, readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { F } from '../../core/log-fields.ts';
 import { GuestClient } from '../guest-client.ts';
+import { writeFileAtomic } from '../host/durable-file.ts';
 import type { SandboxContext } from './context.ts';
 import { type HibernatedView, readHibernatedView } from './hibernated-view.ts';
 import { detach, quiesce } from './pause.ts';
@@ -55,7 +56,7 @@ export async function hibernate(ctx: SandboxContext, sb: LocalSandbox): Promise<
       hibernatedAt: Date.now(),
       sessionId: sb.sessionId,
     };
-    await writeFile(join(path, 'hibernated.json'), JSON.stringify(file), { mode: 0o600 });
+    await writeFileAtomic(join(path, 'hibernated.json'), JSON.stringify(file));
   } catch (err) {
     // the sandbox runs on as it was: nothing of the attempt is left
     await rm(path, { recursive: true, force: true });

@@ -7,7 +7,7 @@
  * Creates, deletes, pauses and resumes are idempotent per sandbox id; a delete leaves a tombstone
  * so a create that arrives late (or is still booting) is refused and its instance destroyed.
  */
-import { readdir, stat } from 'node:fs/promises';
+import { readdir, rm, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { EgressPolicy } from '../../core/egress.ts';
 import { SpaceError } from '../../core/errors.ts';
@@ -217,9 +217,20 @@ export class SandboxManager {
       release();
     }
     sb.commands.set(cmd.id, cmd);
+    try {
+      await files.writeCommand(id, cmd);
+    } catch (err) {
+      // no record, no command: one an agent restart could not find again is ended now
+      sb.commands.delete(cmd.id);
+      cmd.abort.abort();
+      await sb.guest.signal(cmd.pid, 'SIGKILL').catch(() => {});
+      await cmd.done;
+      await cmd.spool.close().catch(() => {});
+      await rm(cmd.spool.path, { force: true }).catch(() => {});
+      throw err;
+    }
     const ended = o.activity?.begin(id);
     if (ended) void cmd.done.finally(ended);
-    await files.writeCommand(id, cmd);
     return cmd;
   }
 

@@ -121,5 +121,11 @@ export interface SandboxManagerOptions {
   hibernateStore: string;
   /** Activity metering (null: not metered, e.g. in unit tests). */
   activity: ActivityMeter | null;
+  /**
+   * The control plane's record of a sandbox as a create request (recover-record.ts), or null when
+   * it has none live here: what adoption rebuilds a torn `sandbox.json` from. Absent: not rebuilt
+   * (the sandbox is reported lost).
+   */
+  recorded?: (sandboxId: string) => Promise<CreateSandbox | null>;
   log: Logger;
 }
