@@ -152,6 +152,11 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     createConcurrency: config.createConcurrency,
     refillConcurrency: config.warmRefillConcurrency,
     spoolLimitBytes: config.spoolLimitBytes,
+    spoolRetention: {
+      maxCommands: config.spoolMaxCommands,
+      maxBytes: config.spoolSandboxBytes,
+      maxAgeMs: config.spoolRetentionMs,
+    },
     gateway,
     baseEnv: config.trustedCaFile ? { NODE_EXTRA_CA_CERTS: '/etc/ssl/certs/ca-certificates.crt' } : {},
     hibernateDir: config.hibernateDir || join(config.stateDir, 'hibernated'),
@@ -316,6 +321,15 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     activity.sync().catch((err: unknown) => log.warn({ err }, 'usage sync failed'));
   }, config.heartbeatMs);
   meterSync.unref();
+  // command outputs read or aged out leave the disk (commands/retention.ts)
+  let reclaiming: Promise<unknown> | null = null;
+  const outputSweep = setInterval(() => {
+    reclaiming ??= sandboxes
+      .reclaimOutputs()
+      .catch((err: unknown) => log.warn({ err }, 'command output reclaim failed'))
+      .finally(() => (reclaiming = null));
+  }, config.watchdogMs);
+  outputSweep.unref();
   log.info({ port, templates: ready }, 'agent ready');
 
   let closing: Promise<void> | null = null;
@@ -325,6 +339,8 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       clearInterval(watchdog);
       memoryGuard?.stop();
       clearInterval(meterSync);
+      clearInterval(outputSweep);
+      await reclaiming;
       await watching;
       await reconciler.stop();
       await snapshotsMade;

@@ -39,6 +39,12 @@ export class Spool {
    * the file either): readers get it after the last frame on disk, with that frame's offset as id.
    */
   #tail: { type: number; payload: Buffer } | null = null;
+  /** Epoch ms the log was ended (its exit spooled); null while the command runs. */
+  endedAt: number | null = null;
+  /** Epoch ms a reader last took the exit frame (read the output to its end); null when none has. */
+  readToEndAt: number | null = null;
+  /** Readers iterating {@link frames} now. */
+  readers = 0;
 
   private constructor(path: string, fh: FileHandle, size: number, closed: boolean) {
     this.path = path;
@@ -51,9 +57,12 @@ export class Spool {
   /** Opens (creating if needed) the spool at `path`; an existing one continues where it ended. */
   static async open(path: string): Promise<Spool> {
     const fh = await open(path, 'a+');
-    const { size } = await fh.stat();
+    const { size, mtimeMs } = await fh.stat();
     const spool = new Spool(path, fh, size, false);
-    if (size > 0 && (await spool.#lastFrameType()) === FRAME_EXIT) spool.#closed = true;
+    if (size > 0 && (await spool.#lastFrameType()) === FRAME_EXIT) {
+      spool.#closed = true;
+      spool.endedAt = mtimeMs; // ended under an earlier agent: when it was last written
+    }
     return spool;
   }
 
@@ -71,7 +80,10 @@ export class Spool {
 
   async #lastFrameType(): Promise<number | null> {
     let last: number | null = null;
-    for await (const f of this.frames(0, { follow: false })) last = f.type;
+    for await (const f of this.#frames(0, { follow: false })) {
+      last = f.type;
+      if (f.type === FRAME_EXIT) break; // not a reader: leaves readToEndAt alone
+    }
     return last;
   }
 
@@ -136,6 +148,7 @@ export class Spool {
     await this.#writing;
     this.#tail = { type: exitFrame[0]!, payload: exitFrame.subarray(FRAME_HEADER_BYTES) };
     this.#closed = true;
+    this.endedAt ??= Date.now();
     this.#events.emit('grow');
   }
 
@@ -143,18 +156,29 @@ export class Spool {
   async finish(): Promise<void> {
     await this.#writing;
     this.#closed = true;
+    this.endedAt ??= Date.now();
     this.#events.emit('grow');
   }
 
   /**
    * Reads frames from byte `from`, following new ones until the log is finished (or only what
    * exists, with `follow: false`). Stops early when `signal` aborts. Throws RangeError when `from`
-   * is past the end or not on a frame boundary.
+   * is past the end or not on a frame boundary. A reader that takes the exit frame and asks for
+   * more sets {@link readToEndAt}; readers are counted in {@link readers} while they iterate.
    */
   async *frames(
     from: number,
     opts: { follow?: boolean; signal?: AbortSignal } = {},
   ): AsyncGenerator<SpoolFrame> {
+    this.readers += 1;
+    try {
+      yield* this.#frames(from, opts);
+    } finally {
+      this.readers -= 1;
+    }
+  }
+
+  async *#frames(from: number, opts: { follow?: boolean; signal?: AbortSignal }): AsyncGenerator<SpoolFrame> {
     const follow = opts.follow ?? true;
     if (from > this.#size) throw new RangeError(`offset ${from} is past the end (${this.#size})`);
     let pos = from;
@@ -174,7 +198,10 @@ export class Spool {
         yield { type, payload: buf.subarray(FRAME_HEADER_BYTES, FRAME_HEADER_BYTES + len), end };
         buf = buf.subarray(FRAME_HEADER_BYTES + len);
         bufStart = end;
-        if (type === FRAME_EXIT) return;
+        if (type === FRAME_EXIT) {
+          this.readToEndAt = Date.now();
+          return;
+        }
       }
       if (pos < this.#size) {
         const want = Math.min(READ_CHUNK_BYTES, this.#size - pos);
@@ -189,6 +216,7 @@ export class Spool {
       }
       if (this.#tail && buf.length === 0 && this.#closed) {
         yield { type: this.#tail.type, payload: this.#tail.payload, end: this.#size };
+        this.readToEndAt = Date.now();
         return;
       }
       if (!follow || this.#closed || this.#released) return;

@@ -14,6 +14,7 @@ import { SpaceError } from '../../core/errors.ts';
 import { F } from '../../core/log-fields.ts';
 import type { PauseMode } from '../../core/types.ts';
 import { type Command, type StartCommand, startCommand } from '../commands/commands.ts';
+import { outputsToReclaim } from '../commands/retention.ts';
 import type { InstanceInfo, SnapshotRef } from '../drivers/driver.ts';
 import { InstanceFactory, type InstanceShape } from '../instances/factory.ts';
 import { prepareSnapshot } from '../instances/snapshots.ts';
@@ -192,6 +193,43 @@ export class SandboxManager {
     await files.patch(id, { req: { ...rec.req, egress } });
   }
 
+  /**
+   * Reclaims command outputs past the retention rules (commands/retention.ts) in every sandbox not
+   * being paused, resumed or deleted: each goes from the sandbox's command list and its spool and
+   * record leave the disk. Returns how many went. Never throws (a file that cannot be removed now
+   * is retried on the next pass).
+   */
+  async reclaimOutputs(now = Date.now()): Promise<number> {
+    let n = 0;
+    for (const sb of this.#ctx.reg.list()) n += await this.#reclaim(sb, now, 0);
+    return n;
+  }
+
+  async #reclaim(sb: LocalSandbox, now: number, room: number): Promise<number> {
+    const { o, reg, files } = this.#ctx;
+    if (reg.inTransit(sb.id) || sb.paused === 'pausing') return 0;
+    const r = o.spoolRetention;
+    const kept = [...sb.commands.values()].map((c) => ({
+      id: c.id,
+      endedAt: c.spool.closed ? (c.spool.endedAt ?? now) : null,
+      readToEndAt: c.spool.readToEndAt,
+      readers: c.spool.readers,
+      bytes: c.spool.size,
+    }));
+    const ids = outputsToReclaim(kept, { ...r, maxCommands: Math.max(0, r.maxCommands - room) }, now);
+    const dir = join(files.dir(sb.id), 'commands');
+    for (const cid of ids) {
+      const c = sb.commands.get(cid);
+      if (!c) continue;
+      sb.commands.delete(cid);
+      await c.spool.close().catch(() => {});
+      await rm(join(dir, `${cid}.out`), { force: true }).catch(() => {});
+      await rm(join(dir, `${cid}.json`), { force: true }).catch(() => {});
+    }
+    if (ids.length) o.log.debug({ [F.sandboxId]: sb.id, reclaimed: ids.length }, 'command outputs reclaimed');
+    return ids.length;
+  }
+
   /** Starts a command in a running sandbox (the command of the same id when it exists). */
   async startCommand(id: string, req: StartCommand): Promise<Command> {
     const { o, files } = this.#ctx;
@@ -201,6 +239,8 @@ export class SandboxManager {
       release();
       return existing;
     }
+    // room for this one within the sandbox's bound on kept outputs
+    await this.#reclaim(sb, Date.now(), 1).catch(() => 0);
     let cmd: Command;
     try {
       cmd = await startCommand({

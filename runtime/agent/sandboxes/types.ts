@@ -7,6 +7,7 @@ import type { Logger } from 'pino';
 import type { CredentialGrant } from '../../core/credentials.ts';
 import type { EgressPolicy } from '../../core/egress.ts';
 import type { Command } from '../commands/commands.ts';
+import type { SpoolRetention } from '../commands/retention.ts';
 import type { Driver, InstanceInfo, TemplateImage } from '../drivers/driver.ts';
 import type { GuestClient } from '../guest-client.ts';
 import type { GatewayClient } from '../host/gateway-client.ts';
@@ -111,6 +112,8 @@ export interface SandboxManagerOptions {
   /** Of those, warm-pool refills at once (SPACE_WARM_REFILL_CONCURRENCY, ≤ createConcurrency). */
   refillConcurrency: number;
   spoolLimitBytes: number;
+  /** How many and how much of a sandbox's command outputs stay on disk, and for how long. */
+  spoolRetention: SpoolRetention;
   /** The node's egress gateway; null: sandboxes get no egress at all. */
   gateway: Pick<GatewayClient, 'register' | 'unregister' | 'registryId'> | null;
   /** Environment every command gets (e.g. NODE_EXTRA_CA_CERTS), under the sandbox's own. */
