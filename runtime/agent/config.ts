@@ -187,6 +187,19 @@ export const agentSettings = {
     3_600_000,
     1000,
   ),
+  diskReserveBytes: setting.int(
+    'SPACE_DISK_RESERVE_BYTES',
+    'Free space on the state directory’s file system below which the node takes no new sandboxes (unschedulable, `diskPressure` in its heartbeat; creates answer NODE_DISK_FULL) (1 GiB); running ones go on.',
+    1_073_741_824,
+    0,
+  ),
+  diskReservePercent: setting.number(
+    'SPACE_DISK_RESERVE_PERCENT',
+    'The same floor as a share of the file system’s size, percent; the larger of the two applies.',
+    5,
+    0,
+    100,
+  ),
   hibernateDir: setting.optionalString(
     'SPACE_HIBERNATE_DIR',
     'Folder of hibernated sandboxes (snapshots + spools); default `<state dir>/hibernated`. Point several nodes at shared storage to resume on any of them.',

@@ -5,9 +5,12 @@
  * SPACE_AGENT_ON_SHUTDOWN=destroy — destroys its sandboxes; by default they keep running and
  * the next agent re-adopts them.
  */
+
+import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { AGENT_PROTOCOL_VERSION } from '../core/agent-protocol.ts';
+import { SpaceError } from '../core/errors.ts';
 import { createLogger } from '../core/log-fields.ts';
 import { keys } from '../core/redis-keys.ts';
 import { loadVerifyKey } from '../core/tokens.ts';
@@ -19,6 +22,7 @@ import { forwardingFinding, readUplinks } from './doctor.ts';
 import type { TemplateImage } from './drivers/driver.ts';
 import { chooseDriver, createDriver } from './drivers/index.ts';
 import { qemuKvmBootTest } from './drivers/qemu.ts';
+import { DiskGuard } from './host/disk-headroom.ts';
 import { GatewayClient } from './host/gateway-client.ts';
 import { setKvmBootTest } from './host/kvm.ts';
 import { SandboxNetworks } from './host/network.ts';
@@ -142,6 +146,25 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     graceMs: config.activeGraceMs,
     log: log.child({ component: 'activity' }),
   });
+  // the state disk's floor: under it the node takes no new sandboxes (host/disk-headroom.ts)
+  const disk = new DiskGuard(config.stateDir, {
+    bytes: config.diskReserveBytes,
+    percent: config.diskReservePercent,
+  });
+  const sampleDisk = async () => {
+    const was = disk.last?.pressure ?? false;
+    const h = await disk.sample().catch((err: unknown) => {
+      log.warn({ err }, 'the state disk could not be read (statfs)');
+      return null;
+    });
+    if (h && h.pressure !== was) {
+      const fields = { freeBytes: h.freeBytes, totalBytes: h.totalBytes, stateDir: config.stateDir };
+      if (h.pressure) log.error(fields, 'state disk under its floor: the node takes no new sandboxes');
+      else log.info(fields, 'state disk has room again: the node takes new sandboxes');
+    }
+  };
+  await mkdir(config.stateDir, { recursive: true });
+  await sampleDisk();
   const sandboxes = new SandboxManager({
     stateDir: config.stateDir,
     driver,
@@ -164,6 +187,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     activity,
     // a torn sandbox.json is rebuilt from the instance and this record (adopt.ts)
     recorded: (id) => recordedRequest(redis, config.nodeId, id),
+    admitDisk: () => disk.admit(),
     log,
   });
   // values written by earlier versions leave the state files before anything reads them again
@@ -208,7 +232,11 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     footprint: async (i) => (await driver.stats(i.instanceId)).memoryBytes,
     // slots come from the instance factory through the node's warm-slot keeper, not the manager
     schedule: () => slots.refillSoon(),
-    boot: (t) => slots.boot(t, { vcpus: config.warmVcpus, memoryMiB: config.warmMemoryMiB }),
+    // a slot takes disk too: none is made while the state disk is under its floor
+    boot: (t) =>
+      disk.last?.pressure
+        ? Promise.reject(new SpaceError('NODE_DISK_FULL', 'the state disk is under its floor: no warm slot'))
+        : slots.boot(t, { vcpus: config.warmVcpus, memoryMiB: config.warmMemoryMiB }),
     discard: (i) => slots.discard(i),
     log: log.child({ component: 'warm-pool' }),
   });
@@ -239,6 +267,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     activity,
     reconciler,
     teamStreams,
+    disk,
   });
   await app.listen({ host: config.host, port: config.port });
   const port = (app.server.address() as { port: number }).port;
@@ -263,7 +292,8 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       hibernateStore: hibernateStore(config),
     },
     state: () => ({
-      schedulable: true,
+      schedulable: !disk.last?.pressure,
+      disk: disk.last,
       templates: ready,
       warm: warm.counts(),
       warmHeld: (() => {
@@ -281,6 +311,9 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       await reconciler.pass();
     },
   });
+  // read before each heartbeat writes it (the beat itself reads the last reading)
+  const diskSampler = setInterval(() => void sampleDisk(), config.heartbeatMs);
+  diskSampler.unref();
   await registry.start(config.heartbeatMs);
   reconciler.start(config.heartbeatMs);
   // watchdog: notice sandboxes that died on their own, and keep the gateway's registrations current
@@ -340,6 +373,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       memoryGuard?.stop();
       clearInterval(meterSync);
       clearInterval(outputSweep);
+      clearInterval(diskSampler);
       await reclaiming;
       await watching;
       await reconciler.stop();

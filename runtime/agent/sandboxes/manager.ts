@@ -120,8 +120,13 @@ export class SandboxManager {
     return this.#ctx.o.activity?.begin(id) ?? (() => {});
   }
 
-  /** See create.ts. */
-  create(req: CreateSandbox): Promise<LocalSandbox> {
+  /**
+   * See create.ts; refused first with NODE_DISK_FULL when the state disk is under its floor (a
+   * create already running here, a retry of one, is answered as before).
+   */
+  async create(req: CreateSandbox): Promise<LocalSandbox> {
+    const { reg, o } = this.#ctx;
+    if (!reg.running.has(req.sandboxId) && !reg.creating.has(req.sandboxId)) await o.admitDisk?.();
     return createSandbox(this.#ctx, req);
   }
 
@@ -135,11 +140,12 @@ export class SandboxManager {
     return pauseSandbox(this.#ctx, id, mode);
   }
 
-  /** See resume.ts. */
-  resume(
+  /** See resume.ts; a restore from hibernation is refused first as a create is (see {@link create}). */
+  async resume(
     id: string,
     restore?: CreateSandbox & { hibernation: Hibernation },
   ): Promise<{ instanceId: string; how: 'thawed' | 'restored' }> {
+    if (restore && !this.#ctx.reg.running.has(id)) await this.#ctx.o.admitDisk?.();
     return resumeSandbox(this.#ctx, id, restore);
   }
 

@@ -130,5 +130,10 @@ export interface SandboxManagerOptions {
    * (the sandbox is reported lost).
    */
   recorded?: (sandboxId: string) => Promise<CreateSandbox | null>;
+  /**
+   * Called before a create or a restore from hibernation takes disk on this node: throws
+   * NODE_DISK_FULL when the state disk is under its floor (host/disk-headroom.ts). Absent: admitted.
+   */
+  admitDisk?: () => Promise<void>;
   log: Logger;
 }
