@@ -147,7 +147,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     log: log.child({ component: 'activity' }),
   });
   // the state disk's floor: under it the node takes no new sandboxes (host/disk-headroom.ts)
-  const disk = new DiskGuard(config.stateDir, {
+  const disk = new DiskGuard([config.stateDir, join(config.stateDir, 'sandboxes')], {
     bytes: config.diskReserveBytes,
     percent: config.diskReservePercent,
   });

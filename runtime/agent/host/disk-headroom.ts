@@ -50,12 +50,17 @@ export function gib(bytes: number): string {
  * caller): a statfs error is no evidence the disk is full.
  */
 export class DiskGuard {
-  readonly #path: string;
+  readonly #paths: string[];
   readonly #reserve: DiskReserve;
   #last: (Headroom & { pressure: boolean }) | null = null;
 
-  constructor(path: string, reserve: DiskReserve) {
-    this.#path = path;
+  /**
+   * Watches the file systems holding `paths` (the state directory, and folders of it that may be
+   * mounted apart, e.g. `sandboxes/`): the reading is the one with the least free space. Paths
+   * that do not exist are skipped (at least one must).
+   */
+  constructor(paths: string | readonly string[], reserve: DiskReserve) {
+    this.#paths = typeof paths === 'string' ? [paths] : [...paths];
     this.#reserve = reserve;
   }
 
@@ -66,8 +71,13 @@ export class DiskGuard {
 
   /** Reads the disk now; returns and keeps the reading. @throws what statfs throws. */
   async sample(): Promise<Headroom & { pressure: boolean }> {
-    const h = await headroom(this.#path);
-    this.#last = { ...h, pressure: underPressure(h, this.#reserve) };
+    const all = await Promise.allSettled(this.#paths.map((p) => headroom(p)));
+    const read = all.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
+    if (read.length === 0) throw (all[0] as PromiseRejectedResult).reason;
+    const withPressure = read.map((h) => ({ ...h, pressure: underPressure(h, this.#reserve) }));
+    // the tightest: one under its floor first, else the least free
+    withPressure.sort((a, b) => Number(b.pressure) - Number(a.pressure) || a.freeBytes - b.freeBytes);
+    this.#last = withPressure[0]!;
     return this.#last;
   }
 
