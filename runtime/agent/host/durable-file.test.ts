@@ -3,13 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { SpaceError } from '../../core/errors.ts';
-import {
-  diskFullError,
-  isDiskFull,
-  readJsonFile,
-  writeFileAtomic,
-  writeFileAtomicSync,
-} from './durable-file.ts';
+import { diskFullError, isDiskFull, readJsonFile, writeFileAtomic } from './durable-file.ts';
 
 describe('durable state files', () => {
   let dir: string;
@@ -23,7 +17,7 @@ describe('durable state files', () => {
   it('replaces a file whole, mode 0600, leaving no temporary file beside it', async () => {
     const p = join(dir, 'sandbox.json');
     await writeFileAtomic(p, JSON.stringify({ a: 1 }));
-    writeFileAtomicSync(p, JSON.stringify({ a: 2 }));
+    await writeFileAtomic(p, JSON.stringify({ a: 2 }));
     await writeFileAtomic(p, JSON.stringify({ a: 3 }));
     expect(JSON.parse(await readFile(p, 'utf8'))).toEqual({ a: 3 });
     expect((await stat(p)).mode & 0o777).toBe(0o600);

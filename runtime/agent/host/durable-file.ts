@@ -1,13 +1,3 @@
-/**
- * The node's state files on its own disk, written so a crash or a full disk never leaves one torn:
- * each write goes to a temporary file in the same folder, is flushed (`fsync`), renamed over the
- * target (atomic within one file system, POSIX `rename(2)`) and the folder is flushed, so after a
- * crash the path holds either the old content or the new, never a prefix or zero bytes. A write the
- * disk has no room for (`ENOSPC`, or `EDQUOT` over a quota) leaves the old file untouched and
- * throws `NODE_DISK_FULL`. Reading is defensive: a file that is empty or not JSON is moved aside
- * (quarantined, `<name>.bad-<epoch ms>`) for an operator to look at, never a reason to stop.
- */
-import { closeSync, fsyncSync, openSync, renameSync, unlinkSync, writeSync } from 'node:fs';
 import { open, readFile, rename, unlink } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { SpaceError } from '../../core/errors.ts';
@@ -79,45 +69,6 @@ export async function writeFileAtomic(
     throw diskFullError(err, `writing ${basename(path)}`);
   }
   await syncDir(dirname(path));
-}
-
-/**
- * {@link writeFileAtomic} without leaving the event loop, for a hot path that writes a small file
- * (a warm claim's record): same guarantees, same errors.
- */
-export function writeFileAtomicSync(path: string, data: string, o: { mode?: number } = {}): void {
-  const tmp = tempPath(path);
-  try {
-    const fd = openSync(tmp, 'w', o.mode ?? 0o600);
-    try {
-      const buf = Buffer.from(data);
-      let off = 0;
-      while (off < buf.length) off += writeSync(fd, buf, off, buf.length - off);
-      fsyncSync(fd);
-    } finally {
-      closeSync(fd);
-    }
-    renameSync(tmp, path);
-  } catch (err) {
-    try {
-      unlinkSync(tmp);
-    } catch {
-      // never made, or already renamed
-    }
-    throw diskFullError(err, `writing ${basename(path)}`);
-  }
-  try {
-    const dfd = openSync(dirname(path), 'r');
-    try {
-      fsyncSync(dfd);
-    } catch {
-      // see syncDir
-    } finally {
-      closeSync(dfd);
-    }
-  } catch {
-    // see syncDir
-  }
 }
 
 /** What {@link readJsonFile} found. */

@@ -18,7 +18,7 @@ import { F } from '../../core/log-fields.ts';
 import { type Command, type CommandConfig, resumePump } from '../commands/commands.ts';
 import { Spool } from '../commands/spool.ts';
 import type { InstanceInfo, SnapshotRef } from '../drivers/driver.ts';
-import { diskFullError, readJsonFile, writeFileAtomic, writeFileAtomicSync } from '../host/durable-file.ts';
+import { diskFullError, readJsonFile, writeFileAtomic } from '../host/durable-file.ts';
 import type { ActivityMeter } from './activity.ts';
 import type { CreateSandbox, InstanceSource, LocalSandbox } from './types.ts';
 
@@ -117,13 +117,13 @@ export class StateFiles {
     const text = JSON.stringify(file);
     if (source === 'warm') {
       // The slot's directory, made when it was booted, becomes the sandbox's (see slotDir).
-      // Synchronously: this rename and this write are the only waits of a warm claim, and through
-      // the thread pool they were four hand-offs (rename, open, write, close). Inline, they block
-      // the loop for well under a millisecond for a usual request: a local directory and a small
-      // file (the request without its env), and about 1 MiB at most (the agent's body limit
-      // bounds the request). The claim's span fell from a median 3.6 to 1.4 ms (16 settled
-      // sequential creates on each of 2 × 2 interleaved `space up --warm 8` stacks, 2-core VM,
-      // 2026-12-05).
+      // The rename synchronously: with the record's write these are the only waits of a warm
+      // claim, and inline a local rename blocks the loop for well under a millisecond. The record
+      // itself is written durably (temp, fsync, rename, fsync of the folder) off the loop: inline,
+      // the two fsyncs blocked it for a median 8 ms (18 ms p90) on a 2-core VM's disk, 4 ms of
+      // wall time through the thread pool with the loop free meanwhile (30 writes of a 2 KB
+      // record each way, 2026-12-07); a plain write had taken 1.3 ms. A torn record after a full
+      // disk or a power cut is the cost it avoids (F6).
       let claimed = true;
       try {
         renameSync(this.slotDir(inst), dir);
@@ -131,7 +131,7 @@ export class StateFiles {
         claimed = false;
       }
       if (claimed) {
-        writeFileAtomicSync(join(dir, 'sandbox.json'), text, { mode: 0o600 });
+        await writeFileAtomic(join(dir, 'sandbox.json'), text);
         return;
       }
     }
