@@ -1,3 +1,12 @@
+/**
+ * The node's state files on its own disk, written so a crash or a full disk never leaves one torn:
+ * each write goes to a temporary file in the same folder, is flushed (`fsync`), renamed over the
+ * target (atomic within one file system, POSIX `rename(2)`) and the folder is flushed, so after a
+ * crash the path holds either the old content or the new, never a prefix or zero bytes. A write the
+ * disk has no room for (`ENOSPC`, or `EDQUOT` over a quota) leaves the old file untouched and
+ * throws `NODE_DISK_FULL`. Reading is defensive: a file that is empty or not JSON is moved aside
+ * (quarantined, `<name>.bad-<epoch ms>`) for an operator to look at, never a reason to stop.
+ */
 import { open, readFile, rename, unlink } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { SpaceError } from '../../core/errors.ts';
