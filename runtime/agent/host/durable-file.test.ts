@@ -3,7 +3,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { SpaceError } from '../../core/errors.ts';
-import { diskFullError, isDiskFull, readJsonFile, writeFileAtomic } from './durable-file.ts';
+import {
+  causedByDiskFull,
+  diskFullError,
+  isDiskFull,
+  readJsonFile,
+  writeFileAtomic,
+} from './durable-file.ts';
 
 describe('durable state files', () => {
   let dir: string;
@@ -69,5 +75,11 @@ describe('durable state files', () => {
     }
     const other = Object.assign(new Error('EACCES'), { code: 'EACCES' });
     expect(diskFullError(other, 'a test')).toBe(other);
+    // a driver's error around the disk's
+    const wrapped = new SpaceError('DRIVER_FAILED', 'create failed', undefined, {
+      cause: Object.assign(new Error('ENOSPC'), { code: 'ENOSPC' }),
+    });
+    expect(causedByDiskFull(wrapped)).toBe(true);
+    expect(causedByDiskFull(new SpaceError('DRIVER_FAILED', 'x', undefined, { cause: other }))).toBe(false);
   });
 });

@@ -26,6 +26,19 @@ export function isDiskFull(err: unknown): boolean {
 }
 
 /**
+ * Whether `err` or any error in its `cause` chain says the disk is full (a driver's DRIVER_FAILED
+ * around an ENOSPC of its own writes). Follows at most 8 causes.
+ */
+export function causedByDiskFull(err: unknown): boolean {
+  let e: unknown = err;
+  for (let i = 0; i < 8 && e; i++) {
+    if (isDiskFull(e)) return true;
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
+}
+
+/**
  * `err` as the coded error a client gets when the node's state disk is full (`NODE_DISK_FULL`,
  * 507, retryable), naming `what` needed the space; any other error is returned unchanged.
  */

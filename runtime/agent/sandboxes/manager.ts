@@ -16,6 +16,7 @@ import type { PauseMode } from '../../core/types.ts';
 import { type Command, type StartCommand, startCommand } from '../commands/commands.ts';
 import { outputsToReclaim } from '../commands/retention.ts';
 import type { InstanceInfo, SnapshotRef } from '../drivers/driver.ts';
+import { causedByDiskFull } from '../host/durable-file.ts';
 import { InstanceFactory, type InstanceShape } from '../instances/factory.ts';
 import { prepareSnapshot } from '../instances/snapshots.ts';
 import type { StartGate } from '../instances/start-gate.ts';
@@ -127,7 +128,19 @@ export class SandboxManager {
   async create(req: CreateSandbox): Promise<LocalSandbox> {
     const { reg, o } = this.#ctx;
     if (!reg.running.has(req.sandboxId) && !reg.creating.has(req.sandboxId)) await o.admitDisk?.();
-    return createSandbox(this.#ctx, req);
+    return createSandbox(this.#ctx, req).catch((err: unknown) => {
+      // a driver that ran out of disk says DRIVER_FAILED: the client is told what it was
+      if (causedByDiskFull(err) && !(err instanceof SpaceError && err.code === 'NODE_DISK_FULL'))
+        throw new SpaceError(
+          'NODE_DISK_FULL',
+          `the node's disk is full: ${(err as Error).message}`,
+          undefined,
+          {
+            cause: err,
+          },
+        );
+      throw err;
+    });
   }
 
   /** See delete.ts. */
