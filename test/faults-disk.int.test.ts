@@ -9,6 +9,7 @@
  */
 import { open, readdir, readFile, rm, truncate, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { request } from 'undici';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { keys } from '../runtime/core/redis-keys.ts';
 import { converged, type FaultStack, startFaultStack } from './fault-stack.ts';
@@ -200,6 +201,18 @@ describe('faults: the node disk', { timeout: 300_000 }, () => {
       },
       15_000,
     );
+    // and its metrics show the headroom
+    const metrics = await (await request(`${s.agentUrl}/metrics`)).body.text();
+    const metric = (name: string) =>
+      Number(
+        metrics
+          .split('\n')
+          .find((l) => l.startsWith(`${name} `))
+          ?.split(' ')[1],
+      );
+    expect(metric('space_agent_state_disk_pressure')).toBe(1);
+    expect(metric('space_agent_state_disk_total_bytes')).toBe(DISK_BYTES);
+    expect(metric('space_agent_state_disk_free_bytes')).toBeLessThan(2 * 2 ** 20);
 
     // space freed; the agent restarted (kill -9, as a crash-looping one would be)
     await rm(filler(), { force: true });
