@@ -5,12 +5,13 @@
  * sent any signal (kill -9, SIGSTOP/SIGCONT) and started again with the same settings (ports,
  * state directory, keys). Used by test/faults.int.test.ts; logs go to `<dir>/<part>.log`.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
+import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { existsSync, openSync } from 'node:fs';
-import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { promisify } from 'node:util';
 import { Redis } from 'ioredis';
 import { request } from 'undici';
 import { buildTemplate } from '../runtime/agent/image/templates.ts';
@@ -35,9 +36,15 @@ export interface FaultStackOptions {
   router?: boolean;
   /** Give the API `SPACE_ROUTER_URL` = the router's URL (an API before the router ignores it). Default false. */
   apiUsesRouter?: boolean;
+  /**
+   * Small tmpfs file systems mounted at these folders of the agent's state directory before any
+   * part starts (e.g. `sandboxes`: a disk that can be filled), unmounted by `stop()`.
+   */
+  tmpfs?: { under: string; sizeBytes: number }[];
 }
 
 const NODE_ID = 'fault-node';
+const run = promisify(execFile);
 const root = new URL('..', import.meta.url).pathname;
 
 export interface FaultStack {
@@ -88,6 +95,18 @@ export async function startFaultStack(
 ): Promise<FaultStack> {
   await buildTemplate('base', { cacheDir: TEST_CACHE_DIR });
   const dir = await mkdtemp(join(tmpdir(), 'space-faults-'));
+  const mounts = (opts.tmpfs ?? []).map((m) => join(dir, 'agent', m.under));
+  for (const [i, m] of (opts.tmpfs ?? []).entries()) {
+    await mkdir(mounts[i]!, { recursive: true });
+    await run('mount', [
+      '-t',
+      'tmpfs',
+      '-o',
+      `size=${m.sizeBytes},mode=0700`,
+      'space-fault-tmpfs',
+      mounts[i]!,
+    ]);
+  }
   await writeNewKeyPair(join(dir, 'key.pem'), join(dir, 'key.pub.pem'));
   const pool = `10.${100 + Math.floor(Math.random() * 98)}.0.0/16`;
   const [redisPort, apiPort, agentPort, dnsPort, httpPort, tlsPort, deadDns, routerPort] = await Promise.all(
@@ -335,6 +354,7 @@ export async function startFaultStack(
         await gone;
         clearTimeout(t);
       }
+      for (const m of mounts) await run('umount', [m]).catch(() => run('umount', ['-l', m]));
       // before the folder goes: mounts and processes are found by its path
       stack.left = await leftovers(stack);
       if (!process.env.SPACE_TEST_KEEP_LOGS) await rm(dir, { recursive: true, force: true });

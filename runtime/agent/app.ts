@@ -15,6 +15,7 @@ import type { VerifyKey } from '../core/tokens.ts';
 import { installValidators } from '../core/validation.ts';
 import type { TeamStreams } from './commands/team-streams.ts';
 import type { AgentConfig } from './config.ts';
+import type { DiskGuard } from './host/disk-headroom.ts';
 import type { WarmPool } from './instances/warm-pool.ts';
 import type { AgentReconciler } from './reconcile.ts';
 import { dataPlaneRoutes } from './routes/data-plane.ts';
@@ -35,6 +36,8 @@ export interface AgentDeps {
   reconciler?: AgentReconciler;
   /** Counts each team's open command streams against its quota (absent: not counted). */
   teamStreams?: TeamStreams;
+  /** The state disk's headroom (its gauges; absent: not served). */
+  disk?: DiskGuard;
 }
 
 /** Builds the agent app (not listening). */
@@ -112,6 +115,35 @@ export async function buildAgentApp(deps: AgentDeps): Promise<FastifyInstance> {
       }
     },
   });
+
+  const disk = deps.disk;
+  if (disk) {
+    const gauge = (name: string, help: string, value: (h: NonNullable<DiskGuard['last']>) => number) =>
+      new Gauge({
+        name,
+        help,
+        registers: [registry],
+        async collect() {
+          const h = await disk.sample().catch(() => disk.last);
+          if (h) this.set(value(h));
+        },
+      });
+    gauge(
+      'space_agent_state_disk_free_bytes',
+      'Bytes free (to the agent) on the state directory’s file system.',
+      (h) => h.freeBytes,
+    );
+    gauge(
+      'space_agent_state_disk_total_bytes',
+      'Size of the state directory’s file system, bytes.',
+      (h) => h.totalBytes,
+    );
+    gauge(
+      'space_agent_state_disk_pressure',
+      '1 while the state disk is under its floor (SPACE_DISK_RESERVE_*): the node takes no new sandboxes.',
+      (h) => (h.pressure ? 1 : 0),
+    );
+  }
 
   if (deps.reconciler) registry.registerMetric(deps.reconciler.metric);
 

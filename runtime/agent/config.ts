@@ -169,6 +169,37 @@ export const agentSettings = {
     268_435_456,
     1024,
   ),
+  spoolMaxCommands: setting.int(
+    'SPACE_SPOOL_MAX_COMMANDS',
+    'Command outputs (spool + record) kept per sandbox; past it the oldest finished ones are reclaimed (running ones never).',
+    256,
+    1,
+  ),
+  spoolSandboxBytes: setting.int(
+    'SPACE_SPOOL_SANDBOX_BYTES',
+    'Bytes of command output kept per sandbox (1 GiB); past it the oldest finished outputs are reclaimed.',
+    1_073_741_824,
+    1024,
+  ),
+  spoolRetentionMs: setting.int(
+    'SPACE_SPOOL_RETENTION_MS',
+    'A finished command’s output is reclaimed this long after it ended (1 h), or 30 s after a reader got its exit event, ms.',
+    3_600_000,
+    1000,
+  ),
+  diskReserveBytes: setting.int(
+    'SPACE_DISK_RESERVE_BYTES',
+    'Free space on the state directory’s file system below which the node takes no new sandboxes (unschedulable, `diskPressure` in its heartbeat; creates answer NODE_DISK_FULL) (1 GiB); running ones go on.',
+    1_073_741_824,
+    0,
+  ),
+  diskReservePercent: setting.number(
+    'SPACE_DISK_RESERVE_PERCENT',
+    'The same floor as a share of the file system’s size, percent; the larger of the two applies.',
+    5,
+    0,
+    100,
+  ),
   hibernateDir: setting.optionalString(
     'SPACE_HIBERNATE_DIR',
     'Folder of hibernated sandboxes (snapshots + spools); default `<state dir>/hibernated`. Point several nodes at shared storage to resume on any of them.',

@@ -7,9 +7,11 @@
 import { execFile } from 'node:child_process';
 import { constants, existsSync } from 'node:fs';
 import { access, readFile } from 'node:fs/promises';
+import { dirname } from 'node:path';
 import { promisify } from 'node:util';
 import type { DriverName } from '../core/drivers.ts';
 import { chooseDriver } from './drivers/index.ts';
+import { type DiskReserve, floorBytes, gib, headroom, underPressure } from './host/disk-headroom.ts';
 import { probeKvm } from './host/kvm.ts';
 
 const run = promisify(execFile);
@@ -150,10 +152,40 @@ export function forwardingFinding(uplinks: Uplink[] | null, error = ''): Check {
 }
 
 /**
- * Runs every check for configuration `c` (the agent's settings, from the environment).
- * Never throws: a failed probe is a finding.
+ * The state disk's headroom as a finding: free and total bytes of the file system holding
+ * `stateDir` (the nearest existing parent when it is not made yet) against the floor under which
+ * the agent takes no new sandboxes. Listed, never blocking (it is not a driver's need).
  */
-export async function diagnose(c: DoctorConfig): Promise<DoctorReport> {
+export async function stateDiskFinding(stateDir: string, reserve: DiskReserve): Promise<Check> {
+  const base = {
+    id: 'state-disk',
+    neededBy: [] as DriverName[],
+    feature: 'new sandboxes on this node',
+    remedy: `free space on the file system of ${stateDir} (or lower SPACE_DISK_RESERVE_BYTES / SPACE_DISK_RESERVE_PERCENT)`,
+  };
+  let path = stateDir;
+  while (!existsSync(path) && dirname(path) !== path) path = dirname(path);
+  try {
+    const h = await headroom(path);
+    const floor = floorBytes(h.totalBytes, reserve);
+    return {
+      ...base,
+      ok: !underPressure(h, reserve),
+      detail: `${gib(h.freeBytes)} free of ${gib(h.totalBytes)} at ${stateDir} (floor ${gib(floor)})`,
+    };
+  } catch (err) {
+    return { ...base, ok: false, detail: `${stateDir}: ${(err as Error).message}` };
+  }
+}
+
+/**
+ * Runs every check for configuration `c` (the agent's settings, from the environment), and the
+ * state disk's headroom when `disk` says where it is. Never throws: a failed probe is a finding.
+ */
+export async function diagnose(
+  c: DoctorConfig,
+  disk?: { stateDir: string; reserve: DiskReserve },
+): Promise<DoctorReport> {
   const checks: Check[] = [];
   const add = (x: Check) => checks.push(x);
   const vmm: DriverName[] = ['qemu', 'firecracker', 'cloud-hypervisor'];
@@ -281,6 +313,7 @@ export async function diagnose(c: DoctorConfig): Promise<DoctorReport> {
       (err: unknown) => forwardingFinding(null, (err as Error).message.split('\n')[0]),
     ),
   );
+  if (disk) add(await stateDiskFinding(disk.stateDir, disk.reserve));
   const major = Number(process.versions.node.split('.')[0]);
   add({
     id: 'node',

@@ -37,6 +37,11 @@ export interface NodeState {
   warmHeld: { memoryMiB: number; slotFootprintMiB: number; slotVcpusMilli: number; slotMemoryMiB: number };
   /** Ids of the sandboxes this agent runs (the API reconciles its records against them). */
   sandboxes: string[];
+  /**
+   * The state disk's headroom, bytes, and whether it is under its floor (then `schedulable` is
+   * false too: host/disk-headroom.ts); null before the first reading or when it failed.
+   */
+  disk: { pressure: boolean; freeBytes: number; totalBytes: number } | null;
 }
 
 /** Deletes the node's `lostAt` fence if it still holds the value the agent reconciled against. */
@@ -103,6 +108,10 @@ export class NodeRegistry {
         warmSlotFootprintMiB: String(s.warmHeld.slotFootprintMiB),
         warmSlotVcpusMilli: String(s.warmHeld.slotVcpusMilli),
         warmSlotMemoryMiB: String(s.warmHeld.slotMemoryMiB),
+        // '' when unknown; the API reads `schedulable` (these say why, and how much room is left)
+        diskPressure: s.disk ? (s.disk.pressure ? '1' : '0') : '',
+        diskFreeBytes: s.disk ? String(s.disk.freeBytes) : '',
+        diskTotalBytes: s.disk ? String(s.disk.totalBytes) : '',
         heartbeatAt: String(Date.now()),
         inventoryAt: String(at),
       })

@@ -5,10 +5,13 @@
  * SPACE_AGENT_ON_SHUTDOWN=destroy — destroys its sandboxes; by default they keep running and
  * the next agent re-adopts them.
  */
+
+import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { AGENT_PROTOCOL_VERSION } from '../core/agent-protocol.ts';
 import { buildVersion } from '../core/build-version.ts';
+import { SpaceError } from '../core/errors.ts';
 import { createLogger } from '../core/log-fields.ts';
 import { keys } from '../core/redis-keys.ts';
 import { loadVerifyKey } from '../core/tokens.ts';
@@ -20,6 +23,7 @@ import { forwardingFinding, readUplinks } from './doctor.ts';
 import type { TemplateImage } from './drivers/driver.ts';
 import { chooseDriver, createDriver } from './drivers/index.ts';
 import { qemuKvmBootTest } from './drivers/qemu.ts';
+import { DiskGuard } from './host/disk-headroom.ts';
 import { GatewayClient } from './host/gateway-client.ts';
 import { setKvmBootTest } from './host/kvm.ts';
 import { SandboxNetworks } from './host/network.ts';
@@ -38,6 +42,7 @@ import { ActivityMeter } from './sandboxes/activity.ts';
 import type { CrashReporter } from './sandboxes/crash-report.ts';
 import { SandboxManager } from './sandboxes/manager.ts';
 import { MemoryGuard } from './sandboxes/memory-guard.ts';
+import { recordedRequest } from './sandboxes/recover-record.ts';
 import { scrubCredentialValues } from './sandboxes/state-scrub.ts';
 
 /** Version the agent reports in its heartbeat: the build it runs ({@link buildVersion}). */
@@ -142,6 +147,25 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     graceMs: config.activeGraceMs,
     log: log.child({ component: 'activity' }),
   });
+  // the state disk's floor: under it the node takes no new sandboxes (host/disk-headroom.ts)
+  const disk = new DiskGuard([config.stateDir, join(config.stateDir, 'sandboxes')], {
+    bytes: config.diskReserveBytes,
+    percent: config.diskReservePercent,
+  });
+  const sampleDisk = async () => {
+    const was = disk.last?.pressure ?? false;
+    const h = await disk.sample().catch((err: unknown) => {
+      log.warn({ err }, 'the state disk could not be read (statfs)');
+      return null;
+    });
+    if (h && h.pressure !== was) {
+      const fields = { freeBytes: h.freeBytes, totalBytes: h.totalBytes, stateDir: config.stateDir };
+      if (h.pressure) log.error(fields, 'state disk under its floor: the node takes no new sandboxes');
+      else log.info(fields, 'state disk has room again: the node takes new sandboxes');
+    }
+  };
+  await mkdir(config.stateDir, { recursive: true });
+  await sampleDisk();
   const sandboxes = new SandboxManager({
     stateDir: config.stateDir,
     driver,
@@ -152,11 +176,19 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     createConcurrency: config.createConcurrency,
     refillConcurrency: config.warmRefillConcurrency,
     spoolLimitBytes: config.spoolLimitBytes,
+    spoolRetention: {
+      maxCommands: config.spoolMaxCommands,
+      maxBytes: config.spoolSandboxBytes,
+      maxAgeMs: config.spoolRetentionMs,
+    },
     gateway,
     baseEnv: config.trustedCaFile ? { NODE_EXTRA_CA_CERTS: '/etc/ssl/certs/ca-certificates.crt' } : {},
     hibernateDir: config.hibernateDir || join(config.stateDir, 'hibernated'),
     hibernateStore: hibernateStore(config),
     activity,
+    // a torn sandbox.json is rebuilt from the instance and this record (adopt.ts)
+    recorded: (id) => recordedRequest(redis, config.nodeId, id),
+    admitDisk: () => disk.admit(),
     log,
   });
   // values written by earlier versions leave the state files before anything reads them again
@@ -201,7 +233,11 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     footprint: async (i) => (await driver.stats(i.instanceId)).memoryBytes,
     // slots come from the instance factory through the node's warm-slot keeper, not the manager
     schedule: () => slots.refillSoon(),
-    boot: (t) => slots.boot(t, { vcpus: config.warmVcpus, memoryMiB: config.warmMemoryMiB }),
+    // a slot takes disk too: none is made while the state disk is under its floor
+    boot: (t) =>
+      disk.last?.pressure
+        ? Promise.reject(new SpaceError('NODE_DISK_FULL', 'the state disk is under its floor: no warm slot'))
+        : slots.boot(t, { vcpus: config.warmVcpus, memoryMiB: config.warmMemoryMiB }),
     discard: (i) => slots.discard(i),
     log: log.child({ component: 'warm-pool' }),
   });
@@ -232,6 +268,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     activity,
     reconciler,
     teamStreams,
+    disk,
   });
   await app.listen({ host: config.host, port: config.port });
   const port = (app.server.address() as { port: number }).port;
@@ -256,7 +293,8 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       hibernateStore: hibernateStore(config),
     },
     state: () => ({
-      schedulable: true,
+      schedulable: !disk.last?.pressure,
+      disk: disk.last,
       templates: ready,
       warm: warm.counts(),
       warmHeld: (() => {
@@ -274,6 +312,9 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       await reconciler.pass();
     },
   });
+  // read before each heartbeat writes it (the beat itself reads the last reading)
+  const diskSampler = setInterval(() => void sampleDisk(), config.heartbeatMs);
+  diskSampler.unref();
   await registry.start(config.heartbeatMs);
   reconciler.start(config.heartbeatMs);
   // watchdog: notice sandboxes that died on their own, and keep the gateway's registrations current
@@ -314,6 +355,15 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     activity.sync().catch((err: unknown) => log.warn({ err }, 'usage sync failed'));
   }, config.heartbeatMs);
   meterSync.unref();
+  // command outputs read or aged out leave the disk (commands/retention.ts)
+  let reclaiming: Promise<unknown> | null = null;
+  const outputSweep = setInterval(() => {
+    reclaiming ??= sandboxes
+      .reclaimOutputs()
+      .catch((err: unknown) => log.warn({ err }, 'command output reclaim failed'))
+      .finally(() => (reclaiming = null));
+  }, config.watchdogMs);
+  outputSweep.unref();
   log.info({ port, templates: ready }, 'agent ready');
 
   let closing: Promise<void> | null = null;
@@ -323,6 +373,9 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       clearInterval(watchdog);
       memoryGuard?.stop();
       clearInterval(meterSync);
+      clearInterval(outputSweep);
+      clearInterval(diskSampler);
+      await reclaiming;
       await watching;
       await reconciler.stop();
       await snapshotsMade;

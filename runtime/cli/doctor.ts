@@ -20,8 +20,9 @@ export function registerDoctor(program: Command): void {
       `
 Reads the agent's settings from the environment (SPACE_DRIVER, SPACE_KVM, SPACE_*_BINARY,
 SPACE_GVISOR_PLATFORM). KVM is probed by booting a guest under it, not by looking for /dev/kvm.
-Features that need host settings are listed too (CIDR egress rules need net.ipv4.ip_forward=1);
-they never change the exit status.
+Features that need host settings are listed too (CIDR egress rules need net.ipv4.ip_forward=1),
+and so is the state disk's headroom (free and total bytes at SPACE_AGENT_STATE_DIR against the
+floor under which the node takes no new sandboxes); they never change the exit status.
 Exit status: 0 when the chosen driver has all it needs, 1 when it does not.`,
     )
     .action(async (_opts, cmd: Command) => {
@@ -37,8 +38,14 @@ Exit status: 0 when the chosen driver has all it needs, 1 when it does not.`,
         firecrackerBinary: s.firecrackerBinary,
         jailerBinary: s.jailerBinary,
         cloudHypervisorBinary: s.cloudHypervisorBinary,
+        stateDir: s.stateDir,
+        diskReserveBytes: s.diskReserveBytes,
+        diskReservePercent: s.diskReservePercent,
       });
-      const report = await diagnose(config);
+      const report = await diagnose(config, {
+        stateDir: config.stateDir,
+        reserve: { bytes: config.diskReserveBytes, percent: config.diskReservePercent },
+      });
       if (isJson(cmd)) printJson(report);
       else {
         println(

@@ -122,6 +122,11 @@ export const ERROR_CODES = {
     retryable: true,
     doc: 'No node has room for the sandbox right now (CPU, memory or sandbox count): a create is refused at POST, nothing written; retry after the `Retry-After` header’s seconds (E2B routes: 429). A shape no node could ever hold is `SHAPE_TOO_LARGE`.',
   },
+  NODE_DISK_FULL: {
+    status: 507,
+    retryable: true,
+    doc: 'The node’s own state disk has no room for this (a create, a command’s record or output); the sandbox keeps running, and the node takes no new sandboxes until space is freed.',
+  },
   NODE_UNAVAILABLE: { status: 503, retryable: true, doc: 'The node holding the sandbox is not reachable.' },
   CONTROL_PLANE_UNAVAILABLE: {
     status: 503,

@@ -118,6 +118,12 @@ export interface ProcessExit {
    * ran out of memory (POST /oom-kill); the process killed got SIGKILL.
    */
   oomKilled?: boolean;
+  /**
+   * Set by the node agent when it ended the command itself for a reason with a stable code from
+   * core/errors.ts: `NODE_DISK_FULL` (the node's disk had no room for the command's output; the
+   * process was killed and `error` says after which byte the output stops).
+   */
+  errorCode?: string;
 }
 
 /** POST /oom-kill answer: the process killed, or null when none but the daemon was left. */

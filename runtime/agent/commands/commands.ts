@@ -4,7 +4,7 @@
  * backpressure reaches the guest, which pauses the child's pipes: memory stays bounded end to end.
  * A dropped guest connection is resumed at the exact frame offset already spooled.
  */
-import { mkdir } from 'node:fs/promises';
+import { mkdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
@@ -14,6 +14,7 @@ import { FRAME_EXIT, type ProcessExit, type ProcessStartRequest } from '../../co
 import { F } from '../../core/log-fields.ts';
 import { inChildSpan } from '../../core/tracing.ts';
 import type { GuestClient } from '../guest-client.ts';
+import { diskFullError } from '../host/durable-file.ts';
 import { encodeFrame, FRAME_TRUNCATED, FrameSplitter, Spool } from './spool.ts';
 
 /** Abort reason that stops spooling without ending the command (agent restart with `keep`). */
@@ -124,10 +125,20 @@ export async function startCommand(o: {
     tag: r.commandId,
     ...(r.pty ? { pty: r.pty } : {}),
   };
-  await mkdir(o.dir, { recursive: true });
-  const spool = await Spool.open(join(o.dir, `${r.commandId}.out`));
+  // before the guest starts anything: a disk with no room refuses the command (NODE_DISK_FULL)
+  const spool = await mkdir(o.dir, { recursive: true })
+    .then(() => Spool.open(join(o.dir, `${r.commandId}.out`)))
+    .catch((err: unknown) => {
+      throw diskFullError(err, 'a command’s output file');
+    });
   // the guest daemon's spawn inside the sandbox: under gVisor most of a command's start
-  const info = await inChildSpan('agent.guest.spawn', {}, () => o.guest.start(start));
+  const info = await inChildSpan('agent.guest.spawn', {}, () => o.guest.start(start)).catch(
+    async (err: unknown) => {
+      await spool.close().catch(() => {});
+      await rm(spool.path, { force: true }).catch(() => {});
+      throw err;
+    },
+  );
   if (typeof r.stdin === 'string') {
     // initial stdin then EOF; a process that already exited makes this a no-op
     try {
@@ -162,19 +173,49 @@ export function resumePump(guest: GuestClient, cmd: Command, limit: number, log:
   return pump(guest, cmd, limit, log.child({ [F.commandId]: cmd.id, pid: cmd.pid }), cmd.spool.size);
 }
 
+/** Whether `err` is the spool's refusal for a full disk (see Spool.append). */
+function diskFull(err: unknown): err is SpaceError {
+  return err instanceof SpaceError && err.code === 'NODE_DISK_FULL';
+}
+
+/**
+ * Ends the command's log with `exit`: on disk when there is room, else kept in memory (readers
+ * still get it). Never throws.
+ */
+async function endLog(cmd: Command, exit: ProcessExit, log: Logger): Promise<void> {
+  const frame = encodeFrame(FRAME_EXIT, Buffer.from(JSON.stringify(exit)));
+  try {
+    await cmd.spool.append(frame);
+    await cmd.spool.finish();
+  } catch (err) {
+    log.error({ err }, 'the exit of a command could not be spooled; readers get it from memory');
+    await cmd.spool.failWith(frame);
+  }
+}
+
+/**
+ * Copies the command's output from the guest into its spool until its exit frame. Never rejects:
+ * a disk with no room for the output (NODE_DISK_FULL) ends the command (its process is killed,
+ * so nothing runs unobserved) with an exit that says so; the sandbox and the agent go on.
+ */
 async function pump(guest: GuestClient, cmd: Command, limit: number, log: Logger, from = 0): Promise<void> {
   const splitter = new FrameSplitter();
   splitter.consumed = from;
   let truncated = false;
   let failures = 0;
-  while (!cmd.exit && !cmd.abort.signal.aborted) {
+  let full: SpaceError | null = null;
+  while (!cmd.exit && !cmd.abort.signal.aborted && !full) {
     try {
       const stream = await guest.output(cmd.pid, splitter.consumed, cmd.abort.signal);
       for await (const chunk of stream) {
         for (const f of splitter.push(chunk as Buffer)) {
           if (f.type === FRAME_EXIT) {
-            cmd.exit = JSON.parse(f.raw.subarray(5).toString('utf8')) as ProcessExit;
-            await cmd.spool.append(f.raw);
+            const exit = JSON.parse(f.raw.subarray(5).toString('utf8')) as ProcessExit;
+            await cmd.spool.append(f.raw).catch(async (err: unknown) => {
+              if (!diskFull(err)) throw err;
+              await cmd.spool.failWith(f.raw); // the exit is known: readers get it from memory
+            });
+            cmd.exit = exit;
             continue;
           }
           if (cmd.spool.size + f.raw.length > limit) {
@@ -193,6 +234,10 @@ async function pump(guest: GuestClient, cmd: Command, limit: number, log: Logger
       }
     } catch (err) {
       if (cmd.abort.signal.aborted) break;
+      if (diskFull(err)) {
+        full = err;
+        break;
+      }
       failures += 1;
       log.warn({ err, failures }, 'guest output stream broke; resuming');
       if (failures > MAX_RECONNECTS) break;
@@ -203,15 +248,31 @@ async function pump(guest: GuestClient, cmd: Command, limit: number, log: Logger
     // the agent is stopping and leaving the sandbox running: the next agent resumes this spool
     return;
   }
-  if (!cmd.exit) {
+  if (full && !cmd.exit) {
+    log.error(
+      { err: full, spooled: cmd.spool.size },
+      'node disk full: command output cannot be kept; ending it',
+    );
+    // its output has nowhere to go: the process is ended rather than left running unobserved
+    await guest.signal(cmd.pid, 'SIGKILL').catch(() => {});
+    cmd.exit = {
+      exitCode: null,
+      signal: 'SIGKILL',
+      timedOut: false,
+      errorCode: 'NODE_DISK_FULL',
+      error: `the node's disk is full: output after byte ${cmd.spool.size} could not be kept, so the command was killed`,
+    };
+    await endLog(cmd, cmd.exit, log);
+  } else if (!cmd.exit) {
     cmd.exit = {
       exitCode: null,
       signal: 'SIGKILL',
       timedOut: false,
       error: 'the sandbox ended or its guest was lost',
     };
-    await cmd.spool.append(encodeFrame(FRAME_EXIT, Buffer.from(JSON.stringify(cmd.exit))));
+    await endLog(cmd, cmd.exit, log);
+  } else if (!cmd.spool.closed) {
+    await cmd.spool.finish();
   }
-  await cmd.spool.finish();
   log.info({ exit: cmd.exit }, 'command ended');
 }

@@ -9,6 +9,7 @@
 import { EventEmitter } from 'node:events';
 import { type FileHandle, open } from 'node:fs/promises';
 import { FRAME_EXIT, FRAME_HEADER_BYTES } from '../../core/guest-protocol.ts';
+import { diskFullError } from '../host/durable-file.ts';
 
 /** Frame type the agent adds when a command's output passed the spool limit (payload JSON `{ droppedAfter }`). */
 export const FRAME_TRUNCATED = 4;
@@ -33,6 +34,17 @@ export class Spool {
   /** The file handle was closed (the sandbox went away or the agent detached): followers stop. */
   #released = false;
   #writing: Promise<void> = Promise.resolve();
+  /**
+   * The exit frame of a command whose output could not be kept (the disk was full, so it is not in
+   * the file either): readers get it after the last frame on disk, with that frame's offset as id.
+   */
+  #tail: { type: number; payload: Buffer } | null = null;
+  /** Epoch ms the log was ended (its exit spooled); null while the command runs. */
+  endedAt: number | null = null;
+  /** Epoch ms a reader last took the exit frame (read the output to its end); null when none has. */
+  readToEndAt: number | null = null;
+  /** Readers iterating {@link frames} now. */
+  readers = 0;
 
   private constructor(path: string, fh: FileHandle, size: number, closed: boolean) {
     this.path = path;
@@ -45,9 +57,12 @@ export class Spool {
   /** Opens (creating if needed) the spool at `path`; an existing one continues where it ended. */
   static async open(path: string): Promise<Spool> {
     const fh = await open(path, 'a+');
-    const { size } = await fh.stat();
+    const { size, mtimeMs } = await fh.stat();
     const spool = new Spool(path, fh, size, false);
-    if (size > 0 && (await spool.#lastFrameType()) === FRAME_EXIT) spool.#closed = true;
+    if (size > 0 && (await spool.#lastFrameType()) === FRAME_EXIT) {
+      spool.#closed = true;
+      spool.endedAt = mtimeMs; // ended under an earlier agent: when it was last written
+    }
     return spool;
   }
 
@@ -65,7 +80,10 @@ export class Spool {
 
   async #lastFrameType(): Promise<number | null> {
     let last: number | null = null;
-    for await (const f of this.frames(0, { follow: false })) last = f.type;
+    for await (const f of this.#frames(0, { follow: false })) {
+      last = f.type;
+      if (f.type === FRAME_EXIT) break; // not a reader: leaves readToEndAt alone
+    }
     return last;
   }
 
@@ -96,36 +114,71 @@ export class Spool {
     return pos === offset;
   }
 
-  /** Appends whole frames (already encoded); readers are woken once the bytes are written. */
+  /**
+   * Appends whole frames (already encoded); readers are woken once the bytes are written.
+   * @throws SpaceError NODE_DISK_FULL when the disk has no room (ENOSPC/EDQUOT): the file is cut
+   *   back to its last whole frame, so readers never see part of one; the spool stays usable.
+   */
   append(bytes: Buffer): Promise<void> {
-    this.#writing = this.#writing.then(async () => {
+    const done = this.#writing.then(async () => {
       let off = 0;
-      while (off < bytes.length) {
-        const { bytesWritten } = await this.#fh.write(bytes, off, bytes.length - off, this.#size + off);
-        off += bytesWritten;
+      try {
+        while (off < bytes.length) {
+          const { bytesWritten } = await this.#fh.write(bytes, off, bytes.length - off, this.#size + off);
+          off += bytesWritten;
+        }
+      } catch (err) {
+        if (off > 0) await this.#fh.truncate(this.#size).catch(() => {});
+        throw diskFullError(err, 'command output');
       }
       this.#size += bytes.length;
       this.#events.emit('grow');
     });
-    return this.#writing;
+    // one failed append must not fail every later one (nor be an unhandled rejection)
+    this.#writing = done.catch(() => {});
+    return done;
+  }
+
+  /**
+   * Ends the log with `exitFrame` kept in memory only, for when the disk has no room for it:
+   * readers get it after the last frame on disk (its event id is that frame's). Lost when the
+   * agent restarts (the next one resumes the command's output from the guest, or ends it).
+   */
+  async failWith(exitFrame: Buffer): Promise<void> {
+    await this.#writing;
+    this.#tail = { type: exitFrame[0]!, payload: exitFrame.subarray(FRAME_HEADER_BYTES) };
+    this.#closed = true;
+    this.endedAt ??= Date.now();
+    this.#events.emit('grow');
   }
 
   /** Marks the log complete (after the exit frame); followers finish once they reach the end. */
   async finish(): Promise<void> {
     await this.#writing;
     this.#closed = true;
+    this.endedAt ??= Date.now();
     this.#events.emit('grow');
   }
 
   /**
    * Reads frames from byte `from`, following new ones until the log is finished (or only what
    * exists, with `follow: false`). Stops early when `signal` aborts. Throws RangeError when `from`
-   * is past the end or not on a frame boundary.
+   * is past the end or not on a frame boundary. A reader that takes the exit frame and asks for
+   * more sets {@link readToEndAt}; readers are counted in {@link readers} while they iterate.
    */
   async *frames(
     from: number,
     opts: { follow?: boolean; signal?: AbortSignal } = {},
   ): AsyncGenerator<SpoolFrame> {
+    this.readers += 1;
+    try {
+      yield* this.#frames(from, opts);
+    } finally {
+      this.readers -= 1;
+    }
+  }
+
+  async *#frames(from: number, opts: { follow?: boolean; signal?: AbortSignal }): AsyncGenerator<SpoolFrame> {
     const follow = opts.follow ?? true;
     if (from > this.#size) throw new RangeError(`offset ${from} is past the end (${this.#size})`);
     let pos = from;
@@ -145,7 +198,10 @@ export class Spool {
         yield { type, payload: buf.subarray(FRAME_HEADER_BYTES, FRAME_HEADER_BYTES + len), end };
         buf = buf.subarray(FRAME_HEADER_BYTES + len);
         bufStart = end;
-        if (type === FRAME_EXIT) return;
+        if (type === FRAME_EXIT) {
+          this.readToEndAt = Date.now();
+          return;
+        }
       }
       if (pos < this.#size) {
         const want = Math.min(READ_CHUNK_BYTES, this.#size - pos);
@@ -157,6 +213,11 @@ export class Spool {
             ? chunk.subarray(0, bytesRead)
             : Buffer.concat([buf, chunk.subarray(0, bytesRead)]);
         continue;
+      }
+      if (this.#tail && buf.length === 0 && this.#closed) {
+        yield { type: this.#tail.type, payload: this.#tail.payload, end: this.#size };
+        this.readToEndAt = Date.now();
+        return;
       }
       if (!follow || this.#closed || this.#released) return;
       await new Promise<void>((resolve) => {

@@ -66,6 +66,7 @@ export interface PersistedInstance {
   createdAt: number;
 }
 
+import { readJsonFile, writeFileAtomic } from '../host/durable-file.ts';
 // the pure parts (its configuration, the OCI spec, runsc command lines) live in gvisor-runsc.ts;
 import {
   buildOciSpec,
@@ -171,7 +172,7 @@ export class GvisorDriver implements Driver {
     undo.push('instance', () => this.destroy(id));
     try {
       await this.prepareBundle(spec, dir);
-      await writeFile(
+      await writeFileAtomic(
         join(dir, 'instance.json'),
         JSON.stringify({ spec, createdAt } satisfies PersistedInstance),
       );
@@ -233,7 +234,7 @@ export class GvisorDriver implements Driver {
     undo.push('instance', () => this.destroy(id));
     try {
       await this.prepareBundle(full, dir, join(snapshot.path, 'disk.img'));
-      await writeFile(
+      await writeFileAtomic(
         join(dir, 'instance.json'),
         JSON.stringify({ spec: full, createdAt } satisfies PersistedInstance),
       );
@@ -366,7 +367,7 @@ export class GvisorDriver implements Driver {
         guestToken: spec.guestToken,
         createdAt: Date.now(),
       };
-      await writeFile(join(dir, 'snapshot.json'), JSON.stringify(ref), { mode: 0o600 });
+      await writeFileAtomic(join(dir, 'snapshot.json'), JSON.stringify(ref));
       return ref;
     } catch (err) {
       await rm(dir, { recursive: true, force: true }).catch(() => {});
@@ -420,9 +421,8 @@ export class GvisorDriver implements Driver {
     const statuses = await this.runscStatuses();
     const out: InstanceInfo[] = [];
     for (const id of ids) {
-      const p = await readFile(join(this.instanceDir(id), 'instance.json'), 'utf8').catch(() => undefined);
-      if (!p) continue;
-      const persisted = JSON.parse(p) as PersistedInstance;
+      const persisted = await this.readPersisted(id);
+      if (!persisted) continue;
       const status = statuses ? statuses.get(id) : await this.runscStatus(id);
       out.push(instanceInfo(persisted, mapRunscStatus(status)));
     }
@@ -523,10 +523,17 @@ export class GvisorDriver implements Driver {
     return Number.isSafeInteger(pid) && pid > 1 ? { pid } : {};
   }
 
-  /** instance.json of an instance, or undefined when it has none. */
+  /**
+   * instance.json of an instance, or undefined when it has none or it is unreadable (then it is
+   * quarantined and logged: one torn file never stops the agent from listing the rest).
+   */
   private async readPersisted(instanceId: string): Promise<PersistedInstance | undefined> {
-    const p = await readFile(join(this.instanceDir(instanceId), 'instance.json'), 'utf8').catch(() => '');
-    return p ? (JSON.parse(p) as PersistedInstance) : undefined;
+    const r = await readJsonFile<PersistedInstance>(
+      join(this.instanceDir(instanceId), 'instance.json'),
+    ).catch(() => null);
+    if (r && !r.ok && !r.missing)
+      this.cfg.log?.('unreadable instance.json quarantined', { id: instanceId, reason: r.reason });
+    return r?.ok ? r.value : undefined;
   }
 
   /**

@@ -23,7 +23,7 @@
  * {@link SnapshotRef}); a restore starts a new VMM with `-incoming defer` on a copy of that disk.
  */
 import { existsSync } from 'node:fs';
-import { chmod, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, readdir, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SpaceError } from '../../core/errors.ts';
 import { hostExec } from '../host/host-exec.ts';
@@ -70,6 +70,7 @@ export interface PersistedQemuInstance {
   restoredFrom?: string;
 }
 
+import { readJsonFile, writeFileAtomic } from '../host/durable-file.ts';
 // its command lines live in qemu-argv.ts; re-exported for callers
 import { cpuinfo, guestClockArgs, inNetns, mapQmpStatus, qemuArgv, SNAPSHOT_FILES } from './qemu-argv.ts';
 
@@ -249,7 +250,7 @@ export class QemuDriver implements Driver {
       guestToken: p.spec.guestToken,
       createdAt: Date.now(),
     };
-    await writeFile(join(dir, SNAPSHOT_FILES.ref), JSON.stringify(ref), { mode: 0o600 });
+    await writeFileAtomic(join(dir, SNAPSHOT_FILES.ref), JSON.stringify(ref));
     await chmod(join(dir, SNAPSHOT_FILES.memory), 0o600);
     this.cfg.log?.('snapshot written', { id: instanceId, dir, ms: Date.now() - started });
     return ref;
@@ -345,19 +346,24 @@ export class QemuDriver implements Driver {
   }
 
   private async persist(dir: string, p: PersistedQemuInstance): Promise<void> {
-    await writeFile(join(dir, 'instance.json'), JSON.stringify(p), { mode: 0o600 });
+    await writeFileAtomic(join(dir, 'instance.json'), JSON.stringify(p));
   }
 
   private async load(instanceId: string): Promise<PersistedQemuInstance> {
-    const text = await readFile(join(this.instanceDir(instanceId), 'instance.json'), 'utf8').catch((err) => {
-      throw new SpaceError(
-        'INSTANCE_LOST',
-        `instance ${instanceId} is unknown`,
-        { instanceId },
-        { cause: err },
-      );
-    });
-    return JSON.parse(text) as PersistedQemuInstance;
+    const r = await readJsonFile<PersistedQemuInstance>(
+      join(this.instanceDir(instanceId), 'instance.json'),
+    ).catch((err: unknown) => ({
+      ok: false as const,
+      missing: false as const,
+      quarantined: null,
+      reason: String(err),
+    }));
+    if (!r.ok)
+      throw new SpaceError('INSTANCE_LOST', `instance ${instanceId} is unknown`, {
+        instanceId,
+        ...(r.missing ? {} : { reason: r.reason }),
+      });
+    return r.value;
   }
 
   /** Starts the daemonized VMM in the sandbox's namespace; resolves once QEMU is up (QMP listening). */

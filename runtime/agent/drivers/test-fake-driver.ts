@@ -35,9 +35,18 @@ export interface Gate {
   release(): void;
 }
 
+/** One output frame as the guest daemon sends it (`[type u8][length u32 BE][payload]`). */
+function fakeFrame(type: number, payload: Buffer): Buffer {
+  const head = Buffer.alloc(5);
+  head[0] = type;
+  head.writeUInt32BE(payload.length, 1);
+  return Buffer.concat([head, payload]);
+}
+
 /**
  * The guest daemons of every fake instance, one HTTP server on 127.0.0.1: a request is answered for
- * the instance whose secret it carries (`/health`, `/init`, `/token`), and refused 503 when that
+ * the instance whose secret it carries (`/health`, `/init`, `/token`; `/processes`: a command that
+ * prints `out-<pid>` and exits 0), and refused 503 when that
  * instance is gone, stopped or frozen (as a dead guest's connection would fail).
  */
 export class FakeGuests {
@@ -48,6 +57,7 @@ export class FakeGuests {
   answers: (instanceId: string) => boolean = () => true;
   /** `POST /init` bodies received, by instance id. */
   readonly inits = new Map<string, unknown[]>();
+  #pid = 100;
 
   constructor() {
     this.#server = createServer((req, res) => {
@@ -61,6 +71,23 @@ export class FakeGuests {
         if (id === undefined || !this.answers(id)) {
           res.writeHead(503, { 'content-type': 'application/json' });
           res.end(JSON.stringify({ error: { code: 'GUEST_UNAVAILABLE', message: 'fake guest is gone' } }));
+          return;
+        }
+        if (req.url === '/processes' && req.method === 'POST') {
+          // a command that prints one line and exits 0 at once
+          const pid = ++this.#pid;
+          res.writeHead(200, { 'content-type': 'application/json' });
+          res.end(JSON.stringify({ pid }));
+          return;
+        }
+        const output = /^\/processes\/(\d+)\/output\?offset=(\d+)$/.exec(req.url ?? '');
+        if (output && req.method === 'GET') {
+          const frames = Buffer.concat([
+            fakeFrame(1, Buffer.from(`out-${output[1]}\n`)),
+            fakeFrame(3, Buffer.from(JSON.stringify({ exitCode: 0, signal: null, timedOut: false }))),
+          ]);
+          res.writeHead(200, { 'content-type': 'application/octet-stream' });
+          res.end(frames.subarray(Number(output[2])));
           return;
         }
         if (req.url === '/token' && req.method === 'POST') {

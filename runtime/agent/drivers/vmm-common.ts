@@ -14,7 +14,7 @@
  */
 import { spawn } from 'node:child_process';
 import { constants, existsSync } from 'node:fs';
-import { access, link, mkdir, open, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { access, link, mkdir, open, readdir, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SpaceError } from '../../core/errors.ts';
 import { GUEST_PORT } from '../../core/guest-protocol.ts';
@@ -72,6 +72,7 @@ export const spawnLauncher: VmmLauncher = async (l) => {
 /** Waits for a guest daemon to answer (default: `waitForHealth` on the sandbox address). */
 export type GuestWaiter = (host: string, timeoutMs: number, alive: () => Promise<boolean>) => Promise<void>;
 
+import { readJsonFile, writeFileAtomic } from '../host/durable-file.ts';
 // the API client lives in vmm-api.ts; re-exported for the drivers
 import { waitForApiSocket } from './vmm-api.ts';
 
@@ -378,7 +379,7 @@ export abstract class VmmDriver implements Driver {
         pid = await this.readPidFile(prep.pidFile, launched.pid);
       }
       const p: PersistedVm = { spec, createdAt, pid, apiSocket: prep.launch.apiSocket, extra: prep.extra };
-      await writeFile(join(dir, 'instance.json'), JSON.stringify(p), { mode: 0o600 });
+      await writeFileAtomic(join(dir, 'instance.json'), JSON.stringify(p));
       const alive = async () => pidAlive(p.pid);
       await waitForApiSocket(p.apiSocket, this.probePath, this.socketTimeoutMs, alive);
       await configure(p);
@@ -464,7 +465,7 @@ export abstract class VmmDriver implements Driver {
       guestToken: p.spec.guestToken,
       createdAt: Date.now(),
     };
-    await writeFile(join(dir, 'snapshot.json'), JSON.stringify(ref), { mode: 0o600 });
+    await writeFileAtomic(join(dir, 'snapshot.json'), JSON.stringify(ref));
     return ref;
   }
 
@@ -533,10 +534,12 @@ export abstract class VmmDriver implements Driver {
   protected async persisted(instanceId: string): Promise<PersistedVm> {
     if (!VMM_ID_RE.test(instanceId))
       throw new SpaceError('DRIVER_FAILED', `bad instance id ${instanceId}`, { instanceId });
-    const text = await readFile(join(this.instanceDir(instanceId), 'instance.json'), 'utf8').catch(() => '');
-    if (!text)
+    const r = await readJsonFile<PersistedVm>(join(this.instanceDir(instanceId), 'instance.json')).catch(
+      () => null,
+    );
+    if (!r?.ok)
       throw new SpaceError('DRIVER_FAILED', `no ${this.name} instance ${instanceId}`, { instanceId });
-    return JSON.parse(text) as PersistedVm;
+    return r.value;
   }
 
   private async liveState(p: PersistedVm): Promise<InstanceInfo['state']> {

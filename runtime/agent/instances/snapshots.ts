@@ -3,11 +3,12 @@
  * is booted once and snapshotted, and later cold creates of that shape restore from it instead of
  * booting (the factory's `make`).
  */
-import { readFile, rm } from 'node:fs/promises';
+import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { F } from '../../core/log-fields.ts';
 import type { InstanceInfo, SnapshotRef, TemplateImage } from '../drivers/driver.ts';
+import { readJsonFile } from '../host/durable-file.ts';
 import type { InstanceFactory, InstanceShape } from './factory.ts';
 
 /**
@@ -40,9 +41,10 @@ export async function prepareSnapshot(
     driver.snapshotKey ? `${image.digest}-${driver.snapshotKey}` : image.digest,
     `${shape.vcpus}x${shape.memoryMiB}x${factory.diskMiB}`,
   );
-  const saved = await readFile(join(dir, 'snapshot.json'), 'utf8').catch(() => null);
-  if (saved) {
-    const ref = JSON.parse(saved) as SnapshotRef;
+  // a torn one is quarantined and the snapshot made again
+  const saved = await readJsonFile<SnapshotRef>(join(dir, 'snapshot.json')).catch(() => null);
+  if (saved?.ok) {
+    const ref = saved.value;
     if (ref.driver === driver.name) {
       factory.snapshots.set(template, ref);
       return ref;

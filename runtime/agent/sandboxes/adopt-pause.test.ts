@@ -48,6 +48,7 @@ async function node() {
       pidsLimit: 64,
       diskMiB: 0,
       createConcurrency: 4,
+      spoolRetention: { maxCommands: 256, maxBytes: 1 << 30, maxAgeMs: 3_600_000 },
       refillConcurrency: 1,
       spoolLimitBytes: 1 << 20,
       gateway,

@@ -4,12 +4,13 @@
  * and destroying everything (a local stack's shutdown).
  */
 import { existsSync } from 'node:fs';
-import { readdir, readFile, rm } from 'node:fs/promises';
+import { readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { F } from '../../core/log-fields.ts';
 import { DETACH } from '../commands/commands.ts';
 import type { InstanceInfo } from '../drivers/driver.ts';
 import { GuestClient } from '../guest-client.ts';
+import { type JsonRead, readJsonFile } from '../host/durable-file.ts';
 import type { SandboxContext } from './context.ts';
 import { readHibernation } from './hibernate.ts';
 import type { SandboxFile } from './state-files.ts';
@@ -43,6 +44,50 @@ export interface Adopted {
 }
 
 /**
+ * A record for sandbox `id`, whose `sandbox.json` was unreadable (`bad`, now quarantined), from
+ * its instance (the folder's marker, among `instances`) and the control plane's record; written
+ * back when the disk has room. Null when either is missing (logged either way).
+ */
+async function rebuild(
+  ctx: SandboxContext,
+  id: string,
+  instances: ReadonlyMap<string, InstanceInfo>,
+  bad: Extract<JsonRead<SandboxFile>, { missing: false }>,
+): Promise<SandboxFile | null> {
+  const log = ctx.o.log.child({ [F.sandboxId]: id });
+  const instanceId = await ctx.files.instanceOf(id);
+  const inst = instanceId ? instances.get(instanceId) : undefined;
+  const req = inst ? await ctx.o.recorded?.(id).catch(() => null) : null;
+  if (!inst || !req) {
+    log.error(
+      {
+        reason: bad.reason,
+        quarantined: bad.quarantined,
+        instanceId,
+        found: { instance: !!inst, record: !!req },
+      },
+      'sandbox state file unreadable and the sandbox cannot be rebuilt; reported lost',
+    );
+    return null;
+  }
+  const rec: SandboxFile = {
+    req,
+    instance: inst,
+    source: 'boot',
+    fromWarmPool: false,
+    createdAt: inst.createdAt,
+  };
+  await ctx.files
+    .writeRecord(id, rec)
+    .catch((err: unknown) => log.warn({ err }, 'rebuilt sandbox record not written back; adopted anyway'));
+  log.warn(
+    { reason: bad.reason, quarantined: bad.quarantined, [F.instanceId]: inst.instanceId },
+    'sandbox state file unreadable: quarantined, record rebuilt from its instance and the control plane',
+  );
+  return rec;
+}
+
+/**
  * After an agent restart: re-binds sandboxes whose instance still runs (reopening their command
  * spools; commands that were still running keep streaming from the exact spooled offset),
  * destroys instances no sandbox owns (old warm slots), and drops records whose instance is gone.
@@ -66,10 +111,23 @@ export async function adopt(ctx: SandboxContext): Promise<Adopted> {
   const root = ctx.files.root;
   for (const id of existsSync(root) ? await readdir(root) : []) {
     const file = join(root, id, 'sandbox.json');
-    let rec: SandboxFile;
-    try {
-      rec = JSON.parse(await readFile(file, 'utf8')) as SandboxFile;
-    } catch {
+    const read = await readJsonFile<SandboxFile>(file).catch(
+      (err: unknown): JsonRead<SandboxFile> => ({
+        ok: false,
+        missing: false,
+        quarantined: null,
+        reason: String(err),
+      }),
+    );
+    if (!read.ok && read.missing) {
+      // a claim or create that never wrote its record (its instance, if any, is unowned below)
+      await rm(join(root, id), { recursive: true, force: true });
+      continue;
+    }
+    const rec = read.ok ? read.value : await rebuild(ctx, id, instances, read);
+    if (!rec) {
+      // nothing to rebuild it from: reported lost (its instance, if any, is destroyed below)
+      out.lost.push(id);
       await rm(join(root, id), { recursive: true, force: true });
       continue;
     }
@@ -116,7 +174,10 @@ export async function adopt(ctx: SandboxContext): Promise<Adopted> {
     sb.paused = inst.state === 'paused' ? 'frozen' : null;
     if (sb.paused) sb.pausedAt = rec.pausedAt ?? Date.now();
     if (sb.paused !== (rec.paused ?? null)) {
-      await ctx.files.patch(id, { paused: sb.paused ?? undefined, pausedAt: sb.pausedAt });
+      // the instance is what the next start reads too: a record not written (a full disk) stops nothing
+      await ctx.files
+        .patch(id, { paused: sb.paused ?? undefined, pausedAt: sb.pausedAt })
+        .catch((err: unknown) => log.warn({ err }, 'freeze state not written back; adopted anyway'));
     }
     await ctx.egress.apply(id, inst, sb.egress, sb.credentials);
     // the previous agent's open interval is closed by this agent's first report

@@ -4,10 +4,11 @@
  * node reading the store can resume it, resume.ts). Also what is left of hibernations: the view the
  * data plane serves of one, and the sweep of those whose sandbox is gone.
  */
-import { cp, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { cp, mkdir, readdir, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { F } from '../../core/log-fields.ts';
 import { GuestClient } from '../guest-client.ts';
+import { writeFileAtomic } from '../host/durable-file.ts';
 import type { SandboxContext } from './context.ts';
 import { type HibernatedView, readHibernatedView } from './hibernated-view.ts';
 import { detach, quiesce } from './pause.ts';
@@ -68,9 +69,7 @@ export async function hibernate(
       pausedAt,
       sessionId: sb.sessionId,
     };
-    // complete or absent, never torn: a reader (adoption, a resume) takes a file as the whole
-    await writeFile(join(path, 'hibernated.json.tmp'), JSON.stringify(file), { mode: 0o600 });
-    await rename(join(path, 'hibernated.json.tmp'), join(path, 'hibernated.json'));
+    await writeFileAtomic(join(path, 'hibernated.json'), JSON.stringify(file));
   } catch (err) {
     // the sandbox runs on as it was: nothing of the attempt is left
     await rm(path, { recursive: true, force: true });

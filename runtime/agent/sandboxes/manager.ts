@@ -7,14 +7,16 @@
  * Creates, deletes, pauses and resumes are idempotent per sandbox id; a delete leaves a tombstone
  * so a create that arrives late (or is still booting) is refused and its instance destroyed.
  */
-import { readdir, stat } from 'node:fs/promises';
+import { readdir, rm, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { EgressPolicy } from '../../core/egress.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { F } from '../../core/log-fields.ts';
 import type { PauseMode } from '../../core/types.ts';
 import { type Command, type StartCommand, startCommand } from '../commands/commands.ts';
+import { outputsToReclaim } from '../commands/retention.ts';
 import type { InstanceInfo, SnapshotRef } from '../drivers/driver.ts';
+import { causedByDiskFull } from '../host/durable-file.ts';
 import { InstanceFactory, type InstanceShape } from '../instances/factory.ts';
 import { prepareSnapshot } from '../instances/snapshots.ts';
 import type { StartGate } from '../instances/start-gate.ts';
@@ -126,9 +128,26 @@ export class SandboxManager {
     return this.#ctx.o.activity?.begin(id) ?? (() => {});
   }
 
-  /** See create.ts. */
-  create(req: CreateSandbox): Promise<LocalSandbox> {
-    return createSandbox(this.#ctx, req);
+  /**
+   * See create.ts; refused first with NODE_DISK_FULL when the state disk is under its floor (a
+   * create already running here, a retry of one, is answered as before).
+   */
+  async create(req: CreateSandbox): Promise<LocalSandbox> {
+    const { reg, o } = this.#ctx;
+    if (!reg.running.has(req.sandboxId) && !reg.creating.has(req.sandboxId)) await o.admitDisk?.();
+    return createSandbox(this.#ctx, req).catch((err: unknown) => {
+      // a driver that ran out of disk says DRIVER_FAILED: the client is told what it was
+      if (causedByDiskFull(err) && !(err instanceof SpaceError && err.code === 'NODE_DISK_FULL'))
+        throw new SpaceError(
+          'NODE_DISK_FULL',
+          `the node's disk is full: ${(err as Error).message}`,
+          undefined,
+          {
+            cause: err,
+          },
+        );
+      throw err;
+    });
   }
 
   /** See delete.ts. */
@@ -141,8 +160,9 @@ export class SandboxManager {
     return pauseSandbox(this.#ctx, id, mode);
   }
 
-  /** See resume.ts. */
-  resume(id: string, restore?: CreateSandbox & { hibernation: Hibernation }): Promise<ResumeOutcome> {
+  /** See resume.ts; a restore from hibernation is refused first as a create is (see {@link create}). */
+  async resume(id: string, restore?: CreateSandbox & { hibernation: Hibernation }): Promise<ResumeOutcome> {
+    if (restore && !this.#ctx.reg.running.has(id)) await this.#ctx.o.admitDisk?.();
     return resumeSandbox(this.#ctx, id, restore);
   }
 
@@ -205,6 +225,43 @@ export class SandboxManager {
     await files.patch(id, { req: { ...rec.req, egress } });
   }
 
+  /**
+   * Reclaims command outputs past the retention rules (commands/retention.ts) in every sandbox not
+   * being paused, resumed or deleted: each goes from the sandbox's command list and its spool and
+   * record leave the disk. Returns how many went. Never throws (a file that cannot be removed now
+   * is retried on the next pass).
+   */
+  async reclaimOutputs(now = Date.now()): Promise<number> {
+    let n = 0;
+    for (const sb of this.#ctx.reg.list()) n += await this.#reclaim(sb, now, 0);
+    return n;
+  }
+
+  async #reclaim(sb: LocalSandbox, now: number, room: number): Promise<number> {
+    const { o, reg, files } = this.#ctx;
+    if (reg.inTransit(sb.id) || sb.paused === 'pausing') return 0;
+    const r = o.spoolRetention;
+    const kept = [...sb.commands.values()].map((c) => ({
+      id: c.id,
+      endedAt: c.spool.closed ? (c.spool.endedAt ?? now) : null,
+      readToEndAt: c.spool.readToEndAt,
+      readers: c.spool.readers,
+      bytes: c.spool.size,
+    }));
+    const ids = outputsToReclaim(kept, { ...r, maxCommands: Math.max(0, r.maxCommands - room) }, now);
+    const dir = join(files.dir(sb.id), 'commands');
+    for (const cid of ids) {
+      const c = sb.commands.get(cid);
+      if (!c) continue;
+      sb.commands.delete(cid);
+      await c.spool.close().catch(() => {});
+      await rm(join(dir, `${cid}.out`), { force: true }).catch(() => {});
+      await rm(join(dir, `${cid}.json`), { force: true }).catch(() => {});
+    }
+    if (ids.length) o.log.debug({ [F.sandboxId]: sb.id, reclaimed: ids.length }, 'command outputs reclaimed');
+    return ids.length;
+  }
+
   /** Starts a command in a running sandbox (the command of the same id when it exists). */
   async startCommand(id: string, req: StartCommand): Promise<Command> {
     const { o, files } = this.#ctx;
@@ -214,6 +271,8 @@ export class SandboxManager {
       release();
       return existing;
     }
+    // room for this one within the sandbox's bound on kept outputs
+    await this.#reclaim(sb, Date.now(), 1).catch(() => 0);
     let cmd: Command;
     try {
       cmd = await startCommand({
@@ -230,9 +289,20 @@ export class SandboxManager {
       release();
     }
     sb.commands.set(cmd.id, cmd);
+    try {
+      await files.writeCommand(id, cmd);
+    } catch (err) {
+      // no record, no command: one an agent restart could not find again is ended now
+      sb.commands.delete(cmd.id);
+      cmd.abort.abort();
+      await sb.guest.signal(cmd.pid, 'SIGKILL').catch(() => {});
+      await cmd.done;
+      await cmd.spool.close().catch(() => {});
+      await rm(cmd.spool.path, { force: true }).catch(() => {});
+      throw err;
+    }
     const ended = o.activity?.begin(id);
     if (ended) void cmd.done.finally(ended);
-    await files.writeCommand(id, cmd);
     return cmd;
   }
 

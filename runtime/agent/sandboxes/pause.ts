@@ -64,7 +64,13 @@ export async function freeze(ctx: SandboxContext, sb: LocalSandbox): Promise<voi
   sb.paused = 'frozen';
   sb.pausedAt = Date.now();
   ctx.o.activity?.paused(sb.id);
-  await ctx.files.patch(sb.id, { paused: 'frozen', pausedAt: sb.pausedAt });
+  // the instance is frozen whatever the file says (an agent start reads the instance's state): a
+  // record the disk has no room for must not turn a done freeze into a failed pause
+  await ctx.files
+    .patch(sb.id, { paused: 'frozen', pausedAt: sb.pausedAt })
+    .catch((err: unknown) =>
+      ctx.o.log.warn({ err, sandboxId: sb.id }, 'freeze not recorded in the state file'),
+    );
 }
 
 /**
@@ -76,7 +82,11 @@ export async function thaw(ctx: SandboxContext, sb: LocalSandbox): Promise<void>
   sb.paused = null;
   sb.pausedAt = undefined;
   sb.resumedAt = Date.now();
-  await ctx.files.patch(sb.id, { paused: undefined, pausedAt: undefined });
+  await ctx.files
+    .patch(sb.id, { paused: undefined, pausedAt: undefined })
+    .catch((err: unknown) =>
+      ctx.o.log.warn({ err, sandboxId: sb.id }, 'thaw not recorded in the state file'),
+    );
   ctx.o.activity?.resumed(sb.id);
 }
 

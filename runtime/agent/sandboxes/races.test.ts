@@ -35,6 +35,7 @@ async function fakeNode() {
     createConcurrency: 4,
     refillConcurrency: 1,
     spoolLimitBytes: 1 << 20,
+    spoolRetention: { maxCommands: 256, maxBytes: 1 << 30, maxAgeMs: 3_600_000 },
     gateway,
     baseEnv: {},
     hibernateDir: join(dir, 'hibernated'),

@@ -3,7 +3,7 @@
  * (new network and guest secret), with its egress applied again and its command pumps resumed at
  * the spooled offsets.
  */
-import { cp, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { cp, mkdir, readFile, rm } from 'node:fs/promises';
 import { join, resolve, sep } from 'node:path';
 import { SpaceError } from '../../core/errors.ts';
 import { F } from '../../core/log-fields.ts';
@@ -110,7 +110,7 @@ async function restoreHibernated(
       fromWarmPool: file.source === 'warm',
       createdAt: Date.now(),
     };
-    await writeFile(join(dir, 'sandbox.json'), JSON.stringify(rec), { mode: 0o600 });
+    await ctx.files.writeRecord(req.sandboxId, rec);
     const sb = localSandbox(req, inst, new GuestClient(inst.guest), file.source);
     sb.resumedAt = Date.now();
     await ctx.egress.apply(sb.id, inst, sb.egress, sb.credentials);

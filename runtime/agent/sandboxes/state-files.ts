@@ -3,16 +3,22 @@
  * running: `<stateDir>/sandboxes/<id>/sandbox.json` (the request without its env, the instance, how
  * it was made) and `commands/` (each command's record and spool); the warm slots' directories made
  * ahead (`<stateDir>/warm/<instanceId>/`); and `hibernated.json` in a hibernated sandbox's folder of
- * the store.
+ * the store. Every file is written whole or not at all (host/durable-file.ts: temp, fsync, rename),
+ * so a crash or a full disk never leaves a torn one; one found torn anyway (an older agent's) is
+ * quarantined, never a reason not to start. Each sandbox's folder also names its instance in an
+ * empty file, `instance-<instanceId>` (a name, so never torn), from which adoption rebuilds a
+ * sandbox whose `sandbox.json` is unreadable (with the control plane's record).
  */
-import { renameSync, writeFileSync } from 'node:fs';
-import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
+import { renameSync } from 'node:fs';
+import { mkdir, readdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
+import { SpaceError } from '../../core/errors.ts';
 import { F } from '../../core/log-fields.ts';
 import { type Command, type CommandConfig, resumePump } from '../commands/commands.ts';
 import { Spool } from '../commands/spool.ts';
 import type { InstanceInfo, SnapshotRef } from '../drivers/driver.ts';
+import { diskFullError, readJsonFile, writeFileAtomic } from '../host/durable-file.ts';
 import type { ActivityMeter } from './activity.ts';
 import type { CreateSandbox, InstanceSource, LocalSandbox } from './types.ts';
 
@@ -69,13 +75,13 @@ export class StateFiles {
 
   /**
    * The state directory made ahead for a warm slot: `<stateDir>/warm/<instanceId>/`, holding an
-   * empty `commands/` and an empty `sandbox.json`. A claim renames it to the sandbox's directory
-   * and overwrites the file, instead of making both: making a directory and a file is two inode
+   * empty `commands/` and the empty `instance-<instanceId>` marker. A claim renames it to the
+   * sandbox's directory and writes `sandbox.json`, instead of making both: making a directory and a file is two inode
    * allocations, which where the state directory sits in a crowded ext4 block group cost ~1.5 ms
    * of kernel CPU per create (measured on a 2-core VM in `~/.space`, the local stack's: mkdir +
    * new file 1.3–1.9 ms, rename + overwrite 0.13–0.17 ms; in `/var/lib/space` on the same disk the
-   * two allocations took ~0.08 ms). An empty `sandbox.json` is not JSON, so a directory renamed by
-   * a claim that crashed before writing it is dropped by adoption.
+   * two allocations took ~0.08 ms). A directory renamed by a claim that crashed before writing
+   * `sandbox.json` has none, and is dropped by adoption.
    */
   slotDir(inst: InstanceInfo): string {
     return join(this.#stateDir, 'warm', inst.instanceId);
@@ -93,7 +99,19 @@ export class StateFiles {
       mkdir(join(slotDir, 'commands'), { recursive: true }),
       mkdir(this.root, { recursive: true }),
     ]);
-    await writeFile(join(slotDir, 'sandbox.json'), '', { mode: 0o600 });
+    await writeFile(join(slotDir, markerName(inst.instanceId)), '', { mode: 0o600 }).catch((err: unknown) => {
+      throw diskFullError(err, 'a warm slot’s folder');
+    });
+  }
+
+  /**
+   * The instance id the sandbox's folder names (its `instance-<id>` marker), or null when it has
+   * none (folders of agents before the marker).
+   */
+  async instanceOf(id: string): Promise<string | null> {
+    const names = await readdir(this.dir(id)).catch(() => [] as string[]);
+    const m = names.find((n) => n.startsWith(MARKER_PREFIX));
+    return m ? m.slice(MARKER_PREFIX.length) : null;
   }
 
   /** Writes the sandbox's state file (what an agent restart adopts it from; env left out). */
@@ -109,13 +127,13 @@ export class StateFiles {
     const text = JSON.stringify(file);
     if (source === 'warm') {
       // The slot's directory, made when it was booted, becomes the sandbox's (see slotDir).
-      // Synchronously: this rename and this write are the only waits of a warm claim, and through
-      // the thread pool they were four hand-offs (rename, open, write, close). Inline, they block
-      // the loop for well under a millisecond for a usual request: a local directory and a small
-      // file (the request without its env), and about 1 MiB at most (the agent's body limit
-      // bounds the request). The claim's span fell from a median 3.6 to 1.4 ms (16 settled
-      // sequential creates on each of 2 × 2 interleaved `space up --warm 8` stacks, 2-core VM,
-      // 2026-12-05).
+      // The rename synchronously: with the record's write these are the only waits of a warm
+      // claim, and inline a local rename blocks the loop for well under a millisecond. The record
+      // itself is written durably (temp, fsync, rename, fsync of the folder) off the loop: inline,
+      // the two fsyncs blocked it for a median 8 ms (18 ms p90) on a 2-core VM's disk, 4 ms of
+      // wall time through the thread pool with the loop free meanwhile (30 writes of a 2 KB
+      // record each way, 2026-12-07); a plain write had taken 1.3 ms. A torn record after a full
+      // disk or a power cut is the cost it avoids (F6).
       let claimed = true;
       try {
         renameSync(this.slotDir(inst), dir);
@@ -123,30 +141,61 @@ export class StateFiles {
         claimed = false;
       }
       if (claimed) {
-        writeFileSync(join(dir, 'sandbox.json'), text, { mode: 0o600 });
+        await writeFileAtomic(join(dir, 'sandbox.json'), text);
         return;
       }
     }
-    await mkdir(join(dir, 'commands'), { recursive: true });
-    await writeFile(join(dir, 'sandbox.json'), text, { mode: 0o600 });
+    try {
+      await mkdir(join(dir, 'commands'), { recursive: true });
+      await writeFile(join(dir, markerName(inst.instanceId)), '', { mode: 0o600 });
+    } catch (err) {
+      throw diskFullError(err, 'a sandbox’s folder');
+    }
+    await writeFileAtomic(join(dir, 'sandbox.json'), text, { mode: 0o600 });
   }
 
-  /** The sandbox's record. @throws what reading or parsing it throws. */
+  /**
+   * Writes a whole record for sandbox `id` (its folder, marker and `sandbox.json`, atomically): a
+   * restore from hibernation, or a record rebuilt by adoption. @throws SpaceError NODE_DISK_FULL.
+   */
+  async writeRecord(id: string, rec: SandboxFile): Promise<void> {
+    const dir = this.dir(id);
+    try {
+      await mkdir(join(dir, 'commands'), { recursive: true });
+      await writeFile(join(dir, markerName(rec.instance.instanceId)), '', { mode: 0o600 });
+    } catch (err) {
+      throw diskFullError(err, 'a sandbox’s folder');
+    }
+    await writeFileAtomic(join(dir, 'sandbox.json'), JSON.stringify(rec));
+  }
+
+  /**
+   * The sandbox's record. A torn one is quarantined (see host/durable-file.ts `readJsonFile`).
+   * @throws SpaceError SANDBOX_NOT_FOUND when it has none or it was unreadable; what reading throws.
+   */
   async read(id: string): Promise<SandboxFile> {
-    return JSON.parse(await readFile(join(this.dir(id), 'sandbox.json'), 'utf8')) as SandboxFile;
+    const r = await readJsonFile<SandboxFile>(join(this.dir(id), 'sandbox.json'));
+    if (r.ok) return r.value;
+    throw new SpaceError(
+      'SANDBOX_NOT_FOUND',
+      r.missing
+        ? `no state file for sandbox ${id}`
+        : `the state file of sandbox ${id} is unreadable (${r.reason})`,
+    );
   }
 
-  /** Rewrites fields of a sandbox's `sandbox.json`. */
+  /** Rewrites fields of a sandbox's `sandbox.json` (atomically). @throws SpaceError NODE_DISK_FULL. */
   async patch(id: string, patch: Partial<SandboxFile>): Promise<void> {
     const rec = await this.read(id);
-    await writeFile(join(this.dir(id), 'sandbox.json'), JSON.stringify({ ...rec, ...patch }), {
-      mode: 0o600,
-    });
+    await writeFileAtomic(join(this.dir(id), 'sandbox.json'), JSON.stringify({ ...rec, ...patch }));
   }
 
-  /** Records a started command (`commands/<id>.json`), for an agent restart to re-adopt it. */
+  /**
+   * Records a started command (`commands/<id>.json`, atomically), for an agent restart to re-adopt
+   * it. @throws SpaceError NODE_DISK_FULL.
+   */
   async writeCommand(sandboxId: string, cmd: Command): Promise<void> {
-    await writeFile(
+    await writeFileAtomic(
       join(this.dir(sandboxId), 'commands', `${cmd.id}.json`),
       JSON.stringify({ pid: cmd.pid, startedAt: cmd.startedAt, config: cmd.config }),
     );
@@ -164,12 +213,21 @@ export class StateFiles {
     for (const name of await readdir(dir).catch(() => [] as string[])) {
       if (!name.endsWith('.json')) continue;
       const id = name.slice(0, -'.json'.length);
-      const meta = JSON.parse(await readFile(join(dir, name), 'utf8')) as {
+      const read = await readJsonFile<{
         pid: number;
         startedAt: number;
         /** Absent in records of agents before commands were listed. */
         config?: CommandConfig;
-      };
+      }>(join(dir, name));
+      if (!read.ok) {
+        if (!read.missing)
+          o.log.warn(
+            { [F.sandboxId]: sb.id, [F.commandId]: id, reason: read.reason, quarantined: read.quarantined },
+            'a command record was unreadable; quarantined, its command is not re-adopted',
+          );
+        continue;
+      }
+      const meta = read.value;
       const spool = await Spool.open(join(dir, `${id}.out`));
       const cmd: Command = {
         id,
@@ -190,4 +248,11 @@ export class StateFiles {
       sb.commands.set(id, cmd);
     }
   }
+}
+
+const MARKER_PREFIX = 'instance-';
+
+/** The empty file whose name records which instance a sandbox's folder belongs to. */
+function markerName(instanceId: string): string {
+  return `${MARKER_PREFIX}${instanceId}`;
 }

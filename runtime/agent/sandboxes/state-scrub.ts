@@ -4,8 +4,9 @@
  * and are fetched by the gateway; a file from before is rewritten without them, mode 0600, before
  * the sandboxes are re-adopted. Idempotent; a file it cannot parse is left for adoption to judge.
  */
-import { chmod, readdir, readFile, writeFile } from 'node:fs/promises';
+import { chmod, readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { writeFileAtomic } from '../host/durable-file.ts';
 
 /** Scrubs every sandbox state file under `sandboxesDir`; returns how many held values. */
 export async function scrubCredentialValues(sandboxesDir: string): Promise<number> {
@@ -21,7 +22,7 @@ export async function scrubCredentialValues(sandboxesDir: string): Promise<numbe
     const grants = rec.req?.credentials ?? [];
     if (grants.some((g) => 'value' in g)) {
       for (const g of grants) delete g.value;
-      await writeFile(file, JSON.stringify(rec), { mode: 0o600 });
+      await writeFileAtomic(file, JSON.stringify(rec));
       scrubbed++;
     }
     await chmod(file, 0o600);

@@ -7,6 +7,7 @@ import type { Logger } from 'pino';
 import type { CredentialGrant } from '../../core/credentials.ts';
 import type { EgressPolicy } from '../../core/egress.ts';
 import type { Command } from '../commands/commands.ts';
+import type { SpoolRetention } from '../commands/retention.ts';
 import type { Driver, InstanceInfo, TemplateImage } from '../drivers/driver.ts';
 import type { GuestClient } from '../guest-client.ts';
 import type { GatewayClient } from '../host/gateway-client.ts';
@@ -137,6 +138,8 @@ export interface SandboxManagerOptions {
   /** Of those, warm-pool refills at once (SPACE_WARM_REFILL_CONCURRENCY, ≤ createConcurrency). */
   refillConcurrency: number;
   spoolLimitBytes: number;
+  /** How many and how much of a sandbox's command outputs stay on disk, and for how long. */
+  spoolRetention: SpoolRetention;
   /** The node's egress gateway; null: sandboxes get no egress at all. */
   gateway: Pick<GatewayClient, 'register' | 'unregister' | 'registryId'> | null;
   /** Environment every command gets (e.g. NODE_EXTRA_CA_CERTS), under the sandbox's own. */
@@ -147,5 +150,16 @@ export interface SandboxManagerOptions {
   hibernateStore: string;
   /** Activity metering (null: not metered, e.g. in unit tests). */
   activity: ActivityMeter | null;
+  /**
+   * The control plane's record of a sandbox as a create request (recover-record.ts), or null when
+   * it has none live here: what adoption rebuilds a torn `sandbox.json` from. Absent: not rebuilt
+   * (the sandbox is reported lost).
+   */
+  recorded?: (sandboxId: string) => Promise<CreateSandbox | null>;
+  /**
+   * Called before a create or a restore from hibernation takes disk on this node: throws
+   * NODE_DISK_FULL when the state disk is under its floor (host/disk-headroom.ts). Absent: admitted.
+   */
+  admitDisk?: () => Promise<void>;
   log: Logger;
 }
