@@ -1,5 +1,5 @@
 /** Address plan of the `vm` mode, shared by the clouds that use it. */
-import { createHash } from 'node:crypto';
+import { createHash, hkdfSync } from 'node:crypto';
 import * as pulumi from '@pulumi/pulumi';
 import { nthHost } from '../runtime/core/net-address.ts';
 
@@ -20,4 +20,25 @@ export function bootstrapKeySha256(cfg: {
   const key = cfg.secrets.bootstrapApiKey;
   if (!key) return pulumi.output(undefined);
   return pulumi.unsecret(key.apply((k) => createHash('sha256').update(k).digest('hex')));
+}
+
+/**
+ * The password of the control VM's Redis (secret): `space:redisPassword` when set, else derived
+ * from `space:bootstrapApiKey` (required in vm mode) with HKDF-SHA256 (RFC 5869; info
+ * `space vm redis password`, 32 bytes, hex), so a stack needs no second secret and every
+ * `pulumi up` renders the same one. Knowing it does not reveal the API key. Undefined output when
+ * neither is set (the stack configuration refuses that in vm mode).
+ */
+export function vmRedisPassword(cfg: {
+  readonly secrets: {
+    readonly redisPassword?: pulumi.Output<string>;
+    readonly bootstrapApiKey?: pulumi.Output<string>;
+  };
+}): pulumi.Output<string> {
+  if (cfg.secrets.redisPassword) return pulumi.secret(cfg.secrets.redisPassword);
+  const key = cfg.secrets.bootstrapApiKey;
+  if (!key) throw new Error('vm mode needs space:redisPassword or space:bootstrapApiKey');
+  return pulumi.secret(
+    key.apply((k) => Buffer.from(hkdfSync('sha256', k, '', 'space vm redis password', 32)).toString('hex')),
+  );
 }

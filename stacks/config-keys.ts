@@ -140,7 +140,7 @@ export const CONFIG_KEYS = {
   redisPassword: {
     type: 'string',
     secret: true,
-    doc: 'Password of the in-cluster Redis. Required in `kubernetes` mode unless `redisUrl` is set.',
+    doc: 'Password of the in-cluster Redis. Required in `kubernetes` mode unless `redisUrl` is set. In `vm` mode, the control VM’s Redis password (16-128 of `A-Za-z0-9._~-`); default: derived from `bootstrapApiKey` (HKDF-SHA256).',
   },
   redisUrl: {
     type: 'string',

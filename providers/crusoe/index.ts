@@ -24,7 +24,7 @@ import {
   toShellScript,
 } from '../systemd/cloud-init.ts';
 import { VmConfig } from '../systemd/vm-config.ts';
-import { bootstrapKeySha256 } from '../vm-network.ts';
+import { bootstrapKeySha256, vmRedisPassword } from '../vm-network.ts';
 import { instancePrivateIpv4, instancePublicIpv4 } from './crud.ts';
 import { FirewallRule, Instance, Subnet } from './provider.ts';
 
@@ -171,7 +171,9 @@ export class CrusoeStack extends CloudStack {
     // without a name the router's public address is not known before the VM exists: routerUrl is required
     const routerUrl = cfg.routerUrl ?? `https://${cfg.acme!.hostnames.at(-1)}:${ROUTER_PORT}`;
     const keySha = bootstrapKeySha256(cfg);
-    const controlArgs = (sha: string | undefined): ControlArgs => ({
+    // secret: every startup script that holds it is a secret input (the only channel into a new VM)
+    const redisPassword = vmRedisPassword(cfg);
+    const controlArgs = (sha: string | undefined): Omit<ControlArgs, 'redisPassword'> => ({
       ...vmArgs,
       apiEnv: cfg.apiEnv,
       routerUrl,
@@ -184,12 +186,17 @@ export class CrusoeStack extends CloudStack {
         ...vmCommon,
         name: `space-control-${pulumi.getStack()}`,
         type: cfg.controlInstanceType,
-        startupScript: keySha.apply((sha) => toShellScript(controlPlan(controlArgs(sha)))),
+        startupScript: pulumi
+          .all([keySha, redisPassword])
+          .apply(([sha, pw]) => toShellScript(controlPlan({ ...controlArgs(sha), redisPassword: pw }))),
         nestedVirtualization: false,
       },
       this.child(keepVms),
     );
-    const agentArgs = (pool: (typeof cfg.nodePools)[number], controlAddress: string): AgentArgs => ({
+    const agentArgs = (
+      pool: (typeof cfg.nodePools)[number],
+      controlAddress: string,
+    ): Omit<AgentArgs, 'redisPassword'> => ({
       ...vmArgs,
       pool,
       controlAddress,
@@ -209,9 +216,13 @@ export class CrusoeStack extends CloudStack {
               ...vmCommon,
               name: `space-node-${pool.name}-${i}-${pulumi.getStack()}`,
               type: pool.instanceType,
-              startupScript: control.resource.apply((resource) =>
-                toShellScript(agentPlan(agentArgs(pool, controlPrivateAddress(resource)))),
-              ),
+              startupScript: pulumi
+                .all([control.resource, redisPassword])
+                .apply(([resource, pw]) =>
+                  toShellScript(
+                    agentPlan({ ...agentArgs(pool, controlPrivateAddress(resource)), redisPassword: pw }),
+                  ),
+                ),
               nestedVirtualization: isVmmDriver(pool.driver),
             },
             this.child(keepVms),

@@ -28,10 +28,13 @@ const pool: NodePool = {
   labels: {},
   allowUnverifiedKvm: false,
 };
+/** The Redis password of the VMs rendered here (a test value: 16+ URL-unreserved characters). */
+const REDIS_PW = 'redis-pw-Ab3.9_x~Q7';
 const common = {
   version: '0.1.0',
   imageRepository: 'ghcr.io/space-sandbox/space',
   privateCidr: '10.10.0.0/24',
+  redisPassword: REDIS_PW,
 };
 const ROUTER_URL = 'https://router.example.com';
 const control = (version = '0.1.0') => controlPlan({ ...common, version, routerUrl: ROUTER_URL });
@@ -66,7 +69,6 @@ describe('cloud-init for the systemd (vm) mode', () => {
   it('the control VM runs the router with Redis and the verify key only; the API hands out its URL', () => {
     const plan = control();
     expect(envOf(file(plan, '/etc/space/space-router.env')!)).toEqual({
-      SPACE_REDIS_URL: 'redis://127.0.0.1:6379',
       SPACE_ROUTER_HOST: '0.0.0.0',
       SPACE_ROUTER_PORT: '8082',
       SPACE_VERIFY_KEY_FILE: '/etc/space/keys/verify.pem',
@@ -107,11 +109,18 @@ describe('cloud-init for the systemd (vm) mode', () => {
     );
   });
 
-  it('holds no private key, password or token: the control VM makes its own key pair', () => {
-    for (const text of [toCloudConfig(control()), toCloudConfig(agent()), toShellScript(agent())]) {
-      expect(text).not.toMatch(/BEGIN (ENCRYPTED )?PRIVATE KEY/);
-      expect(text).not.toMatch(/requirepass|password|CW-SECRET|Bearer/i);
-      expect(text).not.toMatch(/redis:\/\/[^@\s]*@/);
+  it('holds no private key or token, and the Redis password only in root-only files: the control VM makes its own key pair', () => {
+    for (const plan of [control(), agent()]) {
+      for (const text of [toCloudConfig(plan), toShellScript(plan)]) {
+        expect(text).not.toMatch(/BEGIN (ENCRYPTED )?PRIVATE KEY/);
+        expect(text).not.toMatch(/CW-SECRET|Bearer/i);
+      }
+      const holders = plan.files.filter((f) => f.content.includes(REDIS_PW));
+      expect(holders.map((f) => f.path)).toEqual(
+        expect.arrayContaining(['/etc/space/redis.env', '/etc/space/redis.password']),
+      );
+      for (const f of holders) expect([f.path, f.mode]).toEqual([f.path, '0600']);
+      expect(plan.commands.join('\n')).not.toContain(REDIS_PW);
     }
     expect(toCloudConfig(control())).toContain('openssl genpkey -algorithm ed25519');
   });
@@ -125,7 +134,14 @@ describe('cloud-init for the systemd (vm) mode', () => {
     const env = agent().files.find((f) => f.path === '/etc/space/space-agent.env')!.content;
     expect(env).toContain('SPACE_AGENT_ON_SHUTDOWN=keep\n');
     expect(env).toContain('SPACE_DRIVER=cloud-hypervisor\n');
-    expect(env).toContain('SPACE_REDIS_URL=redis://10.10.0.2:6379\n');
+    // the Redis URL (with the password) is in its own root-only file, read by every unit
+    expect(env).not.toContain('SPACE_REDIS_URL');
+    expect(file(agent(), '/etc/space/redis.env')).toBe(
+      `SPACE_REDIS_URL=redis://:${REDIS_PW}@10.10.0.2:6379\n`,
+    );
+    expect(file(agent(), '/etc/systemd/system/space-agent.service')).toContain(
+      '--env-file /etc/space/space-agent.env --env-file /etc/space/redis.env ',
+    );
   });
 
   it('the gateway runs beside the agent by default; without it the agent gets no control socket (no egress at all)', () => {
@@ -250,7 +266,7 @@ describe('cloud-init for the systemd (vm) mode', () => {
     expect(file(plan, '/etc/systemd/system/space-control-guard.service')).toContain(
       'ExecStart=/usr/sbin/nft -f /etc/nftables.d/space-control.nft',
     );
-    expect(plan.commands).toContain('systemctl enable --now space-control-guard.service');
+    expect(plan.commands).toContain('systemctl enable --now space-control-guard.service space-redis.service');
     expect(plan.commands.some((c) => c.startsWith('nft '))).toBe(false);
     // re-applying the table replaces it
     expect(file(plan, '/etc/nftables.d/space-control.nft')).toContain('delete table inet space_control');

@@ -8,7 +8,7 @@ import {
   VERSION_TAG,
 } from '../../runtime/core/redis-keys.ts';
 import { REDIS_PORT } from '../runtime-settings.ts';
-import type { SyncedService, VmFile } from './plan.ts';
+import { REDIS_CLI_AUTH, type SyncedService, type VmFile } from './plan.ts';
 
 /**
  * In-place upgrades without SSH: a timer on every VM reads the deployment's target version from
@@ -28,6 +28,7 @@ export function versionSyncFiles(redisHost: string, spreadSec: number): VmFile[]
         '#!/bin/sh',
         '# upgrades this VM in place to the deployment target version in Redis (no SSH needed)',
         'set -eu',
+        REDIS_CLI_AUTH,
         `v=$(redis-cli -h ${redisHost} -p ${REDIS_PORT} --raw GET ${DEPLOY_TARGET_VERSION_KEY} 2>/dev/null || true)`,
         '[ -n "$v" ] || exit 0',
         `printf "%s" "$v" | grep -Eq '${VERSION_TAG.source}' || { echo "space-version-sync: refusing target $v" >&2; exit 1; }`,
@@ -91,6 +92,7 @@ export function configSyncFiles(redisHost: string, services: readonly SyncedServ
         '#!/bin/sh',
         '# applies the deployment VM configuration in Redis: a changed env file is replaced and its unit restarted',
         'set -u',
+        REDIS_CLI_AUTH,
         'rc=0',
         '# apply <service> <env file> <unit>',
         'apply() {',
