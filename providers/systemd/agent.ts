@@ -146,7 +146,7 @@ export function agentPlan(a: AgentArgs): VmPlan {
       upgradeScript(a, units),
       // nodes spread their restarts over five minutes
       ...versionSyncFiles(a.controlAddress, 300),
-      ...configSyncFiles(a.controlAddress, synced),
+      ...configSyncFiles(a.controlAddress, synced, services),
     ],
     commands: [
       `mkdir -p ${KEY_DIR} ${AGENT_STATE_DIR} /var/run/netns`,

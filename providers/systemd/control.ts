@@ -69,7 +69,7 @@ export function controlPlan(a: ControlArgs): VmPlan {
       ...(a.acme ? acmeFiles() : []),
       upgradeScript(a, ['space-router', 'space-api']),
       ...versionSyncFiles('127.0.0.1', 0),
-      ...configSyncFiles('127.0.0.1', synced),
+      ...configSyncFiles('127.0.0.1', synced, env),
     ],
     commands: [
       `mkdir -p /var/lib/space/api ${KEY_DIR}`,
