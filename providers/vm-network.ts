@@ -2,6 +2,7 @@
 import { createHash, hkdfSync } from 'node:crypto';
 import * as pulumi from '@pulumi/pulumi';
 import { nthHost } from '../runtime/core/net-address.ts';
+import type { ImagePullCredentials } from './image-pull.ts';
 
 /** The control VM's private address: the subnet's 10th host (clouds reserve the first few). */
 export function controlAddress(privateCidr: string): string {
@@ -40,5 +41,29 @@ export function vmRedisPassword(cfg: {
   if (!key) throw new Error('vm mode needs space:redisPassword or space:bootstrapApiKey');
   return pulumi.secret(
     key.apply((k) => Buffer.from(hkdfSync('sha256', k, '', 'space vm redis password', 32)).toString('hex')),
+  );
+}
+
+/**
+ * The secrets every VM's user data carries, as one secret output: the Redis password
+ * ({@link vmRedisPassword}) and, when `space:imagePullUsername` is set, the image pull credentials.
+ */
+export function vmSecretArgs(cfg: {
+  readonly imagePullUsername: string | undefined;
+  readonly secrets: {
+    readonly redisPassword?: pulumi.Output<string>;
+    readonly bootstrapApiKey?: pulumi.Output<string>;
+    readonly imagePullPassword?: pulumi.Output<string>;
+  };
+}): pulumi.Output<{ redisPassword: string; imagePull?: ImagePullCredentials }> {
+  const user = cfg.imagePullUsername;
+  const pull = cfg.secrets.imagePullPassword;
+  return pulumi.secret(
+    pulumi
+      .all([vmRedisPassword(cfg), pull ?? pulumi.output(undefined)])
+      .apply(([redisPassword, password]) => ({
+        redisPassword,
+        ...(user !== undefined && password !== undefined ? { imagePull: { username: user, password } } : {}),
+      })),
   );
 }

@@ -133,6 +133,11 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
   const imageRepository = str('imageRepository', DEFAULT_IMAGE_REPOSITORY)!;
   if (!/^[a-z0-9.-]+(:\d+)?(\/[a-z0-9._-]+)+$/.test(imageRepository))
     problems.push(`space:imageRepository: not an image repository ("${imageRepository}")`);
+  const imagePullUsername = str('imagePullUsername');
+  if ((imagePullUsername === undefined) !== (raw('imagePullPassword') === undefined))
+    problems.push('space:imagePullUsername and space:imagePullPassword: set both or neither');
+  if (imagePullUsername !== undefined && !/^[^:\s]+$/.test(imagePullUsername))
+    problems.push('space:imagePullUsername: no ":" or white space (registries read "user:password")');
 
   const region = raw('region') ?? '';
   if ((cloud === 'akamai' || cloud === 'crusoe') && !region)
@@ -328,6 +333,7 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
     mode,
     version: version ?? '',
     imageRepository,
+    imagePullUsername,
     imageBuild: bool('imageBuild', false),
     region,
     nodePools: pools.pools,
@@ -369,6 +375,7 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
           'gatewayCaKey',
           'lkeFirewallToken',
           'bootstrapApiKey',
+          'imagePullPassword',
         ] as const
       )
         .filter((k) => raw(k) !== undefined)

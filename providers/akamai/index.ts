@@ -27,7 +27,7 @@ import {
   toCloudConfig,
 } from '../systemd/cloud-init.ts';
 import { VmConfig } from '../systemd/vm-config.ts';
-import { bootstrapKeySha256, controlAddress, vmRedisPassword } from '../vm-network.ts';
+import { bootstrapKeySha256, controlAddress, vmSecretArgs } from '../vm-network.ts';
 import { lkeFirewallObjects } from './lke-firewall.ts';
 
 /** Linode's range for NodeBalancer-to-backend traffic (Linode NodeBalancer docs; unverified here). */
@@ -207,8 +207,9 @@ function akamaiVms(parent: CloudStack, cfg: StackConfig, image?: pulumi.Resource
       ? pulumi.output(`https://${cfg.vmTlsHostnames.router}:${akamaiRouterPort(cfg)}`)
       : pulumi.interpolate`${routerScheme}://${nb.ipv4}:${akamaiRouterPort(cfg)}`;
   const keySha = bootstrapKeySha256(cfg);
-  // secret: every user data that holds it is a secret input (the only channel into a new VM)
-  const redisPassword = vmRedisPassword(cfg);
+  // the Redis password and pull credentials: every user data that holds them is a secret input
+  // (the only channel into a new VM)
+  const vmSecrets = vmSecretArgs(cfg);
   const controlArgs = (url: string, sha: string | undefined) => ({
     ...vmArgs,
     apiEnv: cfg.apiEnv,
@@ -236,10 +237,8 @@ function akamaiVms(parent: CloudStack, cfg: StackConfig, image?: pulumi.Resource
       interfaces: iface(controlAddress(cfg.privateCidr)),
       firewallId: id(controlFw),
       metadatas: pulumi
-        .all([routerUrl, keySha, redisPassword])
-        .apply(([url, sha, pw]) =>
-          userData(toCloudConfig(controlPlan({ ...controlArgs(url, sha), redisPassword: pw }))),
-        ),
+        .all([routerUrl, keySha, vmSecrets])
+        .apply(([url, sha, s]) => userData(toCloudConfig(controlPlan({ ...controlArgs(url, sha), ...s })))),
       tags,
       ...ssh,
     },
@@ -272,8 +271,8 @@ function akamaiVms(parent: CloudStack, cfg: StackConfig, image?: pulumi.Resource
             privateIp: true,
             interfaces: iface(),
             firewallId: id(nodesFw),
-            metadatas: redisPassword.apply((pw) =>
-              userData(toCloudConfig(agentPlan({ ...agentArgs(pool), redisPassword: pw }))),
+            metadatas: vmSecrets.apply((s) =>
+              userData(toCloudConfig(agentPlan({ ...agentArgs(pool), ...s }))),
             ),
             tags: [...tags, `space-pool-${pool.name}`],
             ...ssh,

@@ -24,7 +24,7 @@ import {
   toShellScript,
 } from '../systemd/cloud-init.ts';
 import { VmConfig } from '../systemd/vm-config.ts';
-import { bootstrapKeySha256, vmRedisPassword } from '../vm-network.ts';
+import { bootstrapKeySha256, vmSecretArgs } from '../vm-network.ts';
 import { instancePrivateIpv4, instancePublicIpv4 } from './crud.ts';
 import { FirewallRule, Instance, Subnet } from './provider.ts';
 
@@ -171,8 +171,9 @@ export class CrusoeStack extends CloudStack {
     // without a name the router's public address is not known before the VM exists: routerUrl is required
     const routerUrl = cfg.routerUrl ?? `https://${cfg.acme!.hostnames.at(-1)}:${ROUTER_PORT}`;
     const keySha = bootstrapKeySha256(cfg);
-    // secret: every startup script that holds it is a secret input (the only channel into a new VM)
-    const redisPassword = vmRedisPassword(cfg);
+    // the Redis password and pull credentials: every startup script that holds them is a secret
+    // input (the only channel into a new VM)
+    const vmSecrets = vmSecretArgs(cfg);
     const controlArgs = (sha: string | undefined): Omit<ControlArgs, 'redisPassword'> => ({
       ...vmArgs,
       apiEnv: cfg.apiEnv,
@@ -187,8 +188,8 @@ export class CrusoeStack extends CloudStack {
         name: `space-control-${pulumi.getStack()}`,
         type: cfg.controlInstanceType,
         startupScript: pulumi
-          .all([keySha, redisPassword])
-          .apply(([sha, pw]) => toShellScript(controlPlan({ ...controlArgs(sha), redisPassword: pw }))),
+          .all([keySha, vmSecrets])
+          .apply(([sha, s]) => toShellScript(controlPlan({ ...controlArgs(sha), ...s }))),
         nestedVirtualization: false,
       },
       this.child(keepVms),
@@ -217,11 +218,9 @@ export class CrusoeStack extends CloudStack {
               name: `space-node-${pool.name}-${i}-${pulumi.getStack()}`,
               type: pool.instanceType,
               startupScript: pulumi
-                .all([control.resource, redisPassword])
-                .apply(([resource, pw]) =>
-                  toShellScript(
-                    agentPlan({ ...agentArgs(pool, controlPrivateAddress(resource)), redisPassword: pw }),
-                  ),
+                .all([control.resource, vmSecrets])
+                .apply(([resource, s]) =>
+                  toShellScript(agentPlan({ ...agentArgs(pool, controlPrivateAddress(resource)), ...s })),
                 ),
               nestedVirtualization: isVmmDriver(pool.driver),
             },

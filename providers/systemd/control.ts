@@ -10,7 +10,9 @@ import {
   type ControlArgs,
   envFile,
   imageFile,
+  PODMAN_PULL,
   redisClientFiles,
+  registryAuthVmFile,
   type SyncedService,
   upgradeScript,
   type VmPlan,
@@ -60,6 +62,7 @@ export function controlPlan(a: ControlArgs): VmPlan {
     packages: ['podman', 'redis-server', 'openssl', 'nftables', ...(a.acme ? ['certbot'] : [])],
     files: [
       imageFile(a),
+      registryAuthVmFile(a),
       ...synced.map((x) => ({ path: x.file, mode: '0644', content: envFile(env[x.service]!) })),
       ...redisFiles(a),
       ...redisClientFiles('127.0.0.1', a.redisPassword),
@@ -78,7 +81,7 @@ export function controlPlan(a: ControlArgs): VmPlan {
       'systemctl mask redis-server.service',
       'systemctl daemon-reload',
       `systemctl enable --now space-control-guard.service ${REDIS_UNIT}`,
-      'podman pull "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"',
+      `${PODMAN_PULL} "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"`,
       ...(a.acme
         ? [
             `mkdir -p -m 0700 ${TLS_DIR}`,

@@ -4,6 +4,7 @@
  * made of (the image file, the podman unit, the upgrade script). Pure.
  */
 import { renderEnvFile } from '../../runtime/core/env-file.ts';
+import { type ImagePullCredentials, registryAuthFile } from '../image-pull.ts';
 import type { NodePool } from '../node-pool.ts';
 import { imageRef, REDIS_PORT } from '../runtime-settings.ts';
 
@@ -40,6 +41,28 @@ export interface VmCommonArgs {
    * secret. Must match {@link REDIS_PASSWORD}.
    */
   readonly redisPassword: string;
+  /**
+   * Credentials for the image's registry (`space:imagePullUsername`, secret
+   * `space:imagePullPassword`), written to {@link REGISTRY_AUTH_FILE}. Default: anonymous pulls.
+   */
+  readonly imagePull?: ImagePullCredentials;
+}
+
+/** podman's auth file on a VM (mode 0600; containers-auth.json(5)); every pull names it. */
+export const REGISTRY_AUTH_FILE = '/etc/containers/auth.json';
+/**
+ * How a VM pulls: with {@link REGISTRY_AUTH_FILE} named, since podman's own default for root is
+ * under `/run` (lost at every reboot) and a later `space-upgrade` must still authenticate.
+ */
+export const PODMAN_PULL = `podman pull --authfile ${REGISTRY_AUTH_FILE}`;
+
+/** {@link REGISTRY_AUTH_FILE} for `a`'s image: its registry's credentials, or none. Pure. */
+export function registryAuthVmFile(a: VmCommonArgs): VmFile {
+  return {
+    path: REGISTRY_AUTH_FILE,
+    mode: '0600',
+    content: registryAuthFile(a.imageRepository, a.imagePull),
+  };
 }
 
 /**
@@ -219,7 +242,7 @@ export function upgradeScript(a: VmCommonArgs, units: string[]): VmFile {
       // biome-ignore lint/suspicious/noTemplateCurlyInString: shell parameter expansion, not a template
       'v="${1:?usage: space-upgrade <version>}"',
       `img="${a.imageRepository}:$v"`,
-      'podman pull "$img"',
+      `${PODMAN_PULL} "$img"`,
       'printf "SPACE_IMAGE=%s\\n" "$img" > /etc/space/image.env',
       `systemctl restart ${units.join(' ')}`,
       '',
