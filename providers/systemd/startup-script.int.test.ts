@@ -131,6 +131,6 @@ describe.skipIf(!root)('the startup script, run at every boot (Crusoe)', () => {
     expect(out).toContain('systemctl mask redis-server.service');
     expect(out).toMatch(/^systemctl enable --now .*space-config-sync\.timer$/m);
     expect(out).toContain('systemctl start --no-block space-tls.service');
-    expect(out).toContain('podman pull registry.example/space:0.1.0');
+    expect(out).toContain('podman pull --authfile /etc/containers/auth.json registry.example/space:0.1.0');
   });
 });
