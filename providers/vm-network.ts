@@ -11,9 +11,10 @@ export function controlAddress(privateCidr: string): string {
 
 /**
  * SHA-256 (hex) of `space:bootstrapApiKey`, for the API's `SPACE_BOOTSTRAP_API_KEY_SHA256` in the
- * control VM's user data (undefined without the key). Deliberately not secret: user data is not a
- * secret place, the hash of a key with 190+ random bits cannot be turned back into it, and a
- * secret user data would hide every diff of it.
+ * control VM's user data (undefined without the key). Not secret itself (the hash of a key with
+ * 190+ random bits cannot be turned back into it), so the VM configuration that carries it stays
+ * readable in diffs; the user data as a whole is secret for the Redis password
+ * ({@link vmSecretArgs}).
  */
 export function bootstrapKeySha256(cfg: {
   readonly secrets: { readonly bootstrapApiKey?: pulumi.Output<string> };

@@ -77,8 +77,8 @@ export const REDIS_ENV_FILE = '/etc/space/redis.env';
 export const REDIS_PASSWORD_FILE = '/etc/space/redis.password';
 /**
  * The shell line a VM script runs before any `redis-cli`: the password from
- * {@link REDIS_PASSWORD_FILE} in `REDISCLI_AUTH`, which redis-cli reads (so it never shows in the
- * process list, as `-a` would).
+ * {@link REDIS_PASSWORD_FILE} in `REDISCLI_AUTH`, which redis-cli reads since 5.0.3 (redis/redis
+ * pull 5460), so it never shows in the process list as `-a` would.
  */
 export const REDIS_CLI_AUTH = `export REDISCLI_AUTH="$(cat ${REDIS_PASSWORD_FILE})"`;
 
