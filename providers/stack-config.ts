@@ -13,6 +13,8 @@ export interface StackConfig {
   readonly mode: DeployMode;
   readonly version: string;
   readonly imageRepository: string;
+  /** `space:imagePullUsername`, with `secrets.imagePullPassword`: pull credentials for the image's registry. */
+  readonly imagePullUsername: string | undefined;
   /** `space:imageBuild`: build and push the image in `pulumi up`. */
   readonly imageBuild: boolean;
   readonly region: string;
@@ -65,5 +67,6 @@ export interface StackConfig {
     readonly gatewayCaKey?: pulumi.Output<string>;
     readonly lkeFirewallToken?: pulumi.Output<string>;
     readonly bootstrapApiKey?: pulumi.Output<string>;
+    readonly imagePullPassword?: pulumi.Output<string>;
   };
 }

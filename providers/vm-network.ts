@@ -1,7 +1,8 @@
 /** Address plan of the `vm` mode, shared by the clouds that use it. */
-import { createHash } from 'node:crypto';
+import { createHash, hkdfSync } from 'node:crypto';
 import * as pulumi from '@pulumi/pulumi';
 import { nthHost } from '../runtime/core/net-address.ts';
+import type { ImagePullCredentials } from './image-pull.ts';
 
 /** The control VM's private address: the subnet's 10th host (clouds reserve the first few). */
 export function controlAddress(privateCidr: string): string {
@@ -10,9 +11,10 @@ export function controlAddress(privateCidr: string): string {
 
 /**
  * SHA-256 (hex) of `space:bootstrapApiKey`, for the API's `SPACE_BOOTSTRAP_API_KEY_SHA256` in the
- * control VM's user data (undefined without the key). Deliberately not secret: user data is not a
- * secret place, the hash of a key with 190+ random bits cannot be turned back into it, and a
- * secret user data would hide every diff of it.
+ * control VM's user data (undefined without the key). Not secret itself (the hash of a key with
+ * 190+ random bits cannot be turned back into it), so the VM configuration that carries it stays
+ * readable in diffs; the user data as a whole is secret for the Redis password
+ * ({@link vmSecretArgs}).
  */
 export function bootstrapKeySha256(cfg: {
   readonly secrets: { readonly bootstrapApiKey?: pulumi.Output<string> };
@@ -20,4 +22,49 @@ export function bootstrapKeySha256(cfg: {
   const key = cfg.secrets.bootstrapApiKey;
   if (!key) return pulumi.output(undefined);
   return pulumi.unsecret(key.apply((k) => createHash('sha256').update(k).digest('hex')));
+}
+
+/**
+ * The password of the control VM's Redis (secret): `space:redisPassword` when set, else derived
+ * from `space:bootstrapApiKey` (required in vm mode) with HKDF-SHA256 (RFC 5869; info
+ * `space vm redis password`, 32 bytes, hex), so a stack needs no second secret and every
+ * `pulumi up` renders the same one. Knowing it does not reveal the API key. Undefined output when
+ * neither is set (the stack configuration refuses that in vm mode).
+ */
+export function vmRedisPassword(cfg: {
+  readonly secrets: {
+    readonly redisPassword?: pulumi.Output<string>;
+    readonly bootstrapApiKey?: pulumi.Output<string>;
+  };
+}): pulumi.Output<string> {
+  if (cfg.secrets.redisPassword) return pulumi.secret(cfg.secrets.redisPassword);
+  const key = cfg.secrets.bootstrapApiKey;
+  if (!key) throw new Error('vm mode needs space:redisPassword or space:bootstrapApiKey');
+  return pulumi.secret(
+    key.apply((k) => Buffer.from(hkdfSync('sha256', k, '', 'space vm redis password', 32)).toString('hex')),
+  );
+}
+
+/**
+ * The secrets every VM's user data carries, as one secret output: the Redis password
+ * ({@link vmRedisPassword}) and, when `space:imagePullUsername` is set, the image pull credentials.
+ */
+export function vmSecretArgs(cfg: {
+  readonly imagePullUsername: string | undefined;
+  readonly secrets: {
+    readonly redisPassword?: pulumi.Output<string>;
+    readonly bootstrapApiKey?: pulumi.Output<string>;
+    readonly imagePullPassword?: pulumi.Output<string>;
+  };
+}): pulumi.Output<{ redisPassword: string; imagePull?: ImagePullCredentials }> {
+  const user = cfg.imagePullUsername;
+  const pull = cfg.secrets.imagePullPassword;
+  return pulumi.secret(
+    pulumi
+      .all([vmRedisPassword(cfg), pull ?? pulumi.output(undefined)])
+      .apply(([redisPassword, password]) => ({
+        redisPassword,
+        ...(user !== undefined && password !== undefined ? { imagePull: { username: user, password } } : {}),
+      })),
+  );
 }

@@ -34,6 +34,15 @@ export const CONFIG_KEYS = {
     default: DEFAULT_IMAGE_REPOSITORY,
     doc: 'Image repository (one image, one command per service).',
   },
+  imagePullUsername: {
+    type: 'string',
+    doc: 'User name for the registry of `imageRepository` (its first path component, or Docker Hub), when pulls need credentials; set with `imagePullPassword`. VMs: podman’s auth file `/etc/containers/auth.json` (mode 0600).',
+  },
+  imagePullPassword: {
+    type: 'string',
+    secret: true,
+    doc: 'Password or token for `imagePullUsername` (e.g. a read-only registry token).',
+  },
   imageBuild: {
     type: 'boolean',
     default: 'false',
@@ -140,7 +149,7 @@ export const CONFIG_KEYS = {
   redisPassword: {
     type: 'string',
     secret: true,
-    doc: 'Password of the in-cluster Redis. Required in `kubernetes` mode unless `redisUrl` is set.',
+    doc: 'Password of the in-cluster Redis. Required in `kubernetes` mode unless `redisUrl` is set. In `vm` mode, the control VM’s Redis password (16-128 of `A-Za-z0-9._~-`); default: derived from `bootstrapApiKey` (HKDF-SHA256).',
   },
   redisUrl: {
     type: 'string',

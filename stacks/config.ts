@@ -8,7 +8,7 @@ import { CLOUDS, type Cloud, instanceType } from '../providers/catalogue.ts';
 import { cloudProfiles, type DeployMode, parseNodePools } from '../providers/node-pool.ts';
 import { checkEnvOverrides, DEFAULT_IMAGE_REPOSITORY } from '../providers/runtime-settings.ts';
 import type { StackConfig } from '../providers/stack-config.ts';
-import { LETS_ENCRYPT_DIRECTORY } from '../providers/systemd/cloud-init.ts';
+import { LETS_ENCRYPT_DIRECTORY, REDIS_PASSWORD } from '../providers/systemd/cloud-init.ts';
 import { agentSettings } from '../runtime/agent/config.ts';
 import { isIPv4, isIPv4Cidr, isIPv6NoZone } from '../runtime/core/net-address.ts';
 import { buildDenySet, type Cidr, parseCidr } from '../runtime/gateway/addresses.ts';
@@ -133,6 +133,11 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
   const imageRepository = str('imageRepository', DEFAULT_IMAGE_REPOSITORY)!;
   if (!/^[a-z0-9.-]+(:\d+)?(\/[a-z0-9._-]+)+$/.test(imageRepository))
     problems.push(`space:imageRepository: not an image repository ("${imageRepository}")`);
+  const imagePullUsername = str('imagePullUsername');
+  if ((imagePullUsername === undefined) !== (raw('imagePullPassword') === undefined))
+    problems.push('space:imagePullUsername and space:imagePullPassword: set both or neither');
+  if (imagePullUsername !== undefined && !/^[^:\s]+$/.test(imagePullUsername))
+    problems.push('space:imagePullUsername: no ":" or white space (registries read "user:password")');
 
   const region = raw('region') ?? '';
   if ((cloud === 'akamai' || cloud === 'crusoe') && !region)
@@ -229,11 +234,16 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
     if (!has('redisPassword') && !has('redisUrl'))
       problems.push('space:redisPassword: required in kubernetes mode unless space:redisUrl is set');
   } else {
-    for (const k of ['signingKey', 'redisPassword', 'redisUrl'] as const)
+    for (const k of ['signingKey', 'redisUrl'] as const)
       if (has(k))
         problems.push(
           `space:${k}: not used in vm mode (the control VM makes its own keys; Redis runs there)`,
         );
+    const pw = raw('redisPassword');
+    if (pw !== undefined && !REDIS_PASSWORD.test(pw))
+      problems.push(
+        'space:redisPassword: in vm mode 16-128 characters from A-Z a-z 0-9 . _ ~ - (e.g. "$(openssl rand -hex 24)")',
+      );
   }
   const signing = raw('signingKey');
   if (signing !== undefined && !signing.includes('BEGIN PRIVATE KEY'))
@@ -323,6 +333,7 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
     mode,
     version: version ?? '',
     imageRepository,
+    imagePullUsername,
     imageBuild: bool('imageBuild', false),
     region,
     nodePools: pools.pools,
@@ -364,6 +375,7 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
           'gatewayCaKey',
           'lkeFirewallToken',
           'bootstrapApiKey',
+          'imagePullPassword',
         ] as const
       )
         .filter((k) => raw(k) !== undefined)

@@ -194,7 +194,9 @@ describe('cloud-specific policies', () => {
     // the mock API gives the control VM an address off the old pinned one (.10)
     const control = vms.find((v) => v.name === 'space-control')!;
     const scripts = vmScripts(recorded);
-    const chosen = /SPACE_REDIS_URL=redis:\/\/([0-9.]+):6379/.exec(scripts['space-node-default-0']!)?.[1];
+    const chosen = /SPACE_REDIS_URL=redis:\/\/:[^@\s]+@([0-9.]+):6379/.exec(
+      scripts['space-node-default-0']!,
+    )?.[1];
     expect(chosen).toMatch(/^10\.77\.128\.\d+$/);
     expect(chosen).not.toBe('10.77.128.10');
     expect(control.name).toBe('space-control');
@@ -206,7 +208,7 @@ describe('cloud-specific policies', () => {
     expect(vms).toHaveLength(3);
     for (const vm of vms) {
       const ud = Buffer.from(
-        (vm.inputs['metadatas'] as { userData: string }[])[0]!.userData,
+        (unwrapSecrets(vm.inputs['metadatas']) as { userData: string }[])[0]!.userData,
         'base64',
       ).toString();
       expect(ud.startsWith('#cloud-config\n')).toBe(true);
@@ -232,7 +234,7 @@ describe('cloud-specific policies', () => {
     expect(nodesOf).toEqual(['8080', '8082']);
     const control = vms.find((v) => v.name === 'space-control')!;
     const ud = Buffer.from(
-      (control.inputs['metadatas'] as { userData: string }[])[0]!.userData,
+      (unwrapSecrets(control.inputs['metadatas']) as { userData: string }[])[0]!.userData,
       'base64',
     ).toString();
     expect(ud).toMatch(/SPACE_ROUTER_URL=http:\/\/[0-9.]+:8082/);

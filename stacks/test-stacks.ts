@@ -93,12 +93,14 @@ type Obj = Record<string, unknown>;
 export function vmScripts(recorded: RecordedResource[]): Record<string, string> {
   const out: Record<string, string> = {};
   for (const r of recorded) {
+    // user data holds the Redis password: the stacks pass it as a secret
+    const inputs = unwrapSecrets(r.inputs) as Obj;
     if (r.type === 'linode:index/instance:Instance')
       out[r.name] = Buffer.from(
-        (r.inputs['metadatas'] as { userData: string }[])[0]!.userData,
+        (inputs['metadatas'] as { userData: string }[])[0]!.userData,
         'base64',
       ).toString();
-    if (r.type === 'pulumi-nodejs:dynamic/crusoe:Instance') out[r.name] = String(r.inputs['startupScript']);
+    if (r.type === 'pulumi-nodejs:dynamic/crusoe:Instance') out[r.name] = String(inputs['startupScript']);
   }
   return out;
 }

@@ -27,7 +27,7 @@ import {
   toCloudConfig,
 } from '../systemd/cloud-init.ts';
 import { VmConfig } from '../systemd/vm-config.ts';
-import { bootstrapKeySha256, controlAddress } from '../vm-network.ts';
+import { bootstrapKeySha256, controlAddress, vmSecretArgs } from '../vm-network.ts';
 import { lkeFirewallObjects } from './lke-firewall.ts';
 
 /** Linode's range for NodeBalancer-to-backend traffic (Linode NodeBalancer docs; unverified here). */
@@ -207,13 +207,16 @@ function akamaiVms(parent: CloudStack, cfg: StackConfig, image?: pulumi.Resource
       ? pulumi.output(`https://${cfg.vmTlsHostnames.router}:${akamaiRouterPort(cfg)}`)
       : pulumi.interpolate`${routerScheme}://${nb.ipv4}:${akamaiRouterPort(cfg)}`;
   const keySha = bootstrapKeySha256(cfg);
+  // the Redis password and pull credentials: every user data that holds them is a secret input
+  // (the only channel into a new VM)
+  const vmSecrets = vmSecretArgs(cfg);
   const controlArgs = (url: string, sha: string | undefined) => ({
     ...vmArgs,
     apiEnv: cfg.apiEnv,
     routerUrl: url,
     ...(sha ? { bootstrapKeySha256: sha } : {}),
   });
-  const agentArgs = (pool: (typeof cfg.nodePools)[number]): AgentArgs => ({
+  const agentArgs = (pool: (typeof cfg.nodePools)[number]): Omit<AgentArgs, 'redisPassword'> => ({
     ...vmArgs,
     pool,
     controlAddress: controlAddress(cfg.privateCidr),
@@ -234,8 +237,8 @@ function akamaiVms(parent: CloudStack, cfg: StackConfig, image?: pulumi.Resource
       interfaces: iface(controlAddress(cfg.privateCidr)),
       firewallId: id(controlFw),
       metadatas: pulumi
-        .all([routerUrl, keySha])
-        .apply(([url, sha]) => userData(toCloudConfig(controlPlan(controlArgs(url, sha))))),
+        .all([routerUrl, keySha, vmSecrets])
+        .apply(([url, sha, s]) => userData(toCloudConfig(controlPlan({ ...controlArgs(url, sha), ...s })))),
       tags,
       ...ssh,
     },
@@ -268,7 +271,9 @@ function akamaiVms(parent: CloudStack, cfg: StackConfig, image?: pulumi.Resource
             privateIp: true,
             interfaces: iface(),
             firewallId: id(nodesFw),
-            metadatas: userData(toCloudConfig(agentPlan(agentArgs(pool)))),
+            metadatas: vmSecrets.apply((s) =>
+              userData(toCloudConfig(agentPlan({ ...agentArgs(pool), ...s }))),
+            ),
             tags: [...tags, `space-pool-${pool.name}`],
             ...ssh,
           },

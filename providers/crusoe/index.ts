@@ -24,7 +24,7 @@ import {
   toShellScript,
 } from '../systemd/cloud-init.ts';
 import { VmConfig } from '../systemd/vm-config.ts';
-import { bootstrapKeySha256 } from '../vm-network.ts';
+import { bootstrapKeySha256, vmSecretArgs } from '../vm-network.ts';
 import { instancePrivateIpv4, instancePublicIpv4 } from './crud.ts';
 import { FirewallRule, Instance, Subnet } from './provider.ts';
 
@@ -171,7 +171,10 @@ export class CrusoeStack extends CloudStack {
     // without a name the router's public address is not known before the VM exists: routerUrl is required
     const routerUrl = cfg.routerUrl ?? `https://${cfg.acme!.hostnames.at(-1)}:${ROUTER_PORT}`;
     const keySha = bootstrapKeySha256(cfg);
-    const controlArgs = (sha: string | undefined): ControlArgs => ({
+    // the Redis password and pull credentials: every startup script that holds them is a secret
+    // input (the only channel into a new VM)
+    const vmSecrets = vmSecretArgs(cfg);
+    const controlArgs = (sha: string | undefined): Omit<ControlArgs, 'redisPassword'> => ({
       ...vmArgs,
       apiEnv: cfg.apiEnv,
       routerUrl,
@@ -184,12 +187,17 @@ export class CrusoeStack extends CloudStack {
         ...vmCommon,
         name: `space-control-${pulumi.getStack()}`,
         type: cfg.controlInstanceType,
-        startupScript: keySha.apply((sha) => toShellScript(controlPlan(controlArgs(sha)))),
+        startupScript: pulumi
+          .all([keySha, vmSecrets])
+          .apply(([sha, s]) => toShellScript(controlPlan({ ...controlArgs(sha), ...s }))),
         nestedVirtualization: false,
       },
       this.child(keepVms),
     );
-    const agentArgs = (pool: (typeof cfg.nodePools)[number], controlAddress: string): AgentArgs => ({
+    const agentArgs = (
+      pool: (typeof cfg.nodePools)[number],
+      controlAddress: string,
+    ): Omit<AgentArgs, 'redisPassword'> => ({
       ...vmArgs,
       pool,
       controlAddress,
@@ -209,9 +217,11 @@ export class CrusoeStack extends CloudStack {
               ...vmCommon,
               name: `space-node-${pool.name}-${i}-${pulumi.getStack()}`,
               type: pool.instanceType,
-              startupScript: control.resource.apply((resource) =>
-                toShellScript(agentPlan(agentArgs(pool, controlPrivateAddress(resource)))),
-              ),
+              startupScript: pulumi
+                .all([control.resource, vmSecrets])
+                .apply(([resource, s]) =>
+                  toShellScript(agentPlan({ ...agentArgs(pool, controlPrivateAddress(resource)), ...s })),
+                ),
               nestedVirtualization: isVmmDriver(pool.driver),
             },
             this.child(keepVms),

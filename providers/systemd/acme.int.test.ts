@@ -82,6 +82,7 @@ describe.skipIf(!available)('space-tls against pebble (a real ACME server) with 
       version: '0.1.0',
       imageRepository: 'registry.example/space',
       privateCidr: '10.10.0.0/24',
+      redisPassword: 'redis-pw-0123456789',
       routerUrl: 'https://router.space.test:8082',
       acme: {
         hostnames: ['api.space.test', 'router.space.test'],

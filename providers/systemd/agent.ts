@@ -22,6 +22,10 @@ import {
   type AgentArgs,
   envFile,
   imageFile,
+  PODMAN_PULL,
+  REDIS_CLI_AUTH,
+  redisClientFiles,
+  registryAuthVmFile,
   type SyncedService,
   unit,
   upgradeScript,
@@ -35,19 +39,12 @@ import { configSyncFiles, versionSyncFiles } from './sync.ts';
 export const agentService = (pool: string) => `space-agent@${pool}`;
 
 /** A node VM's services: the gateway (unless disabled) and the agent of its pool. Pure. */
-export function agentServiceEnv(a: AgentArgs): VmServiceEnv {
+export function agentServiceEnv(a: Omit<AgentArgs, 'redisPassword'>): VmServiceEnv {
   const gw = a.gatewayEnabled ?? true;
-  const redisUrl = `redis://${a.controlAddress}:${REDIS_PORT}`;
+  // SPACE_REDIS_URL is in no service's env: it carries the password (REDIS_ENV_FILE)
   return {
-    ...(gw
-      ? {
-          'space-gateway': gatewayServiceEnv(a, redisUrl),
-        }
-      : {}),
-    [agentService(a.pool.name)]: {
-      ...agentEnvironment(a.pool, a.agentEnv, { enabled: gw }),
-      SPACE_REDIS_URL: redisUrl,
-    },
+    ...(gw ? { 'space-gateway': gatewayServiceEnv(a) } : {}),
+    [agentService(a.pool.name)]: agentEnvironment(a.pool, a.agentEnv, { enabled: gw }),
   };
 }
 
@@ -88,6 +85,8 @@ export function agentPlan(a: AgentArgs): VmPlan {
     packages: ['podman', 'redis-tools', 'nftables'],
     files: [
       imageFile(a),
+      registryAuthVmFile(a),
+      ...redisClientFiles(a.controlAddress, a.redisPassword),
       IP_FORWARDING.file,
       { path: '/etc/space/space-agent.env', mode: '0644', content: envFile(env) },
       {
@@ -101,6 +100,7 @@ export function agentPlan(a: AgentArgs): VmPlan {
           `ip4=$(ip -4 -o addr show to ${a.privateCidr} | sed -n "s/.* inet \\([0-9.]*\\)\\/.*/\\1/p" | head -n 1)`,
           `[ -n "$ip4" ] || { echo "space-node-env: no address in ${a.privateCidr}" >&2; exit 1; }`,
           `printf "SPACE_NODE_ID=%s\\nSPACE_AGENT_URL=http://%s:${AGENT_PORT}\\n" "$(hostname)" "$ip4" > /etc/space/space-agent.node.env`,
+          REDIS_CLI_AUTH,
           `until redis-cli -h ${a.controlAddress} -p ${REDIS_PORT} --raw GET ${VERIFY_KEY_REDIS_KEY} | grep -q "BEGIN PUBLIC KEY"; do sleep 2; done`,
           `redis-cli -h ${a.controlAddress} -p ${REDIS_PORT} --raw GET ${VERIFY_KEY_REDIS_KEY} > ${VERIFY_KEY_FILE}.tmp`,
           `mv ${VERIFY_KEY_FILE}.tmp ${VERIFY_KEY_FILE}`,
@@ -149,7 +149,7 @@ export function agentPlan(a: AgentArgs): VmPlan {
       upgradeScript(a, units),
       // nodes spread their restarts over five minutes
       ...versionSyncFiles(a.controlAddress, 300),
-      ...configSyncFiles(a.controlAddress, synced),
+      ...configSyncFiles(a.controlAddress, synced, services),
     ],
     commands: [
       `mkdir -p ${KEY_DIR} ${AGENT_STATE_DIR} /var/run/netns`,
@@ -157,7 +157,7 @@ export function agentPlan(a: AgentArgs): VmPlan {
       'modprobe tun || true',
       ...(a.pool.driver === 'gvisor' ? [] : ['modprobe kvm_intel || modprobe kvm_amd || true']),
       IP_FORWARDING.applyNow,
-      'podman pull "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"',
+      `${PODMAN_PULL} "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"`,
       'systemctl daemon-reload',
       `systemctl enable --now space-node-env.service ${[...(gw ? ['space-gateway-guard'] : []), ...units].map((u) => `${u}.service`).join(' ')} space-version-sync.timer space-config-sync.timer`,
     ],

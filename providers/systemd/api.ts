@@ -11,7 +11,8 @@ import {
   SIGNING_KEY_FILE,
   VERIFY_KEY_FILE,
 } from '../runtime-settings.ts';
-import { type ControlArgs, unit, VERIFY_KEY_REDIS_KEY, type VmFile } from './plan.ts';
+import { type ControlArgs, REDIS_CLI_AUTH, unit, VERIFY_KEY_REDIS_KEY, type VmFile } from './plan.ts';
+import { REDIS_UNIT } from './redis.ts';
 
 /** How a control-VM service serves TLS (ACME): its podman arguments and `ExecStartPre` lines. */
 export interface VmTls {
@@ -20,11 +21,11 @@ export interface VmTls {
 }
 
 /** The API's env (`space-api` in the VM configuration). Pure. */
-export function apiServiceEnv(a: ControlArgs, redisUrl: string): Record<string, string> {
+export function apiServiceEnv(a: Omit<ControlArgs, 'redisPassword'>): Record<string, string> {
+  // SPACE_REDIS_URL is not here: it carries the password (REDIS_ENV_FILE, read by every unit)
   return {
     ...apiEnvironment(a.apiEnv, { routerUrl: a.routerUrl }),
     ...(a.bootstrapKeySha256 ? { SPACE_BOOTSTRAP_API_KEY_SHA256: a.bootstrapKeySha256 } : {}),
-    SPACE_REDIS_URL: redisUrl,
   };
 }
 
@@ -42,6 +43,7 @@ export function apiKeyFiles(): VmFile[] {
         `[ -s ${SIGNING_KEY_FILE} ] || openssl genpkey -algorithm ed25519 -out ${SIGNING_KEY_FILE}`,
         `chmod 0600 ${SIGNING_KEY_FILE}`,
         `openssl pkey -in ${SIGNING_KEY_FILE} -pubout -out ${VERIFY_KEY_FILE}`,
+        REDIS_CLI_AUTH,
         `until redis-cli -p ${REDIS_PORT} ping >/dev/null 2>&1; do sleep 1; done`,
         `redis-cli -p ${REDIS_PORT} -x SET ${VERIFY_KEY_REDIS_KEY} < ${VERIFY_KEY_FILE} >/dev/null`,
         '',
@@ -53,8 +55,8 @@ export function apiKeyFiles(): VmFile[] {
       content: [
         '[Unit]',
         'Description=SPACE API key pair',
-        'After=redis-server.service',
-        'Requires=redis-server.service',
+        `After=${REDIS_UNIT}`,
+        `Requires=${REDIS_UNIT}`,
         '',
         '[Service]',
         'Type=oneshot',
@@ -76,7 +78,7 @@ export function apiUnit(tls: VmTls): VmFile {
     'SPACE API',
     SERVICE_COMMANDS.api,
     [`-v ${KEY_DIR}:${KEY_DIR}:ro`, `-v /var/lib/space/api:/var/lib/space/api`, ...tls.serve],
-    ['After=space-keys.service redis-server.service', 'Requires=space-keys.service'],
+    [`After=space-keys.service ${REDIS_UNIT}`, 'Requires=space-keys.service'],
     tls.pre,
   );
 }

@@ -3,16 +3,12 @@ import { writeFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
 import { agentSettings } from '../../runtime/agent/config.ts';
-import { renderEnvFile } from '../../runtime/core/env-file.ts';
 import { gatewaySettings } from '../../runtime/gateway/config.ts';
 import type { NodePool } from '../node-pool.ts';
 import { GATEWAY_PORTS, gatewayGuardRuleset } from '../runtime-settings.ts';
 import {
   agentPlan,
-  agentServiceEnv,
   controlPlan,
-  controlServiceEnv,
-  LETS_ENCRYPT_DIRECTORY,
   NODE_LOCAL_PORTS,
   toCloudConfig,
   toShellScript,
@@ -28,10 +24,13 @@ const pool: NodePool = {
   labels: {},
   allowUnverifiedKvm: false,
 };
+/** The Redis password of the VMs rendered here (a test value: 16+ URL-unreserved characters). */
+const REDIS_PW = 'redis-pw-Ab3.9_x~Q7';
 const common = {
   version: '0.1.0',
   imageRepository: 'ghcr.io/space-sandbox/space',
   privateCidr: '10.10.0.0/24',
+  redisPassword: REDIS_PW,
 };
 const ROUTER_URL = 'https://router.example.com';
 const control = (version = '0.1.0') => controlPlan({ ...common, version, routerUrl: ROUTER_URL });
@@ -66,7 +65,6 @@ describe('cloud-init for the systemd (vm) mode', () => {
   it('the control VM runs the router with Redis and the verify key only; the API hands out its URL', () => {
     const plan = control();
     expect(envOf(file(plan, '/etc/space/space-router.env')!)).toEqual({
-      SPACE_REDIS_URL: 'redis://127.0.0.1:6379',
       SPACE_ROUTER_HOST: '0.0.0.0',
       SPACE_ROUTER_PORT: '8082',
       SPACE_VERIFY_KEY_FILE: '/etc/space/keys/verify.pem',
@@ -107,11 +105,18 @@ describe('cloud-init for the systemd (vm) mode', () => {
     );
   });
 
-  it('holds no private key, password or token: the control VM makes its own key pair', () => {
-    for (const text of [toCloudConfig(control()), toCloudConfig(agent()), toShellScript(agent())]) {
-      expect(text).not.toMatch(/BEGIN (ENCRYPTED )?PRIVATE KEY/);
-      expect(text).not.toMatch(/requirepass|password|CW-SECRET|Bearer/i);
-      expect(text).not.toMatch(/redis:\/\/[^@\s]*@/);
+  it('holds no private key or token, and the Redis password only in root-only files: the control VM makes its own key pair', () => {
+    for (const plan of [control(), agent()]) {
+      for (const text of [toCloudConfig(plan), toShellScript(plan)]) {
+        expect(text).not.toMatch(/BEGIN (ENCRYPTED )?PRIVATE KEY/);
+        expect(text).not.toMatch(/CW-SECRET|Bearer/i);
+      }
+      const holders = plan.files.filter((f) => f.content.includes(REDIS_PW));
+      expect(holders.map((f) => f.path)).toEqual(
+        expect.arrayContaining(['/etc/space/redis.env', '/etc/space/redis.password']),
+      );
+      for (const f of holders) expect([f.path, f.mode]).toEqual([f.path, '0600']);
+      expect(plan.commands.join('\n')).not.toContain(REDIS_PW);
     }
     expect(toCloudConfig(control())).toContain('openssl genpkey -algorithm ed25519');
   });
@@ -125,7 +130,14 @@ describe('cloud-init for the systemd (vm) mode', () => {
     const env = agent().files.find((f) => f.path === '/etc/space/space-agent.env')!.content;
     expect(env).toContain('SPACE_AGENT_ON_SHUTDOWN=keep\n');
     expect(env).toContain('SPACE_DRIVER=cloud-hypervisor\n');
-    expect(env).toContain('SPACE_REDIS_URL=redis://10.10.0.2:6379\n');
+    // the Redis URL (with the password) is in its own root-only file, read by every unit
+    expect(env).not.toContain('SPACE_REDIS_URL');
+    expect(file(agent(), '/etc/space/redis.env')).toBe(
+      `SPACE_REDIS_URL=redis://:${REDIS_PW}@10.10.0.2:6379\n`,
+    );
+    expect(file(agent(), '/etc/systemd/system/space-agent.service')).toContain(
+      '--env-file /etc/space/space-agent.env --env-file /etc/space/redis.env ',
+    );
   });
 
   it('the gateway runs beside the agent by default; without it the agent gets no control socket (no egress at all)', () => {
@@ -250,7 +262,7 @@ describe('cloud-init for the systemd (vm) mode', () => {
     expect(file(plan, '/etc/systemd/system/space-control-guard.service')).toContain(
       'ExecStart=/usr/sbin/nft -f /etc/nftables.d/space-control.nft',
     );
-    expect(plan.commands).toContain('systemctl enable --now space-control-guard.service');
+    expect(plan.commands).toContain('systemctl enable --now space-control-guard.service space-redis.service');
     expect(plan.commands.some((c) => c.startsWith('nft '))).toBe(false);
     // re-applying the table replaces it
     expect(file(plan, '/etc/nftables.d/space-control.nft')).toContain('delete table inet space_control');
@@ -334,131 +346,6 @@ describe('VM upgrades without SSH: space-version-sync', () => {
     });
     for (const bad of ['0.2.0; rm -rf /', '../x', 'a b'])
       expect(sync(plan, bad), bad).toMatchObject({ status: 1, upgraded: '' });
-  });
-});
-
-describe('config changes reach existing VMs without SSH: space-config-sync', () => {
-  /**
-   * Runs a VM's rendered sync script for real (sh): `/etc/space` moved into a temp folder holding
-   * the files the plan wrote at first boot, a fake `redis-cli` answering each field from `fields`
-   * (absent: nil), a fake `systemctl` recording what it restarts.
-   */
-  function sync(plan: VmPlan, fields: Record<string, string>, redisUp = true) {
-    const dir = execFileSync('mktemp', ['-d']).toString().trim();
-    const etc = `${dir}/etc`;
-    execFileSync('mkdir', ['-p', etc, `${dir}/redis`, `${dir}/bin`]);
-    for (const f of plan.files.filter((f) => /^\/etc\/space\/[^/]+\.env$/.test(f.path)))
-      writeFileSync(f.path.replace('/etc/space', etc), f.content);
-    for (const [k, v] of Object.entries(fields)) writeFileSync(`${dir}/redis/${k}`, v);
-    writeFileSync(
-      `${dir}/bin/redis-cli`,
-      redisUp
-        ? `#!/bin/sh\necho "$*" >> ${dir}/redis-args\n[ -e "${dir}/redis/$8" ] && cat "${dir}/redis/$8" || echo ""\n`
-        : '#!/bin/sh\necho "Could not connect to Redis" >&2\nexit 1\n',
-      { mode: 0o755 },
-    );
-    writeFileSync(`${dir}/bin/systemctl`, `#!/bin/sh\necho "$*" >> ${dir}/restarted\n`, { mode: 0o755 });
-    const script = file(plan, '/usr/local/sbin/space-config-sync')!.replaceAll('/etc/space', etc);
-    const r = spawnSync('sh', ['-c', script], {
-      env: { PATH: `${dir}/bin:/usr/bin:/bin` },
-      encoding: 'utf8',
-    });
-    const read = (f: string) => spawnSync('cat', [f], { encoding: 'utf8' }).stdout;
-    const out = {
-      status: r.status,
-      stderr: r.stderr,
-      restarted: read(`${dir}/restarted`).trim().split('\n').filter(Boolean),
-      redisArgs: read(`${dir}/redis-args`).trim().split('\n').filter(Boolean),
-    };
-    const files = Object.fromEntries(
-      ['space-api', 'space-router', 'space-agent', 'space-gateway'].map((n) => [n, read(`${etc}/${n}.env`)]),
-    );
-    execFileSync('rm', ['-rf', dir]);
-    return { ...out, env: (name: string) => files[name] };
-  }
-  const tlsControl = (hostnames: string[] = []) =>
-    controlPlan({
-      ...common,
-      routerUrl: ROUTER_URL,
-      acme: { hostnames, email: 'ops@example.com', server: LETS_ENCRYPT_DIRECTORY },
-    });
-
-  it('what pulumi up writes for a service is byte for byte what a new VM of the same config has', () => {
-    const cArgs = { ...common, routerUrl: ROUTER_URL, bootstrapKeySha256: 'a'.repeat(64) };
-    const c = controlServiceEnv(cArgs);
-    expect(Object.keys(c)).toEqual(['space-api', 'space-router']);
-    for (const [svc, env] of Object.entries(c))
-      expect(renderEnvFile(env), svc).toBe(file(controlPlan(cArgs), `/etc/space/${svc}.env`));
-    expect(c['space-api']!['SPACE_BOOTSTRAP_API_KEY_SHA256']).toBe('a'.repeat(64));
-    const aArgs = { ...common, pool, controlAddress: '10.10.0.2' };
-    const a = agentServiceEnv(aArgs);
-    expect(Object.keys(a)).toEqual(['space-gateway', 'space-agent@default']);
-    expect(renderEnvFile(a['space-gateway']!)).toBe(file(agentPlan(aArgs), '/etc/space/space-gateway.env'));
-    expect(renderEnvFile(a['space-agent@default']!)).toBe(
-      file(agentPlan(aArgs), '/etc/space/space-agent.env'),
-    );
-  });
-
-  it('every VM runs the timer and reads its own services from the control VM’s Redis', () => {
-    for (const [plan, host] of [
-      [control(), '127.0.0.1'],
-      [agent(), '10.10.0.2'],
-    ] as const) {
-      expect(file(plan, '/usr/local/sbin/space-config-sync')).toContain(`redis-cli -h ${host} -p 6379`);
-      expect(file(plan, '/etc/systemd/system/space-config-sync.timer')).toContain('OnUnitInactiveSec=1min');
-      expect(plan.commands.join('\n')).toContain('space-config-sync.timer');
-    }
-    expect(sync(agent(), {}).redisArgs).toEqual([
-      '-h 10.10.0.2 -p 6379 --raw HGET space:deploy:vm-config space-gateway',
-      '-h 10.10.0.2 -p 6379 --raw HGET space:deploy:vm-config space-agent@default',
-    ]);
-  });
-
-  it('restarts only the service whose env changed, and nothing when all are current or absent', () => {
-    const plan = control();
-    const current = Object.fromEntries(
-      Object.entries(controlServiceEnv({ ...common, routerUrl: ROUTER_URL })).map(([k, v]) => [
-        k,
-        renderEnvFile(v),
-      ]),
-    );
-    expect(sync(plan, {})).toMatchObject({ status: 0, restarted: [] });
-    expect(sync(plan, current)).toMatchObject({ status: 0, restarted: [] });
-    const api = renderEnvFile({ ...envOf(current['space-api']!), SPACE_LOG_LEVEL: 'debug' });
-    const r = sync(plan, { ...current, 'space-api': api });
-    expect(r).toMatchObject({ status: 0, restarted: ['restart space-api'] });
-    expect(r.env('space-api')).toBe(api);
-    expect(r.env('space-router')).toBe(current['space-router']);
-  });
-
-  it('on a node, a gateway change restarts the gateway before the agent’s own change restarts the agent', () => {
-    const r = sync(agent(), {
-      'space-gateway': 'SPACE_GATEWAY_DNS_QPS=50\n',
-      'space-agent@default': 'SPACE_WARM_POOL_SIZE=2\n',
-      'space-agent@other': 'SPACE_WARM_POOL_SIZE=9\n',
-    });
-    expect(r).toMatchObject({ status: 0, restarted: ['restart space-gateway', 'restart space-agent'] });
-    expect(r.env('space-agent')).toBe('SPACE_WARM_POOL_SIZE=2\n');
-  });
-
-  it('refuses a value that is not an env file and keeps the file; fails without Redis', () => {
-    const plan = control();
-    const before = file(plan, '/etc/space/space-api.env');
-    const r = sync(plan, { 'space-api': 'SPACE_LOG_LEVEL=debug\nreboot\n' });
-    expect(r).toMatchObject({ status: 1, restarted: [] });
-    expect(r.stderr).toContain('refusing space-api');
-    expect(r.env('space-api')).toBe(before);
-    expect(sync(plan, {}, false)).toMatchObject({ status: 1, restarted: [] });
-  });
-
-  it('with ACME, the TLS unit is synced first, so a name change is in place before the API restarts', () => {
-    const plan = tlsControl(['api.example.com', 'router.example.com']);
-    const r = sync(plan, {
-      'space-tls':
-        'SPACE_ACME_EMAIL=ops@example.com\nSPACE_ACME_SERVER=https://acme.test/dir\nSPACE_TLS_HOSTNAMES=api.example.com\n',
-      'space-api': 'SPACE_LOG_LEVEL=debug\n',
-    });
-    expect(r.restarted).toEqual(['restart space-tls', 'restart space-api']);
   });
 });
 

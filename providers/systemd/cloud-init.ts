@@ -6,15 +6,20 @@
  * disabled). Each service runs the one image (`space:imageRepository:space:version`) under podman
  * with the same environment as in Kubernetes (`runtime-settings.ts`).
  *
- * Nothing secret is ever rendered here: user data is readable by anyone who can read the instance's
- * metadata. The control VM makes its own Ed25519 key pair at first boot (the private key never
- * leaves it) and publishes the public key in Redis, where agents read it; Redis listens on the
- * private network only, closed to everything but the VPC by the cloud firewall and by nftables on
- * the control VM. The API writes the first API key to `BOOTSTRAP_API_KEY_FILE` on the control VM.
+ * One secret is rendered here, the Redis password, because user data is the only channel into a
+ * new VM: it goes only into root-only files (mode 0600: the Redis URL file every unit reads, the
+ * password file for redis-cli, redis.conf), and the stacks pass the user data as a Pulumi secret.
+ * User data stays readable by whoever can read the instance's metadata (the cloud API, the
+ * metadata service from the VM itself; docs/security.md). Nothing else secret is: the control VM
+ * makes its own Ed25519 key pair at first boot (the private key never leaves it) and publishes
+ * the public key in Redis, where agents read it; Redis asks for the password and listens on
+ * loopback and the private address only, closed to everything but the VPC by the cloud firewall
+ * and by nftables on the control VM. The API writes the first API key to
+ * `BOOTSTRAP_API_KEY_FILE` on the control VM.
  *
  * The gateway's CA is generated on each agent VM, by the gateway at its first start (ECDSA P-256,
  * key mode 0600 in a 0700 root directory): a CA key cannot travel in user data, and the only
- * channel from the control VM is Redis, which has no password on the private network. So in vm
+ * channel from the control VM is Redis, which every node can read. So in vm
  * mode the "per-deployment" CA is per node: a sandbox only ever talks to its own node's gateway and
  * trusts that node's certificate (the agent mounts only `ca.crt`); a leaked key exposes one node.
  * The gateway's ports are closed to everything but sandbox interfaces by an nftables table applied
@@ -34,6 +39,7 @@ export {
   type AgentArgs,
   type ControlArgs,
   LETS_ENCRYPT_DIRECTORY,
+  REDIS_PASSWORD,
   VERIFY_KEY_REDIS_KEY,
   type VmCommonArgs,
   type VmFile,

@@ -3,29 +3,31 @@
  * Each service renders in its own module (redis.ts, api.ts, router.ts, acme.ts); this composes
  * them into the VM's plan and its services' env.
  */
-import { KEY_DIR, REDIS_PORT, TLS_DIR } from '../runtime-settings.ts';
+import { KEY_DIR, TLS_DIR } from '../runtime-settings.ts';
 import { acmeFiles } from './acme.ts';
 import { apiKeyFiles, apiServiceEnv, apiUnit, type VmTls } from './api.ts';
 import {
   type ControlArgs,
   envFile,
   imageFile,
+  PODMAN_PULL,
+  redisClientFiles,
+  registryAuthVmFile,
   type SyncedService,
   upgradeScript,
   type VmPlan,
   type VmServiceEnv,
 } from './plan.ts';
-import { redisFiles } from './redis.ts';
+import { REDIS_UNIT, redisFiles } from './redis.ts';
 import { routerServiceEnv, routerUnit } from './router.ts';
 import { configSyncFiles, versionSyncFiles } from './sync.ts';
 
 /** The control VM's services: API, router, and with {@link ControlArgs.acme} the TLS unit. Pure. */
-export function controlServiceEnv(a: ControlArgs): VmServiceEnv {
-  const redisUrl = `redis://127.0.0.1:${REDIS_PORT}`;
+export function controlServiceEnv(a: Omit<ControlArgs, 'redisPassword'>): VmServiceEnv {
   return {
-    'space-api': apiServiceEnv(a, redisUrl),
-    // the router: Redis and the verify key the control VM made (space-keys), nothing else
-    'space-router': routerServiceEnv(redisUrl),
+    'space-api': apiServiceEnv(a),
+    // the router: Redis (REDIS_ENV_FILE) and the verify key the control VM made (space-keys), nothing else
+    'space-router': routerServiceEnv(),
     ...(a.acme
       ? {
           'space-tls': {
@@ -60,23 +62,26 @@ export function controlPlan(a: ControlArgs): VmPlan {
     packages: ['podman', 'redis-server', 'openssl', 'nftables', ...(a.acme ? ['certbot'] : [])],
     files: [
       imageFile(a),
+      registryAuthVmFile(a),
       ...synced.map((x) => ({ path: x.file, mode: '0644', content: envFile(env[x.service]!) })),
       ...redisFiles(a),
+      ...redisClientFiles('127.0.0.1', a.redisPassword),
       ...apiKeyFiles(),
       apiUnit(tls('space-api')),
       routerUnit(tls('space-router')),
       ...(a.acme ? acmeFiles() : []),
       upgradeScript(a, ['space-router', 'space-api']),
       ...versionSyncFiles('127.0.0.1', 0),
-      ...configSyncFiles('127.0.0.1', synced),
+      ...configSyncFiles('127.0.0.1', synced, env),
     ],
     commands: [
       `mkdir -p /var/lib/space/api ${KEY_DIR}`,
-      'grep -q "redis.conf.d" /etc/redis/redis.conf || echo "include /etc/redis/redis.conf.d/*.conf" >> /etc/redis/redis.conf',
+      // the package's own unit (open, no password, its distribution's config) never runs: SPACE's does
+      'systemctl disable --now redis-server.service || true',
+      'systemctl mask redis-server.service',
       'systemctl daemon-reload',
-      'systemctl enable --now space-control-guard.service',
-      'systemctl restart redis-server',
-      'podman pull "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"',
+      `systemctl enable --now space-control-guard.service ${REDIS_UNIT}`,
+      `${PODMAN_PULL} "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"`,
       ...(a.acme
         ? [
             `mkdir -p -m 0700 ${TLS_DIR}`,

@@ -12,8 +12,12 @@ import {
 } from '../runtime-settings.ts';
 import { type AgentArgs, envFile, unit, type VmFile } from './plan.ts';
 
-/** The gateway's env (`space-gateway` in the VM configuration). Pure. */
-export function gatewayServiceEnv(a: AgentArgs, redisUrl: string): Record<string, string> {
+/**
+ * The gateway's env (`space-gateway` in the VM configuration). Pure. It reads credential values
+ * from the state of record itself (as the agent does): `SPACE_REDIS_URL` comes from
+ * `REDIS_ENV_FILE`, since it carries the password.
+ */
+export function gatewayServiceEnv(a: Omit<AgentArgs, 'redisPassword'>): Record<string, string> {
   return {
     ...gatewayEnvironment({
       enabled: true,
@@ -21,8 +25,6 @@ export function gatewayServiceEnv(a: AgentArgs, redisUrl: string): Record<string
       ...(a.gatewayDenyCidrs ? { denyCidrs: a.gatewayDenyCidrs } : {}),
       ...(a.gatewayEnv ? { env: a.gatewayEnv } : {}),
     }),
-    // the gateway reads credential values from the state of record itself (as the agent does)
-    SPACE_REDIS_URL: redisUrl,
   };
 }
 

@@ -4,8 +4,9 @@
  * made of (the image file, the podman unit, the upgrade script). Pure.
  */
 import { renderEnvFile } from '../../runtime/core/env-file.ts';
+import { type ImagePullCredentials, registryAuthFile } from '../image-pull.ts';
 import type { NodePool } from '../node-pool.ts';
-import { imageRef } from '../runtime-settings.ts';
+import { imageRef, REDIS_PORT } from '../runtime-settings.ts';
 
 /** One file written at first boot. */
 export interface VmFile {
@@ -33,6 +34,70 @@ export interface VmCommonArgs {
   readonly imageRepository: string;
   /** CIDR of the private network (VPC subnet) the nodes share; Redis admits only it. */
   readonly privateCidr: string;
+  /**
+   * Password of the control VM's Redis (secret: `space:redisPassword`, or derived from
+   * `space:bootstrapApiKey`, see vm-network.ts). Written only to root-only files (mode 0600) of the
+   * VM; user data is the only channel into a new VM, so the user data holding it is a Pulumi
+   * secret. Must match {@link REDIS_PASSWORD}.
+   */
+  readonly redisPassword: string;
+  /**
+   * Credentials for the image's registry (`space:imagePullUsername`, secret
+   * `space:imagePullPassword`), written to {@link REGISTRY_AUTH_FILE}. Default: anonymous pulls.
+   */
+  readonly imagePull?: ImagePullCredentials;
+}
+
+/** podman's auth file on a VM (mode 0600; containers-auth.json(5)); every pull names it. */
+export const REGISTRY_AUTH_FILE = '/etc/containers/auth.json';
+/**
+ * How a VM pulls: with {@link REGISTRY_AUTH_FILE} named, since podman's own default for root is
+ * under `/run` (lost at every reboot) and a later `space-upgrade` must still authenticate.
+ */
+export const PODMAN_PULL = `podman pull --authfile ${REGISTRY_AUTH_FILE}`;
+
+/** {@link REGISTRY_AUTH_FILE} for `a`'s image: its registry's credentials, or none. Pure. */
+export function registryAuthVmFile(a: VmCommonArgs): VmFile {
+  return {
+    path: REGISTRY_AUTH_FILE,
+    mode: '0600',
+    content: registryAuthFile(a.imageRepository, a.imagePull),
+  };
+}
+
+/**
+ * What a VM-mode Redis password may be: URL-unreserved characters only (RFC 3986 section 2.3), so
+ * it goes into a `redis://` URL, a redis.conf line and a shell word unquoted and unescaped.
+ */
+export const REDIS_PASSWORD = /^[A-Za-z0-9._~-]{16,128}$/;
+
+/** The env file (mode 0600) every podman unit of a VM reads last: `SPACE_REDIS_URL` with the password. */
+export const REDIS_ENV_FILE = '/etc/space/redis.env';
+/** The password alone (mode 0600), for `redis-cli` in the VM's scripts (through `REDISCLI_AUTH`). */
+export const REDIS_PASSWORD_FILE = '/etc/space/redis.password';
+/**
+ * The shell line a VM script runs before any `redis-cli`: the password from
+ * {@link REDIS_PASSWORD_FILE} in `REDISCLI_AUTH`, which redis-cli reads since 5.0.3 (redis/redis
+ * pull 5460), so it never shows in the process list as `-a` would.
+ */
+export const REDIS_CLI_AUTH = `export REDISCLI_AUTH="$(cat ${REDIS_PASSWORD_FILE})"`;
+
+/**
+ * The Redis client files of a VM whose services reach Redis at `host`: {@link REDIS_ENV_FILE} and
+ * {@link REDIS_PASSWORD_FILE}, both root-only. @throws Error when the password does not fit
+ * {@link REDIS_PASSWORD} (the stack configuration refuses it first).
+ */
+export function redisClientFiles(host: string, password: string): VmFile[] {
+  if (!REDIS_PASSWORD.test(password))
+    throw new Error('the Redis password must be 16-128 characters from A-Z a-z 0-9 . _ ~ -');
+  return [
+    {
+      path: REDIS_ENV_FILE,
+      mode: '0600',
+      content: `SPACE_REDIS_URL=redis://:${password}@${host}:${REDIS_PORT}\n`,
+    },
+    { path: REDIS_PASSWORD_FILE, mode: '0600', content: password },
+  ];
 }
 
 /**
@@ -149,7 +214,9 @@ export function unit(
       'EnvironmentFile=/etc/space/image.env',
       ...serviceExtra,
       `ExecStartPre=-/usr/bin/podman rm -f ${name}`,
-      `ExecStart=/usr/bin/podman run --rm --name ${name} --network host ${podmanArgs.join(' ')} --env-file /etc/space/${name}.env \${SPACE_IMAGE} ${command.join(' ')}`,
+      // the Redis URL last: it carries the password, so it lives in its own root-only file and no
+      // synced env file can set it (vm-config refuses SPACE_REDIS_URL)
+      `ExecStart=/usr/bin/podman run --rm --name ${name} --network host ${podmanArgs.join(' ')} --env-file /etc/space/${name}.env --env-file ${REDIS_ENV_FILE} \${SPACE_IMAGE} ${command.join(' ')}`,
       `ExecStop=/usr/bin/podman stop --time 150 ${name}`,
       'KillMode=process',
       'TimeoutStopSec=180',
@@ -175,7 +242,7 @@ export function upgradeScript(a: VmCommonArgs, units: string[]): VmFile {
       // biome-ignore lint/suspicious/noTemplateCurlyInString: shell parameter expansion, not a template
       'v="${1:?usage: space-upgrade <version>}"',
       `img="${a.imageRepository}:$v"`,
-      'podman pull "$img"',
+      `${PODMAN_PULL} "$img"`,
       'printf "SPACE_IMAGE=%s\\n" "$img" > /etc/space/image.env',
       `systemctl restart ${units.join(' ')}`,
       '',

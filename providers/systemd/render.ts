@@ -51,10 +51,12 @@ export function toShellScript(plan: VmPlan): string {
     const marker = `SPACE_EOF_${i}`;
     lines.push(
       `mkdir -p "$(dirname ${f.path})"`,
+      // the mode before the content: a root-only file (the Redis password) is never readable by others
+      `: > ${f.path}`,
+      `chmod ${f.mode} ${f.path}`,
       `cat > ${f.path} <<'${marker}'`,
       f.content.replace(/\n$/, ''),
       marker,
-      `chmod ${f.mode} ${f.path}`,
     );
   });
   lines.push(

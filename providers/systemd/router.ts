@@ -5,10 +5,12 @@
 import { routerEnvironment, SERVICE_COMMANDS, VERIFY_KEY_FILE } from '../runtime-settings.ts';
 import type { VmTls } from './api.ts';
 import { unit, type VmFile } from './plan.ts';
+import { REDIS_UNIT } from './redis.ts';
 
 /** The router's env (`space-router` in the VM configuration). Pure. */
-export function routerServiceEnv(redisUrl: string): Record<string, string> {
-  return { ...routerEnvironment(), SPACE_REDIS_URL: redisUrl };
+export function routerServiceEnv(): Record<string, string> {
+  // SPACE_REDIS_URL: REDIS_ENV_FILE (it carries the password)
+  return routerEnvironment();
 }
 
 /** The router's podman unit. Pure. */
@@ -23,7 +25,7 @@ export function routerUnit(tls: VmTls): VmFile {
       '--security-opt no-new-privileges',
       ...tls.serve,
     ],
-    ['After=space-keys.service redis-server.service', 'Requires=space-keys.service'],
+    [`After=space-keys.service ${REDIS_UNIT}`, 'Requires=space-keys.service'],
     tls.pre,
   );
 }

@@ -30,7 +30,12 @@ const pool: NodePool = {
   labels: {},
   allowUnverifiedKvm: false,
 };
-const common = { version: '0.1.0', imageRepository: 'registry.example/space', privateCidr: '10.10.0.0/24' };
+const common = {
+  version: '0.1.0',
+  imageRepository: 'registry.example/space',
+  privateCidr: '10.10.0.0/24',
+  redisPassword: 'redis-pw-0123456789',
+};
 
 const STUBS = [
   'apt-get',
@@ -114,12 +119,18 @@ describe.skipIf(!root)('the startup script, run at every boot (Crusoe)', () => {
     const out = inOverlay(cases.control, [
       'bash /startup.sh > /boot1.log',
       `test -e ${PROVISIONED_MARKER} && echo marked; cat /etc/space/image.env; cat /space-calls`,
+      'stat -c "%a %n" /etc/space/redis.conf /etc/space/redis.env /etc/space/redis.password',
     ]);
+    // the files with the Redis password are root-only (the mode is set before the content is written)
+    expect(out).toContain(
+      '600 /etc/space/redis.conf\n600 /etc/space/redis.env\n600 /etc/space/redis.password\n',
+    );
     expect(out).toContain('marked\nSPACE_IMAGE=registry.example/space:0.1.0\n');
     expect(out).toMatch(/^apt-get install -y podman redis-server/m);
-    expect(out).toContain('systemctl enable --now space-control-guard.service');
+    expect(out).toContain('systemctl enable --now space-control-guard.service space-redis.service');
+    expect(out).toContain('systemctl mask redis-server.service');
     expect(out).toMatch(/^systemctl enable --now .*space-config-sync\.timer$/m);
     expect(out).toContain('systemctl start --no-block space-tls.service');
-    expect(out).toContain('podman pull registry.example/space:0.1.0');
+    expect(out).toContain('podman pull --authfile /etc/containers/auth.json registry.example/space:0.1.0');
   });
 });

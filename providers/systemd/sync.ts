@@ -7,8 +7,57 @@ import {
   DEPLOY_VM_CONFIG_KEY,
   VERSION_TAG,
 } from '../../runtime/core/redis-keys.ts';
-import { REDIS_PORT } from '../runtime-settings.ts';
-import type { SyncedService, VmFile } from './plan.ts';
+import type { VmConfigPolicy } from '../../runtime/core/vm-config.ts';
+import { DEPLOYMENT_OWNED, KNOWN_ENV, REDIS_PORT } from '../runtime-settings.ts';
+import { REDIS_CLI_AUTH, type SyncedService, type VmFile, type VmServiceEnv } from './plan.ts';
+
+/** Where a VM keeps its VM configuration policy (written once, at creation; runtime/core/vm-config.ts). */
+export const VM_CONFIG_POLICY_FILE = '/etc/space/vm-config.policy.json';
+
+/** The settings of `space-tls` (acme.ts), all of which `pulumi up` may change. */
+const TLS_SETTINGS = ['SPACE_ACME_EMAIL', 'SPACE_ACME_SERVER', 'SPACE_TLS_HOSTNAMES'];
+
+/**
+ * Settings that name a program the service runs or a file or directory it trusts
+ * (`SPACE_QEMU_BINARY`, `SPACE_GATEWAY_UPSTREAM_CA_FILE`, `SPACE_HIBERNATE_DIR`…): fixed when the VM
+ * is made, since a node that can write Redis must not point a root service at another binary or key.
+ */
+const PATH_SETTING = /_(BINARY|FILE|DIR)$/;
+
+/**
+ * Names of a VM service an operator may change through `pulumi up`: the settings its runtime
+ * declares (`KNOWN_ENV`), less those the deployment owns, the paths ({@link PATH_SETTING}), the
+ * Redis URL (it carries the password and has its own file) and the deployment key's hash (a VM's
+ * API imports only the one it was created with). Pure.
+ * @throws Error for a service with no known settings.
+ */
+export function tunableSettings(service: string): string[] {
+  if (service === 'space-tls') return TLS_SETTINGS;
+  const kind = service.startsWith('space-agent@')
+    ? 'agent'
+    : ({ 'space-api': 'api', 'space-router': 'router', 'space-gateway': 'gateway' } as const)[
+        service as 'space-api'
+      ];
+  if (!kind) throw new Error(`no settings are known for VM service ${service}`);
+  const fixed = new Set<string>([...DEPLOYMENT_OWNED, 'SPACE_REDIS_URL', 'SPACE_BOOTSTRAP_API_KEY_SHA256']);
+  return [...KNOWN_ENV[kind]].filter((n) => !fixed.has(n) && !PATH_SETTING.test(n)).sort();
+}
+
+/**
+ * A VM's policy for its VM configuration ({@link VM_CONFIG_POLICY_FILE}): for each of `services`
+ * (in order), its env file, its unit, the names `pulumi up` may change, and every other setting
+ * it was created with, pinned to its value. Pure.
+ */
+export function vmConfigPolicy(services: readonly SyncedService[], env: VmServiceEnv): VmConfigPolicy {
+  return {
+    services: services.map((s) => {
+      const tunable = tunableSettings(s.service);
+      const open = new Set(tunable);
+      const pinned = Object.fromEntries(Object.entries(env[s.service] ?? {}).filter(([n]) => !open.has(n)));
+      return { service: s.service, file: s.file, unit: s.unit, tunable, pinned };
+    }),
+  };
+}
 
 /**
  * In-place upgrades without SSH: a timer on every VM reads the deployment's target version from
@@ -28,6 +77,7 @@ export function versionSyncFiles(redisHost: string, spreadSec: number): VmFile[]
         '#!/bin/sh',
         '# upgrades this VM in place to the deployment target version in Redis (no SSH needed)',
         'set -eu',
+        REDIS_CLI_AUTH,
         `v=$(redis-cli -h ${redisHost} -p ${REDIS_PORT} --raw GET ${DEPLOY_TARGET_VERSION_KEY} 2>/dev/null || true)`,
         '[ -n "$v" ] || exit 0',
         `printf "%s" "$v" | grep -Eq '${VERSION_TAG.source}' || { echo "space-version-sync: refusing target $v" >&2; exit 1; }`,
@@ -77,30 +127,52 @@ export function versionSyncFiles(redisHost: string, spreadSec: number): VmFile[]
 /**
  * Configuration changes without SSH: a timer on every VM reads the deployment's VM configuration
  * from Redis ({@link DEPLOY_VM_CONFIG_KEY}, written by `pulumi up` through
- * `PUT /v1/deployment/vm-config`) once a minute and, for each of this VM's services whose field
- * differs from its env file, replaces the file and restarts that unit only. A field that is absent
- * leaves the file as it is; a value that is not an env file (every line `NAME=value`) is refused.
- * `services` are applied in order (TLS before the API; the gateway before the agent).
+ * `PUT /v1/deployment/vm-config`) once a minute. A service's field (a JSON document) that changed
+ * since it was last applied is checked against the VM's policy ({@link vmConfigPolicy}) by
+ * `runtime/cli/vm-config-apply.ts`, run from the VM's own image with no network and no
+ * capabilities; the env file is replaced with what that renders, and the unit restarted, only when
+ * the file changes. Anything the policy refuses (an unknown name such as `NODE_OPTIONS`, a pinned
+ * setting changed, a newline in a value, not JSON) leaves the file as it is and fails the run.
+ * A field that is absent leaves the file as it is. `services` are applied in order (TLS before the
+ * API; the gateway before the agent); `env` is what the VM was created with.
  */
-export function configSyncFiles(redisHost: string, services: readonly SyncedService[]): VmFile[] {
+export function configSyncFiles(
+  redisHost: string,
+  services: readonly SyncedService[],
+  env: VmServiceEnv,
+): VmFile[] {
+  const seen = '/var/lib/space/config-sync';
   return [
+    {
+      path: VM_CONFIG_POLICY_FILE,
+      mode: '0644',
+      content: `${JSON.stringify(vmConfigPolicy(services, env), null, 2)}\n`,
+    },
     {
       path: '/usr/local/sbin/space-config-sync',
       mode: '0755',
       content: [
         '#!/bin/sh',
-        '# applies the deployment VM configuration in Redis: a changed env file is replaced and its unit restarted',
+        '# applies the deployment VM configuration in Redis: each changed document is checked against this',
+        `# VM's policy (${VM_CONFIG_POLICY_FILE}) by the image's vm-config-apply; a changed env file is replaced`,
+        '# and its unit restarted',
         'set -u',
+        REDIS_CLI_AUTH,
         'rc=0',
+        'img=$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)',
+        `mkdir -p -m 0700 ${seen}`,
         '# apply <service> <env file> <unit>',
         'apply() {',
         `  v=$(redis-cli -h ${redisHost} -p ${REDIS_PORT} --raw HGET ${DEPLOY_VM_CONFIG_KEY} "$1") || { echo "space-config-sync: Redis unreachable" >&2; exit 1; }`,
         '  [ -n "$v" ] || return 0',
-        `  printf '%s\\n' "$v" > "$2.sync"`,
-        `  if grep -Evq '^[A-Za-z_][A-Za-z0-9_]*=' "$2.sync"; then`,
-        '    echo "space-config-sync: refusing $1: not an env file" >&2',
+        // the check runs a container: not again for the document last applied, while its file is as written
+        `  if printf '%s\\n' "$v" | cmp -s - "${seen}/$1.json" && cmp -s "$2" "${seen}/$1.env"; then return 0; fi`,
+        `  if ! printf '%s\\n' "$v" | podman run --rm -i --network none --cap-drop all --security-opt no-new-privileges -v ${VM_CONFIG_POLICY_FILE}:${VM_CONFIG_POLICY_FILE}:ro "$img" node runtime/cli/vm-config-apply.ts ${VM_CONFIG_POLICY_FILE} "$1" > "$2.sync"; then`,
+        '    echo "space-config-sync: refusing $1 (see above); its env file is left as it is" >&2',
         '    rm -f "$2.sync"; rc=1; return 0',
         '  fi',
+        `  printf '%s\\n' "$v" > "${seen}/$1.json"`,
+        `  cp "$2.sync" "${seen}/$1.env"`,
         '  if cmp -s "$2.sync" "$2"; then rm -f "$2.sync"; return 0; fi',
         '  mv "$2.sync" "$2"',
         '  echo "space-config-sync: $1 changed; restarting $3"',

@@ -1,11 +1,22 @@
 /**
  * The deployment settings VM deployments read from Redis (runtime/core/REDIS.md): the version they
- * move to (`DEPLOY_TARGET_VERSION_KEY`) and the env file of each VM service
- * (`DEPLOY_VM_CONFIG_KEY`), which every VM's `space-config-sync` timer applies.
+ * move to (`DEPLOY_TARGET_VERSION_KEY`) and the settings of each VM service as a JSON document
+ * (`DEPLOY_VM_CONFIG_KEY`), which every VM's `space-config-sync` timer checks against its own
+ * policy and applies (runtime/core/vm-config.ts).
  */
 import type { Redis } from 'ioredis';
-import { parseEnvFile, renderEnvFile } from '../core/env-file.ts';
+import { parseEnvFile } from '../core/env-file.ts';
 import { DEPLOY_TARGET_VERSION_KEY, DEPLOY_VM_CONFIG_KEY } from '../core/redis-keys.ts';
+import { vmServiceDocument } from '../core/vm-config.ts';
+
+/** A stored field: a JSON document, or an env file as versions before the typed document stored. */
+function parseField(text: string): Record<string, string> {
+  try {
+    const doc = JSON.parse(text) as unknown;
+    if (typeof doc === 'object' && doc !== null && !Array.isArray(doc)) return doc as Record<string, string>;
+  } catch {}
+  return parseEnvFile(text);
+}
 
 /** Env of each VM service, by service name (`space-api`, `space-agent@<pool>`, …). */
 export type VmServices = Record<string, Record<string, string>>;
@@ -29,7 +40,7 @@ export class DeploymentStore {
   /** Every VM service's env (empty when none was set). */
   async vmConfig(): Promise<VmServices> {
     const h = await this.#redis.hgetall(DEPLOY_VM_CONFIG_KEY);
-    return Object.fromEntries(Object.entries(h).map(([s, text]) => [s, parseEnvFile(text)]));
+    return Object.fromEntries(Object.entries(h).map(([s, text]) => [s, parseField(text)]));
   }
 
   /**
@@ -38,7 +49,7 @@ export class DeploymentStore {
    */
   async setVmConfig(services: VmServices): Promise<void> {
     const m = this.#redis.multi().del(DEPLOY_VM_CONFIG_KEY);
-    const fields = Object.entries(services).flatMap(([s, env]) => [s, renderEnvFile(env)]);
+    const fields = Object.entries(services).flatMap(([s, env]) => [s, vmServiceDocument(env)]);
     if (fields.length) m.hset(DEPLOY_VM_CONFIG_KEY, ...fields);
     await m.exec();
   }

@@ -83,20 +83,25 @@ describe('PUT/GET /v1/deployment/vm-config', () => {
     'space-agent@default': { SPACE_DRIVER: 'gvisor', SPACE_WARM_POOL_SIZE: '4' },
   };
 
-  it('stores one env file per service in the hash the VMs read, and reads it back', async () => {
+  it('stores one JSON document per service (names sorted) in the hash the VMs read, and reads it back', async () => {
     const put = await call('PUT', '/v1/deployment/vm-config', KEY, { services });
     expect(put).toEqual({ status: 200, body: { services } });
     expect(await redis.hgetall(DEPLOY_VM_CONFIG_KEY)).toEqual({
-      'space-api': 'SPACE_LOG_LEVEL=debug\nSPACE_ROUTER_URL=https://router.example.com:8082\n',
-      'space-agent@default': 'SPACE_DRIVER=gvisor\nSPACE_WARM_POOL_SIZE=4\n',
+      'space-api': '{"SPACE_LOG_LEVEL":"debug","SPACE_ROUTER_URL":"https://router.example.com:8082"}',
+      'space-agent@default': '{"SPACE_DRIVER":"gvisor","SPACE_WARM_POOL_SIZE":"4"}',
     });
     expect(await call('GET', '/v1/deployment/vm-config', KEY)).toEqual({ status: 200, body: { services } });
+    // a field stored by a version before the typed document (an env file) still reads back
+    await redis.hset(DEPLOY_VM_CONFIG_KEY, 'space-router', 'A=1\n');
+    expect((await call('GET', '/v1/deployment/vm-config', KEY)).body).toMatchObject({
+      services: { 'space-router': { A: '1' } },
+    });
   });
 
   it('replaces the whole document: a service left out is gone from the hash', async () => {
     await call('PUT', '/v1/deployment/vm-config', KEY, { services });
     await call('PUT', '/v1/deployment/vm-config', KEY, { services: { 'space-router': { A: '1' } } });
-    expect(await redis.hgetall(DEPLOY_VM_CONFIG_KEY)).toEqual({ 'space-router': 'A=1\n' });
+    expect(await redis.hgetall(DEPLOY_VM_CONFIG_KEY)).toEqual({ 'space-router': '{"A":"1"}' });
   });
 
   it('refuses a value that would smuggle a line into an env file, and names that are not services or variables', async () => {
@@ -109,7 +114,7 @@ describe('PUT/GET /v1/deployment/vm-config', () => {
       const r = await call('PUT', '/v1/deployment/vm-config', KEY, { services: bad });
       expect(r.status, JSON.stringify(bad)).toBe(400);
     }
-    expect(await redis.hgetall(DEPLOY_VM_CONFIG_KEY)).toEqual({ 'space-router': 'A=1\n' });
+    expect(await redis.hgetall(DEPLOY_VM_CONFIG_KEY)).toEqual({ 'space-router': '{"A":"1"}' });
   });
 
   it('is for deployment admins only: an everyday key gets SCOPE_DENIED both ways', async () => {

@@ -1,7 +1,8 @@
 /**
  * The env-file format SPACE's VM units read (`podman run --env-file`, one `NAME=value` per line):
  * rendered in one place so that the files cloud-init writes at first boot and the files the
- * `space-config-sync` timer writes later from `PUT /v1/deployment/vm-config` are byte-identical
+ * `space-config-sync` timer writes later from `PUT /v1/deployment/vm-config` (through
+ * `core/vm-config.ts`) are byte-identical
  * for the same settings (a VM restarts a service only when its file really changes).
  */
 

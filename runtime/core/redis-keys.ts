@@ -38,10 +38,11 @@ export const DEPLOY_TARGET_VERSION_KEY = 'space:deploy:target-version';
 export const VERSION_TAG = /^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$/;
 /**
  * Hash: the deployment's VM configuration (`PUT /v1/deployment/vm-config`): field = a VM service
- * ({@link VM_SERVICE}, e.g. `space-api`, `space-agent@default`), value = its env file
- * (`core/env-file.ts`). Outside the runtime's prefix: read by the `space-config-sync` timer on every
- * VM (providers/systemd/cloud-init.ts), which rewrites a service's env file and restarts it when
- * its field changed. No TTL: it is the deployment's desired state.
+ * ({@link VM_SERVICE}, e.g. `space-api`, `space-agent@default`), value = its settings as a JSON
+ * object (`core/vm-config.ts`). Outside the runtime's prefix: read by the `space-config-sync` timer
+ * on every VM (providers/systemd/sync.ts), which checks a changed field against the VM's own
+ * policy, then rewrites the service's env file and restarts it when the file changed. No TTL: it
+ * is the deployment's desired state.
  */
 export const DEPLOY_VM_CONFIG_KEY = 'space:deploy:vm-config';
 /** A VM service name in {@link DEPLOY_VM_CONFIG_KEY}: a unit, and for agents `@<pool>`. */

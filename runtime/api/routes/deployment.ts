@@ -1,9 +1,10 @@
 /**
- * The deployment's VM configuration (`/v1/deployment/vm-config`, scope `deployment:admin`): the env
- * file of every systemd service of a VM deployment, written by the Pulumi program on every
+ * The deployment's VM configuration (`/v1/deployment/vm-config`, scope `deployment:admin`): the
+ * settings of every systemd service of a VM deployment, written by the Pulumi program on every
  * `pulumi up` (the `space:VmConfig` dynamic resource, providers/systemd/vm-config.ts) and read from
- * Redis by the `space-config-sync` timer on every VM, which restarts only the services whose file
- * changed. So a config change reaches VMs made before it without SSH or replacement.
+ * Redis by the `space-config-sync` timer on every VM, which checks them against the VM's own policy
+ * (core/vm-config.ts) and restarts only the services whose env file changed. So a config change
+ * reaches VMs made before it without SSH or replacement.
  */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
