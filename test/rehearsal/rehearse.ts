@@ -18,6 +18,7 @@ import { mkdir, rm } from 'node:fs/promises';
 import { Command, Option } from 'commander';
 import { request } from 'undici';
 import { type VmConfigInputs, writeVmConfig } from '../../providers/systemd/vm-config-client.ts';
+import { DEPLOY_TARGET_VERSION_KEY } from '../../runtime/core/redis-keys.ts';
 import { baseImage } from './base-image.ts';
 import {
   benchLatency,
@@ -75,6 +76,7 @@ const TOOLS: Record<string, string> = {
   'docker-registry': 'docker-registry',
   'apt-cacher-ng': 'apt-cacher-ng',
   htpasswd: 'apache2-utils',
+  'redis-cli': 'redis-tools',
   buildah: 'buildah',
   openssl: 'openssl',
   nsenter: 'util-linux',
@@ -113,6 +115,11 @@ interface Summary {
   wallSeconds: number;
   vms: { name: string; address: string; cloudInitSeconds: number | null; blockers: string[] }[];
   apiReady: boolean;
+  /**
+   * Redis on the control VM, asked from inside the private network (the bridge's own address)
+   * without the password: true when it refused (NOAUTH), as a node without the password must be.
+   */
+  redisRefusesWithoutPassword: boolean | null;
   /** One sandbox per node VM and the command run in it (through the load balancer). */
   nodeRuns: NodeRun[];
   /** `space bench latency --target` through the load balancer: create latency medians, ms. */
@@ -154,6 +161,8 @@ const stackOverrides = (r: Rendering): Record<string, string> => renderedWith.ge
 /** What the phases after boot need besides the target. */
 interface ExerciseContext {
   readonly nodeCount: number;
+  /** The control VM's private address (Redis listens there). */
+  readonly controlAddress: string;
   readonly registry: Registry;
   readonly ca: RehearsalCa;
   readonly repository: string;
@@ -190,6 +199,26 @@ async function exercise(o: Options, summary: Summary, rendering: Rendering, t: T
       return false;
     }
   };
+  await phase('redis', async () => {
+    // from the namespace, the bridge's address (10.88.0.1) is inside the private network: past the
+    // control VM's firewall guard, so only the password stands between it and the state of record
+    const out = await run('ip', [
+      'netns',
+      'exec',
+      REHEARSAL_NET.namespace,
+      'redis-cli',
+      '-h',
+      x.controlAddress,
+      '-p',
+      '6379',
+      'GET',
+      DEPLOY_TARGET_VERSION_KEY,
+    ]).catch((err: Error) => err.message);
+    summary.redisRefusesWithoutPassword = /NOAUTH|Authentication required/i.test(out);
+    x.log(`redis without the password: ${out.trim().slice(0, 200)}`);
+    if (!summary.redisRefusesWithoutPassword)
+      throw new Error(`Redis answered a client without the password: ${out.slice(0, 200)}`);
+  });
   const registered = await phase('nodes', async () => {
     const deadline = Date.now() + o.apiWaitMinutes * 60_000;
     for (;;) {
@@ -333,6 +362,9 @@ async function main(o: Options): Promise<Summary> {
       privateCidr: REHEARSAL_NET.privateCidr,
       routerUrl: `http://${lbHost}:${ROUTER_PORT}`,
       bootstrapApiKey: apiKey,
+      // the registry stand-in asks for credentials, as a private registry does
+      imagePullUsername: registry.username,
+      imagePullPassword: registry.password,
     };
     const rendering = await renderStack(o.stack, { ...overrides, version: o.version });
     renderedWith.set(rendering, overrides);
@@ -369,6 +401,7 @@ async function main(o: Options): Promise<Summary> {
       wallSeconds: 0,
       vms: [],
       apiReady: false,
+      redisRefusesWithoutPassword: null,
       nodeRuns: [],
       bench: null,
       upgrade: null,
@@ -414,6 +447,7 @@ async function main(o: Options): Promise<Summary> {
         { apiUrl: `http://${lbHost}:${API_PORT}`, apiKey },
         {
           nodeCount: vms.length - 1,
+          controlAddress: control.spec.address,
           registry,
           ca,
           repository,
@@ -425,6 +459,7 @@ async function main(o: Options): Promise<Summary> {
     summary.ok =
       summary.apiReady &&
       summary.errors.length === 0 &&
+      summary.redisRefusesWithoutPassword === true &&
       summary.vms.every((v) => v.cloudInitSeconds !== null && v.blockers.length === 0) &&
       summary.nodeRuns.length === vms.length - 1 &&
       (!o.upgrade ||
