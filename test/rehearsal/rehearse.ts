@@ -325,10 +325,22 @@ async function main(o: Options): Promise<Summary> {
     );
   const t0 = Date.now();
   const log = (line: string) => {
-    if (!o.json) process.stderr.write(`[${((Date.now() - t0) / 1000).toFixed(0).padStart(5)} s] ${line}\n`);
+    // progress on stderr either way: with --json, stdout carries the summary alone
+    process.stderr.write(`[${((Date.now() - t0) / 1000).toFixed(0).padStart(5)} s] ${line}\n`);
   };
   const cleanup: (() => Promise<void>)[] = [];
   const vms: Vm[] = [];
+  // Ctrl-C or a kill: the VMs, stand-ins and namespace go as at a normal end (unless --keep)
+  const onSignal = (signal: NodeJS.Signals) => {
+    log(`${signal}: stopping`);
+    const steps = o.keep ? [] : cleanup.reverse();
+    void (async () => {
+      for (const c of steps) await c().catch(() => undefined);
+      process.exit(signal === 'SIGINT' ? 130 : 143);
+    })();
+  };
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
   try {
     await rm(o.workDir, { recursive: true, force: true });
     await mkdir(o.workDir, { recursive: true });
