@@ -22,7 +22,7 @@ import { qemuKvmBootTest } from './drivers/qemu.ts';
 import { GatewayClient } from './host/gateway-client.ts';
 import { setKvmBootTest } from './host/kvm.ts';
 import { SandboxNetworks } from './host/network.ts';
-import { bakedTemplatesRoot, guestKernelDir } from './image/assets.ts';
+import { guestKernelDir } from './image/assets.ts';
 import { defaultGuestLayerInputs, directoryImage } from './image/images.ts';
 import {
   adoptBakedTemplates,
@@ -128,7 +128,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   // the image's baked templates are this node's builds (no debootstrap, no Debian egress); a
   // deployed node has no shell to run `space template build` on: it builds its warm templates that
   // the image lacks itself at the first start (SPACE_BUILD_TEMPLATES=warm), before it registers
-  const baked = await adoptBakedTemplates(bakedTemplatesRoot(config.imageAssetsDir), config.cacheDir);
+  const baked = await adoptBakedTemplates(config.imageAssetsDir, config.cacheDir);
   if (baked.length) log.info({ templates: baked }, 'templates baked into the image are used');
   const ready = await ensureTemplates(await listTemplateDefinitions(), {
     resolve: (t) => resolveTemplate(t, config.cacheDir),

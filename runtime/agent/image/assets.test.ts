@@ -10,7 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { SpaceError } from '../../core/errors.ts';
-import { bakedTemplatesRoot, guestKernelDir } from './assets.ts';
+import { guestKernelDir } from './assets.ts';
 import { findGuestKernel } from './guest-kernel.ts';
 import {
   adoptBakedTemplates,
@@ -90,13 +90,15 @@ describe('baked templates are the node’s builds', () => {
     await writeFile(join(defs, 'base.json'), JSON.stringify(def));
     await writeFile(join(defs, 'other.json'), JSON.stringify({ ...def, name: 'other' }));
     const { digest } = await loadTemplateDefinition('base', defs);
-    const baked = bakedTemplatesRoot(join(work, 'assets'));
+    // the layout scripts/image-assets.ts packs under /usr/lib/space
+    const baked = join(work, 'assets');
+    const bakedBase = join(baked, 'templates', 'base', digest);
     const cache = join(work, 'cache');
-    await mkdir(join(templateBuildDir(baked, 'base', digest), 'rootfs'), { recursive: true });
-    await writeFile(join(templateBuildDir(baked, 'base', digest), 'complete'), '{}');
+    await mkdir(join(bakedBase, 'rootfs'), { recursive: true });
+    await writeFile(join(bakedBase, 'complete'), '{}');
     // `other` was baked from an older definition: its digest is not the current one
-    await mkdir(join(templateBuildDir(baked, 'other', 'f'.repeat(64)), 'rootfs'), { recursive: true });
-    await writeFile(join(templateBuildDir(baked, 'other', 'f'.repeat(64)), 'complete'), '{}');
+    await mkdir(join(baked, 'templates', 'other', 'f'.repeat(64), 'rootfs'), { recursive: true });
+    await writeFile(join(baked, 'templates', 'other', 'f'.repeat(64), 'complete'), '{}');
 
     await expect(resolveTemplate('base', cache, defs)).rejects.toMatchObject({ code: 'TEMPLATE_NOT_READY' });
     expect(await adoptBakedTemplates(baked, cache, defs)).toEqual(['base']);
@@ -120,7 +122,7 @@ describe('baked templates are the node’s builds', () => {
     await mkdir(defs);
     await writeFile(join(defs, 'base.json'), JSON.stringify(def));
     const { digest } = await loadTemplateDefinition('base', defs);
-    const baked = bakedTemplatesRoot(join(work, 'assets'));
+    const baked = join(work, 'assets');
     const cache = join(work, 'cache');
     for (const root of [baked, cache]) {
       await mkdir(join(templateBuildDir(root, 'base', digest), 'rootfs'), { recursive: true });

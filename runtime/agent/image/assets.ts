@@ -17,8 +17,3 @@ export const DEFAULT_IMAGE_ASSETS_DIR = '/usr/lib/space';
 export function guestKernelDir(assets: string): string {
   return join(assets, 'guest-kernel');
 }
-
-/** The baked templates' root under `assets` (laid out as `<cacheDir>/templates`). Pure. */
-export function bakedTemplatesRoot(assets: string): string {
-  return join(assets, 'templates');
-}

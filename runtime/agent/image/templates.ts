@@ -222,16 +222,16 @@ export async function resolveTemplate(
 }
 
 /**
- * Makes the templates the runtime image baked (`bakedRoot`, laid out as `<cacheDir>/templates`;
- * see assets.ts) the node's builds: for each baked `<name>/<digest>` that is complete and is the
+ * Makes the templates the runtime image baked (`<assetsDir>/templates/<name>/<digest>`, laid out
+ * as a cache's; see assets.ts) the node's builds: for each baked `<name>/<digest>` that is complete and is the
  * current digest of its definition in `templatesDir`, `<cacheDir>/templates/<name>/<digest>` becomes
  * a symbolic link to it (read-only, as every template is used). Links to baked builds the image no
  * longer has (after an upgrade) are removed, so the template is rebuilt or baked anew. A node's own
  * complete build of the same digest is left alone. Returns the names linked. Never throws for a
- * missing `bakedRoot` (a host without the image).
+ * missing `assetsDir` (a host without the image).
  */
 export async function adoptBakedTemplates(
-  bakedRoot: string,
+  assetsDir: string,
   cacheDir: string,
   templatesDir = DEFAULT_TEMPLATES_DIR,
 ): Promise<string[]> {
@@ -248,7 +248,7 @@ export async function adoptBakedTemplates(
     } catch {
       continue;
     }
-    const baked = templateBuildDir(bakedRoot, name, digest);
+    const baked = templateBuildDir(assetsDir, name, digest);
     if (!existsSync(join(baked, 'complete'))) continue;
     const dir = templateBuildDir(cacheDir, name, digest);
     const current = await readlink(dir).catch(() => null);
