@@ -196,10 +196,26 @@ export async function findGuestKernel(kernelDir: string, cacheDir: string): Prom
     .sort();
   if (cached.length) return (await readGuestKernel(join(root, cached.at(-1)!)))!;
   throw fail(
-    `no guest kernel in ${kernelDir} (the runtime image bakes it there; on a host without the image run ` +
-      `\`node scripts/image-assets.ts --kernel ${kernelDir}\`, or set SPACE_IMAGE_ASSETS_DIR)`,
+    `no guest kernel in ${kernelDir} (the runtime image bakes it there; on a host without the image, ` +
+      `\`space up\` prepares one in ${join(cacheDir, 'vm', 'kernel')}, or run ` +
+      `\`node scripts/image-assets.ts --kernel ${kernelDir}\`; SPACE_IMAGE_ASSETS_DIR moves it)`,
     { path: kernelDir },
   );
+}
+
+/**
+ * For a host without the runtime image (tests, benchmarks, a development machine): the guest
+ * kernel as {@link findGuestKernel} finds it, else prepared with apt ({@link prepareGuestKernel})
+ * into `<cacheDir>/vm/kernel/<package>`, where the agent's fallback finds it. Build-time work, as a
+ * template build is: the agent itself never calls this.
+ * @throws SpaceError DRIVER_FAILED (apt, dpkg-deb, extraction).
+ */
+export async function ensureGuestKernel(kernelDir: string, cacheDir: string): Promise<GuestKernel> {
+  try {
+    return await findGuestKernel(kernelDir, cacheDir);
+  } catch {}
+  const { name, version } = await resolveKernelPackage();
+  return prepareGuestKernel(join(cacheDir, 'vm', 'kernel', `${name}_${version}`));
 }
 
 /**
