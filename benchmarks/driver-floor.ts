@@ -17,6 +17,8 @@ import { join } from 'node:path';
 import type { InstanceSpec, SandboxNetwork } from '../runtime/agent/drivers/driver.ts';
 import { QemuDriver } from '../runtime/agent/drivers/qemu.ts';
 import { SandboxNetworks } from '../runtime/agent/host/network.ts';
+import { DEFAULT_IMAGE_ASSETS_DIR, guestKernelDir } from '../runtime/agent/image/assets.ts';
+import { ensureGuestKernel } from '../runtime/agent/image/guest-kernel.ts';
 import { buildTemplate } from '../runtime/agent/image/templates.ts';
 import { vmImage } from '../runtime/agent/image/vm-image.ts';
 import { TEST_CACHE_DIR } from '../test/cache-dir.ts';
@@ -39,6 +41,7 @@ const fmt = (xs: number[]) =>
 
 async function main(): Promise<void> {
   await buildTemplate('base', { cacheDir: CACHE });
+  await ensureGuestKernel(guestKernelDir(DEFAULT_IMAGE_ASSETS_DIR), CACHE);
   const image = await vmImage('base', CACHE, {
     nodeBinary: process.execPath,
     tiniBinary: '/usr/bin/tini-static',

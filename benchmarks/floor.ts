@@ -65,15 +65,25 @@ export interface QemuFloorOptions {
  * @throws Error when a boot fails (with the console tail).
  */
 export async function measureQemuFloor(o: QemuFloorOptions): Promise<number[]> {
-  const [{ probeBoot }, { makeInstanceDisk }, { SandboxNetworks }, { buildTemplate }, { vmImage }] =
-    await Promise.all([
-      import('../runtime/agent/drivers/qemu.ts'),
-      import('../runtime/agent/drivers/vm-common.ts'),
-      import('../runtime/agent/host/network.ts'),
-      import('../runtime/agent/image/templates.ts'),
-      import('../runtime/agent/image/vm-image.ts'),
-    ]);
+  const [
+    { probeBoot },
+    { makeInstanceDisk },
+    { SandboxNetworks },
+    { buildTemplate },
+    { vmImage },
+    kernel,
+    assets,
+  ] = await Promise.all([
+    import('../runtime/agent/drivers/qemu.ts'),
+    import('../runtime/agent/drivers/vm-common.ts'),
+    import('../runtime/agent/host/network.ts'),
+    import('../runtime/agent/image/templates.ts'),
+    import('../runtime/agent/image/vm-image.ts'),
+    import('../runtime/agent/image/guest-kernel.ts'),
+    import('../runtime/agent/image/assets.ts'),
+  ]);
   await buildTemplate('base', { cacheDir: o.cacheDir });
+  await kernel.ensureGuestKernel(assets.guestKernelDir(assets.DEFAULT_IMAGE_ASSETS_DIR), o.cacheDir);
   const image = await vmImage('base', o.cacheDir, {
     nodeBinary: guestNodeBinary(),
     tiniBinary: '/usr/bin/tini-static',

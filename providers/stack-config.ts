@@ -4,6 +4,7 @@
  * stacks/). Keys and their meaning: docs/configuration.md and docs/deployment.md.
  */
 import type * as pulumi from '@pulumi/pulumi';
+import type { DriverName } from '../runtime/core/drivers.ts';
 import type { Cloud } from './catalogue.ts';
 import type { DeployMode, NodePool } from './node-pool.ts';
 
@@ -17,6 +18,8 @@ export interface StackConfig {
   readonly imagePullUsername: string | undefined;
   /** `space:imageBuild`: build and push the image in `pulumi up`. */
   readonly imageBuild: boolean;
+  /** `space:imageVmms`: the drivers the image can run (its `dev.space.vmms` label). */
+  readonly imageVmms: readonly DriverName[];
   readonly region: string;
   readonly nodePools: readonly NodePool[];
   readonly clientCidrs: readonly string[];

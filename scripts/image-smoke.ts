@@ -2,7 +2,9 @@
  * Starts each of the image’s commands from the built image and checks what it prints:
  * the API, the router and the gateway become ready (the API against a real redis-server on loopback, its
  * /readyz answering), each service without its required settings prints its configuration error,
- * and the image carries what an agent node needs and no Pulumi package.
+ * the image carries what an agent node needs (the baked guest kernel and base template included)
+ * and no Pulumi package, and an agent on the qemu driver boots a real sandbox from what the image
+ * baked in (scripts/image-smoke-sandbox.ts: in a network namespace of its own).
  *
  * Runs the image with `buildah run --isolation chroot` (no daemon, no cgroup or rlimit setup, so
  * it works inside CI's container as well as on a host; host network). Needs root and buildah.
@@ -17,6 +19,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { SERVICE_COMMANDS } from '../providers/runtime-settings.ts';
 import { freePort, startRedisServer } from '../test/redis-server.ts';
+import { smokeQemuSandbox } from './image-smoke-sandbox.ts';
 
 const version = (
   JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }
@@ -216,24 +219,53 @@ try {
       ),
   );
 
-  await check('the image carries Node 24, runsc, nft, qemu, tini-static, and no Pulumi package', async () => {
-    const r = await runInImage([
-      'bash',
-      '-c',
-      'node --version; runsc --version | head -1; nft --version; qemu-system-x86_64 --version | head -1; ' +
-        'test -x /usr/bin/tini-static && echo tini-static; ls node_modules/@pulumi 2>&1 | head -1; echo NODE_ENV=$NODE_ENV',
-    ]);
-    const want = [
-      /^v24\./m,
-      /^runsc version/m,
-      /^nftables v/m,
-      /^QEMU emulator version/m,
-      /^tini-static$/m,
-      /No such file/,
-    ];
-    const missing = want.filter((re) => !re.test(r.output));
-    return missing.length ? `missing ${missing.join(', ')} in:\n${r.output}` : undefined;
-  });
+  await check(
+    'the image carries Node 24, runsc, nft, qemu, sysctl, tini-static, and no Pulumi package',
+    async () => {
+      const r = await runInImage([
+        'bash',
+        '-c',
+        'node --version; runsc --version | head -1; nft --version; qemu-system-x86_64 --version | head -1; sysctl --version; ' +
+          'test -x /usr/bin/tini-static && echo tini-static; ls node_modules/@pulumi 2>&1 | head -1; echo NODE_ENV=$NODE_ENV',
+      ]);
+      const want = [
+        /^v24\./m,
+        /^runsc version/m,
+        /^nftables v/m,
+        /^QEMU emulator version/m,
+        /^sysctl from procps/m,
+        /^tini-static$/m,
+        /No such file/,
+      ];
+      const missing = want.filter((re) => !re.test(r.output));
+      return missing.length ? `missing ${missing.join(', ')} in:\n${r.output}` : undefined;
+    },
+  );
+
+  await check(
+    'the image carries the guest kernel (virtio_mmio binds ACPI-described devices) and the base template',
+    async () => {
+      const r = await runInImage([
+        'bash',
+        '-c',
+        'cat /usr/lib/space/guest-kernel/kernel.json; echo; grep -c LNRO0005 /usr/lib/space/guest-kernel/modules/virtio_mmio.ko; ' +
+          'ls /usr/lib/space/templates/base/*/complete; stat -c %u /usr/lib/space/templates/base/*/rootfs/home/user',
+      ]);
+      const want = [
+        /"version":"[^"]+-cloud-amd64"/,
+        /^[1-9]\d*$/m,
+        /templates\/base\/[0-9a-f]{64}\/complete/,
+        /^1000$/m,
+      ];
+      const missing = want.filter((re) => !re.test(r.output));
+      return missing.length ? `missing ${missing.join(', ')} in:\n${r.output}` : undefined;
+    },
+  );
+
+  await check(
+    'agent (qemu driver, no KVM, empty cache, no apt lists, template builds off) boots a real sandbox through the API',
+    () => smokeQemuSandbox(image, isolation, work),
+  );
 } finally {
   await redis.stop();
   rmSync(work, { recursive: true, force: true });

@@ -4,7 +4,6 @@
  * docs carry the same table (a test keeps the two in step).
  */
 import type { Cloud } from '../providers/catalogue.ts';
-import { DEFAULT_IMAGE_REPOSITORY } from '../providers/runtime-settings.ts';
 
 /** The type of a config value as `pulumi config set` stores it (objects and arrays as JSON). */
 export type KeyType = 'string' | 'boolean' | 'integer' | 'array' | 'object';
@@ -31,8 +30,7 @@ export const CONFIG_KEYS = {
   version: { type: 'string', doc: 'SPACE version: the tag of the image every service runs. Required.' },
   imageRepository: {
     type: 'string',
-    default: DEFAULT_IMAGE_REPOSITORY,
-    doc: 'Image repository (one image, one command per service).',
+    doc: 'Image repository your image is pushed to (one image, one command per service). Required: no SPACE image is published; build it with `npm run image` and push it, or set `space:imageBuild`.',
   },
   imagePullUsername: {
     type: 'string',
@@ -47,6 +45,11 @@ export const CONFIG_KEYS = {
     type: 'boolean',
     default: 'false',
     doc: '`pulumi up` builds the image (`scripts/image.sh`, buildah, root) on the machine running Pulumi and pushes it as `imageRepository:version` (`buildah push`; log in first with `buildah login`) before anything that runs it. False: the tag must already be pushed.',
+  },
+  imageVmms: {
+    type: 'array',
+    default: '`["gvisor", "qemu"]` (what every build has, an offline one too)',
+    doc: 'The drivers the image can run: its `dev.space.vmms` label (`buildah inspect`). A node pool whose driver is not listed is refused at preview; with `space:imageBuild` the build must produce them (`--require`: an online build, checksums pinned).',
   },
   region: {
     type: 'string',

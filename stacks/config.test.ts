@@ -81,7 +81,9 @@ describe('configuration validation', () => {
     const nodePools = JSON.stringify([
       { name: 'a', driver: 'firecracker', instanceType: 'g6-dedicated-4', allowUnverifiedKvm: true },
     ]);
-    expect(fails({ ...VARIANTS['akamai'], nodePools })).toEqual([]);
+    expect(fails({ ...VARIANTS['akamai'], nodePools, imageVmms: '["gvisor","qemu","firecracker"]' })).toEqual(
+      [],
+    );
   });
 
   it('crusoe refuses Firecracker (Cloud Hypervisor is its only inner hypervisor)', () => {

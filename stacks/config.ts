@@ -6,10 +6,11 @@
 import * as pulumi from '@pulumi/pulumi';
 import { CLOUDS, type Cloud, instanceType } from '../providers/catalogue.ts';
 import { cloudProfiles, type DeployMode, parseNodePools } from '../providers/node-pool.ts';
-import { checkEnvOverrides, DEFAULT_IMAGE_REPOSITORY } from '../providers/runtime-settings.ts';
+import { checkEnvOverrides } from '../providers/runtime-settings.ts';
 import type { StackConfig } from '../providers/stack-config.ts';
 import { LETS_ENCRYPT_DIRECTORY, REDIS_PASSWORD } from '../providers/systemd/cloud-init.ts';
 import { agentSettings } from '../runtime/agent/config.ts';
+import { DRIVER_NAMES, type DriverName } from '../runtime/core/drivers.ts';
 import { isIPv4, isIPv4Cidr, isIPv6NoZone } from '../runtime/core/net-address.ts';
 import { buildDenySet, type Cidr, parseCidr } from '../runtime/gateway/addresses.ts';
 import { caFromPem } from '../runtime/gateway/ca.ts';
@@ -130,14 +131,24 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
   if (!version) problems.push('space:version: required (the image tag, e.g. 0.1.0)');
   else if (!/^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$/.test(version))
     problems.push(`space:version: not a valid image tag ("${version}")`);
-  const imageRepository = str('imageRepository', DEFAULT_IMAGE_REPOSITORY)!;
-  if (!/^[a-z0-9.-]+(:\d+)?(\/[a-z0-9._-]+)+$/.test(imageRepository))
+  // no SPACE image is published anywhere: a default repository would name a tag nobody pushed
+  const imageRepository = raw('imageRepository') ?? '';
+  if (!imageRepository)
+    problems.push(
+      'space:imageRepository: required: the repository your image is pushed to (no SPACE image is published; `npm run image` and `buildah push`, or space:imageBuild: docs/deployment.md "The runtime image")',
+    );
+  else if (!/^[a-z0-9.-]+(:\d+)?(\/[a-z0-9._-]+)+$/.test(imageRepository))
     problems.push(`space:imageRepository: not an image repository ("${imageRepository}")`);
   const imagePullUsername = str('imagePullUsername');
   if ((imagePullUsername === undefined) !== (raw('imagePullPassword') === undefined))
     problems.push('space:imagePullUsername and space:imagePullPassword: set both or neither');
   if (imagePullUsername !== undefined && !/^[^:\s]+$/.test(imagePullUsername))
     problems.push('space:imagePullUsername: no ":" or white space (registries read "user:password")');
+  const imageVmms = (json('imageVmms') ?? ['gvisor', 'qemu']) as DriverName[];
+  if (!Array.isArray(imageVmms) || !imageVmms.every((d) => (DRIVER_NAMES as readonly string[]).includes(d)))
+    problems.push(
+      `space:imageVmms: must be a list of drivers (${DRIVER_NAMES.join(', ')}) (got ${JSON.stringify(imageVmms)})`,
+    );
 
   const region = raw('region') ?? '';
   if ((cloud === 'akamai' || cloud === 'crusoe') && !region)
@@ -145,6 +156,12 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
 
   const pools = parseNodePools(cloud, json('nodePools'));
   problems.push(...pools.problems);
+  if (Array.isArray(imageVmms))
+    for (const p of pools.pools)
+      if (!imageVmms.includes(p.driver))
+        problems.push(
+          `space:nodePools: pool "${p.name}" runs driver "${p.driver}", which the image lacks (space:imageVmms: ${imageVmms.join(', ')}): build the image online so it fetches that VMM (npm run image, scripts/vmm-releases.json) and add "${p.driver}" to space:imageVmms, or use ${imageVmms.includes('gvisor') ? 'gvisor' : imageVmms.join(' or ')}`,
+        );
 
   const clientCidrs = cidrs('clientCidrs', ['0.0.0.0/0']);
   const sshCidrs = cidrs('sshCidrs', []);
@@ -335,6 +352,7 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
     imageRepository,
     imagePullUsername,
     imageBuild: bool('imageBuild', false),
+    imageVmms: Array.isArray(imageVmms) ? imageVmms : [],
     region,
     nodePools: pools.pools,
     clientCidrs,

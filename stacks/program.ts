@@ -30,11 +30,17 @@ const ROOT = fileURLToPath(new URL('..', import.meta.url));
 /**
  * The shell command that builds the image and pushes it as `ref` (`space:imageBuild`): the
  * repository's own build (`scripts/image.sh`, which tags what it builds `SPACE_IMAGE_TAG`), then
- * `buildah push` to the registry named in `ref`. Pure.
+ * `buildah push` to the registry named in `ref`. `vmms` (`space:imageVmms`) are the drivers the
+ * image must carry: the build fails rather than push an image without one (`--require`). Pure.
  */
-export function imageBuildCommand(ref: string): { create: string; environment: Record<string, string> } {
+export function imageBuildCommand(
+  ref: string,
+  vmms: readonly string[] = [],
+): { create: string; environment: Record<string, string> } {
+  // gVisor and QEMU come with every build; the others are downloads the build must not skip
+  const fetched = vmms.filter((d) => d !== 'gvisor' && d !== 'qemu');
   return {
-    create: 'bash scripts/image.sh && buildah push "$SPACE_IMAGE_TAG" "docker://$SPACE_IMAGE_TAG"',
+    create: `bash scripts/image.sh${fetched.length ? ` --require ${fetched.join(',')}` : ''} && buildah push "$SPACE_IMAGE_TAG" "docker://$SPACE_IMAGE_TAG"`,
     environment: { SPACE_IMAGE_TAG: ref },
   };
 }
@@ -45,7 +51,7 @@ export function run(raw: RawConfig = pulumiRawConfig): StackOutputs {
   let image: pulumi.Resource | undefined;
   if (cfg.imageBuild) {
     const ref = imageRef(cfg.imageRepository, cfg.version);
-    const build = imageBuildCommand(ref);
+    const build = imageBuildCommand(ref, cfg.imageVmms);
     // a new version (new tag) runs it again; the same one does not
     image = new command.local.Command('space-image', {
       ...build,

@@ -322,6 +322,7 @@ describe('cloud-specific policies', () => {
         withSecrets({
           ...VARIANTS['coreweave'],
           nodePools: JSON.stringify([{ ...pool, allowUnverifiedKvm: true }]),
+          imageVmms: JSON.stringify(['gvisor', 'qemu', 'firecracker']),
         }),
       ),
     ).toEqual([]);

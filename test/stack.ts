@@ -15,6 +15,8 @@ import { expect, inject } from 'vitest';
 import { loadAgentConfig } from '../runtime/agent/config.ts';
 import { NFT_TABLE } from '../runtime/agent/host/firewall.ts';
 import { networkNames } from '../runtime/agent/host/network.ts';
+import { DEFAULT_IMAGE_ASSETS_DIR, guestKernelDir } from '../runtime/agent/image/assets.ts';
+import { ensureGuestKernel } from '../runtime/agent/image/guest-kernel.ts';
 import { buildTemplate } from '../runtime/agent/image/templates.ts';
 import { type RunningAgent, startAgent } from '../runtime/agent/service.ts';
 import { loadApiConfig } from '../runtime/api/config.ts';
@@ -220,6 +222,9 @@ export function clientOf(apiUrl: string, apiKey: string): StackClient {
  */
 export async function startStack(env: Record<string, string> = {}, gw?: StackGateway): Promise<Stack> {
   await buildTemplate('base', { cacheDir: TEST_CACHE_DIR });
+  // a VM driver boots the guest kernel the image bakes; a test host prepares it once (apt)
+  if (env['SPACE_DRIVER'] && env['SPACE_DRIVER'] !== 'gvisor')
+    await ensureGuestKernel(guestKernelDir(DEFAULT_IMAGE_ASSETS_DIR), TEST_CACHE_DIR);
   const dir = await mkdtemp(join(tmpdir(), 'space-stack-'));
   const redisUrl = inject('redisUrl');
   const redis = new Redis(redisUrl);

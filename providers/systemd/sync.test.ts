@@ -111,7 +111,8 @@ const current = (services: Record<string, Record<string, string>>) =>
 const controlDocs = () => current(controlServiceEnv({ ...common, routerUrl: ROUTER_URL }));
 const agentDocs = () => current(agentServiceEnv({ ...common, pool, controlAddress: '10.10.0.2' }));
 
-describe('config changes reach existing VMs without SSH: space-config-sync', () => {
+// each case runs the rendered script, and the real checker (a Node process) per document: seconds on a loaded host
+describe('config changes reach existing VMs without SSH: space-config-sync', { timeout: 60_000 }, () => {
   it('what pulumi up writes for a service is byte for byte what a new VM of the same config has', () => {
     const cArgs = { ...common, routerUrl: ROUTER_URL, bootstrapKeySha256: 'a'.repeat(64) };
     const c = controlServiceEnv(cArgs);

@@ -3,6 +3,7 @@ import { cpus, hostname, totalmem } from 'node:os';
 import { type ConfigOf, loadConfig, setting } from '../core/config.ts';
 import { DRIVER_NAMES } from '../core/drivers.ts';
 import { DEFAULT_GVISOR_PLATFORM } from './drivers/gvisor-platform.ts';
+import { DEFAULT_IMAGE_ASSETS_DIR } from './image/assets.ts';
 
 /** Host-end prefix of sandbox veths (`spv<id>`): public for the deploy layer's gateway guard. */
 export { HOST_IF_PREFIX } from './host/firewall.ts';
@@ -31,6 +32,11 @@ export const agentSettings = {
     '/var/lib/space/agent',
   ),
   cacheDir: setting.string('SPACE_CACHE_DIR', 'Template build cache.', '/var/lib/space'),
+  imageAssetsDir: setting.string(
+    'SPACE_IMAGE_ASSETS_DIR',
+    'What the runtime image bakes in: the VM drivers’ guest kernel (`guest-kernel/`) and the default templates (`templates/`), used instead of apt and debootstrap at run time.',
+    DEFAULT_IMAGE_ASSETS_DIR,
+  ),
   driver: setting.oneOf(
     'SPACE_DRIVER',
     'VM driver of this node (`auto`: a VMM driver when KVM is usable and its binary is present, else gvisor).',

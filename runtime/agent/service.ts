@@ -27,8 +27,10 @@ import { DiskGuard } from './host/disk-headroom.ts';
 import { GatewayClient } from './host/gateway-client.ts';
 import { setKvmBootTest } from './host/kvm.ts';
 import { SandboxNetworks } from './host/network.ts';
+import { guestKernelDir } from './image/assets.ts';
 import { defaultGuestLayerInputs, directoryImage } from './image/images.ts';
 import {
+  adoptBakedTemplates,
   buildTemplate,
   ensureTemplates,
   listTemplateDefinitions,
@@ -74,7 +76,8 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
 
   const driverLog = log.child({ component: 'driver' });
   // KVM counts as usable only when a guest boots under it (a nested /dev/kvm can open and still hang)
-  setKvmBootTest(qemuKvmBootTest({ cacheDir: config.cacheDir, qemuBinary: config.qemuBinary }));
+  const kernelDir = guestKernelDir(config.imageAssetsDir);
+  setKvmBootTest(qemuKvmBootTest({ cacheDir: config.cacheDir, kernelDir, qemuBinary: config.qemuBinary }));
   const choice = await chooseDriver(config);
   const driver = createDriver(
     choice.driver,
@@ -107,6 +110,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
         driver.capabilities.rootfs === 'ext4'
           ? vmImage(t, config.cacheDir, guestInputs, {
               trustedCaFile: ca,
+              kernelDir,
               progress: (m) => log.info({ 'template.id': t }, m),
             })
           : directoryImage(t, config.cacheDir, guestInputs, ca);
@@ -127,8 +131,11 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   await networks.ensureFirewall();
   await networks.adopt();
 
-  // a deployed node has no shell to run `space template build` on: it builds its warm templates
-  // itself at the first start (SPACE_BUILD_TEMPLATES=warm), before it registers as able to run them
+  // the image's baked templates are this node's builds (no debootstrap, no Debian egress); a
+  // deployed node has no shell to run `space template build` on: it builds its warm templates that
+  // the image lacks itself at the first start (SPACE_BUILD_TEMPLATES=warm), before it registers
+  const baked = await adoptBakedTemplates(config.imageAssetsDir, config.cacheDir);
+  if (baked.length) log.info({ templates: baked }, 'templates baked into the image are used');
   const ready = await ensureTemplates(await listTemplateDefinitions(), {
     resolve: (t) => resolveTemplate(t, config.cacheDir),
     build: (t) => {

@@ -34,6 +34,28 @@ export async function buildLocalTemplate(
   }
 }
 
+/**
+ * The VM drivers' guest kernel on this host (the runtime image bakes it): the one the agent would
+ * find, else prepared once with apt into `<cacheDir>/vm/kernel/` (runtime/agent/image/guest-kernel.ts).
+ * @returns its release, e.g. `6.1.0-57-cloud-amd64`. @throws CliError DRIVER_FAILED (apt, unpacking).
+ */
+export async function prepareLocalGuestKernel(cacheDir: string): Promise<string> {
+  const [{ ensureGuestKernel }, { DEFAULT_IMAGE_ASSETS_DIR, guestKernelDir }] = await Promise.all([
+    import('../agent/image/guest-kernel.ts'),
+    import('../agent/image/assets.ts'),
+  ]);
+  const assets = process.env['SPACE_IMAGE_ASSETS_DIR'] || DEFAULT_IMAGE_ASSETS_DIR;
+  try {
+    return (await ensureGuestKernel(guestKernelDir(assets), cacheDir)).version;
+  } catch (err) {
+    const e = err as { code?: unknown; message?: string; details?: Record<string, unknown> };
+    throw new CliError(String(e.code ?? 'DRIVER_FAILED'), e.message ?? String(err), {
+      details: e.details,
+      cause: err,
+    });
+  }
+}
+
 export function registerTemplate(program: Command): void {
   const template = program.command('template').description('build and list sandbox templates');
 

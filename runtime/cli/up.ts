@@ -24,7 +24,7 @@ import { ApiClient } from './client.ts';
 import { isJson } from './context.ts';
 import { type LocalState, localPaths, spaceHome } from './local.ts';
 import { CliError, note, parsePositiveInt, printJson, println, usageError } from './output.ts';
-import { buildLocalTemplate, DEFAULT_CACHE_DIR } from './template.ts';
+import { buildLocalTemplate, DEFAULT_CACHE_DIR, prepareLocalGuestKernel } from './template.ts';
 import {
   checkPortsFree,
   checkPrerequisites,
@@ -128,6 +128,14 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
   enableIpv4Forwarding();
   const built = await buildLocalTemplate('base', DEFAULT_CACHE_DIR, (line) => note(`space: ${line}`));
   note(`space: template base ready${built.cached ? ' (cached)' : ''}`);
+  // a VM driver boots the guest kernel the runtime image bakes: on a host it is prepared once (apt);
+  // without it `auto` stays on gvisor and an explicit VM driver fails at boot, naming the path
+  const driver = process.env['SPACE_DRIVER'] || 'auto';
+  if (driver !== 'gvisor' && (driver !== 'auto' || existsSync('/dev/kvm')))
+    await prepareLocalGuestKernel(DEFAULT_CACHE_DIR).then(
+      (v) => note(`space: guest kernel ${v} ready`),
+      (err: Error) => note(`space: no guest kernel for the VM drivers (${err.message})`),
+    );
 
   const redisUrl = o.redisUrl ?? `redis://${HOST}:${LOCAL_REDIS_PORT}`;
   // The stack's own services reach a Redis it starts by its Unix socket, not TCP: on this kind of

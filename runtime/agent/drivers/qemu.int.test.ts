@@ -13,6 +13,8 @@ import { SpaceError } from '../../core/errors.ts';
 import { FRAME_EXIT, FRAME_HEADER_BYTES, FRAME_STDOUT, GUEST_PORT } from '../../core/guest-protocol.ts';
 import { GuestClient } from '../guest-client.ts';
 import { SandboxNetworks } from '../host/network.ts';
+import { DEFAULT_IMAGE_ASSETS_DIR, guestKernelDir } from '../image/assets.ts';
+import { ensureGuestKernel } from '../image/guest-kernel.ts';
 import { buildTemplate } from '../image/templates.ts';
 import { vmImage } from '../image/vm-image.ts';
 import type { InstanceSpec, SandboxNetwork, TemplateImage } from './driver.ts';
@@ -115,6 +117,8 @@ async function leftovers(id: string): Promise<string[]> {
 
 beforeAll(async () => {
   await buildTemplate('base', { cacheDir: CACHE });
+  // the image bakes the kernel; a test host prepares it once, as it builds the template
+  await ensureGuestKernel(guestKernelDir(DEFAULT_IMAGE_ASSETS_DIR), CACHE);
   image = await vmImage('base', CACHE, { nodeBinary: NODE_24, tiniBinary: '/usr/bin/tini-static' });
   stateDir = await mkdtemp(join(tmpdir(), 'space-qemu-'));
   driver = new QemuDriver({ stateDir, healthTimeoutMs: 120_000 });

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
+import { moduleDepends, moduleLoadOrder } from '../image/guest-kernel.ts';
 import { GUEST_ARGV } from '../image/images.ts';
-import { BOOT_MARKER, initScript, moduleDepends, moduleLoadOrder, shQuote } from '../image/vm-image.ts';
+import { BOOT_MARKER, initScript, shQuote } from '../image/vm-image.ts';
 import { GUEST_NET } from './driver.ts';
 import { guestClockArgs, inNetns, mapQmpStatus, qemuArgv } from './qemu-argv.ts';
 import { vmKernelCmdline } from './vm-common.ts';

@@ -28,7 +28,8 @@ import { join } from 'node:path';
 import { SpaceError } from '../../core/errors.ts';
 import { hostExec } from '../host/host-exec.ts';
 import type { KvmBootTest } from '../host/kvm.ts';
-import { BOOT_MARKER, guestInitrd, guestKernel, shQuote } from '../image/vm-image.ts';
+import { findGuestKernel } from '../image/guest-kernel.ts';
+import { BOOT_MARKER, guestInitrd, shQuote } from '../image/vm-image.ts';
 import {
   CleanupStack,
   type Driver,
@@ -558,6 +559,8 @@ export async function probeBoot(o: {
  */
 export function qemuKvmBootTest(o: {
   cacheDir: string;
+  /** The prepared guest kernel (guest-kernel.ts; the image's `guest-kernel/`). */
+  kernelDir: string;
   qemuBinary?: string;
   timeoutMs?: number;
 }): KvmBootTest {
@@ -571,7 +574,7 @@ export function qemuKvmBootTest(o: {
       };
     }
     try {
-      const kernel = await guestKernel(o.cacheDir, { progress: () => {} });
+      const kernel = await findGuestKernel(o.kernelDir, o.cacheDir);
       const initrd = await guestInitrd(o.cacheDir, kernel, { progress: () => {} });
       const r = await probeBoot({
         binary: o.qemuBinary,

@@ -19,9 +19,12 @@ import {
   chmod,
   chown,
   cp,
+  lstat,
   mkdir,
   readdir,
   readFile,
+  readlink,
+  realpath,
   rename,
   rm,
   symlink,
@@ -214,7 +217,52 @@ export async function resolveTemplate(
       digest,
     });
   }
-  return join(dir, 'rootfs');
+  // a baked build is linked in (adoptBakedTemplates): drivers get the real path
+  return realpath(join(dir, 'rootfs'));
+}
+
+/**
+ * Makes the templates the runtime image baked (`<assetsDir>/templates/<name>/<digest>`, laid out
+ * as a cache's; see assets.ts) the node's builds: for each baked `<name>/<digest>` that is complete and is the
+ * current digest of its definition in `templatesDir`, `<cacheDir>/templates/<name>/<digest>` becomes
+ * a symbolic link to it (read-only, as every template is used). Links to baked builds the image no
+ * longer has (after an upgrade) are removed, so the template is rebuilt or baked anew. A node's own
+ * complete build of the same digest is left alone. Returns the names linked. Never throws for a
+ * missing `assetsDir` (a host without the image).
+ */
+export async function adoptBakedTemplates(
+  assetsDir: string,
+  cacheDir: string,
+  templatesDir = DEFAULT_TEMPLATES_DIR,
+): Promise<string[]> {
+  const linked: string[] = [];
+  for (const name of await listTemplateDefinitions(templatesDir)) {
+    const parent = join(cacheDir, 'templates', name);
+    for (const entry of await readdir(parent).catch(() => [] as string[])) {
+      const p = join(parent, entry);
+      if ((await lstat(p)).isSymbolicLink() && !existsSync(join(p, 'complete'))) await rm(p, { force: true });
+    }
+    let digest: string;
+    try {
+      ({ digest } = await loadTemplateDefinition(name, templatesDir));
+    } catch {
+      continue;
+    }
+    const baked = templateBuildDir(assetsDir, name, digest);
+    if (!existsSync(join(baked, 'complete'))) continue;
+    const dir = templateBuildDir(cacheDir, name, digest);
+    const current = await readlink(dir).catch(() => null);
+    if (current === baked) {
+      linked.push(name);
+      continue;
+    }
+    if (existsSync(join(dir, 'complete'))) continue;
+    await mkdir(parent, { recursive: true });
+    await rm(dir, { recursive: true, force: true });
+    await symlink(baked, dir);
+    linked.push(name);
+  }
+  return linked;
 }
 
 /**
@@ -289,7 +337,8 @@ async function buildFresh(
   const parent = join(opts.cacheDir, 'templates', def.name);
   await mkdir(parent, { recursive: true });
   await removeStaleBuilds(parent, digest);
-  if (existsSync(dir)) await rm(dir, { recursive: true, force: true }); // incomplete leftovers
+  // incomplete leftovers, or a link to a baked build the image no longer carries
+  await rm(dir, { recursive: true, force: true });
   const tmp = join(parent, `.build-${digest}-${process.pid}-${randomBytes(4).toString('hex')}`);
   const rootfs = join(tmp, 'rootfs');
   await mkdir(rootfs, { recursive: true });

@@ -4,11 +4,9 @@
  * - **Root filesystem**: an ext4 image of the template tree with the guest layer (`images.ts`) merged
  *   over it, made with `mkfs.ext4 -d` from a staging copy (no loop mount). Attached read-only as the
  *   first virtio disk; the instance's own disk (`vm-common.ts`) holds the overlay's upper/work.
- * - **Kernel**: Debian 12's `linux-image-cloud-amd64`, resolved to the versioned package it depends
- *   on, fetched with `apt-get download` and unpacked with `dpkg-deb -x` into the cache (never installed
- *   as the host's kernel): `vmlinuz` (bzImage, for QEMU / Cloud Hypervisor) and `vmlinux`, the ELF
- *   found inside the bzImage by its compression magic and decompressed with the system tools
- *   (Firecracker boots only ELF).
+ * - **Kernel**: Debian 12's cloud kernel, prepared at image build time into the image
+ *   (`guest-kernel.ts`: `vmlinuz` for QEMU / Cloud Hypervisor, the ELF `vmlinux` for Firecracker, the
+ *   modules the initrd loads); read from there, never fetched at run time.
  * - **initrd** (cpio.gz): busybox-static, the kernel modules the guest needs (virtio_mmio, virtio_blk,
  *   virtio_net, overlay and what they depend on, in load order; ext4 is built into this kernel) and
  *   `/init` ({@link initScript}), which mounts the template image read-only and the instance disk,
@@ -17,20 +15,21 @@
  *
  * Cache layout (content-addressed, each built once; a build goes to a temporary name and is renamed):
  * ```
- * <cacheDir>/vm/kernel/<package>_<version>/{vmlinuz,vmlinux,modules/*.ko,complete}
  * <cacheDir>/vm/initrd/<digest>/{initrd.cpio.gz,complete}
  * <cacheDir>/vm/rootfs/<digest>/{rootfs.ext4,complete}
  * ```
  */
-import { execFile, spawn } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { createReadStream, existsSync } from 'node:fs';
-import { chmod, copyFile, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { chmod, copyFile, mkdir, rename, rm, writeFile } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { promisify } from 'node:util';
 import { SpaceError } from '../../core/errors.ts';
 import type { TemplateImage } from '../drivers/driver.ts';
 import { MIB_PER_GUEST_PROCESS, MIN_GUEST_PROCESSES } from '../drivers/gvisor-limits.ts';
+import { DEFAULT_IMAGE_ASSETS_DIR, guestKernelDir } from './assets.ts';
+import { findGuestKernel, type GuestKernel } from './guest-kernel.ts';
 import { directoryImage, GUEST_ARGV, type GuestLayerInputs, imageDigest } from './images.ts';
 
 const run = promisify(execFile);
@@ -40,10 +39,6 @@ export const VM_IMAGE_VERSION = 'space-vm-image/2';
 
 /** `/dev/shm` of a VM guest, percent of its memory (as the gVisor driver's shmSizeMiB). */
 const SHM_PERCENT = 25;
-/** Debian's metapackage for the cloud kernel (depends on the versioned image package). */
-export const GUEST_KERNEL_METAPACKAGE = 'linux-image-cloud-amd64';
-/** Modules the guest loads (with their dependencies) when they are not built into the kernel. */
-export const GUEST_MODULES = ['virtio_mmio', 'virtio_blk', 'virtio_net', 'overlay'] as const;
 /** Line `/init` prints on the console when booted with `space.probe=early|late` (then powers off). */
 export const BOOT_MARKER = 'SPACE-GUEST-PROBE-OK';
 /** Environment the guest daemon starts with (the same as the gVisor OCI spec gives it). */
@@ -60,26 +55,15 @@ export type Progress = (message: string) => void;
 export interface VmImageOptions {
   /** Slow-step progress lines (default: to stderr with a `vm-image:` prefix). */
   progress?: Progress;
-  /** A local kernel `.deb` to use instead of resolving and downloading one with apt. */
-  kernelDeb?: string;
+  /**
+   * Directory of the prepared guest kernel (guest-kernel.ts), default the image's
+   * (`/usr/lib/space/guest-kernel`, assets.ts); `<cacheDir>/vm/kernel/*` is the fallback.
+   */
+  kernelDir?: string;
   /** busybox-static binary copied into the initrd (default /bin/busybox). */
   busybox?: string;
   /** PEM CA added to the image's trust bundle (the gateway's per-deployment CA; see images.ts). */
   trustedCaFile?: string;
-}
-
-/** A guest kernel unpacked in the cache. */
-export interface GuestKernel {
-  /** Kernel release, e.g. `6.1.0-57-cloud-amd64`. */
-  version: string;
-  /** Debian package and version it came from, e.g. `linux-image-6.1.0-57-cloud-amd64_6.1.192-3`. */
-  package: string;
-  bzImage: string;
-  vmlinux: string;
-  /** Directory of the guest's module files (`<name>.ko`) copied from the package. */
-  modulesDir: string;
-  /** Modules to insmod, dependencies first (empty when all are built in). */
-  modules: string[];
 }
 
 const defaultProgress: Progress = (m) => process.stderr.write(`vm-image: ${m}\n`);
@@ -119,197 +103,6 @@ async function buildOnce(dir: string, make: (tmp: string) => Promise<void>): Pro
     builds.set(dir, p);
   }
   return p;
-}
-
-/**
- * The versioned package a kernel metapackage depends on and its candidate version, from apt's
- * cache (`apt-cache depends` / `apt-cache show`), e.g. `{ name: 'linux-image-6.1.0-57-cloud-amd64',
- * version: '6.1.192-3' }`.
- * @throws SpaceError DRIVER_FAILED when apt does not know the package.
- */
-export async function resolveKernelPackage(
-  meta = GUEST_KERNEL_METAPACKAGE,
-): Promise<{ name: string; version: string }> {
-  const deps = await sh('apt-cache', ['depends', meta]);
-  const name = /Depends:\s*(linux-image-[^\s<>]+)/.exec(deps)?.[1];
-  if (!name) throw fail(`apt-cache depends ${meta} names no linux-image package (apt-get update?)`);
-  const show = await sh('apt-cache', ['show', '--no-all-versions', name]);
-  const version = /^Version:\s*(\S+)/m.exec(show)?.[1];
-  if (!version) throw fail(`apt-cache show ${name} gives no version`);
-  return { name, version };
-}
-
-/** Compression magics a bzImage payload may start with, and the tool that inflates each. */
-const PAYLOAD_FORMATS: { magic: Buffer; cmd: string; args: string[] }[] = [
-  { magic: Buffer.from([0x1f, 0x8b, 0x08]), cmd: 'gzip', args: ['-dc'] },
-  { magic: Buffer.from([0xfd, 0x37, 0x7a, 0x58, 0x5a, 0x00]), cmd: 'xz', args: ['-dc'] },
-  { magic: Buffer.from([0x28, 0xb5, 0x2f, 0xfd]), cmd: 'zstd', args: ['-dc'] },
-  { magic: Buffer.from([0x02, 0x21, 0x4c, 0x18]), cmd: 'lz4', args: ['-dc'] },
-];
-
-const ELF_MAGIC = Buffer.from([0x7f, 0x45, 0x4c, 0x46]);
-
-/** Runs `cmd args` with `input` on stdin; resolves its stdout (whatever the exit status). */
-function inflate(cmd: string, args: string[], input: Buffer): Promise<Buffer> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, { stdio: ['pipe', 'pipe', 'ignore'] });
-    const chunks: Buffer[] = [];
-    child.stdout.on('data', (c: Buffer) => chunks.push(c));
-    child.on('error', reject);
-    child.on('close', () => resolve(Buffer.concat(chunks)));
-    child.stdin.on('error', () => {}); // the tool may stop reading at the end of its stream
-    child.stdin.end(input);
-  });
-}
-
-/**
- * The uncompressed ELF kernel inside a bzImage: tries each offset where a known compression magic
- * occurs and keeps the first output that is an ELF file (trailing data after the compressed stream
- * makes some tools exit non-zero; their output still counts).
- * @throws SpaceError DRIVER_FAILED when no payload inflates to an ELF image.
- */
-export async function extractVmlinux(bzImage: Buffer): Promise<Buffer> {
-  const tried: string[] = [];
-  for (const f of PAYLOAD_FORMATS) {
-    for (let at = bzImage.indexOf(f.magic); at >= 0; at = bzImage.indexOf(f.magic, at + 1)) {
-      tried.push(`${f.cmd}@${at}`);
-      const out = await inflate(f.cmd, f.args, bzImage.subarray(at)).catch(() => Buffer.alloc(0));
-      if (out.length > 1024 * 1024 && out.subarray(0, 4).equals(ELF_MAGIC)) return out;
-    }
-  }
-  throw fail(`no compressed ELF kernel found in the bzImage (tried ${tried.join(', ') || 'nothing'})`);
-}
-
-/** `depends=` of a kernel module file (its `.modinfo` strings), as module names. Pure. */
-export function moduleDepends(ko: Buffer): string[] {
-  const at = ko.indexOf('\0depends=');
-  if (at < 0) return [];
-  const start = at + '\0depends='.length;
-  const value = ko.subarray(start, ko.indexOf(0, start)).toString('latin1');
-  return value ? value.split(',').map((m) => m.replace(/-/g, '_')) : [];
-}
-
-/**
- * Modules to load for `wanted`, dependencies first, leaving out built-in ones. Pure.
- * @param paths module name → path relative to the modules dir (from `modules.order`).
- * @param builtin names of built-in modules (from `modules.builtin`).
- * @param depends module name → its `depends=` list.
- * @throws Error when a wanted module (or a dependency) is neither built in nor shipped.
- */
-export function moduleLoadOrder(
-  wanted: readonly string[],
-  paths: Map<string, string>,
-  builtin: Set<string>,
-  depends: (name: string) => string[],
-): string[] {
-  const order: string[] = [];
-  const seen = new Set<string>();
-  const visit = (m: string, chain: string[]) => {
-    if (seen.has(m) || builtin.has(m)) return;
-    if (chain.includes(m)) throw new Error(`module dependency cycle: ${[...chain, m].join(' → ')}`);
-    if (!paths.has(m)) throw new Error(`kernel module ${m} is neither built in nor in the package`);
-    for (const d of depends(m)) visit(d, [...chain, m]);
-    seen.add(m);
-    order.push(m);
-  };
-  for (const m of wanted) visit(m, []);
-  return order;
-}
-
-/** Module name of a `kernel/…/name.ko` path, `-` normalised to `_`. Pure. */
-function moduleName(path: string): string {
-  return basename(path.trim())
-    .replace(/\.ko(\.\w+)?$/, '')
-    .replace(/-/g, '_');
-}
-
-/**
- * The guest kernel in the cache, fetched and unpacked on first use (see the module doc). When apt
- * cannot be asked (no network, no lists), the newest kernel already in the cache is used.
- * @throws SpaceError DRIVER_FAILED (apt, dpkg-deb, extraction or a missing module).
- */
-export async function guestKernel(cacheDir: string, opts: VmImageOptions = {}): Promise<GuestKernel> {
-  const progress = opts.progress ?? defaultProgress;
-  const root = join(cacheDir, 'vm', 'kernel');
-  let pkg: string;
-  let deb = opts.kernelDeb;
-  if (deb) {
-    pkg = basename(deb).replace(/_[^_]*\.deb$/, '');
-  } else {
-    try {
-      const { name, version } = await resolveKernelPackage();
-      pkg = `${name}_${version}`;
-    } catch (err) {
-      const cached = (await readdir(root).catch(() => [] as string[]))
-        .filter((d) => existsSync(join(root, d, 'complete')))
-        .sort();
-      if (!cached.length) throw err;
-      pkg = cached[cached.length - 1]!;
-      progress(`apt cannot resolve the kernel (${(err as Error).message}); using cached ${pkg}`);
-    }
-  }
-  const dir = join(root, pkg.replace(/[^A-Za-z0-9._+-]/g, '_'));
-  await buildOnce(dir, async (tmp) => {
-    if (!deb) {
-      const [name, version] = pkg.split('_');
-      progress(`downloading ${name} ${version} (apt-get download)`);
-      await chmod(tmp, 0o755); // apt's sandbox user must be able to write here
-      await sh('apt-get', ['download', '-q', `${name}=${version}`], { cwd: tmp });
-      deb = join(tmp, (await readdir(tmp)).find((f) => f.endsWith('.deb'))!);
-    }
-    progress(`unpacking ${basename(deb)}`);
-    const x = join(tmp, 'x');
-    await sh('dpkg-deb', ['-x', deb, x]);
-    const vmlinuz = (await readdir(join(x, 'boot'))).find((f) => f.startsWith('vmlinuz-'));
-    if (!vmlinuz) throw fail(`${basename(deb)} holds no /boot/vmlinuz-*`);
-    const version = vmlinuz.slice('vmlinuz-'.length);
-    await copyFile(join(x, 'boot', vmlinuz), join(tmp, 'vmlinuz'));
-    progress(`extracting the ELF vmlinux from ${vmlinuz}`);
-    await writeFile(join(tmp, 'vmlinux'), await extractVmlinux(await readFile(join(tmp, 'vmlinuz'))));
-    const modRoot = join(x, 'lib', 'modules', version);
-    const order = (await readFile(join(modRoot, 'modules.order'), 'utf8')).split('\n').filter(Boolean);
-    const paths = new Map(order.map((p) => [moduleName(p), p]));
-    const builtin = new Set(
-      (await readFile(join(modRoot, 'modules.builtin'), 'utf8').catch(() => ''))
-        .split('\n')
-        .filter(Boolean)
-        .map(moduleName),
-    );
-    const deps = new Map<string, string[]>();
-    const depends = (m: string): string[] => deps.get(m) ?? [];
-    // read `depends=` lazily: only the modules on the way are opened
-    const files = new Map<string, Buffer>();
-    const load = async (m: string) => {
-      if (files.has(m) || !paths.has(m)) return;
-      const buf = await readFile(join(modRoot, paths.get(m)!));
-      files.set(m, buf);
-      deps.set(m, moduleDepends(buf));
-      for (const d of deps.get(m)!) await load(d);
-    };
-    for (const m of GUEST_MODULES) await load(m);
-    let modules: string[];
-    try {
-      modules = moduleLoadOrder(GUEST_MODULES, paths, builtin, depends);
-    } catch (err) {
-      throw fail(`${pkg}: ${(err as Error).message}`, { package: pkg }, err);
-    }
-    await mkdir(join(tmp, 'modules'));
-    for (const m of modules) await writeFile(join(tmp, 'modules', `${m}.ko`), files.get(m)!);
-    await writeFile(join(tmp, 'kernel.json'), JSON.stringify({ version, package: pkg, modules }));
-    await rm(x, { recursive: true, force: true });
-    if (!opts.kernelDeb) await rm(deb, { force: true });
-  });
-  const meta = JSON.parse(await readFile(join(dir, 'kernel.json'), 'utf8')) as {
-    version: string;
-    package: string;
-    modules: string[];
-  };
-  return {
-    ...meta,
-    bzImage: join(dir, 'vmlinuz'),
-    vmlinux: join(dir, 'vmlinux'),
-    modulesDir: join(dir, 'modules'),
-  };
 }
 
 /** Single-quotes `s` for a POSIX shell. Pure. */
@@ -483,7 +276,7 @@ export async function vmImage(
 ): Promise<TemplateImage> {
   const dirImage = await directoryImage(template, cacheDir, inputs, opts.trustedCaFile);
   const rDigest = imageDigest(dirImage.digest, VM_IMAGE_VERSION);
-  const kernel = await guestKernel(cacheDir, opts);
+  const kernel = await findGuestKernel(opts.kernelDir ?? guestKernelDir(DEFAULT_IMAGE_ASSETS_DIR), cacheDir);
   const initrd = await guestInitrd(cacheDir, kernel, opts);
   const image = await rootfsImage(cacheDir, rDigest, dirImage.lowerDirs, opts);
   return {
