@@ -170,15 +170,35 @@ export const KNOWN_ENV = {
 } as const;
 
 /**
- * Checks operator overrides (`space:apiEnv`, `space:agentEnv`): every key must be a setting the
- * service declares and not one the deployment owns; values must be strings. Returns problems.
+ * OpenTelemetry's own environment variables (`OTEL_*`, the OpenTelemetry specification's
+ * "Environment Variable Specification"; e.g. `OTEL_EXPORTER_OTLP_ENDPOINT`,
+ * `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_TRACES_SAMPLER`): the OpenTelemetry SDK reads them, not
+ * SPACE's settings tables, so they are allowed by name pattern for the services that trace.
+ */
+export const OTEL_ENV = /^OTEL_[A-Z0-9_]+$/;
+
+/** Services that export traces (runtime/core/tracing.ts `startTracing`): they take `OTEL_*`. */
+const TRACED: ReadonlySet<keyof typeof KNOWN_ENV> = new Set(['api', 'agent', 'router']);
+
+/** The `OTEL_*` entries of `env` (what turns tracing on), e.g. to give the router the API's. Pure. */
+export function tracingEnvironment(env: Readonly<Record<string, string>> = {}): Record<string, string> {
+  return Object.fromEntries(Object.entries(env).filter(([k]) => OTEL_ENV.test(k)));
+}
+
+/**
+ * Checks operator overrides (`space:apiEnv`, `space:agentEnv`, `space:gatewayEnv`): every key must
+ * be a setting the service declares (or, for a service that traces, an `OTEL_*` variable) and not
+ * one the deployment owns; values must be strings. Returns problems.
  */
 export function checkEnvOverrides(service: keyof typeof KNOWN_ENV, env: unknown, path: string): string[] {
   if (env === undefined) return [];
   if (typeof env !== 'object' || env === null || Array.isArray(env)) return [`${path}: must be an object`];
   const problems: string[] = [];
   for (const [k, v] of Object.entries(env)) {
-    if (!KNOWN_ENV[service].has(k)) problems.push(`${path}.${k}: not a ${service} setting (see README.md)`);
+    if (OTEL_ENV.test(k)) {
+      if (!TRACED.has(service)) problems.push(`${path}.${k}: the ${service} exports no traces`);
+    } else if (!KNOWN_ENV[service].has(k))
+      problems.push(`${path}.${k}: not a ${service} setting (see README.md)`);
     else if ((DEPLOYMENT_OWNED as readonly string[]).includes(k))
       problems.push(`${path}.${k}: set by the deployment; cannot be overridden`);
     else if (OWN_KEY[k]) problems.push(`${path}.${k}: set it with ${OWN_KEY[k]}`);

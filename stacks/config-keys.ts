@@ -227,12 +227,12 @@ export const CONFIG_KEYS = {
   apiEnv: {
     type: 'object',
     default: '`{}`',
-    doc: 'Extra API settings (`SPACE_*` from README.md), e.g. `SPACE_LOG_LEVEL`.',
+    doc: 'Extra API settings (`SPACE_*` from README.md), e.g. `SPACE_LOG_LEVEL`, and OpenTelemetry’s `OTEL_*` (e.g. `OTEL_EXPORTER_OTLP_ENDPOINT` turns tracing on; in `kubernetes` mode the router gets the same `OTEL_*`).',
   },
   agentEnv: {
     type: 'object',
     default: '`{}`',
-    doc: 'Extra agent settings (`SPACE_*`), e.g. `SPACE_WARM_POOL_SIZE`.',
+    doc: 'Extra agent settings (`SPACE_*`), e.g. `SPACE_WARM_POOL_SIZE`, and OpenTelemetry’s `OTEL_*`.',
   },
 } as const satisfies Record<string, KeySpec>;
 

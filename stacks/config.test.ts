@@ -160,6 +160,39 @@ describe('configuration validation', () => {
     ).toEqual(['space:agentEnv.SPACE_GATEWAY_CONTROL_SOCKET: set by the deployment; cannot be overridden']);
   });
 
+  it('OpenTelemetry variables (OTEL_*) pass to the services that trace; the API’s reach the router too', async () => {
+    const otel = { OTEL_EXPORTER_OTLP_ENDPOINT: 'http://otel-collector.observability:4318' };
+    const raw = withSecrets({
+      ...VARIANTS['kind'],
+      apiEnv: JSON.stringify({ ...otel, OTEL_TRACES_SAMPLER: 'parentbased_traceidratio' }),
+      agentEnv: JSON.stringify(otel),
+    });
+    expect(fails(raw)).toEqual([]);
+    // the gateway exports no traces; a name that is not OTEL_'s own pattern is still refused
+    expect(
+      fails({ ...raw, gatewayEnv: JSON.stringify(otel), apiEnv: JSON.stringify({ OTEL_x: '1' }) }),
+    ).toEqual([
+      'space:apiEnv.OTEL_x: not a api setting (see README.md)',
+      'space:gatewayEnv.OTEL_EXPORTER_OTLP_ENDPOINT: the gateway exports no traces',
+    ]);
+    const recorded = await render(raw);
+    const envOf = (component: string) => {
+      const w = recorded.find(
+        (r) =>
+          ['kubernetes:apps/v1:Deployment', 'kubernetes:apps/v1:DaemonSet'].includes(r.type) &&
+          componentOf(r) === component,
+      )!;
+      const c = (
+        podSpecOf(w)['containers'] as { name: string; env: { name: string; value?: string }[] }[]
+      ).find((x) => x.name === component)!;
+      return Object.fromEntries(c.env.map((e) => [e.name, e.value]));
+    };
+    for (const component of ['api', 'router', 'agent'])
+      expect(envOf(component), component).toMatchObject(otel);
+    expect(envOf('router')['OTEL_TRACES_SAMPLER']).toBe('parentbased_traceidratio');
+    expect(envOf('gateway')).not.toHaveProperty('OTEL_EXPORTER_OTLP_ENDPOINT');
+  });
+
   it('keys of another cloud are refused', () => {
     expect(fails(withSecrets({ ...VARIANTS['kind'], crusoeProjectId: 'x' }))).toEqual([
       'space:crusoeProjectId: does not apply to kind (only crusoe)',
