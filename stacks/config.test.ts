@@ -6,8 +6,9 @@ import { generateKeyPairSync } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { schemaProblems } from '../providers/testing/k8s-schema.ts';
-import { unwrapSecrets } from '../providers/testing/mocks.ts';
+import { installMocks, unwrapSecrets } from '../providers/testing/mocks.ts';
 import { CONFIG_KEYS } from './config.ts';
+import { run } from './program.ts';
 import { CA, componentOf, fails, podSpecOf, render, VARIANTS, withSecrets } from './test-stacks.ts';
 
 type Obj = Record<string, unknown>;
@@ -191,6 +192,47 @@ describe('configuration validation', () => {
       expect(envOf(component), component).toMatchObject(otel);
     expect(envOf('router')['OTEL_TRACES_SAMPLER']).toBe('parentbased_traceidratio');
     expect(envOf('gateway')).not.toHaveProperty('OTEL_EXPORTER_OTLP_ENDPOINT');
+  });
+
+  it('a key SPACE does not declare is refused with the nearest valid name, not silently ignored', () => {
+    const raw = withSecrets(VARIANTS['kind']!);
+    expect(
+      fails({
+        ...raw,
+        nodePool: '[]',
+        APIREPLICAS: '3',
+        imageRepositry: 'x',
+        gatewayEnable: 'false',
+        zzzz: '1',
+      }),
+    ).toEqual([
+      'space:nodePool: not a SPACE configuration key; did you mean `space:nodePools`?',
+      'space:APIREPLICAS: not a SPACE configuration key; did you mean `space:apiReplicas`?',
+      'space:imageRepositry: not a SPACE configuration key; did you mean `space:imageRepository`?',
+      'space:gatewayEnable: not a SPACE configuration key; did you mean `space:gatewayEnabled`?',
+      'space:zzzz: not a SPACE configuration key (docs/deployment.md lists every key)',
+    ]);
+    // reported with the other problems, even when the cloud itself is wrong
+    expect(fails({ cloud: 'gke', regoin: 'x' })).toEqual([
+      'space:regoin: not a SPACE configuration key; did you mean `space:region`?',
+      expect.stringMatching(/^space:cloud: must be one of/),
+    ]);
+  });
+
+  it('the program reads the key names from the Pulumi runtime: a misspelt key in the stack fails the preview', async () => {
+    const raw = withSecrets(VARIANTS['kind']!);
+    const config = Object.fromEntries(
+      Object.entries({ ...raw, agentDrainSecond: '60' })
+        .filter(([, v]) => v !== undefined)
+        .map(([k, v]) => [`space:${k}`, v!]),
+    );
+    await installMocks({ ...config, 'kubernetes:context': 'other-namespace-is-not-ours' });
+    expect(() => run()).toThrow(
+      /space:agentDrainSecond: not a SPACE configuration key; did you mean `space:agentDrainSeconds`\?/,
+    );
+    delete config['space:agentDrainSecond'];
+    await installMocks(config);
+    expect(() => run()).not.toThrow();
   });
 
   it('keys of another cloud are refused', () => {

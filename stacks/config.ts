@@ -68,12 +68,63 @@ export type RawConfig = (key: ConfigKey) => string | undefined;
 /** Reads the raw `space:*` values from the Pulumi runtime (no secret warning: secrets are re-read as secrets). */
 export const pulumiRawConfig: RawConfig = (key) => pulumi.runtime.getConfig(`space:${key}`);
 
+/** The `space:*` key names set in the stack's Pulumi config, without the prefix (e.g. `version`). */
+export function pulumiConfigKeys(): string[] {
+  return Object.keys(pulumi.runtime.allConfig())
+    .filter((k) => k.startsWith('space:'))
+    .map((k) => k.slice('space:'.length));
+}
+
+/**
+ * Levenshtein distance of `a` and `b` (insertions, deletions, substitutions; one row of the
+ * dynamic-programming table at a time). No edit-distance library is a dependency here, and key
+ * names are short. Pure.
+ */
+export function editDistance(a: string, b: string): number {
+  let prev = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const row = [i];
+    for (let j = 1; j <= b.length; j++)
+      row[j] = Math.min(prev[j]! + 1, row[j - 1]! + 1, prev[j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1));
+    prev = row;
+  }
+  return prev[b.length]!;
+}
+
+/**
+ * The declared key nearest to `key` (case-insensitive edit distance), when it is close enough to
+ * be a misspelling: at most a third of the name's length away, and at least 2 edits allowed.
+ */
+export function nearestKey(key: string): ConfigKey | undefined {
+  let best: { key: ConfigKey; d: number } | undefined;
+  for (const k of Object.keys(CONFIG_KEYS) as ConfigKey[]) {
+    const d = editDistance(key.toLowerCase(), k.toLowerCase());
+    if (!best || d < best.d) best = { key: k, d };
+  }
+  return best && best.d <= Math.max(2, Math.floor(key.length / 3)) ? best.key : undefined;
+}
+
+/** One problem per name in `setKeys` that is not a declared key, with the nearest valid name. */
+export function unknownKeyProblems(setKeys: readonly string[]): string[] {
+  return setKeys
+    .filter((k) => !Object.hasOwn(CONFIG_KEYS, k))
+    .map((k) => {
+      const near = nearestKey(k);
+      return `space:${k}: not a SPACE configuration key${near ? `; did you mean \`space:${near}\`?` : ' (docs/deployment.md lists every key)'}`;
+    });
+}
+
 /**
  * Parses and validates the whole configuration. `raw` gives each key's stored string; secrets are
- * wrapped with `pulumi.secret`. Throws {@link StackConfigError} listing every problem.
+ * wrapped with `pulumi.secret`. `setKeys` names every `space:` key the stack sets (default: the
+ * Pulumi runtime's); one that is not declared is refused with the nearest valid name, since it
+ * would otherwise be silently ignored. Throws {@link StackConfigError} listing every problem.
  */
-export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
-  const problems: string[] = [];
+export function loadStackConfig(
+  raw: RawConfig = pulumiRawConfig,
+  setKeys: readonly string[] = pulumiConfigKeys(),
+): StackConfig {
+  const problems: string[] = unknownKeyProblems(setKeys);
   const json = (key: ConfigKey): unknown => {
     const v = raw(key);
     if (v === undefined) return undefined;
@@ -111,6 +162,7 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
   const cloudRaw = raw('cloud');
   if (!(CLOUDS as readonly string[]).includes(cloudRaw ?? '')) {
     throw new StackConfigError([
+      ...problems,
       `space:cloud: must be one of ${CLOUDS.join(', ')} (got ${JSON.stringify(cloudRaw)})`,
     ]);
   }
