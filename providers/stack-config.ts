@@ -15,6 +15,10 @@ export interface StackConfig {
   readonly imageRepository: string;
   /** `space:imageBuild`: build and push the image in `pulumi up`. */
   readonly imageBuild: boolean;
+  /** `space:imagePullUsername` (with `secrets.imagePullPassword`), when set. */
+  readonly imagePullUsername: string | undefined;
+  /** `space:imagePullSecretName`: an existing pull Secret (`kubernetes` mode), when set. */
+  readonly imagePullSecretName: string | undefined;
   readonly region: string;
   readonly nodePools: readonly NodePool[];
   readonly clientCidrs: readonly string[];
@@ -65,5 +69,6 @@ export interface StackConfig {
     readonly gatewayCaKey?: pulumi.Output<string>;
     readonly lkeFirewallToken?: pulumi.Output<string>;
     readonly bootstrapApiKey?: pulumi.Output<string>;
+    readonly imagePullPassword?: pulumi.Output<string>;
   };
 }

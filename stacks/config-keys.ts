@@ -39,6 +39,20 @@ export const CONFIG_KEYS = {
     default: 'false',
     doc: '`pulumi up` builds the image (`scripts/image.sh`, buildah, root) on the machine running Pulumi and pushes it as `imageRepository:version` (`buildah push`; log in first with `buildah login`) before anything that runs it. False: the tag must already be pushed.',
   },
+  imagePullUsername: {
+    type: 'string',
+    doc: 'User name for the image’s registry (the host of `imageRepository`; Docker Hub when it names none), with `imagePullPassword`. Kubernetes: the stack makes the `kubernetes.io/dockerconfigjson` Secret `space-image-pull` every SPACE pod pulls with. Unset: the image is pulled anonymously.',
+  },
+  imagePullPassword: {
+    type: 'string',
+    secret: true,
+    doc: 'Password or token for `imagePullUsername` (e.g. a GitHub token with `read:packages` for ghcr.io).',
+  },
+  imagePullSecretName: {
+    type: 'string',
+    clouds: ['akamai', 'coreweave', 'kind'],
+    doc: 'Instead of `imagePullUsername`: an existing `kubernetes.io/dockerconfigjson` Secret in the `space` namespace every SPACE pod pulls with (`kubernetes` mode).',
+  },
   region: {
     type: 'string',
     clouds: ['akamai', 'crusoe'],

@@ -186,6 +186,25 @@ export function loadStackConfig(
   if (!/^[a-z0-9.-]+(:\d+)?(\/[a-z0-9._-]+)+$/.test(imageRepository))
     problems.push(`space:imageRepository: not an image repository ("${imageRepository}")`);
 
+  const pullUser = raw('imagePullUsername');
+  const pullSecretName = raw('imagePullSecretName');
+  if ((pullUser === undefined) !== (raw('imagePullPassword') === undefined))
+    problems.push('space:imagePullUsername and space:imagePullPassword: set both or neither');
+  // RFC 7617 section 2: the user-id of basic credentials cannot contain a colon
+  if (pullUser !== undefined && !/^[^:\s]+$/.test(pullUser))
+    problems.push('space:imagePullUsername: must be non-empty, without ":" or spaces');
+  if (pullSecretName !== undefined) {
+    if (pullUser !== undefined)
+      problems.push('space:imagePullSecretName and space:imagePullUsername: set one or the other');
+    if (mode !== 'kubernetes')
+      problems.push('space:imagePullSecretName: kubernetes mode only (a Secret in the cluster)');
+    // a Secret's name is a DNS subdomain (RFC 1123), at most 253 characters
+    if (
+      !/^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/.test(pullSecretName)
+    )
+      problems.push(`space:imagePullSecretName: not a Kubernetes Secret name ("${pullSecretName}")`);
+  }
+
   const region = raw('region') ?? '';
   if ((cloud === 'akamai' || cloud === 'crusoe') && !region)
     problems.push('space:region: required on ' + cloud);
@@ -376,6 +395,8 @@ export function loadStackConfig(
     version: version ?? '',
     imageRepository,
     imageBuild: bool('imageBuild', false),
+    imagePullUsername: pullUser,
+    imagePullSecretName: pullSecretName,
     region,
     nodePools: pools.pools,
     clientCidrs,
@@ -416,6 +437,7 @@ export function loadStackConfig(
           'gatewayCaKey',
           'lkeFirewallToken',
           'bootstrapApiKey',
+          'imagePullPassword',
         ] as const
       )
         .filter((k) => raw(k) !== undefined)

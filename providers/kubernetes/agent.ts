@@ -20,6 +20,7 @@ import {
   env,
   labels,
   type ObjectList,
+  pullSecretsOf,
   type RenderContext,
   type RuntimeArgs,
   redisUrlEnv,
@@ -63,6 +64,7 @@ export function agentDaemonSet(
         spec: {
           serviceAccountName: 'space-agent',
           automountServiceAccountToken: false,
+          ...pullSecretsOf(a.imagePull),
           nodeSelector: { [POOL_LABEL]: pool.name },
           tolerations,
           priorityClassName: 'system-node-critical',

@@ -81,6 +81,19 @@ export interface TlsArgs {
   readonly routerHostname: string;
 }
 
+/**
+ * Registry credentials the kubelet pulls the SPACE image with (`imagePullSecrets` of every pod that
+ * runs it): an existing `kubernetes.io/dockerconfigjson` Secret in the namespace, or a user name and
+ * password (a Pulumi secret) the component turns into one ({@link IMAGE_PULL_SECRET}) for the
+ * registry of the image repository.
+ */
+export type ImagePullArgs =
+  | { readonly secretName: string }
+  | { readonly username: string; readonly password: Input<string> };
+
+/** Name of the `kubernetes.io/dockerconfigjson` Secret the component makes from a user name and password. */
+export const IMAGE_PULL_SECRET = 'space-image-pull';
+
 /** Name of the cert-manager Certificate and of the `kubernetes.io/tls` Secret it writes. */
 export const TLS_SECRET = 'space-tls';
 
@@ -149,6 +162,8 @@ export interface RuntimeArgs {
   readonly apiEnv?: Readonly<Record<string, string>>;
   /** Extra agent settings (`SPACE_*`). Default none. */
   readonly agentEnv?: Readonly<Record<string, string>>;
+  /** How pods authenticate to the image's registry. Default none: the image is public. */
+  readonly imagePull?: ImagePullArgs;
 }
 
 /** One rendered object with the Pulumi logical-name suffix it gets (`${name}-${role}`). */
@@ -212,6 +227,17 @@ export interface RenderContext {
   readonly tlsVolume: k8s.types.input.core.v1.Volume[];
   /** The cloud's exposure of both client-facing Services. */
   readonly exposure: PublicExposure;
+  /**
+   * What every pod running the SPACE image adds to its spec: `{ imagePullSecrets: [{ name }] }`
+   * with {@link RuntimeArgs.imagePull}, else nothing (no empty field).
+   */
+  readonly pullSecrets: { imagePullSecrets?: k8s.types.input.core.v1.LocalObjectReference[] };
+}
+
+/** The name of the pull Secret pods reference for `pull`, if any. Pure. */
+export function imagePullSecretName(pull: ImagePullArgs | undefined): string | undefined {
+  if (!pull) return undefined;
+  return 'secretName' in pull ? pull.secretName : IMAGE_PULL_SECRET;
 }
 
 /** The {@link RenderContext} of `a`. Pure. */
@@ -227,7 +253,14 @@ export function renderContext(a: RuntimeArgs): RenderContext {
     tlsMount: a.tls ? [{ name: 'tls', mountPath: TLS_DIR, readOnly: true }] : [],
     tlsVolume: a.tls ? [{ name: 'tls', secret: { secretName: TLS_SECRET, defaultMode: 0o440 } }] : [],
     exposure: { serviceType: d.apiServiceType, ...a.exposure },
+    pullSecrets: pullSecretsOf(a.imagePull),
   };
+}
+
+/** The pod-spec fragment that names the pull Secret of `pull` (nothing without one). Pure. */
+export function pullSecretsOf(pull: ImagePullArgs | undefined): RenderContext['pullSecrets'] {
+  const name = imagePullSecretName(pull);
+  return name ? { imagePullSecrets: [{ name }] } : {};
 }
 
 /**

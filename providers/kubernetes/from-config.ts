@@ -42,6 +42,11 @@ export function runtimeArgsFromConfig(cfg: StackConfig, extra: Partial<RuntimeAr
     apiEnv: cfg.apiEnv,
     agentEnv: cfg.agentEnv,
     ...(cfg.routerUrl ? { router: { publicUrl: cfg.routerUrl } } : {}),
+    ...(cfg.imagePullSecretName
+      ? { imagePull: { secretName: cfg.imagePullSecretName } }
+      : cfg.imagePullUsername && cfg.secrets.imagePullPassword
+        ? { imagePull: { username: cfg.imagePullUsername, password: cfg.secrets.imagePullPassword } }
+        : {}),
     ...(cfg.tls
       ? {
           tls: {

@@ -20,6 +20,7 @@ import {
   env,
   labels,
   type ObjectList,
+  pullSecretsOf,
   type RenderContext,
   type RuntimeArgs,
   redisUrlEnv,
@@ -91,6 +92,7 @@ export function gatewayDaemonSet(
         spec: {
           serviceAccountName: 'space-gateway',
           automountServiceAccountToken: false,
+          ...pullSecretsOf(a.imagePull),
           nodeSelector: { [POOL_LABEL]: pool.name },
           tolerations,
           priorityClassName: 'system-node-critical',

@@ -16,10 +16,11 @@
 import * as k8s from '@pulumi/kubernetes';
 import * as pulumi from '@pulumi/pulumi';
 import dashboard from '../observability/space-dashboard.json' with { type: 'json' };
-import { API_PORT, ROUTER_PORT } from '../runtime-settings.ts';
+import { API_PORT, dockerConfigJson, ROUTER_PORT, registryOf } from '../runtime-settings.ts';
 import { addNodeServices } from './agent.ts';
 import { addApi } from './api.ts';
 import {
+  IMAGE_PULL_SECRET,
   labels,
   ObjectList,
   type RenderedObject,
@@ -33,8 +34,11 @@ import { addRedis, addRedisPolicy } from './redis.ts';
 import { addRouter } from './router.ts';
 
 export {
+  IMAGE_PULL_SECRET,
+  type ImagePullArgs,
   type PublicExposure,
   type PublicServiceArgs,
+  pullSecretsOf,
   type RedisArgs,
   type RenderedObject,
   type RouterArgs,
@@ -48,7 +52,9 @@ export { publicService } from './workload.ts';
 /**
  * Every Kubernetes object of the runtime, in apply order: namespace, service accounts, keys, the
  * gateway's CA and guard, Redis, TLS, the API and the router (the shared scaled-service builder),
- * per pool the gateway then the agent, network policies, the dashboard. Pure.
+ * per pool the gateway then the agent, network policies, the dashboard. Pure. With
+ * {@link RuntimeArgs.imagePull} credentials, a `kubernetes.io/dockerconfigjson` Secret too, named
+ * by every pod that runs the SPACE image.
  */
 export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
   const ctx = renderContext(a);
@@ -79,6 +85,23 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
       automountServiceAccountToken: false,
     };
     add(`${component}-sa`, sa);
+  }
+
+  // the registry login every pod running the SPACE image pulls with (space:imagePullUsername/Password)
+  if (a.imagePull && 'username' in a.imagePull) {
+    const { username, password } = a.imagePull;
+    const pull: k8s.types.input.core.v1.Secret = {
+      apiVersion: 'v1',
+      kind: 'Secret',
+      metadata: { name: IMAGE_PULL_SECRET, namespace: ns, labels: labels('image') },
+      type: 'kubernetes.io/dockerconfigjson',
+      stringData: {
+        '.dockerconfigjson': pulumi
+          .output(password)
+          .apply((p) => dockerConfigJson(registryOf(d.imageRepository), username, p)),
+      },
+    };
+    add('image-pull', pull);
   }
 
   const signing: k8s.types.input.core.v1.Secret = {
