@@ -163,7 +163,8 @@ export const CONFIG_KEYS = {
   },
   redisStorageClass: {
     type: 'string',
-    doc: 'StorageClass of the Redis volume (default: the cluster’s default).',
+    default: 'coreweave: `shared-vast` (`ReadWriteMany`); elsewhere the cluster’s default class',
+    doc: 'StorageClass of the Redis volume (`kubernetes` mode; `ReadWriteOnce` when set).',
   },
   apiTlsCertificate: {
     type: 'string',

@@ -20,6 +20,11 @@ export type RedisArgs =
       readonly storageGiB?: number;
       /** StorageClass of the volume. Default: the cluster's default class. */
       readonly storageClassName?: string;
+      /**
+       * Access mode of the volume (one Redis pod mounts it either way). Default `ReadWriteOnce`;
+       * `ReadWriteMany` where the class is documented for that mode only (CKS `shared-vast`).
+       */
+      readonly accessMode?: 'ReadWriteOnce' | 'ReadWriteMany';
       /** Redis image. Default `redis:7.4-alpine` (Docker Hub). */
       readonly image?: string;
     }

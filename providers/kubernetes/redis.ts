@@ -76,7 +76,7 @@ export function addRedis(list: ObjectList, ctx: RenderContext): void {
           {
             metadata: { name: 'data' },
             spec: {
-              accessModes: ['ReadWriteOnce'],
+              accessModes: [a.redis.accessMode ?? 'ReadWriteOnce'],
               ...(a.redis.storageClassName ? { storageClassName: a.redis.storageClassName } : {}),
               resources: { requests: { storage: `${a.redis.storageGiB ?? 10}Gi` } },
             },
