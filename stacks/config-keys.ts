@@ -154,7 +154,7 @@ export const CONFIG_KEYS = {
   redisPassword: {
     type: 'string',
     secret: true,
-    doc: 'Password of the in-cluster Redis. Required in `kubernetes` mode unless `redisUrl` is set.',
+    doc: 'Password of the in-cluster Redis, 16 characters or more (its only gate: every pod may reach its port). Required in `kubernetes` mode unless `redisUrl` is set.',
   },
   redisUrl: {
     type: 'string',
@@ -219,7 +219,7 @@ export const CONFIG_KEYS = {
     type: 'array',
     default: 'kind `["172.16.0.0/12"]`, LKE `["192.168.128.0/17"]`',
     clouds: ['akamai', 'coreweave', 'kind'],
-    doc: 'Node address blocks (`kubernetes` mode): agents use the host network, so Redis admits these. Required on CoreWeave (the CKS VPC host prefix).',
+    doc: 'Node address blocks (`kubernetes` mode): the gateways never dial them (`SPACE_GATEWAY_NODE_CIDRS`), and `gatewayDenyCidrs` must cover them. Required on CoreWeave (the CKS VPC host prefix).',
   },
   nodeTolerations: {
     type: 'array',

@@ -235,6 +235,12 @@ describe('configuration validation', () => {
     expect(() => run()).not.toThrow();
   });
 
+  it('a Redis password shorter than 16 characters is refused: it is the in-cluster Redis’s only gate', () => {
+    expect(fails({ ...withSecrets(VARIANTS['kind']!), redisPassword: 'short-pw' })).toEqual([
+      expect.stringMatching(/^space:redisPassword: at least 16 characters/),
+    ]);
+  });
+
   it('keys of another cloud are refused', () => {
     expect(fails(withSecrets({ ...VARIANTS['kind'], crusoeProjectId: 'x' }))).toEqual([
       'space:crusoeProjectId: does not apply to kind (only crusoe)',

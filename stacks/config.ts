@@ -306,6 +306,12 @@ export function loadStackConfig(
           `space:${k}: not used in vm mode (the control VM makes its own keys; Redis runs there)`,
         );
   }
+  // in kubernetes mode the password is the in-cluster Redis's only gate (providers/kubernetes/redis.ts)
+  const redisPassword = raw('redisPassword');
+  if (redisPassword !== undefined && redisPassword.length < 16)
+    problems.push(
+      'space:redisPassword: at least 16 characters (pulumi config set --secret space:redisPassword "$(openssl rand -hex 24)")',
+    );
   const signing = raw('signingKey');
   if (signing !== undefined && !signing.includes('BEGIN PRIVATE KEY'))
     problems.push(

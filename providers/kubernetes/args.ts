@@ -157,8 +157,8 @@ export interface RuntimeArgs {
   /** Extra gateway settings (`SPACE_GATEWAY_*`, checked by the stack config). Default none. */
   readonly gatewayEnv?: Readonly<Record<string, string>>;
   /**
-   * CIDRs agent traffic comes from. Agents use the host network, so NetworkPolicy pod selectors do
-   * not match them: Redis admits these address blocks besides the API pods. Default none.
+   * The nodes' address blocks: the gateways never dial them (`SPACE_GATEWAY_NODE_CIDRS`). Default
+   * none. (Redis does not admit by address: see redis.ts `addRedisPolicy`.)
    */
   readonly nodeCidrs?: readonly string[];
   /** Tolerations added to agent (and gateway) pods, e.g. a cloud's taints on CPU nodes. Default none. */
