@@ -10,8 +10,10 @@
 set -euo pipefail
 
 # qemu-system-x86: the qemu driver (microVMs; software emulation without KVM). cpio, gzip, lz4: VM
-# initrd and the ELF kernel extracted from Debian's cloud kernel (vm-image.ts). runsc comes below.
-PACKAGES=(redis-server nftables iproute2 debootstrap busybox-static tini e2fsprogs util-linux ca-certificates qemu-system-x86 cpio gzip lz4 xz-utils zstd)
+# initrd and the ELF kernel extracted from Debian's cloud kernel (vm-image.ts). prometheus: its
+# promtool checks and unit-tests the alert rules (providers/observability/alerts.test.ts). runsc
+# comes below.
+PACKAGES=(redis-server nftables iproute2 debootstrap busybox-static tini e2fsprogs util-linux ca-certificates qemu-system-x86 cpio gzip lz4 xz-utils zstd prometheus)
 # Oldest runsc version accepted (Debian's version string of the 2024-07-29 release).
 RUNSC_MIN='0.0~20240729'
 TRIXIE_SOURCE=/etc/apt/sources.list.d/space-trixie-runsc.sources
