@@ -57,6 +57,8 @@ export interface StackConfig {
   readonly crusoeProjectId: string;
   readonly crusoeVpcNetworkId: string;
   readonly crusoeImage: string;
+  /** `space:prometheusOperator` (with its labels), when true. */
+  readonly prometheusOperator: { readonly labels: Readonly<Record<string, string>> } | undefined;
   readonly apiEnv: Readonly<Record<string, string>>;
   readonly agentEnv: Readonly<Record<string, string>>;
   /** Secret values, present only when set. */

@@ -239,6 +239,18 @@ export const CONFIG_KEYS = {
     clouds: ['crusoe'],
     doc: 'Crusoe VM image (22.04+ for nested virtualisation).',
   },
+  prometheusOperator: {
+    type: 'boolean',
+    default: 'false',
+    clouds: ['akamai', 'coreweave', 'kind'],
+    doc: '`kubernetes` mode: also make Prometheus Operator objects (`monitoring.coreos.com/v1`; the CRDs must be installed, e.g. by kube-prometheus-stack): a PodMonitor per service and the PrometheusRule `space-alerts` (see "Monitoring").',
+  },
+  prometheusOperatorLabels: {
+    type: 'object',
+    default: '`{}`',
+    clouds: ['akamai', 'coreweave', 'kind'],
+    doc: 'Labels added to those objects, for a Prometheus that selects by label (kube-prometheus-stack: `{ "release": "<its release name>" }`).',
+  },
   apiEnv: {
     type: 'object',
     default: '`{}`',

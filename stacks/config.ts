@@ -379,6 +379,21 @@ export function loadStackConfig(
     problems.push(
       `space:routerUrl: required on ${cloud} in ${mode} mode (the router's public address is not known before it exists; clients reach sandboxes only through it)`,
     );
+  const prometheusOperator = bool('prometheusOperator', false);
+  const promLabels = json('prometheusOperatorLabels') ?? {};
+  if (
+    typeof promLabels !== 'object' ||
+    promLabels === null ||
+    Array.isArray(promLabels) ||
+    !Object.values(promLabels).every((v) => typeof v === 'string')
+  )
+    problems.push('space:prometheusOperatorLabels: must be an object of string labels');
+  if (has('prometheusOperatorLabels') && !prometheusOperator)
+    problems.push('space:prometheusOperatorLabels: only with space:prometheusOperator true');
+  if (prometheusOperator && mode !== 'kubernetes')
+    problems.push(
+      'space:prometheusOperator: kubernetes mode only (VMs: load providers/observability/space-alerts.yaml into your Prometheus)',
+    );
   const bootstrapApiKey = raw('bootstrapApiKey');
   if (mode === 'vm' && bootstrapApiKey === undefined)
     problems.push(
@@ -430,6 +445,7 @@ export function loadStackConfig(
     crusoeProjectId: raw('crusoeProjectId') ?? '',
     crusoeVpcNetworkId: raw('crusoeVpcNetworkId') ?? '',
     crusoeImage: str('crusoeImage', 'ubuntu22.04:latest')!,
+    prometheusOperator: prometheusOperator ? { labels: promLabels as Record<string, string> } : undefined,
     apiEnv,
     agentEnv,
     secrets: Object.fromEntries(

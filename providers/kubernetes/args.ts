@@ -169,6 +169,11 @@ export interface RuntimeArgs {
   readonly agentEnv?: Readonly<Record<string, string>>;
   /** How pods authenticate to the image's registry. Default none: the image is public. */
   readonly imagePull?: ImagePullArgs;
+  /**
+   * Make Prometheus Operator objects (PodMonitors and a PrometheusRule; the CRDs must exist),
+   * labelled with `labels` besides SPACE's own. Default none: pods carry scrape annotations only.
+   */
+  readonly prometheusOperator?: { readonly labels?: Readonly<Record<string, string>> };
 }
 
 /** One rendered object with the Pulumi logical-name suffix it gets (`${name}-${role}`). */

@@ -59,6 +59,7 @@ export function runtimeArgsFromConfig(
     apiEnv: cfg.apiEnv,
     agentEnv: cfg.agentEnv,
     ...(cfg.routerUrl ? { router: { publicUrl: cfg.routerUrl } } : {}),
+    ...(cfg.prometheusOperator ? { prometheusOperator: { labels: cfg.prometheusOperator.labels } } : {}),
     ...(cfg.imagePullSecretName
       ? { imagePull: { secretName: cfg.imagePullSecretName } }
       : cfg.imagePullUsername && cfg.secrets.imagePullPassword

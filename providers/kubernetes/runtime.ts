@@ -30,6 +30,7 @@ import {
   TLS_SECRET,
 } from './args.ts';
 import { addGatewayConfig } from './gateway.ts';
+import { addMonitoring } from './monitoring.ts';
 import { addRedis, addRedisPolicy } from './redis.ts';
 import { addRouter } from './router.ts';
 
@@ -52,7 +53,8 @@ export { publicService } from './workload.ts';
 /**
  * Every Kubernetes object of the runtime, in apply order: namespace, service accounts, keys, the
  * gateway's CA and guard, Redis, TLS, the API and the router (the shared scaled-service builder),
- * per pool the gateway then the agent, network policies, the dashboard. Pure. With
+ * per pool the gateway then the agent, network policies, the dashboard, and with
+ * {@link RuntimeArgs.prometheusOperator} the PodMonitors and the PrometheusRule. Pure. With
  * {@link RuntimeArgs.imagePull} credentials, a `kubernetes.io/dockerconfigjson` Secret too, named
  * by every pod that runs the SPACE image.
  */
@@ -192,6 +194,7 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
     data: { 'space.json': JSON.stringify(dashboard) },
   };
   add('grafana-dashboard', dash);
+  addMonitoring(list, ctx);
   return list.out;
 }
 
@@ -210,12 +213,25 @@ const RESOURCE_CLASSES = {
   NetworkPolicy: k8s.networking.v1.NetworkPolicy,
 } as const;
 
-/** A cert-manager resource (no typed class in @pulumi/kubernetes): a CustomResource of its kind. */
-class CertManagerResource extends k8s.apiextensions.CustomResource {
-  constructor(name: string, args: Record<string, unknown>, opts?: pulumi.CustomResourceOptions) {
-    super(name, { apiVersion: 'cert-manager.io/v1', kind: 'Certificate', ...args } as never, opts);
-  }
+/**
+ * An object of a custom resource kind (cert-manager's Certificate, the Prometheus Operator's
+ * PodMonitor and PrometheusRule: no typed class in @pulumi/kubernetes): a CustomResource of the
+ * `apiVersion` and `kind` it is made with.
+ */
+function customResourceClass(apiVersion: string, kind: string): ResourceCtor {
+  return class extends k8s.apiextensions.CustomResource {
+    constructor(name: string, args: Record<string, unknown>, opts?: pulumi.CustomResourceOptions) {
+      super(name, { apiVersion, kind, ...args } as never, opts);
+    }
+  };
 }
+
+/** The kinds made as custom resources, by kind. */
+const CUSTOM_KINDS: Readonly<Record<string, string>> = {
+  Certificate: 'cert-manager.io/v1',
+  PodMonitor: 'monitoring.coreos.com/v1',
+  PrometheusRule: 'monitoring.coreos.com/v1',
+};
 
 type ResourceCtor = new (
   name: string,
@@ -258,8 +274,8 @@ export function createRuntime(
   let namespace: pulumi.CustomResource | undefined;
   for (const { role, object, after } of renderRuntimeObjects(args)) {
     const Ctor = (
-      object.kind === 'Certificate'
-        ? CertManagerResource
+      CUSTOM_KINDS[object.kind] === object.apiVersion
+        ? customResourceClass(object.apiVersion, object.kind)
         : RESOURCE_CLASSES[object.kind as keyof typeof RESOURCE_CLASSES]
     ) as ResourceCtor | undefined;
     if (!Ctor) throw new pulumi.ResourceError(`no resource class for kind ${object.kind}`, parent);
