@@ -26,7 +26,29 @@ import {
   redisUrlEnv,
   runtimeDefaults,
 } from './args.ts';
-import { gatewayDaemonSet } from './gateway.ts';
+import { gatewayDaemonSet, gatewayNodeRollSeconds } from './gateway.ts';
+
+/** `minReadySeconds` of the agent DaemonSets: a new agent must stay ready this long before the next node. */
+const AGENT_MIN_READY_SECONDS = 10;
+/** Seconds a new agent pod may take to pull the image, start and re-adopt its sandboxes in a roll. */
+const AGENT_START_SECONDS = 120;
+
+/**
+ * Seconds one node's agent may take in a rolling update: the old pod's grace period (drain budget
+ * + 30 s), the new pod's start ({@link AGENT_START_SECONDS}) and `minReadySeconds`. Pure.
+ */
+export function agentNodeRollSeconds(a: RuntimeArgs): number {
+  return runtimeDefaults(a).agentDrainSeconds + 30 + AGENT_START_SECONDS + AGENT_MIN_READY_SECONDS;
+}
+
+/**
+ * How long Pulumi may wait for a DaemonSet rolling one node at a time over `nodes` nodes, s: the
+ * provider's own 10 minutes plus `perNode` for each node. Pulumi's default (10 minutes in all) fails
+ * `pulumi up` part-way through a large pool's roll while the roll goes on in the cluster. Pure.
+ */
+export function daemonSetTimeoutSeconds(nodes: number, perNode: number): number {
+  return 600 + Math.max(nodes, 1) * perNode;
+}
 
 /** The agent DaemonSet of `pool`. Pure. */
 export function agentDaemonSet(
@@ -54,7 +76,7 @@ export function agentDaemonSet(
       selector: { matchLabels: sel },
       // one node at a time; no surge: two agents cannot share a node's sandboxes, taps and nft table
       updateStrategy: { type: 'RollingUpdate', rollingUpdate: { maxUnavailable: 1, maxSurge: 0 } },
-      minReadySeconds: 10,
+      minReadySeconds: AGENT_MIN_READY_SECONDS,
       template: {
         metadata: {
           labels: { ...sel, 'app.kubernetes.io/version': a.version },
@@ -144,8 +166,10 @@ export function agentDaemonSet(
 }
 
 /**
- * Adds, per node pool, the gateway DaemonSet (when enabled) and then the agent DaemonSet, applied
- * after its pool's gateway. Both tolerate the pool taint and {@link RuntimeArgs.agentTolerations}.
+ * Adds, per node pool, the gateway DaemonSet (when enabled) and the agent DaemonSet. Both tolerate
+ * the pool taint and {@link RuntimeArgs.agentTolerations}; both roll one node at a time, at the
+ * same time (neither waits for the other's whole roll), and Pulumi waits for each as long as its
+ * pool's size needs ({@link daemonSetTimeoutSeconds}).
  */
 export function addNodeServices(list: ObjectList, ctx: RenderContext): void {
   const { a, d, image } = ctx;
@@ -155,14 +179,27 @@ export function addNodeServices(list: ObjectList, ctx: RenderContext): void {
     { key: POOL_LABEL, operator: 'Exists', effect: 'NoSchedule' },
     ...(a.agentTolerations ?? []),
   ];
-  // the gateway of each pool first: on a version bump the agents roll only after their gateways
-  // (a restarted gateway forgets registrations; an agent re-registers its sandboxes when it starts)
+  // No ordering between a pool's gateway and agent DaemonSets: a restarted gateway holds no
+  // registration, and its node's agent registers its sandboxes again within one watchdog pass
+  // (SPACE_WATCHDOG_INTERVAL_MS; it sees the gateway's new registry id) whether or not the agent
+  // restarts too, so making the agents wait for the whole pool's gateway roll protected nothing
+  // and doubled the roll. Both roll at once, one node at a time each. (One pod with both
+  // containers would roll them on the same node together, but the gateway would then share the
+  // agent's host PID namespace, and the first roll would deadlock: the new pods' gateways cannot
+  // bind the ports the old gateway pods hold until Pulumi deletes that DaemonSet, after the roll.)
   for (const pool of a.nodePools) {
-    if (d.gatewayEnabled) add(`gateway-${pool.name}`, gatewayDaemonSet(a, pool, image, tolerations));
+    if (d.gatewayEnabled)
+      add(
+        `gateway-${pool.name}`,
+        gatewayDaemonSet(a, pool, image, tolerations),
+        undefined,
+        daemonSetTimeoutSeconds(pool.count, gatewayNodeRollSeconds()),
+      );
     add(
       `agent-${pool.name}`,
       agentDaemonSet(a, pool, image, tolerations),
-      d.gatewayEnabled ? [`gateway-${pool.name}`] : undefined,
+      undefined,
+      daemonSetTimeoutSeconds(pool.count, agentNodeRollSeconds(a)),
     );
   }
 }

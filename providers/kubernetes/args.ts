@@ -180,8 +180,13 @@ export interface RuntimeArgs {
 export interface RenderedObject {
   readonly role: string;
   readonly object: { readonly apiVersion: string; readonly kind: string } & Record<string, unknown>;
-  /** Roles this object is applied after (Pulumi `dependsOn`; e.g. an agent after its node's gateway). */
+  /** Roles this object is applied after (Pulumi `dependsOn`). */
   readonly after?: readonly string[];
+  /**
+   * How long Pulumi may wait for the object to be ready after a create or an update, s (its
+   * `customTimeouts`). Default: the provider's (10 minutes for workloads).
+   */
+  readonly timeoutSeconds?: number;
 }
 
 /** The label naming a pod's SPACE component (`api`, `router`, `agent`, `gateway`, `redis`, …). */
@@ -280,12 +285,16 @@ export function pullSecretsOf(pull: ImagePullArgs | undefined): RenderContext['p
 export class ObjectList {
   /** What was added, in order. */
   readonly out: RenderedObject[] = [];
-  /** Adds `object` as role `role` (Pulumi name `${name}-${role}`), applied after the roles in `after`. */
-  add(role: string, object: object, after?: readonly string[]): void {
+  /**
+   * Adds `object` as role `role` (Pulumi name `${name}-${role}`), applied after the roles in
+   * `after`, awaited for at most `timeoutSeconds` (see {@link RenderedObject}).
+   */
+  add(role: string, object: object, after?: readonly string[], timeoutSeconds?: number): void {
     this.out.push({
       role,
       object: object as unknown as RenderedObject['object'],
-      ...(after ? { after } : {}),
+      ...(after?.length ? { after } : {}),
+      ...(timeoutSeconds ? { timeoutSeconds } : {}),
     });
   }
 }

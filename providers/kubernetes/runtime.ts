@@ -264,6 +264,12 @@ export class Runtime extends pulumi.ComponentResource {
   }
 }
 
+/** Pulumi `customTimeouts` for creates and updates of `seconds` (whole minutes, rounded up). */
+export function pulumiTimeouts(seconds: number): pulumi.CustomTimeouts {
+  const t = `${Math.ceil(seconds / 60)}m`;
+  return { create: t, update: t };
+}
+
 /** Creates every object of {@link renderRuntimeObjects} as a child of `parent`, in order. */
 export function createRuntime(
   parent: pulumi.ComponentResource,
@@ -272,7 +278,7 @@ export function createRuntime(
 ): Record<string, pulumi.CustomResource> {
   const created: Record<string, pulumi.CustomResource> = {};
   let namespace: pulumi.CustomResource | undefined;
-  for (const { role, object, after } of renderRuntimeObjects(args)) {
+  for (const { role, object, after, timeoutSeconds } of renderRuntimeObjects(args)) {
     const Ctor = (
       CUSTOM_KINDS[object.kind] === object.apiVersion
         ? customResourceClass(object.apiVersion, object.kind)
@@ -285,6 +291,7 @@ export function createRuntime(
       dependsOn: [...(namespace ? [namespace] : []), ...(after ?? []).map((r) => created[r]!)],
       // the Secret's data must not show in plain text in the state or the CLI
       ...(object.kind === 'Secret' ? { additionalSecretOutputs: ['data', 'stringData'] } : {}),
+      ...(timeoutSeconds ? { customTimeouts: pulumiTimeouts(timeoutSeconds) } : {}),
     });
     if (object.kind === 'Namespace') namespace = r;
     created[role] = r;
