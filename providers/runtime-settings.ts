@@ -160,6 +160,9 @@ export const DEPLOYMENT_OWNED = [
   'SPACE_CACHE_DIR',
   'SPACE_DRIVER',
   'SPACE_AGENT_ON_SHUTDOWN',
+  // Kubernetes: the cordon watcher writes the drain file; the wait is space:agentDrainSeconds
+  'SPACE_DRAIN_FILE',
+  'SPACE_DRAIN_WAIT_MS',
   // gateway ↔ agent wiring: both sides must agree, so neither may change them alone
   'SPACE_GATEWAY_BIND_HOST',
   'SPACE_GATEWAY_CONTROL_SOCKET',

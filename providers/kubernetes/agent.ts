@@ -4,6 +4,7 @@
  * `/dev/kvm` only for VMM drivers and, with the gateway, the shared host directory and the CA
  * certificate.
  */
+import { readFileSync } from 'node:fs';
 import type * as k8s from '@pulumi/kubernetes';
 import { isVmmDriver, type NodePool, POOL_LABEL } from '../node-pool.ts';
 import {
@@ -27,6 +28,15 @@ import {
   runtimeDefaults,
 } from './args.ts';
 import { gatewayDaemonSet, gatewayNodeRollSeconds } from './gateway.ts';
+
+/** The cordon watcher's source (cordon-watch.ts), mounted into every agent pod from a ConfigMap. */
+export const CORDON_WATCH_SCRIPT = readFileSync(new URL('./cordon-watch.ts', import.meta.url), 'utf8');
+/** Where the agent and its cordon watcher share the drain file (an emptyDir of the pod). */
+const DRAIN_DIR = '/run/space-drain';
+/** The agent's `SPACE_DRAIN_FILE`: present while the node is cordoned. */
+export const DRAIN_FILE = `${DRAIN_DIR}/draining`;
+/** Where the cordon watcher finds its service-account token and the API server's CA. */
+const API_TOKEN_DIR = '/var/run/secrets/space-api';
 
 /** `minReadySeconds` of the agent DaemonSets: a new agent must stay ready this long before the next node. */
 const AGENT_MIN_READY_SECONDS = 10;
@@ -107,7 +117,13 @@ export function agentDaemonSet(
                 { name: 'SPACE_NODE_ID', valueFrom: { fieldRef: { fieldPath: 'spec.nodeName' } } },
                 { name: 'NODE_IP', valueFrom: { fieldRef: { fieldPath: 'status.hostIP' } } },
                 { name: 'SPACE_AGENT_URL', value: `http://$(NODE_IP):${AGENT_PORT}` },
-                ...env(agentEnvironment(pool, a.agentEnv, { enabled: d.gatewayEnabled })),
+                ...env({
+                  ...agentEnvironment(pool, a.agentEnv, { enabled: d.gatewayEnabled }),
+                  // a cordoned node drains: no new sandboxes; at SIGTERM its sandboxes get the drain
+                  // budget to end (the grace period leaves 30 s for the rest of the shutdown)
+                  SPACE_DRAIN_FILE: DRAIN_FILE,
+                  SPACE_DRAIN_WAIT_MS: String(d.agentDrainSeconds * 1000),
+                }),
                 redisUrlEnv,
               ],
               ports: [{ name: 'data-plane', containerPort: AGENT_PORT, hostPort: AGENT_PORT }],
@@ -134,6 +150,7 @@ export function agentDaemonSet(
                 { name: 'cgroup', mountPath: '/sys/fs/cgroup' },
                 { name: 'modules', mountPath: '/lib/modules', readOnly: true },
                 { name: 'tun', mountPath: '/dev/net/tun' },
+                { name: 'drain', mountPath: DRAIN_DIR, readOnly: true },
                 ...(vmm ? [{ name: 'kvm', mountPath: '/dev/kvm' }] : []),
                 ...(d.gatewayEnabled
                   ? [
@@ -141,6 +158,32 @@ export function agentDaemonSet(
                       { name: 'gateway-ca-cert', mountPath: GATEWAY_CA_DIR, readOnly: true },
                     ]
                   : []),
+              ],
+            },
+            {
+              // keeps SPACE_DRAIN_FILE in place while the node is cordoned (cordon-watch.ts)
+              name: 'cordon-watch',
+              image,
+              command: ['node', '/opt/space-cordon/cordon-watch.ts'],
+              env: [
+                { name: 'NODE_NAME', valueFrom: { fieldRef: { fieldPath: 'spec.nodeName' } } },
+                { name: 'SPACE_DRAIN_FILE', value: DRAIN_FILE },
+                { name: 'SPACE_CORDON_TOKEN_FILE', value: `${API_TOKEN_DIR}/token` },
+                { name: 'NODE_EXTRA_CA_CERTS', value: `${API_TOKEN_DIR}/ca.crt` },
+              ],
+              resources: { requests: { cpu: '5m', memory: '32Mi' }, limits: { memory: '96Mi' } },
+              securityContext: {
+                runAsUser: 65534,
+                runAsGroup: 65534,
+                runAsNonRoot: true,
+                allowPrivilegeEscalation: false,
+                readOnlyRootFilesystem: true,
+                capabilities: { drop: ['ALL'] },
+              },
+              volumeMounts: [
+                { name: 'drain', mountPath: DRAIN_DIR },
+                { name: 'cordon-watch', mountPath: '/opt/space-cordon', readOnly: true },
+                { name: 'api-token', mountPath: API_TOKEN_DIR, readOnly: true },
               ],
             },
           ],
@@ -151,6 +194,18 @@ export function agentDaemonSet(
             hostPath('cgroup', '/sys/fs/cgroup', 'Directory'),
             hostPath('modules', '/lib/modules', 'Directory'),
             hostPath('tun', '/dev/net/tun', 'CharDevice'),
+            { name: 'drain', emptyDir: { medium: 'Memory', sizeLimit: '1Mi' } },
+            { name: 'cordon-watch', configMap: { name: 'space-cordon-watch' } },
+            // only the cordon watcher mounts a token: the agent's service account may get nodes
+            {
+              name: 'api-token',
+              projected: {
+                sources: [
+                  { serviceAccountToken: { path: 'token', expirationSeconds: 3600 } },
+                  { configMap: { name: 'kube-root-ca.crt', items: [{ key: 'ca.crt', path: 'ca.crt' }] } },
+                ],
+              },
+            },
             ...(vmm ? [hostPath('kvm', '/dev/kvm', 'CharDevice')] : []),
             ...(d.gatewayEnabled
               ? [
@@ -172,8 +227,31 @@ export function agentDaemonSet(
  * pool's size needs ({@link daemonSetTimeoutSeconds}).
  */
 export function addNodeServices(list: ObjectList, ctx: RenderContext): void {
-  const { a, d, image } = ctx;
+  const { a, d, image, ns } = ctx;
   const add = list.add.bind(list);
+  // the cordon watcher of every agent pod: its script, and the one right it needs (get nodes)
+  const script: k8s.types.input.core.v1.ConfigMap = {
+    apiVersion: 'v1',
+    kind: 'ConfigMap',
+    metadata: { name: 'space-cordon-watch', namespace: ns, labels: labels('agent') },
+    data: { 'cordon-watch.ts': CORDON_WATCH_SCRIPT },
+  };
+  add('cordon-watch', script);
+  const role: k8s.types.input.rbac.v1.ClusterRole = {
+    apiVersion: 'rbac.authorization.k8s.io/v1',
+    kind: 'ClusterRole',
+    metadata: { name: `space-node-reader-${ns}`, labels: labels('agent') },
+    rules: [{ apiGroups: [''], resources: ['nodes'], verbs: ['get'] }],
+  };
+  add('node-reader', role);
+  const binding: k8s.types.input.rbac.v1.ClusterRoleBinding = {
+    apiVersion: 'rbac.authorization.k8s.io/v1',
+    kind: 'ClusterRoleBinding',
+    metadata: { name: `space-node-reader-${ns}`, labels: labels('agent') },
+    roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: `space-node-reader-${ns}` },
+    subjects: [{ kind: 'ServiceAccount', name: 'space-agent', namespace: ns }],
+  };
+  add('node-reader-binding', binding, ['node-reader']);
   const tolerations = [
     // pools may be tainted so that nothing else lands there; the agent goes everywhere it is asked to
     { key: POOL_LABEL, operator: 'Exists', effect: 'NoSchedule' },

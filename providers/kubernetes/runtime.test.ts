@@ -113,8 +113,14 @@ describe('renderRuntimeObjects policies', () => {
       }
   });
 
-  it('no pod mounts a service-account token', () => {
-    for (const w of workloads) expect(podSpec(w)['automountServiceAccountToken']).toBe(false);
+  it('no pod mounts a service-account token, but for the agent pods’ cordon watcher (a projected one)', () => {
+    for (const w of workloads) {
+      expect(podSpec(w)['automountServiceAccountToken']).toBe(false);
+      const projected = ((podSpec(w)['volumes'] as Obj[] | undefined) ?? []).filter((v) => v['projected']);
+      for (const c of containers(w))
+        for (const m of (c['volumeMounts'] as Obj[] | undefined) ?? [])
+          if (projected.some((v) => v['name'] === m['name'])) expect(c['name']).toBe('cordon-watch');
+    }
   });
 
   it('the signing key is mounted only into the API; agents get only the public key', () => {
@@ -146,7 +152,7 @@ describe('renderRuntimeObjects policies', () => {
     ]);
     // every client reads its URL (with the password) from the same Secret
     for (const w of workloads.filter((x) => x['kind'] !== 'StatefulSet'))
-      for (const c of containers(w))
+      for (const c of containers(w).filter((x) => x['name'] !== 'cordon-watch'))
         expect(c['env'], (w['metadata'] as Obj)['name'] as string).toContainEqual({
           name: 'SPACE_REDIS_URL',
           valueFrom: { secretKeyRef: { name: 'space-redis', key: 'url' } },

@@ -211,6 +211,8 @@ const RESOURCE_CLASSES = {
   HorizontalPodAutoscaler: k8s.autoscaling.v2.HorizontalPodAutoscaler,
   PodDisruptionBudget: k8s.policy.v1.PodDisruptionBudget,
   NetworkPolicy: k8s.networking.v1.NetworkPolicy,
+  ClusterRole: k8s.rbac.v1.ClusterRole,
+  ClusterRoleBinding: k8s.rbac.v1.ClusterRoleBinding,
 } as const;
 
 /**
