@@ -112,6 +112,33 @@ export type Service = keyof typeof SERVICE_COMMANDS;
 /** Default image repository (one image, one command per service). */
 export const DEFAULT_IMAGE_REPOSITORY = 'ghcr.io/space-sandbox/space';
 
+/**
+ * The registry host of an image repository, as container runtimes resolve it (the reference
+ * grammar of distribution/distribution `reference/normalize.go`, `splitDockerDomain`): the first
+ * path component when it has a `.` or a `:` or is `localhost`, else Docker Hub (`docker.io`).
+ * E.g. `ghcr.io/space-sandbox/space` → `ghcr.io`, `registry.local:5000/space` → `registry.local:5000`,
+ * `space-sandbox/space` → `docker.io`. Pure.
+ */
+export function registryOf(repository: string): string {
+  const first = repository.split('/')[0]!;
+  return repository.includes('/') && (first.includes('.') || first.includes(':') || first === 'localhost')
+    ? first
+    : 'docker.io';
+}
+
+/**
+ * The `.dockerconfigjson` document of a `kubernetes.io/dockerconfigjson` Secret (kubernetes.io/docs/
+ * concepts/configuration/secret/#docker-config-secrets) that logs in to `registry` with basic
+ * credentials: `auths.<registry>` with `username`, `password` and `auth` = base64 of
+ * `username:password` (RFC 7617 basic credentials, so the username holds no `:`). Docker Hub is
+ * keyed by its legacy index URL, `https://index.docker.io/v1/`, as `docker login` writes it. Pure.
+ */
+export function dockerConfigJson(registry: string, username: string, password: string): string {
+  const key = registry === 'docker.io' ? 'https://index.docker.io/v1/' : registry;
+  const auth = Buffer.from(`${username}:${password}`).toString('base64');
+  return JSON.stringify({ auths: { [key]: { username, password, auth } } });
+}
+
 /** `repository:version`: the only place an image reference is made, so `space:version` drives every tag. */
 export function imageRef(repository: string, version: string): string {
   return `${repository}:${version}`;
@@ -133,6 +160,9 @@ export const DEPLOYMENT_OWNED = [
   'SPACE_CACHE_DIR',
   'SPACE_DRIVER',
   'SPACE_AGENT_ON_SHUTDOWN',
+  // Kubernetes: the cordon watcher writes the drain file; the wait is space:agentDrainSeconds
+  'SPACE_DRAIN_FILE',
+  'SPACE_DRAIN_WAIT_MS',
   // gateway ↔ agent wiring: both sides must agree, so neither may change them alone
   'SPACE_GATEWAY_BIND_HOST',
   'SPACE_GATEWAY_CONTROL_SOCKET',
@@ -170,15 +200,35 @@ export const KNOWN_ENV = {
 } as const;
 
 /**
- * Checks operator overrides (`space:apiEnv`, `space:agentEnv`): every key must be a setting the
- * service declares and not one the deployment owns; values must be strings. Returns problems.
+ * OpenTelemetry's own environment variables (`OTEL_*`, the OpenTelemetry specification's
+ * "Environment Variable Specification"; e.g. `OTEL_EXPORTER_OTLP_ENDPOINT`,
+ * `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_TRACES_SAMPLER`): the OpenTelemetry SDK reads them, not
+ * SPACE's settings tables, so they are allowed by name pattern for the services that trace.
+ */
+export const OTEL_ENV = /^OTEL_[A-Z0-9_]+$/;
+
+/** Services that export traces (runtime/core/tracing.ts `startTracing`): they take `OTEL_*`. */
+const TRACED: ReadonlySet<keyof typeof KNOWN_ENV> = new Set(['api', 'agent', 'router']);
+
+/** The `OTEL_*` entries of `env` (what turns tracing on), e.g. to give the router the API's. Pure. */
+export function tracingEnvironment(env: Readonly<Record<string, string>> = {}): Record<string, string> {
+  return Object.fromEntries(Object.entries(env).filter(([k]) => OTEL_ENV.test(k)));
+}
+
+/**
+ * Checks operator overrides (`space:apiEnv`, `space:agentEnv`, `space:gatewayEnv`): every key must
+ * be a setting the service declares (or, for a service that traces, an `OTEL_*` variable) and not
+ * one the deployment owns; values must be strings. Returns problems.
  */
 export function checkEnvOverrides(service: keyof typeof KNOWN_ENV, env: unknown, path: string): string[] {
   if (env === undefined) return [];
   if (typeof env !== 'object' || env === null || Array.isArray(env)) return [`${path}: must be an object`];
   const problems: string[] = [];
   for (const [k, v] of Object.entries(env)) {
-    if (!KNOWN_ENV[service].has(k)) problems.push(`${path}.${k}: not a ${service} setting (see README.md)`);
+    if (OTEL_ENV.test(k)) {
+      if (!TRACED.has(service)) problems.push(`${path}.${k}: the ${service} exports no traces`);
+    } else if (!KNOWN_ENV[service].has(k))
+      problems.push(`${path}.${k}: not a ${service} setting (see README.md)`);
     else if ((DEPLOYMENT_OWNED as readonly string[]).includes(k))
       problems.push(`${path}.${k}: set by the deployment; cannot be overridden`);
     else if (OWN_KEY[k]) problems.push(`${path}.${k}: set it with ${OWN_KEY[k]}`);

@@ -20,6 +20,8 @@ export interface StackConfig {
   readonly imageBuild: boolean;
   /** `space:imageVmms`: the drivers the image can run (its `dev.space.vmms` label). */
   readonly imageVmms: readonly DriverName[];
+  /** `space:imagePullSecretName`: an existing pull Secret (`kubernetes` mode), when set. */
+  readonly imagePullSecretName: string | undefined;
   readonly region: string;
   readonly nodePools: readonly NodePool[];
   readonly clientCidrs: readonly string[];
@@ -58,6 +60,8 @@ export interface StackConfig {
   readonly crusoeProjectId: string;
   readonly crusoeVpcNetworkId: string;
   readonly crusoeImage: string;
+  /** `space:prometheusOperator` (with its labels), when true. */
+  readonly prometheusOperator: { readonly labels: Readonly<Record<string, string>> } | undefined;
   readonly apiEnv: Readonly<Record<string, string>>;
   readonly agentEnv: Readonly<Record<string, string>>;
   /** Secret values, present only when set. */

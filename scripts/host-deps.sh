@@ -11,9 +11,10 @@ set -euo pipefail
 
 # qemu-system-x86: the qemu driver (microVMs; software emulation without KVM). cpio, gzip, lz4: VM
 # initrd and the ELF kernel extracted from Debian's cloud kernel (vm-image.ts). procps: sysctl, which
-# the VM drivers' network setup runs in each sandbox namespace (a minbase image has none). runsc
-# comes below.
-PACKAGES=(redis-server nftables iproute2 debootstrap busybox-static tini e2fsprogs util-linux ca-certificates qemu-system-x86 cpio gzip lz4 xz-utils zstd procps)
+# the VM drivers' network setup runs in each sandbox namespace (a minbase image has none).
+# prometheus: its promtool checks and unit-tests the alert rules (providers/observability/alerts.test.ts).
+# runsc comes below.
+PACKAGES=(redis-server nftables iproute2 debootstrap busybox-static tini e2fsprogs util-linux ca-certificates qemu-system-x86 cpio gzip lz4 xz-utils zstd procps prometheus)
 # Oldest runsc version accepted (Debian's version string of the 2024-07-29 release).
 RUNSC_MIN='0.0~20240729'
 TRIXIE_SOURCE=/etc/apt/sources.list.d/space-trixie-runsc.sources

@@ -32,15 +32,6 @@ export const CONFIG_KEYS = {
     type: 'string',
     doc: 'Image repository your image is pushed to (one image, one command per service). Required: no SPACE image is published; build it with `npm run image` and push it, or set `space:imageBuild`.',
   },
-  imagePullUsername: {
-    type: 'string',
-    doc: 'User name for the registry of `imageRepository` (its first path component, or Docker Hub), when pulls need credentials; set with `imagePullPassword`. VMs: podman’s auth file `/etc/containers/auth.json` (mode 0600).',
-  },
-  imagePullPassword: {
-    type: 'string',
-    secret: true,
-    doc: 'Password or token for `imagePullUsername` (e.g. a read-only registry token).',
-  },
   imageBuild: {
     type: 'boolean',
     default: 'false',
@@ -50,6 +41,20 @@ export const CONFIG_KEYS = {
     type: 'array',
     default: '`["gvisor", "qemu"]` (what every build has, an offline one too)',
     doc: 'The drivers the image can run: its `dev.space.vmms` label (`buildah inspect`). A node pool whose driver is not listed is refused at preview; with `space:imageBuild` the build must produce them (`--require`: an online build, checksums pinned).',
+  },
+  imagePullUsername: {
+    type: 'string',
+    doc: 'User name for the image’s registry (the host of `imageRepository`; Docker Hub when it names none), with `imagePullPassword`. Kubernetes: the stack makes the `kubernetes.io/dockerconfigjson` Secret `space-image-pull` every SPACE pod pulls with. VMs: podman’s auth file `/etc/containers/auth.json` (mode 0600), named by every pull. Unset: the image is pulled anonymously.',
+  },
+  imagePullPassword: {
+    type: 'string',
+    secret: true,
+    doc: 'Password or token for `imagePullUsername` (e.g. a GitHub token with `read:packages` for ghcr.io).',
+  },
+  imagePullSecretName: {
+    type: 'string',
+    clouds: ['akamai', 'coreweave', 'kind'],
+    doc: 'Instead of `imagePullUsername`: an existing `kubernetes.io/dockerconfigjson` Secret in the `space` namespace every SPACE pod pulls with (`kubernetes` mode).',
   },
   region: {
     type: 'string',
@@ -152,7 +157,7 @@ export const CONFIG_KEYS = {
   redisPassword: {
     type: 'string',
     secret: true,
-    doc: 'Password of the in-cluster Redis. Required in `kubernetes` mode unless `redisUrl` is set. In `vm` mode, the control VM’s Redis password (16-128 of `A-Za-z0-9._~-`); default: derived from `bootstrapApiKey` (HKDF-SHA256).',
+    doc: 'Password of Redis, 16 characters or more. `kubernetes` mode: the in-cluster Redis (its only gate: every pod may reach its port); required unless `redisUrl` is set. `vm` mode: the control VM’s Redis (16-128 of `A-Za-z0-9._~-`); default: derived from `bootstrapApiKey` (HKDF-SHA256).',
   },
   redisUrl: {
     type: 'string',
@@ -161,7 +166,8 @@ export const CONFIG_KEYS = {
   },
   redisStorageClass: {
     type: 'string',
-    doc: 'StorageClass of the Redis volume (default: the cluster’s default).',
+    default: 'coreweave: `shared-vast` (`ReadWriteMany`); elsewhere the cluster’s default class',
+    doc: 'StorageClass of the Redis volume (`kubernetes` mode; `ReadWriteOnce` when set).',
   },
   apiTlsCertificate: {
     type: 'string',
@@ -216,7 +222,7 @@ export const CONFIG_KEYS = {
     type: 'array',
     default: 'kind `["172.16.0.0/12"]`, LKE `["192.168.128.0/17"]`',
     clouds: ['akamai', 'coreweave', 'kind'],
-    doc: 'Node address blocks (`kubernetes` mode): agents use the host network, so Redis admits these. Required on CoreWeave (the CKS VPC host prefix).',
+    doc: 'Node address blocks (`kubernetes` mode): the gateways never dial them (`SPACE_GATEWAY_NODE_CIDRS`), and `gatewayDenyCidrs` must cover them. Required on CoreWeave (the CKS VPC host prefix).',
   },
   nodeTolerations: {
     type: 'array',
@@ -236,15 +242,27 @@ export const CONFIG_KEYS = {
     clouds: ['crusoe'],
     doc: 'Crusoe VM image (22.04+ for nested virtualisation).',
   },
+  prometheusOperator: {
+    type: 'boolean',
+    default: 'false',
+    clouds: ['akamai', 'coreweave', 'kind'],
+    doc: '`kubernetes` mode: also make Prometheus Operator objects (`monitoring.coreos.com/v1`; the CRDs must be installed, e.g. by kube-prometheus-stack): a PodMonitor per service and the PrometheusRule `space-alerts` (see "Monitoring").',
+  },
+  prometheusOperatorLabels: {
+    type: 'object',
+    default: '`{}`',
+    clouds: ['akamai', 'coreweave', 'kind'],
+    doc: 'Labels added to those objects, for a Prometheus that selects by label (kube-prometheus-stack: `{ "release": "<its release name>" }`).',
+  },
   apiEnv: {
     type: 'object',
     default: '`{}`',
-    doc: 'Extra API settings (`SPACE_*` from README.md), e.g. `SPACE_LOG_LEVEL`.',
+    doc: 'Extra API settings (`SPACE_*` from README.md), e.g. `SPACE_LOG_LEVEL`, and OpenTelemetry’s `OTEL_*` (e.g. `OTEL_EXPORTER_OTLP_ENDPOINT` turns tracing on; in `kubernetes` mode the router gets the same `OTEL_*`).',
   },
   agentEnv: {
     type: 'object',
     default: '`{}`',
-    doc: 'Extra agent settings (`SPACE_*`), e.g. `SPACE_WARM_POOL_SIZE`.',
+    doc: 'Extra agent settings (`SPACE_*`), e.g. `SPACE_WARM_POOL_SIZE`, and OpenTelemetry’s `OTEL_*`.',
   },
 } as const satisfies Record<string, KeySpec>;
 

@@ -6,8 +6,9 @@ import { generateKeyPairSync } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { schemaProblems } from '../providers/testing/k8s-schema.ts';
-import { unwrapSecrets } from '../providers/testing/mocks.ts';
+import { installMocks, unwrapSecrets } from '../providers/testing/mocks.ts';
 import { CONFIG_KEYS } from './config.ts';
+import { run } from './program.ts';
 import { CA, componentOf, fails, podSpecOf, render, VARIANTS, withSecrets } from './test-stacks.ts';
 
 type Obj = Record<string, unknown>;
@@ -160,6 +161,86 @@ describe('configuration validation', () => {
     expect(
       fails({ ...VARIANTS['crusoe'], agentEnv: JSON.stringify({ SPACE_GATEWAY_CONTROL_SOCKET: '' }) }),
     ).toEqual(['space:agentEnv.SPACE_GATEWAY_CONTROL_SOCKET: set by the deployment; cannot be overridden']);
+  });
+
+  it('OpenTelemetry variables (OTEL_*) pass to the services that trace; the API’s reach the router too', async () => {
+    const otel = { OTEL_EXPORTER_OTLP_ENDPOINT: 'http://otel-collector.observability:4318' };
+    const raw = withSecrets({
+      ...VARIANTS['kind'],
+      apiEnv: JSON.stringify({ ...otel, OTEL_TRACES_SAMPLER: 'parentbased_traceidratio' }),
+      agentEnv: JSON.stringify(otel),
+    });
+    expect(fails(raw)).toEqual([]);
+    // the gateway exports no traces; a name that is not OTEL_'s own pattern is still refused
+    expect(
+      fails({ ...raw, gatewayEnv: JSON.stringify(otel), apiEnv: JSON.stringify({ OTEL_x: '1' }) }),
+    ).toEqual([
+      'space:apiEnv.OTEL_x: not a api setting (see README.md)',
+      'space:gatewayEnv.OTEL_EXPORTER_OTLP_ENDPOINT: the gateway exports no traces',
+    ]);
+    const recorded = await render(raw);
+    const envOf = (component: string) => {
+      const w = recorded.find(
+        (r) =>
+          ['kubernetes:apps/v1:Deployment', 'kubernetes:apps/v1:DaemonSet'].includes(r.type) &&
+          componentOf(r) === component,
+      )!;
+      const c = (
+        podSpecOf(w)['containers'] as { name: string; env: { name: string; value?: string }[] }[]
+      ).find((x) => x.name === component)!;
+      return Object.fromEntries(c.env.map((e) => [e.name, e.value]));
+    };
+    for (const component of ['api', 'router', 'agent'])
+      expect(envOf(component), component).toMatchObject(otel);
+    expect(envOf('router')['OTEL_TRACES_SAMPLER']).toBe('parentbased_traceidratio');
+    expect(envOf('gateway')).not.toHaveProperty('OTEL_EXPORTER_OTLP_ENDPOINT');
+  });
+
+  it('a key SPACE does not declare is refused with the nearest valid name, not silently ignored', () => {
+    const raw = withSecrets(VARIANTS['kind']!);
+    expect(
+      fails({
+        ...raw,
+        nodePool: '[]',
+        APIREPLICAS: '3',
+        imageRepositry: 'x',
+        gatewayEnable: 'false',
+        zzzz: '1',
+      }),
+    ).toEqual([
+      'space:nodePool: not a SPACE configuration key; did you mean `space:nodePools`?',
+      'space:APIREPLICAS: not a SPACE configuration key; did you mean `space:apiReplicas`?',
+      'space:imageRepositry: not a SPACE configuration key; did you mean `space:imageRepository`?',
+      'space:gatewayEnable: not a SPACE configuration key; did you mean `space:gatewayEnabled`?',
+      'space:zzzz: not a SPACE configuration key (docs/deployment.md lists every key)',
+    ]);
+    // reported with the other problems, even when the cloud itself is wrong
+    expect(fails({ cloud: 'gke', regoin: 'x' })).toEqual([
+      'space:regoin: not a SPACE configuration key; did you mean `space:region`?',
+      expect.stringMatching(/^space:cloud: must be one of/),
+    ]);
+  });
+
+  it('the program reads the key names from the Pulumi runtime: a misspelt key in the stack fails the preview', async () => {
+    const raw = withSecrets(VARIANTS['kind']!);
+    const config = Object.fromEntries(
+      Object.entries({ ...raw, agentDrainSecond: '60' })
+        .filter(([, v]) => v !== undefined)
+        .map(([k, v]) => [`space:${k}`, v!]),
+    );
+    await installMocks({ ...config, 'kubernetes:context': 'other-namespace-is-not-ours' });
+    expect(() => run()).toThrow(
+      /space:agentDrainSecond: not a SPACE configuration key; did you mean `space:agentDrainSeconds`\?/,
+    );
+    delete config['space:agentDrainSecond'];
+    await installMocks(config);
+    expect(() => run()).not.toThrow();
+  });
+
+  it('a Redis password shorter than 16 characters is refused: it is the in-cluster Redis’s only gate', () => {
+    expect(fails({ ...withSecrets(VARIANTS['kind']!), redisPassword: 'short-pw' })).toEqual([
+      expect.stringMatching(/^space:redisPassword: at least 16 characters/),
+    ]);
   });
 
   it('keys of another cloud are refused', () => {

@@ -69,12 +69,63 @@ export type RawConfig = (key: ConfigKey) => string | undefined;
 /** Reads the raw `space:*` values from the Pulumi runtime (no secret warning: secrets are re-read as secrets). */
 export const pulumiRawConfig: RawConfig = (key) => pulumi.runtime.getConfig(`space:${key}`);
 
+/** The `space:*` key names set in the stack's Pulumi config, without the prefix (e.g. `version`). */
+export function pulumiConfigKeys(): string[] {
+  return Object.keys(pulumi.runtime.allConfig())
+    .filter((k) => k.startsWith('space:'))
+    .map((k) => k.slice('space:'.length));
+}
+
+/**
+ * Levenshtein distance of `a` and `b` (insertions, deletions, substitutions; one row of the
+ * dynamic-programming table at a time). No edit-distance library is a dependency here, and key
+ * names are short. Pure.
+ */
+export function editDistance(a: string, b: string): number {
+  let prev = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const row = [i];
+    for (let j = 1; j <= b.length; j++)
+      row[j] = Math.min(prev[j]! + 1, row[j - 1]! + 1, prev[j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1));
+    prev = row;
+  }
+  return prev[b.length]!;
+}
+
+/**
+ * The declared key nearest to `key` (case-insensitive edit distance), when it is close enough to
+ * be a misspelling: at most a third of the name's length away, and at least 2 edits allowed.
+ */
+export function nearestKey(key: string): ConfigKey | undefined {
+  let best: { key: ConfigKey; d: number } | undefined;
+  for (const k of Object.keys(CONFIG_KEYS) as ConfigKey[]) {
+    const d = editDistance(key.toLowerCase(), k.toLowerCase());
+    if (!best || d < best.d) best = { key: k, d };
+  }
+  return best && best.d <= Math.max(2, Math.floor(key.length / 3)) ? best.key : undefined;
+}
+
+/** One problem per name in `setKeys` that is not a declared key, with the nearest valid name. */
+export function unknownKeyProblems(setKeys: readonly string[]): string[] {
+  return setKeys
+    .filter((k) => !Object.hasOwn(CONFIG_KEYS, k))
+    .map((k) => {
+      const near = nearestKey(k);
+      return `space:${k}: not a SPACE configuration key${near ? `; did you mean \`space:${near}\`?` : ' (docs/deployment.md lists every key)'}`;
+    });
+}
+
 /**
  * Parses and validates the whole configuration. `raw` gives each key's stored string; secrets are
- * wrapped with `pulumi.secret`. Throws {@link StackConfigError} listing every problem.
+ * wrapped with `pulumi.secret`. `setKeys` names every `space:` key the stack sets (default: the
+ * Pulumi runtime's); one that is not declared is refused with the nearest valid name, since it
+ * would otherwise be silently ignored. Throws {@link StackConfigError} listing every problem.
  */
-export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
-  const problems: string[] = [];
+export function loadStackConfig(
+  raw: RawConfig = pulumiRawConfig,
+  setKeys: readonly string[] = pulumiConfigKeys(),
+): StackConfig {
+  const problems: string[] = unknownKeyProblems(setKeys);
   const json = (key: ConfigKey): unknown => {
     const v = raw(key);
     if (v === undefined) return undefined;
@@ -112,6 +163,7 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
   const cloudRaw = raw('cloud');
   if (!(CLOUDS as readonly string[]).includes(cloudRaw ?? '')) {
     throw new StackConfigError([
+      ...problems,
       `space:cloud: must be one of ${CLOUDS.join(', ')} (got ${JSON.stringify(cloudRaw)})`,
     ]);
   }
@@ -139,16 +191,29 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
     );
   else if (!/^[a-z0-9.-]+(:\d+)?(\/[a-z0-9._-]+)+$/.test(imageRepository))
     problems.push(`space:imageRepository: not an image repository ("${imageRepository}")`);
-  const imagePullUsername = str('imagePullUsername');
-  if ((imagePullUsername === undefined) !== (raw('imagePullPassword') === undefined))
-    problems.push('space:imagePullUsername and space:imagePullPassword: set both or neither');
-  if (imagePullUsername !== undefined && !/^[^:\s]+$/.test(imagePullUsername))
-    problems.push('space:imagePullUsername: no ":" or white space (registries read "user:password")');
   const imageVmms = (json('imageVmms') ?? ['gvisor', 'qemu']) as DriverName[];
   if (!Array.isArray(imageVmms) || !imageVmms.every((d) => (DRIVER_NAMES as readonly string[]).includes(d)))
     problems.push(
       `space:imageVmms: must be a list of drivers (${DRIVER_NAMES.join(', ')}) (got ${JSON.stringify(imageVmms)})`,
     );
+  const pullUser = raw('imagePullUsername');
+  const pullSecretName = raw('imagePullSecretName');
+  if ((pullUser === undefined) !== (raw('imagePullPassword') === undefined))
+    problems.push('space:imagePullUsername and space:imagePullPassword: set both or neither');
+  // RFC 7617 section 2: the user-id of basic credentials cannot contain a colon
+  if (pullUser !== undefined && !/^[^:\s]+$/.test(pullUser))
+    problems.push('space:imagePullUsername: must be non-empty, without ":" or spaces');
+  if (pullSecretName !== undefined) {
+    if (pullUser !== undefined)
+      problems.push('space:imagePullSecretName and space:imagePullUsername: set one or the other');
+    if (mode !== 'kubernetes')
+      problems.push('space:imagePullSecretName: kubernetes mode only (a Secret in the cluster)');
+    // a Secret's name is a DNS subdomain (RFC 1123), at most 253 characters
+    if (
+      !/^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/.test(pullSecretName)
+    )
+      problems.push(`space:imagePullSecretName: not a Kubernetes Secret name ("${pullSecretName}")`);
+  }
 
   const region = raw('region') ?? '';
   if ((cloud === 'akamai' || cloud === 'crusoe') && !region)
@@ -262,6 +327,12 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
         'space:redisPassword: in vm mode 16-128 characters from A-Z a-z 0-9 . _ ~ - (e.g. "$(openssl rand -hex 24)")',
       );
   }
+  // in kubernetes mode the password is the in-cluster Redis's only gate (providers/kubernetes/redis.ts)
+  const redisPassword = raw('redisPassword');
+  if (redisPassword !== undefined && redisPassword.length < 16)
+    problems.push(
+      'space:redisPassword: at least 16 characters (pulumi config set --secret space:redisPassword "$(openssl rand -hex 24)")',
+    );
   const signing = raw('signingKey');
   if (signing !== undefined && !signing.includes('BEGIN PRIVATE KEY'))
     problems.push(
@@ -329,6 +400,21 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
     problems.push(
       `space:routerUrl: required on ${cloud} in ${mode} mode (the router's public address is not known before it exists; clients reach sandboxes only through it)`,
     );
+  const prometheusOperator = bool('prometheusOperator', false);
+  const promLabels = json('prometheusOperatorLabels') ?? {};
+  if (
+    typeof promLabels !== 'object' ||
+    promLabels === null ||
+    Array.isArray(promLabels) ||
+    !Object.values(promLabels).every((v) => typeof v === 'string')
+  )
+    problems.push('space:prometheusOperatorLabels: must be an object of string labels');
+  if (has('prometheusOperatorLabels') && !prometheusOperator)
+    problems.push('space:prometheusOperatorLabels: only with space:prometheusOperator true');
+  if (prometheusOperator && mode !== 'kubernetes')
+    problems.push(
+      'space:prometheusOperator: kubernetes mode only (VMs: load providers/observability/space-alerts.yaml into your Prometheus)',
+    );
   const bootstrapApiKey = raw('bootstrapApiKey');
   if (mode === 'vm' && bootstrapApiKey === undefined)
     problems.push(
@@ -350,9 +436,10 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
     mode,
     version: version ?? '',
     imageRepository,
-    imagePullUsername,
+    imagePullUsername: pullUser,
     imageBuild: bool('imageBuild', false),
     imageVmms: Array.isArray(imageVmms) ? imageVmms : [],
+    imagePullSecretName: pullSecretName,
     region,
     nodePools: pools.pools,
     clientCidrs,
@@ -380,6 +467,7 @@ export function loadStackConfig(raw: RawConfig = pulumiRawConfig): StackConfig {
     crusoeProjectId: raw('crusoeProjectId') ?? '',
     crusoeVpcNetworkId: raw('crusoeVpcNetworkId') ?? '',
     crusoeImage: str('crusoeImage', 'ubuntu22.04:latest')!,
+    prometheusOperator: prometheusOperator ? { labels: promLabels as Record<string, string> } : undefined,
     apiEnv,
     agentEnv,
     secrets: Object.fromEntries(

@@ -19,7 +19,7 @@ const kind: Partial<Record<ConfigKey, string>> = {
   version: '0.3.1',
   imageRepository: 'registry.example.com/space',
   signingKey: generateKeyPairSync('ed25519').privateKey.export({ type: 'pkcs8', format: 'pem' }).toString(),
-  redisPassword: 'pw-0123456789',
+  redisPassword: 'pw-0123456789abcdef',
   gatewayCaCertificate: CA.certPem,
   gatewayCaKey: CA.keyPem,
 };

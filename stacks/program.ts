@@ -12,7 +12,7 @@ import { CoreweaveStack } from '../providers/coreweave/index.ts';
 import { CrusoeStack } from '../providers/crusoe/index.ts';
 import { KindStack } from '../providers/kind/index.ts';
 import { imageRef } from '../providers/runtime-settings.ts';
-import { loadStackConfig, pulumiRawConfig, type RawConfig } from './config.ts';
+import { loadStackConfig, pulumiConfigKeys, pulumiRawConfig, type RawConfig } from './config.ts';
 
 export type { StackOutputs };
 
@@ -45,9 +45,15 @@ export function imageBuildCommand(
   };
 }
 
-/** Runs the program against `raw` config (default: the Pulumi runtime's). Returns the outputs. */
-export function run(raw: RawConfig = pulumiRawConfig): StackOutputs {
-  const cfg = loadStackConfig(raw);
+/**
+ * Runs the program against `raw` config and the `space:` key names `setKeys` (default: the Pulumi
+ * runtime's). Returns the outputs.
+ */
+export function run(
+  raw: RawConfig = pulumiRawConfig,
+  setKeys: readonly string[] = pulumiConfigKeys(),
+): StackOutputs {
+  const cfg = loadStackConfig(raw, setKeys);
   let image: pulumi.Resource | undefined;
   if (cfg.imageBuild) {
     const ref = imageRef(cfg.imageRepository, cfg.version);

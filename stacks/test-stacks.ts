@@ -69,7 +69,10 @@ export function withDeploymentKey(raw: Raw): Raw {
 
 export async function render(raw: Raw): Promise<RecordedResource[]> {
   const recorded = await installMocks();
-  run((k) => raw[k]);
+  run(
+    (k) => raw[k],
+    Object.keys(raw).filter((k) => raw[k as keyof Raw] !== undefined),
+  );
   await settle(recorded);
   return recorded;
 }
@@ -112,10 +115,13 @@ export const componentOf = (r: RecordedResource) =>
   ];
 
 /** The problems the stack configuration `raw` is refused with (empty when it loads). */
-export const fails = (given: Raw) => {
+export const fails = (given: Raw & Record<string, string | undefined>) => {
   const raw = withDeploymentKey(given);
   try {
-    loadStackConfig((k) => raw[k]);
+    loadStackConfig(
+      (k) => raw[k as ConfigKey],
+      Object.keys(raw).filter((k) => raw[k as ConfigKey] !== undefined),
+    );
   } catch (err) {
     if (err instanceof StackConfigError) return err.problems;
     throw err;

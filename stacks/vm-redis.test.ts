@@ -75,7 +75,7 @@ describe.each(['akamai', 'crusoe'])('image pull credentials of stack %s', (name)
       'space:imagePullUsername and space:imagePullPassword: set both or neither',
     ]);
     expect(fails({ ...VARIANTS[name]!, ...pull, imagePullUsername: 'a:b' })).toEqual([
-      expect.stringMatching(/^space:imagePullUsername: no ":"/),
+      expect.stringMatching(/^space:imagePullUsername: must be non-empty, without ":"/),
     ]);
   });
 });

@@ -14,7 +14,7 @@ import * as linode from '@pulumi/linode';
 import * as pulumi from '@pulumi/pulumi';
 import { CloudStack, type CloudStackArgs, type StackOutputs } from '../cloud-stack.ts';
 import { runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
-import { type PublicExposure, Runtime } from '../kubernetes/runtime.ts';
+import { type PublicExposure, pullSecretsOf, Runtime } from '../kubernetes/runtime.ts';
 import { NODE_LABEL, POOL_LABEL } from '../node-pool.ts';
 import { AGENT_PORT, API_PORT, imageRef, REDIS_PORT, ROUTER_PORT } from '../runtime-settings.ts';
 import type { StackConfig } from '../stack-config.ts';
@@ -400,9 +400,10 @@ function akamaiLke(parent: CloudStack, cfg: StackConfig, image?: pulumi.Resource
   );
   // every Kubernetes object goes through this provider: with space:imageBuild, after the push
   const provider = new k8s.Provider('lke', { kubeconfig }, parent.child({ dependsOn: image ? [image] : [] }));
+  const runtimeArgs = runtimeArgsFromConfig(cfg, { exposure: lkeExposure(cfg.clientCidrs) });
   const runtime = new Runtime(
     'space',
-    runtimeArgsFromConfig(cfg, { exposure: lkeExposure(cfg.clientCidrs) }),
+    runtimeArgs,
     parent.child({
       providers: [provider],
     }),
@@ -418,6 +419,7 @@ function akamaiLke(parent: CloudStack, cfg: StackConfig, image?: pulumi.Resource
     token: cfg.secrets.lkeFirewallToken!,
     image: imageRef(cfg.imageRepository, cfg.version),
     version: cfg.version,
+    pullSecrets: pullSecretsOf(runtimeArgs.imagePull),
   })) {
     const { apiVersion: _v, kind, ...body } = object as { apiVersion: string; kind: keyof typeof K8S };
     new K8S[kind](

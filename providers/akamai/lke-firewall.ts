@@ -27,6 +27,8 @@ export interface LkeFirewallArgs {
   /** The SPACE image (it carries Node 24). */
   readonly image: string;
   readonly version: string;
+  /** The runtime's pull Secret reference (`{ imagePullSecrets }`), or `{}` for a public image. */
+  readonly pullSecrets?: { imagePullSecrets?: k8s.types.input.core.v1.LocalObjectReference[] };
 }
 
 type Obj = { readonly role: string; readonly object: object };
@@ -65,6 +67,7 @@ export function lkeFirewallObjects(a: LkeFirewallArgs): Obj[] {
         metadata: { labels: { ...labels, 'app.kubernetes.io/version': a.version } },
         spec: {
           automountServiceAccountToken: false,
+          ...a.pullSecrets,
           // every node, whatever its taints: an unattached node is an open node
           tolerations: [{ operator: 'Exists' }],
           priorityClassName: 'system-node-critical',

@@ -4,22 +4,37 @@
  * `@pulumi/kubernetes`: one CKS `NodePool` custom resource per pool (bare-metal CPU nodes labelled
  * with the pool) and the Kubernetes component, tolerating the pools' taints.
  */
+import { createHash } from 'node:crypto';
 import * as k8s from '@pulumi/kubernetes';
 import type * as pulumi from '@pulumi/pulumi';
 import { CloudStack, type CloudStackArgs, type StackOutputs } from '../cloud-stack.ts';
-import { runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
+import { type RedisVolumeDefault, runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
 import { type PublicExposure, Runtime } from '../kubernetes/runtime.ts';
 import { NODE_LABEL, type NodePool, POOL_LABEL } from '../node-pool.ts';
 
 /**
+ * The name of `pool`'s CKS NodePool: `space-<pool>-<8 hex of sha256(instanceType)>`. The instance
+ * type is in the name because it is immutable on a NodePool, so changing it replaces the object,
+ * and pulumi-kubernetes deletes a named object *before* making its replacement when the new name
+ * equals the old (`deleteBeforeReplace` in the provider's Diff, pulumi/pulumi-kubernetes
+ * `provider/pkg/provider/provider.go`): the whole pool, every sandbox on it, would go before a
+ * single new node existed. A new name makes the replacement create-then-delete: the new pool comes
+ * up, then the old one goes. Fixed length after the pool name, so two pools never share a name.
+ */
+export function coreweaveNodePoolName(pool: Pick<NodePool, 'name' | 'instanceType'>): string {
+  const type = createHash('sha256').update(pool.instanceType).digest('hex').slice(0, 8);
+  return `space-${pool.name}-${type}`;
+}
+
+/**
  * The CKS NodePool object of `pool` (`compute.coreweave.com/v1alpha1`, docs.coreweave.com/products/
- * cks/reference/node-pool). `instanceType` is immutable there: changing it replaces the pool.
+ * cks/reference/node-pool), named by {@link coreweaveNodePoolName}.
  */
 export function coreweaveNodePool(pool: NodePool): Record<string, unknown> {
   return {
     apiVersion: 'compute.coreweave.com/v1alpha1',
     kind: 'NodePool',
-    metadata: { name: `space-${pool.name}` },
+    metadata: { name: coreweaveNodePoolName(pool) },
     spec: {
       computeClass: 'default',
       instanceType: pool.instanceType,
@@ -50,6 +65,18 @@ export function coreweaveExposure(clientCidrs: readonly string[]): PublicExposur
   };
 }
 
+/**
+ * The Redis volume on CKS when `space:redisStorageClass` is unset: `shared-vast`, the one
+ * StorageClass CKS documents for PersistentVolumeClaims (Distributed File Storage, docs.coreweave.com/
+ * products/storage/distributed-file-storage/create-volumes), with the access mode that page sets,
+ * `ReadWriteMany`. Without a class the claim waits for a cluster default CKS need not have, and
+ * Redis never starts.
+ */
+export const COREWEAVE_REDIS_VOLUME: RedisVolumeDefault = {
+  storageClassName: 'shared-vast',
+  accessMode: 'ReadWriteMany',
+};
+
 /** Arguments of {@link CoreweaveStack}. */
 export type CoreweaveStackArgs = CloudStackArgs;
 
@@ -74,13 +101,14 @@ export class CoreweaveStack extends CloudStack {
         new k8s.apiextensions.CustomResource(
           `cks-pool-${pool.name}`,
           coreweaveNodePool(pool) as k8s.apiextensions.CustomResourceArgs,
-          // an instance type change replaces the pool: never lose the old one before the new exists
-          this.child({ provider, replaceOnChanges: ['spec.instanceType'] }),
+          // an instance type change replaces the pool, and the name changes with it
+          // (coreweaveNodePoolName), so Pulumi makes the new pool before it deletes the old one
+          this.child({ provider, replaceOnChanges: ['spec.instanceType'], deleteBeforeReplace: false }),
         ),
     );
     const runtime = new Runtime(
       'space',
-      runtimeArgsFromConfig(cfg, { exposure: coreweaveExposure(cfg.clientCidrs) }),
+      runtimeArgsFromConfig(cfg, { exposure: coreweaveExposure(cfg.clientCidrs) }, COREWEAVE_REDIS_VOLUME),
       this.child({ providers: [provider], dependsOn: pools }),
     );
     this.outputs = {

@@ -20,6 +20,11 @@ export type RedisArgs =
       readonly storageGiB?: number;
       /** StorageClass of the volume. Default: the cluster's default class. */
       readonly storageClassName?: string;
+      /**
+       * Access mode of the volume (one Redis pod mounts it either way). Default `ReadWriteOnce`;
+       * `ReadWriteMany` where the class is documented for that mode only (CKS `shared-vast`).
+       */
+      readonly accessMode?: 'ReadWriteOnce' | 'ReadWriteMany';
       /** Redis image. Default `redis:7.4-alpine` (Docker Hub). */
       readonly image?: string;
     }
@@ -81,6 +86,19 @@ export interface TlsArgs {
   readonly routerHostname: string;
 }
 
+/**
+ * Registry credentials the kubelet pulls the SPACE image with (`imagePullSecrets` of every pod that
+ * runs it): an existing `kubernetes.io/dockerconfigjson` Secret in the namespace, or a user name and
+ * password (a Pulumi secret) the component turns into one ({@link IMAGE_PULL_SECRET}) for the
+ * registry of the image repository.
+ */
+export type ImagePullArgs =
+  | { readonly secretName: string }
+  | { readonly username: string; readonly password: Input<string> };
+
+/** Name of the `kubernetes.io/dockerconfigjson` Secret the component makes from a user name and password. */
+export const IMAGE_PULL_SECRET = 'space-image-pull';
+
 /** Name of the cert-manager Certificate and of the `kubernetes.io/tls` Secret it writes. */
 export const TLS_SECRET = 'space-tls';
 
@@ -139,8 +157,8 @@ export interface RuntimeArgs {
   /** Extra gateway settings (`SPACE_GATEWAY_*`, checked by the stack config). Default none. */
   readonly gatewayEnv?: Readonly<Record<string, string>>;
   /**
-   * CIDRs agent traffic comes from. Agents use the host network, so NetworkPolicy pod selectors do
-   * not match them: Redis admits these address blocks besides the API pods. Default none.
+   * The nodes' address blocks: the gateways never dial them (`SPACE_GATEWAY_NODE_CIDRS`). Default
+   * none. (Redis does not admit by address: see redis.ts `addRedisPolicy`.)
    */
   readonly nodeCidrs?: readonly string[];
   /** Tolerations added to agent (and gateway) pods, e.g. a cloud's taints on CPU nodes. Default none. */
@@ -149,14 +167,26 @@ export interface RuntimeArgs {
   readonly apiEnv?: Readonly<Record<string, string>>;
   /** Extra agent settings (`SPACE_*`). Default none. */
   readonly agentEnv?: Readonly<Record<string, string>>;
+  /** How pods authenticate to the image's registry. Default none: the image is public. */
+  readonly imagePull?: ImagePullArgs;
+  /**
+   * Make Prometheus Operator objects (PodMonitors and a PrometheusRule; the CRDs must exist),
+   * labelled with `labels` besides SPACE's own. Default none: pods carry scrape annotations only.
+   */
+  readonly prometheusOperator?: { readonly labels?: Readonly<Record<string, string>> };
 }
 
 /** One rendered object with the Pulumi logical-name suffix it gets (`${name}-${role}`). */
 export interface RenderedObject {
   readonly role: string;
   readonly object: { readonly apiVersion: string; readonly kind: string } & Record<string, unknown>;
-  /** Roles this object is applied after (Pulumi `dependsOn`; e.g. an agent after its node's gateway). */
+  /** Roles this object is applied after (Pulumi `dependsOn`). */
   readonly after?: readonly string[];
+  /**
+   * How long Pulumi may wait for the object to be ready after a create or an update, s (its
+   * `customTimeouts`). Default: the provider's (10 minutes for workloads).
+   */
+  readonly timeoutSeconds?: number;
 }
 
 /** The label naming a pod's SPACE component (`api`, `router`, `agent`, `gateway`, `redis`, …). */
@@ -212,6 +242,17 @@ export interface RenderContext {
   readonly tlsVolume: k8s.types.input.core.v1.Volume[];
   /** The cloud's exposure of both client-facing Services. */
   readonly exposure: PublicExposure;
+  /**
+   * What every pod running the SPACE image adds to its spec: `{ imagePullSecrets: [{ name }] }`
+   * with {@link RuntimeArgs.imagePull}, else nothing (no empty field).
+   */
+  readonly pullSecrets: { imagePullSecrets?: k8s.types.input.core.v1.LocalObjectReference[] };
+}
+
+/** The name of the pull Secret pods reference for `pull`, if any. Pure. */
+export function imagePullSecretName(pull: ImagePullArgs | undefined): string | undefined {
+  if (!pull) return undefined;
+  return 'secretName' in pull ? pull.secretName : IMAGE_PULL_SECRET;
 }
 
 /** The {@link RenderContext} of `a`. Pure. */
@@ -227,7 +268,14 @@ export function renderContext(a: RuntimeArgs): RenderContext {
     tlsMount: a.tls ? [{ name: 'tls', mountPath: TLS_DIR, readOnly: true }] : [],
     tlsVolume: a.tls ? [{ name: 'tls', secret: { secretName: TLS_SECRET, defaultMode: 0o440 } }] : [],
     exposure: { serviceType: d.apiServiceType, ...a.exposure },
+    pullSecrets: pullSecretsOf(a.imagePull),
   };
+}
+
+/** The pod-spec fragment that names the pull Secret of `pull` (nothing without one). Pure. */
+export function pullSecretsOf(pull: ImagePullArgs | undefined): RenderContext['pullSecrets'] {
+  const name = imagePullSecretName(pull);
+  return name ? { imagePullSecrets: [{ name }] } : {};
 }
 
 /**
@@ -237,12 +285,16 @@ export function renderContext(a: RuntimeArgs): RenderContext {
 export class ObjectList {
   /** What was added, in order. */
   readonly out: RenderedObject[] = [];
-  /** Adds `object` as role `role` (Pulumi name `${name}-${role}`), applied after the roles in `after`. */
-  add(role: string, object: object, after?: readonly string[]): void {
+  /**
+   * Adds `object` as role `role` (Pulumi name `${name}-${role}`), applied after the roles in
+   * `after`, awaited for at most `timeoutSeconds` (see {@link RenderedObject}).
+   */
+  add(role: string, object: object, after?: readonly string[], timeoutSeconds?: number): void {
     this.out.push({
       role,
       object: object as unknown as RenderedObject['object'],
-      ...(after ? { after } : {}),
+      ...(after?.length ? { after } : {}),
+      ...(timeoutSeconds ? { timeoutSeconds } : {}),
     });
   }
 }

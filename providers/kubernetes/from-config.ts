@@ -12,8 +12,21 @@ export function publicKeyOf(privateKeyPem: pulumi.Output<string>): pulumi.Output
   );
 }
 
-/** {@link RuntimeArgs} for `cfg` plus cloud-specific settings. */
-export function runtimeArgsFromConfig(cfg: StackConfig, extra: Partial<RuntimeArgs> = {}): RuntimeArgs {
+/** The Redis volume a cloud uses when `space:redisStorageClass` is unset (its documented class). */
+export interface RedisVolumeDefault {
+  readonly storageClassName: string;
+  readonly accessMode: 'ReadWriteOnce' | 'ReadWriteMany';
+}
+
+/**
+ * {@link RuntimeArgs} for `cfg` plus cloud-specific settings. `redisVolume`: the cloud's volume
+ * when the operator names no StorageClass (default: the cluster's default class, `ReadWriteOnce`).
+ */
+export function runtimeArgsFromConfig(
+  cfg: StackConfig,
+  extra: Partial<RuntimeArgs> = {},
+  redisVolume?: RedisVolumeDefault,
+): RuntimeArgs {
   const signingKey = cfg.secrets.signingKey!;
   return {
     version: cfg.version,
@@ -26,7 +39,11 @@ export function runtimeArgsFromConfig(cfg: StackConfig, extra: Partial<RuntimeAr
       : {
           mode: 'in-cluster',
           password: cfg.secrets.redisPassword!,
-          ...(cfg.redisStorageClass ? { storageClassName: cfg.redisStorageClass } : {}),
+          ...(cfg.redisStorageClass
+            ? { storageClassName: cfg.redisStorageClass }
+            : redisVolume
+              ? { storageClassName: redisVolume.storageClassName, accessMode: redisVolume.accessMode }
+              : {}),
         },
     apiReplicas: cfg.apiReplicas,
     agentDrainSeconds: cfg.agentDrainSeconds,
@@ -42,6 +59,12 @@ export function runtimeArgsFromConfig(cfg: StackConfig, extra: Partial<RuntimeAr
     apiEnv: cfg.apiEnv,
     agentEnv: cfg.agentEnv,
     ...(cfg.routerUrl ? { router: { publicUrl: cfg.routerUrl } } : {}),
+    ...(cfg.prometheusOperator ? { prometheusOperator: { labels: cfg.prometheusOperator.labels } } : {}),
+    ...(cfg.imagePullSecretName
+      ? { imagePull: { secretName: cfg.imagePullSecretName } }
+      : cfg.imagePullUsername && cfg.secrets.imagePullPassword
+        ? { imagePull: { username: cfg.imagePullUsername, password: cfg.secrets.imagePullPassword } }
+        : {}),
     ...(cfg.tls
       ? {
           tls: {

@@ -115,14 +115,42 @@ describe('the gateway on Kubernetes', () => {
     }
   });
 
-  it('each agent is applied after its node pool’s gateway (so a version bump re-registers sandboxes)', () => {
-    const rendered = renderRuntimeObjects(args());
+  it('a pool’s gateway and agents roll at the same time, one node at a time each: the agents do not wait for the whole pool’s gateway roll', () => {
+    const out = renderRuntimeObjects(args());
+    for (const pool of pools)
+      for (const role of [`gateway-${pool.name}`, `agent-${pool.name}`]) {
+        const r = out.find((x) => x.role === role)!;
+        expect(r.after, role).toBeUndefined();
+        expect(spec(r.object as Obj)['updateStrategy']).toEqual({
+          type: 'RollingUpdate',
+          rollingUpdate: { maxUnavailable: 1, maxSurge: 0 },
+        });
+      }
+  });
+
+  it('Pulumi waits for each DaemonSet as long as its pool needs: 10 minutes plus a per-node budget (the drain budget counts for agents)', () => {
+    const timeouts = (a: ReturnType<typeof args>) =>
+      Object.fromEntries(renderRuntimeObjects(a).map((r) => [r.role, r.timeoutSeconds]));
+    const big = pools.map((p) => ({ ...p, count: 50 }));
+    const small = timeouts(args({ nodePools: pools.map((p) => ({ ...p, count: 1 })) }));
+    const t = timeouts(args({ nodePools: big }));
+    const drained = timeouts(args({ nodePools: big, agentDrainSeconds: 600 }));
     for (const pool of pools) {
-      const roles = rendered.map((r) => r.role);
-      const agent = rendered.find((r) => r.role === `agent-${pool.name}`)!;
-      expect(agent.after).toEqual([`gateway-${pool.name}`]);
-      expect(roles.indexOf(`gateway-${pool.name}`)).toBeLessThan(roles.indexOf(`agent-${pool.name}`));
+      const [agent, gw] = [`agent-${pool.name}`, `gateway-${pool.name}`];
+      // one node: a little over Pulumi's default 10 minutes
+      expect(small[agent]).toBeGreaterThan(600);
+      expect(small[agent]).toBeLessThan(1200);
+      // 50 nodes: every node's grace period (drain + 30 s) at least, in sequence
+      expect(t[agent]).toBeGreaterThanOrEqual(600 + 50 * (120 + 30));
+      expect(drained[agent]! - t[agent]!).toBe(50 * (600 - 120));
+      // a gateway: its 30 s grace and a start, per node
+      expect(t[gw]).toBeGreaterThanOrEqual(600 + 50 * 30);
+      expect(t[gw]).toBeLessThan(t[agent]!);
     }
+    // nothing else gets a custom timeout
+    expect(
+      Object.entries(t).filter(([role, s]) => s !== undefined && !/^(agent|gateway)-/.test(role)),
+    ).toEqual([]);
   });
 
   it('operator gateway settings reach only the gateway; deployment-owned ones win', () => {

@@ -20,6 +20,7 @@ import {
   env,
   labels,
   type ObjectList,
+  pullSecretsOf,
   type RenderContext,
   type RuntimeArgs,
   redisUrlEnv,
@@ -63,6 +64,18 @@ export function addGatewayConfig(list: ObjectList, ctx: RenderContext): void {
   }
 }
 
+/** `minReadySeconds` and grace period of the gateway DaemonSets. */
+const GATEWAY_MIN_READY_SECONDS = 5;
+const GATEWAY_GRACE_SECONDS = 30;
+
+/**
+ * Seconds one node's gateway may take in a rolling update: its grace period, 60 s for the new pod
+ * to pull the image, apply the host firewall and open its socket, and `minReadySeconds`. Pure.
+ */
+export function gatewayNodeRollSeconds(): number {
+  return GATEWAY_GRACE_SECONDS + 60 + GATEWAY_MIN_READY_SECONDS;
+}
+
 /**
  * The gateway of `pool`: on exactly the agent's nodes (same selector and tolerations), host network,
  * root (its 0600 control socket in the host directory it shares with the agent), no capabilities.
@@ -85,19 +98,20 @@ export function gatewayDaemonSet(
     spec: {
       selector: { matchLabels: sel },
       updateStrategy: { type: 'RollingUpdate', rollingUpdate: { maxUnavailable: 1, maxSurge: 0 } },
-      minReadySeconds: 5,
+      minReadySeconds: GATEWAY_MIN_READY_SECONDS,
       template: {
         metadata: { labels: { ...sel, ...version }, annotations: scrapeAnnotations(GATEWAY_METRICS_PORT) },
         spec: {
           serviceAccountName: 'space-gateway',
           automountServiceAccountToken: false,
+          ...pullSecretsOf(a.imagePull),
           nodeSelector: { [POOL_LABEL]: pool.name },
           tolerations,
           priorityClassName: 'system-node-critical',
           // sandbox traffic reaches it through the node's nftables redirect
           hostNetwork: true,
           dnsPolicy: 'ClusterFirstWithHostNet',
-          terminationGracePeriodSeconds: 30,
+          terminationGracePeriodSeconds: GATEWAY_GRACE_SECONDS,
           initContainers: [
             {
               name: 'host-firewall',

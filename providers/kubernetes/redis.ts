@@ -1,8 +1,8 @@
 /**
  * Redis on Kubernetes, the state of record: the `space-redis` Secret every service reads its URL
  * from, and in-cluster a StatefulSet with a volume (AOF persistence), its ClusterIP Service, a
- * disruption budget no eviction passes and a NetworkPolicy admitting only the API, the router and
- * the agents' node addresses. With an external Redis only the Secret.
+ * disruption budget no eviction passes and a NetworkPolicy that opens only the Redis port, which
+ * answers nothing before AUTH with the password. With an external Redis only the Secret.
  */
 import type * as k8s from '@pulumi/kubernetes';
 import * as pulumi from '@pulumi/pulumi';
@@ -76,7 +76,7 @@ export function addRedis(list: ObjectList, ctx: RenderContext): void {
           {
             metadata: { name: 'data' },
             spec: {
-              accessModes: ['ReadWriteOnce'],
+              accessModes: [a.redis.accessMode ?? 'ReadWriteOnce'],
               ...(a.redis.storageClassName ? { storageClassName: a.redis.storageClassName } : {}),
               resources: { requests: { storage: `${a.redis.storageGiB ?? 10}Gi` } },
             },
@@ -109,12 +109,25 @@ export function addRedis(list: ObjectList, ctx: RenderContext): void {
   }
 }
 
-/** Adds the in-cluster Redis's NetworkPolicy (none with an external Redis). */
+/**
+ * Adds the in-cluster Redis's NetworkPolicy (none with an external Redis): TCP 6379 from any
+ * source, nothing else. Access is the password's (`--requirepass`, from a Pulumi secret through the
+ * `space-redis` Secret; every client's URL carries it), not the source address, because the
+ * clients that matter most cannot be matched by address: agents and gateways run on the host
+ * network, and what address a host-network pod's packets carry to a pod on another node is the
+ * CNI's choice. Under Calico with IP-in-IP (LKE), host-to-remote-pod traffic leaves through the
+ * tunnel device and carries its address, one from the pod pool, not the node's (Calico, "Overlay
+ * networking", docs.tigera.io/calico/latest/networking/configuring/vxlan-ipip). Cilium, which
+ * CoreWeave names as CKS's CNI (docs.coreweave.com/security/tutorials/ebpf-observability), lets an
+ * `ipBlock` select nodes only with `policy-cidr-match-mode: nodes` (cilium/cilium PR #28421); by
+ * default only its `host`/`remote-node` entities do. Kubernetes leaves NetworkPolicy for
+ * host-network pods undefined (kubernetes.io/docs/concepts/services-networking/network-policies/,
+ * "NetworkPolicy and hostNetwork pods"). A node-CIDR `ipBlock` thus refused agents on other nodes, while admitting
+ * everything else on the nodes (the gateways' own dials included) where it did match.
+ */
 export function addRedisPolicy(list: ObjectList, ctx: RenderContext): void {
-  const { a, d, ns } = ctx;
+  const { a, ns } = ctx;
   const add = list.add.bind(list);
-  const apiSel = labels('api');
-  const routerSel = labels('router');
   if (a.redis.mode === 'in-cluster') {
     const redisIngress: k8s.types.input.networking.v1.NetworkPolicy = {
       apiVersion: 'networking.k8s.io/v1',
@@ -123,17 +136,8 @@ export function addRedisPolicy(list: ObjectList, ctx: RenderContext): void {
       spec: {
         podSelector: { matchLabels: labels('redis') },
         policyTypes: ['Ingress'],
-        ingress: [
-          {
-            from: [
-              { podSelector: { matchLabels: apiSel } },
-              { podSelector: { matchLabels: routerSel } },
-              // agents run on the host network: their packets carry node addresses
-              ...d.nodeCidrs.map((cidr) => ({ ipBlock: { cidr } })),
-            ],
-            ports: [{ protocol: 'TCP', port: REDIS_PORT }],
-          },
-        ],
+        // no `from`: every source, on the Redis port only (see above: the password is the gate)
+        ingress: [{ ports: [{ protocol: 'TCP', port: REDIS_PORT }] }],
       },
     };
     add('netpol-redis', redisIngress);

@@ -3,7 +3,13 @@
  * The clients' only way to sandboxes; it needs Redis and the verify key, nothing else. Replicas
  * follow the API's unless {@link RouterArgs} says otherwise.
  */
-import { KEY_DIR, ROUTER_PORT, routerEnvironment, SERVICE_COMMANDS } from '../runtime-settings.ts';
+import {
+  KEY_DIR,
+  ROUTER_PORT,
+  routerEnvironment,
+  SERVICE_COMMANDS,
+  tracingEnvironment,
+} from '../runtime-settings.ts';
 import { env, type ObjectList, type RenderContext, type RouterArgs, redisUrlEnv } from './args.ts';
 import { addScaledService } from './workload.ts';
 
@@ -16,7 +22,8 @@ export function addRouter(list: ObjectList, ctx: RenderContext): void {
     component: 'router',
     port: ROUTER_PORT,
     command: SERVICE_COMMANDS.router,
-    env: [...env(routerEnvironment({ tls: !!a.tls })), redisUrlEnv],
+    // the router has no env key of its own: it traces where the API does (`OTEL_*` of space:apiEnv)
+    env: [...env(routerEnvironment({ tls: !!a.tls, env: tracingEnvironment(a.apiEnv) })), redisUrlEnv],
     volumeMounts: [
       { name: 'verify-key', mountPath: KEY_DIR, readOnly: true },
       { name: 'tmp', mountPath: '/tmp' },

@@ -113,8 +113,14 @@ describe('renderRuntimeObjects policies', () => {
       }
   });
 
-  it('no pod mounts a service-account token', () => {
-    for (const w of workloads) expect(podSpec(w)['automountServiceAccountToken']).toBe(false);
+  it('no pod mounts a service-account token, but for the agent pods’ cordon watcher (a projected one)', () => {
+    for (const w of workloads) {
+      expect(podSpec(w)['automountServiceAccountToken']).toBe(false);
+      const projected = ((podSpec(w)['volumes'] as Obj[] | undefined) ?? []).filter((v) => v['projected']);
+      for (const c of containers(w))
+        for (const m of (c['volumeMounts'] as Obj[] | undefined) ?? [])
+          if (projected.some((v) => v['name'] === m['name'])) expect(c['name']).toBe('cordon-watch');
+    }
   });
 
   it('the signing key is mounted only into the API; agents get only the public key', () => {
@@ -126,7 +132,7 @@ describe('renderRuntimeObjects policies', () => {
     expect(mountsSigning.map((w) => (w['metadata'] as Obj)['name'])).toEqual(['space-api']);
   });
 
-  it('Redis is not exposed outside the cluster and admits only the API and agent nodes', () => {
+  it('Redis is not exposed outside the cluster; its policy opens only its port, to every source, and Redis wants the secret password', () => {
     const redisSvc = byKind('Service').find((s) => (s['metadata'] as Obj)['name'] === 'space-redis')!;
     expect(spec(redisSvc)['type']).toBe('ClusterIP');
     for (const w of workloads)
@@ -136,14 +142,21 @@ describe('renderRuntimeObjects policies', () => {
     const pol = byKind('NetworkPolicy').find(
       (p) => (p['metadata'] as Obj)['name'] === 'space-redis-ingress',
     )!;
-    const from = ((spec(pol)['ingress'] as Obj[])[0]!['from'] as Obj[]).map(
-      (f) => f['podSelector'] ?? f['ipBlock'],
-    );
-    expect(from).toEqual([
-      { matchLabels: expect.objectContaining({ 'app.kubernetes.io/component': 'api' }) },
-      { matchLabels: expect.objectContaining({ 'app.kubernetes.io/component': 'router' }) },
-      { cidr: '10.0.0.0/16' },
+    // host-network agents and gateways reach Redis from addresses the CNI picks (a Calico IPIP
+    // tunnel address on LKE, Cilium's remote-node identity on CKS): no `from` to refuse them with
+    expect(spec(pol)['ingress']).toEqual([{ ports: [{ protocol: 'TCP', port: 6379 }] }]);
+    const redis = containers(byKind('StatefulSet')[0]!)[0]!;
+    expect(redis['args']).toEqual(expect.arrayContaining(['--requirepass', '$(REDIS_PASSWORD)']));
+    expect(redis['env']).toEqual([
+      { name: 'REDIS_PASSWORD', valueFrom: { secretKeyRef: { name: 'space-redis', key: 'password' } } },
     ]);
+    // every client reads its URL (with the password) from the same Secret
+    for (const w of workloads.filter((x) => x['kind'] !== 'StatefulSet'))
+      for (const c of containers(w).filter((x) => x['name'] !== 'cordon-watch'))
+        expect(c['env'], (w['metadata'] as Obj)['name'] as string).toContainEqual({
+          name: 'SPACE_REDIS_URL',
+          valueFrom: { secretKeyRef: { name: 'space-redis', key: 'url' } },
+        });
     const deny = byKind('NetworkPolicy').find(
       (p) => (p['metadata'] as Obj)['name'] === 'space-default-deny-ingress',
     )!;
@@ -350,9 +363,7 @@ describe('renderRuntimeObjects policies', () => {
     expect((api['env'] as Obj[]).find((e) => e['name'] === 'SPACE_ROUTER_URL')?.['value']).toBe(
       'https://r.example.com',
     );
-    // Redis admits the router pods; the router pods admit only their port
-    const redisPol = spec(get('NetworkPolicy', 'space-redis-ingress'));
-    expect(JSON.stringify(redisPol['ingress'])).toContain('"app.kubernetes.io/component":"router"');
+    // the router pods admit only their port
     expect(spec(get('NetworkPolicy', 'space-router-ingress'))).toMatchObject({
       podSelector: { matchLabels: { 'app.kubernetes.io/component': 'router' } },
       ingress: [{ ports: [{ protocol: 'TCP', port: 8082 }] }],

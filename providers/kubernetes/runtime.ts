@@ -16,10 +16,11 @@
 import * as k8s from '@pulumi/kubernetes';
 import * as pulumi from '@pulumi/pulumi';
 import dashboard from '../observability/space-dashboard.json' with { type: 'json' };
-import { API_PORT, ROUTER_PORT } from '../runtime-settings.ts';
+import { API_PORT, dockerConfigJson, ROUTER_PORT, registryOf } from '../runtime-settings.ts';
 import { addNodeServices } from './agent.ts';
 import { addApi } from './api.ts';
 import {
+  IMAGE_PULL_SECRET,
   labels,
   ObjectList,
   type RenderedObject,
@@ -29,12 +30,16 @@ import {
   TLS_SECRET,
 } from './args.ts';
 import { addGatewayConfig } from './gateway.ts';
+import { addMonitoring } from './monitoring.ts';
 import { addRedis, addRedisPolicy } from './redis.ts';
 import { addRouter } from './router.ts';
 
 export {
+  IMAGE_PULL_SECRET,
+  type ImagePullArgs,
   type PublicExposure,
   type PublicServiceArgs,
+  pullSecretsOf,
   type RedisArgs,
   type RenderedObject,
   type RouterArgs,
@@ -48,7 +53,10 @@ export { publicService } from './workload.ts';
 /**
  * Every Kubernetes object of the runtime, in apply order: namespace, service accounts, keys, the
  * gateway's CA and guard, Redis, TLS, the API and the router (the shared scaled-service builder),
- * per pool the gateway then the agent, network policies, the dashboard. Pure.
+ * per pool the gateway then the agent, network policies, the dashboard, and with
+ * {@link RuntimeArgs.prometheusOperator} the PodMonitors and the PrometheusRule. Pure. With
+ * {@link RuntimeArgs.imagePull} credentials, a `kubernetes.io/dockerconfigjson` Secret too, named
+ * by every pod that runs the SPACE image.
  */
 export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
   const ctx = renderContext(a);
@@ -79,6 +87,23 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
       automountServiceAccountToken: false,
     };
     add(`${component}-sa`, sa);
+  }
+
+  // the registry login every pod running the SPACE image pulls with (space:imagePullUsername/Password)
+  if (a.imagePull && 'username' in a.imagePull) {
+    const { username, password } = a.imagePull;
+    const pull: k8s.types.input.core.v1.Secret = {
+      apiVersion: 'v1',
+      kind: 'Secret',
+      metadata: { name: IMAGE_PULL_SECRET, namespace: ns, labels: labels('image') },
+      type: 'kubernetes.io/dockerconfigjson',
+      stringData: {
+        '.dockerconfigjson': pulumi
+          .output(password)
+          .apply((p) => dockerConfigJson(registryOf(d.imageRepository), username, p)),
+      },
+    };
+    add('image-pull', pull);
   }
 
   const signing: k8s.types.input.core.v1.Secret = {
@@ -169,6 +194,7 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
     data: { 'space.json': JSON.stringify(dashboard) },
   };
   add('grafana-dashboard', dash);
+  addMonitoring(list, ctx);
   return list.out;
 }
 
@@ -185,14 +211,29 @@ const RESOURCE_CLASSES = {
   HorizontalPodAutoscaler: k8s.autoscaling.v2.HorizontalPodAutoscaler,
   PodDisruptionBudget: k8s.policy.v1.PodDisruptionBudget,
   NetworkPolicy: k8s.networking.v1.NetworkPolicy,
+  ClusterRole: k8s.rbac.v1.ClusterRole,
+  ClusterRoleBinding: k8s.rbac.v1.ClusterRoleBinding,
 } as const;
 
-/** A cert-manager resource (no typed class in @pulumi/kubernetes): a CustomResource of its kind. */
-class CertManagerResource extends k8s.apiextensions.CustomResource {
-  constructor(name: string, args: Record<string, unknown>, opts?: pulumi.CustomResourceOptions) {
-    super(name, { apiVersion: 'cert-manager.io/v1', kind: 'Certificate', ...args } as never, opts);
-  }
+/**
+ * An object of a custom resource kind (cert-manager's Certificate, the Prometheus Operator's
+ * PodMonitor and PrometheusRule: no typed class in @pulumi/kubernetes): a CustomResource of the
+ * `apiVersion` and `kind` it is made with.
+ */
+function customResourceClass(apiVersion: string, kind: string): ResourceCtor {
+  return class extends k8s.apiextensions.CustomResource {
+    constructor(name: string, args: Record<string, unknown>, opts?: pulumi.CustomResourceOptions) {
+      super(name, { apiVersion, kind, ...args } as never, opts);
+    }
+  };
 }
+
+/** The kinds made as custom resources, by kind. */
+const CUSTOM_KINDS: Readonly<Record<string, string>> = {
+  Certificate: 'cert-manager.io/v1',
+  PodMonitor: 'monitoring.coreos.com/v1',
+  PrometheusRule: 'monitoring.coreos.com/v1',
+};
 
 type ResourceCtor = new (
   name: string,
@@ -225,6 +266,12 @@ export class Runtime extends pulumi.ComponentResource {
   }
 }
 
+/** Pulumi `customTimeouts` for creates and updates of `seconds` (whole minutes, rounded up). */
+export function pulumiTimeouts(seconds: number): pulumi.CustomTimeouts {
+  const t = `${Math.ceil(seconds / 60)}m`;
+  return { create: t, update: t };
+}
+
 /** Creates every object of {@link renderRuntimeObjects} as a child of `parent`, in order. */
 export function createRuntime(
   parent: pulumi.ComponentResource,
@@ -233,10 +280,10 @@ export function createRuntime(
 ): Record<string, pulumi.CustomResource> {
   const created: Record<string, pulumi.CustomResource> = {};
   let namespace: pulumi.CustomResource | undefined;
-  for (const { role, object, after } of renderRuntimeObjects(args)) {
+  for (const { role, object, after, timeoutSeconds } of renderRuntimeObjects(args)) {
     const Ctor = (
-      object.kind === 'Certificate'
-        ? CertManagerResource
+      CUSTOM_KINDS[object.kind] === object.apiVersion
+        ? customResourceClass(object.apiVersion, object.kind)
         : RESOURCE_CLASSES[object.kind as keyof typeof RESOURCE_CLASSES]
     ) as ResourceCtor | undefined;
     if (!Ctor) throw new pulumi.ResourceError(`no resource class for kind ${object.kind}`, parent);
@@ -246,6 +293,7 @@ export function createRuntime(
       dependsOn: [...(namespace ? [namespace] : []), ...(after ?? []).map((r) => created[r]!)],
       // the Secret's data must not show in plain text in the state or the CLI
       ...(object.kind === 'Secret' ? { additionalSecretOutputs: ['data', 'stringData'] } : {}),
+      ...(timeoutSeconds ? { customTimeouts: pulumiTimeouts(timeoutSeconds) } : {}),
     });
     if (object.kind === 'Namespace') namespace = r;
     created[role] = r;

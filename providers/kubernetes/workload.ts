@@ -100,6 +100,7 @@ export function addScaledService(list: ObjectList, ctx: RenderContext, s: Scaled
         spec: {
           serviceAccountName: name,
           automountServiceAccountToken: false,
+          ...ctx.pullSecrets,
           terminationGracePeriodSeconds: s.terminationGracePeriodSeconds,
           securityContext: { runAsNonRoot: true, runAsUser: 1000, runAsGroup: 1000, fsGroup: 1000 },
           containers: [

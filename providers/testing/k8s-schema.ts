@@ -11,6 +11,8 @@ import { StatefulSet } from 'kubernetes-models/apps/v1/StatefulSet';
 import { HorizontalPodAutoscaler } from 'kubernetes-models/autoscaling/v2/HorizontalPodAutoscaler';
 import { NetworkPolicy } from 'kubernetes-models/networking.k8s.io/v1/NetworkPolicy';
 import { PodDisruptionBudget } from 'kubernetes-models/policy/v1/PodDisruptionBudget';
+import { ClusterRole } from 'kubernetes-models/rbac.authorization.k8s.io/v1/ClusterRole';
+import { ClusterRoleBinding } from 'kubernetes-models/rbac.authorization.k8s.io/v1/ClusterRoleBinding';
 import { ConfigMap } from 'kubernetes-models/v1/ConfigMap';
 import { Namespace } from 'kubernetes-models/v1/Namespace';
 import { Secret } from 'kubernetes-models/v1/Secret';
@@ -35,6 +37,8 @@ export const MODELS: Readonly<Record<string, ModelCtor>> = {
   'autoscaling/v2/HorizontalPodAutoscaler': HorizontalPodAutoscaler as unknown as ModelCtor,
   'policy/v1/PodDisruptionBudget': PodDisruptionBudget as unknown as ModelCtor,
   'networking.k8s.io/v1/NetworkPolicy': NetworkPolicy as unknown as ModelCtor,
+  'rbac.authorization.k8s.io/v1/ClusterRole': ClusterRole as unknown as ModelCtor,
+  'rbac.authorization.k8s.io/v1/ClusterRoleBinding': ClusterRoleBinding as unknown as ModelCtor,
   // cert-manager's CRD schema (@kubernetes-models/cert-manager, generated from cert-manager's CRDs)
   'cert-manager.io/v1/Certificate': Certificate as unknown as ModelCtor,
 };

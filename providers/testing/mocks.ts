@@ -23,6 +23,10 @@ export interface RecordedResource {
   readonly parent: string;
   /** Its aliases as registered: URNs, or specs (`noParent`: it had none; `parentUrn`: that one). */
   readonly aliases: readonly RecordedAlias[];
+  /** URNs it was registered to depend on (`dependsOn`, and its inputs' resources). */
+  readonly dependencies?: readonly string[];
+  /** Its `customTimeouts` as registered (empty strings: the provider's default). */
+  readonly customTimeouts?: { readonly create: string; readonly update: string; readonly delete: string };
 }
 
 /** One registered alias (Pulumi `Alias`; empty strings mean "the resource's current value"). */
@@ -40,6 +44,8 @@ interface RegisterRequest {
   getType(): string;
   getName(): string;
   getParent(): string;
+  getDependenciesList(): string[];
+  getCustomtimeouts(): { getCreate(): string; getUpdate(): string; getDelete(): string } | undefined;
   getAliasesList(): {
     hasSpec(): boolean;
     getUrn(): string;
@@ -201,7 +207,9 @@ export async function installMocks(
   ) => Record<string, unknown> | undefined,
 ): Promise<RecordedResource[]> {
   const recorded: RecordedResource[] = [];
-  let current: Pick<RecordedResource, 'parent' | 'aliases'> & { urn?: string } = { parent: '', aliases: [] };
+  let current: Pick<RecordedResource, 'parent' | 'aliases' | 'dependencies' | 'customTimeouts'> & {
+    urn?: string;
+  } = { parent: '', aliases: [] };
   pulumi.runtime.setAllConfig(config, secretKeys);
   await pulumi.runtime.setMocks(
     {
@@ -230,8 +238,19 @@ export async function installMocks(
   const register = monitor.registerResource.bind(monitor);
   monitor.registerResource = (req, cb) => {
     const parent = req.getParent();
+    const timeouts = req.getCustomtimeouts();
     current = {
       parent,
+      dependencies: req.getDependenciesList(),
+      ...(timeouts
+        ? {
+            customTimeouts: {
+              create: timeouts.getCreate(),
+              update: timeouts.getUpdate(),
+              delete: timeouts.getDelete(),
+            },
+          }
+        : {}),
       urn: urnOf(parent, req.getType(), req.getName(), stack, 'space'),
       aliases: req.getAliasesList().map((a) =>
         a.hasSpec()

@@ -227,6 +227,16 @@ export const agentSettings = {
     ['keep', 'destroy'] as const,
     'keep',
   ),
+  drainFile: setting.optionalString(
+    'SPACE_DRAIN_FILE',
+    'While this file exists the node is draining (e.g. cordoned before the cloud replaces it): heartbeats mark it unschedulable, so no new sandbox is placed here, and at SIGTERM the agent first waits up to SPACE_DRAIN_WAIT_MS for its sandboxes to end. Empty: never.',
+  ),
+  drainWaitMs: setting.int(
+    'SPACE_DRAIN_WAIT_MS',
+    'How long a draining agent waits at SIGTERM for its sandboxes to end before it stops (they keep running, or are destroyed, per SPACE_AGENT_ON_SHUTDOWN), ms.',
+    0,
+    0,
+  ),
   gatewaySocket: setting.optionalString(
     'SPACE_GATEWAY_CONTROL_SOCKET',
     'Unix socket of this node’s egress gateway; empty: no gateway, sandboxes have no egress at all.',

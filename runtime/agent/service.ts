@@ -3,10 +3,12 @@
  * network firewall → re-adopt sandboxes → warm pool → heartbeat → listen. On SIGTERM it stops
  * heartbeating (unschedulable), stops serving, drains the warm pool, and — only with
  * SPACE_AGENT_ON_SHUTDOWN=destroy — destroys its sandboxes; by default they keep running and
- * the next agent re-adopts them.
+ * the next agent re-adopts them. While SPACE_DRAIN_FILE exists the node is draining: unschedulable,
+ * and a SIGTERM first waits (at most SPACE_DRAIN_WAIT_MS) for its sandboxes to end.
  */
 
 import { mkdir } from 'node:fs/promises';
+import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { AGENT_PROTOCOL_VERSION } from '../core/agent-protocol.ts';
@@ -64,6 +66,8 @@ export interface RunningAgent {
 
 /** Starts an agent with `config`; resolves once it listens and has sent its first heartbeat. */
 export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
+  /** Whether the node is draining now (the deployment wrote {@link AgentConfig.drainFile}). */
+  const draining = () => !!config.drainFile && existsSync(config.drainFile);
   // the guest runs this same Node binary inside every sandbox and needs its TypeScript support
   const major = Number(process.versions.node.split('.')[0]);
   if (major < 24) {
@@ -300,7 +304,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       hibernateStore: hibernateStore(config),
     },
     state: () => ({
-      schedulable: !disk.last?.pressure,
+      schedulable: !disk.last?.pressure && !draining(),
       disk: disk.last,
       templates: ready,
       warm: warm.counts(),
@@ -377,6 +381,18 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   const close = (signal = 'close', onShutdown = config.onShutdown) => {
     closing ??= (async () => {
       log.info({ signal, onShutdown }, 'agent stopping');
+      if (draining() && sandboxes.size > 0) {
+        // the node is going away: refuse creates and give its sandboxes the drain budget to end,
+        // heartbeating meanwhile (unschedulable) so the control plane does not declare it lost
+        sandboxes.stopAccepting();
+        log.info(
+          { sandboxes: sandboxes.size, waitMs: config.drainWaitMs },
+          'draining: waiting for sandboxes to end',
+        );
+        const until = Date.now() + config.drainWaitMs;
+        while (sandboxes.size > 0 && Date.now() < until) await new Promise((r) => setTimeout(r, 250));
+        log.info({ left: sandboxes.size }, 'draining: done waiting');
+      }
       clearInterval(watchdog);
       memoryGuard?.stop();
       clearInterval(meterSync);
