@@ -9,6 +9,7 @@
 
 import { agentSettings, HOST_IF_PREFIX } from '../runtime/agent/config.ts';
 import { API_NODE_FLAGS, apiSettings } from '../runtime/api/config.ts';
+import { OTEL_SETTING } from '../runtime/core/vm-config.ts';
 import { gatewaySettings } from '../runtime/gateway/config.ts';
 import { routerSettings } from '../runtime/router/config.ts';
 import type { NodePool } from './node-pool.ts';
@@ -199,16 +200,11 @@ export const KNOWN_ENV = {
   router: new Set(Object.values(routerSettings).map((s) => s.env)),
 } as const;
 
-/**
- * OpenTelemetry's own environment variables (`OTEL_*`, the OpenTelemetry specification's
- * "Environment Variable Specification"; e.g. `OTEL_EXPORTER_OTLP_ENDPOINT`,
- * `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_TRACES_SAMPLER`): the OpenTelemetry SDK reads them, not
- * SPACE's settings tables, so they are allowed by name pattern for the services that trace.
- */
-export const OTEL_ENV = /^OTEL_[A-Z0-9_]+$/;
+/** OpenTelemetry's `OTEL_*` variables: allowed by name pattern for the services that trace. */
+export const OTEL_ENV = OTEL_SETTING;
 
 /** Services that export traces (runtime/core/tracing.ts `startTracing`): they take `OTEL_*`. */
-const TRACED: ReadonlySet<keyof typeof KNOWN_ENV> = new Set(['api', 'agent', 'router']);
+export const TRACED: ReadonlySet<keyof typeof KNOWN_ENV> = new Set(['api', 'agent', 'router']);
 
 /** The `OTEL_*` entries of `env` (what turns tracing on), e.g. to give the router the API's. Pure. */
 export function tracingEnvironment(env: Readonly<Record<string, string>> = {}): Record<string, string> {

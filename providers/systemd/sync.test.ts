@@ -19,7 +19,7 @@ import {
   LETS_ENCRYPT_DIRECTORY,
   type VmPlan,
 } from './cloud-init.ts';
-import { tunableSettings, VM_CONFIG_POLICY_FILE } from './sync.ts';
+import { tunableSettings, VM_CONFIG_POLICY_FILE, vmConfigPolicy } from './sync.ts';
 
 const pool: NodePool = {
   name: 'default',
@@ -113,6 +113,24 @@ const agentDocs = () => current(agentServiceEnv({ ...common, pool, controlAddres
 
 // each case runs the rendered script, and the real checker (a Node process) per document: seconds on a loaded host
 describe('config changes reach existing VMs without SSH: space-config-sync', { timeout: 60_000 }, () => {
+  it('OTEL_* stay tunable on the services that trace (api, router, agent), even when set at creation; not on the gateway', () => {
+    const services = ['space-api', 'space-router', 'space-agent@default', 'space-gateway'].map((service) => ({
+      service,
+      file: `/etc/space/${service.replace('@default', '')}.env`,
+      unit: service.replace('@default', ''),
+    }));
+    const otel = { OTEL_EXPORTER_OTLP_ENDPOINT: 'http://10.0.0.5:4318' };
+    const policy = vmConfigPolicy(services, Object.fromEntries(services.map((x) => [x.service, otel])));
+    expect(policy.services.map((x) => [x.service, x.otel ?? false])).toEqual([
+      ['space-api', true],
+      ['space-router', true],
+      ['space-agent@default', true],
+      ['space-gateway', false],
+    ]);
+    for (const x of policy.services)
+      expect(Object.keys(x.pinned).includes('OTEL_EXPORTER_OTLP_ENDPOINT'), x.service).toBe(!x.otel);
+  });
+
   it('what pulumi up writes for a service is byte for byte what a new VM of the same config has', () => {
     const cArgs = { ...common, routerUrl: ROUTER_URL, bootstrapKeySha256: 'a'.repeat(64) };
     const c = controlServiceEnv(cArgs);

@@ -7,8 +7,8 @@ import {
   DEPLOY_VM_CONFIG_KEY,
   VERSION_TAG,
 } from '../../runtime/core/redis-keys.ts';
-import type { VmConfigPolicy } from '../../runtime/core/vm-config.ts';
-import { DEPLOYMENT_OWNED, KNOWN_ENV, REDIS_PORT } from '../runtime-settings.ts';
+import { OTEL_SETTING, type VmConfigPolicy } from '../../runtime/core/vm-config.ts';
+import { DEPLOYMENT_OWNED, KNOWN_ENV, REDIS_PORT, TRACED } from '../runtime-settings.ts';
 import { REDIS_CLI_AUTH, type SyncedService, type VmFile, type VmServiceEnv } from './plan.ts';
 
 /** Where a VM keeps its VM configuration policy (written once, at creation; runtime/core/vm-config.ts). */
@@ -43,6 +43,14 @@ export function tunableSettings(service: string): string[] {
   return [...KNOWN_ENV[kind]].filter((n) => !fixed.has(n) && !PATH_SETTING.test(n)).sort();
 }
 
+/** Whether VM service `service` exports traces, so `OTEL_*` reach it through `pulumi up`. */
+function traces(service: string): boolean {
+  const kind = service.startsWith('space-agent@')
+    ? 'agent'
+    : ({ 'space-api': 'api', 'space-router': 'router' } as const)[service as 'space-api'];
+  return kind !== undefined && TRACED.has(kind);
+}
+
 /**
  * A VM's policy for its VM configuration ({@link VM_CONFIG_POLICY_FILE}): for each of `services`
  * (in order), its env file, its unit, the names `pulumi up` may change, and every other setting
@@ -53,8 +61,19 @@ export function vmConfigPolicy(services: readonly SyncedService[], env: VmServic
     services: services.map((s) => {
       const tunable = tunableSettings(s.service);
       const open = new Set(tunable);
-      const pinned = Object.fromEntries(Object.entries(env[s.service] ?? {}).filter(([n]) => !open.has(n)));
-      return { service: s.service, file: s.file, unit: s.unit, tunable, pinned };
+      const otel = traces(s.service);
+      // OTEL_* of a tracing service stay tunable even when the VM was created with them
+      const pinned = Object.fromEntries(
+        Object.entries(env[s.service] ?? {}).filter(([n]) => !open.has(n) && !(otel && OTEL_SETTING.test(n))),
+      );
+      return {
+        service: s.service,
+        file: s.file,
+        unit: s.unit,
+        tunable,
+        pinned,
+        ...(otel ? { otel: true } : {}),
+      };
     }),
   };
 }

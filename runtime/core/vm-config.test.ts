@@ -36,6 +36,18 @@ describe('a VM service’s configuration document', () => {
     expect(r.ok ? [] : r.problems).toEqual([expect.stringMatching(problem)]);
   });
 
+  it('OpenTelemetry variables reach a service that traces (tracing switched on by pulumi up), and no other', () => {
+    const doc = vmServiceDocument({ OTEL_EXPORTER_OTLP_ENDPOINT: 'http://10.0.0.5:4318' });
+    expect(vmServiceEnv({ ...policy, otel: true }, doc)).toMatchObject({ ok: true });
+    expect(vmServiceEnv(policy, doc)).toMatchObject({ ok: false });
+    // the pattern admits OTEL_* names only: not a prefix trick
+    expect(
+      vmServiceEnv({ ...policy, otel: true }, vmServiceDocument({ OTEL: 'x', XOTEL_A: 'y' })),
+    ).toMatchObject({
+      ok: false,
+    });
+  });
+
   it('refuses what is not a JSON object (an env file, an array, null)', () => {
     for (const text of ['SPACE_LOG_LEVEL=debug\n', '["SPACE_LOG_LEVEL=debug"]', 'null', '"x"'])
       expect(vmServiceEnv(policy, text).ok, text).toBe(false);

@@ -24,6 +24,13 @@ import { VM_SERVICE } from './redis-keys.ts';
 /** Longest value a VM configuration setting may have, characters. */
 export const VM_CONFIG_MAX_VALUE = 8192;
 
+/**
+ * OpenTelemetry's own environment variables (the OpenTelemetry specification's "Environment
+ * Variable Specification": `OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_TRACES_SAMPLER`, …), which the
+ * OpenTelemetry SDK reads rather than SPACE's settings tables: allowed by name for services that trace.
+ */
+export const OTEL_SETTING = /^OTEL_[A-Z0-9_]+$/;
+
 /** One service of a VM as its policy describes it. */
 export const VmServicePolicySchema = Type.Object(
   {
@@ -35,6 +42,8 @@ export const VmServicePolicySchema = Type.Object(
     unit: Type.String({ pattern: '^space-[a-z0-9-]+$' }),
     /** Names an operator may change through `pulumi up`. */
     tunable: Type.Array(Type.String({ pattern: ENV_NAME.source }), { maxItems: 512 }),
+    /** The service traces: OpenTelemetry's `OTEL_*` variables ({@link OTEL_SETTING}) are tunable too. */
+    otel: Type.Optional(Type.Boolean()),
     /** Names the deployment owns, with the value the VM was created with. */
     pinned: Type.Record(
       Type.String({ pattern: ENV_NAME.source }),
@@ -97,7 +106,8 @@ export function vmServiceEnv(policy: VmServicePolicy, text: string): VmServiceEn
     else if (!ENV_VALUE.test(value)) problems.push(`${where}: holds a control character (a newline?)`);
     if (Object.hasOwn(policy.pinned, name)) {
       if (value !== policy.pinned[name]) problems.push(`${where}: set by the deployment; cannot change`);
-    } else if (!tunable.has(name)) problems.push(`${where}: not a setting of ${policy.service}`);
+    } else if (!tunable.has(name) && !(policy.otel && OTEL_SETTING.test(name)))
+      problems.push(`${where}: not a setting of ${policy.service}`);
   }
   if (problems.length) return { ok: false, problems };
   return { ok: true, env: renderEnvFile({ ...(doc as Record<string, string>), ...policy.pinned }) };
