@@ -31,7 +31,7 @@ export interface BaseImage {
 }
 
 /** Bumped when what goes into a base changes (part of the cache key). */
-const BASE_RECIPE = 'space-rehearse-base/1';
+const BASE_RECIPE = 'space-rehearse-base/2';
 
 /** Disk size of a VM (sparse qcow2): room for the runtime image, templates and sandboxes. */
 const DISK_SIZE = '12G';
@@ -71,7 +71,7 @@ export async function baseImage(o: {
     'debootstrap',
     [
       '--variant=minbase',
-      '--include=systemd-sysv,udev,dbus,linux-image-cloud-amd64,initramfs-tools,ifupdown,isc-dhcp-client,iproute2,ca-certificates,netbase,procps,gnupg',
+      '--include=systemd-sysv,udev,dbus,linux-image-cloud-amd64,initramfs-tools,ifupdown,isc-dhcp-client,iproute2,ca-certificates,netbase,procps,gnupg,locales',
       o.release,
       root,
       mirror,
@@ -122,6 +122,10 @@ async function configure(root: string, caCertPem: string): Promise<void> {
   await mkdir(join(root, 'usr/local/share/ca-certificates'), { recursive: true });
   await writeFile(join(root, 'usr/local/share/ca-certificates/space-rehearsal.crt'), caCertPem);
   await run('chroot', [root, 'update-ca-certificates'], { timeoutMs: 120_000 });
+  // cloud images ship en_US.UTF-8, which cloud-init's locale module sets by default: without it
+  // every first boot logs a failed update-locale that no stack caused
+  await writeFile(join(root, 'etc/locale.gen'), 'en_US.UTF-8 UTF-8\n');
+  await run('chroot', [root, 'locale-gen'], { timeoutMs: 300_000 });
   // the resolver comes from the VM's network config at boot
   await rm(join(root, 'etc/resolv.conf'), { force: true });
   await run('chroot', [root, 'apt-get', 'clean'], { timeoutMs: 120_000 });
