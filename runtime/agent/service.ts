@@ -7,8 +7,8 @@
  * and a SIGTERM first waits (at most SPACE_DRAIN_WAIT_MS) for its sandboxes to end.
  */
 
-import { mkdir } from 'node:fs/promises';
 import { existsSync } from 'node:fs';
+import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { AGENT_PROTOCOL_VERSION } from '../core/agent-protocol.ts';

@@ -4,8 +4,8 @@
  * answers, the records the use cases leave and the dispatches they make.
  */
 import { afterAll, beforeAll, beforeEach, describe, expect, inject, it } from 'vitest';
-import { ERROR_CODES, type ErrorCode } from '../../core/errors.ts';
 import { buildVersion } from '../../core/build-version.ts';
+import { ERROR_CODES, type ErrorCode } from '../../core/errors.ts';
 import { keys, VERSION_TAG } from '../../core/redis-keys.ts';
 import { startTestApi, type TestApi } from '../test-app.ts';
 
