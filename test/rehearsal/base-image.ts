@@ -125,6 +125,9 @@ async function configure(root: string, caCertPem: string): Promise<void> {
   // cloud images ship en_US.UTF-8, which cloud-init's locale module sets by default: without it
   // every first boot logs a failed update-locale that no stack caused
   await writeFile(join(root, 'etc/locale.gen'), 'en_US.UTF-8 UTF-8\n');
+  // a persistent journal (journald's Storage=auto keeps one when the folder exists), so a failed
+  // rehearsal can read each VM's service logs from its disk afterwards
+  await mkdir(join(root, 'var/log/journal'), { recursive: true });
   await run('chroot', [root, 'locale-gen'], { timeoutMs: 300_000 });
   // the resolver comes from the VM's network config at boot
   await rm(join(root, 'etc/resolv.conf'), { force: true });

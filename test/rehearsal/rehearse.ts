@@ -484,7 +484,15 @@ async function main(o: Options): Promise<Summary> {
     return summary;
   } finally {
     if (o.keep) log(`--keep: VMs and services left running; work dir ${o.workDir}`);
-    else for (const c of cleanup.reverse()) await c().catch(() => undefined);
+    else {
+      for (const c of cleanup.reverse()) await c().catch(() => undefined);
+      // the VMs are down: their service logs, read from their disks, for whoever looks next
+      for (const v of vms)
+        await v.journal().then(
+          (file) => log(`${v.spec.name}: journal of the space-* units in ${file}`),
+          (err: Error) => log(`${v.spec.name}: no journal (${err.message.slice(0, 200)})`),
+        );
+    }
   }
 }
 

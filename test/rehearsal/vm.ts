@@ -10,7 +10,8 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
-import { mkdir, readFile, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { connect } from 'node:net';
 import { join } from 'node:path';
 import { stringify } from 'yaml';
 import type { BaseImage } from './base-image.ts';
@@ -39,8 +40,19 @@ export interface Vm {
   waitForConsole(pattern: RegExp, timeoutMs: number): Promise<string>;
   /** The console so far. */
   console(): Promise<string>;
-  /** Powers the VM off (SIGTERM to QEMU, then SIGKILL). */
-  stop(): Promise<void>;
+  /**
+   * Shuts the VM down: an ACPI power-button press through QMP (the guest flushes its journal and
+   * disks), then SIGTERM to QEMU after `graceMs` (default 90 s: a TCG guest is slow to stop), then
+   * SIGKILL.
+   */
+  stop(graceMs?: number): Promise<void>;
+  /**
+   * After {@link stop}: the journal of the VM's `space-*` units (and cloud-init's), read from its
+   * disk without booting it (`debugfs` dumps `/var/log/journal`, `journalctl --directory` reads
+   * it), written to `journal.txt` beside the console. Returns that path. Throws when the disk holds
+   * no journal.
+   */
+  journal(): Promise<string>;
 }
 
 /** A stable locally administered MAC for `name`. */
@@ -133,6 +145,8 @@ export async function bootVm(spec: VmSpec, workDir: string): Promise<Vm> {
     '-device',
     `virtio-net-pci,netdev=n0,mac=${macFor(spec.name)}`,
     '-no-reboot',
+    '-qmp',
+    `unix:${join(dir, 'qmp.sock')},server=on,wait=off`,
   ]);
   const child: ChildProcess = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   child.stdout?.pipe(out);
@@ -158,12 +172,77 @@ export async function bootVm(spec: VmSpec, workDir: string): Promise<Vm> {
         await new Promise((r) => setTimeout(r, 1_000));
       }
     },
-    stop: () =>
-      new Promise<void>((resolve) => {
-        if (exited) return resolve();
-        child.once('exit', () => resolve());
-        child.kill('SIGTERM');
-        setTimeout(() => child.kill('SIGKILL'), 5_000).unref();
-      }),
+    async stop(graceMs = 90_000) {
+      if (exited) return;
+      const gone = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+      await powerButton(join(dir, 'qmp.sock')).catch(() => undefined);
+      const term = setTimeout(() => child.kill('SIGTERM'), graceMs);
+      const kill = setTimeout(() => child.kill('SIGKILL'), graceMs + 5_000);
+      await gone;
+      clearTimeout(term);
+      clearTimeout(kill);
+    },
+    async journal() {
+      const raw = join(dir, 'disk.raw');
+      const dump = join(dir, 'journal-dump');
+      await rm(dump, { recursive: true, force: true });
+      await mkdir(dump, { recursive: true });
+      try {
+        await run('qemu-img', ['convert', '-O', 'raw', disk, raw], { timeoutMs: 600_000 });
+        await run('debugfs', ['-R', `rdump /var/log/journal ${dump}`, raw]);
+      } finally {
+        await rm(raw, { force: true });
+      }
+      const text = await run('journalctl', [
+        '--directory',
+        ...(await journalDirs(join(dump, 'journal'))),
+        '--no-pager',
+        '-o',
+        'short-monotonic',
+        '-u',
+        'space-*',
+        '-u',
+        'cloud-final',
+        '-u',
+        'podman*',
+      ]).catch((err: Error) => `journalctl failed: ${err.message}`);
+      const file = join(dir, 'journal.txt');
+      await writeFile(file, text);
+      return file;
+    },
   };
+}
+
+/** Presses the VM's power button over QMP (`qmp_capabilities`, then `system_powerdown`). */
+async function powerButton(socketPath: string): Promise<void> {
+  await new Promise<void>((resolve, reject) => {
+    const sock = connect(socketPath);
+    let buf = '';
+    let step = 0;
+    sock.setTimeout(10_000, () => sock.destroy(new Error('QMP: no answer')));
+    sock.on('data', (d) => {
+      buf += d.toString('utf8');
+      // one JSON object per line: the greeting, then one answer per command
+      while (buf.includes('\n')) {
+        const line = buf.slice(0, buf.indexOf('\n'));
+        buf = buf.slice(buf.indexOf('\n') + 1);
+        if (!line.includes('"return"') && !line.includes('"QMP"')) continue;
+        if (step === 0) sock.write('{"execute":"qmp_capabilities"}\n');
+        else if (step === 1) sock.write('{"execute":"system_powerdown"}\n');
+        else {
+          sock.end();
+          resolve();
+        }
+        step++;
+      }
+    });
+    sock.on('error', reject);
+  });
+}
+
+/** The machine folders under a dumped `/var/log/journal` (one per machine id). */
+async function journalDirs(root: string): Promise<string[]> {
+  const ids = await readdir(root).catch(() => [] as string[]);
+  if (ids.length === 0) throw new Error(`no journal under ${root} (not persistent on this base?)`);
+  return [join(root, ids[0]!)];
 }
