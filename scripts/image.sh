@@ -78,6 +78,10 @@ labels=()
 while IFS= read -r l; do labels+=(--label "$l"); done <"$ctx/labels"
 node scripts/image-context.ts "$ctx"
 
+# the build names its version (the tag after the last colon): every service reports it
+# (GET /healthz, a node's heartbeat), so a version bump can be watched reaching each one
+image_version=${tag##*:}
 buildah build --layers --pull=false --isolation "${SPACE_IMAGE_ISOLATION:-chroot}" "${labels[@]}" \
+  --env "SPACE_VERSION=$image_version" --label "org.opencontainers.image.version=$image_version" \
   -f "$ctx/Containerfile" -t "$tag" "$ctx"
 echo "$tag"
