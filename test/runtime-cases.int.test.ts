@@ -415,7 +415,9 @@ describe('runtime cases', () => {
       const c = await start({
         cmd: 'sh',
         args: ['-c', cmd],
-        ...(how === 'timeout' ? { timeoutMs: 1500 } : {}),
+        // long enough that every process is seen running first even on a loaded host (at 1.5 s a
+        // slow first `ps` found them already ended by the timeout, and the case failed)
+        ...(how === 'timeout' ? { timeoutMs: 8000 } : {}),
       });
       const events = readEvents(c.stream.url, c.stream.token);
       // every one of them runs before the kill
