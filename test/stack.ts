@@ -123,7 +123,8 @@ export async function readEvents(
       break;
     }
   }
-  return events;
+  // one chunk can carry several events: a reader that asked for N gets N (a loaded host batches more)
+  return opts.stopAfter === undefined ? events : events.slice(0, opts.stopAfter);
 }
 
 /** Folds SSE events into stdout/stderr bytes and the exit. */

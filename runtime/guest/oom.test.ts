@@ -1,4 +1,4 @@
-import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -106,8 +106,16 @@ describe('ProcessManager.oomKill', () => {
       await new Promise((r) => setTimeout(r, 50));
     }
     expect(pids.length).toBeGreaterThanOrEqual(3);
-    // give python time to touch its 64 MiB
-    await new Promise((r) => setTimeout(r, 500));
+    // until python has touched its 64 MiB (bounded: 10 s; a loaded host takes longer than a fixed 500 ms)
+    const rss = (pid: number) => {
+      try {
+        return residentBytes(readFileSync(`/proc/${pid}/statm`, 'utf8')) ?? 0;
+      } catch {
+        return 0;
+      }
+    };
+    for (let i = 0; i < 100 && !pids.some((pid) => rss(pid) > 60 * 2 ** 20); i++)
+      await new Promise((r) => setTimeout(r, 100));
     for (const pid of pids) symlinkSync(`/proc/${pid}`, join(root, String(pid)));
     const victim = await pm.oomKill(root);
     expect(victim?.comm).toBe('python3');
