@@ -101,7 +101,12 @@ const CREDENTIAL_CACHE_MS = 2000;
 const ROUND3_HTTP_ATTEMPTS = 29;
 /** Third-round attempts at the node's local routes (E14: 4 addresses × DNS, HTTP, TLS). */
 const ROUND3_E14_ATTEMPTS = 12;
+/** Attempts with the host holding one address of its own (T18 tries each host port on each). */
 const EXPECTED_ATTEMPTS = 231 + ROUND3_E14_ATTEMPTS + ROUND3_HTTP_ATTEMPTS;
+/** Host ports T18 tries on every host address: one attempt more per port for each further address. */
+const T18_HOST_PORTS = 5;
+/** How many host addresses T18 found (up to 2), set when its attempts are made. */
+let t18HostAddresses = 1;
 const RT_TABLE = String(19_800 + N);
 const REAL = `sk-real-${randomBytes(20).toString('hex')}`;
 /** Team `tb`'s value of its own `cred-api` (same name, same host as the default team's REAL). */
@@ -1536,6 +1541,8 @@ describe('egress attack suite', () => {
     const [lb, la] = await Promise.all([listen(B), listen(A)]);
     await sleep(1500);
     const hostPorts = [apiPort, agentPort, redisPort, canaryPort, 22];
+    expect(hostPorts).toHaveLength(T18_HOST_PORTS);
+    t18HostAddresses = v4.length;
     const attempts: Attempt[] = [
       atk(
         'T13',
@@ -2931,7 +2938,8 @@ describe('egress attack suite', () => {
     expect(world?.exitCode).toBeNull();
     expect(rows.filter((r) => r.verdict !== 'blocked' && r.verdict !== 'residual')).toEqual([]);
     expect(k).toBe(0);
-    expect(n).toBe(EXPECTED_ATTEMPTS);
+    // a host with a second address (a bridge, a VPN) gets T18's per-port attempt on it too
+    expect(n).toBe(EXPECTED_ATTEMPTS + T18_HOST_PORTS * (t18HostAddresses - 1));
   });
 
   // last, after the whole-run verdict (these hits are on purpose): a listener that cannot record a
