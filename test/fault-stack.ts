@@ -494,9 +494,13 @@ export async function restartParts(s: FaultStack | undefined): Promise<void> {
   }
 }
 
-/** For `afterAll`: stops the stack (undefined: it never started) and expects it left nothing on the host. */
+/**
+ * For `afterAll`: stops the stack (undefined: it never started) and expects it left nothing on the
+ * host. The agent is continued first: the API's drain must not wait on an agent a failed case stopped.
+ */
 export async function stopFaultStack(s: FaultStack | undefined): Promise<void> {
   if (!s) return;
+  s.signal('agent', 'SIGCONT');
   await s.stop();
   expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
 }

@@ -99,7 +99,6 @@ describe('faults', { timeout: 240_000 }, () => {
     });
   });
   afterEach(() => restartParts(s));
-  // stop() continues a stopped agent before its SIGTERM
   afterAll(() => stopFaultStack(s));
 
   it('f1-delete-without-gateway: a delete while the gateway is dead still destroys the instance', async () => {
