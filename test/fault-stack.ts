@@ -3,7 +3,9 @@
  * redis-server (append-only file, fsync always: a kill -9 loses nothing it acknowledged), the
  * egress gateway, the node agent (gVisor driver, network namespaces) and the API. Each part can be
  * sent any signal (kill -9, SIGSTOP/SIGCONT) and started again with the same settings (ports,
- * state directory, keys). Used by test/faults.int.test.ts; logs go to `<dir>/<part>.log`.
+ * state directory, keys). Used by the fault suite (test/faults*.int.test.ts) and the upgrade
+ * rehearsal; logs go to `<dir>/<part>.log`. Below the stack: the hooks and API calls every fault
+ * file shares (creating a sandbox, waiting for an operation's end, the `fault …` report line).
  */
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { once } from 'node:events';
@@ -14,12 +16,13 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { Redis } from 'ioredis';
 import { request } from 'undici';
+import { expect } from 'vitest';
 import { buildTemplate } from '../runtime/agent/image/templates.ts';
 import { AGENT_ROUTES, type AgentSandboxSummary } from '../runtime/core/agent-protocol.ts';
 import { keys } from '../runtime/core/redis-keys.ts';
 import { loadSigningKey, mintDispatchToken, writeNewKeyPair } from '../runtime/core/tokens.ts';
 import { freePort } from './redis-server.ts';
-import { type Leftovers, leftovers, TEST_CACHE_DIR, waitFor } from './stack.ts';
+import { type Leftovers, leftovers, NO_LEFTOVERS, TEST_CACHE_DIR, waitFor } from './stack.ts';
 
 /** The parts that run as their own process. */
 export type Part = 'redis' | 'gateway' | 'agent' | 'api' | 'router';
@@ -406,4 +409,98 @@ export async function converged(s: FaultStack, timeoutMs = 60_000): Promise<stri
   } catch (err) {
     throw new Error(`${(err as Error).message}: ${JSON.stringify(last)}`);
   }
+}
+
+/** An operation as the API shows it. */
+export type Op = { id: string; state: string; error: { code: string; message: string } | null };
+
+/** Logs a `fault <case> {…}` line: what recovery took and what clients saw (docs/operations.md's fault table). */
+export function report(fault: string, fields: Record<string, unknown>): void {
+  console.log(`fault ${fault} ${JSON.stringify(fields)}`);
+}
+
+/** How {@link finished} waits. */
+export interface FinishOptions {
+  /** Long polls (5 s each) before it gives up. Default 60. */
+  polls?: number;
+  /** Retry a failed call after 500 ms (the API is down for a restart) rather than throw. Default false. */
+  tolerant?: boolean;
+}
+
+/** Waits until operation `opId` ended (succeeded or failed); returns it. */
+export async function finished(s: FaultStack, opId: string, opts: FinishOptions = {}): Promise<Op> {
+  const { polls = 60, tolerant = false } = opts;
+  for (let i = 0; i < polls; i++) {
+    const poll = s.call<Op>('GET', `/v1/operations/${opId}?waitMs=5000`);
+    const op = await (tolerant ? poll.catch(() => null) : poll);
+    if (op?.body.state === 'succeeded' || op?.body.state === 'failed') return op.body;
+    if (!op) await new Promise((r) => setTimeout(r, 500));
+  }
+  throw new Error(`operation ${opId} did not end`);
+}
+
+/**
+ * Waits (60 s at most) until the node counts as alive (and, with `schedulable`, takes new
+ * sandboxes): a case may start right after one that stalled the agent or filled its disk.
+ */
+export async function nodeAlive(s: FaultStack, schedulable = false): Promise<void> {
+  await waitFor(
+    schedulable ? 'the node to count as alive and schedulable' : 'the node to count as alive',
+    async () => {
+      const [alive, sched] = await Promise.all([
+        s.redis.exists(keys.nodeAlive(s.nodeId)),
+        schedulable ? s.redis.hget(keys.node(s.nodeId), 'schedulable') : null,
+      ]);
+      return alive === 1 && (!schedulable || sched === '1') ? true : undefined;
+    },
+    60_000,
+  );
+}
+
+/**
+ * Creates a `base` sandbox (0.5 vCPU, 128 MiB) once the node counts as alive ({@link nodeAlive})
+ * and waits for its create to end; returns its id, throws unless the create succeeded.
+ */
+export async function createSandbox(
+  s: FaultStack,
+  opts: FinishOptions & { schedulable?: boolean } = {},
+): Promise<string> {
+  // else the API refuses the create for its node (TEMPLATE_NOT_READY, seen on a loaded CI host)
+  await nodeAlive(s, opts.schedulable);
+  const res = await s.call<{ sandbox: { id: string }; operation: { id: string } }>('POST', '/v1/sandboxes', {
+    template: 'base',
+    vcpus: 0.5,
+    memoryMiB: 128,
+  });
+  if (res.status !== 202) throw new Error(`create: ${res.status} ${JSON.stringify(res.body)}`);
+  const op = await finished(s, res.body.operation.id, opts);
+  if (op.state !== 'succeeded') throw new Error(`create failed: ${JSON.stringify(op.error)}`);
+  return res.body.sandbox.id;
+}
+
+/** A sandbox's record as the API shows it (its state and why it ended). */
+export async function sandboxRecord(s: FaultStack, id: string) {
+  return (await s.call<{ state: string; killReason: string | null }>('GET', `/v1/sandboxes/${id}`)).body;
+}
+
+/**
+ * For `afterEach`: a failed case must not leave a part stopped (SIGSTOP) or dead for the next one;
+ * continues the agent and starts every part that does not run. `s` undefined: the stack never started.
+ */
+export async function restartParts(s: FaultStack | undefined): Promise<void> {
+  s?.signal('agent', 'SIGCONT');
+  for (const part of ['redis', 'gateway', 'agent', 'api'] as const) {
+    if (s && !s.running(part)) await s.start(part);
+  }
+}
+
+/**
+ * For `afterAll`: stops the stack (undefined: it never started) and expects it left nothing on the
+ * host. The agent is continued first: the API's drain must not wait on an agent a failed case stopped.
+ */
+export async function stopFaultStack(s: FaultStack | undefined): Promise<void> {
+  if (!s) return;
+  s.signal('agent', 'SIGCONT');
+  await s.stop();
+  expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
 }

@@ -11,8 +11,18 @@
 import { request } from 'undici';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { keys, NODE_ALIVE_TTL_MS } from '../runtime/core/redis-keys.ts';
-import { converged, type FaultStack, startFaultStack } from './fault-stack.ts';
-import { leftovers, NO_LEFTOVERS, waitFor } from './stack.ts';
+import {
+  converged,
+  type FaultStack,
+  nodeAlive,
+  finished as operationEnd,
+  report,
+  restartParts,
+  sandboxRecord,
+  startFaultStack,
+  stopFaultStack,
+} from './fault-stack.ts';
+import { waitFor } from './stack.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 /** The node's `SPACE_MAX_SANDBOXES` in this file: small, so a burst outgrows it quickly. */
@@ -20,17 +30,12 @@ const MAX_SANDBOXES = 4;
 /** Node-lost grace of this stack's API (the default is 2 min): shorter than the F8 outage. */
 const GRACE_MS = 20_000;
 
-type Op = { id: string; state: string; error: { code: string; message: string } | null };
 /** A create's answer: the records when admitted, the error envelope when refused. */
 type Answer = {
   sandbox: { id: string };
   operation: { id: string };
   error: { code: string; message: string; details?: Record<string, unknown> };
 };
-
-function report(fault: string, fields: Record<string, unknown>): void {
-  console.log(`fault ${fault} ${JSON.stringify(fields)}`);
-}
 
 describe('faults: admission', { timeout: 240_000 }, () => {
   let s: FaultStack;
@@ -53,15 +58,8 @@ describe('faults: admission', { timeout: 240_000 }, () => {
     };
   }
 
-  /** Waits until the operation ended; returns it. */
-  async function finished(opId: string): Promise<Op> {
-    for (let i = 0; i < 60; i++) {
-      const op = await s.call<Op>('GET', `/v1/operations/${opId}?waitMs=5000`).catch(() => null);
-      if (op?.body.state === 'succeeded' || op?.body.state === 'failed') return op.body;
-      if (!op) await sleep(500);
-    }
-    throw new Error(`operation ${opId} did not end`);
-  }
+  // Redis or the API may be down for a restart: a failed poll is tried again
+  const finished = (opId: string) => operationEnd(s, opId, { tolerant: true });
 
   async function remove(id: string): Promise<void> {
     const res = await s.call<{ operation: { id: string } }>('DELETE', `/v1/sandboxes/${id}`);
@@ -90,34 +88,17 @@ describe('faults: admission', { timeout: 240_000 }, () => {
       .join('');
   }
 
-  async function nodeAlive(): Promise<void> {
-    await waitFor(
-      'the node to count as alive',
-      async () => ((await s.redis.exists(keys.nodeAlive(s.nodeId))) === 1 ? true : undefined),
-      60_000,
-    );
-  }
-
   beforeAll(async () => {
     s = await startFaultStack({
       SPACE_MAX_SANDBOXES: String(MAX_SANDBOXES),
       SPACE_NODE_LOST_GRACE_MS: String(GRACE_MS),
     });
   });
-  afterEach(async () => {
-    s?.signal('agent', 'SIGCONT');
-    for (const part of ['redis', 'gateway', 'agent', 'api'] as const) {
-      if (s && !s.running(part)) await s.start(part);
-    }
-  });
-  afterAll(async () => {
-    if (!s) return;
-    await s.stop();
-    expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
-  });
+  afterEach(() => restartParts(s));
+  afterAll(() => stopFaultStack(s));
 
   it('f8-redis-outage-keeps-create: a create accepted just before a Redis outage past the alive TTL ends running', async () => {
-    await nodeAlive();
+    await nodeAlive(s);
     const accepted = await post();
     expect(accepted.status).toBe(202);
     const id = accepted.body.sandbox.id;
@@ -143,8 +124,7 @@ describe('faults: admission', { timeout: 240_000 }, () => {
     await sleep(4_000);
     s.signal('agent', 'SIGCONT');
     const op = await finished(opId);
-    const rec = (await s.call<{ state: string; killReason: string | null }>('GET', `/v1/sandboxes/${id}`))
-      .body;
+    const rec = await sandboxRecord(s, id);
     report('F8', {
       outageMs: back - t0,
       op: op.state,
@@ -164,7 +144,7 @@ describe('faults: admission', { timeout: 240_000 }, () => {
   });
 
   it('f10-burst-refused-at-post: a burst past the node’s room is refused at POST, or waits a bound the client chose', async () => {
-    await nodeAlive();
+    await nodeAlive(s);
     const burst = 20;
     const concurrency = 10;
     const answers: Awaited<ReturnType<typeof post>>[] = [];

@@ -12,61 +12,31 @@ import { join } from 'node:path';
 import { request } from 'undici';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { keys } from '../runtime/core/redis-keys.ts';
-import { converged, type FaultStack, startFaultStack } from './fault-stack.ts';
-import { collect, leftovers, NO_LEFTOVERS, readEvents, waitFor } from './stack.ts';
+import {
+  converged,
+  createSandbox,
+  type FaultStack,
+  finished as operationEnd,
+  report,
+  restartParts,
+  sandboxRecord,
+  startFaultStack,
+  stopFaultStack,
+} from './fault-stack.ts';
+import { collect, readEvents, waitFor } from './stack.ts';
 
 /** Size of the tmpfs under the agent's `sandboxes/` folder. */
 const DISK_BYTES = 16 * 2 ** 20;
-
-type Op = { id: string; state: string; error: { code: string; message: string } | null };
-
-function report(fault: string, fields: Record<string, unknown>): void {
-  console.log(`fault ${fault} ${JSON.stringify(fields)}`);
-}
 
 describe('faults: the node disk', { timeout: 300_000 }, () => {
   let s: FaultStack;
   const sandboxesDir = () => join(s.dir, 'agent', 'sandboxes');
   const filler = () => join(sandboxesDir(), 'filler');
 
-  async function finished(opId: string): Promise<Op> {
-    for (let i = 0; i < 60; i++) {
-      const op = await s.call<Op>('GET', `/v1/operations/${opId}?waitMs=5000`);
-      if (op.body.state === 'succeeded' || op.body.state === 'failed') return op.body;
-    }
-    throw new Error(`operation ${opId} did not end`);
-  }
-
-  async function create(): Promise<string> {
-    await waitFor(
-      'the node to count as alive and schedulable',
-      async () => {
-        const [alive, sched] = await Promise.all([
-          s.redis.exists(keys.nodeAlive(s.nodeId)),
-          s.redis.hget(keys.node(s.nodeId), 'schedulable'),
-        ]);
-        return alive === 1 && sched === '1' ? true : undefined;
-      },
-      60_000,
-    );
-    const res = await s.call<{ sandbox: { id: string }; operation: { id: string } }>(
-      'POST',
-      '/v1/sandboxes',
-      {
-        template: 'base',
-        vcpus: 0.5,
-        memoryMiB: 128,
-      },
-    );
-    if (res.status !== 202) throw new Error(`create: ${res.status} ${JSON.stringify(res.body)}`);
-    const op = await finished(res.body.operation.id);
-    if (op.state !== 'succeeded') throw new Error(`create failed: ${JSON.stringify(op.error)}`);
-    return res.body.sandbox.id;
-  }
-
-  async function record(id: string) {
-    return (await s.call<{ state: string; killReason: string | null }>('GET', `/v1/sandboxes/${id}`)).body;
-  }
+  // the node must take sandboxes again after a case that filled its disk
+  const create = () => createSandbox(s, { schedulable: true });
+  const record = (id: string) => sandboxRecord(s, id);
+  const finished = (opId: string) => operationEnd(s, opId);
 
   /** Starts `sh -c script`; returns the API's answer (status, body). */
   function command(id: string, script: string) {
@@ -140,15 +110,9 @@ describe('faults: the node disk', { timeout: 300_000 }, () => {
   });
   afterEach(async () => {
     await rm(filler(), { force: true }).catch(() => {});
-    for (const part of ['redis', 'gateway', 'agent', 'api'] as const) {
-      if (s && !s.running(part)) await s.start(part);
-    }
+    await restartParts(s);
   });
-  afterAll(async () => {
-    if (!s) return;
-    await s.stop();
-    expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
-  });
+  afterAll(() => stopFaultStack(s));
 
   it('f6-disk-full: the agent stays up, sandboxes keep running, no torn state, a clean restart after', async () => {
     const streaming = [await create(), await create(), await create()];

@@ -17,20 +17,21 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { keys } from '../runtime/core/redis-keys.ts';
-import { type FaultStack, startFaultStack } from './fault-stack.ts';
-import { NO_LEFTOVERS, waitFor } from './stack.ts';
+import {
+  createSandbox,
+  type FaultStack,
+  type Op,
+  finished as operationEnd,
+  report,
+  startFaultStack,
+  stopFaultStack,
+} from './fault-stack.ts';
 
 const run = promisify(execFile);
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-type Op = { id: string; state: string; error: { code: string; message: string } | null };
 type Sb = { id: string; state: string; nodeId: string | null; pause: { mode: string } | null };
 type Usage = { seconds: { active: number; idle: number; paused: number } };
-
-function report(fault: string, fields: Record<string, unknown>): void {
-  console.log(`fault ${fault} ${JSON.stringify(fields)}`);
-}
 
 describe('faults: hibernate', { timeout: 300_000 }, () => {
   let s: FaultStack;
@@ -38,44 +39,14 @@ describe('faults: hibernate', { timeout: 300_000 }, () => {
   beforeAll(async () => {
     s = await startFaultStack();
   });
-  afterAll(async () => {
-    if (!s) return;
-    await s.stop();
-    expect(s.left).toEqual(NO_LEFTOVERS);
-  });
+  afterAll(() => stopFaultStack(s));
 
   const runscRoot = () => join(s.dir, 'agent', 'driver', 'runsc');
   const get = async (id: string) => (await s.call<Sb>('GET', `/v1/sandboxes/${id}`)).body;
 
-  async function create(): Promise<string> {
-    await waitFor(
-      'the node to count as alive',
-      async () => ((await s.redis.exists(keys.nodeAlive(s.nodeId))) === 1 ? true : undefined),
-      60_000,
-    );
-    const res = await s.call<{ sandbox: { id: string }; operation: { id: string } }>(
-      'POST',
-      '/v1/sandboxes',
-      {
-        template: 'base',
-        vcpus: 0.5,
-        memoryMiB: 128,
-      },
-    );
-    expect(res.status).toBe(202);
-    expect((await finished(res.body.operation.id)).state).toBe('succeeded');
-    return res.body.sandbox.id;
-  }
-
-  /** Waits until the operation ended (bounded); returns it. */
-  async function finished(opId: string): Promise<Op> {
-    for (let i = 0; i < 40; i++) {
-      const op = await s.call<Op>('GET', `/v1/operations/${opId}?waitMs=5000`).catch(() => null);
-      if (op?.body.state === 'succeeded' || op?.body.state === 'failed') return op.body;
-      if (!op) await sleep(500);
-    }
-    throw new Error(`operation ${opId} did not end`);
-  }
+  // the agent or the API may be restarting: a failed poll is tried again (for 40 polls at most)
+  const finished = (opId: string) => operationEnd(s, opId, { polls: 40, tolerant: true });
+  const create = () => createSandbox(s, { polls: 40, tolerant: true });
 
   async function lifecycle(id: string, verb: 'pause' | 'resume', body?: unknown): Promise<Op> {
     const res = await s.call<{ operation: Op }>('POST', `/v1/sandboxes/${id}/${verb}`, body);

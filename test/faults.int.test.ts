@@ -13,7 +13,18 @@ import { join } from 'node:path';
 import { Agent, request } from 'undici';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { keys } from '../runtime/core/redis-keys.ts';
-import { converged, type FaultStack, startFaultStack } from './fault-stack.ts';
+import {
+  converged,
+  createSandbox,
+  type FaultStack,
+  type Op,
+  finished as operationEnd,
+  report,
+  restartParts,
+  sandboxRecord,
+  startFaultStack,
+  stopFaultStack,
+} from './fault-stack.ts';
 import {
   Churn,
   ExecProbe,
@@ -23,7 +34,7 @@ import {
   terminal,
   watchOperation,
 } from './fault-workload.ts';
-import { collect, leftovers, NO_LEFTOVERS, readEvents, waitFor } from './stack.ts';
+import { collect, readEvents, waitFor } from './stack.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 /** Node-lost grace the suite's API uses (the default is 2 min), ms. */
@@ -31,55 +42,17 @@ const GRACE_MS = 20_000;
 /** Dispatch timeout of the suite's API (default 60 s): past the reclaim time (30 s), as in F3. */
 const DISPATCH_TIMEOUT_MS = 40_000;
 
-type Op = { id: string; state: string; error: { code: string; message: string } | null };
-
-function report(fault: string, fields: Record<string, unknown>): void {
-  console.log(`fault ${fault} ${JSON.stringify(fields)}`);
-}
-
 describe('faults', { timeout: 240_000 }, () => {
   let s: FaultStack;
 
-  async function create(): Promise<string> {
-    // a case may start right after one that stalled the agent: its node must count as alive again
-    // before the API takes a create for it (else TEMPLATE_NOT_READY, seen on a loaded CI host)
-    await waitFor(
-      'the node to count as alive',
-      async () => ((await s.redis.exists(keys.nodeAlive(s.nodeId))) === 1 ? true : undefined),
-      60_000,
-    );
-    const res = await s.call<{ sandbox: { id: string }; operation: { id: string } }>(
-      'POST',
-      '/v1/sandboxes',
-      {
-        template: 'base',
-        vcpus: 0.5,
-        memoryMiB: 128,
-      },
-    );
-    if (res.status !== 202) throw new Error(`create: ${res.status} ${JSON.stringify(res.body)}`);
-    const op = await finished(res.body.operation.id);
-    if (op.state !== 'succeeded') throw new Error(`create failed: ${JSON.stringify(op.error)}`);
-    return res.body.sandbox.id;
-  }
-
-  /** Waits until the operation ended; returns it. */
-  async function finished(opId: string): Promise<Op> {
-    for (let i = 0; i < 60; i++) {
-      const op = await s.call<Op>('GET', `/v1/operations/${opId}?waitMs=5000`);
-      if (op.body.state === 'succeeded' || op.body.state === 'failed') return op.body;
-    }
-    throw new Error(`operation ${opId} did not end`);
-  }
+  const create = () => createSandbox(s);
+  const finished = (opId: string) => operationEnd(s, opId);
+  const record = (id: string) => sandboxRecord(s, id);
 
   async function del(id: string): Promise<string> {
     const res = await s.call<{ operation: { id: string } }>('DELETE', `/v1/sandboxes/${id}`);
     expect(res.status).toBe(202);
     return res.body.operation.id;
-  }
-
-  async function record(id: string) {
-    return (await s.call<{ state: string; killReason: string | null }>('GET', `/v1/sandboxes/${id}`)).body;
   }
 
   /** Starts a command printing numbered lines every 100 ms; returns its stream. */
@@ -125,19 +98,8 @@ describe('faults', { timeout: 240_000 }, () => {
       SPACE_DISPATCH_TIMEOUT_MS: String(DISPATCH_TIMEOUT_MS),
     });
   });
-  // a failed case must not leave the agent stopped (or dead) for the next one
-  afterEach(async () => {
-    s?.signal('agent', 'SIGCONT');
-    for (const part of ['redis', 'gateway', 'agent', 'api'] as const) {
-      if (s && !s.running(part)) await s.start(part);
-    }
-  });
-  afterAll(async () => {
-    if (!s) return;
-    s.signal('agent', 'SIGCONT');
-    await s.stop();
-    expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
-  });
+  afterEach(() => restartParts(s));
+  afterAll(() => stopFaultStack(s));
 
   it('f1-delete-without-gateway: a delete while the gateway is dead still destroys the instance', async () => {
     const keep = await create();

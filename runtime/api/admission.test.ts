@@ -6,7 +6,6 @@
  */
 import { Redis } from 'ioredis';
 import { afterAll, beforeEach, describe, expect, inject, it } from 'vitest';
-import { normalisePolicy } from '../core/egress.ts';
 import { SpaceError } from '../core/errors.ts';
 import { retryAfterSec } from '../core/http-errors.ts';
 import { keys, NODE_ALIVE_TTL_MS } from '../core/redis-keys.ts';
@@ -18,6 +17,7 @@ import { OperationStore } from './operations.ts';
 import { ROOM_RETRY_AFTER_SEC } from './placement.ts';
 import { withScripts } from './redis-scripts.ts';
 import { SandboxStore } from './sandbox-store.ts';
+import { newSandbox } from './test-records.ts';
 
 const redis = withScripts(new Redis(inject('redisUrl'), { db: 14 }));
 const store = new SandboxStore(redis);
@@ -51,19 +51,7 @@ async function node(id: string, max: number, opts: { alive?: boolean; heartbeatA
   await m.exec();
 }
 
-const sandbox = (id: string) => ({
-  id,
-  template: 'base',
-  vcpus: 0.5,
-  memoryMiB: 128,
-  timeoutSec: 60,
-  metadata: {},
-  env: {},
-  sessionId: 'ses_aaaaaaaaaaaaaaaaaaaa',
-  egress: normalisePolicy(undefined),
-  grants: [],
-  team: 'ta',
-});
+const sandbox = (id: string) => newSandbox(id, { vcpus: 0.5, memoryMiB: 128, team: 'ta' });
 
 /** Admits sandbox `n` with its create operation, placed at admission through `outage`. */
 const admit = (n: number, outage = new StoreOutage()) => {

@@ -10,9 +10,9 @@
 
 import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
+import { resolveGrants } from '../core/credential-grants.ts';
 import {
   type CredentialGrant,
-  credentialFromHash,
   limitProblems,
   mintPlaceholder,
   validateGrants,
@@ -188,23 +188,7 @@ export class CredentialStore {
    * The grants (never values) a node's agent registers with its gateway; credentials deleted since
    * are skipped. The gateway fetches each value itself when a request needs it.
    */
-  async resolve(grants: readonly SandboxGrant[]): Promise<CredentialGrant[]> {
-    const out: CredentialGrant[] = [];
-    for (const g of grants) {
-      const c = credentialFromHash(
-        await this.#redis.hgetall(keys.credential(g.team ?? DEFAULT_TEAM, g.name)),
-      );
-      if (!c || (g.generation !== undefined && c.generation !== g.generation)) continue;
-      out.push({
-        name: g.name,
-        placeholder: g.placeholder,
-        domains: c.domains,
-        header: c.header,
-        format: c.format,
-        generation: c.generation,
-        ...(g.team ? { team: g.team } : {}),
-      });
-    }
-    return out;
+  resolve(grants: readonly SandboxGrant[]): Promise<CredentialGrant[]> {
+    return resolveGrants(this.#redis, grants);
   }
 }

@@ -2,13 +2,13 @@
 import { Redis } from 'ioredis';
 import pino from 'pino';
 import { afterAll, beforeEach, describe, expect, inject, it } from 'vitest';
-import { normalisePolicy } from '../core/egress.ts';
 import { keys } from '../core/redis-keys.ts';
 import { UNLIMITED_QUOTAS } from '../core/tenancy.ts';
 import { OperationStore } from './operations.ts';
 import { NODE_LOST_GRACE_MS, Reconciler } from './reconciler.ts';
 import { withScripts } from './redis-scripts.ts';
 import { SandboxStore } from './sandbox-store.ts';
+import { newSandbox } from './test-records.ts';
 
 const redis = withScripts(new Redis(inject('redisUrl'), { db: 4 }));
 const sandboxes = new SandboxStore(redis);
@@ -36,23 +36,7 @@ async function runningOn(node: string, id: string, at: number) {
     })
     .set(keys.nodeAlive(node), '1')
     .exec();
-  const rec = await sandboxes.create(
-    {
-      id,
-      template: 'base',
-      vcpus: 1,
-      memoryMiB: 512,
-      timeoutSec: 3600,
-      metadata: {},
-      env: {},
-      sessionId: 'ses_aaaaaaaaaaaaaaaaaaaa',
-      egress: normalisePolicy(undefined),
-      grants: [],
-      team: 'default',
-    },
-    UNLIMITED_QUOTAS,
-    at,
-  );
+  const rec = await sandboxes.create(newSandbox(id, { timeoutSec: 3600 }), UNLIMITED_QUOTAS, at);
   await sandboxes.place(rec);
   await sandboxes.transition(id, 'running', {}, at);
 }

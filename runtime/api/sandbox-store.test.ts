@@ -2,13 +2,13 @@
 
 import { Redis } from 'ioredis';
 import { afterAll, beforeEach, describe, expect, inject, it } from 'vitest';
-import { normalisePolicy } from '../core/egress.ts';
 import { newSandboxId } from '../core/ids.ts';
 import { KEY_PREFIX, keys } from '../core/redis-keys.ts';
 import { UNLIMITED_QUOTAS } from '../core/tenancy.ts';
 import { OperationStore } from './operations.ts';
 import { withScripts } from './redis-scripts.ts';
 import { SandboxStore } from './sandbox-store.ts';
+import { newSandbox } from './test-records.ts';
 
 const redis = withScripts(new Redis(inject('redisUrl'), { db: 3 }));
 const store = new SandboxStore(redis);
@@ -18,23 +18,7 @@ beforeEach(async () => {
 });
 
 const make = (id: string, now: number, metadata: Record<string, string> = {}, team = 'default') =>
-  store.create(
-    {
-      id,
-      template: 'base',
-      vcpus: 1,
-      memoryMiB: 512,
-      timeoutSec: 60,
-      metadata,
-      env: {},
-      sessionId: 'ses_aaaaaaaaaaaaaaaaaaaa',
-      egress: normalisePolicy(undefined),
-      grants: [],
-      team,
-    },
-    UNLIMITED_QUOTAS,
-    now,
-  );
+  store.create(newSandbox(id, { metadata, team }), UNLIMITED_QUOTAS, now);
 
 /** Every id of the default team's listing, page by page (`limit` per page, at most 10 pages). */
 async function listAll(limit: number): Promise<string[]> {
@@ -74,19 +58,7 @@ async function addNode(id: string, vcpus: number, memoryMiB: number, warm = 0, d
 describe('SandboxStore', () => {
   it('writes an admitted sandbox and its queued create operation in one step; a refusal writes neither', async () => {
     const ops = new OperationStore(redis);
-    const sandbox = (id: string) => ({
-      id,
-      template: 'base',
-      vcpus: 1,
-      memoryMiB: 512,
-      timeoutSec: 60,
-      metadata: {},
-      env: {},
-      sessionId: 'ses_aaaaaaaaaaaaaaaaaaaa',
-      egress: normalisePolicy(undefined),
-      grants: [],
-      team: 'tq',
-    });
+    const sandbox = (id: string) => newSandbox(id, { team: 'tq' });
     const quotas = { ...UNLIMITED_QUOTAS, sandboxes: 1 };
     const first = ops.draft('sandbox.create', 'sbx_admit00000000000001', {}, 'tq');
     await store.create(sandbox('sbx_admit00000000000001'), quotas, 1_000, first);
@@ -107,19 +79,7 @@ describe('SandboxStore', () => {
 
   it('an Idempotency-Key is claimed in the admission step or answered with the first sandbox (claim-or-return)', async () => {
     const ops = new OperationStore(redis);
-    const sandbox = (id: string, memoryMiB = 512) => ({
-      id,
-      template: 'base',
-      vcpus: 1,
-      memoryMiB,
-      timeoutSec: 60,
-      metadata: {},
-      env: {},
-      sessionId: 'ses_aaaaaaaaaaaaaaaaaaaa',
-      egress: normalisePolicy(undefined),
-      grants: [],
-      team: 'ti',
-    });
+    const sandbox = (id: string, memoryMiB = 512) => newSandbox(id, { memoryMiB, team: 'ti' });
     const key = keys.idempotency('ti', 'k1');
     const idem = (bodyHash: string) => ({ key, bodyHash, ttlSec: 60 });
     const quotas = { ...UNLIMITED_QUOTAS, memoryMiB: 1024 };

@@ -19,14 +19,11 @@
  * `/guest-kernel`), else a kernel an earlier agent left in `<cacheDir>/vm/kernel/`, else
  * DRIVER_FAILED naming the directory.
  */
-import { execFile, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { chmod, copyFile, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { basename, join } from 'node:path';
-import { promisify } from 'node:util';
-import { SpaceError } from '../../core/errors.ts';
-
-const run = promisify(execFile);
+import { driverFailed, sh } from './build-exec.ts';
 
 /** Debian's metapackage for the cloud kernel (depends on the versioned image package). */
 export const GUEST_KERNEL_METAPACKAGE = 'linux-image-cloud-amd64';
@@ -47,19 +44,6 @@ export interface GuestKernel {
   modules: string[];
 }
 
-function fail(message: string, details: Record<string, unknown> = {}, cause?: unknown): SpaceError {
-  return new SpaceError('DRIVER_FAILED', message, details, cause ? { cause } : undefined);
-}
-
-async function sh(cmd: string, args: string[], opts: { cwd?: string } = {}): Promise<string> {
-  try {
-    return (await run(cmd, args, { ...opts, maxBuffer: 64 * 1024 * 1024 })).stdout;
-  } catch (err) {
-    const e = err as { stderr?: string; message: string };
-    throw fail(`${cmd} ${args.join(' ')}: ${(e.stderr || e.message).trim().slice(-2000)}`, { cmd }, err);
-  }
-}
-
 /**
  * The versioned package a kernel metapackage depends on and its candidate version, from apt's
  * cache (`apt-cache depends` / `apt-cache show`), e.g. `{ name: 'linux-image-6.1.0-57-cloud-amd64',
@@ -71,10 +55,10 @@ export async function resolveKernelPackage(
 ): Promise<{ name: string; version: string }> {
   const deps = await sh('apt-cache', ['depends', meta]);
   const name = /Depends:\s*(linux-image-[^\s<>]+)/.exec(deps)?.[1];
-  if (!name) throw fail(`apt-cache depends ${meta} names no linux-image package (apt-get update?)`);
+  if (!name) throw driverFailed(`apt-cache depends ${meta} names no linux-image package (apt-get update?)`);
   const show = await sh('apt-cache', ['show', '--no-all-versions', name]);
   const version = /^Version:\s*(\S+)/m.exec(show)?.[1];
-  if (!version) throw fail(`apt-cache show ${name} gives no version`);
+  if (!version) throw driverFailed(`apt-cache show ${name} gives no version`);
   return { name, version };
 }
 
@@ -116,7 +100,9 @@ export async function extractVmlinux(bzImage: Buffer): Promise<Buffer> {
       if (out.length > 1024 * 1024 && out.subarray(0, 4).equals(ELF_MAGIC)) return out;
     }
   }
-  throw fail(`no compressed ELF kernel found in the bzImage (tried ${tried.join(', ') || 'nothing'})`);
+  throw driverFailed(
+    `no compressed ELF kernel found in the bzImage (tried ${tried.join(', ') || 'nothing'})`,
+  );
 }
 
 /** `depends=` of a kernel module file (its `.modinfo` strings), as module names. Pure. */
@@ -195,7 +181,7 @@ export async function findGuestKernel(kernelDir: string, cacheDir: string): Prom
     .filter((d) => existsSync(join(root, d, 'complete')))
     .sort();
   if (cached.length) return (await readGuestKernel(join(root, cached.at(-1)!)))!;
-  throw fail(
+  throw driverFailed(
     `no guest kernel in ${kernelDir} (the runtime image bakes it there; on a host without the image, ` +
       `\`space up\` prepares one in ${join(cacheDir, 'vm', 'kernel')}, or run ` +
       `\`node scripts/image-assets.ts --kernel ${kernelDir}\`; SPACE_IMAGE_ASSETS_DIR moves it)`,
@@ -246,7 +232,7 @@ export async function prepareGuestKernel(
     const x = join(tmp, 'x');
     await sh('dpkg-deb', ['-x', deb, x]);
     const vmlinuz = (await readdir(join(x, 'boot'))).find((f) => f.startsWith('vmlinuz-'));
-    if (!vmlinuz) throw fail(`${basename(deb)} holds no /boot/vmlinuz-*`);
+    if (!vmlinuz) throw driverFailed(`${basename(deb)} holds no /boot/vmlinuz-*`);
     const version = vmlinuz.slice('vmlinuz-'.length);
     await copyFile(join(x, 'boot', vmlinuz), join(tmp, 'vmlinuz'));
     progress(`extracting the ELF vmlinux from ${vmlinuz}`);
@@ -275,7 +261,7 @@ export async function prepareGuestKernel(
     try {
       modules = moduleLoadOrder(GUEST_MODULES, paths, builtin, (m) => deps.get(m) ?? []);
     } catch (err) {
-      throw fail(`${pkg}: ${(err as Error).message}`, { package: pkg }, err);
+      throw driverFailed(`${pkg}: ${(err as Error).message}`, { package: pkg }, err);
     }
     await mkdir(join(tmp, 'modules'));
     for (const m of modules) await writeFile(join(tmp, 'modules', `${m}.ko`), files.get(m)!);

@@ -19,20 +19,16 @@
  * <cacheDir>/vm/rootfs/<digest>/{rootfs.ext4,complete}
  * ```
  */
-import { execFile } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { createReadStream, existsSync } from 'node:fs';
 import { chmod, copyFile, mkdir, rename, rm, writeFile } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
-import { promisify } from 'node:util';
-import { SpaceError } from '../../core/errors.ts';
 import type { TemplateImage } from '../drivers/driver.ts';
 import { MIB_PER_GUEST_PROCESS, MIN_GUEST_PROCESSES } from '../drivers/gvisor-limits.ts';
 import { DEFAULT_IMAGE_ASSETS_DIR, guestKernelDir } from './assets.ts';
+import { driverFailed, sh } from './build-exec.ts';
 import { findGuestKernel, type GuestKernel } from './guest-kernel.ts';
 import { directoryImage, GUEST_ARGV, type GuestLayerInputs, imageDigest } from './images.ts';
-
-const run = promisify(execFile);
 
 /** Bump when the layout of the rootfs image, the initrd or its init changes. */
 export const VM_IMAGE_VERSION = 'space-vm-image/2';
@@ -67,19 +63,6 @@ export interface VmImageOptions {
 }
 
 const defaultProgress: Progress = (m) => process.stderr.write(`vm-image: ${m}\n`);
-
-function fail(message: string, details: Record<string, unknown> = {}, cause?: unknown): SpaceError {
-  return new SpaceError('DRIVER_FAILED', message, details, cause ? { cause } : undefined);
-}
-
-async function sh(cmd: string, args: string[], opts: { cwd?: string } = {}): Promise<string> {
-  try {
-    return (await run(cmd, args, { ...opts, maxBuffer: 64 * 1024 * 1024 })).stdout;
-  } catch (err) {
-    const e = err as { stderr?: string; message: string };
-    throw fail(`${cmd} ${args.join(' ')}: ${(e.stderr || e.message).trim().slice(-2000)}`, { cmd }, err);
-  }
-}
 
 /** Builds `dir` once: runs `make(tmp)` into a temporary sibling, writes `complete`, renames it. */
 const builds = new Map<string, Promise<void>>();
@@ -187,7 +170,8 @@ export async function guestInitrd(
   opts: VmImageOptions = {},
 ): Promise<string> {
   const busybox = opts.busybox ?? '/bin/busybox';
-  if (!existsSync(busybox)) throw fail(`${busybox} is missing (apt: busybox-static)`, { path: busybox });
+  if (!existsSync(busybox))
+    throw driverFailed(`${busybox} is missing (apt: busybox-static)`, { path: busybox });
   const init = initScript(kernel.modules);
   const digest = createHash('sha256')
     .update(`${VM_IMAGE_VERSION}\n${kernel.package}\n${await fileDigest(busybox)}\n${init}`)

@@ -6,58 +6,17 @@
  */
 
 import { existsSync } from 'node:fs';
-import { cp, mkdtemp, readdir, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { cp, readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import { pino } from 'pino';
 import { afterEach, describe, expect, it } from 'vitest';
-import { FakeDriver, FakeGateway, FakeGuests, FakeNetworks } from '../drivers/test-fake-driver.ts';
 import { SandboxManager } from './manager.ts';
-import type { CreateSandbox } from './types.ts';
-
-const log = pino({ level: 'silent' });
-
-function request(id: string): CreateSandbox {
-  return {
-    sandboxId: id,
-    sessionId: 'ses0000000001',
-    template: 'base',
-    vcpus: 1,
-    memoryMiB: 256,
-    env: {},
-    expiresAtMs: Date.now() + 60_000,
-    egress: { mode: 'allow-list', allow: [], deny: [], cidrs: [] },
-    credentials: [],
-  };
-}
+import { createRequest, fakeManagerOptions, fakeParts } from './test-manager.ts';
 
 /** One node's lasting parts (state folder, store, driver) and a way to start an agent over them. */
 async function node() {
-  const dir = await mkdtemp(join(tmpdir(), 'space-adopt-pause-'));
-  const guests = new FakeGuests();
-  await guests.listen();
-  const driver = new FakeDriver(guests);
-  const networks = new FakeNetworks();
-  const gateway = new FakeGateway();
-  const agent = () =>
-    new SandboxManager({
-      stateDir: join(dir, 'state'),
-      driver,
-      networks,
-      templateImage: async (t) => ({ template: t, digest: 'fake', lowerDirs: [] }),
-      pidsLimit: 64,
-      diskMiB: 0,
-      createConcurrency: 4,
-      spoolRetention: { maxCommands: 256, maxBytes: 1 << 30, maxAgeMs: 3_600_000 },
-      refillConcurrency: 1,
-      spoolLimitBytes: 1 << 20,
-      gateway,
-      baseEnv: {},
-      hibernateDir: join(dir, 'hibernated'),
-      hibernateStore: 'test',
-      activity: null,
-      log,
-    });
+  const parts = await fakeParts('space-adopt-pause-');
+  const { dir, guests, driver } = parts;
+  const agent = () => new SandboxManager(fakeManagerOptions(parts));
   const store = join(dir, 'hibernated');
   return {
     dir,
@@ -85,7 +44,7 @@ describe('an agent killed mid-pause: the next one settles the sandbox (F7)', () 
   it('killed after the freeze of a hibernation: adopted frozen, the half-made snapshot dropped; thawed when its record runs, then hibernates', async () => {
     n = await node();
     const first = n.agent();
-    await first.create(request('sbx1'));
+    await first.create(createRequest('sbx1'));
     n.driver.hold('snapshot');
     void first.pause('sbx1', 'hibernated').catch(() => {});
     await new Promise((r) => setTimeout(r, 50));
@@ -108,7 +67,7 @@ describe('an agent killed mid-pause: the next one settles the sandbox (F7)', () 
   it('killed after the freeze, the pause asked again: it finishes from the frozen instance', async () => {
     n = await node();
     const first = n.agent();
-    await first.create(request('sbx1'));
+    await first.create(createRequest('sbx1'));
     n.driver.hold('snapshot');
     void first.pause('sbx1', 'hibernated').catch(() => {});
     await new Promise((r) => setTimeout(r, 50));
@@ -123,7 +82,7 @@ describe('an agent killed mid-pause: the next one settles the sandbox (F7)', () 
   it('killed after the snapshot was written, before the instance was destroyed: the snapshot is dropped, the sandbox kept', async () => {
     n = await node();
     const first = n.agent();
-    await first.create(request('sbx1'));
+    await first.create(createRequest('sbx1'));
     const destroy = n.driver.hold('destroy');
     void first.pause('sbx1', 'hibernated').catch(() => {});
     await destroy.reached;
@@ -141,7 +100,7 @@ describe('an agent killed mid-pause: the next one settles the sandbox (F7)', () 
   it('killed after the instance was destroyed, before the sandbox was forgotten: hibernated, and the pause asked again answers so', async () => {
     n = await node();
     const first = n.agent();
-    await first.create(request('sbx1'));
+    await first.create(createRequest('sbx1'));
     const saved = join(n.dir, 'saved');
     await cp(join(n.dir, 'state', 'sandboxes', 'sbx1'), saved, { recursive: true });
     await first.pause('sbx1', 'hibernated');
@@ -160,7 +119,7 @@ describe('an agent killed mid-pause: the next one settles the sandbox (F7)', () 
   it('killed during a restore, before the snapshot was removed: the restored instance is undone, the snapshot kept', async () => {
     n = await node();
     const first = n.agent();
-    const req = request('sbx1');
+    const req = createRequest('sbx1');
     await first.create(req);
     const h = await first.pause('sbx1', 'hibernated');
     const saved = join(n.dir, 'saved');
@@ -181,7 +140,7 @@ describe('an agent killed mid-pause: the next one settles the sandbox (F7)', () 
   it('a freeze its pause never recorded (killed right after the driver froze it) is still found frozen and thawed by a resume', async () => {
     n = await node();
     const first = n.agent();
-    await first.create(request('sbx1'));
+    await first.create(createRequest('sbx1'));
     // the driver froze it, the agent died before writing anything
     await n.driver.pause((await n.driver.list())[0]!.instanceId);
 
@@ -195,7 +154,7 @@ describe('an agent killed mid-pause: the next one settles the sandbox (F7)', () 
   it('a resume of a sandbox not marked paused thaws an instance its driver holds paused', async () => {
     n = await node();
     const agent = n.agent();
-    await agent.create(request('sbx1'));
+    await agent.create(createRequest('sbx1'));
     await n.driver.pause((await n.driver.list())[0]!.instanceId);
     expect(agent.get('sbx1').paused).toBeNull();
     await agent.resume('sbx1');
@@ -205,7 +164,7 @@ describe('an agent killed mid-pause: the next one settles the sandbox (F7)', () 
   it('reconciliation freezes a sandbox whose record is paused (frozen) but that runs, unless the record moved on', async () => {
     n = await node();
     const agent = n.agent();
-    await agent.create(request('sbx1'));
+    await agent.create(createRequest('sbx1'));
     expect(await agent.convergePause('sbx1', 'frozen', async () => false)).toBe(false);
     expect(await n.instances()).toEqual(['running']);
     expect(await agent.convergePause('sbx1', 'frozen', async () => true)).toBe(true);

@@ -3,14 +3,13 @@
  * the real manager, spools and state folder over the in-memory FakeDriver, whose guest answers
  * each command with one line and its exit.
  */
-import { mkdtemp, readdir, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import { pino } from 'pino';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { READ_GRACE_MS } from '../commands/retention.ts';
-import { FakeDriver, FakeGateway, FakeGuests, FakeNetworks } from '../drivers/test-fake-driver.ts';
+import type { FakeGuests } from '../drivers/test-fake-driver.ts';
 import { SandboxManager } from './manager.ts';
+import { createRequest, fakeManagerOptions, fakeParts } from './test-manager.ts';
 
 const MAX_COMMANDS = 8;
 
@@ -20,38 +19,14 @@ describe('command outputs on disk', () => {
   let manager: SandboxManager;
 
   beforeEach(async () => {
-    dir = await mkdtemp(join(tmpdir(), 'space-outputs-'));
-    guests = new FakeGuests();
-    await guests.listen();
-    manager = new SandboxManager({
-      stateDir: join(dir, 'state'),
-      driver: new FakeDriver(guests),
-      networks: new FakeNetworks(),
-      templateImage: async (t) => ({ template: t, digest: 'fake', lowerDirs: [] }),
-      pidsLimit: 64,
-      diskMiB: 0,
-      createConcurrency: 4,
-      refillConcurrency: 1,
-      spoolLimitBytes: 1 << 20,
-      spoolRetention: { maxCommands: MAX_COMMANDS, maxBytes: 1 << 30, maxAgeMs: 3_600_000 },
-      gateway: new FakeGateway(),
-      baseEnv: {},
-      hibernateDir: join(dir, 'hibernated'),
-      hibernateStore: 'test',
-      activity: null,
-      log: pino({ level: 'silent' }),
-    });
-    await manager.create({
-      sandboxId: 'sbx_outputs',
-      sessionId: 'ses0000000001',
-      template: 'base',
-      vcpus: 1,
-      memoryMiB: 256,
-      env: {},
-      expiresAtMs: Date.now() + 60_000,
-      egress: { mode: 'allow-list', allow: [], deny: [], cidrs: [] },
-      credentials: [],
-    });
+    const parts = await fakeParts('space-outputs-');
+    ({ dir, guests } = parts);
+    manager = new SandboxManager(
+      fakeManagerOptions(parts, {
+        spoolRetention: { maxCommands: MAX_COMMANDS, maxBytes: 1 << 30, maxAgeMs: 3_600_000 },
+      }),
+    );
+    await manager.create(createRequest('sbx_outputs'));
   });
   afterEach(async () => {
     await manager.destroyAll();

@@ -4,14 +4,13 @@
  * no instance, network, gateway registration, state folder or hibernation left that no sandbox
  * owns, and the registry listing exactly the sandboxes that should run.
  */
-import { mkdtemp, readdir, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { pino } from 'pino';
 import { afterEach, describe, expect, it } from 'vitest';
-import { FakeDriver, FakeGateway, FakeGuests, FakeNetworks } from '../drivers/test-fake-driver.ts';
 import { WarmPool } from '../instances/warm-pool.ts';
 import { SandboxManager } from './manager.ts';
+import { createRequest, fakeManagerOptions, fakeParts } from './test-manager.ts';
 import type { CreateSandbox } from './types.ts';
 
 const SHAPE = { vcpus: 1, memoryMiB: 256 };
@@ -19,30 +18,9 @@ const log = pino({ level: 'silent' });
 
 /** A node of fakes: a manager over a FakeDriver, FakeNetworks and a FakeGateway, state in a temp folder. */
 async function fakeNode() {
-  const dir = await mkdtemp(join(tmpdir(), 'space-races-'));
-  const guests = new FakeGuests();
-  await guests.listen();
-  const driver = new FakeDriver(guests);
-  const networks = new FakeNetworks();
-  const gateway = new FakeGateway();
-  const manager = new SandboxManager({
-    stateDir: join(dir, 'state'),
-    driver,
-    networks,
-    templateImage: async (t) => ({ template: t, digest: 'fake', lowerDirs: [] }),
-    pidsLimit: 64,
-    diskMiB: 0,
-    createConcurrency: 4,
-    refillConcurrency: 1,
-    spoolLimitBytes: 1 << 20,
-    spoolRetention: { maxCommands: 256, maxBytes: 1 << 30, maxAgeMs: 3_600_000 },
-    gateway,
-    baseEnv: {},
-    hibernateDir: join(dir, 'hibernated'),
-    hibernateStore: 'test',
-    activity: null,
-    log,
-  });
+  const parts = await fakeParts('space-races-');
+  const { dir, guests, driver, networks, gateway } = parts;
+  const manager = new SandboxManager(fakeManagerOptions(parts, { log }));
   let pool: WarmPool | null = null;
   const node = {
     dir,
@@ -102,17 +80,13 @@ async function fakeNode() {
 
 type Node = Awaited<ReturnType<typeof fakeNode>>;
 
+/** A create request of {@link SHAPE}, with an env and an egress allow-list the races must carry over. */
 function request(id: string): CreateSandbox {
-  return {
-    sandboxId: id,
-    sessionId: 'ses0000000001',
-    template: 'base',
+  return createRequest(id, {
     ...SHAPE,
     env: { A: '1' },
-    expiresAtMs: Date.now() + 60_000,
     egress: { mode: 'allow-list', allow: ['example.com'], deny: [], cidrs: [] },
-    credentials: [],
-  };
+  });
 }
 
 /**

@@ -6,20 +6,10 @@
  * state-files.ts); together they are all adoption needs.
  */
 import type { Redis } from 'ioredis';
-import { type CredentialGrant, credentialFromHash } from '../../core/credentials.ts';
+import { type RecordedGrant, resolveGrants } from '../../core/credential-grants.ts';
 import type { EgressPolicy } from '../../core/egress.ts';
 import { keys } from '../../core/redis-keys.ts';
-import { DEFAULT_TEAM } from '../../core/tenancy.ts';
 import type { CreateSandbox } from './types.ts';
-
-/** A grant as the sandbox's record keeps it (the API's `SandboxGrant`, the fields read here). */
-interface RecordedGrant {
-  name: string;
-  placeholder: string;
-  domains: string[];
-  generation?: string;
-  team?: string;
-}
 
 /**
  * The create request of sandbox `id` as the control plane records it, or null when it records no
@@ -35,20 +25,7 @@ export async function recordedRequest(
   const h = await redis.hgetall(keys.sandbox(id));
   if (!h.id || h.nodeId !== nodeId || h.state === 'killing' || h.state === 'killed') return null;
   const grants = JSON.parse(h.grants ?? '[]') as RecordedGrant[];
-  const credentials: CredentialGrant[] = [];
-  for (const g of grants) {
-    const c = credentialFromHash(await redis.hgetall(keys.credential(g.team ?? DEFAULT_TEAM, g.name)));
-    if (!c || (g.generation !== undefined && c.generation !== g.generation)) continue;
-    credentials.push({
-      name: g.name,
-      placeholder: g.placeholder,
-      domains: c.domains,
-      header: c.header,
-      format: c.format,
-      generation: c.generation,
-      ...(g.team ? { team: g.team } : {}),
-    });
-  }
+  const credentials = await resolveGrants(redis, grants);
   return {
     sandboxId: id,
     sessionId: h.sessionId ?? '',
