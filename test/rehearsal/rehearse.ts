@@ -19,6 +19,7 @@ import { Command, Option } from 'commander';
 import { request } from 'undici';
 import { type VmConfigInputs, writeVmConfig } from '../../providers/systemd/vm-config-client.ts';
 import { DEPLOY_TARGET_VERSION_KEY } from '../../runtime/core/redis-keys.ts';
+import type { NodeInfo } from '../../runtime/core/types.ts';
 import { baseImage } from './base-image.ts';
 import {
   benchLatency,
@@ -221,11 +222,25 @@ async function exercise(o: Options, summary: Summary, rendering: Rendering, t: T
   });
   const registered = await phase('nodes', async () => {
     const deadline = Date.now() + o.apiWaitMinutes * 60_000;
+    let seen = '';
     for (;;) {
-      const nodes = await liveNodes(t).catch(() => []);
-      if (nodes.length >= x.nodeCount)
-        return x.log(`nodes: ${nodes.map((n) => `${n.id} (${n.version})`).join(', ')}`);
-      if (Date.now() > deadline) throw new Error(`${nodes.length} of ${x.nodeCount} nodes alive`);
+      // every node the API knows, alive or not: a node that registered and then went quiet reads
+      // differently from one that never came
+      const all = await space<{ nodes: NodeInfo[] }>(t, ['nodes'])
+        .then((r) => r.nodes)
+        .catch((err: Error) => {
+          const line = `nodes: ${err.message.slice(0, 200)}`;
+          if (line !== seen) x.log(line);
+          seen = line;
+          return [] as NodeInfo[];
+        });
+      const view = all.map((n) => `${n.id} ${n.alive ? 'alive' : 'not alive'} (${n.version})`).join(', ');
+      if (all.length && view !== seen) x.log(`nodes: ${view}`);
+      if (all.length) seen = view;
+      const alive = all.filter((n) => n.alive);
+      if (alive.length >= x.nodeCount) return;
+      if (Date.now() > deadline)
+        throw new Error(`${alive.length} of ${x.nodeCount} nodes alive (known: ${view || 'none'})`);
       await new Promise((r) => setTimeout(r, 10_000));
     }
   });
@@ -271,7 +286,7 @@ async function exercise(o: Options, summary: Summary, rendering: Rendering, t: T
       const deadline = Date.now() + o.upgradeWaitMinutes * 60_000;
       let rolledSeconds: number | null = null;
       for (;;) {
-        const nodes = await liveNodes(t).catch(() => []);
+        const nodes = await liveNodes(t).catch(() => [] as NodeInfo[]);
         const api = await healthVersion(t.apiUrl);
         const router = await healthVersion(x.routerUrl);
         const done = nodes.filter((n) => n.version === to).length;
