@@ -72,7 +72,10 @@ export function agentPlan(a: AgentArgs): VmPlan {
     '--privileged',
     '--pid host',
     '--cgroupns host',
-    '--cgroups disabled',
+    // podman's own cgroup for the container, as the kubelet gives the agent's pod: podman refuses
+    // `--cgroups disabled` beside `--pid host` ("containers not creating CGroups must create a
+    // private PID namespace", podman 4.3 on Debian 12, found by `npm run rehearse`: the agent
+    // exited 125 at every start). Sandboxes leave it for their own `/space/<id>` cgroups.
     ...(gw
       ? [
           `-v ${GATEWAY_RUN_DIR}:${GATEWAY_RUN_DIR}`,

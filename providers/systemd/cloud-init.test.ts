@@ -126,6 +126,19 @@ describe('cloud-init for the systemd (vm) mode', () => {
     expect(nft).toContain('tcp dport 6379 ip saddr != { 127.0.0.0/8, 10.10.0.0/24 } drop');
   });
 
+  it('every podman unit is one podman accepts: no `--cgroups disabled` beside a shared PID namespace', () => {
+    // podman refuses that pair ("containers not creating CGroups must create a private PID
+    // namespace"): the agent exited 125 at every start in the VM rehearsal
+    for (const plan of [agent(), control()])
+      for (const f of plan.files.filter(
+        (x) => x.path.endsWith('.service') && x.content.includes('podman run'),
+      )) {
+        const run = f.content.split('\n').find((l) => l.includes('podman run'))!;
+        if (/--pid[ =]host/.test(run)) expect(run, f.path).not.toMatch(/--cgroups[ =]disabled/);
+      }
+    expect(file(agent(), '/etc/systemd/system/space-agent.service')).toContain('--pid host');
+  });
+
   it('the agent keeps sandboxes across restarts and runs its pool driver', () => {
     const env = agent().files.find((f) => f.path === '/etc/space/space-agent.env')!.content;
     expect(env).toContain('SPACE_AGENT_ON_SHUTDOWN=keep\n');
