@@ -35,6 +35,7 @@ export default defineConfig({
             'test/rehearsal/**/*.test.ts',
           ],
           exclude: ['**/*.int.test.ts', 'node_modules/**'],
+          sequence: { groupOrder: 0 },
         },
       },
       {
@@ -48,6 +49,11 @@ export default defineConfig({
             'benchmarks/**/*.int.test.ts',
           ],
           exclude: [...SLOW, 'node_modules/**'],
+          // after the unit project, not beside it: without a group order vitest runs projects at
+          // once, and the unit files' CPU (Pulumi's mock engine, promtool, node per VM document)
+          // landed on the int cases that race host timing, e.g. r21, whose memory guard must kill
+          // inside a 64 MiB margin (~64 ms at 1 GB/s) before the host's limit ends the sandbox
+          sequence: { groupOrder: 1 },
           testTimeout: 120_000,
           hookTimeout: 600_000,
         },
@@ -59,6 +65,7 @@ export default defineConfig({
           // default `npm test` stays well under 15 min (~16 min with them, ~12 without)
           name: 'slow',
           include: SLOW,
+          sequence: { groupOrder: 2 },
           testTimeout: 300_000,
           hookTimeout: 600_000,
         },
