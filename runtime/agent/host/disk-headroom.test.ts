@@ -24,9 +24,15 @@ describe('state disk headroom', () => {
 
   it('admits above the floor and refuses under it with NODE_DISK_FULL', async () => {
     await new DiskGuard(tmpdir(), { bytes: 0, percent: 0 }).admit();
-    const full = new DiskGuard(tmpdir(), { bytes: Number.MAX_SAFE_INTEGER, percent: 0 });
+    const changes: boolean[] = [];
+    const full = new DiskGuard(tmpdir(), { bytes: Number.MAX_SAFE_INTEGER, percent: 0 }, (h) =>
+      changes.push(h.pressure),
+    );
     await expect(full.admit()).rejects.toMatchObject({ code: 'NODE_DISK_FULL' });
     expect(full.last?.pressure).toBe(true);
+    // the crossing is told once, whichever sample saw it first (here a create's)
+    await full.sample();
+    expect(changes).toEqual([true]);
   });
 
   it('doctor lists the headroom (never blocking), for a state dir not made yet too', async () => {
