@@ -28,6 +28,11 @@ describe('durable state files', () => {
     expect(JSON.parse(await readFile(p, 'utf8'))).toEqual({ a: 3 });
     expect((await stat(p)).mode & 0o777).toBe(0o600);
     expect(await readdir(dir)).toEqual(['sandbox.json']);
+    // without the fsyncs: replaced whole all the same
+    await writeFileAtomic(p, JSON.stringify({ a: 4 }), { sync: false });
+    expect(JSON.parse(await readFile(p, 'utf8'))).toEqual({ a: 4 });
+    expect((await stat(p)).mode & 0o777).toBe(0o600);
+    expect(await readdir(dir)).toEqual(['sandbox.json']);
   });
 
   it('a write that cannot complete leaves the old content and no temporary file', async () => {

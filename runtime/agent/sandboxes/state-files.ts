@@ -195,9 +195,12 @@ export class StateFiles {
    * it. @throws SpaceError NODE_DISK_FULL.
    */
   async writeCommand(sandboxId: string, cmd: Command): Promise<void> {
+    // on every exec's path, and of no use after a power cut (the command dies with its instance):
+    // whole or not at all, without the fsyncs
     await writeFileAtomic(
       join(this.dir(sandboxId), 'commands', `${cmd.id}.json`),
       JSON.stringify({ pid: cmd.pid, startedAt: cmd.startedAt, config: cmd.config }),
+      { sync: false },
     );
   }
 
