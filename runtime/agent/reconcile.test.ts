@@ -42,5 +42,8 @@ describe('reconcileAction', () => {
     // ending or placed elsewhere still wins
     expect(reconcileAction({ ...live, state: 'killing' }, 'n1', true).action).toBe('destroy');
     expect(reconcileAction({ ...live, nodeId: 'n2' }, 'n1', true).action).toBe('destroy');
+    // so does a re-registration; a record placed on no node is not thawed
+    expect(reconcileAction({ ...live, released: '1' }, 'n1', true).action).toBe('reregister');
+    expect(reconcileAction({ ...live, nodeId: null }, 'n1', true).action).toBe('keep');
   });
 });

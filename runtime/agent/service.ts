@@ -159,22 +159,17 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     log: log.child({ component: 'activity' }),
   });
   // the state disk's floor: under it the node takes no new sandboxes (host/disk-headroom.ts)
-  const disk = new DiskGuard([config.stateDir, join(config.stateDir, 'sandboxes')], {
-    bytes: config.diskReserveBytes,
-    percent: config.diskReservePercent,
-  });
-  const sampleDisk = async () => {
-    const was = disk.last?.pressure ?? false;
-    const h = await disk.sample().catch((err: unknown) => {
-      log.warn({ err }, 'the state disk could not be read (statfs)');
-      return null;
-    });
-    if (h && h.pressure !== was) {
+  const disk = new DiskGuard(
+    [config.stateDir, join(config.stateDir, 'sandboxes')],
+    { bytes: config.diskReserveBytes, percent: config.diskReservePercent },
+    (h) => {
       const fields = { freeBytes: h.freeBytes, totalBytes: h.totalBytes, stateDir: config.stateDir };
       if (h.pressure) log.error(fields, 'state disk under its floor: the node takes no new sandboxes');
       else log.info(fields, 'state disk has room again: the node takes new sandboxes');
-    }
-  };
+    },
+  );
+  const sampleDisk = () =>
+    disk.sample().catch((err: unknown) => log.warn({ err }, 'the state disk could not be read (statfs)'));
   await mkdir(config.stateDir, { recursive: true });
   await sampleDisk();
   const sandboxes = new SandboxManager({

@@ -80,10 +80,8 @@ export class Spool {
 
   async #lastFrameType(): Promise<number | null> {
     let last: number | null = null;
-    for await (const f of this.#frames(0, { follow: false })) {
-      last = f.type;
-      if (f.type === FRAME_EXIT) break; // not a reader: leaves readToEndAt alone
-    }
+    // not a reader: neither counted nor setting readToEndAt
+    for await (const f of this.#frames(0, { follow: false }, false)) last = f.type;
     return last;
   }
 
@@ -166,69 +164,71 @@ export class Spool {
    * is past the end or not on a frame boundary. A reader that takes the exit frame and asks for
    * more sets {@link readToEndAt}; readers are counted in {@link readers} while they iterate.
    */
-  async *frames(
-    from: number,
-    opts: { follow?: boolean; signal?: AbortSignal } = {},
-  ): AsyncGenerator<SpoolFrame> {
-    this.readers += 1;
-    try {
-      yield* this.#frames(from, opts);
-    } finally {
-      this.readers -= 1;
-    }
+  frames(from: number, opts: { follow?: boolean; signal?: AbortSignal } = {}): AsyncGenerator<SpoolFrame> {
+    return this.#frames(from, opts, true);
   }
 
-  async *#frames(from: number, opts: { follow?: boolean; signal?: AbortSignal }): AsyncGenerator<SpoolFrame> {
-    const follow = opts.follow ?? true;
-    if (from > this.#size) throw new RangeError(`offset ${from} is past the end (${this.#size})`);
-    let pos = from;
-    let buf: Buffer = Buffer.alloc(0);
-    let bufStart = from;
-    for (;;) {
-      if (opts.signal?.aborted || this.#released) return;
-      // decode every complete frame in the buffer
+  /** {@link frames}; `reader`: counted in {@link readers} and setting {@link readToEndAt}. */
+  async *#frames(
+    from: number,
+    opts: { follow?: boolean; signal?: AbortSignal },
+    reader: boolean,
+  ): AsyncGenerator<SpoolFrame> {
+    if (reader) this.readers += 1;
+    try {
+      const follow = opts.follow ?? true;
+      if (from > this.#size) throw new RangeError(`offset ${from} is past the end (${this.#size})`);
+      let pos = from;
+      let buf: Buffer = Buffer.alloc(0);
+      let bufStart = from;
       for (;;) {
-        if (buf.length < FRAME_HEADER_BYTES) break;
-        const type = buf[0]!;
-        if (type < 1 || type > FRAME_TRUNCATED)
-          throw new RangeError(`offset ${bufStart} is not a frame boundary`);
-        const len = buf.readUInt32BE(1);
-        if (buf.length < FRAME_HEADER_BYTES + len) break;
-        const end = bufStart + FRAME_HEADER_BYTES + len;
-        yield { type, payload: buf.subarray(FRAME_HEADER_BYTES, FRAME_HEADER_BYTES + len), end };
-        buf = buf.subarray(FRAME_HEADER_BYTES + len);
-        bufStart = end;
-        if (type === FRAME_EXIT) {
-          this.readToEndAt = Date.now();
+        if (opts.signal?.aborted || this.#released) return;
+        // decode every complete frame in the buffer
+        for (;;) {
+          if (buf.length < FRAME_HEADER_BYTES) break;
+          const type = buf[0]!;
+          if (type < 1 || type > FRAME_TRUNCATED)
+            throw new RangeError(`offset ${bufStart} is not a frame boundary`);
+          const len = buf.readUInt32BE(1);
+          if (buf.length < FRAME_HEADER_BYTES + len) break;
+          const end = bufStart + FRAME_HEADER_BYTES + len;
+          yield { type, payload: buf.subarray(FRAME_HEADER_BYTES, FRAME_HEADER_BYTES + len), end };
+          buf = buf.subarray(FRAME_HEADER_BYTES + len);
+          bufStart = end;
+          if (type === FRAME_EXIT) {
+            if (reader) this.readToEndAt = Date.now();
+            return;
+          }
+        }
+        if (pos < this.#size) {
+          const want = Math.min(READ_CHUNK_BYTES, this.#size - pos);
+          const chunk = Buffer.allocUnsafe(want);
+          const { bytesRead } = await this.#fh.read(chunk, 0, want, pos);
+          pos += bytesRead;
+          buf =
+            buf.length === 0
+              ? chunk.subarray(0, bytesRead)
+              : Buffer.concat([buf, chunk.subarray(0, bytesRead)]);
+          continue;
+        }
+        if (this.#tail && buf.length === 0 && this.#closed) {
+          yield { type: this.#tail.type, payload: this.#tail.payload, end: this.#size };
+          if (reader) this.readToEndAt = Date.now();
           return;
         }
+        if (!follow || this.#closed || this.#released) return;
+        await new Promise<void>((resolve) => {
+          const done = () => {
+            this.#events.off('grow', done);
+            opts.signal?.removeEventListener('abort', done);
+            resolve();
+          };
+          this.#events.on('grow', done);
+          opts.signal?.addEventListener('abort', done);
+        });
       }
-      if (pos < this.#size) {
-        const want = Math.min(READ_CHUNK_BYTES, this.#size - pos);
-        const chunk = Buffer.allocUnsafe(want);
-        const { bytesRead } = await this.#fh.read(chunk, 0, want, pos);
-        pos += bytesRead;
-        buf =
-          buf.length === 0
-            ? chunk.subarray(0, bytesRead)
-            : Buffer.concat([buf, chunk.subarray(0, bytesRead)]);
-        continue;
-      }
-      if (this.#tail && buf.length === 0 && this.#closed) {
-        yield { type: this.#tail.type, payload: this.#tail.payload, end: this.#size };
-        this.readToEndAt = Date.now();
-        return;
-      }
-      if (!follow || this.#closed || this.#released) return;
-      await new Promise<void>((resolve) => {
-        const done = () => {
-          this.#events.off('grow', done);
-          opts.signal?.removeEventListener('abort', done);
-          resolve();
-        };
-        this.#events.on('grow', done);
-        opts.signal?.addEventListener('abort', done);
-      });
+    } finally {
+      if (reader) this.readers -= 1;
     }
   }
 

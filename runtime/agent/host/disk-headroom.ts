@@ -52,16 +52,23 @@ export function gib(bytes: number): string {
 export class DiskGuard {
   readonly #paths: string[];
   readonly #reserve: DiskReserve;
+  readonly #onChange: ((h: Headroom & { pressure: boolean }) => void) | undefined;
   #last: (Headroom & { pressure: boolean }) | null = null;
 
   /**
    * Watches the file systems holding `paths` (the state directory, and folders of it that may be
    * mounted apart, e.g. `sandboxes/`): the reading is the one with the least free space. Paths
-   * that do not exist are skipped (at least one must).
+   * that do not exist are skipped (at least one must). `onChange` is called with the reading that
+   * went under the floor or back above it (whichever caller's sample saw it: a create's too).
    */
-  constructor(paths: string | readonly string[], reserve: DiskReserve) {
+  constructor(
+    paths: string | readonly string[],
+    reserve: DiskReserve,
+    onChange?: (h: Headroom & { pressure: boolean }) => void,
+  ) {
     this.#paths = typeof paths === 'string' ? [paths] : [...paths];
     this.#reserve = reserve;
+    this.#onChange = onChange;
   }
 
   /** The latest reading, or null before the first. */
@@ -77,8 +84,11 @@ export class DiskGuard {
     const withPressure = read.map((h) => ({ ...h, pressure: underPressure(h, this.#reserve) }));
     // the tightest: one under its floor first, else the least free
     withPressure.sort((a, b) => Number(b.pressure) - Number(a.pressure) || a.freeBytes - b.freeBytes);
-    this.#last = withPressure[0]!;
-    return this.#last;
+    const was = this.#last?.pressure ?? false;
+    const h = withPressure[0]!;
+    this.#last = h;
+    if (h.pressure !== was) this.#onChange?.(h);
+    return h;
   }
 
   /**

@@ -28,6 +28,11 @@ describe('durable state files', () => {
     expect(JSON.parse(await readFile(p, 'utf8'))).toEqual({ a: 3 });
     expect((await stat(p)).mode & 0o777).toBe(0o600);
     expect(await readdir(dir)).toEqual(['sandbox.json']);
+    // without the fsyncs: replaced whole all the same
+    await writeFileAtomic(p, JSON.stringify({ a: 4 }), { sync: false });
+    expect(JSON.parse(await readFile(p, 'utf8'))).toEqual({ a: 4 });
+    expect((await stat(p)).mode & 0o777).toBe(0o600);
+    expect(await readdir(dir)).toEqual(['sandbox.json']);
   });
 
   it('a write that cannot complete leaves the old content and no temporary file', async () => {
@@ -37,6 +42,14 @@ describe('durable state files', () => {
     // a non-empty folder at the target: the rename fails after the temporary file was written
     await expect(writeFileAtomic(dir, '{}')).rejects.toThrow();
     expect(await readFile(p, 'utf8')).toBe('{"old":true}');
+    // a write that fails after the file was opened (here: data the write refuses): the target was
+    // never opened for writing, so its content stays, in the same file (a rename replaces the inode)
+    const ino = (await stat(p)).ino;
+    await expect(writeFileAtomic(p, 42 as unknown as string)).rejects.toThrow();
+    expect(await readFile(p, 'utf8')).toBe('{"old":true}');
+    expect((await stat(p)).ino).toBe(ino);
+    await writeFileAtomic(p, '{"new":true}');
+    expect((await stat(p)).ino).not.toBe(ino);
     expect((await readdir(dir)).filter((n) => n.includes('.tmp-'))).toEqual([]);
     const base = dir.split('/').pop()!;
     expect((await readdir(tmpdir())).filter((n) => n.startsWith(`.${base}.tmp-`))).toEqual([]);

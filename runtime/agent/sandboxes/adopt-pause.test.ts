@@ -71,8 +71,11 @@ describe('an agent killed mid-pause: the next one settles the sandbox (F7)', () 
     n.driver.hold('snapshot');
     void first.pause('sbx1', 'hibernated').catch(() => {});
     await new Promise((r) => setTimeout(r, 50));
+    const adoptedAt = Date.now();
     const next = n.agent();
     await next.adopt();
+    // the moment of the freeze is the recorded one, not the adoption's
+    expect(next.get('sbx1').pausedAt).toBeLessThan(adoptedAt);
     const out = await next.pause('sbx1', 'hibernated');
     expect(out.mode).toBe('hibernated');
     expect(out.pausedForMs).toBeGreaterThanOrEqual(50);

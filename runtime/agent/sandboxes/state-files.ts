@@ -124,7 +124,6 @@ export class StateFiles {
       fromWarmPool: source === 'warm',
       createdAt: Date.now(),
     };
-    const text = JSON.stringify(file);
     if (source === 'warm') {
       // The slot's directory, made when it was booted, becomes the sandbox's (see slotDir).
       // The rename synchronously: with the record's write these are the only waits of a warm
@@ -141,22 +140,17 @@ export class StateFiles {
         claimed = false;
       }
       if (claimed) {
-        await writeFileAtomic(join(dir, 'sandbox.json'), text);
+        await writeFileAtomic(join(dir, 'sandbox.json'), JSON.stringify(file));
         return;
       }
     }
-    try {
-      await mkdir(join(dir, 'commands'), { recursive: true });
-      await writeFile(join(dir, markerName(inst.instanceId)), '', { mode: 0o600 });
-    } catch (err) {
-      throw diskFullError(err, 'a sandbox’s folder');
-    }
-    await writeFileAtomic(join(dir, 'sandbox.json'), text, { mode: 0o600 });
+    await this.writeRecord(req.sandboxId, file);
   }
 
   /**
    * Writes a whole record for sandbox `id` (its folder, marker and `sandbox.json`, atomically): a
-   * restore from hibernation, or a record rebuilt by adoption. @throws SpaceError NODE_DISK_FULL.
+   * create that booted its instance, a restore from hibernation, or a record rebuilt by adoption.
+   * @throws SpaceError NODE_DISK_FULL.
    */
   async writeRecord(id: string, rec: SandboxFile): Promise<void> {
     const dir = this.dir(id);
@@ -195,9 +189,12 @@ export class StateFiles {
    * it. @throws SpaceError NODE_DISK_FULL.
    */
   async writeCommand(sandboxId: string, cmd: Command): Promise<void> {
+    // on every exec's path, and of no use after a power cut (the command dies with its instance):
+    // whole or not at all, without the fsyncs
     await writeFileAtomic(
       join(this.dir(sandboxId), 'commands', `${cmd.id}.json`),
       JSON.stringify({ pid: cmd.pid, startedAt: cmd.startedAt, config: cmd.config }),
+      { sync: false },
     );
   }
 
