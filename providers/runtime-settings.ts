@@ -113,33 +113,6 @@ export type Service = keyof typeof SERVICE_COMMANDS;
 /** Default image repository (one image, one command per service). */
 export const DEFAULT_IMAGE_REPOSITORY = 'ghcr.io/space-sandbox/space';
 
-/**
- * The registry host of an image repository, as container runtimes resolve it (the reference
- * grammar of distribution/distribution `reference/normalize.go`, `splitDockerDomain`): the first
- * path component when it has a `.` or a `:` or is `localhost`, else Docker Hub (`docker.io`).
- * E.g. `ghcr.io/space-sandbox/space` → `ghcr.io`, `registry.local:5000/space` → `registry.local:5000`,
- * `space-sandbox/space` → `docker.io`. Pure.
- */
-export function registryOf(repository: string): string {
-  const first = repository.split('/')[0]!;
-  return repository.includes('/') && (first.includes('.') || first.includes(':') || first === 'localhost')
-    ? first
-    : 'docker.io';
-}
-
-/**
- * The `.dockerconfigjson` document of a `kubernetes.io/dockerconfigjson` Secret (kubernetes.io/docs/
- * concepts/configuration/secret/#docker-config-secrets) that logs in to `registry` with basic
- * credentials: `auths.<registry>` with `username`, `password` and `auth` = base64 of
- * `username:password` (RFC 7617 basic credentials, so the username holds no `:`). Docker Hub is
- * keyed by its legacy index URL, `https://index.docker.io/v1/`, as `docker login` writes it. Pure.
- */
-export function dockerConfigJson(registry: string, username: string, password: string): string {
-  const key = registry === 'docker.io' ? 'https://index.docker.io/v1/' : registry;
-  const auth = Buffer.from(`${username}:${password}`).toString('base64');
-  return JSON.stringify({ auths: { [key]: { username, password, auth } } });
-}
-
 /** `repository:version`: the only place an image reference is made, so `space:version` drives every tag. */
 export function imageRef(repository: string, version: string): string {
   return `${repository}:${version}`;

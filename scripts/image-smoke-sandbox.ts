@@ -16,6 +16,7 @@ import { execFileSync, spawn } from 'node:child_process';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { outputBytes, readEvents, type SseEvent } from '../runtime/cli/sse.ts';
 
 /** Capabilities the agent's container needs (netns, veth/tap, nftables, mounts for `ip netns`, the device nodes a template's /dev holds when copied into a VM's root image). */
 const AGENT_CAPS = 'CAP_NET_ADMIN,CAP_SYS_ADMIN,CAP_NET_RAW,CAP_SYS_PTRACE,CAP_DAC_OVERRIDE,CAP_MKNOD';
@@ -95,22 +96,6 @@ async function waitFor(s: Started, re: RegExp, seconds: number, what: string): P
     await sleep(250);
   }
   throw new Error(`${what}: no ${re} in ${seconds} s:\n${s.output().slice(-3000)}`);
-}
-
-/** Server-sent events of a finished stream (`event:` / `data:` lines, blank-line separated). Pure. */
-export function parseSse(text: string): { event: string; data: string }[] {
-  return text
-    .split(/\r?\n\r?\n/)
-    .map((block) => {
-      let event = 'message';
-      const data: string[] = [];
-      for (const line of block.split(/\r?\n/)) {
-        if (line.startsWith('event:')) event = line.slice(6).trim();
-        else if (line.startsWith('data:')) data.push(line.slice(5).replace(/^ /, ''));
-      }
-      return { event, data: data.join('\n') };
-    })
-    .filter((e) => e.data !== '');
 }
 
 /**
@@ -234,12 +219,12 @@ export async function smokeQemuSandbox(
     });
     if (cmd.status !== 201) return `exec: ${cmd.status} ${JSON.stringify(cmd.body)}`;
     const stream = cmd.body['stream'] as { url: string; token: string };
-    const events = parseSse(
-      await (await fetch(stream.url, { headers: { authorization: `Bearer ${stream.token}` } })).text(),
-    );
+    // the CLI's reader: the stream up to its exit event
+    const events: SseEvent[] = [];
+    for await (const e of readEvents({ url: stream.url, token: stream.token })) events.push(e);
     const stdout = events
       .filter((e) => e.event === 'stdout')
-      .map((e) => Buffer.from((JSON.parse(e.data) as { data: string }).data, 'base64').toString())
+      .map((e) => outputBytes(e).toString())
       .join('');
     const exit = events.find((e) => e.event === 'exit');
     await call('DELETE', `/v1/sandboxes/${sandbox}`);

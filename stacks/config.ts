@@ -308,31 +308,31 @@ export function loadStackConfig(
           `space:${k}: not used in vm mode (each node's gateway makes its CA on the node; the key never leaves it)`,
         );
   }
+  const redisPassword = raw('redisPassword');
   if (mode === 'kubernetes') {
     if (!has('signingKey'))
       problems.push(
         'space:signingKey: required in kubernetes mode (pulumi config set --secret space:signingKey -- "$(openssl genpkey -algorithm ed25519)")',
       );
-    if (!has('redisPassword') && !has('redisUrl'))
+    if (redisPassword === undefined && !has('redisUrl'))
       problems.push('space:redisPassword: required in kubernetes mode unless space:redisUrl is set');
+    // the password is the in-cluster Redis's only gate (providers/kubernetes/redis.ts)
+    if (redisPassword !== undefined && redisPassword.length < 16)
+      problems.push(
+        'space:redisPassword: at least 16 characters (pulumi config set --secret space:redisPassword "$(openssl rand -hex 24)")',
+      );
   } else {
     for (const k of ['signingKey', 'redisUrl'] as const)
       if (has(k))
         problems.push(
           `space:${k}: not used in vm mode (the control VM makes its own keys; Redis runs there)`,
         );
-    const pw = raw('redisPassword');
-    if (pw !== undefined && !REDIS_PASSWORD.test(pw))
+    // REDIS_PASSWORD holds the length too: one problem for a short password, not two
+    if (redisPassword !== undefined && !REDIS_PASSWORD.test(redisPassword))
       problems.push(
         'space:redisPassword: in vm mode 16-128 characters from A-Z a-z 0-9 . _ ~ - (e.g. "$(openssl rand -hex 24)")',
       );
   }
-  // in kubernetes mode the password is the in-cluster Redis's only gate (providers/kubernetes/redis.ts)
-  const redisPassword = raw('redisPassword');
-  if (redisPassword !== undefined && redisPassword.length < 16)
-    problems.push(
-      'space:redisPassword: at least 16 characters (pulumi config set --secret space:redisPassword "$(openssl rand -hex 24)")',
-    );
   const signing = raw('signingKey');
   if (signing !== undefined && !signing.includes('BEGIN PRIVATE KEY'))
     problems.push(

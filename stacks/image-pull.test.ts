@@ -4,7 +4,7 @@
  * or given by name (`space:imagePullSecretName`); bad combinations are refused at preview.
  */
 import { describe, expect, it } from 'vitest';
-import { dockerConfigJson, registryOf } from '../providers/runtime-settings.ts';
+import { dockerConfigJson, imageRegistry } from '../providers/image-pull.ts';
 import { schemaProblems } from '../providers/testing/k8s-schema.ts';
 import { plaintextOccurrences, type RecordedResource, unwrapSecrets } from '../providers/testing/mocks.ts';
 import { fails, podSpecOf, render, VARIANTS, withSecrets } from './test-stacks.ts';
@@ -25,11 +25,11 @@ function spaceWorkloads(recorded: RecordedResource[], repository: string) {
 }
 
 describe('image pull credentials', () => {
-  it('registryOf follows the reference grammar: a first component with "." or ":" or localhost is the registry, else Docker Hub', () => {
-    expect(registryOf('ghcr.io/space-sandbox/space')).toBe('ghcr.io');
-    expect(registryOf('registry.local:5000/space')).toBe('registry.local:5000');
-    expect(registryOf('localhost/space')).toBe('localhost');
-    expect(registryOf('space-sandbox/space')).toBe('docker.io');
+  it('imageRegistry follows the reference grammar: a first component with "." or ":" or localhost is the registry, else Docker Hub', () => {
+    expect(imageRegistry('ghcr.io/space-sandbox/space')).toBe('ghcr.io');
+    expect(imageRegistry('registry.local:5000/space')).toBe('registry.local:5000');
+    expect(imageRegistry('localhost/space')).toBe('localhost');
+    expect(imageRegistry('space-sandbox/space')).toBe('docker.io');
     expect(JSON.parse(dockerConfigJson('docker.io', 'u', 'p'))).toEqual({
       auths: { 'https://index.docker.io/v1/': { username: 'u', password: 'p', auth: 'dTpw' } },
     });

@@ -67,12 +67,13 @@ export function withDeploymentKey(raw: Raw): Raw {
   return vm && !('bootstrapApiKey' in raw) ? { ...raw, bootstrapApiKey: SECRETS.bootstrapApiKey } : raw;
 }
 
+/** The keys `raw` sets, as the stack's Pulumi config would list them (a key given as undefined is unset). */
+const setKeys = (raw: Readonly<Record<string, string | undefined>>): string[] =>
+  Object.keys(raw).filter((k) => raw[k] !== undefined);
+
 export async function render(raw: Raw): Promise<RecordedResource[]> {
   const recorded = await installMocks();
-  run(
-    (k) => raw[k],
-    Object.keys(raw).filter((k) => raw[k as keyof Raw] !== undefined),
-  );
+  run((k) => raw[k], setKeys(raw));
   await settle(recorded);
   return recorded;
 }
@@ -118,10 +119,7 @@ export const componentOf = (r: RecordedResource) =>
 export const fails = (given: Raw & Record<string, string | undefined>) => {
   const raw = withDeploymentKey(given);
   try {
-    loadStackConfig(
-      (k) => raw[k as ConfigKey],
-      Object.keys(raw).filter((k) => raw[k as ConfigKey] !== undefined),
-    );
+    loadStackConfig((k) => raw[k as ConfigKey], setKeys(raw));
   } catch (err) {
     if (err instanceof StackConfigError) return err.problems;
     throw err;

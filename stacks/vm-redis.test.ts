@@ -43,6 +43,10 @@ describe.each(['akamai', 'crusoe'])('Redis password of stack %s', (name) => {
     expect(fails({ ...VARIANTS[name]!, redisPassword: 'has a space 0123456' })).toEqual([
       expect.stringMatching(/^space:redisPassword: in vm mode 16-128 characters/),
     ]);
+    // a short one: that one problem (the kubernetes-mode length rule is not repeated beside it)
+    expect(fails({ ...VARIANTS[name]!, redisPassword: 'short' })).toEqual([
+      expect.stringMatching(/^space:redisPassword: in vm mode 16-128 characters/),
+    ]);
   });
 });
 

@@ -242,17 +242,6 @@ export interface RenderContext {
   readonly tlsVolume: k8s.types.input.core.v1.Volume[];
   /** The cloud's exposure of both client-facing Services. */
   readonly exposure: PublicExposure;
-  /**
-   * What every pod running the SPACE image adds to its spec: `{ imagePullSecrets: [{ name }] }`
-   * with {@link RuntimeArgs.imagePull}, else nothing (no empty field).
-   */
-  readonly pullSecrets: { imagePullSecrets?: k8s.types.input.core.v1.LocalObjectReference[] };
-}
-
-/** The name of the pull Secret pods reference for `pull`, if any. Pure. */
-export function imagePullSecretName(pull: ImagePullArgs | undefined): string | undefined {
-  if (!pull) return undefined;
-  return 'secretName' in pull ? pull.secretName : IMAGE_PULL_SECRET;
 }
 
 /** The {@link RenderContext} of `a`. Pure. */
@@ -268,14 +257,19 @@ export function renderContext(a: RuntimeArgs): RenderContext {
     tlsMount: a.tls ? [{ name: 'tls', mountPath: TLS_DIR, readOnly: true }] : [],
     tlsVolume: a.tls ? [{ name: 'tls', secret: { secretName: TLS_SECRET, defaultMode: 0o440 } }] : [],
     exposure: { serviceType: d.apiServiceType, ...a.exposure },
-    pullSecrets: pullSecretsOf(a.imagePull),
   };
 }
 
-/** The pod-spec fragment that names the pull Secret of `pull` (nothing without one). Pure. */
-export function pullSecretsOf(pull: ImagePullArgs | undefined): RenderContext['pullSecrets'] {
-  const name = imagePullSecretName(pull);
-  return name ? { imagePullSecrets: [{ name }] } : {};
+/**
+ * What every pod running the SPACE image adds to its spec for `pull` ({@link RuntimeArgs.imagePull}):
+ * `{ imagePullSecrets: [{ name }] }` naming the given Secret or {@link IMAGE_PULL_SECRET}, else
+ * nothing (no empty field). Pure.
+ */
+export function pullSecretsOf(pull: ImagePullArgs | undefined): {
+  imagePullSecrets?: k8s.types.input.core.v1.LocalObjectReference[];
+} {
+  if (!pull) return {};
+  return { imagePullSecrets: [{ name: 'secretName' in pull ? pull.secretName : IMAGE_PULL_SECRET }] };
 }
 
 /**

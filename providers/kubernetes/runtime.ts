@@ -15,8 +15,9 @@
  */
 import * as k8s from '@pulumi/kubernetes';
 import * as pulumi from '@pulumi/pulumi';
+import { dockerConfigJson, imageRegistry } from '../image-pull.ts';
 import dashboard from '../observability/space-dashboard.json' with { type: 'json' };
-import { API_PORT, dockerConfigJson, ROUTER_PORT, registryOf } from '../runtime-settings.ts';
+import { API_PORT, ROUTER_PORT } from '../runtime-settings.ts';
 import { addNodeServices } from './agent.ts';
 import { addApi } from './api.ts';
 import {
@@ -100,7 +101,7 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
       stringData: {
         '.dockerconfigjson': pulumi
           .output(password)
-          .apply((p) => dockerConfigJson(registryOf(d.imageRepository), username, p)),
+          .apply((p) => dockerConfigJson(imageRegistry(d.imageRepository), username, p)),
       },
     };
     add('image-pull', pull);

@@ -11,6 +11,7 @@ import {
   type ObjectList,
   type PublicExposure,
   type PublicServiceArgs,
+  pullSecretsOf,
   type RenderContext,
 } from './args.ts';
 
@@ -100,7 +101,7 @@ export function addScaledService(list: ObjectList, ctx: RenderContext, s: Scaled
         spec: {
           serviceAccountName: name,
           automountServiceAccountToken: false,
-          ...ctx.pullSecrets,
+          ...pullSecretsOf(ctx.a.imagePull),
           terminationGracePeriodSeconds: s.terminationGracePeriodSeconds,
           securityContext: { runAsNonRoot: true, runAsUser: 1000, runAsGroup: 1000, fsGroup: 1000 },
           containers: [

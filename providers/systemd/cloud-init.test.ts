@@ -116,6 +116,13 @@ describe('cloud-init for the systemd (vm) mode', () => {
         expect.arrayContaining(['/etc/space/redis.env', '/etc/space/redis.password']),
       );
       for (const f of holders) expect([f.path, f.mode]).toEqual([f.path, '0600']);
+      // the startup script makes each of them root-only before it writes the password into it
+      const script = toShellScript(plan);
+      for (const f of holders) {
+        const chmod = script.indexOf(`chmod 0600 ${f.path}\n`);
+        expect(chmod, f.path).toBeGreaterThan(-1);
+        expect(chmod, f.path).toBeLessThan(script.indexOf(`cat > ${f.path} <<`));
+      }
       expect(plan.commands.join('\n')).not.toContain(REDIS_PW);
     }
     expect(toCloudConfig(control())).toContain('openssl genpkey -algorithm ed25519');

@@ -71,6 +71,12 @@ export function registryAuthVmFile(a: VmCommonArgs): VmFile {
  */
 export const REDIS_PASSWORD = /^[A-Za-z0-9._~-]{16,128}$/;
 
+/** @throws Error when `password` does not fit {@link REDIS_PASSWORD} (the stack configuration refuses it first). */
+export function checkRedisPassword(password: string): void {
+  if (!REDIS_PASSWORD.test(password))
+    throw new Error('the Redis password must be 16-128 characters from A-Z a-z 0-9 . _ ~ -');
+}
+
 /** The env file (mode 0600) every podman unit of a VM reads last: `SPACE_REDIS_URL` with the password. */
 export const REDIS_ENV_FILE = '/etc/space/redis.env';
 /** The password alone (mode 0600), for `redis-cli` in the VM's scripts (through `REDISCLI_AUTH`). */
@@ -88,8 +94,7 @@ export const REDIS_CLI_AUTH = `export REDISCLI_AUTH="$(cat ${REDIS_PASSWORD_FILE
  * {@link REDIS_PASSWORD} (the stack configuration refuses it first).
  */
 export function redisClientFiles(host: string, password: string): VmFile[] {
-  if (!REDIS_PASSWORD.test(password))
-    throw new Error('the Redis password must be 16-128 characters from A-Z a-z 0-9 . _ ~ -');
+  checkRedisPassword(password);
   return [
     {
       path: REDIS_ENV_FILE,

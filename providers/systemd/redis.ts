@@ -10,7 +10,7 @@
  * the VPC subnet, applied at every boot before Redis listens.
  */
 import { REDIS_PERSISTENCE, REDIS_PORT } from '../runtime-settings.ts';
-import { REDIS_PASSWORD, type VmFile } from './plan.ts';
+import { checkRedisPassword, type VmFile } from './plan.ts';
 
 /** The only configuration the control VM's Redis reads (mode 0600, handed to `redis` at each start). */
 export const REDIS_CONF_FILE = '/etc/space/redis.conf';
@@ -21,11 +21,10 @@ export const REDIS_UNIT = 'space-redis.service';
  * The complete redis.conf of the control VM (no `include`): port, password, protected mode,
  * foreground under systemd, data in the distribution's `/var/lib/redis`, persistence. The private
  * address is added on the command line at each start (`--bind`), since the cloud may assign it.
- * Pure. @throws Error when `password` does not fit {@link REDIS_PASSWORD}.
+ * Pure. @throws Error when `password` does not fit (see {@link checkRedisPassword}).
  */
 export function redisConf(password: string): string {
-  if (!REDIS_PASSWORD.test(password))
-    throw new Error('the Redis password must be 16-128 characters from A-Z a-z 0-9 . _ ~ -');
+  checkRedisPassword(password);
   return [
     '# rendered by providers/systemd/redis.ts: the whole configuration, no include, no distribution defaults',
     `port ${REDIS_PORT}`,

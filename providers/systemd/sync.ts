@@ -24,6 +24,14 @@ const TLS_SETTINGS = ['SPACE_ACME_EMAIL', 'SPACE_ACME_SERVER', 'SPACE_TLS_HOSTNA
  */
 const PATH_SETTING = /_(BINARY|FILE|DIR)$/;
 
+/** The SPACE service a VM unit runs (`space-agent@<pool>` → `agent`), or undefined for another unit. */
+function serviceKind(service: string): keyof typeof KNOWN_ENV | undefined {
+  if (service.startsWith('space-agent@')) return 'agent';
+  return ({ 'space-api': 'api', 'space-router': 'router', 'space-gateway': 'gateway' } as const)[
+    service as 'space-api'
+  ];
+}
+
 /**
  * Names of a VM service an operator may change through `pulumi up`: the settings its runtime
  * declares (`KNOWN_ENV`), less those the deployment owns, the paths ({@link PATH_SETTING}), the
@@ -33,11 +41,7 @@ const PATH_SETTING = /_(BINARY|FILE|DIR)$/;
  */
 export function tunableSettings(service: string): string[] {
   if (service === 'space-tls') return TLS_SETTINGS;
-  const kind = service.startsWith('space-agent@')
-    ? 'agent'
-    : ({ 'space-api': 'api', 'space-router': 'router', 'space-gateway': 'gateway' } as const)[
-        service as 'space-api'
-      ];
+  const kind = serviceKind(service);
   if (!kind) throw new Error(`no settings are known for VM service ${service}`);
   const fixed = new Set<string>([...DEPLOYMENT_OWNED, 'SPACE_REDIS_URL', 'SPACE_BOOTSTRAP_API_KEY_SHA256']);
   return [...KNOWN_ENV[kind]].filter((n) => !fixed.has(n) && !PATH_SETTING.test(n)).sort();
@@ -45,9 +49,7 @@ export function tunableSettings(service: string): string[] {
 
 /** Whether VM service `service` exports traces, so `OTEL_*` reach it through `pulumi up`. */
 function traces(service: string): boolean {
-  const kind = service.startsWith('space-agent@')
-    ? 'agent'
-    : ({ 'space-api': 'api', 'space-router': 'router' } as const)[service as 'space-api'];
+  const kind = serviceKind(service);
   return kind !== undefined && TRACED.has(kind);
 }
 
