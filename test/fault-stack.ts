@@ -22,7 +22,15 @@ import { AGENT_ROUTES, type AgentSandboxSummary } from '../runtime/core/agent-pr
 import { keys } from '../runtime/core/redis-keys.ts';
 import { loadSigningKey, mintDispatchToken, writeNewKeyPair } from '../runtime/core/tokens.ts';
 import { freePort } from './redis-server.ts';
-import { type Leftovers, leftovers, NO_LEFTOVERS, TEST_CACHE_DIR, waitFor } from './stack.ts';
+import {
+  collect,
+  type Leftovers,
+  leftovers,
+  NO_LEFTOVERS,
+  readEvents,
+  TEST_CACHE_DIR,
+  waitFor,
+} from './stack.ts';
 
 /** The parts that run as their own process. */
 export type Part = 'redis' | 'gateway' | 'agent' | 'api' | 'router';
@@ -476,6 +484,41 @@ export async function createSandbox(
   const op = await finished(s, res.body.operation.id, opts);
   if (op.state !== 'succeeded') throw new Error(`create failed: ${JSON.stringify(op.error)}`);
   return res.body.sandbox.id;
+}
+
+/** What {@link runCommand} saw. */
+export interface CommandRun {
+  /** The start's HTTP status (201: started). */
+  status: number;
+  /** The error code of a refused start. */
+  code?: string;
+  /** Its stdout, read to the exit ('' when it did not start). */
+  stdout: string;
+  /** Its exit code (null when it did not start, or a signal ended it). */
+  exitCode: number | null;
+}
+
+/**
+ * Starts `cmd args` in sandbox `id` and reads its stream to the exit (10 s at most). A refused
+ * start is returned (status and code), not thrown; a stream that fails or ends without its exit
+ * throws.
+ */
+export async function runCommand(
+  s: FaultStack,
+  id: string,
+  cmd: string,
+  args: string[] = [],
+): Promise<CommandRun> {
+  const res = await s.call<{ stream: { url: string; token: string }; error?: { code: string } }>(
+    'POST',
+    `/v1/sandboxes/${id}/commands`,
+    { cmd, args },
+  );
+  if (res.status !== 201)
+    return { status: res.status, code: res.body.error?.code, stdout: '', exitCode: null };
+  const { stream } = res.body;
+  const r = collect(await readEvents(stream.url, stream.token, { signal: AbortSignal.timeout(10_000) }));
+  return { status: res.status, stdout: r.stdout.toString(), exitCode: r.exit.exitCode };
 }
 
 /** A sandbox's record as the API shows it (its state and why it ended). */
