@@ -106,17 +106,12 @@ export async function startFaultStack(
 ): Promise<FaultStack> {
   await buildTemplate('base', { cacheDir: TEST_CACHE_DIR });
   const dir = await mkdtemp(join(tmpdir(), 'space-faults-'));
-  const mounts = (opts.tmpfs ?? []).map((m) => join(dir, 'agent', m.under));
-  for (const [i, m] of (opts.tmpfs ?? []).entries()) {
-    await mkdir(mounts[i]!, { recursive: true });
-    await run('mount', [
-      '-t',
-      'tmpfs',
-      '-o',
-      `size=${m.sizeBytes},mode=0700`,
-      'space-fault-tmpfs',
-      mounts[i]!,
-    ]);
+  const mounts: string[] = [];
+  for (const m of opts.tmpfs ?? []) {
+    const at = join(dir, 'agent', m.under);
+    await mkdir(at, { recursive: true });
+    await run('mount', ['-t', 'tmpfs', '-o', `size=${m.sizeBytes},mode=0700`, 'space-fault-tmpfs', at]);
+    mounts.push(at);
   }
   await writeNewKeyPair(join(dir, 'key.pem'), join(dir, 'key.pub.pem'));
   const pool = `10.${100 + Math.floor(Math.random() * 98)}.0.0/16`;
