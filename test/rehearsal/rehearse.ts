@@ -342,15 +342,17 @@ async function main(o: Options): Promise<Summary> {
     process.stderr.write(`[${((Date.now() - t0) / 1000).toFixed(0).padStart(5)} s] ${line}\n`);
   };
   const cleanup: (() => Promise<void>)[] = [];
+  // once, last step first: a signal and the normal end may both ask for it
+  let tornDown: Promise<void> | undefined;
+  const tearDown = () =>
+    (tornDown ??= (async () => {
+      for (const c of [...cleanup].reverse()) await c().catch(() => undefined);
+    })());
   const vms: Vm[] = [];
   // Ctrl-C or a kill: the VMs, stand-ins and namespace go as at a normal end (unless --keep)
   const onSignal = (signal: NodeJS.Signals) => {
     log(`${signal}: stopping`);
-    const steps = o.keep ? [] : cleanup.reverse();
-    void (async () => {
-      for (const c of steps) await c().catch(() => undefined);
-      process.exit(signal === 'SIGINT' ? 130 : 143);
-    })();
+    void (o.keep ? Promise.resolve() : tearDown()).then(() => process.exit(signal === 'SIGINT' ? 130 : 143));
   };
   process.once('SIGINT', onSignal);
   process.once('SIGTERM', onSignal);
@@ -497,7 +499,7 @@ async function main(o: Options): Promise<Summary> {
   } finally {
     if (o.keep) log(`--keep: VMs and services left running; work dir ${o.workDir}`);
     else {
-      for (const c of cleanup.reverse()) await c().catch(() => undefined);
+      await tearDown();
       // the VMs are down: their service logs, read from their disks, for whoever looks next
       for (const v of vms)
         await v.journal().then(
