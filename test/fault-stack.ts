@@ -22,7 +22,15 @@ import { AGENT_ROUTES, type AgentSandboxSummary } from '../runtime/core/agent-pr
 import { keys } from '../runtime/core/redis-keys.ts';
 import { loadSigningKey, mintDispatchToken, writeNewKeyPair } from '../runtime/core/tokens.ts';
 import { freePort } from './redis-server.ts';
-import { type Leftovers, leftovers, NO_LEFTOVERS, TEST_CACHE_DIR, waitFor } from './stack.ts';
+import {
+  collect,
+  type Leftovers,
+  leftovers,
+  NO_LEFTOVERS,
+  readEvents,
+  TEST_CACHE_DIR,
+  waitFor,
+} from './stack.ts';
 
 /** The parts that run as their own process. */
 export type Part = 'redis' | 'gateway' | 'agent' | 'api' | 'router';
@@ -98,17 +106,12 @@ export async function startFaultStack(
 ): Promise<FaultStack> {
   await buildTemplate('base', { cacheDir: TEST_CACHE_DIR });
   const dir = await mkdtemp(join(tmpdir(), 'space-faults-'));
-  const mounts = (opts.tmpfs ?? []).map((m) => join(dir, 'agent', m.under));
-  for (const [i, m] of (opts.tmpfs ?? []).entries()) {
-    await mkdir(mounts[i]!, { recursive: true });
-    await run('mount', [
-      '-t',
-      'tmpfs',
-      '-o',
-      `size=${m.sizeBytes},mode=0700`,
-      'space-fault-tmpfs',
-      mounts[i]!,
-    ]);
+  const mounts: string[] = [];
+  for (const m of opts.tmpfs ?? []) {
+    const at = join(dir, 'agent', m.under);
+    await mkdir(at, { recursive: true });
+    await run('mount', ['-t', 'tmpfs', '-o', `size=${m.sizeBytes},mode=0700`, 'space-fault-tmpfs', at]);
+    mounts.push(at);
   }
   await writeNewKeyPair(join(dir, 'key.pem'), join(dir, 'key.pub.pem'));
   const pool = `10.${100 + Math.floor(Math.random() * 98)}.0.0/16`;
@@ -476,6 +479,41 @@ export async function createSandbox(
   const op = await finished(s, res.body.operation.id, opts);
   if (op.state !== 'succeeded') throw new Error(`create failed: ${JSON.stringify(op.error)}`);
   return res.body.sandbox.id;
+}
+
+/** What {@link runCommand} saw. */
+export interface CommandRun {
+  /** The start's HTTP status (201: started). */
+  status: number;
+  /** The error code of a refused start. */
+  code?: string;
+  /** Its stdout, read to the exit ('' when it did not start). */
+  stdout: string;
+  /** Its exit code (null when it did not start, or a signal ended it). */
+  exitCode: number | null;
+}
+
+/**
+ * Starts `cmd args` in sandbox `id` and reads its stream to the exit (10 s at most). A refused
+ * start is returned (status and code), not thrown; a stream that fails or ends without its exit
+ * throws.
+ */
+export async function runCommand(
+  s: FaultStack,
+  id: string,
+  cmd: string,
+  args: string[] = [],
+): Promise<CommandRun> {
+  const res = await s.call<{ stream: { url: string; token: string }; error?: { code: string } }>(
+    'POST',
+    `/v1/sandboxes/${id}/commands`,
+    { cmd, args },
+  );
+  if (res.status !== 201)
+    return { status: res.status, code: res.body.error?.code, stdout: '', exitCode: null };
+  const { stream } = res.body;
+  const r = collect(await readEvents(stream.url, stream.token, { signal: AbortSignal.timeout(10_000) }));
+  return { status: res.status, stdout: r.stdout.toString(), exitCode: r.exit.exitCode };
 }
 
 /** A sandbox's record as the API shows it (its state and why it ended). */

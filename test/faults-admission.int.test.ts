@@ -18,6 +18,7 @@ import {
   finished as operationEnd,
   report,
   restartParts,
+  runCommand,
   sandboxRecord,
   startFaultStack,
   stopFaultStack,
@@ -67,25 +68,12 @@ describe('faults: admission', { timeout: 240_000 }, () => {
     expect((await finished(res.body.operation.id)).state).toBe('succeeded');
   }
 
-  /** Runs `echo f8-ok` in the sandbox; resolves with its stdout (the stream's chunks, decoded). */
+  /** Runs `echo f8-ok` in the sandbox; resolves with its stdout. */
   async function exec(id: string): Promise<string> {
-    const res = await s.call<{ stream: { url: string; token: string } }>(
-      'POST',
-      `/v1/sandboxes/${id}/commands`,
-      { cmd: 'echo', args: ['f8-ok'] },
-    );
-    expect(res.status).toBe(201);
-    const r = await request(res.body.stream.url, {
-      headers: { authorization: `Bearer ${res.body.stream.token}` },
-      signal: AbortSignal.timeout(10_000),
-    });
-    const text = await r.body.text();
-    expect(text).toContain('"exitCode":0');
-    return text
-      .split('\n')
-      .filter((l) => l.startsWith('data: {"data":'))
-      .map((l) => Buffer.from(JSON.parse(l.slice('data: '.length)).data, 'base64').toString())
-      .join('');
+    const r = await runCommand(s, id, 'echo', ['f8-ok']);
+    expect(r.status).toBe(201);
+    expect(r.exitCode).toBe(0);
+    return r.stdout;
   }
 
   beforeAll(async () => {

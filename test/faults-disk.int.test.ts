@@ -19,6 +19,7 @@ import {
   finished as operationEnd,
   report,
   restartParts,
+  runCommand,
   sandboxRecord,
   startFaultStack,
   stopFaultStack,
@@ -49,10 +50,9 @@ describe('faults: the node disk', { timeout: 300_000 }, () => {
 
   /** Runs `echo ok` and reads its output to the exit. */
   async function echo(id: string): Promise<{ stdout: string; exitCode: number | null }> {
-    const res = await command(id, 'echo ok');
-    if (res.status !== 201) throw new Error(`command in ${id}: ${res.status} ${JSON.stringify(res.body)}`);
-    const r = collect(await readEvents(res.body.stream.url, res.body.stream.token));
-    return { stdout: r.stdout.toString(), exitCode: r.exit.exitCode };
+    const r = await runCommand(s, id, 'echo', ['ok']);
+    if (r.status !== 201) throw new Error(`command in ${id}: ${r.status} ${r.code}`);
+    return { stdout: r.stdout, exitCode: r.exitCode };
   }
 
   /** Every JSON state file under the sandboxes folder that is empty or does not parse. */

@@ -15,7 +15,6 @@ import { existsSync } from 'node:fs';
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   createSandbox,
@@ -23,6 +22,7 @@ import {
   type Op,
   finished as operationEnd,
   report,
+  runCommand,
   startFaultStack,
   stopFaultStack,
 } from './fault-stack.ts';
@@ -56,19 +56,8 @@ describe('faults: hibernate', { timeout: 300_000 }, () => {
 
   /** Runs `echo ok` in the sandbox; returns the status the start got and whether it ran to its exit. */
   async function exec(id: string): Promise<{ status: number; code?: string; ran: boolean }> {
-    const res = await s.call<{ stream: { url: string; token: string }; error?: { code: string } }>(
-      'POST',
-      `/v1/sandboxes/${id}/commands`,
-      { cmd: 'echo', args: ['ok'] },
-    );
-    if (res.status !== 201) return { status: res.status, code: res.body.error?.code, ran: false };
-    const r = await request(res.body.stream.url, {
-      headers: { authorization: `Bearer ${res.body.stream.token}` },
-      signal: AbortSignal.timeout(10_000),
-    });
-    const text = await r.body.text();
-    const exited = text.includes('"exit"') || text.includes('event: exit');
-    return { status: res.status, ran: r.statusCode === 200 && exited && text.includes('"exitCode":0') };
+    const { status, code, exitCode } = await runCommand(s, id, 'echo', ['ok']);
+    return { status, ...(code === undefined ? {} : { code }), ran: exitCode === 0 };
   }
 
   /** runsc's state of every container of the stack's agent (id → status). */

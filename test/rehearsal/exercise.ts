@@ -27,7 +27,7 @@ export async function space<T>(t: Target, args: readonly string[], timeoutMs = 6
   return JSON.parse(out) as T;
 }
 
-/** The alive, schedulable nodes the API knows. */
+/** The alive nodes the API knows (schedulable or not). */
 export async function liveNodes(t: Target): Promise<NodeInfo[]> {
   const { nodes } = await space<{ nodes: NodeInfo[] }>(t, ['nodes']);
   return nodes.filter((n) => n.alive);

@@ -36,7 +36,7 @@ import {
 import { REHEARSAL_NET, run } from './host.ts';
 import { forward } from './load-balancer.ts';
 import { createNetwork, destroyNetwork } from './network.ts';
-import { type Rendering, renderStack } from './render.ts';
+import { renderStack } from './render.ts';
 import {
   pushImage,
   type Registry,
@@ -155,12 +155,10 @@ async function missingTools(): Promise<string[]> {
   return [...new Set(missing)];
 }
 
-/** The overrides each rendering was made with (a bump renders again with the same ones). */
-const renderedWith = new WeakMap<Rendering, Record<string, string>>();
-const stackOverrides = (r: Rendering): Record<string, string> => renderedWith.get(r) ?? {};
-
 /** What the phases after boot need besides the target. */
 interface ExerciseContext {
+  /** The stack's config overrides the first rendering was made with (a bump renders again with them). */
+  readonly overrides: Record<string, string>;
   readonly nodeCount: number;
   /** The control VM's private address (Redis listens there). */
   readonly controlAddress: string;
@@ -189,7 +187,7 @@ async function healthVersion(url: string): Promise<string | null> {
  * `writeVmConfig`) while two sandboxes stream counters. Each phase's first error is recorded in
  * `summary.errors`; a failed phase stops the ones after it.
  */
-async function exercise(o: Options, summary: Summary, rendering: Rendering, t: Target, x: ExerciseContext) {
+async function exercise(o: Options, summary: Summary, t: Target, x: ExerciseContext) {
   const phase = async (name: string, f: () => Promise<void>) => {
     try {
       await f();
@@ -275,7 +273,7 @@ async function exercise(o: Options, summary: Summary, rendering: Rendering, t: T
       for (const id of sandboxes) streams.push(streamCounter(t, id));
       // a few lines before the roll starts
       await new Promise((r) => setTimeout(r, 10_000));
-      const bumped = await renderStack(o.stack, { ...stackOverrides(rendering), version: to });
+      const bumped = await renderStack(o.stack, { ...x.overrides, version: to });
       if (!bumped.vmConfig) throw new Error('the program rendered no space:VmConfig');
       const t1 = Date.now();
       await writeVmConfig(
@@ -344,15 +342,17 @@ async function main(o: Options): Promise<Summary> {
     process.stderr.write(`[${((Date.now() - t0) / 1000).toFixed(0).padStart(5)} s] ${line}\n`);
   };
   const cleanup: (() => Promise<void>)[] = [];
+  // once, last step first: a signal and the normal end may both ask for it
+  let tornDown: Promise<void> | undefined;
+  const tearDown = () =>
+    (tornDown ??= (async () => {
+      for (const c of [...cleanup].reverse()) await c().catch(() => undefined);
+    })());
   const vms: Vm[] = [];
   // Ctrl-C or a kill: the VMs, stand-ins and namespace go as at a normal end (unless --keep)
   const onSignal = (signal: NodeJS.Signals) => {
     log(`${signal}: stopping`);
-    const steps = o.keep ? [] : cleanup.reverse();
-    void (async () => {
-      for (const c of steps) await c().catch(() => undefined);
-      process.exit(signal === 'SIGINT' ? 130 : 143);
-    })();
+    void (o.keep ? Promise.resolve() : tearDown()).then(() => process.exit(signal === 'SIGINT' ? 130 : 143));
   };
   process.once('SIGINT', onSignal);
   process.once('SIGTERM', onSignal);
@@ -394,7 +394,6 @@ async function main(o: Options): Promise<Summary> {
       imagePullPassword: registry.password,
     };
     const rendering = await renderStack(o.stack, { ...overrides, version: o.version });
-    renderedWith.set(rendering, overrides);
     log(`rendered: ${rendering.vms.map((v) => v.resource).join(', ')}`);
     let nodeIndex = 0;
     for (const r of rendering.vms) {
@@ -470,9 +469,9 @@ async function main(o: Options): Promise<Summary> {
       await exercise(
         o,
         summary,
-        rendering,
         { apiUrl: `http://${lbHost}:${API_PORT}`, apiKey },
         {
+          overrides,
           nodeCount: vms.length - 1,
           controlAddress: control.spec.address,
           registry,
@@ -500,7 +499,7 @@ async function main(o: Options): Promise<Summary> {
   } finally {
     if (o.keep) log(`--keep: VMs and services left running; work dir ${o.workDir}`);
     else {
-      for (const c of cleanup.reverse()) await c().catch(() => undefined);
+      await tearDown();
       // the VMs are down: their service logs, read from their disks, for whoever looks next
       for (const v of vms)
         await v.journal().then(

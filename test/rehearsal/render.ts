@@ -102,6 +102,6 @@ export async function renderStack(stack: string, overrides: Record<string, strin
  * {@link controlAddress} (where Akamai's program puts it), a node at host 21, 22, … by the order in
  * which addresses are asked for (`index`, counting the control VM's). Pure.
  */
-export function rehearsalAddress(cidr: string, name: string, index: number): string {
+function rehearsalAddress(cidr: string, name: string, index: number): string {
   return name.includes('control') ? controlAddress(cidr) : nthHost(cidr, 20 + index);
 }

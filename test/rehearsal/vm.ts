@@ -195,7 +195,7 @@ export async function bootVm(spec: VmSpec, workDir: string): Promise<Vm> {
       }
       const text = await run('journalctl', [
         '--directory',
-        ...(await journalDirs(join(dump, 'journal'))),
+        await journalDir(join(dump, 'journal')),
         '--no-pager',
         '-o',
         'short-monotonic',
@@ -240,9 +240,9 @@ async function powerButton(socketPath: string): Promise<void> {
   });
 }
 
-/** The machine folders under a dumped `/var/log/journal` (one per machine id). */
-async function journalDirs(root: string): Promise<string[]> {
+/** The machine folder under a dumped `/var/log/journal` (the first machine id's). */
+async function journalDir(root: string): Promise<string> {
   const ids = await readdir(root).catch(() => [] as string[]);
   if (ids.length === 0) throw new Error(`no journal under ${root} (not persistent on this base?)`);
-  return [join(root, ids[0]!)];
+  return join(root, ids[0]!);
 }
