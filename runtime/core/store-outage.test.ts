@@ -37,6 +37,8 @@ describe('StoreOutage', () => {
     o.down(t0 + TTL * 4);
     // alive as this second outage began, not the first: still presumed
     expect(o.presumedAlive(t0 + TTL * 4 - 1_000, t0 + TTL * 4 + 1)).toBe(true);
+    // alive as the first began but silent for TTLs before the second: dead before it
+    expect(o.presumedAlive(t0 - 1_000, t0 + TTL * 4 + 1)).toBe(false);
     // ready without an outage under way changes nothing
     const fresh = new StoreOutage();
     fresh.up(t0);
