@@ -49,7 +49,7 @@ describe('a VM service’s configuration document', () => {
   });
 
   it('refuses what is not a JSON object (an env file, an array, null)', () => {
-    for (const text of ['SPACE_LOG_LEVEL=debug\n', '["SPACE_LOG_LEVEL=debug"]', 'null', '"x"'])
+    for (const text of ['SPACE_LOG_LEVEL=debug\n', '["SPACE_LOG_LEVEL=debug"]', '[]', 'null', '"x"'])
       expect(vmServiceEnv(policy, text).ok, text).toBe(false);
   });
 
