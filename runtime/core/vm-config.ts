@@ -106,7 +106,7 @@ export function vmServiceEnv(policy: VmServicePolicy, text: string): VmServiceEn
     else if (!ENV_VALUE.test(value)) problems.push(`${where}: holds a control character (a newline?)`);
     if (Object.hasOwn(policy.pinned, name)) {
       if (value !== policy.pinned[name]) problems.push(`${where}: set by the deployment; cannot change`);
-    } else if (!tunable.has(name) && !(policy.otel && OTEL_SETTING.test(name)))
+    } else if (!tunable.has(name) && !(policy.otel && OTEL_SETTING.test(name) && ENV_NAME.test(name)))
       problems.push(`${where}: not a setting of ${policy.service}`);
   }
   if (problems.length) return { ok: false, problems };
