@@ -8,6 +8,7 @@ import {
   latencyRows,
   measureCreates,
   samplesOf,
+  timeCreate,
   waitForPool,
 } from './latency.ts';
 import { progressFactory } from './progress.ts';
@@ -59,7 +60,7 @@ describe('latency classification', () => {
     expect(rows.filter((r) => r.concurrency === 8).map((r) => r.source)).toEqual(['warm', 'warm', 'warm']);
   });
 
-  it('failures are counted per phase, never timed', () => {
+  it('failures are counted per phase, never timed', async () => {
     expect(errorCounts(all)).toEqual([
       { concurrency: 1, phase: 'cold', errors: 1, refused: 0, first: 'POST /v1/sandboxes: 503 capacity' },
     ]);
@@ -78,6 +79,24 @@ describe('latency classification', () => {
       code: null,
       retryAfterSec: null,
     });
+    // timeCreate marks a POST refused with Retry-After as refused, and no other failure
+    const failing = (err: Error) =>
+      ({
+        async api() {
+          throw err;
+        },
+      }) as unknown as BenchClient;
+    const meta = { concurrency: 4, phase: 'warm', wave: 0 } as const;
+    expect(await timeCreate(failing(refusal), {}, meta)).toMatchObject({
+      id: null,
+      sample: { refused: true },
+    });
+    const other = await timeCreate(
+      failing(apiStatusError('POST', '/v1/sandboxes', 500, 'oops', undefined)),
+      {},
+      meta,
+    );
+    expect(other.sample.refused).toBeUndefined();
     const refused = sample({ phase: 'warm', concurrency: 4, error: refusal.message, refused: true });
     expect(errorCounts([refused, refused])).toEqual([
       { concurrency: 4, phase: 'warm', errors: 2, refused: 2, first: refusal.message },

@@ -145,10 +145,18 @@ describe('f8 the outage rule in the placement scripts and the node store', () =>
     const rec = (await store.get('admitted' in got ? got.admitted.id : ''))!;
     expect(await store.place(rec, '', recent)).toMatchObject({ nodeId: 'n1', alive: true });
     expect(await store.place(rec)).toMatchObject({ nodeId: 'n1', alive: false });
-    // a dispatch is not aborted for the missing key (the watch polls once a second)
+    // a dispatch is not aborted for the missing key (the watch polls once a second; the call
+    // gives up as a real dispatch does when its signal aborts)
     const call = await nodes.whileAlive(
       'n1',
-      () => new Promise((r) => setTimeout(() => r('answered'), 1_500)),
+      (signal) =>
+        new Promise((resolve, reject) => {
+          const t = setTimeout(() => resolve('answered'), 1_500);
+          signal.addEventListener('abort', () => {
+            clearTimeout(t);
+            reject(new Error('aborted'));
+          });
+        }),
     );
     expect(call).toBe('answered');
     // one TTL after the outage ended, its silence is its own

@@ -85,7 +85,8 @@ async function meter(
 }
 
 /**
- * Runs a pause or resume dispatch to node `nodeId`, and when the node does not answer
+ * Runs a pause or resume dispatch to node `nodeId` (the first ask goes to `read`, the node as the
+ * caller just read it, when given), and when the node does not answer
  * (NODE_UNAVAILABLE: it died or restarted mid-call, so whether it carried the change out is
  * unknown) asks it again every {@link REDISPATCH_EVERY_MS} once it is alive, until it answers or
  * {@link REDISPATCH_WAIT_MS} passed since the first ask. The node's pause and resume are idempotent
@@ -98,11 +99,12 @@ async function dispatchUntilAnswered<T>(
   nodeId: string,
   call: (node: NodeInfo) => Promise<T>,
   log: Logger,
+  read?: NodeInfo,
 ): Promise<T> {
   const until = Date.now() + REDISPATCH_WAIT_MS;
   for (let attempt = 1; ; attempt++) {
     try {
-      return await call(await d.nodes.requireAlive(nodeId));
+      return await call(attempt === 1 && read ? read : await d.nodes.requireAlive(nodeId));
     } catch (err) {
       if (!(err instanceof SpaceError) || err.code !== 'NODE_UNAVAILABLE' || Date.now() > until) throw err;
       if (attempt === 1)
@@ -347,7 +349,7 @@ async function pause(d: LifecycleDeps, op: OperationRecord): Promise<void> {
   const started = Date.now();
   let out: Awaited<ReturnType<AgentClient['pauseSandbox']>>;
   try {
-    out = await dispatchUntilAnswered(d, node.id, (n) => d.agents.pauseSandbox(n, id, { mode }), log);
+    out = await dispatchUntilAnswered(d, node.id, (n) => d.agents.pauseSandbox(n, id, { mode }), log, node);
   } catch (err) {
     if (isRedisUnavailable(err)) throw err;
     await d.sandboxes.transition(id, 'running');

@@ -21,7 +21,7 @@ function nodeFrom(
   outage: StoreOutage,
 ): NodeInfo | null {
   if (!h.id) return null;
-  const alive = aliveKey || (!h.lostAt && outage.presumedAlive(Number(h.heartbeatAt ?? 0)));
+  const alive = outage.nodeAlive(aliveKey, h.heartbeatAt, h.lostAt);
   return {
     id: h.id,
     url: h.url ?? '',
@@ -116,8 +116,7 @@ export class NodeStore {
       if (!res) return true;
       for (const [err] of res) if (err) throw err;
       const [alive, [heartbeatAt, lostAt]] = res.map(([, v]) => v) as [number, (string | null)[]];
-      if (alive === 1) return true;
-      return !lostAt && this.outage.presumedAlive(Number(heartbeatAt ?? 0));
+      return this.outage.nodeAlive(alive === 1, heartbeatAt, lostAt);
     } catch {
       return true;
     }

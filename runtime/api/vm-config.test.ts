@@ -79,7 +79,8 @@ describe('deployment-provisioned API key (SPACE_BOOTSTRAP_API_KEY_SHA256)', () =
 
 describe('PUT/GET /v1/deployment/vm-config', () => {
   const services = {
-    'space-api': { SPACE_LOG_LEVEL: 'debug', SPACE_ROUTER_URL: 'https://router.example.com:8082' },
+    // names out of order: the stored document sorts them
+    'space-api': { SPACE_ROUTER_URL: 'https://router.example.com:8082', SPACE_LOG_LEVEL: 'debug' },
     'space-agent@default': { SPACE_DRIVER: 'gvisor', SPACE_WARM_POOL_SIZE: '4' },
   };
 

@@ -3,8 +3,8 @@
  * Machine output with `--json` on stdout; errors on stderr as `error CODE: message` (or the JSON
  * error body with `--json`); exit 1 on errors, 2 on usage errors.
  */
-import { readFileSync } from 'node:fs';
 import { Command, CommanderError } from 'commander';
+import { packageVersion } from '../core/build-version.ts';
 import { registerBench } from './bench.ts';
 import { DEFAULT_RETRY_FOR_SEC } from './context.ts';
 import { registerDoctor } from './doctor.ts';
@@ -19,17 +19,6 @@ import { registerTemplate } from './template.ts';
 import { registerUp } from './up.ts';
 import { registerUsage } from './usage.ts';
 
-function version(): string {
-  try {
-    const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as {
-      version?: string;
-    };
-    return pkg.version ?? '0.0.0';
-  } catch {
-    return '0.0.0';
-  }
-}
-
 /** True when `--json` is among the options (before any `--`). */
 export function wantsJson(argv: string[]): boolean {
   const end = argv.indexOf('--');
@@ -41,7 +30,7 @@ export function buildProgram(json = false): Command {
   const program = new Command('space');
   program
     .description('SPACE: self-hosted sandboxes for AI agents')
-    .version(version(), '-V, --version', 'print the version')
+    .version(packageVersion(), '-V, --version', 'print the version')
     .option('--json', 'machine-readable output on stdout (errors as JSON on stderr)')
     .option(
       '--api-url <url>',

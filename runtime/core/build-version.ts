@@ -9,25 +9,26 @@ import { VERSION_TAG } from './redis-keys.ts';
 
 let cached: string | undefined;
 
+/** `package.json`'s `version` (the CLI's `--version` too), else `0.0.0`. Reads the file. */
+export function packageVersion(): string {
+  try {
+    const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as {
+      version?: unknown;
+    };
+    return typeof pkg.version === 'string' ? pkg.version : '0.0.0';
+  } catch {
+    return '0.0.0';
+  }
+}
+
 /**
  * The build's version string: `SPACE_VERSION` when it is a valid image tag ({@link VERSION_TAG}),
- * else `package.json`'s `version`, else `0.0.0`. Read once per process.
+ * else {@link packageVersion}. Read once per process.
  */
 export function buildVersion(env: NodeJS.ProcessEnv = process.env): string {
   if (env === process.env && cached !== undefined) return cached;
   const fromEnv = env['SPACE_VERSION'];
-  let v: string;
-  if (fromEnv && VERSION_TAG.test(fromEnv)) v = fromEnv;
-  else {
-    try {
-      const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as {
-        version?: unknown;
-      };
-      v = typeof pkg.version === 'string' ? pkg.version : '0.0.0';
-    } catch {
-      v = '0.0.0';
-    }
-  }
+  const v = fromEnv && VERSION_TAG.test(fromEnv) ? fromEnv : packageVersion();
   if (env === process.env) cached = v;
   return v;
 }

@@ -28,9 +28,13 @@ export async function resolveGrants(
   redis: Redis,
   grants: readonly RecordedGrant[],
 ): Promise<CredentialGrant[]> {
+  // read together (one connection sends them back to back): one round trip, not one per grant
+  const hashes = await Promise.all(
+    grants.map((g) => redis.hgetall(keys.credential(g.team ?? DEFAULT_TEAM, g.name))),
+  );
   const out: CredentialGrant[] = [];
-  for (const g of grants) {
-    const c = credentialFromHash(await redis.hgetall(keys.credential(g.team ?? DEFAULT_TEAM, g.name)));
+  for (const [i, g] of grants.entries()) {
+    const c = credentialFromHash(hashes[i]!);
     if (!c || (g.generation !== undefined && c.generation !== g.generation)) continue;
     out.push({
       name: g.name,

@@ -12,13 +12,18 @@ export const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,127}$/;
 // biome-ignore lint/suspicious/noControlCharactersInRegex: the control characters are what it refuses
 export const ENV_VALUE = /^[^\u0000-\u001f\u007f]*$/;
 
+/** The names of `vars` in code-point order (locale-free): how env files and VM documents list them. Pure. */
+export function sortedNames(vars: Readonly<Record<string, unknown>>): string[] {
+  return Object.keys(vars).sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+}
+
 /**
  * `vars` as an env file: `NAME=value` lines sorted by name (code-point order, locale-free), each
  * ending in `\n`. Pure. @throws Error naming the first variable whose name or value does not fit
  * {@link ENV_NAME} / {@link ENV_VALUE} (a newline in a value would smuggle in another variable).
  */
 export function renderEnvFile(vars: Readonly<Record<string, string>>): string {
-  const names = Object.keys(vars).sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+  const names = sortedNames(vars);
   for (const n of names) {
     if (!ENV_NAME.test(n)) throw new Error(`env file: ${JSON.stringify(n)} is not a variable name`);
     if (!ENV_VALUE.test(vars[n]!)) throw new Error(`env file: the value of ${n} holds a control character`);

@@ -37,10 +37,24 @@ describe('StoreOutage', () => {
     o.down(t0 + TTL * 4);
     // alive as this second outage began, not the first: still presumed
     expect(o.presumedAlive(t0 + TTL * 4 - 1_000, t0 + TTL * 4 + 1)).toBe(true);
+    // alive as the first began but silent for TTLs before the second: dead before it
+    expect(o.presumedAlive(t0 - 1_000, t0 + TTL * 4 + 1)).toBe(false);
     // ready without an outage under way changes nothing
     const fresh = new StoreOutage();
     fresh.up(t0);
     expect(fresh.lastAt).toBe(0);
+  });
+
+  it('nodeAlive: the alive key, else the presumption for a node not fenced as lost', () => {
+    const o = new StoreOutage();
+    o.down(t0);
+    o.up(t0 + 1_000);
+    const heard = String(t0 - 1_000);
+    expect(o.nodeAlive(true, null, String(t0), t0 + 2_000)).toBe(true);
+    expect(o.nodeAlive(false, heard, null, t0 + 2_000)).toBe(true);
+    expect(o.nodeAlive(false, heard, String(t0), t0 + 2_000)).toBe(false);
+    expect(o.nodeAlive(false, undefined, undefined, t0 + 2_000)).toBe(false);
+    expect(new StoreOutage().nodeAlive(false, heard, null, t0 + 2_000)).toBe(false);
   });
 
   it('hands place.lua the same figures', () => {

@@ -48,12 +48,28 @@ export class StoreOutage {
   /**
    * Whether a node whose alive key is missing is still presumed alive at `now`: it heartbeat
    * (`heartbeatAtMs`, its hash's `heartbeatAt`, epoch ms) within one alive TTL before the outage
-   * began, and the outage ended less than one alive TTL ago. A node fenced as lost never is (the
-   * caller checks `lostAt`).
+   * began, and the outage ended less than one alive TTL ago. A node fenced as lost never is:
+   * {@link nodeAlive} applies the whole rule.
    */
   presumedAlive(heartbeatAtMs: number, now = Date.now()): boolean {
     if (this.#ended === 0) return false;
     return heartbeatAtMs >= this.#began - NODE_ALIVE_TTL_MS && now - this.#ended < NODE_ALIVE_TTL_MS;
+  }
+
+  /**
+   * Whether a node counts as alive at `now`, from what Redis holds of it: its alive key (`aliveKey`:
+   * present), else, when its hash has no `lostAt` fence, the outage's presumption
+   * ({@link presumedAlive}) from its hash's `heartbeatAt` (absent: never heard). The rule every
+   * reader of liveness in TypeScript applies (node store, router); place.lua's copy is
+   * placement-lib.lua's `node_up`.
+   */
+  nodeAlive(
+    aliveKey: boolean,
+    heartbeatAt: string | null | undefined,
+    lostAt: string | null | undefined,
+    now = Date.now(),
+  ): boolean {
+    return aliveKey || (!lostAt && this.presumedAlive(Number(heartbeatAt ?? 0), now));
   }
 
   /** How long a node last heard at `heartbeatAtMs` (epoch ms) has been silent at `now`, outages excluded (ms). */

@@ -46,10 +46,14 @@ describe('a VM service’s configuration document', () => {
     ).toMatchObject({
       ok: false,
     });
+    // an OTEL_ name longer than an env file's names may be is refused, not thrown on
+    expect(
+      vmServiceEnv({ ...policy, otel: true }, vmServiceDocument({ [`OTEL_${'A'.repeat(130)}`]: 'x' })),
+    ).toMatchObject({ ok: false });
   });
 
   it('refuses what is not a JSON object (an env file, an array, null)', () => {
-    for (const text of ['SPACE_LOG_LEVEL=debug\n', '["SPACE_LOG_LEVEL=debug"]', 'null', '"x"'])
+    for (const text of ['SPACE_LOG_LEVEL=debug\n', '["SPACE_LOG_LEVEL=debug"]', '[]', 'null', '"x"'])
       expect(vmServiceEnv(policy, text).ok, text).toBe(false);
   });
 

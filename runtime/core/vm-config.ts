@@ -18,7 +18,7 @@
  */
 import { type Static, Type } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
-import { ENV_NAME, ENV_VALUE, renderEnvFile } from './env-file.ts';
+import { ENV_NAME, ENV_VALUE, renderEnvFile, sortedNames } from './env-file.ts';
 import { VM_SERVICE } from './redis-keys.ts';
 
 /** Longest value a VM configuration setting may have, characters. */
@@ -106,7 +106,7 @@ export function vmServiceEnv(policy: VmServicePolicy, text: string): VmServiceEn
     else if (!ENV_VALUE.test(value)) problems.push(`${where}: holds a control character (a newline?)`);
     if (Object.hasOwn(policy.pinned, name)) {
       if (value !== policy.pinned[name]) problems.push(`${where}: set by the deployment; cannot change`);
-    } else if (!tunable.has(name) && !(policy.otel && OTEL_SETTING.test(name)))
+    } else if (!tunable.has(name) && !(policy.otel && OTEL_SETTING.test(name) && ENV_NAME.test(name)))
       problems.push(`${where}: not a setting of ${policy.service}`);
   }
   if (problems.length) return { ok: false, problems };
@@ -118,6 +118,5 @@ export function vmServiceEnv(policy: VmServicePolicy, text: string): VmServiceEn
  * so the same settings are always the same bytes. Pure.
  */
 export function vmServiceDocument(env: Readonly<Record<string, string>>): string {
-  const names = Object.keys(env).sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
-  return JSON.stringify(Object.fromEntries(names.map((n) => [n, env[n]])));
+  return JSON.stringify(Object.fromEntries(sortedNames(env).map((n) => [n, env[n]])));
 }

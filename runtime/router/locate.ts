@@ -76,7 +76,7 @@ export class SandboxLocator {
       .exec()) as [[null, (string | null)[]], [null, number]];
     const [url, heartbeatAt, lostAt] = node;
     // the outage rule (core/store-outage.ts): a key that expired while Redis was away is not death
-    const up = alive === 1 || (!lostAt && this.#outage.presumedAlive(Number(heartbeatAt ?? 0)));
+    const up = this.#outage.nodeAlive(alive === 1, heartbeatAt, lostAt);
     if (!url || !up) {
       throw new SpaceError('NODE_UNAVAILABLE', `node ${nodeId} of sandbox ${id} is not available`, {
         sandboxId: id,

@@ -77,6 +77,18 @@ describe('sandbox routes (buildApp + inject)', () => {
     expect(await api.redis.zcard(keys.sandboxIndex())).toBe(before);
   });
 
+  it('a create no node has room for now is refused at POST: 503 NODE_CAPACITY_EXHAUSTED with Retry-After, nothing written', async () => {
+    await api.redis.hset(keys.node('n1'), 'usedVcpusMilli', '4000');
+    const before = await api.redis.zcard(keys.sandboxIndex());
+    const res = await call('POST', '/v1/sandboxes', { template: 'base' });
+    expect({
+      status: res.statusCode,
+      code: res.json().error.code,
+      retryAfter: res.headers['retry-after'],
+    }).toEqual({ status: 503, code: 'NODE_CAPACITY_EXHAUSTED', retryAfter: '2' });
+    expect(await api.redis.zcard(keys.sandboxIndex())).toBe(before);
+  });
+
   it('an Idempotency-Key answers a retry, and concurrent retries, with the first sandbox; another body is a conflict', async () => {
     const h = { 'idempotency-key': `k-${Date.now()}` };
     const body = { template: 'base', metadata: { run: 'idem' } };

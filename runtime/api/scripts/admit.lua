@@ -63,16 +63,11 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return { 0, 'exists', 0, 0 } end
 local node, warm, placing = nil, 0, nil
 if ARGV[12] ~= '' then
   placing = cjson.decode(ARGV[12])
-  local ask = { template = placing.template, drivers = csv_set(placing.drivers), store = '',
-    vcpusMilli = cpu, memoryMiB = mem, one = 1 }
   local o = placing.outage
-  local alive
-  node, warm, alive = pick_node(placing.prefix, KEYS[10], ask, placing.rules,
-    outage_of(o[1], o[2], o[3], o[4]))
-  if not node then
-    if alive == 0 then return { 5, 'no_nodes' } end
-    return { 5, 'full' }
-  end
+  local why
+  node, warm, why = pick_node(placing.prefix, KEYS[10], placing.template, placing.drivers, '', cpu,
+    mem, placing.rules, outage_of(o[1], o[2], o[3], o[4]))
+  if not node then return { 5, why } end
 end
 redis.call('ZADD', KEYS[4], now, ARGV[2])
 redis.call('PEXPIRE', KEYS[4], 120000)

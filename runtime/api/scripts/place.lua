@@ -26,12 +26,8 @@ if placed and placed ~= '' then
     redis.call('HGET', nk, 'url') or '', node_up(nk, outage) and 1 or 0 }
 end
 local cpu, mem = tonumber(ARGV[4]), tonumber(ARGV[5])
-local ask = { template = template, drivers = csv_set(ARGV[6]), store = ARGV[7] or '',
-  vcpusMilli = cpu, memoryMiB = mem, one = 1 }
-local best, warm, alive = pick_node(prefix, KEYS[1], ask, cjson.decode(ARGV[8]), outage)
-if not best then
-  if alive == 0 then return { '', 'no_nodes' } end
-  return { '', 'full' }
-end
+local best, warm, why = pick_node(prefix, KEYS[1], template, ARGV[6], ARGV[7], cpu, mem,
+  cjson.decode(ARGV[8]), outage)
+if not best then return { '', why } end
 reserve(prefix, best, warm, KEYS[2], id, template, cpu, mem)
 return { best, warm, redis.call('HGET', prefix .. 'node:' .. best, 'url') or '', 1 }

@@ -40,16 +40,19 @@ local function rule_holds(r, v, a)
   error('unknown placement rule kind ' .. tostring(r.kind))
 end
 
--- Picks the node of index set `index` that takes ask `a` ({ template, drivers (set), store,
--- vcpusMilli, memoryMiB, one = 1 }) under `rules` now, preferring one with a warm slot of the
--- template, then the least loaded. Returns node id (nil: none), 1/0 (claims a warm slot), and how
--- many nodes count as alive.
+-- Picks the node of index set `index` that takes a sandbox of `template` (`drivers`: the
+-- comma-separated drivers that can run its shape; `store`: the hibernation store the node must read,
+-- '' = any; `cpu` milli-vCPU, `mem` MiB) under `rules` now, preferring one with a warm slot of the
+-- template, then the least loaded. Returns node id and 1/0 (claims a warm slot), or nil, 0 and why
+-- none: 'no_nodes' (none counts as alive) or 'full'.
 -- Warm slots hold memory too: a node's warmMemoryMiB (its heartbeat: the slots' measured footprint)
 -- counts as held (heldMemoryMiB), less one slot's share (warmSlotFootprintMiB) when this create
 -- claims a slot (one of the template with exactly this shape: warmSlot{VcpusMilli,MemoryMiB}).
 -- Agents that do not report them (older ones) count as before: slots free, any slot a claim.
 -- A node that fails any rule is passed over as if it were full.
-local function pick_node(prefix, index, a, rules, outage)
+local function pick_node(prefix, index, template, drivers, store, cpu, mem, rules, outage)
+  local a = { template = template, drivers = csv_set(drivers), store = store or '', vcpusMilli = cpu,
+    memoryMiB = mem, one = 1 }
   local best, bestWarm, bestLoad = nil, -1, math.huge
   local alive = 0
   for _, node in ipairs(redis.call('SMEMBERS', index)) do
@@ -86,7 +89,9 @@ local function pick_node(prefix, index, a, rules, outage)
       end
     end
   end
-  return best, bestWarm, alive
+  if best then return best, bestWarm end
+  if alive == 0 then return nil, 0, 'no_nodes' end
+  return nil, 0, 'full'
 end
 
 -- Reserves sandbox `id`'s share (vCPUs in milli-vCPU, memory in MiB, one sandbox) on `node`,
