@@ -4,7 +4,6 @@ import { describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
 import { agentSettings } from '../../runtime/agent/config.ts';
 import { gatewaySettings } from '../../runtime/gateway/config.ts';
-import type { NodePool } from '../node-pool.ts';
 import { GATEWAY_PORTS, gatewayGuardRuleset } from '../runtime-settings.ts';
 import {
   agentPlan,
@@ -15,35 +14,7 @@ import {
   type VmPlan,
 } from './cloud-init.ts';
 import { IP_FORWARD_SYSCTL_FILE } from './ip-forwarding.ts';
-
-const pool: NodePool = {
-  name: 'default',
-  driver: 'cloud-hypervisor',
-  instanceType: 'c1a.8x',
-  count: 2,
-  labels: {},
-  allowUnverifiedKvm: false,
-};
-/** The Redis password of the VMs rendered here (a test value: 16+ URL-unreserved characters). */
-const REDIS_PW = 'redis-pw-Ab3.9_x~Q7';
-const common = {
-  version: '0.1.0',
-  imageRepository: 'ghcr.io/space-sandbox/space',
-  privateCidr: '10.10.0.0/24',
-  redisPassword: REDIS_PW,
-};
-const ROUTER_URL = 'https://router.example.com';
-const control = (version = '0.1.0') => controlPlan({ ...common, version, routerUrl: ROUTER_URL });
-const agent = (version = '0.1.0', gatewayEnabled = true) =>
-  agentPlan({ ...common, version, pool, controlAddress: '10.10.0.2', gatewayEnabled });
-const file = (plan: VmPlan, path: string) => plan.files.find((f) => f.path === path)?.content;
-const envOf = (text: string) =>
-  Object.fromEntries(
-    text
-      .trim()
-      .split('\n')
-      .map((l) => l.split('=', 2) as [string, string]),
-  );
+import { agent, common, control, envOf, file, pool, REDIS_PW, ROUTER_URL } from './test-plans.ts';
 
 describe('cloud-init for the systemd (vm) mode', () => {
   it('control user data (snapshot)', () => {

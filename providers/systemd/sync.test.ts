@@ -10,7 +10,6 @@ import { writeFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { renderEnvFile } from '../../runtime/core/env-file.ts';
 import { vmServiceDocument } from '../../runtime/core/vm-config.ts';
-import type { NodePool } from '../node-pool.ts';
 import {
   agentPlan,
   agentServiceEnv,
@@ -20,34 +19,10 @@ import {
   type VmPlan,
 } from './cloud-init.ts';
 import { tunableSettings, VM_CONFIG_POLICY_FILE, vmConfigPolicy } from './sync.ts';
+import { agent, common, control, envOf, file, pool, ROUTER_URL } from './test-plans.ts';
 
-const pool: NodePool = {
-  name: 'default',
-  driver: 'cloud-hypervisor',
-  instanceType: 'c1a.8x',
-  count: 2,
-  labels: {},
-  allowUnverifiedKvm: false,
-};
-const common = {
-  version: '0.1.0',
-  imageRepository: 'ghcr.io/space-sandbox/space',
-  privateCidr: '10.10.0.0/24',
-  redisPassword: 'redis-pw-0123456789',
-};
-const ROUTER_URL = 'https://router.example.com';
 const REPO = new URL('../../', import.meta.url).pathname;
-const control = () => controlPlan({ ...common, routerUrl: ROUTER_URL });
-const agent = () => agentPlan({ ...common, pool, controlAddress: '10.10.0.2' });
-const file = (plan: VmPlan, path: string) => plan.files.find((f) => f.path === path)?.content;
 const doc = vmServiceDocument;
-const envOf = (text: string) =>
-  Object.fromEntries(
-    text
-      .trim()
-      .split('\n')
-      .map((l) => l.split('=', 2) as [string, string]),
-  );
 
 /**
  * Runs a VM's rendered sync script (sh) with `fields` in Redis (absent: nil), `runs` times over the
