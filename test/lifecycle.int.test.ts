@@ -364,10 +364,12 @@ describe('warm pool', () => {
   it('claims a warm slot for a default-shaped create and refills the pool', async () => {
     await waitFor('2 warm slots', async () => (s.agent.warm.counts().base === 2 ? true : undefined), 60_000);
     await sleep(1500); // one heartbeat publishes the counts
-    // each slot has its state directory made ahead: an empty record and a commands folder
+    // each slot has its state directory made ahead: its instance marker and a commands folder, and
+    // no record (an empty sandbox.json would read as torn at the next start)
     const slots = s.agent.warm.instanceIds();
     for (const slot of slots) {
-      expect(await readFile(join(s.dir, 'agent', 'warm', slot, 'sandbox.json'), 'utf8')).toBe('');
+      const names = await readdir(join(s.dir, 'agent', 'warm', slot));
+      expect(names.sort()).toEqual(['commands', `instance-${slot}`]);
       expect((await stat(join(s.dir, 'agent', 'warm', slot, 'commands'))).isDirectory()).toBe(true);
     }
     const id = await s.createSandbox();
