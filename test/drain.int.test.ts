@@ -20,12 +20,13 @@ import { agentEnv, type Stack, startStack, waitFor } from './stack.ts';
 
 const run = promisify(execFile);
 
-/** `space <args> --json` against stack `s` as its admin: exit code and parsed stdout (or stderr). */
+/** `space <args> --json` against stack `s` as its admin: exit code and its JSON (stdout, or stderr on failure). */
 async function space(s: Stack, args: string[]): Promise<{ code: number; out: Record<string, unknown> }> {
   const env = { ...process.env, SPACE_API_URL: s.apiUrl, SPACE_API_KEY: s.apiKey };
   const r = await run(process.execPath, [SPACE, ...args, '--json'], { env }).then(
     (x) => ({ code: 0, text: x.stdout }),
-    (e: { code: number; stdout: string }) => ({ code: e.code, text: e.stdout }),
+    // a failure's `{ error }` body goes to stderr
+    (e: { code: number; stdout: string; stderr: string }) => ({ code: e.code, text: e.stdout || e.stderr }),
   );
   return { code: r.code, out: JSON.parse(r.text) as Record<string, unknown> };
 }
