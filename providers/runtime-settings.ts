@@ -118,6 +118,9 @@ export function imageRef(repository: string, version: string): string {
   return `${repository}:${version}`;
 }
 
+/** `space:agentDrainSeconds` when the stack sets none, s (both deployment modes). */
+export const DEFAULT_AGENT_DRAIN_SECONDS = 120;
+
 /** Settings the deployment owns: an override in `apiEnv`/`agentEnv` is refused. */
 export const DEPLOYMENT_OWNED = [
   'SPACE_API_HOST',
@@ -134,7 +137,7 @@ export const DEPLOYMENT_OWNED = [
   'SPACE_CACHE_DIR',
   'SPACE_DRIVER',
   'SPACE_AGENT_ON_SHUTDOWN',
-  // Kubernetes: the cordon watcher writes the drain file; the wait is space:agentDrainSeconds
+  // Kubernetes: the cordon watcher writes the drain file; the wait (both modes) is space:agentDrainSeconds
   'SPACE_DRAIN_FILE',
   'SPACE_DRAIN_WAIT_MS',
   // gateway ↔ agent wiring: both sides must agree, so neither may change them alone

@@ -225,6 +225,7 @@ function akamaiVms(parent: CloudStack, cfg: StackConfig, image?: pulumi.Resource
     gatewayDenyCidrs: cfg.gatewayDenyCidrs,
     gatewayEnv: cfg.gatewayEnv,
     agentEnv: cfg.agentEnv,
+    agentDrainSeconds: cfg.agentDrainSeconds,
   });
   const control = new linode.Instance(
     'space-control',

@@ -206,6 +206,7 @@ export class CrusoeStack extends CloudStack {
       gatewayDenyCidrs: cfg.gatewayDenyCidrs,
       gatewayEnv: cfg.gatewayEnv,
       agentEnv: cfg.agentEnv,
+      agentDrainSeconds: cfg.agentDrainSeconds,
     });
     const nodes = cfg.nodePools.flatMap((pool) =>
       Array.from(

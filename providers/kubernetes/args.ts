@@ -6,7 +6,12 @@
 import type * as k8s from '@pulumi/kubernetes';
 import type * as pulumi from '@pulumi/pulumi';
 import type { NodePool } from '../node-pool.ts';
-import { DEFAULT_IMAGE_REPOSITORY, imageRef, TLS_DIR } from '../runtime-settings.ts';
+import {
+  DEFAULT_AGENT_DRAIN_SECONDS,
+  DEFAULT_IMAGE_REPOSITORY,
+  imageRef,
+  TLS_DIR,
+} from '../runtime-settings.ts';
 
 type Input<T> = pulumi.Input<T>;
 
@@ -207,7 +212,7 @@ export function runtimeDefaults(a: RuntimeArgs) {
     apiReplicas: a.apiReplicas ?? 2,
     apiMaxReplicas: Math.max(a.apiMaxReplicas ?? 10, a.apiReplicas ?? 2),
     apiServiceType: a.apiServiceType ?? 'LoadBalancer',
-    agentDrainSeconds: a.agentDrainSeconds ?? 120,
+    agentDrainSeconds: a.agentDrainSeconds ?? DEFAULT_AGENT_DRAIN_SECONDS,
     gatewayEnabled: a.gatewayEnabled ?? true,
     nodeCidrs: a.nodeCidrs ?? [],
   };

@@ -7,6 +7,7 @@ import {
   AGENT_STATE_DIR,
   agentEnvironment,
   CACHE_DIR,
+  DEFAULT_AGENT_DRAIN_SECONDS,
   GATEWAY_CA_CERT_FILE,
   GATEWAY_CA_DIR,
   GATEWAY_CONTROL_SOCKET,
@@ -44,9 +45,18 @@ export function agentServiceEnv(a: Omit<AgentArgs, 'redisPassword'>): VmServiceE
   // SPACE_REDIS_URL is in no service's env: it carries the password (REDIS_ENV_FILE)
   return {
     ...(gw ? { 'space-gateway': gatewayServiceEnv(a) } : {}),
-    [agentService(a.pool.name)]: agentEnvironment(a.pool, a.agentEnv, { enabled: gw }),
+    [agentService(a.pool.name)]: {
+      ...agentEnvironment(a.pool, a.agentEnv, { enabled: gw }),
+      // a node drained through the control plane (`space nodes drain`) that the cloud then shuts
+      // down: its agent waits this long for the sandboxes before it stops (its unit allows for it)
+      SPACE_DRAIN_WAIT_MS: String(drainSeconds(a) * 1000),
+    },
   };
 }
+
+/** The stack's agent drain wait, s. */
+const drainSeconds = (a: Pick<AgentArgs, 'agentDrainSeconds'>) =>
+  a.agentDrainSeconds ?? DEFAULT_AGENT_DRAIN_SECONDS;
 
 /** An agent VM of `pool`: the verify key from the control VM, then the agent (and gateway). */
 export function agentPlan(a: AgentArgs): VmPlan {
@@ -147,6 +157,8 @@ export function agentPlan(a: AgentArgs): VmPlan {
               `ExecStartPre=/bin/sh -c 'until [ -S ${GATEWAY_CONTROL_SOCKET} ] && [ -s ${GATEWAY_CA_CERT_FILE} ]; do sleep 1; done'`,
             ]
           : [],
+        // the drain wait, then 30 s to stop (as the Kubernetes pod's grace period)
+        drainSeconds(a) + 30,
       ),
       ...(gw ? gatewayFiles(services['space-gateway']!) : []),
       upgradeScript(a, units),

@@ -25,6 +25,19 @@ describe('cloud-init for the systemd (vm) mode', () => {
     expect(toCloudConfig(agent())).toMatchSnapshot();
   });
 
+  it('a drained node’s agent gets the stack’s drain wait, and its unit lets it finish before killing it', () => {
+    for (const agentDrainSeconds of [undefined, 30, 900]) {
+      const plan = agentPlan({ ...common, pool, controlAddress: '10.10.0.2', agentDrainSeconds });
+      const waitMs = Number(envOf(file(plan, '/etc/space/space-agent.env')!).SPACE_DRAIN_WAIT_MS);
+      expect(waitMs).toBe((agentDrainSeconds ?? 120) * 1000);
+      const u = file(plan, '/etc/systemd/system/space-agent.service')!;
+      const grace = Number(/podman stop --time (\d+) /.exec(u)?.[1]);
+      const systemdStop = Number(/^TimeoutStopSec=(\d+)$/m.exec(u)?.[1]);
+      expect(grace * 1000).toBeGreaterThan(waitMs);
+      expect(systemdStop).toBeGreaterThan(grace);
+    }
+  });
+
   it('agent VMs forward IPv4 (CIDR egress rules), from first boot and at every boot, with or without a gateway', () => {
     for (const plan of [agent(), agent('0.1.0', false)]) {
       expect(file(plan, IP_FORWARD_SYSCTL_FILE)).toBe('net.ipv4.ip_forward = 1\n');

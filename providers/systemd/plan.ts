@@ -162,6 +162,11 @@ export interface AgentArgs extends VmCommonArgs {
   readonly gatewayEnv?: Readonly<Record<string, string>>;
   /** Extra agent settings. Default none. */
   readonly agentEnv?: Readonly<Record<string, string>>;
+  /**
+   * How long a drained node's agent waits at SIGTERM for its sandboxes to end, s
+   * (`space:agentDrainSeconds`; `SPACE_DRAIN_WAIT_MS`). Default 120 (runtime-settings.ts).
+   */
+  readonly agentDrainSeconds?: number;
 }
 
 /** A service's env file (`NAME=value` lines; runtime/core/env-file.ts). */
@@ -193,9 +198,14 @@ export function imageFile(a: VmCommonArgs): VmFile {
   };
 }
 
+/** Seconds a service's container gets between SIGTERM and SIGKILL (`podman stop --time`), by default. */
+export const STOP_GRACE_SECONDS = 150;
+
 /**
  * A podman-run systemd unit. `KillMode=process` and host PID/cgroup namespaces: stopping the unit
- * signals only the service, so sandboxes outlive an agent restart and are re-adopted.
+ * signals only the service, so sandboxes outlive an agent restart and are re-adopted. The
+ * container gets `stopGraceSeconds` (default {@link STOP_GRACE_SECONDS}) after SIGTERM, and
+ * systemd 30 s more before it gives up on the stop.
  */
 export function unit(
   name: string,
@@ -204,6 +214,7 @@ export function unit(
   podmanArgs: string[],
   extra: string[] = [],
   serviceExtra: string[] = [],
+  stopGraceSeconds = STOP_GRACE_SECONDS,
 ): VmFile {
   return {
     path: `/etc/systemd/system/${name}.service`,
@@ -222,9 +233,9 @@ export function unit(
       // the Redis URL last: it carries the password, so it lives in its own root-only file and no
       // synced env file can set it (vm-config refuses SPACE_REDIS_URL)
       `ExecStart=/usr/bin/podman run --rm --name ${name} --network host ${podmanArgs.join(' ')} --env-file /etc/space/${name}.env --env-file ${REDIS_ENV_FILE} \${SPACE_IMAGE} ${command.join(' ')}`,
-      `ExecStop=/usr/bin/podman stop --time 150 ${name}`,
+      `ExecStop=/usr/bin/podman stop --time ${stopGraceSeconds} ${name}`,
       'KillMode=process',
-      'TimeoutStopSec=180',
+      `TimeoutStopSec=${stopGraceSeconds + 30}`,
       'Restart=always',
       'RestartSec=2',
       '',

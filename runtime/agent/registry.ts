@@ -54,6 +54,7 @@ export class NodeRegistry {
   readonly #state: () => NodeState;
   readonly #rejoin: () => Promise<void>;
   #timer: NodeJS.Timeout | null = null;
+  #drainRequested = false;
 
   constructor(o: {
     redis: Redis;
@@ -77,7 +78,8 @@ export class NodeRegistry {
   /** Writes one heartbeat now (after rejoining first when the node was declared lost). */
   async beat(): Promise<void> {
     const r = this.#reg;
-    const lostAt = await this.#redis.hget(keys.node(r.id), 'lostAt');
+    const [lostAt, drainRequestedAt] = await this.#redis.hmget(keys.node(r.id), 'lostAt', 'drainRequestedAt');
+    this.#drainRequested = !!drainRequestedAt;
     if (lostAt) {
       this.#log.warn({ lostAt: Number(lostAt) }, 'node was declared lost; reconciling before rejoining');
       await this.#rejoin();
@@ -126,6 +128,14 @@ export class NodeRegistry {
       m.hset(keys.nodeWarm(r.id), Object.fromEntries(warm.map(([t, n]) => [t, String(n)])));
     m.set(keys.nodeAlive(r.id), '1', 'PX', NODE_ALIVE_TTL_MS);
     await m.exec();
+  }
+
+  /**
+   * Whether an operator asked the control plane to drain this node (`space nodes drain`: the
+   * node hash's `drainRequestedAt`), as read by the last heartbeat; it outlives agent restarts.
+   */
+  get drainRequested(): boolean {
+    return this.#drainRequested;
   }
 
   /** Beats now and then every `intervalMs`. */

@@ -3,8 +3,9 @@
  * network firewall → re-adopt sandboxes → warm pool → heartbeat → listen. On SIGTERM it stops
  * heartbeating (unschedulable), stops serving, drains the warm pool, and — only with
  * SPACE_AGENT_ON_SHUTDOWN=destroy — destroys its sandboxes; by default they keep running and
- * the next agent re-adopts them. While SPACE_DRAIN_FILE exists the node is draining: unschedulable,
- * and a SIGTERM first waits (at most SPACE_DRAIN_WAIT_MS) for its sandboxes to end.
+ * the next agent re-adopts them. While SPACE_DRAIN_FILE exists, or an operator drained the node
+ * through the control plane (`space nodes drain`), the node is draining: unschedulable, and a
+ * SIGTERM first waits (at most SPACE_DRAIN_WAIT_MS) for its sandboxes to end.
  */
 
 import { existsSync } from 'node:fs';
@@ -66,8 +67,13 @@ export interface RunningAgent {
 
 /** Starts an agent with `config`; resolves once it listens and has sent its first heartbeat. */
 export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
-  /** Whether the node is draining now (the deployment wrote {@link AgentConfig.drainFile}). */
-  const draining = () => !!config.drainFile && existsSync(config.drainFile);
+  /**
+   * Whether the node is draining now: the deployment wrote {@link AgentConfig.drainFile} (a
+   * cordoned Kubernetes node), or an operator asked the control plane (`space nodes drain`, read
+   * by each heartbeat). Called only once the registry below exists.
+   */
+  const draining = (): boolean =>
+    (!!config.drainFile && existsSync(config.drainFile)) || registry.drainRequested;
   // the guest runs this same Node binary inside every sandbox and needs its TypeScript support
   const major = Number(process.versions.node.split('.')[0]);
   if (major < 24) {

@@ -6,6 +6,12 @@ import { StoreOutage } from '../core/store-outage.ts';
 import type { NodeInfo } from '../core/types.ts';
 import { flatToHash, type ScriptedRedis, withScripts } from './redis-scripts.ts';
 
+/** Sets (ARGV[1] non-empty) or clears a registered node's drain mark; 0 when the node is unknown. */
+const SET_DRAIN = `if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if ARGV[1] == '' then redis.call('HDEL', KEYS[1], 'drainRequestedAt')
+else redis.call('HSETNX', KEYS[1], 'drainRequestedAt', ARGV[1]) end
+return 1`;
+
 /** How often a dispatch in flight checks that its node still heartbeats (ms). */
 export const ALIVE_POLL_MS = 1_000;
 
@@ -35,7 +41,8 @@ function nodeFrom(
     usedMemoryMiB: Number(h.usedMemoryMiB ?? 0),
     sandboxes: Number(h.sandboxes ?? 0),
     warm: Object.fromEntries(Object.entries(warm).map(([t, n]) => [t, Math.max(0, Number(n))])),
-    schedulable: h.schedulable === '1',
+    schedulable: h.schedulable === '1' && !h.drainRequestedAt,
+    drainRequestedAt: h.drainRequestedAt ? new Date(Number(h.drainRequestedAt)).toISOString() : null,
     heartbeatAt: new Date(Number(h.heartbeatAt ?? 0)).toISOString(),
     alive,
     templates: (h.templates ?? '').split(',').filter(Boolean),
@@ -87,6 +94,25 @@ export class NodeStore {
       if (node) out.push(node);
     }
     return out;
+  }
+
+  /**
+   * Drains node `id` (`at`: when, ms since the epoch: it takes no new sandboxes from now on, and its
+   * agent waits for its sandboxes at SIGTERM) or lifts the drain (`at` null). The mark lives in the
+   * node's hash (`drainRequestedAt`), which the agent's heartbeats never overwrite, so it outlives
+   * agent restarts. Returns the node as it reads afterwards.
+   * @throws SpaceError NODE_NOT_FOUND when no node `id` is registered.
+   */
+  async setDrain(id: string, at: number | null): Promise<NodeInfo> {
+    const done = (await this.redis.eval(
+      SET_DRAIN,
+      1,
+      keys.node(id),
+      at === null ? '' : String(at),
+    )) as number;
+    const node = done === 1 ? await this.get(id) : null;
+    if (!node) throw new SpaceError('NODE_NOT_FOUND', `no node ${id} is registered`, { nodeId: id });
+    return node;
   }
 
   /**

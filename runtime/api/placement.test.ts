@@ -95,6 +95,8 @@ describe('placement rules: nodeTakes and place.lua agree', () => {
         usedMemoryMiB: pick(r, ['0', '512', '3800']),
         maxSandboxes: pick(r, ['1', '10']),
         sandboxes: pick(r, ['0', '1', '9']),
+        // an operator's drain (`space nodes drain`): '' is how an older hash could hold none
+        drainRequestedAt: pick(r, ['', '', '', '', '', '', '1700000000000']),
       };
       const ask = askView(
         {

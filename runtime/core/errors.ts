@@ -128,6 +128,12 @@ export const ERROR_CODES = {
     doc: 'The node’s own state disk has no room for this (a create, a command’s record or output); the sandbox keeps running, and the node takes no new sandboxes until space is freed.',
   },
   NODE_UNAVAILABLE: { status: 503, retryable: true, doc: 'The node holding the sandbox is not reachable.' },
+  NODE_NOT_FOUND: { status: 404, retryable: false, doc: 'No node with this id is registered.' },
+  HIBERNATE_STORE_LOCAL: {
+    status: 409,
+    retryable: false,
+    doc: 'A drain was asked to hibernate the node’s sandboxes, but the node’s hibernation store is its own disk: they could not resume on another node (set `SPACE_HIBERNATE_STORE`/`_DIR` to shared storage, or drain without hibernating).',
+  },
   CONTROL_PLANE_UNAVAILABLE: {
     status: 503,
     retryable: true,

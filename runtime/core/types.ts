@@ -172,8 +172,13 @@ export interface NodeInfo {
   sandboxes: number;
   /** Warm slots available per template. */
   warm: Record<string, number>;
-  /** Whether the node accepts new sandboxes. */
+  /**
+   * Whether the node accepts new sandboxes: its agent says so (no disk pressure, no drain file)
+   * and no operator drained it.
+   */
   schedulable: boolean;
+  /** ISO time an operator drained the node through the control plane (`space nodes drain`), or null. */
+  drainRequestedAt: string | null;
   /** ISO time of the last heartbeat. */
   heartbeatAt: string;
   alive: boolean;

@@ -1,7 +1,7 @@
 /**
  * What the rehearsal does with a deployment once it is up, as a platform team would: the `space`
  * CLI through the load-balancer stand-in (sandboxes on every node VM, a command in each, the
- * latency benchmark with `--target`), then a version bump applied as the stack applies it while
+ * latency benchmark with `--target`, a node drained through the control plane), then a version bump applied as the stack applies it while
  * sandboxes stream a counter, checked line by line (nothing lost, nothing repeated).
  */
 import { type ChildProcess, spawn } from 'node:child_process';
@@ -81,6 +81,34 @@ export async function sandboxesOnEveryNode(
     return runs;
   } finally {
     for (const s of made) await space(t, ['sandbox', 'rm', s.id]).catch(() => undefined);
+  }
+}
+
+/** What {@link drainElsewhere} saw. */
+export interface DrainRun {
+  /** The node drained (`space nodes drain`), then undrained. */
+  readonly node: string;
+  /** The nodes the creates made while it was drained landed on. */
+  readonly placedOn: string[];
+}
+
+/**
+ * Drains node `node` through the control plane (`space nodes drain`, as before a VM is replaced),
+ * makes `creates` sandboxes, deletes them and lifts the drain. Throws when one landed on the drained
+ * node (the drain is lifted either way).
+ */
+export async function drainElsewhere(t: Target, node: string, creates: number): Promise<DrainRun> {
+  await space(t, ['nodes', 'drain', node]);
+  const made: { id: string; nodeId: string | null }[] = [];
+  try {
+    for (let i = 0; i < creates; i++) made.push(await space(t, ['sandbox', 'create']));
+    const placedOn = made.map((s) => s.nodeId ?? '?');
+    if (placedOn.includes(node))
+      throw new Error(`a create landed on drained node ${node}: ${placedOn.join(', ')}`);
+    return { node, placedOn };
+  } finally {
+    for (const s of made) await space(t, ['sandbox', 'rm', s.id]).catch(() => undefined);
+    await space(t, ['nodes', 'undrain', node]);
   }
 }
 

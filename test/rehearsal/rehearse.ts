@@ -25,6 +25,8 @@ import {
   benchLatency,
   type CounterStream,
   counterDamage,
+  type DrainRun,
+  drainElsewhere,
   liveNodes,
   type NodeRun,
   STOP_FILE,
@@ -123,6 +125,8 @@ interface Summary {
   redisRefusesWithoutPassword: boolean | null;
   /** One sandbox per node VM and the command run in it (through the load balancer). */
   nodeRuns: NodeRun[];
+  /** A node VM drained with `space nodes drain`: where creates went meanwhile (never there). */
+  drain: DrainRun | null;
   /** `space bench latency --target` through the load balancer: create latency medians, ms. */
   bench: { source: string; metric: string; n: number; p50Ms: number }[] | null;
   /** The version bump, applied as `pulumi up` applies it, while counters streamed. */
@@ -248,6 +252,11 @@ async function exercise(o: Options, summary: Summary, t: Target, x: ExerciseCont
     for (const r of summary.nodeRuns) x.log(`${r.node}: ${r.sandbox} ran: ${r.output.replace(/\n/g, ' | ')}`);
   });
   if (!ran) return;
+  await phase('drain', async () => {
+    const node = [...new Set(summary.nodeRuns.map((r) => r.node))].sort()[0]!;
+    summary.drain = await drainElsewhere(t, node, 2);
+    x.log(`drain: ${node} drained; creates went to ${summary.drain.placedOn.join(', ')}; undrained`);
+  });
   await phase('bench', async () => {
     const doc = (await benchLatency(t, o.benchN)) as {
       summary: { rows: { source: string; metric: string; summary: { n: number; p50: number } }[] };
@@ -429,6 +438,7 @@ async function main(o: Options): Promise<Summary> {
       apiReady: false,
       redisRefusesWithoutPassword: null,
       nodeRuns: [],
+      drain: null,
       bench: null,
       upgrade: null,
       errors: [],
@@ -488,6 +498,7 @@ async function main(o: Options): Promise<Summary> {
       summary.redisRefusesWithoutPassword === true &&
       summary.vms.every((v) => v.cloudInitSeconds !== null && v.blockers.length === 0) &&
       summary.nodeRuns.length === vms.length - 1 &&
+      summary.drain !== null &&
       (!o.upgrade ||
         (summary.upgrade?.rolledSeconds != null &&
           summary.upgrade.streams.length === 2 &&

@@ -1,10 +1,11 @@
-/** Read-only views of nodes and templates. */
+/** Views of nodes and templates, a node's drain, and the VM deployments' target version. */
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
 import { nullable } from '../../core/json-schema.ts';
 import { VERSION_TAG } from '../../core/redis-keys.ts';
 import type { ApiDeps } from '../app.ts';
 import { knownTemplates, readyTemplates } from '../node-store.ts';
+import { drainNode, undrainNode } from '../usecases/drain.ts';
 
 const NodeSchema = Type.Object({
   id: Type.String(),
@@ -20,6 +21,7 @@ const NodeSchema = Type.Object({
   sandboxes: Type.Integer(),
   warm: Type.Record(Type.String(), Type.Integer()),
   schedulable: Type.Boolean(),
+  drainRequestedAt: nullable(Type.String()),
   heartbeatAt: Type.String(),
   alive: Type.Boolean(),
   templates: Type.Array(Type.String()),
@@ -35,6 +37,39 @@ export function nodeRoutes(deps: ApiDeps): FastifyPluginAsyncTypebox {
         schema: { summary: 'List nodes', response: { 200: Type.Object({ nodes: Type.Array(NodeSchema) }) } },
       },
       async () => ({ nodes: await deps.nodes.list() }),
+    );
+    const NodeId = Type.Object({ id: Type.String({ minLength: 1, maxLength: 128 }) });
+    app.put(
+      '/v1/nodes/:id/drain',
+      {
+        config: { scope: 'deployment:admin' },
+        schema: {
+          summary:
+            'Drain a node before it goes: it takes no new sandboxes, and its agent waits for them at SIGTERM; with `hibernate`, its running sandboxes are hibernated to resume elsewhere (needs a shared hibernation store)',
+          params: NodeId,
+          body: Type.Object({ hibernate: Type.Optional(Type.Boolean()) }, { additionalProperties: false }),
+          response: {
+            200: Type.Object({
+              node: NodeSchema,
+              hibernating: Type.Array(Type.Object({ sandboxId: Type.String(), operationId: Type.String() })),
+              skipped: Type.Array(Type.Object({ sandboxId: Type.String(), reason: Type.String() })),
+            }),
+          },
+        },
+      },
+      async (req) => drainNode(deps, req.params.id, { hibernate: req.body.hibernate ?? false }, req.log),
+    );
+    app.delete(
+      '/v1/nodes/:id/drain',
+      {
+        config: { scope: 'deployment:admin' },
+        schema: {
+          summary: 'Lift a node’s drain: it takes new sandboxes again',
+          params: NodeId,
+          response: { 200: Type.Object({ node: NodeSchema }) },
+        },
+      },
+      async (req) => ({ node: await undrainNode(deps, req.params.id, req.log) }),
     );
     // VM deployments upgrade without SSH: every VM's space-version-sync timer reads this target and
     // moves its own services to `<its image repository>:<version>` (docs/deployment.md "vm mode")

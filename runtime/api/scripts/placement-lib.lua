@@ -61,14 +61,15 @@ local function pick_node(prefix, index, template, drivers, store, cpu, mem, rule
     if up then alive = alive + 1 end
     local f = redis.call('HMGET', nk, 'schedulable', 'vcpusMilli', 'memoryMiB', 'maxSandboxes',
       'usedVcpusMilli', 'usedMemoryMiB', 'sandboxes', 'driver', 'hibernateStore',
-      'warmMemoryMiB', 'warmSlotFootprintMiB', 'warmSlotVcpusMilli', 'warmSlotMemoryMiB', 'templates')
+      'warmMemoryMiB', 'warmSlotFootprintMiB', 'warmSlotVcpusMilli', 'warmSlotMemoryMiB', 'templates',
+      'drainRequestedAt')
     local slot = tonumber(redis.call('HGET', nk .. ':warm', a.template) or '0') > 0
     local slotCpu, slotMem = tonumber(f[12] or ''), tonumber(f[13] or '')
     if slot and slotCpu and slotMem then slot = slotCpu == a.vcpusMilli and slotMem == a.memoryMiB end
     local heldMem = tonumber(f[10] or '0')
     if slot then heldMem = math.max(0, heldMem - tonumber(f[11] or '0')) end
     local v = {
-      alive = up, schedulable = f[1] == '1', templates = csv_set(f[14]), driver = f[8] or '',
+      alive = up, schedulable = f[1] == '1' and (f[15] or '') == '', templates = csv_set(f[14]), driver = f[8] or '',
       hibernateStore = f[9] or '', vcpusMilli = tonumber(f[2] or '0'),
       usedVcpusMilli = tonumber(f[5] or '0'), memoryMiB = tonumber(f[3] or '0'),
       usedMemoryMiB = tonumber(f[6] or '0'), heldMemoryMiB = heldMem,
