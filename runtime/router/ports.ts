@@ -14,8 +14,9 @@
  * HTTP/2 when the router has TLS (ALPN); the hop to the sandbox is HTTP/1.1 (what its server
  * speaks); WebSockets need HTTP/1.1 from the client (no RFC 8441 extended CONNECT).
  *
- * Access as E2B's edge gates it (e2b-more.md §4): public unless the sandbox was created private
- * (E2B `network.allowPublicTraffic: false`, SPACE `ports.public: false`); then every request needs
+ * Access as E2B's edge gates it (docs/e2b.md; https://github.com/e2b-dev/infra, its proxy):
+ * public unless the sandbox was created private (E2B `network.allowPublicTraffic: false`, SPACE
+ * `ports.public: false`); then every request needs
  * `e2b-traffic-access-token: <its token>` and is refused with 403 before anything else happens
  * (no resume). The edge's answers, status and JSON body, are E2B's: {@link edgeAnswer}.
  */
@@ -47,7 +48,7 @@ export const PORT_ROUTE_PREFIX = '/_port';
 
 const SANDBOX_ID = new RegExp(ID_PATTERN);
 
-/** What E2B's edge answers for a request it does not pass on (e2b-more.md §4). */
+/** What E2B's edge answers for a request it does not pass on (its proxy's error pages, https://github.com/e2b-dev/infra; docs/e2b.md). */
 export type EdgeRefusal =
   | 'not-found'
   | 'port-closed'

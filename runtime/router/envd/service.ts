@@ -148,7 +148,7 @@ export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
         ? await deps.redis.hget(keys.sandbox(sandboxId), 'state')
         : null;
     // 502 = not running (gone, or paused: E2B's edge answers a paused sandbox's probe so, and a
-    // probe never resumes one): the SDK's isRunning() answers false (§2.7, e2b-more.md §3.3)
+    // probe never resumes one): the SDK's isRunning() answers false (§2.7; docs/e2b.md)
     if (state !== 'running' && state !== 'creating') {
       return reply.status(502).send({ message: 'The sandbox was not found', sandboxId, code: 502 });
     }
