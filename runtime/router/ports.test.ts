@@ -6,14 +6,18 @@
  * `test/ports.int.test.ts`; here the gating, the edge's answers and the routing by host and by
  * header are checked without a sandbox.
  */
+import { execFile } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { once } from 'node:events';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import { connect as http2Connect } from 'node:http2';
 import { connect, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Duplex } from 'node:stream';
+import { connect as tlsConnect } from 'node:tls';
+import { promisify } from 'node:util';
 import type { FastifyInstance } from 'fastify';
 import { Redis } from 'ioredis';
 import { Agent, request } from 'undici';
@@ -38,6 +42,10 @@ const redis = new Redis(inject('redisUrl'), { db: 8 });
 let dir: string;
 let app: FastifyInstance;
 let routerPort: number;
+/** The same router with TLS (ALPN h2 + http/1.1) and the CA its clients trust. */
+let tlsApp: FastifyInstance;
+let tlsPort: number;
+let ca: Buffer;
 let agent: Server;
 let agentTunnels: { closeAll(): void };
 let sandboxServer: Server;
@@ -160,9 +168,42 @@ beforeAll(async () => {
   app = await buildApp(deps);
   await app.listen({ host: '127.0.0.1', port: 0 });
   routerPort = (app.server.address() as { port: number }).port;
+
+  const cert = join(dir, 'router.crt');
+  const key = join(dir, 'router.key');
+  await promisify(execFile)('openssl', [
+    'req',
+    '-x509',
+    '-newkey',
+    'ed25519',
+    '-nodes',
+    '-days',
+    '1',
+    '-subj',
+    '/CN=router.test',
+    '-addext',
+    'subjectAltName=IP:127.0.0.1',
+    '-keyout',
+    key,
+    '-out',
+    cert,
+  ]);
+  ca = await readFile(cert);
+  tlsApp = await buildApp(
+    createRouterDeps({
+      config: loadRouterConfig({ SPACE_VERIFY_KEY_FILE: join(dir, 'key.pub.pem'), SPACE_ROUTER_PORT: '0' }),
+      log: createLogger('router', 'silent'),
+      redis,
+      verifyKey,
+      tls: { cert: ca, key: await readFile(key) },
+    }),
+  );
+  await tlsApp.listen({ host: '127.0.0.1', port: 0 });
+  tlsPort = (tlsApp.server.address() as { port: number }).port;
 });
 afterAll(async () => {
   await app?.close();
+  await tlsApp?.close();
   agentTunnels?.closeAll();
   await loopback.close();
   for (const s of [agent, sandboxServer]) {
@@ -295,6 +336,38 @@ describe('port requests through the router and an agent tunnel', () => {
     expect(got).toMatch(/^HTTP\/1\.1 101 /);
     expect(got).toContain('echo:ping');
     expect(lastHeaders.upgrade).toBe('echo');
+  });
+
+  it('with TLS: serves an HTTP/2 client (ALPN h2) by :authority, and an HTTP/1.1 upgrade on the same port', async () => {
+    const session = http2Connect(`https://127.0.0.1:${tlsPort}`, { ca });
+    try {
+      const req = session.request({ ':path': '/h2?x=1', ':authority': `${serverPort}-${SB}.localhost` });
+      let text = '';
+      req.on('data', (d: Buffer) => {
+        text += d.toString();
+      });
+      const [headers] = (await once(req, 'response')) as [Record<string, unknown>];
+      await once(req, 'end');
+      expect(session.alpnProtocol).toBe('h2');
+      expect(headers[':status']).toBe(200);
+      expect(text).toMatch(new RegExp(`^GET /h2\\?x=1 ${serverPort}-${SB}\\.localhost 0 `));
+    } finally {
+      session.close();
+    }
+    const socket = tlsConnect({ host: '127.0.0.1', port: tlsPort, ca, ALPNProtocols: ['http/1.1'] });
+    await once(socket, 'secureConnect');
+    socket.write(
+      `GET /ws HTTP/1.1\r\nHost: ${serverPort}-${SB}.localhost\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n`,
+    );
+    let got = '';
+    socket.on('data', (d: Buffer) => {
+      got += d.toString();
+      if (got.includes('\r\n\r\n') && !got.includes('echo:')) socket.write('tls');
+    });
+    for (let i = 0; i < 100 && !got.includes('echo:tls'); i++) await new Promise((r) => setTimeout(r, 20));
+    socket.destroy();
+    expect(got).toMatch(/^HTTP\/1\.1 101 /);
+    expect(got).toContain('echo:tls');
   });
 
   it('answers a paused sandbox’s envd /health 502 (not running), a running one’s 204', async () => {
