@@ -39,6 +39,7 @@ import {
   TRAFFIC_TOKEN_HEADER,
 } from '../core/ports.ts';
 import { keys } from '../core/redis-keys.ts';
+import { DEFAULT_TEAM } from '../core/tenancy.ts';
 import type { RouterDeps } from './app.ts';
 import { downstreamHeaders, upstreamHeaders } from './headers.ts';
 import { requestHasBody } from './proxy.ts';
@@ -169,7 +170,7 @@ export async function openTunnel(
   for (let attempt = 0; attempt < 2; attempt++) {
     let url: string;
     try {
-      ({ url } = await deps.proxy.locator.locate(sandboxId, { team: team || '', afterPaused }));
+      ({ url } = await deps.proxy.locator.locate(sandboxId, { team: team || DEFAULT_TEAM, afterPaused }));
     } catch (err) {
       throw edgeOf(err, sandboxId);
     }
