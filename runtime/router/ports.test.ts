@@ -25,8 +25,9 @@ import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import type { AgentDeps } from '../agent/app.ts';
 import { installPortTunnels } from '../agent/routes/ports.ts';
 import { SpaceError } from '../core/errors.ts';
+import { GUEST_PORT } from '../core/guest-protocol.ts';
 import { createLogger } from '../core/log-fields.ts';
-import { portTargetOf } from '../core/ports.ts';
+import { PORT_TUNNEL_PROTOCOL, portTargetOf, portTunnelPath } from '../core/ports.ts';
 import { keys } from '../core/redis-keys.ts';
 import { loadSigningKey, loadVerifyKey, mintSessionToken, writeNewKeyPair } from '../core/tokens.ts';
 import { buildApp, createRouterDeps } from './app.ts';
@@ -47,11 +48,13 @@ let tlsApp: FastifyInstance;
 let tlsPort: number;
 let ca: Buffer;
 let agent: Server;
+let agentUrl: string;
 let agentTunnels: { closeAll(): void };
 let sandboxServer: Server;
 let serverPort: number;
 /** Tunnels the stand-in agent was asked for. */
 let tunnels = 0;
+let portTokenOfSb: string | undefined;
 /** What the server in the "sandbox" saw last. */
 let lastHeaders: IncomingHttpHeaders = {};
 const loopback = new Agent({
@@ -113,7 +116,7 @@ beforeAll(async () => {
   serverPort = (sandboxServer.address() as { port: number }).port;
 
   // the agent: its real tunnel handler over a manager of one running sandbox on loopback
-  const sb = { id: SB, sessionId: SESSION, guest: { endpoint: { host: '127.0.0.1' } } };
+  const sb = { id: SB, sessionId: SESSION, guest: { endpoint: { host: '127.0.0.1', port: GUEST_PORT } } };
   const sandboxes = {
     find: (id: string) => (id === SB || id === PRIVATE ? sb : undefined),
     get: (id: string) => {
@@ -135,9 +138,10 @@ beforeAll(async () => {
   } as unknown as AgentDeps);
   agent.listen(0, '127.0.0.1');
   await once(agent, 'listening');
-  const agentUrl = `http://127.0.0.1:${(agent.address() as { port: number }).port}`;
+  agentUrl = `http://127.0.0.1:${(agent.address() as { port: number }).port}`;
 
   await redis.flushdb();
+  portTokenOfSb = undefined;
   await redis.hset(keys.node('n1'), { id: 'n1', url: agentUrl });
   await redis.set(keys.nodeAlive('n1'), '1', 'PX', 600_000);
   for (const id of [SB, PRIVATE]) {
@@ -148,6 +152,7 @@ beforeAll(async () => {
       scopes: ['ports'],
       ttlSec: 600,
     });
+    if (id === SB) portTokenOfSb = token;
     await redis.hset(keys.sandbox(id), {
       id,
       state: 'running',
@@ -368,6 +373,26 @@ describe('port requests through the router and an agent tunnel', () => {
     socket.destroy();
     expect(got).toMatch(/^HTTP\/1\.1 101 /);
     expect(got).toContain('echo:tls');
+  });
+
+  it('the agent never tunnels to its guest daemon’s port, nor without a port token', async () => {
+    /** A tunnel request straight to the agent (raw: HTTP clients refuse to send Upgrade themselves). */
+    const ask = async (port: number, token?: string) => {
+      const socket = connect(Number(new URL(agentUrl).port), '127.0.0.1');
+      await once(socket, 'connect');
+      socket.write(
+        `GET ${portTunnelPath(SB, port)} HTTP/1.1\r\nHost: agent\r\nConnection: Upgrade\r\nUpgrade: ${PORT_TUNNEL_PROTOCOL}\r\n` +
+          `${token ? `Authorization: Bearer ${token}\r\n` : ''}\r\n`,
+      );
+      let text = '';
+      for await (const chunk of socket) text += String(chunk);
+      const status = Number(/^HTTP\/1\.1 (\d+)/.exec(text)?.[1]);
+      const code = (JSON.parse(text.slice(text.indexOf('\r\n\r\n') + 4)) as { error: { code: string } }).error
+        .code;
+      return { status, code };
+    };
+    expect(await ask(GUEST_PORT, portTokenOfSb)).toEqual({ status: 400, code: 'BAD_REQUEST' });
+    expect(await ask(serverPort)).toEqual({ status: 401, code: 'UNAUTHENTICATED' });
   });
 
   it('answers a paused sandbox’s envd /health 502 (not running), a running one’s 204', async () => {

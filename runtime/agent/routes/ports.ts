@@ -11,7 +11,8 @@
  * connection that may last hours; the connection stalls while the sandbox is frozen).
  * Refusals are answered as the data plane's (`{ error: { code, message } }`): SANDBOX_PAUSED (the
  * router resumes the sandbox and asks again), SANDBOX_NOT_FOUND, PORT_CLOSED (nothing listens
- * after {@link DIAL_ATTEMPTS} tries, as E2B's edge retries its dials), token errors.
+ * after {@link DIAL_ATTEMPTS} tries, as E2B's edge retries its dials), token errors, BAD_REQUEST
+ * for the guest daemon's own port.
  * What the sandbox's server dials out goes through its egress policy like any of its traffic: a
  * tunnel carries only connections the host opens to the sandbox.
  */
@@ -86,6 +87,14 @@ async function open(deps: AgentDeps, req: IncomingMessage): Promise<{ up: Socket
   }
   const sb = deps.sandboxes.get(sandboxId);
   if (claims.sessionId !== sb.sessionId) throw new SpaceError('TOKEN_SCOPE', 'token is for another session');
+  // the guest daemon's own port is the platform's, never a tunnel's (the router sends envd's
+  // port, the same number, to its envd layer; this is the agent's own refusal)
+  if (port === sb.guest.endpoint.port) {
+    throw new SpaceError('BAD_REQUEST', `port ${port} is the platform's guest daemon: not reachable`, {
+      sandboxId,
+      port,
+    });
+  }
   const { release } = deps.sandboxes.holdGuest(sandboxId);
   let up: Socket;
   try {
