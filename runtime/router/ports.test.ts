@@ -272,6 +272,9 @@ describe('port requests through the router and an agent tunnel', () => {
     );
     expect(lastHeaders['e2b-traffic-access-token']).toBeUndefined();
     expect(lastHeaders['x-forwarded-proto']).toBe('http');
+    // counted under the route label `port`, as data-plane requests are by theirs
+    const metrics = await (await request(`http://127.0.0.1:${routerPort}/metrics`)).body.text();
+    expect(metrics).toMatch(/space_router_requests_total\{route="port",status="200"\} [1-9]/);
   });
 
   it('streams an event stream as it comes', async () => {

@@ -341,6 +341,7 @@ export function installPorts(app: FastifyInstance, deps: RouterDeps): void {
       } catch (err) {
         if (!(err instanceof EdgeError)) throw err;
         const a = edgeAnswer(err.kind, err.sandboxId, err.port);
+        deps.metrics.requests.inc({ route: 'port', status: String(a.status) });
         return reply.status(a.status).type(a.type).send(a.body);
       }
       reply.hijack();
@@ -376,7 +377,13 @@ export function installPorts(app: FastifyInstance, deps: RouterDeps): void {
       if (requestHasBody(req.headers, req.raw)) {
         pipeline(req.raw as unknown as Readable, up).catch(() => tunnel.destroy());
       } else up.end();
-      await done;
+      deps.metrics.activeStreams.inc({ route: 'port' });
+      try {
+        await done;
+      } finally {
+        deps.metrics.activeStreams.dec({ route: 'port' });
+      }
+      deps.metrics.requests.inc({ route: 'port', status: String(out.statusCode) });
       return reply;
     },
   });
