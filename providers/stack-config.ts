@@ -53,7 +53,13 @@ export interface StackConfig {
   readonly vmTlsHostnames: { readonly api: string; readonly router: string } | undefined;
   /** cert-manager TLS (`kubernetes` mode), when `space:tlsIssuer` and `space:tlsHostnames` are set. */
   readonly tls:
-    | { readonly issuer: string; readonly apiHostname: string; readonly routerHostname: string }
+    | {
+        readonly issuer: string;
+        readonly apiHostname: string;
+        readonly routerHostname: string;
+        /** `space:tlsHostnames.sandboxes`: the certificate also carries `*.<it>`. */
+        readonly sandboxDomain?: string;
+      }
     | undefined;
   readonly nodeCidrs: readonly string[];
   readonly nodeTolerations: readonly Record<string, string>[];

@@ -193,7 +193,7 @@ export const CONFIG_KEYS = {
   },
   tlsHostnames: {
     type: 'object',
-    doc: '`{ "api": "<dns name>", "router": "<dns name>" }`: the names clients use and the certificate carries. Kubernetes: with `tlsIssuer`, point them at the `space-api` and `space-router` load balancers; Akamai `vm`: the names on `apiTlsCertificate`, pointed at the NodeBalancer; Crusoe: the control VM gets the certificate from an ACME CA (`acmeEmail`), point both at its address (output `controlPublicIp`).',
+    doc: '`{ "api": "<dns name>", "router": "<dns name>", "sandboxes"?: "<dns name>" }`: the names clients use and the certificate carries; `sandboxes` = the domain of servers in sandboxes (`<port>-<id>.<sandboxes>`, a wildcard DNS record to the router; the certificate carries `*.<sandboxes>`: DNS-01 issuers only, not on Crusoe). Kubernetes: with `tlsIssuer`, point them at the `space-api` and `space-router` load balancers; Akamai `vm`: the names on `apiTlsCertificate`, pointed at the NodeBalancer; Crusoe: the control VM gets the certificate from an ACME CA (`acmeEmail`), point both at its address (output `controlPublicIp`).',
   },
   acmeEmail: {
     type: 'string',

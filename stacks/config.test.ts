@@ -57,6 +57,24 @@ describe('configuration validation', () => {
     expect(env.find((e) => e.name === 'SPACE_ROUTER_URL')?.value).toBe('https://router.space.example.com');
   });
 
+  it('servers in sandboxes (tlsHostnames.sandboxes): the Certificate also carries *.<it>; a bad name and Crusoe’s HTTP-01 are refused', async () => {
+    const names = { api: 'api.space.example.com', router: 'router.space.example.com' };
+    const withSandboxes = (sandboxes: unknown, base = 'coreweave-tls') =>
+      withSecrets({ ...VARIANTS[base]!, tlsHostnames: JSON.stringify({ ...names, sandboxes }) });
+    expect(fails(withSandboxes('sbx.space.example.com'))).toEqual([]);
+    expect(fails(withSandboxes('not a name'))).toEqual([
+      expect.stringContaining('space:tlsHostnames.sandboxes: must be a DNS name'),
+    ]);
+    expect(fails(withSandboxes('sbx.space.example.com', 'crusoe'))).toEqual(
+      expect.arrayContaining([expect.stringContaining('space:tlsHostnames.sandboxes: not on crusoe')]),
+    );
+    const recorded = await render(withSandboxes('sbx.space.example.com'));
+    const cert = recorded.find((r) => r.type === 'kubernetes:cert-manager.io/v1:Certificate')!;
+    const body = unwrapSecrets(cert.inputs) as Obj;
+    expect(schemaProblems(body)).toEqual([]);
+    expect((body['spec'] as Obj)['dnsNames']).toEqual([names.api, names.router, '*.sbx.space.example.com']);
+  });
+
   it('a VMM driver on a type without verified KVM fails before anything is created, with every problem', () => {
     const problems = fails({
       ...VARIANTS['akamai'],

@@ -348,7 +348,9 @@ export function loadStackConfig(
     );
   if (cloud === 'coreweave' && !has('kubeconfig'))
     problems.push('space:kubeconfig: required on coreweave (see docs/deployment.md)');
-  const hostnames = json('tlsHostnames') as { api?: unknown; router?: unknown } | undefined;
+  const hostnames = json('tlsHostnames') as
+    | { api?: unknown; router?: unknown; sandboxes?: unknown }
+    | undefined;
   const dns = /^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$/i;
   let tls: StackConfig['tls'];
   let acme: StackConfig['acme'];
@@ -362,7 +364,18 @@ export function loadStackConfig(
       ? { api: hostnames.api, router: hostnames.router }
       : undefined;
   if (hostnames !== undefined && !names)
-    problems.push('space:tlsHostnames: must be { "api": "<dns name>", "router": "<dns name>" }');
+    problems.push(
+      'space:tlsHostnames: must be { "api": "<dns name>", "router": "<dns name>" } (and optionally "sandboxes": "<dns name>")',
+    );
+  // servers in sandboxes at <port>-<id>.<sandboxes>: a wildcard name on the router's certificate
+  const sandboxes = hostnames?.sandboxes;
+  if (sandboxes !== undefined && (typeof sandboxes !== 'string' || !dns.test(sandboxes)))
+    problems.push('space:tlsHostnames.sandboxes: must be a DNS name (the certificate carries *.<it>)');
+  const sandboxDomain = typeof sandboxes === 'string' && dns.test(sandboxes) ? sandboxes : undefined;
+  if (sandboxDomain && cloud === 'crusoe')
+    problems.push(
+      'space:tlsHostnames.sandboxes: not on crusoe (its certbot proves names over HTTP-01, which cannot certify a wildcard; see docs/deployment.md)',
+    );
   if (cloud === 'crusoe') {
     // no load balancer here: the control VM gets its certificate from an ACME CA itself
     const email = raw('acmeEmail');
@@ -387,7 +400,13 @@ export function loadStackConfig(
     else vmTlsHostnames = names;
   } else if (has('tlsIssuer') !== has('tlsHostnames'))
     problems.push('space:tlsIssuer and space:tlsHostnames: set both (cert-manager TLS) or neither');
-  else if (names) tls = { issuer: raw('tlsIssuer')!, apiHostname: names.api, routerHostname: names.router };
+  else if (names)
+    tls = {
+      issuer: raw('tlsIssuer')!,
+      apiHostname: names.api,
+      routerHostname: names.router,
+      ...(sandboxDomain ? { sandboxDomain } : {}),
+    };
   const routerUrl = raw('routerUrl');
   if (routerUrl !== undefined && !/^https?:\/\/[^/\s]+\/?$/.test(routerUrl))
     problems.push('space:routerUrl: must be http(s)://host[:port]');

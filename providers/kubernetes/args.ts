@@ -89,6 +89,12 @@ export interface TlsArgs {
   readonly apiHostname: string;
   /** DNS name of the router (points at the `space-router` load balancer). */
   readonly routerHostname: string;
+  /**
+   * Domain of the servers in sandboxes (`<port>-<id>.<it>`, pointed at the router's load balancer
+   * by a wildcard record): the certificate also carries `*.<it>`, which an ACME issuer can only
+   * prove over DNS-01. Absent: no wildcard.
+   */
+  readonly sandboxDomain?: string;
 }
 
 /**

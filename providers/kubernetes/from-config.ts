@@ -71,6 +71,7 @@ export function runtimeArgsFromConfig(
             issuer: { name: cfg.tls.issuer, kind: 'ClusterIssuer' as const },
             apiHostname: cfg.tls.apiHostname,
             routerHostname: cfg.tls.routerHostname,
+            ...(cfg.tls.sandboxDomain ? { sandboxDomain: cfg.tls.sandboxDomain } : {}),
           },
         }
       : {}),

@@ -126,7 +126,8 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
   addGatewayConfig(list, ctx);
   addRedis(list, ctx);
 
-  // ---- TLS: one cert-manager Certificate for both hostnames; its Secret is mounted by both services
+  // ---- TLS: one cert-manager Certificate for both hostnames (and the sandboxes' wildcard); its
+  // Secret is mounted by both services
   if (a.tls) {
     // cert-manager.io/v1 Certificate (cert-manager.io/docs/usage/certificate/): cert-manager keeps
     // the Secret renewed; the services read it at start, so a rollout picks up a renewal
@@ -136,7 +137,12 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
       metadata: { name: TLS_SECRET, namespace: ns, labels: labels('tls') },
       spec: {
         secretName: TLS_SECRET,
-        dnsNames: [a.tls.apiHostname, a.tls.routerHostname],
+        // `*.<sandboxDomain>`: the servers in sandboxes, served by the router (DNS-01 issuers only)
+        dnsNames: [
+          a.tls.apiHostname,
+          a.tls.routerHostname,
+          ...(a.tls.sandboxDomain ? [`*.${a.tls.sandboxDomain}`] : []),
+        ],
         issuerRef: {
           name: a.tls.issuer.name,
           kind: a.tls.issuer.kind ?? 'ClusterIssuer',

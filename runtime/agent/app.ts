@@ -20,6 +20,7 @@ import type { WarmPool } from './instances/warm-pool.ts';
 import type { AgentReconciler } from './reconcile.ts';
 import { dataPlaneRoutes } from './routes/data-plane.ts';
 import { internalRoutes } from './routes/internal.ts';
+import { installPortTunnels } from './routes/ports.ts';
 import type { ActivityMeter } from './sandboxes/activity.ts';
 import type { SandboxManager } from './sandboxes/manager.ts';
 
@@ -153,5 +154,8 @@ export async function buildAgentApp(deps: AgentDeps): Promise<FastifyInstance> {
   app.get('/metrics', async (_req, reply) => reply.type(registry.contentType).send(await registry.metrics()));
   await app.register(internalRoutes(deps));
   await app.register(dataPlaneRoutes(deps));
+  // the router's tunnels to servers in sandboxes (upgrades, outside the routes above)
+  const tunnels = installPortTunnels(app.server, deps);
+  app.addHook('preClose', async () => tunnels.closeAll());
   return app;
 }

@@ -57,6 +57,10 @@ export interface NewSandbox {
   grants: SandboxGrant[];
   /** Idle seconds before auto-pause (0 or absent: never). */
   autoPauseSec?: number;
+  /** Session token with scope `ports` the routers open port tunnels with (core/ports.ts). */
+  portToken?: string;
+  /** Set: servers in the sandbox are private, reached only with this traffic access token. */
+  trafficToken?: string;
   /** Id of the API key that asked for it. */
   apiKey?: string;
   /** Team that owns it. */
@@ -113,6 +117,7 @@ export function sandboxFromHash(h: Record<string, string>): SandboxRecord | null
     expiresAt: iso(h.expiresAtMs) ?? '',
     expiresAtMs: Number(h.expiresAtMs),
     egress: JSON.parse(h.egress ?? '{"mode":"allow-list","allow":[],"deny":[],"cidrs":[]}') as EgressPolicy,
+    ports: { public: !h.trafficToken, trafficToken: h.trafficToken || null },
     grants: JSON.parse(h.grants ?? '[]') as SandboxGrant[],
     endedAt: iso(h.endedAt),
     killReason,
@@ -222,6 +227,8 @@ export class SandboxStore {
       updatedAt: String(now),
       expiresAtMs: String(now + s.timeoutSec * 1000),
       team: s.team,
+      ...(s.portToken ? { portToken: s.portToken } : {}),
+      ...(s.trafficToken ? { trafficToken: s.trafficToken } : {}),
     };
     const cpuMilli = Math.round(s.vcpus * 1000);
     const ask = placement

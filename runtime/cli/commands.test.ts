@@ -95,6 +95,7 @@ describe('sandbox', () => {
           killReason: null,
           endMessage: null,
           egress: { mode: 'allow-list', allow: [], deny: [], cidrs: [] },
+          ports: { public: true, trafficToken: null },
           credentials: [],
         },
       ],

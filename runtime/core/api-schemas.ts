@@ -120,6 +120,17 @@ export const CreateSandboxBody = Type.Object(
     metadata: Type.Optional(Metadata),
     env: Type.Optional(EnvVars),
     egress: Type.Optional(EgressPolicySchema),
+    ports: Type.Optional(
+      Type.Object(
+        {
+          public: Type.Boolean({
+            description:
+              'Servers in the sandbox are reachable through the router by anyone who has the URL (`<port>-<id>.<domain>`); false: only with the header `e2b-traffic-access-token: <ports.trafficToken>`. Default true.',
+          }),
+        },
+        { additionalProperties: false },
+      ),
+    ),
     credentials: Type.Optional(
       Type.Array(Type.String({ pattern: CREDENTIAL_NAME }), {
         maxItems: 32,
@@ -184,6 +195,11 @@ export const SandboxSchema = Type.Object(
       deny: Type.Array(Type.String()),
       cidrs: Type.Array(Type.Object({ cidr: Type.String(), ports: Type.Array(Type.Integer()) })),
     }),
+    /**
+     * Servers in the sandbox, through the router (`<port>-<id>.<domain>`): public, or only with the
+     * header `e2b-traffic-access-token: <trafficToken>` (null when public).
+     */
+    ports: Type.Object({ public: Type.Boolean(), trafficToken: nullable(Type.String()) }),
     /** Credentials granted: the env var in the sandbox holds a placeholder, never the value. */
     credentials: Type.Array(Type.Object({ name: Type.String(), envVar: Type.String() })),
   },

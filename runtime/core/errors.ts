@@ -179,6 +179,11 @@ export const ERROR_CODES = {
     retryable: true,
     doc: 'The guest daemon inside the sandbox did not answer.',
   },
+  PORT_CLOSED: {
+    status: 502,
+    retryable: true,
+    doc: 'Nothing in the sandbox listens on the port a request through the router (`<port>-<id>.<domain>`) asked for.',
+  },
   RATE_LIMITED: {
     status: 429,
     retryable: true,

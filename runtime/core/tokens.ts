@@ -34,9 +34,12 @@ export const AGENT_AUDIENCE = 'space-agent';
 /** Lifetime of a dispatch token, seconds. */
 export const DISPATCH_TOKEN_TTL_SEC = 60;
 
-/** Scopes a session token can carry. */
-export type SessionScope = 'commands' | 'files';
-export const SESSION_SCOPES: readonly SessionScope[] = ['commands', 'files'];
+/**
+ * Scopes a session token can carry. `ports`: the router's tunnels to servers listening in the
+ * sandbox (its port token, kept in the sandbox's record; never handed to clients).
+ */
+export type SessionScope = 'commands' | 'files' | 'ports';
+export const SESSION_SCOPES: readonly SessionScope[] = ['commands', 'files', 'ports'];
 
 /** Claims of a verified session token. */
 export interface SessionClaims {

@@ -2,8 +2,9 @@
  * The router as a Fastify app (never listens itself): the data-plane routes of
  * `core/data-plane.ts`, each checked by a session-token hook (signature, expiry, sandbox id and the
  * route's scope, offline with the public key) and forwarded to the sandbox's agent; plus
- * `/healthz`, `/readyz` and `/metrics`. Plain HTTP/1.1 without TLS material; with it, TLS whose
- * ALPN offers h2 and http/1.1 (one port, both protocols).
+ * `/healthz`, `/readyz` and `/metrics`; E2B's envd (envd/) and the servers listening in sandboxes
+ * (ports.ts). Plain HTTP/1.1 without TLS material; with it, TLS whose ALPN offers h2 and http/1.1
+ * (one port, both protocols).
  */
 import fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyServerOptions } from 'fastify';
 import type { Redis } from 'ioredis';
@@ -27,6 +28,7 @@ import type { RouterConfig } from './config.ts';
 import { installEnvd } from './envd/service.ts';
 import { SandboxLocator } from './locate.ts';
 import { createRouterMetrics, type RouterMetrics } from './metrics.ts';
+import { installPorts, portRewrite } from './ports.ts';
 import { createUpstreamDispatcher, forward, type ProxyDeps } from './proxy.ts';
 
 declare module 'fastify' {
@@ -104,6 +106,8 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     forceCloseConnections: true,
     // a request the HTTP parser refuses (431 headers too large, …) gets the error envelope too
     clientErrorHandler,
+    // `<port>-<id>.<domain>` and E2B's port header go to the port route, whatever their path
+    rewriteUrl: portRewrite,
     ...requestLogOptions(),
   } satisfies FastifyServerOptions;
   const app = (deps.tls
@@ -193,6 +197,8 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   }
   // the E2B SDK's envd protocol (Connect services, /files, /health), translated onto the agents
   installEnvd(app, deps);
+  // servers listening in sandboxes (`<port>-<id>.<domain>`), WebSockets included
+  installPorts(app, deps);
   // refusals (token, lookup, node) are answered by the error handler: count them here
   app.addHook('onResponse', async (req, reply) => {
     const route = req.routeOptions.config.dataPlane;

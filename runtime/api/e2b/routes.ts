@@ -227,6 +227,8 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
         metadata: b.metadata ?? {},
         env: b.envVars ?? {},
         egress,
+        // private servers: reached only with the traffic access token (§4)
+        ...(b.network?.allowPublicTraffic === false ? { ports: { public: false } } : {}),
       };
       checkBody(CreateSandboxBody, body);
       let out: Awaited<ReturnType<typeof createSandbox>>;

@@ -90,6 +90,8 @@ export function toE2bSandbox(rec: SandboxRecord, envdAccessToken: string) {
     clientID: CLIENT_ID,
     envdVersion: ENVD_VERSION,
     envdAccessToken,
+    // set for a private sandbox: the header `e2b-traffic-access-token` its servers want (more §4)
+    trafficAccessToken: rec.ports.trafficToken,
     // null: the SDK keeps its configured domain / sandbox URL for envd (§3)
     domain: null,
   };
@@ -162,8 +164,9 @@ const isAddress = (entry: string) => isIP(entry.split('/')[0] ?? '') !== 0;
  * default (`allow-all`); `allow_internet_access: false` or `denyOut` holding `0.0.0.0/0` make
  * the base `deny-all`, and then `allowOut` names are the allow list (`allow-list`); `denyOut`
  * names are denied either way. SPACE egress is by name, through its gateway (HTTP/HTTPS): IP and
- * CIDR entries other than `0.0.0.0/0`, `rules`, `egressProxy`, `maskRequestHost`, `httpsPorts`
- * and `allowPublicTraffic: false` are refused rather than half-applied.
+ * CIDR entries other than `0.0.0.0/0`, `rules`, `egressProxy`, `maskRequestHost` and `httpsPorts`
+ * are refused rather than half-applied (`allowPublicTraffic` is not egress: the create route
+ * reads it).
  * @throws SpaceError BAD_REQUEST naming every unsupported part.
  */
 export function egressOf(
@@ -182,7 +185,6 @@ export function egressOf(
     net.egressProxy !== undefined ? 'network.egressProxy' : null,
     net.maskRequestHost !== undefined ? 'network.maskRequestHost' : null,
     net.httpsPorts?.length ? 'network.httpsPorts' : null,
-    net.allowPublicTraffic === false ? 'network.allowPublicTraffic: false' : null,
   ].filter((p): p is string => p !== null);
   if (problems.length) {
     throw new SpaceError('BAD_REQUEST', `not supported by this SPACE server: ${problems.join(', ')}`);

@@ -44,6 +44,26 @@ describe('sandbox routes (buildApp + inject)', () => {
     expect(list.json().sandboxes.map((s: { id: string }) => s.id)).toContain(out.sandbox.id);
   });
 
+  it('ports: public by default; `ports.public: false` gets a traffic token; the router’s port token stays in the record', async () => {
+    const pub = (await call('POST', '/v1/sandboxes', { template: 'base' })).json().sandbox;
+    expect(pub.ports).toEqual({ public: true, trafficToken: null });
+    const priv = (await call('POST', '/v1/sandboxes', { template: 'base', ports: { public: false } })).json()
+      .sandbox;
+    expect(priv.ports.public).toBe(false);
+    expect(priv.ports.trafficToken).toMatch(/^[0-9a-f]{48}$/);
+    expect((await call('GET', `/v1/sandboxes/${priv.id}`)).json().ports).toEqual(priv.ports);
+    const [portToken, trafficToken] = await api.redis.hmget(
+      keys.sandbox(priv.id),
+      'portToken',
+      'trafficToken',
+    );
+    expect(trafficToken).toBe(priv.ports.trafficToken);
+    expect(portToken).toMatch(/^ey/);
+    expect(JSON.stringify(priv)).not.toContain(portToken);
+    const bad = await call('POST', '/v1/sandboxes', { template: 'base', ports: { public: 'no' } });
+    expect(bad.statusCode).toBe(400);
+  });
+
   it('usage: a sandbox nothing was metered for yet is not found; the team report answers', async () => {
     const id = (await call('POST', '/v1/sandboxes', { template: 'base' })).json().sandbox.id;
     const one = await call('GET', `/v1/sandboxes/${id}/usage`);

@@ -7,14 +7,16 @@
  * the first request's sandbox (claim-or-return: no polling). The worker then boots it on its node
  * (lifecycle.ts). Called by `POST /v1/sandboxes` and by the E2B layer's create.
  */
-import { createHash } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { CreateSandboxBody } from '../../core/api-schemas.ts';
 import { normalisePolicy } from '../../core/egress.ts';
 import { SpaceError } from '../../core/errors.ts';
 import { newId, newSandboxId } from '../../core/ids.ts';
 import { F } from '../../core/log-fields.ts';
+import { PORT_TOKEN_TTL_SEC } from '../../core/ports.ts';
 import { IDEMPOTENCY_TTL_SEC, keys } from '../../core/redis-keys.ts';
+import { mintSessionToken } from '../../core/tokens.ts';
 import { inSpan } from '../../core/tracing.ts';
 import type { Operation, Sandbox } from '../../core/types.ts';
 import type { Principal } from '../api-keys.ts';
@@ -98,6 +100,17 @@ export async function createSandbox(
   const egress = allowCredentialHosts(normalisePolicy(body.egress), grants);
   const id = newSandboxId();
   r.onTarget?.(id);
+  const sessionId = newId('ses');
+  // the routers' credential for this sandbox's port tunnels (never handed out), and the traffic
+  // token a private sandbox's servers are reached with (core/ports.ts)
+  const { token: portToken } = await mintSessionToken(deps.signingKey, {
+    sandboxId: id,
+    sessionId,
+    team: who.team,
+    scopes: ['ports'],
+    ttlSec: PORT_TOKEN_TTL_SEC,
+  });
+  const trafficToken = body.ports?.public === false ? randomBytes(24).toString('hex') : undefined;
   const idempotency = r.idempotencyKey
     ? {
         key: keys.idempotency(who.team, r.idempotencyKey),
@@ -127,9 +140,11 @@ export async function createSandbox(
             ...(body.env ?? {}),
             ...Object.fromEntries(grants.map((g) => [g.envVar, g.placeholder])),
           },
-          sessionId: newId('ses'),
+          sessionId,
           egress,
           grants,
+          portToken,
+          ...(trafficToken ? { trafficToken } : {}),
         },
         quotas,
         Date.now(),

@@ -147,8 +147,9 @@ export function installEnvd(app: FastifyInstance, deps: RouterDeps): void {
       sandboxId && SANDBOX_ID.test(sandboxId)
         ? await deps.redis.hget(keys.sandbox(sandboxId), 'state')
         : null;
-    // 502 = the sandbox is gone: the SDK's isRunning() answers false (§2.7)
-    if (!state || state === 'killing' || state === 'killed') {
+    // 502 = not running (gone, or paused: E2B's edge answers a paused sandbox's probe so, and a
+    // probe never resumes one): the SDK's isRunning() answers false (§2.7; docs/e2b.md)
+    if (state !== 'running' && state !== 'creating') {
       return reply.status(502).send({ message: 'The sandbox was not found', sandboxId, code: 502 });
     }
     return reply.status(204).send();
