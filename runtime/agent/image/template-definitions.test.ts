@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import {
   adoptBakedTemplates,
+  DEFAULT_TEMPLATES_DIR,
   loadTemplateDefinition,
   resolveTemplate,
   templateBuildDir,
@@ -133,5 +134,13 @@ describe('template definitions: start, ready, copy, from', () => {
     await writeFile(join(built, 'complete'), '{}');
     expect(await resolveTemplate('served', cache, defs)).toBe(await resolveTemplate('base', cache, defs));
     expect(await adoptBakedTemplates(join(defs, 'assets'), cache, defs)).toEqual([]);
+  });
+
+  it("the repo's templates load, and code-interpreter-v1 serves port 49999 from its copied server", async () => {
+    const { definition } = await loadTemplateDefinition('code-interpreter-v1', DEFAULT_TEMPLATES_DIR);
+    expect(templateStart(definition)?.readyCmd).toContain('/dev/tcp/127.0.0.1/49999');
+    expect('copy' in definition && definition.copy).toEqual({
+      '/opt/space-code-interpreter/server.py': 'code-interpreter/server.py',
+    });
   });
 });
