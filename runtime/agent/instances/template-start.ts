@@ -80,7 +80,7 @@ export async function startTemplate(
     cmd: `(${start.cmd}\n) </dev/null >>${START_LOG} 2>&1 &`,
     shell: true,
     user: start.user,
-    timeoutMs: READY_RUN_MAX_MS,
+    // no timeoutMs: a timeout reaches every process the command started, the server too
   });
   if (launched.exit.exitCode !== 0) {
     throw failed(
