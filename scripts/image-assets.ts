@@ -5,8 +5,8 @@
  *
  * - `assets.tar` → `/usr/lib/space` (runtime/agent/image/assets.ts): the guest kernel of the VM
  *   drivers (`guest-kernel/`, Debian's cloud kernel fetched with apt and unpacked by
- *   runtime/agent/image/guest-kernel.ts) and every template in `templates/` built as the agent
- *   builds it (debootstrap; `templates/<name>/<digest>/`). Cached in `<cache>/assets`, the tarball
+ *   runtime/agent/image/guest-kernel.ts) and the templates `--templates` names (default `base`)
+ *   built as the agent builds them (debootstrap; `templates/<name>/<digest>/`). Cached in `<cache>/assets`, the tarball
  *   in `<cache>/assets-<key>.tar` (deterministic, so buildah's layer cache holds across builds).
  * - `vmm/` → `/usr/local/bin`: Firecracker + jailer and Cloud Hypervisor, downloaded from their
  *   release pages at the versions pinned in scripts/vmm-releases.json, each checked against its
@@ -18,6 +18,7 @@
  *   image can run, e.g. `gvisor,qemu`), `dev.space.offline`, `dev.space.guest-kernel`.
  *
  * Usage: node scripts/image-assets.ts --cache <dir> --out <context-dir> [--offline] [--require <drivers>]
+ *          [--templates base,code-interpreter-v1]
  *        node scripts/image-assets.ts --kernel <dir>   (only the guest kernel, e.g. on a bare host)
  * `--require firecracker,cloud-hypervisor` fails unless the image gets those drivers (the stacks'
  * `space:imageVmms` when `space:imageBuild` builds it).
@@ -201,8 +202,15 @@ async function vmmStep(cache: string, out: string, offline: boolean): Promise<Se
   return have;
 }
 
-/** The guest kernel (reused while apt names the same package) and the templates, as one tarball. */
-async function assetsStep(cache: string, out: string): Promise<string> {
+/**
+ * Templates the image bakes unless `--templates` (or `SPACE_IMAGE_TEMPLATES`) names others: `base`.
+ * `code-interpreter-v1` is left out (1.7 GB and ~3 min of debootstrap + apt): a node builds it
+ * when it is a warm template (SPACE_BUILD_TEMPLATES=warm) or with `space template build`.
+ */
+export const DEFAULT_IMAGE_TEMPLATES = ['base'];
+
+/** The guest kernel (reused while apt names the same package) and `templates`, as one tarball. */
+async function assetsStep(cache: string, out: string, templates: readonly string[]): Promise<string> {
   const root = join(cache, 'assets');
   const kdir = guestKernelDir(root);
   const { name, version } = await resolveKernelPackage();
@@ -212,7 +220,10 @@ async function assetsStep(cache: string, out: string): Promise<string> {
       ? have
       : await prepareGuestKernel(kdir, { progress: (m) => console.error(`image: kernel: ${m}`) });
   const members = ['guest-kernel'];
-  for (const t of await listTemplateDefinitions()) {
+  const defined = await listTemplateDefinitions();
+  const unknown = templates.filter((t) => !defined.includes(t));
+  if (unknown.length) throw new Error(`no template definition for ${unknown.join(', ')} (--templates)`);
+  for (const t of templates) {
     const built = await buildTemplate(t, {
       cacheDir: root,
       onProgress: (m) => console.error(`image: ${m}`),
@@ -249,6 +260,10 @@ if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
       offline: { type: 'boolean', default: process.env['SPACE_IMAGE_OFFLINE'] === '1' },
       require: { type: 'string', default: '' },
       kernel: { type: 'string' },
+      templates: {
+        type: 'string',
+        default: process.env['SPACE_IMAGE_TEMPLATES'] || DEFAULT_IMAGE_TEMPLATES.join(','),
+      },
     },
   });
   try {
@@ -259,7 +274,11 @@ if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
     }
     if (!values.cache || !values.out)
       throw new Error('usage: image-assets.ts --cache <dir> --out <dir> [--offline]');
-    const kernelPackage = await assetsStep(values.cache, values.out);
+    const kernelPackage = await assetsStep(
+      values.cache,
+      values.out,
+      values.templates.split(',').filter(Boolean),
+    );
     const vmms = imageVmms(await vmmStep(values.cache, values.out, values.offline));
     const required = values.require.split(',').filter(Boolean);
     const lacking = required.filter((d) => !(vmms as string[]).includes(d));

@@ -37,6 +37,10 @@ export const agentSettings = {
     'What the runtime image bakes in: the VM drivers’ guest kernel (`guest-kernel/`) and the default templates (`templates/`), used instead of apt and debootstrap at run time.',
     DEFAULT_IMAGE_ASSETS_DIR,
   ),
+  templatesDir: setting.optionalString(
+    'SPACE_TEMPLATES_DIR',
+    "Folder of template definitions, `<name>.json` (default: the `templates/` folder beside the runtime). A platform team's own templates go here with copies of the ones it keeps.",
+  ),
   driver: setting.oneOf(
     'SPACE_DRIVER',
     'VM driver of this node (`auto`: a VMM driver when KVM is usable and its binary is present, else gvisor).',

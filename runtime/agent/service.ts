@@ -35,6 +35,7 @@ import { defaultGuestLayerInputs, directoryImage } from './image/images.ts';
 import {
   adoptBakedTemplates,
   buildTemplate,
+  DEFAULT_TEMPLATES_DIR,
   ensureTemplates,
   listTemplateDefinitions,
   resolveTemplate,
@@ -109,6 +110,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     (err: unknown) => log.warn({ err }, 'IPv4 forwarding could not be checked'),
   );
   const guestInputs = defaultGuestLayerInputs();
+  const templatesDir = config.templatesDir || DEFAULT_TEMPLATES_DIR;
   const images = new Map<string, Promise<TemplateImage>>();
   /** The image of a template for this driver, made once per agent process. */
   const templateImage = (t: string): Promise<TemplateImage> => {
@@ -120,10 +122,11 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
         driver.capabilities.rootfs === 'ext4'
           ? vmImage(t, config.cacheDir, guestInputs, {
               trustedCaFile: ca,
+              templatesDir,
               kernelDir,
               progress: (m) => log.info({ 'template.id': t }, m),
             })
-          : directoryImage(t, config.cacheDir, guestInputs, ca);
+          : directoryImage(t, config.cacheDir, guestInputs, ca, templatesDir);
       p.catch(() => images.delete(t));
       images.set(t, p);
     }
@@ -144,14 +147,15 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
   // the image's baked templates are this node's builds (no debootstrap, no Debian egress); a
   // deployed node has no shell to run `space template build` on: it builds its warm templates that
   // the image lacks itself at the first start (SPACE_BUILD_TEMPLATES=warm), before it registers
-  const baked = await adoptBakedTemplates(config.imageAssetsDir, config.cacheDir);
+  const baked = await adoptBakedTemplates(config.imageAssetsDir, config.cacheDir, templatesDir);
   if (baked.length) log.info({ templates: baked }, 'templates baked into the image are used');
-  const ready = await ensureTemplates(await listTemplateDefinitions(), {
-    resolve: (t) => resolveTemplate(t, config.cacheDir),
+  const ready = await ensureTemplates(await listTemplateDefinitions(templatesDir), {
+    resolve: (t) => resolveTemplate(t, config.cacheDir, templatesDir),
     build: (t) => {
       log.info({ 'template.id': t }, 'template build started');
       return buildTemplate(t, {
         cacheDir: config.cacheDir,
+        templatesDir,
         onProgress: (m) => log.info({ 'template.id': t }, m),
       });
     },

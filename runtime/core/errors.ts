@@ -112,6 +112,11 @@ export const ERROR_CODES = {
     retryable: true,
     doc: 'The template exists but is not built on any node.',
   },
+  TEMPLATE_START_FAILED: {
+    status: 500,
+    retryable: false,
+    doc: "The template's start command did not pass its ready check in time (the message has its log's tail).",
+  },
   IDEMPOTENCY_CONFLICT: {
     status: 422,
     retryable: false,

@@ -24,6 +24,7 @@
  */
 import type { DriverName } from '../../core/drivers.ts';
 import { GUEST_PORT } from '../../core/guest-protocol.ts';
+import type { TemplateStart } from '../image/templates.ts';
 
 export type { DriverName };
 
@@ -121,6 +122,11 @@ export interface TemplateImage {
   rootfsImage?: string;
   /** Guest kernel for direct boot (VM drivers): `vmlinuz` (bzImage) and `vmlinux` (uncompressed ELF). */
   kernel?: { bzImage: string; vmlinux?: string; initrd: string; version: string };
+  /**
+   * The template's start command and ready check (image/templates.ts `templateStart`): the instance
+   * factory runs it on every instance it boots, and an instance is used only once it is ready.
+   */
+  start?: TemplateStart;
 }
 
 /** Instance ids a directory-per-instance driver accepts (they name directories and containers). */

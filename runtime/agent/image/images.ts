@@ -27,7 +27,7 @@ import { fileURLToPath } from 'node:url';
 import { build as esbuild, version as esbuildVersion } from 'esbuild';
 import { SpaceError } from '../../core/errors.ts';
 import type { TemplateImage } from '../drivers/driver.ts';
-import { loadTemplateDefinition, resolveTemplate } from './templates.ts';
+import { loadTemplateDefinition, resolveTemplate, templateStart } from './templates.ts';
 
 /** Bump when the guest layer's layout changes. */
 export const GUEST_LAYER_VERSION = 'space-guest-layer/2';
@@ -264,9 +264,11 @@ export async function directoryImage(
   cacheDir: string,
   inputs: GuestLayerInputs,
   trustedCaFile?: string,
+  templatesDir?: string,
 ): Promise<TemplateImage> {
-  const rootfs = await resolveTemplate(template, cacheDir);
-  const { digest: tDigest } = await loadTemplateDefinition(template);
+  const rootfs = await resolveTemplate(template, cacheDir, templatesDir);
+  const { definition, digest: tDigest } = await loadTemplateDefinition(template, templatesDir);
+  const start = templateStart(definition);
   const layer = await buildGuestLayer(cacheDir, inputs);
   const gDigest = dirname(layer).split('/').pop()!;
   const trust = trustedCaFile ? await buildTrustLayer(cacheDir, rootfs, trustedCaFile) : null;
@@ -274,5 +276,6 @@ export async function directoryImage(
     template,
     digest: imageDigest(tDigest, gDigest, trust?.digest ?? ''),
     lowerDirs: trust ? [layer, trust.dir, rootfs] : [layer, rootfs],
+    ...(start ? { start } : {}),
   };
 }

@@ -18,6 +18,7 @@ import {
   appendFile,
   chmod,
   chown,
+  copyFile,
   cp,
   lstat,
   mkdir,
@@ -50,8 +51,37 @@ export interface TemplateUser {
   shell?: string;
 }
 
+/**
+ * A template's start command and ready check (E2B's `setStartCmd(startCmd, readyCmd)`): a process
+ * started with every instance booted from the template, which must be ready before the instance
+ * is used (a warm slot, a template snapshot, a cold create). See {@link templateStart}.
+ */
+export interface TemplateStartFields {
+  /** Shell script (`/bin/sh -c`) started in the background; its output goes to {@link START_LOG}. */
+  startCmd?: string;
+  /** Who runs the start and ready commands: `user` (default) or `root`. */
+  startUser?: 'user' | 'root';
+  /** Shell script run until it exits 0 (every {@link READY_POLL_MS}); needs `startCmd`. */
+  readyCmd?: string;
+  /** Instead of `readyCmd`: ready once something accepts TCP connections on 127.0.0.1:<port>. */
+  readyPort?: number;
+  /** How long the start may take to be ready, seconds (default 60, at most 600). */
+  readyTimeoutSec?: number;
+}
+
+/**
+ * A template made of another's built root filesystem as is, plus its own start command: no build
+ * of its own (`from` must name a template with a Debian definition).
+ */
+export interface DerivedTemplateDefinition extends TemplateStartFields {
+  name: string;
+  description?: string;
+  /** The template whose root filesystem this one uses. */
+  from: string;
+}
+
 /** Shape of `templates/<name>.json`. */
-export interface TemplateDefinition {
+export interface TemplateDefinition extends TemplateStartFields {
   name: string;
   description?: string;
   /** Debian suite, e.g. `bookworm`. */
@@ -82,6 +112,50 @@ export interface TemplateDefinition {
    * mode 0644; parents made), e.g. `/etc/pip.conf`. They override the builder's own files.
    */
   files?: Record<string, string>;
+  /**
+   * Files copied into the tree after `files` (absolute path → path relative to the definitions'
+   * folder, e.g. `code-interpreter/server.py`; root-owned, mode 0644). Their bytes are part of the
+   * digest, so changing one rebuilds the template.
+   */
+  copy?: Record<string, string>;
+}
+
+/** Either kind of definition file. */
+export type AnyTemplateDefinition = TemplateDefinition | DerivedTemplateDefinition;
+
+/** Where the start command's stdout and stderr go inside the sandbox (appended). */
+export const START_LOG = '/tmp/space-start.log';
+/** Pause between two runs of a template's ready check, ms. */
+export const READY_POLL_MS = 200;
+/** Default and longest wait for a template's start to be ready, seconds. */
+export const READY_TIMEOUT_SEC = { default: 60, max: 600 } as const;
+
+/** A template's start, as the instance factory runs it (built from the definition by {@link templateStart}). */
+export interface TemplateStart {
+  /** Shell script started in the background. */
+  cmd: string;
+  user: 'user' | 'root';
+  /** Shell script that exits 0 once the start is ready. */
+  readyCmd: string;
+  /** Longest wait for ready, ms. */
+  readyTimeoutMs: number;
+}
+
+/**
+ * The start of a definition, or undefined when it declares none. A `readyPort` becomes a ready
+ * command that opens a TCP connection with bash's `/dev/tcp` (bash is in every Debian tree); no
+ * ready check at all means ready once the start command was started. Pure.
+ */
+export function templateStart(d: TemplateStartFields): TemplateStart | undefined {
+  if (d.startCmd === undefined) return undefined;
+  const readyCmd =
+    d.readyCmd ?? (d.readyPort !== undefined ? `bash -c ': </dev/tcp/127.0.0.1/${d.readyPort}'` : 'true');
+  return {
+    cmd: d.startCmd,
+    user: d.startUser ?? 'user',
+    readyCmd,
+    readyTimeoutMs: (d.readyTimeoutSec ?? READY_TIMEOUT_SEC.default) * 1000,
+  };
 }
 
 /** A template ready to use. */
@@ -121,13 +195,14 @@ export async function listTemplateDefinitions(templatesDir = DEFAULT_TEMPLATES_D
 
 /**
  * Reads and validates one definition.
- * @returns the parsed definition and its digest (hex SHA-256 of builder version + canonical JSON).
+ * @returns the parsed definition and its digest (hex SHA-256 of builder version + canonical JSON
+ *   + the bytes of its `copy` files; a derived template's also covers its `from` template's digest).
  * @throws SpaceError TEMPLATE_NOT_FOUND for an unknown/invalid name, BAD_REQUEST for a malformed file.
  */
 export async function loadTemplateDefinition(
   name: string,
   templatesDir = DEFAULT_TEMPLATES_DIR,
-): Promise<{ definition: TemplateDefinition; digest: string }> {
+): Promise<{ definition: AnyTemplateDefinition; digest: string }> {
   if (!NAME_RE.test(name))
     throw new SpaceError('TEMPLATE_NOT_FOUND', `no template named ${name}`, { template: name });
   let text: string;
@@ -136,23 +211,86 @@ export async function loadTemplateDefinition(
   } catch {
     throw new SpaceError('TEMPLATE_NOT_FOUND', `no template named ${name}`, { template: name });
   }
-  const definition = JSON.parse(text) as TemplateDefinition;
-  validateDefinition(name, definition);
-  return { definition, digest: templateDigest(definition) };
+  const definition = JSON.parse(text) as AnyTemplateDefinition;
+  const bad = (why: string) => new SpaceError('BAD_REQUEST', `template ${name}: ${why}`, { template: name });
+  if (typeof definition !== 'object' || definition === null || definition.name !== name)
+    throw bad('"name" must match the file name');
+  validateStart(definition, bad);
+  if ('from' in definition) {
+    validateDerived(definition, bad);
+    const parent = await loadTemplateDefinition(definition.from, templatesDir);
+    if ('from' in parent.definition) throw bad(`"from" names ${definition.from}, itself derived`);
+    return { definition, digest: templateDigest(definition, [parent.digest]) };
+  }
+  validateDefinition(definition, bad);
+  const copied: string[] = [];
+  for (const [target, source] of Object.entries(definition.copy ?? {})) {
+    const bytes = await readFile(join(templatesDir, source)).catch(() => {
+      throw bad(`"copy" source ${JSON.stringify(source)} is not a file in ${templatesDir}`);
+    });
+    copied.push(`${target}\0${createHash('sha256').update(bytes).digest('hex')}`);
+  }
+  return { definition, digest: templateDigest(definition, copied) };
 }
 
-/** Hex SHA-256 of the builder version and the definition's JSON. Pure. */
-export function templateDigest(definition: TemplateDefinition): string {
-  return createHash('sha256')
+/** Hex SHA-256 of the builder version, the definition's JSON and `extra` (content digests). Pure. */
+export function templateDigest(definition: AnyTemplateDefinition, extra: readonly string[] = []): string {
+  const h = createHash('sha256')
     .update(TEMPLATE_BUILDER_VERSION)
     .update('\n')
-    .update(JSON.stringify(definition))
-    .digest('hex');
+    .update(JSON.stringify(definition));
+  for (const e of extra) h.update('\n').update(e);
+  return h.digest('hex');
 }
 
-function validateDefinition(name: string, d: TemplateDefinition): void {
-  const bad = (why: string) => new SpaceError('BAD_REQUEST', `template ${name}: ${why}`, { template: name });
-  if (d.name !== name) throw bad('"name" must match the file name');
+type Bad = (why: string) => SpaceError;
+
+function validateStart(d: TemplateStartFields, bad: Bad): void {
+  const script = (v: unknown) => typeof v === 'string' && v.trim() !== '' && !v.includes('\0');
+  if (d.startCmd !== undefined && !script(d.startCmd)) throw bad('"startCmd" must be a shell script');
+  if (d.readyCmd !== undefined && !script(d.readyCmd)) throw bad('"readyCmd" must be a shell script');
+  if (
+    d.readyPort !== undefined &&
+    !(Number.isInteger(d.readyPort) && d.readyPort >= 1 && d.readyPort <= 65535)
+  )
+    throw bad('"readyPort" must be a TCP port');
+  if (d.readyCmd !== undefined && d.readyPort !== undefined)
+    throw bad('"readyCmd" and "readyPort" exclude each other');
+  if (d.startUser !== undefined && d.startUser !== 'user' && d.startUser !== 'root')
+    throw bad('"startUser" must be "user" or "root"');
+  if (
+    d.readyTimeoutSec !== undefined &&
+    !(
+      typeof d.readyTimeoutSec === 'number' &&
+      d.readyTimeoutSec > 0 &&
+      d.readyTimeoutSec <= READY_TIMEOUT_SEC.max
+    )
+  )
+    throw bad(`"readyTimeoutSec" must be in (0, ${READY_TIMEOUT_SEC.max}]`);
+  const needsStart = ['readyCmd', 'readyPort', 'startUser', 'readyTimeoutSec'] as const;
+  if (d.startCmd === undefined && needsStart.some((k) => d[k] !== undefined))
+    throw bad('a ready check or start setting needs "startCmd"');
+}
+
+const DERIVED_KEYS: ReadonlySet<string> = new Set([
+  'name',
+  'description',
+  'from',
+  'startCmd',
+  'startUser',
+  'readyCmd',
+  'readyPort',
+  'readyTimeoutSec',
+]);
+
+function validateDerived(d: DerivedTemplateDefinition, bad: Bad): void {
+  if (typeof d.from !== 'string' || !NAME_RE.test(d.from) || d.from === d.name)
+    throw bad('"from" must name another template');
+  const extra = Object.keys(d).filter((k) => !DERIVED_KEYS.has(k));
+  if (extra.length) throw bad(`a template "from" another has no ${extra.map((k) => `"${k}"`).join(', ')}`);
+}
+
+function validateDefinition(d: TemplateDefinition, bad: Bad): void {
   if (typeof d.suite !== 'string' || !/^[a-z]+$/.test(d.suite))
     throw bad('"suite" must be a Debian suite name');
   if (typeof d.mirror !== 'string' || !/^https?:\/\//.test(d.mirror))
@@ -188,6 +326,21 @@ function validateDefinition(name: string, d: TemplateDefinition): void {
         throw bad(`"files" entry ${JSON.stringify(path)} must be an absolute path (no "..") with text`);
     }
   }
+  if (d.copy !== undefined) {
+    if (typeof d.copy !== 'object' || d.copy === null || Array.isArray(d.copy))
+      throw bad('"copy" must map absolute paths to files beside the definition');
+    for (const [path, source] of Object.entries(d.copy)) {
+      const relativeOk =
+        typeof source === 'string' &&
+        source !== '' &&
+        !source.startsWith('/') &&
+        !source.split('/').includes('..');
+      if (!path.startsWith('/') || path.split('/').includes('..') || path.includes('\0') || !relativeOk)
+        throw bad(
+          `"copy" entry ${JSON.stringify(path)} must be an absolute path (no "..") from a relative one`,
+        );
+    }
+  }
   const u = d.user;
   if (!u || !/^[a-z_][a-z0-9_-]*$/.test(u.name) || !Number.isInteger(u.uid) || !Number.isInteger(u.gid)) {
     throw bad('"user" needs name, uid, gid, home');
@@ -200,7 +353,7 @@ export function templateBuildDir(cacheDir: string, name: string, digest: string)
 }
 
 /**
- * The built rootfs of `name` for its current definition.
+ * The built rootfs of `name` for its current definition (a derived template's is its `from`'s).
  * @returns absolute rootfs path.
  * @throws SpaceError TEMPLATE_NOT_FOUND (no definition), TEMPLATE_NOT_READY (not built on this node).
  */
@@ -209,7 +362,8 @@ export async function resolveTemplate(
   cacheDir: string,
   templatesDir = DEFAULT_TEMPLATES_DIR,
 ): Promise<string> {
-  const { digest } = await loadTemplateDefinition(name, templatesDir);
+  const { definition, digest } = await loadTemplateDefinition(name, templatesDir);
+  if ('from' in definition) return resolveTemplate(definition.from, cacheDir, templatesDir);
   const dir = templateBuildDir(cacheDir, name, digest);
   if (!existsSync(join(dir, 'complete'))) {
     throw new SpaceError('TEMPLATE_NOT_READY', `template ${name} is not built on this node`, {
@@ -244,7 +398,9 @@ export async function adoptBakedTemplates(
     }
     let digest: string;
     try {
-      ({ digest } = await loadTemplateDefinition(name, templatesDir));
+      const loaded = await loadTemplateDefinition(name, templatesDir);
+      if ('from' in loaded.definition) continue; // nothing of its own to bake
+      digest = loaded.digest;
     } catch {
       continue;
     }
@@ -313,6 +469,10 @@ const inFlight = new Map<string, Promise<BuiltTemplate>>();
  */
 export async function buildTemplate(name: string, opts: BuildOptions): Promise<BuiltTemplate> {
   const { definition, digest } = await loadTemplateDefinition(name, opts.templatesDir);
+  if ('from' in definition) {
+    const parent = await buildTemplate(definition.from, opts);
+    return { name, rootfs: parent.rootfs, digest, cached: parent.cached };
+  }
   const dir = templateBuildDir(opts.cacheDir, name, digest);
   if (existsSync(join(dir, 'complete'))) return { name, rootfs: join(dir, 'rootfs'), digest, cached: true };
   const key = dir;
@@ -351,7 +511,7 @@ async function buildFresh(
       await aptInstall(rootfs, def.aptPackages, opts);
     }
     say(`template ${def.name}: configuring`);
-    await configureRootfs(def, rootfs);
+    await configureRootfs(def, rootfs, opts.templatesDir ?? DEFAULT_TEMPLATES_DIR);
     await writeFile(
       join(tmp, 'complete'),
       JSON.stringify({
@@ -457,8 +617,12 @@ function runLogged(cmd: string, args: string[], opts: BuildOptions, env?: NodeJS
   });
 }
 
-/** Post-debootstrap configuration of the tree at `rootfs`. */
-export async function configureRootfs(def: TemplateDefinition, rootfs: string): Promise<void> {
+/** Post-debootstrap configuration of the tree at `rootfs` (`copy` sources are read from `templatesDir`). */
+export async function configureRootfs(
+  def: TemplateDefinition,
+  rootfs: string,
+  templatesDir = DEFAULT_TEMPLATES_DIR,
+): Promise<void> {
   await addUser(rootfs, def.user);
   await mkdir(join(rootfs, 'opt/space'), { recursive: true });
   for (const applet of def.busyboxApplets ?? []) {
@@ -478,6 +642,13 @@ export async function configureRootfs(def: TemplateDefinition, rootfs: string): 
     await mkdir(dirname(target), { recursive: true });
     await rm(target, { force: true }); // never write through a symlink the packages left there
     await writeFile(target, text, { mode: 0o644 });
+  }
+  for (const [path, source] of Object.entries(def.copy ?? {})) {
+    const target = join(rootfs, path);
+    await mkdir(dirname(target), { recursive: true });
+    await rm(target, { force: true });
+    await copyFile(join(templatesDir, source), target);
+    await chmod(target, 0o644);
   }
   await cleanApt(rootfs);
 }

@@ -60,6 +60,8 @@ export interface VmImageOptions {
   busybox?: string;
   /** PEM CA added to the image's trust bundle (the gateway's per-deployment CA; see images.ts). */
   trustedCaFile?: string;
+  /** Folder of template definitions (default the repo's `templates/`). */
+  templatesDir?: string;
 }
 
 const defaultProgress: Progress = (m) => process.stderr.write(`vm-image: ${m}\n`);
@@ -258,7 +260,7 @@ export async function vmImage(
   inputs: GuestLayerInputs,
   opts: VmImageOptions = {},
 ): Promise<TemplateImage> {
-  const dirImage = await directoryImage(template, cacheDir, inputs, opts.trustedCaFile);
+  const dirImage = await directoryImage(template, cacheDir, inputs, opts.trustedCaFile, opts.templatesDir);
   const rDigest = imageDigest(dirImage.digest, VM_IMAGE_VERSION);
   const kernel = await findGuestKernel(opts.kernelDir ?? guestKernelDir(DEFAULT_IMAGE_ASSETS_DIR), cacheDir);
   const initrd = await guestInitrd(cacheDir, kernel, opts);
@@ -269,5 +271,6 @@ export async function vmImage(
     lowerDirs: dirImage.lowerDirs,
     rootfsImage: image,
     kernel: { bzImage: kernel.bzImage, vmlinux: kernel.vmlinux, initrd, version: kernel.version },
+    ...(dirImage.start ? { start: dirImage.start } : {}),
   };
 }

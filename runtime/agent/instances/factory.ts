@@ -17,8 +17,10 @@ import {
   type SnapshotRef,
 } from '../drivers/driver.ts';
 import { GuestClient } from '../guest-client.ts';
+import type { TemplateStart } from '../image/templates.ts';
 import type { SandboxManagerOptions } from '../sandboxes/types.ts';
 import { StartGate, type StartKind } from './start-gate.ts';
+import { startTemplate } from './template-start.ts';
 
 /** The shape of an instance: vCPUs and memory (MiB). */
 export interface InstanceShape {
@@ -62,8 +64,11 @@ export class InstanceFactory {
   /**
    * Makes one instance of `template` and `shape` at the start gate as `kind`: restored from the
    * template's snapshot when there is one of this shape (a failed restore costs time, never the
-   * create: it boots instead), booted otherwise.
-   * @throws what the template image, the network or the driver throws (nothing is left).
+   * create: it boots instead), booted otherwise. A booted instance of a template with a start
+   * command is returned once its ready check passed (a snapshot is taken after it: restored ones
+   * are ready already).
+   * @throws what the template image, the network or the driver throws; TEMPLATE_START_FAILED when
+   *   the template's start is not ready in time (nothing is left).
    */
   async make(
     template: string,
@@ -101,6 +106,7 @@ export class InstanceFactory {
           diskMiB: this.#o.diskMiB,
         }),
       );
+      if (image.start) await this.#serve(inst, template, image.start);
       return { inst, source: 'boot' as const };
     });
   }
@@ -149,6 +155,30 @@ export class InstanceFactory {
       if (left.length)
         this.#o.log.warn({ err, [F.instanceId]: instanceId, left }, 'undoing a failed start left');
       throw err;
+    }
+  }
+
+  /**
+   * Runs the template's start command on a booted instance and waits for its ready check
+   * (template-start.ts); when that fails the instance is destroyed and its network freed.
+   * @throws SpaceError TEMPLATE_START_FAILED, GUEST_UNAVAILABLE.
+   */
+  async #serve(inst: InstanceInfo, template: string, start: TemplateStart): Promise<void> {
+    const guest = new GuestClient(inst.guest);
+    try {
+      await inSpan('agent.template.start', { 'space.template': template }, () =>
+        startTemplate(guest, template, start),
+      );
+    } catch (err) {
+      await this.destroy(inst).catch((e: unknown) =>
+        this.#o.log.warn(
+          { err: e, [F.instanceId]: inst.instanceId },
+          'destroying an instance whose start failed failed',
+        ),
+      );
+      throw err;
+    } finally {
+      await guest.close();
     }
   }
 

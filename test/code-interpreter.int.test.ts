@@ -1,0 +1,158 @@
+/**
+ * The code-interpreter-v1 template end to end with the published `@e2b/code-interpreter` SDK
+ * (templates/code-interpreter/server.py over Debian's Jupyter kernels, in a real gVisor sandbox):
+ * state across calls, an exception's traceback, a matplotlib chart as PNG, a DataFrame as HTML,
+ * JSON, stdout streamed as printed, per-call env vars, an execution timeout that interrupts the
+ * kernel, two contexts kept apart, a context restart and removal, and pause + resume between two
+ * calls with the kernel's state intact.
+ *
+ * The sandbox is created through SPACE's E2B API by the SDK (template `code-interpreter-v1`, the
+ * SDK's default, claimed from a warm slot). Port 49999 is reached through {@link DIRECT_PORT_HOOK}
+ * until the router exposes sandbox ports (issue 45 item 1); with it, the SDK's own
+ * `Sandbox.create()` with only E2B_* variables replaces the hook (`create` below).
+ *
+ * Needs the template built: `space template build code-interpreter-v1` (~3 min, 1.7 GB); the
+ * suite builds it when it is missing.
+ */
+import { Sandbox, TimeoutError } from '@e2b/code-interpreter';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildTemplate } from '../runtime/agent/image/templates.ts';
+import { leftovers, NO_LEFTOVERS, type Stack, startStack, TEST_CACHE_DIR, waitFor } from './stack.ts';
+
+const TEMPLATE = 'code-interpreter-v1';
+let s: Stack;
+
+/**
+ * DIRECT_PORT_HOOK: the SDK pointed at the sandbox's own address, port 49999 (`sandboxUrl` is
+ * used verbatim by the SDK for its Jupyter calls), found from the agent's record of the sandbox.
+ * The host reaches a sandbox's address as the agent reaches its guest daemon. Replace with
+ * `Sandbox.connect(id)` through the router once it proxies `49999-<id>` (getHost).
+ */
+async function DIRECT_PORT_HOOK(id: string): Promise<Sandbox> {
+  const host = s.agent.sandboxes.get(id).instance.guest.host;
+  return Sandbox.connect(id, { apiUrl: s.apiUrl, apiKey: s.apiKey, sandboxUrl: `http://${host}:49999` });
+}
+
+async function create(): Promise<Sandbox> {
+  // the SDK's create, through SPACE's E2B API; the data plane is not used by this test
+  const made = await Sandbox.create({ apiUrl: s.apiUrl, apiKey: s.apiKey, sandboxUrl: 'http://127.0.0.1:9' });
+  return DIRECT_PORT_HOOK(made.sandboxId);
+}
+
+beforeAll(async () => {
+  await buildTemplate(TEMPLATE, { cacheDir: TEST_CACHE_DIR });
+  s = await startStack({ SPACE_WARM_TEMPLATES: TEMPLATE, SPACE_WARM_POOL_SIZE: '1' });
+  await waitFor(
+    'a warm code interpreter',
+    async () => (s.agent.warm.counts()[TEMPLATE] === 1 ? true : undefined),
+    300_000,
+  );
+}, 900_000);
+afterAll(async () => {
+  if (!s) return;
+  await s.stop();
+  expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
+});
+
+describe('@e2b/code-interpreter against the code-interpreter-v1 template', () => {
+  let sbx: Sandbox;
+  beforeAll(async () => {
+    sbx = await create();
+    expect(
+      (await s.call<{ createdFrom: string }>('GET', `/v1/sandboxes/${sbx.sandboxId}`)).body.createdFrom,
+    ).toBe('warm');
+  }, 120_000);
+
+  it('keeps state across calls; a code error is the execution error with its traceback', async () => {
+    const first = await sbx.runCode('x = 41\nprint("set")');
+    expect(first.logs.stdout).toEqual(['set\n']);
+    expect(first.error).toBeUndefined();
+    const second = await sbx.runCode('x + 1');
+    expect(second.text).toBe('42');
+    expect(second.executionCount).toBe((first.executionCount ?? 0) + 1);
+    const failed = await sbx.runCode('def f():\n    return 1 / 0\nf()');
+    expect(failed.error?.name).toBe('ZeroDivisionError');
+    expect(failed.error?.value).toBe('division by zero');
+    expect(failed.error?.traceback).toContain('return 1 / 0');
+    expect(failed.error?.traceback).not.toContain('\u001b['); // no terminal colours
+    const unknown = await sbx.runCode('undefined_name');
+    expect(unknown.error?.name).toBe('NameError');
+  }, 120_000);
+
+  it('rich results: a matplotlib chart as PNG, a DataFrame as HTML, JSON, stderr', async () => {
+    const chart = await sbx.runCode(
+      'import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [3, 1, 2])\nplt.title("t")\nplt.show()',
+    );
+    const png = chart.results.find((r) => r.png)?.png;
+    expect(png).toBeDefined();
+    expect(Buffer.from(png!, 'base64').subarray(0, 8)).toEqual(
+      Buffer.from([137, 80, 78, 71, 13, 10, 26, 10]),
+    );
+    const table = await sbx.runCode('import pandas as pd\npd.DataFrame({"a": [1, 2], "b": ["x", "y"]})');
+    expect(table.results[0]?.isMainResult).toBe(true);
+    expect(table.results[0]?.html).toContain('<table');
+    expect(table.results[0]?.html).toContain('<td>x</td>');
+    expect(table.text).toContain('a  b');
+    const json = await sbx.runCode('from IPython.display import JSON, display\ndisplay(JSON({"k": [1, 2]}))');
+    expect(json.results[0]?.json).toEqual({ k: [1, 2] });
+    const err = await sbx.runCode('import sys\nprint("warn", file=sys.stderr)');
+    expect(err.logs.stderr).toEqual(['warn\n']);
+  }, 120_000);
+
+  it('streams stdout as it is printed, not at the end', async () => {
+    const arrived: { line: string; at: number }[] = [];
+    const t0 = Date.now();
+    const run = await sbx.runCode(
+      'import time\nfor i in range(5):\n    print(i, flush=True)\n    time.sleep(1)',
+      {
+        onStdout: (m) => {
+          arrived.push({ line: m.line, at: Date.now() - t0 });
+        },
+      },
+    );
+    const done = Date.now() - t0;
+    expect(run.logs.stdout.join('')).toBe('0\n1\n2\n3\n4\n');
+    expect(arrived.map((a) => a.line).join('')).toBe('0\n1\n2\n3\n4\n');
+    // the first line arrived while the code still ran (it sleeps 4 s after printing it)
+    expect(done - arrived[0]!.at).toBeGreaterThan(2_000);
+  }, 60_000);
+
+  it('per-call env vars are set for that call only', async () => {
+    const code = 'import os\nos.environ.get("SPACE_CI_VAR", "unset")';
+    expect((await sbx.runCode(code, { envs: { SPACE_CI_VAR: 'on' } })).text).toBe('on');
+    expect((await sbx.runCode(code)).text).toBe('unset');
+  }, 60_000);
+
+  it('an execution timeout interrupts the kernel: the next call runs, state kept', async () => {
+    await sbx.runCode('kept = "yes"');
+    await expect(sbx.runCode('import time\ntime.sleep(300)', { timeoutMs: 3_000 })).rejects.toBeInstanceOf(
+      TimeoutError,
+    );
+    const next = await sbx.runCode('kept', { timeoutMs: 30_000 });
+    expect(next.text).toBe('yes');
+  }, 60_000);
+
+  it('contexts: kept apart, listed, restarted (state gone), removed', async () => {
+    const ctx = await sbx.createCodeContext({ cwd: '/tmp' });
+    expect(ctx).toMatchObject({ language: 'python', cwd: '/tmp' });
+    await sbx.runCode('only_here = 1', { context: ctx });
+    expect((await sbx.runCode('only_here', { context: ctx })).text).toBe('1');
+    expect((await sbx.runCode('only_here')).error?.name).toBe('NameError');
+    expect((await sbx.runCode('import os\nos.getcwd()', { context: ctx })).text).toBe('/tmp');
+    expect((await sbx.listCodeContexts()).map((c) => c.id)).toContain(ctx.id);
+    await sbx.restartCodeContext(ctx);
+    expect((await sbx.runCode('only_here', { context: ctx })).error?.name).toBe('NameError');
+    expect((await sbx.runCode('x')).text).toBe('41'); // the default context was not restarted
+    await sbx.removeCodeContext(ctx.id);
+    expect((await sbx.listCodeContexts()).map((c) => c.id)).not.toContain(ctx.id);
+    await expect(sbx.runCode('1', { context: ctx })).rejects.toThrow(/not found/);
+  }, 120_000);
+
+  it('pause and resume between two calls keep the kernel and its state', async () => {
+    await sbx.runCode('survivor = [1, 2, 3]');
+    expect(await sbx.pause()).toBe(true);
+    await Sandbox.connect(sbx.sandboxId, { apiUrl: s.apiUrl, apiKey: s.apiKey, timeoutMs: 120_000 });
+    const again = await DIRECT_PORT_HOOK(sbx.sandboxId);
+    expect((await again.runCode('sum(survivor)')).text).toBe('6');
+  }, 180_000);
+});
