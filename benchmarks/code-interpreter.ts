@@ -4,22 +4,17 @@
  * figures (ms, p50/p90/p99/max over `--n` samples, sequential, each one a warm claim: it waits for
  * the pool to hold a slot before each create) and asserts nothing about them.
  *
- * Against a running local stack whose warm template is the code interpreter:
+ * Against a running local stack whose warm template is the code interpreter, with the SDK pointed
+ * at it as a migrating user points it (only `E2B_*` variables; port 49999 through the router):
  * ```
  * npx space template build code-interpreter-v1      # once: ~3 min, 1.7 GB
  * SPACE_WARM_TEMPLATES=code-interpreter-v1 npx space up --warm 1
+ * eval "$(npx space e2b env)"
  * npx node benchmarks/code-interpreter.ts --n 20
  * ```
- * Figures: `create` (the SDK's `Sandbox.create()` through SPACE's E2B API), `connect` (the direct
- * port hook below: reading the sandbox's address and `Sandbox.connect` with it; goes away once the
- * router exposes port 49999), `run` (`runCode('1+1')` to its result) and `total` (create → result).
- *
- * DIRECT_PORT_HOOK: port 49999 is reached at the sandbox's own address, read from the agent's
- * record (`$SPACE_HOME/agent/sandboxes/<id>/sandbox.json`, `instance.guest.host`), so this runs
- * on the stack's host as root. After issue 45 item 1 it is `Sandbox.create()` with E2B_* only.
+ * Figures: `create` (the SDK's `Sandbox.create()` through SPACE's E2B API), `run` (`runCode('1+1')`
+ * to its result, through the router) and `total` (create → result).
  */
-import { readFile } from 'node:fs/promises';
-import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { Sandbox } from '@e2b/code-interpreter';
 import { readLocalState, resolveEndpoint, spaceHome } from '../runtime/cli/local.ts';
@@ -31,17 +26,8 @@ const TEMPLATE = 'code-interpreter-v1';
 /** One sample's phases, ms. */
 export interface CodeInterpreterSample {
   create: number;
-  connect: number;
   run: number;
   total: number;
-}
-
-/** The sandbox's address as its node's agent recorded it (the direct port hook). */
-async function sandboxAddress(agentStateDir: string, id: string): Promise<string> {
-  const rec = JSON.parse(await readFile(join(agentStateDir, 'sandboxes', id, 'sandbox.json'), 'utf8')) as {
-    instance: { guest: { host: string } };
-  };
-  return rec.instance.guest.host;
 }
 
 async function main(): Promise<void> {
@@ -50,6 +36,8 @@ async function main(): Promise<void> {
   if (!Number.isInteger(n) || n < 1) throw new Error(`--n must be a positive integer, got ${values.n}`);
   const home = spaceHome();
   if (!readLocalState(home)) throw new Error(`no running local stack in ${home} (start one with space up)`);
+  if (!process.env.E2B_API_URL || !process.env.E2B_SANDBOX_URL)
+    throw new Error('point the SDK at the stack first: eval "$(npx space e2b env)"');
   const ep = resolveEndpoint({});
   const client = benchClient(ep);
   const warm = async () =>
@@ -67,31 +55,20 @@ async function main(): Promise<void> {
       await new Promise((r) => setTimeout(r, 250));
     }
     const t0 = performance.now();
-    const made = await Sandbox.create({
-      apiUrl: ep.apiUrl,
-      apiKey: ep.apiKey,
-      sandboxUrl: 'http://127.0.0.1:9',
-    });
+    const sbx = await Sandbox.create();
     const t1 = performance.now();
-    const host = await sandboxAddress(join(home, 'agent'), made.sandboxId);
-    const sbx = await Sandbox.connect(made.sandboxId, {
-      apiUrl: ep.apiUrl,
-      apiKey: ep.apiKey,
-      sandboxUrl: `http://${host}:49999`,
-    });
-    const t2 = performance.now();
     const out = await sbx.runCode('1+1');
-    const t3 = performance.now();
+    const t2 = performance.now();
     if (out.text !== '2')
       throw new Error(`runCode('1+1') answered ${JSON.stringify(out.text)}: ${out.error?.value}`);
-    samples.push({ create: t1 - t0, connect: t2 - t1, run: t3 - t2, total: t3 - t0 });
-    await made.kill();
-    process.stderr.write(`sample ${i + 1}/${n}: ${fmt(t3 - t0)} ms\n`);
+    samples.push({ create: t1 - t0, run: t2 - t1, total: t2 - t0 });
+    await sbx.kill();
+    process.stderr.write(`sample ${i + 1}/${n}: ${fmt(t2 - t0)} ms\n`);
   }
   console.log(`create → first runCode('1+1') result, ${TEMPLATE}, warm claims, n=${n} (ms)`);
   console.log('| figure | p50 | p90 | p99 | max |');
   console.log('|---|---|---|---|---|');
-  for (const k of ['create', 'connect', 'run', 'total'] as const) {
+  for (const k of ['create', 'run', 'total'] as const) {
     const s = summarise(samples.map((x) => x[k]));
     console.log(`| ${k} | ${fmt(s.p50)} | ${fmt(s.p90)} | ${fmt(s.p99)} | ${fmt(s.max)} |`);
   }

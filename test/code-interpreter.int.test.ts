@@ -6,42 +6,45 @@
  * kernel, two contexts kept apart, a context restart and removal, and pause + resume between two
  * calls with the kernel's state intact.
  *
- * The sandbox is created through SPACE's E2B API by the SDK (template `code-interpreter-v1`, the
- * SDK's default, claimed from a warm slot). Port 49999 is reached through {@link DIRECT_PORT_HOOK}
- * until the router exposes sandbox ports (issue 45 item 1); with it, the SDK's own
- * `Sandbox.create()` with only E2B_* variables replaces the hook (`create` below).
+ * The SDK runs as a migrating user runs it: `Sandbox.create()` with only `E2B_API_URL`,
+ * `E2B_API_KEY` and `E2B_SANDBOX_URL` set (template `code-interpreter-v1`, the SDK's default,
+ * claimed from a warm slot); its Jupyter calls reach port 49999 through the router (the
+ * `E2b-Sandbox-Port` header of that mode).
  *
  * Needs the template built: `space template build code-interpreter-v1` (~3 min, 1.7 GB); the
  * suite builds it when it is missing.
  */
+
+import { join } from 'node:path';
 import { Sandbox, TimeoutError } from '@e2b/code-interpreter';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildTemplate } from '../runtime/agent/image/templates.ts';
+import { freePort } from './redis-server.ts';
+import { type RouterProcess, startRouterProcess } from './router-process.ts';
 import { leftovers, NO_LEFTOVERS, type Stack, startStack, TEST_CACHE_DIR, waitFor } from './stack.ts';
 
 const TEMPLATE = 'code-interpreter-v1';
 let s: Stack;
 
-/**
- * DIRECT_PORT_HOOK: the SDK pointed at the sandbox's own address, port 49999 (`sandboxUrl` is
- * used verbatim by the SDK for its Jupyter calls), found from the agent's record of the sandbox.
- * The host reaches a sandbox's address as the agent reaches its guest daemon. Replace with
- * `Sandbox.connect(id)` through the router once it proxies `49999-<id>` (getHost).
- */
-async function DIRECT_PORT_HOOK(id: string): Promise<Sandbox> {
-  const host = s.agent.sandboxes.get(id).instance.guest.host;
-  return Sandbox.connect(id, { apiUrl: s.apiUrl, apiKey: s.apiKey, sandboxUrl: `http://${host}:49999` });
-}
-
-async function create(): Promise<Sandbox> {
-  // the SDK's create, through SPACE's E2B API; the data plane is not used by this test
-  const made = await Sandbox.create({ apiUrl: s.apiUrl, apiKey: s.apiKey, sandboxUrl: 'http://127.0.0.1:9' });
-  return DIRECT_PORT_HOOK(made.sandboxId);
-}
+let router: RouterProcess;
+const saved = { ...process.env };
 
 beforeAll(async () => {
   await buildTemplate(TEMPLATE, { cacheDir: TEST_CACHE_DIR });
-  s = await startStack({ SPACE_WARM_TEMPLATES: TEMPLATE, SPACE_WARM_POOL_SIZE: '1' });
+  const port = await freePort();
+  s = await startStack({
+    SPACE_WARM_TEMPLATES: TEMPLATE,
+    SPACE_WARM_POOL_SIZE: '1',
+    SPACE_ROUTER_URL: `http://127.0.0.1:${port}`,
+  });
+  router = await startRouterProcess({
+    SPACE_REDIS_URL: s.redisUrl,
+    SPACE_VERIFY_KEY_FILE: join(s.dir, 'key.pub.pem'),
+    SPACE_ROUTER_PORT: String(port),
+  });
+  process.env.E2B_API_URL = s.apiUrl;
+  process.env.E2B_API_KEY = s.apiKey;
+  process.env.E2B_SANDBOX_URL = router.url;
   await waitFor(
     'a warm code interpreter',
     async () => (s.agent.warm.counts()[TEMPLATE] === 1 ? true : undefined),
@@ -49,6 +52,8 @@ beforeAll(async () => {
   );
 }, 900_000);
 afterAll(async () => {
+  process.env = saved;
+  await router?.stop();
   if (!s) return;
   await s.stop();
   expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
@@ -57,7 +62,7 @@ afterAll(async () => {
 describe('@e2b/code-interpreter against the code-interpreter-v1 template', () => {
   let sbx: Sandbox;
   beforeAll(async () => {
-    sbx = await create();
+    sbx = await Sandbox.create();
     expect(
       (await s.call<{ createdFrom: string }>('GET', `/v1/sandboxes/${sbx.sandboxId}`)).body.createdFrom,
     ).toBe('warm');
@@ -151,8 +156,7 @@ describe('@e2b/code-interpreter against the code-interpreter-v1 template', () =>
   it('pause and resume between two calls keep the kernel and its state', async () => {
     await sbx.runCode('survivor = [1, 2, 3]');
     expect(await sbx.pause()).toBe(true);
-    await Sandbox.connect(sbx.sandboxId, { apiUrl: s.apiUrl, apiKey: s.apiKey, timeoutMs: 120_000 });
-    const again = await DIRECT_PORT_HOOK(sbx.sandboxId);
+    const again = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 120_000 });
     expect((await again.runCode('sum(survivor)')).text).toBe('6');
   }, 180_000);
 });
