@@ -141,6 +141,52 @@ describe('SandboxStore', () => {
     });
   });
 
+  it('hands out a cursor only when a match follows: a full last page ends the listing, filters included', async () => {
+    for (let i = 0; i < 20; i++)
+      await make(`sbx_full${String(i).padStart(16, '0')}`, 2_000 + Math.floor(i / 4), {
+        k: i % 2 ? 'odd' : 'even',
+      });
+    // exactly two full pages: the second has no cursor (no extra, empty third page)
+    const first = await store.list({ limit: 10, team: 'default' });
+    expect(first.sandboxes).toHaveLength(10);
+    const second = await store.list({ limit: 10, cursor: first.nextCursor!, team: 'default' });
+    expect([second.sandboxes.length, second.nextCursor]).toEqual([10, null]);
+    // the same with filters that leave exactly a page's worth (metadata; a predicate)
+    expect((await store.list({ limit: 10, metadata: { k: 'odd' }, team: 'default' })).nextCursor).toBeNull();
+    const odd = (r: { id: string }) => Number(r.id.slice(-2)) % 2 === 1;
+    const byMatch = await store.list({ limit: 5, match: odd, team: 'default' });
+    expect(byMatch.sandboxes.every(odd)).toBe(true);
+    const rest = await store.list({ limit: 5, match: odd, cursor: byMatch.nextCursor!, team: 'default' });
+    expect([rest.sandboxes.length, rest.nextCursor]).toEqual([5, null]);
+    // one more than a page: a cursor, and a last page of one
+    await make('sbx_full9999999999999999', 1_000); // the oldest: after the second page
+    const again = await store.list({ limit: 10, cursor: first.nextCursor!, team: 'default' });
+    expect(again.nextCursor).not.toBeNull();
+    expect((await store.list({ limit: 21, team: 'default' })).nextCursor).toBeNull();
+  });
+
+  it("pages oldest first with order 'asc', every sandbox once, equal timestamps included", async () => {
+    const ids: string[] = [];
+    for (let i = 0; i < 23; i++) {
+      const id = `sbx_asc${String(i).padStart(17, '0')}`;
+      ids.push(id);
+      await make(id, 3_000 + Math.floor(i / 3)); // 3 share each ms
+    }
+    const seen: string[] = [];
+    let cursor: string | undefined;
+    for (let guard = 0; guard < 10; guard++) {
+      const page = await store.list({ limit: 4, order: 'asc', cursor, team: 'default' });
+      seen.push(...page.sandboxes.map((s) => s.id));
+      if (!page.nextCursor) break;
+      cursor = page.nextCursor;
+    }
+    // ids sort like their creation order here (zero-padded), so oldest first is the ids in order
+    expect(seen).toEqual(ids);
+    expect((await store.list({ limit: 100, team: 'default' })).sandboxes.map((s) => s.id)).toEqual(
+      [...ids].reverse(),
+    );
+  });
+
   it('a listing whose pages are mostly expired records prunes them and skips none of the live ones', async () => {
     // 120 sandboxes, every 4th left alive: a page of the index (50 ids at limit 20) holds ~13 live
     // ones, so each call reads past pruned members into the next page of the index

@@ -14,7 +14,7 @@
  *
  * Not implemented (clear 4xx/501 in the SDK's terms): metrics, network updates, snapshots,
  * fork, templates, volumes, `autoPause`/`lifecycle`, `network`, `mcp`, `volumeMounts`,
- * `allow_internet_access: false`, `order=asc`.
+ * `allow_internet_access: false`.
  */
 import type { FastifyPluginAsync, FastifyRequest } from 'fastify';
 import { CreateSandboxBody } from '../../core/api-schemas.ts';
@@ -259,7 +259,10 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
     );
 
     const list = async (q: Record<string, string | undefined>, team: string) => {
-      if (q.order && q.order !== 'desc') throw new SpaceError('BAD_REQUEST', 'only order=desc is supported');
+      const order = q.order ?? 'desc';
+      if (order !== 'asc' && order !== 'desc') {
+        throw new SpaceError('BAD_REQUEST', 'order must be asc or desc');
+      }
       const states = (q.state ?? 'running,paused').split(',').filter(Boolean);
       for (const s of states) {
         if (s !== 'running' && s !== 'paused') throw new SpaceError('BAD_REQUEST', `unknown state "${s}"`);
@@ -268,21 +271,26 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       if (!Number.isInteger(limit) || limit < 1 || limit > 100) {
         throw new SpaceError('BAD_REQUEST', 'limit must be an integer from 1 to 100');
       }
+      const after = q.startedAfter === undefined ? null : Date.parse(q.startedAfter);
+      if (after !== null && Number.isNaN(after))
+        throw new SpaceError('BAD_REQUEST', 'startedAfter is not a date');
+      // every filter applies before the limit (in the store), so a page is short only at the end
+      const match =
+        q.template || after !== null
+          ? (r: SandboxRecord) =>
+              (!q.template || r.template === q.template) &&
+              (after === null || Date.parse(r.createdAt) >= after)
+          : undefined;
       const page = await deps.sandboxes.list({
         limit,
+        order,
         ...(q.nextToken ? { cursor: q.nextToken } : {}),
         state: spaceStates(states as E2bState[]),
         team,
         ...(q.metadata ? { metadata: parseMetadataFilter(q.metadata) } : {}),
+        ...(match ? { match } : {}),
       });
-      let rows = page.sandboxes;
-      if (q.template) rows = rows.filter((r) => r.template === q.template);
-      if (q.startedAfter) {
-        const after = Date.parse(q.startedAfter);
-        if (Number.isNaN(after)) throw new SpaceError('BAD_REQUEST', 'startedAfter is not a date');
-        rows = rows.filter((r) => Date.parse(r.createdAt) >= after);
-      }
-      return { rows: rows.map(toE2bListed), next: page.nextCursor };
+      return { rows: page.sandboxes.map(toE2bListed), next: page.nextCursor };
     };
     for (const url of ['/v2/sandboxes', '/sandboxes']) {
       app.get<{ Querystring: Record<string, string | undefined> }>(
