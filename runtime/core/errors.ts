@@ -67,6 +67,11 @@ export const ERROR_CODES = {
     doc: 'The session token is for another sandbox, session or scope.',
   },
   NOT_FOUND: { status: 404, retryable: false, doc: 'No such route.' },
+  NOT_IMPLEMENTED: {
+    status: 501,
+    retryable: false,
+    doc: 'A route or option of the E2B API (docs/e2b.md) that SPACE does not serve yet (snapshots, fork, templates, volumes, logs, a filesystem-only pause…); the message names it.',
+  },
   SANDBOX_NOT_FOUND: { status: 404, retryable: false, doc: 'No sandbox with this id (or it was deleted).' },
   SANDBOX_NOT_RUNNING: { status: 409, retryable: true, doc: 'The sandbox is not in the running state.' },
   SANDBOX_PAUSED: {

@@ -7,6 +7,7 @@
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { keys } from '../../core/redis-keys.ts';
 import { startTestApi, type TestApi } from '../test-app.ts';
+import { E2B_UNSERVED } from './routes.ts';
 
 let api: TestApi;
 beforeAll(async () => {
@@ -83,5 +84,42 @@ describe('e2b routes (buildApp + inject, worker on a fake agent)', () => {
       });
     }
     expect(await api.redis.zcard(keys.sandboxIndex())).toBe(before);
+  });
+
+  it('an E2B route SPACE does not serve is 501 NOT_IMPLEMENTED and an unknown path 404, whatever the auth', async () => {
+    const auths: Record<string, Record<string, string>> = {
+      none: {},
+      'wrong key': { 'x-api-key': 'e2b_0000' },
+      'good key': { 'x-api-key': api.key },
+    };
+    for (const [method, url] of E2B_UNSERVED) {
+      const path = url.replace(/:[A-Za-z]+/g, 'x1').replace('*', 'a/b');
+      for (const [who, headers] of Object.entries(auths)) {
+        const res = await api.app.inject({ method: method as 'GET', url: path, headers });
+        expect([res.statusCode, res.json()], `${method} ${path}, ${who}`).toEqual([
+          501,
+          { code: 501, message: expect.stringContaining('not served'), spaceCode: 'NOT_IMPLEMENTED' },
+        ]);
+      }
+    }
+    for (const url of ['/nope', '/sandboxes/x1/nope', '/v2/sandboxes/x1/nope', '/v9/sandboxes']) {
+      for (const [who, headers] of Object.entries(auths)) {
+        const res = await api.app.inject({ method: 'POST', url, headers });
+        const body =
+          who === 'none'
+            ? { error: { code: 'NOT_FOUND', message: expect.any(String) } }
+            : { code: 404, message: `no route POST ${url}`, spaceCode: 'NOT_FOUND' };
+        expect([res.statusCode, res.json()], `${url}, ${who}`).toEqual([404, body]);
+      }
+      // a SPACE client (Bearer) gets SPACE's envelope
+      const bearer = await api.app.inject({
+        method: 'GET',
+        url,
+        headers: { authorization: `Bearer ${api.key}` },
+      });
+      expect([bearer.statusCode, bearer.json().error.code]).toEqual([404, 'NOT_FOUND']);
+    }
+    // a served route still needs its key
+    expect((await api.app.inject({ method: 'GET', url: '/v2/sandboxes' })).statusCode).toBe(401);
   });
 });

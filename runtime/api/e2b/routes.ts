@@ -12,9 +12,10 @@
  * pause and connect answer when done. Waits are bounded by
  * `waitMs` (create: 2 × MAX_WAIT_MS) and end in 504 when the operation has not finished.
  *
- * Not implemented (clear 4xx/501 in the SDK's terms): metrics, network updates, snapshots,
- * fork, templates, volumes, `autoPause`/`lifecycle`, `network`, `mcp`, `volumeMounts`,
- * `allow_internet_access: false`.
+ * Not implemented: the E2B routes of {@link E2B_UNSERVED} (snapshots, fork, logs, templates,
+ * volumes, secrets, metrics…) answer 501 `NOT_IMPLEMENTED` whatever the auth; a path E2B does
+ * not have either answers 404 (E2B's body for an E2B client: {@link e2bNotFoundBody}); create
+ * options SPACE lacks (`mcp`, `volumeMounts`, parts of `network`) are 400.
  */
 import type { FastifyPluginAsync, FastifyRequest } from 'fastify';
 import { CreateSandboxBody } from '../../core/api-schemas.ts';
@@ -36,6 +37,7 @@ import { pauseSandbox } from '../usecases/pause.ts';
 import { resumeSandbox } from '../usecases/resume.ts';
 import { envdToken } from './envd-token.ts';
 import {
+  type E2bErrorBody,
   type E2bNetwork,
   type E2bState,
   e2bState,
@@ -104,6 +106,67 @@ const ConnectSchema = {
   type: 'object',
   properties: { timeout: { type: 'integer', minimum: 0 }, memory: { type: 'boolean' } },
 } as const;
+
+/**
+ * E2B control-plane routes SPACE does not serve (yet), as method, path (Fastify syntax) and what
+ * they are, from E2B's OpenAPI description (spec/openapi.yml) and the JS SDK 2.51's calls. Each
+ * answers 501 NOT_IMPLEMENTED naming it, before any authentication: a client learns "not here",
+ * never "check your credentials".
+ */
+export const E2B_UNSERVED: readonly (readonly [method: string, path: string, what: string])[] = [
+  ['POST', '/sandboxes/:id/snapshots', 'snapshots (createSnapshot)'],
+  ['GET', '/snapshots', 'snapshot listing (listSnapshots)'],
+  ['POST', '/sandboxes/:id/fork', 'fork'],
+  ['GET', '/sandboxes/:id/logs', 'sandbox logs'],
+  ['GET', '/v2/sandboxes/:id/logs', 'sandbox logs'],
+  ['POST', '/sandboxes/:id/refreshes', 'refreshes'],
+  ['GET', '/sandboxes/metrics', 'sandbox metrics'],
+  ['GET', '/sandboxes/:id/metrics', 'sandbox metrics'],
+  ['GET', '/templates', 'templates (Template.*)'],
+  ['POST', '/templates', 'template builds (Template.*)'],
+  ['POST', '/v2/templates', 'template builds (Template.*)'],
+  ['POST', '/v3/templates', 'template builds (Template.build)'],
+  ['GET', '/templates/:templateID', 'templates (Template.*)'],
+  ['POST', '/templates/:templateID', 'template builds (Template.*)'],
+  ['PATCH', '/templates/:templateID', 'templates (Template.*)'],
+  ['DELETE', '/templates/:templateID', 'template and snapshot deletion (deleteSnapshot)'],
+  ['POST', '/templates/:templateID/builds/:buildID', 'template builds (Template.build)'],
+  ['POST', '/v2/templates/:templateID/builds/:buildID', 'template builds (Template.build)'],
+  ['GET', '/templates/:templateID/builds/:buildID/status', 'template build status'],
+  ['GET', '/templates/:templateID/builds/:buildID/logs', 'template build logs'],
+  ['GET', '/templates/:templateID/files/:hash', 'template build files'],
+  ['GET', '/templates/aliases/:alias', 'template aliases (Template.exists)'],
+  ['GET', '/templates/:templateID/tags', 'template tags'],
+  ['POST', '/templates/tags', 'template tags'],
+  ['DELETE', '/templates/tags', 'template tags'],
+  ['GET', '/volumes', 'volumes (Volume.*)'],
+  ['POST', '/volumes', 'volumes (Volume.*)'],
+  ['GET', '/volumes/:volumeID', 'volumes (Volume.*)'],
+  ['DELETE', '/volumes/:volumeID', 'volumes (Volume.*)'],
+  ['GET', '/volumecontent/*', 'volume content (Volume.*)'],
+  ['POST', '/volumecontent/*', 'volume content (Volume.*)'],
+  ['PUT', '/volumecontent/*', 'volume content (Volume.*)'],
+  ['PATCH', '/volumecontent/*', 'volume content (Volume.*)'],
+  ['DELETE', '/volumecontent/*', 'volume content (Volume.*)'],
+  ['GET', '/secrets', 'secrets'],
+  ['POST', '/secrets', 'secrets'],
+  ['GET', '/secrets/:secretID', 'secrets'],
+  ['POST', '/secrets/:secretID', 'secrets'],
+  ['DELETE', '/secrets/:secretID', 'secrets'],
+  ['GET', '/teams', 'teams'],
+  ['GET', '/teams/:teamID/metrics', 'team metrics'],
+  ['GET', '/teams/:teamID/metrics/max', 'team metrics'],
+];
+
+/**
+ * The 404 body for a request that matched no route, in E2B's shape (`{code, message}`, which the
+ * SDK reads) when it comes from an E2B client (an `X-API-KEY` header, no `Authorization`); null
+ * (SPACE's own envelope) otherwise.
+ */
+export function e2bNotFoundBody(req: FastifyRequest, err: SpaceError): E2bErrorBody | null {
+  if (req.headers['x-api-key'] === undefined || req.headers.authorization !== undefined) return null;
+  return toE2bError(err);
+}
 
 type IdReq = { Params: { id: string } };
 
@@ -183,6 +246,7 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       route.config = { ...(route.config ?? {}), e2b: true };
     });
     app.addHook('onRequest', async (req) => {
+      if (req.routeOptions.config.unserved) return; // 501 whatever the auth
       const key = req.headers['x-api-key'];
       if (typeof key !== 'string' || !key) {
         throw new SpaceError('UNAUTHENTICATED', 'missing X-API-KEY header (an API key of this SPACE)');
@@ -372,12 +436,20 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       },
     );
 
-    app.get<IdReq>('/sandboxes/:id/metrics', { config: read }, async (req, reply) => {
-      await liveRecord(req.params.id, principalOf(req).team);
-      return reply
-        .status(501)
-        .send({ code: 501, message: 'sandbox metrics are not supported by this SPACE server yet' });
-    });
+    for (const [method, url, what] of E2B_UNSERVED) {
+      app.route({
+        method: method as 'GET',
+        url,
+        config: { public: true, unserved: true },
+        schema: { hide: true },
+        handler: async () => {
+          throw new SpaceError(
+            'NOT_IMPLEMENTED',
+            `${what} is not served by this SPACE server yet (${method} ${url})`,
+          );
+        },
+      });
+    }
   };
 }
 
