@@ -7,7 +7,7 @@ import { KEY_PREFIX, keys } from '../core/redis-keys.ts';
 import { UNLIMITED_QUOTAS } from '../core/tenancy.ts';
 import { OperationStore } from './operations.ts';
 import { withScripts } from './redis-scripts.ts';
-import { SandboxStore } from './sandbox-store.ts';
+import { SandboxStore, TIMEOUT_PAUSE_RETRY_MS } from './sandbox-store.ts';
 import { newSandbox } from './test-records.ts';
 
 const redis = withScripts(new Redis(inject('redisUrl'), { db: 3 }));
@@ -376,8 +376,8 @@ describe('SandboxStore', () => {
     await store.transition('sbx_expire0000000000002', 'running', {}, 0);
     // the second is extended before the sweep; the first is not
     expect(await store.extend('sbx_expire0000000000002', 60, 50_000)).toEqual({ ok: true });
-    expect(await store.claimExpired(61_000)).toEqual(['sbx_expire0000000000001']);
-    expect(await store.claimExpired(61_000)).toEqual([]);
+    expect((await store.claimExpired(61_000)).killed).toEqual(['sbx_expire0000000000001']);
+    expect((await store.claimExpired(61_000)).killed).toEqual([]);
     expect((await store.get('sbx_expire0000000000001'))?.state).toBe('killing');
     expect(await redis.xlen(keys.operationQueue())).toBe(1);
     expect(await redis.hget(`${KEY_PREFIX}operation:op_texpire0000000000001`, 'kind')).toBe('sandbox.delete');
@@ -393,7 +393,7 @@ describe('SandboxStore', () => {
     expect(rec.pause).toMatchObject({ mode: 'frozen', timeLeftSec: 40 });
     expect(rec.expiresAtMs).toBe(25_000);
     // past its old deadline (60 s) but inside the retention: nothing expires
-    expect(await store.claimExpired(24_000)).toEqual([]);
+    expect((await store.claimExpired(24_000)).killed).toEqual([]);
     // a new lifetime while paused is running time left; the retention deadline stays
     expect(await store.extend('sbx_pauseclock000000001', 30, 21_000)).toEqual({ ok: true });
     expect((await store.get('sbx_pauseclock000000001'))!.expiresAtMs).toBe(25_000);
@@ -425,17 +425,78 @@ describe('SandboxStore', () => {
     await store.transition('sbx_retention0000000001', 'running', {}, 0);
     await store.transition('sbx_retention0000000001', 'pausing', { retentionMs: '1000' }, 100);
     await store.transition('sbx_retention0000000001', 'paused', {}, 200);
-    expect(await store.claimExpired(1_100)).toEqual([]);
-    expect(await store.claimExpired(1_300)).toEqual(['sbx_retention0000000001']);
+    expect((await store.claimExpired(1_100)).killed).toEqual([]);
+    expect((await store.claimExpired(1_300)).killed).toEqual(['sbx_retention0000000001']);
     const rec = (await store.get('sbx_retention0000000001'))!;
     expect(rec).toMatchObject({ state: 'killing', killReason: 'retention' });
+  });
+
+  it("onTimeout 'pause': the deadline queues one pause (reason timeout), never a kill while live; its resume restarts the lifetime", async () => {
+    const id = 'sbx_ontimeout0000000001';
+    await store.create(newSandbox(id, { onTimeout: 'pause', timeoutSec: 60 }), UNLIMITED_QUOTAS, 0);
+    await store.transition(id, 'running', {}, 0);
+    expect(await store.claimExpired(61_000)).toEqual({ killed: [], paused: [id] });
+    const opId = (await redis.hget(keys.sandbox(id), 'pauseOperationId'))!;
+    expect(await redis.hmget(`${KEY_PREFIX}operation:${opId}`, 'kind', 'target', 'state', 'args')).toEqual([
+      'sandbox.pause',
+      id,
+      'pending',
+      '{"reason":"timeout"}',
+    ]);
+    // still running at the retry while that pause is pending: no second pause, no kill
+    expect(await redis.zscore(keys.deadlines(), id)).toBe(String(61_000 + TIMEOUT_PAUSE_RETRY_MS));
+    expect(await store.claimExpired(61_000 + TIMEOUT_PAUSE_RETRY_MS)).toEqual({ killed: [], paused: [] });
+    // that pause failed (the sandbox runs on): the next retry asks again
+    await redis.hset(`${KEY_PREFIX}operation:${opId}`, 'state', 'failed');
+    expect((await store.claimExpired(61_000 + 2 * TIMEOUT_PAUSE_RETRY_MS)).paused).toEqual([id]);
+    // pausing past a retry: not killed
+    await store.transition(
+      id,
+      'pausing',
+      { pauseMode: 'frozen', pauseReason: 'timeout', retentionMs: '600000' },
+      200_000,
+    );
+    expect(await store.claimExpired(200_000 + 3 * TIMEOUT_PAUSE_RETRY_MS)).toEqual({
+      killed: [],
+      paused: [],
+    });
+    expect((await store.get(id))?.state).toBe('pausing');
+    await store.transition(id, 'paused', {}, 300_000);
+    expect((await store.get(id))?.pause).toMatchObject({ reason: 'timeout', timeLeftSec: 0 });
+    // resumed: the whole timeoutSec again, not the ~0 s left at the pause
+    await store.transition(id, 'resuming', {}, 400_000);
+    await store.transition(id, 'running', {}, 400_000);
+    expect((await store.get(id))?.expiresAtMs).toBe(400_000 + 60_000);
+    // paused past its retention it ends like any paused sandbox
+    await store.transition(
+      id,
+      'pausing',
+      { pauseMode: 'frozen', pauseReason: 'request', retentionMs: '1000' },
+      410_000,
+    );
+    await store.transition(id, 'paused', {}, 410_000);
+    expect((await store.claimExpired(411_001)).killed).toEqual([id]);
+    // a request pause gives back only what was left (the rule did not change)
+    const other = 'sbx_ontimeout0000000002';
+    await store.create(newSandbox(other, { onTimeout: 'pause', timeoutSec: 60 }), UNLIMITED_QUOTAS, 0);
+    await store.transition(other, 'running', {}, 0);
+    await store.transition(
+      other,
+      'pausing',
+      { pauseMode: 'frozen', pauseReason: 'request', retentionMs: '600000' },
+      20_000,
+    );
+    await store.transition(other, 'paused', {}, 20_000);
+    await store.transition(other, 'resuming', {}, 100_000);
+    await store.transition(other, 'running', {}, 100_000);
+    expect((await store.get(other))?.expiresAtMs).toBe(100_000 + 40_000);
   });
 
   it('expires DNS-safe sandbox ids too (no `_` to split on)', async () => {
     const id = newSandboxId();
     await make(id, 0);
     await store.transition(id, 'running', {}, 0);
-    expect(await store.claimExpired(61_000)).toEqual([id]);
+    expect((await store.claimExpired(61_000)).killed).toEqual([id]);
     expect(await redis.hget(`${KEY_PREFIX}operation:op_t${id.slice(3)}`, 'kind')).toBe('sandbox.delete');
   });
 });

@@ -15,6 +15,7 @@ import {
   describeKillReason,
   type EndReport,
   type KillReason,
+  type OnTimeout,
   parseEndReport,
   type Sandbox,
   type SandboxState,
@@ -24,6 +25,12 @@ import type { SandboxGrant } from './credential-store.ts';
 import type { DraftOperation } from './operations.ts';
 import { PLACEMENT_RULES, PLACEMENT_RULES_JSON, roomError } from './placement.ts';
 import type { ScriptedRedis } from './redis-scripts.ts';
+
+/**
+ * How long after its deadline a sandbox with `onTimeout: 'pause'` that still runs (its timeout
+ * pause failed, or was refused) is asked to pause again, ms.
+ */
+export const TIMEOUT_PAUSE_RETRY_MS = 30_000;
 
 /** A sandbox as stored (the public record plus what only the platform needs). */
 export interface SandboxRecord extends Omit<Sandbox, 'credentials'> {
@@ -57,6 +64,10 @@ export interface NewSandbox {
   grants: SandboxGrant[];
   /** Idle seconds before auto-pause (0 or absent: never). */
   autoPauseSec?: number;
+  /** What its deadline does: `kill` (absent: the default) or `pause` it. */
+  onTimeout?: OnTimeout;
+  /** Whether traffic through the router resumes it when paused (absent: true). */
+  autoResume?: boolean;
   /** Id of the API key that asked for it. */
   apiKey?: string;
   /** Team that owns it. */
@@ -85,13 +96,16 @@ export function sandboxFromHash(h: Record<string, string>): SandboxRecord | null
     memoryMiB: Number(h.memoryMiB),
     timeoutSec: Number(h.timeoutSec),
     autoPauseSec: Number(h.autoPauseSec ?? 0),
+    // records from before lifecycle options: killed at the deadline, resumed by traffic
+    onTimeout: h.onTimeout === 'pause' ? 'pause' : 'kill',
+    autoResume: h.autoResume !== '0',
     // only a sandbox that reached `paused` has a pause to describe: one deleted while it was
     // being paused holds the asked mode but no pausedAtMs (and answered 500 on GET: pausedAt '')
     pause:
       (h.pauseMode === 'frozen' || h.pauseMode === 'hibernated') && h.pausedAtMs
         ? {
             mode: h.pauseMode,
-            reason: h.pauseReason === 'idle' ? 'idle' : 'request',
+            reason: h.pauseReason === 'idle' || h.pauseReason === 'timeout' ? h.pauseReason : 'request',
             pausedAt: iso(h.pausedAtMs) ?? '',
             timeLeftSec: Math.max(0, Math.round(Number(h.timeLeftMs ?? 0) / 1000)),
           }
@@ -210,6 +224,8 @@ export class SandboxStore {
       memoryMiB: String(s.memoryMiB),
       timeoutSec: String(s.timeoutSec),
       autoPauseSec: String(s.autoPauseSec ?? 0),
+      onTimeout: s.onTimeout ?? 'kill',
+      autoResume: s.autoResume === false ? '0' : '1',
       apiKey: s.apiKey ?? '',
       metadata: JSON.stringify(s.metadata),
       env: JSON.stringify(s.env),
@@ -564,17 +580,22 @@ export class SandboxStore {
   }
 
   /**
-   * Claims up to `limit` sandboxes past their deadline: each moves to killing (reason timeout) and
-   * gets a queued `sandbox.delete` operation in the same atomic step. Returns the claimed ids.
+   * Claims up to `limit` sandboxes past their deadline, each in one atomic step (expire.lua): one
+   * whose `onTimeout` is `pause` and that runs gets a queued `sandbox.pause` operation (reason
+   * `timeout`; asked again {@link TIMEOUT_PAUSE_RETRY_MS} later should it still run); any other
+   * moves to killing (reason timeout, or retention when paused) with a queued `sandbox.delete`.
+   * Returns the ids of each kind.
    */
-  async claimExpired(now = Date.now(), limit = 100): Promise<string[]> {
-    return this.redis.spaceExpire(
+  async claimExpired(now = Date.now(), limit = 100): Promise<{ killed: string[]; paused: string[] }> {
+    const [killed, paused] = await this.redis.spaceExpire(
       keys.deadlines(),
       keys.operationQueue(),
       KEY_PREFIX,
       String(now),
       String(limit),
+      String(TIMEOUT_PAUSE_RETRY_MS),
     );
+    return { killed, paused };
   }
 
   /** Stores a new egress policy (the caller pushes it to the node). */

@@ -77,7 +77,7 @@ export const ERROR_CODES = {
   SANDBOX_PAUSED: {
     status: 409,
     retryable: true,
-    doc: 'The sandbox is paused; resume it (the router and `POST …/commands` resume it themselves) and retry.',
+    doc: 'The sandbox is paused; resume it (the router and `POST …/commands` resume it themselves; the router not when it was created with `autoResume: false`, `details.autoResume`) and retry.',
   },
   SANDBOX_BUSY: {
     status: 409,

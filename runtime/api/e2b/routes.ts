@@ -61,7 +61,8 @@ interface CreateBody {
   envVars?: Record<string, string>;
   allow_internet_access?: boolean;
   autoPause?: boolean;
-  autoResume?: unknown;
+  autoPauseMemory?: boolean;
+  autoResume?: { enabled?: boolean } | null;
   network?: E2bNetwork;
   mcp?: unknown;
   volumeMounts?: unknown;
@@ -87,9 +88,14 @@ const CreateSchema = {
     allow_internet_access: { type: 'boolean' },
     network: { type: 'object', properties: NetworkProps },
     autoPause: { type: 'boolean' },
+    autoPauseMemory: { type: 'boolean' },
+    autoResume: { type: ['object', 'null'], properties: { enabled: { type: 'boolean' } } },
     secure: { type: 'boolean' },
   },
 } as const;
+
+/** `POST …/pause` (SDK `pause({ keepMemory })` sends `memory`). */
+const PauseSchema = { type: ['object', 'null'], properties: { memory: { type: 'boolean' } } } as const;
 
 const NetworkSchema = {
   type: 'object',
@@ -232,9 +238,20 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
     }
   }
 
-  /** Connect/resume: running ⇒ extend only (200), paused ⇒ resume (201), ending ⇒ 409. */
-  async function connect(id: string, team: string, timeoutSec: number, log: FastifyRequest['log']) {
+  /**
+   * Connect/resume: running ⇒ extend only (200), paused ⇒ resume (201), ending ⇒ 409. `coldBoot`
+   * (SDK `connect({ onResume: 'reboot' })`, wire `memory: false`) of a paused sandbox is refused:
+   * SPACE resumes with memory only.
+   */
+  async function connect(
+    id: string,
+    team: string,
+    timeoutSec: number,
+    log: FastifyRequest['log'],
+    coldBoot = false,
+  ) {
     const rec = await liveRecord(id, team);
+    if (coldBoot && e2bState(rec.state) === 'paused') throw memoryLess("connect({ onResume: 'reboot' })");
     const resumed = await runIt(rec, log);
     await extendAtLeast(rec, timeoutSec);
     const now = await liveRecord(id, team);
@@ -267,9 +284,8 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
 
     const create = async (req: FastifyRequest, v1: boolean) => {
       const b = req.body as CreateBody;
+      const lifecycle = lifecycleOf(b);
       const unsupported = [
-        b.autoPause ? 'autoPause (lifecycle onTimeout: pause)' : null,
-        b.autoResume !== undefined ? 'autoResume' : null,
         b.mcp !== undefined ? 'mcp' : null,
         b.volumeMounts !== undefined ? 'volumeMounts' : null,
         b.iam !== undefined ? 'iam' : null,
@@ -291,6 +307,7 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
         metadata: b.metadata ?? {},
         env: b.envVars ?? {},
         egress,
+        ...lifecycle,
       };
       checkBody(CreateSandboxBody, body);
       let out: Awaited<ReturnType<typeof createSandbox>>;
@@ -392,26 +409,33 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       },
     );
 
-    app.post<IdReq>('/sandboxes/:id/pause', { config: write }, async (req, reply) => {
-      const rec = await liveRecord(req.params.id, principalOf(req).team);
-      if (e2bState(rec.state) === 'paused') {
-        throw new SpaceError('SANDBOX_PAUSED', `sandbox "${rec.id}" is already paused`);
-      }
-      const op = await pauseSandbox(deps, rec.team, rec.id, undefined, req.log);
-      await settle(op.id, MAX_WAIT_MS);
-      return reply.status(204).send();
-    });
+    app.post<IdReq>(
+      '/sandboxes/:id/pause',
+      { schema: { body: PauseSchema }, config: write },
+      async (req, reply) => {
+        const rec = await liveRecord(req.params.id, principalOf(req).team);
+        if ((req.body as { memory?: boolean } | null)?.memory === false)
+          throw memoryLess('pause({ keepMemory: false })');
+        if (e2bState(rec.state) === 'paused') {
+          throw new SpaceError('SANDBOX_PAUSED', `sandbox "${rec.id}" is already paused`);
+        }
+        const op = await pauseSandbox(deps, rec.team, rec.id, undefined, req.log);
+        await settle(op.id, MAX_WAIT_MS);
+        return reply.status(204).send();
+      },
+    );
 
     const connectRoute = async (
       req: FastifyRequest<IdReq>,
       reply: { status(n: number): { send(b: unknown): unknown } },
     ) => {
-      const timeout = (req.body as { timeout?: number } | undefined)?.timeout;
+      const body = req.body as { timeout?: number; memory?: boolean } | undefined;
       const r = await connect(
         req.params.id,
         principalOf(req).team,
-        timeout || E2B_DEFAULT_TIMEOUT_SEC,
+        body?.timeout || E2B_DEFAULT_TIMEOUT_SEC,
         req.log,
+        body?.memory === false,
       );
       return reply.status(r.status).send(r.body);
     };
@@ -458,4 +482,44 @@ class TimeoutOf extends Error {
   constructor(operationId: string) {
     super(`operation ${operationId} has not finished yet; try again`);
   }
+}
+
+/**
+ * The refusal of a filesystem-only pause or resume (E2B's `memory: false`): every SPACE pause keeps
+ * the sandbox's memory (frozen, or hibernated with its memory snapshot), and a cold boot from the
+ * file system alone is not built yet. Refused rather than done as a memory pause.
+ */
+function memoryLess(what: string): SpaceError {
+  return new SpaceError(
+    'NOT_IMPLEMENTED',
+    `${what} is not served by this SPACE server yet: its pauses keep the sandbox's memory (leave keepMemory/memory unset or true)`,
+  );
+}
+
+/**
+ * SPACE's lifecycle options for E2B's create keys (§3.4 of the reference; the SDK's
+ * `lifecycle: { onTimeout, autoResume }` becomes `autoPause`, `autoPauseMemory`,
+ * `autoResume.enabled`): `autoPause` ⇒ `onTimeout: 'pause'`; `autoResume.enabled` ⇒ `autoResume`
+ * (absent: SPACE's default, traffic resumes — E2B's default is not to). As E2B's API: 400 for
+ * `autoPauseMemory: false` without `autoPause` or with auto-resume on.
+ * @throws SpaceError BAD_REQUEST as above; NOT_IMPLEMENTED for `autoPauseMemory: false`
+ *   (a filesystem-only pause).
+ */
+export function lifecycleOf(b: {
+  autoPause?: boolean;
+  autoPauseMemory?: boolean;
+  autoResume?: { enabled?: boolean } | null;
+}): { onTimeout: 'kill' | 'pause'; autoResume?: boolean } {
+  const enabled = b.autoResume?.enabled;
+  if (b.autoPauseMemory === false) {
+    if (!b.autoPause) throw new SpaceError('BAD_REQUEST', 'autoPauseMemory: false needs autoPause: true');
+    if (enabled) {
+      throw new SpaceError('BAD_REQUEST', 'autoResume cannot be enabled with autoPauseMemory: false');
+    }
+    throw memoryLess("lifecycle onTimeout { action: 'pause', keepMemory: false }");
+  }
+  return {
+    onTimeout: b.autoPause ? 'pause' : 'kill',
+    ...(enabled === undefined ? {} : { autoResume: enabled }),
+  };
 }

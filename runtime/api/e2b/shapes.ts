@@ -117,9 +117,15 @@ export function toE2bListed(rec: SandboxRecord) {
   };
 }
 
-/** `SandboxDetail` (get answer). */
+/** `SandboxDetail` (get answer), with `lifecycle` as the SDK's `getInfo().lifecycle` reads it. */
 export function toE2bDetail(rec: SandboxRecord, envdAccessToken: string) {
-  return { ...toE2bListed(rec), envdAccessToken, domain: null, ...networkOf(rec.egress) };
+  return {
+    ...toE2bListed(rec),
+    envdAccessToken,
+    domain: null,
+    ...networkOf(rec.egress),
+    lifecycle: { onTimeout: rec.onTimeout, autoResume: rec.autoResume },
+  };
 }
 
 /**

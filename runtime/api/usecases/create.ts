@@ -119,6 +119,8 @@ export async function createSandbox(
           memoryMiB,
           timeoutSec,
           autoPauseSec: body.autoPauseSec ?? deps.config.defaultAutoPauseSec,
+          onTimeout: body.onTimeout ?? 'kill',
+          autoResume: body.autoResume ?? true,
           apiKey: who.keyId,
           team: who.team,
           metadata: body.metadata ?? {},
