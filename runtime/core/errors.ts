@@ -82,7 +82,7 @@ export const ERROR_CODES = {
   SANDBOX_BUSY: {
     status: 409,
     retryable: true,
-    doc: 'A pause could not start: calls to the sandbox’s guest (an upload, a command start) did not finish in time; retry.',
+    doc: 'A pause could not start: calls to the sandbox’s guest (an upload, a command start) did not finish in time; or a terminal did not take its new size in time (its output is not being read); retry.',
   },
   OPERATION_NOT_FOUND: { status: 404, retryable: false, doc: 'No operation with this id.' },
   COMMAND_NOT_FOUND: { status: 404, retryable: false, doc: 'No command with this id in the sandbox.' },
