@@ -34,6 +34,7 @@ import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { SpaceError } from '../../core/errors.ts';
+import { installNpmTarballs, type NpmTarball, npmTarballProblem } from './npm-tarballs.ts';
 
 /** Bump when the build steps change, so every cached template is rebuilt. */
 export const TEMPLATE_BUILDER_VERSION = 'space-template-builder/2';
@@ -48,6 +49,8 @@ export interface TemplateUser {
   gid: number;
   home: string;
   shell?: string;
+  /** Passwordless `sudo` for the user (`/etc/sudoers.d/<name>`, mode 0440); needs the `sudo` package. */
+  sudo?: boolean;
 }
 
 /** Shape of `templates/<name>.json`. */
@@ -82,6 +85,11 @@ export interface TemplateDefinition {
    * mode 0644; parents made), e.g. `/etc/pip.conf`. They override the builder's own files.
    */
   files?: Record<string, string>;
+  /**
+   * Packages from the npm registry, pinned by version and integrity, copied into the tree after
+   * the Debian packages (npm-tarballs.ts): e.g. a current Node LTS and npm.
+   */
+  npmTarballs?: NpmTarball[];
 }
 
 /** A template ready to use. */
@@ -191,6 +199,17 @@ function validateDefinition(name: string, d: TemplateDefinition): void {
   const u = d.user;
   if (!u || !/^[a-z_][a-z0-9_-]*$/.test(u.name) || !Number.isInteger(u.uid) || !Number.isInteger(u.gid)) {
     throw bad('"user" needs name, uid, gid, home');
+  }
+  if (u.sudo !== undefined && typeof u.sudo !== 'boolean') throw bad('"user.sudo" must be true or false');
+  if (u.sudo && !d.packages.includes('sudo') && !d.aptPackages?.includes('sudo')) {
+    throw bad('"user.sudo" needs the "sudo" package');
+  }
+  if (d.npmTarballs !== undefined) {
+    if (!Array.isArray(d.npmTarballs)) throw bad('"npmTarballs" must be a list');
+    for (const t of d.npmTarballs) {
+      const problem = npmTarballProblem(t);
+      if (problem) throw bad(`"npmTarballs" entry ${JSON.stringify(t?.name)}: ${problem}`);
+    }
   }
 }
 
@@ -350,6 +369,10 @@ async function buildFresh(
       say(`template ${def.name}: apt-get install ${def.aptPackages.join(', ')}`);
       await aptInstall(rootfs, def.aptPackages, opts);
     }
+    if (def.npmTarballs?.length) {
+      const done = await installNpmTarballs(rootfs, def.npmTarballs, { log: opts.log });
+      say(`template ${def.name}: from the npm registry: ${done.join(', ') || 'nothing for this arch'}`);
+    }
     say(`template ${def.name}: configuring`);
     await configureRootfs(def, rootfs);
     await writeFile(
@@ -471,6 +494,12 @@ export async function configureRootfs(def: TemplateDefinition, rootfs: string): 
   // debootstrap writes no /etc/hosts and neither gVisor nor the VM guests make one: without it
   // `localhost` does not resolve (R14)
   await writeFile(join(rootfs, 'etc/hosts'), hostsFile(hostname));
+  if (def.user.sudo) {
+    const rule = join(rootfs, 'etc/sudoers.d', def.user.name);
+    await mkdir(dirname(rule), { recursive: true });
+    await rm(rule, { force: true });
+    await writeFile(rule, `${def.user.name} ALL=(ALL:ALL) NOPASSWD: ALL\n`, { mode: 0o440 });
+  }
   await rm(join(rootfs, 'etc/resolv.conf'), { force: true });
   await writeFile(join(rootfs, 'etc/resolv.conf'), '# written by SPACE when the sandbox starts\n');
   for (const [path, text] of Object.entries(def.files ?? {})) {
