@@ -172,15 +172,17 @@ describe('e2b SDK: routes SPACE does not serve', () => {
 });
 
 describe('e2b SDK: base template', () => {
-  it('has python beside python3 and a current Node LTS with npm', async () => {
+  it('has passwordless sudo for user, python beside python3, and a current Node LTS with npm', async () => {
     const sbx = await Sandbox.create();
     try {
       const r = await sbx.commands
-        .run('whoami && python --version && node --version && npm --version && npx --version')
+        .run(
+          'whoami && sudo -n whoami && python --version && node --version && npm --version && npx --version',
+        )
         .catch((e: CommandExitError) => e);
       expect([r.exitCode, r.stderr]).toEqual([0, '']);
-      const [me, python, node, npm, npx] = r.stdout.trim().split('\n');
-      expect(me).toBe('user');
+      const [me, root, python, node, npm, npx] = r.stdout.trim().split('\n');
+      expect([me, root]).toEqual(['user', 'root']);
       expect(python).toMatch(/^Python 3\./);
       expect(Number(/^v(\d+)\./.exec(node ?? '')?.[1])).toBeGreaterThanOrEqual(22);
       expect(npm).toMatch(/^\d+\./);
@@ -191,6 +193,13 @@ describe('e2b SDK: base template', () => {
         'mkdir -p /tmp/p && cd /tmp/p && echo \'{"name":"p","version":"1.0.0","bin":{"p":"p.js"}}\' > package.json && printf "#!/usr/bin/env node\\nconsole.log(process.version)\\n" > p.js && npm exec --yes -- p',
       );
       expect(p.stdout.trim()).toBe(node);
+      // sudo as agents use it: a root-only write, stdin through, -u, the command's exit code
+      const w = await sbx.commands
+        .run(
+          "echo ok | sudo tee /etc/space-sudo-check >/dev/null && cat /etc/space-sudo-check && sudo -u user id -un && sudo sh -c 'id -u; exit 3'",
+        )
+        .catch((e: CommandExitError) => e);
+      expect([w.exitCode, w.stdout]).toEqual([3, 'ok\nuser\n0\n']);
     } finally {
       await sbx.kill();
     }

@@ -90,6 +90,9 @@ describe('templates', () => {
     const rule = join(r, 'etc/sudoers.d/user');
     expect(await readFile(rule, 'utf8')).toBe('user ALL=(ALL:ALL) NOPASSWD: ALL\n');
     expect([statSync(rule).uid, statSync(rule).mode & 0o777]).toEqual([0, 0o440]);
+    // where setuid cannot work (gVisor), the user's sudo goes through the guest (core/sudo.ts)
+    expect(await readFile(join(r, 'etc/group'), 'utf8')).toMatch(/^sudo:x:\d+:(.*,)?user$/m);
+    expect(statSync(join(r, 'usr/local/bin/sudo')).mode & 0o777).toBe(0o755);
     expect(statSync(join(r, 'opt/space')).isDirectory()).toBe(true);
     expect((await readFile(join(r, 'etc/hostname'), 'utf8')).trim()).toBe('sandbox');
     expect(existsSync(join(r, 'etc/resolv.conf'))).toBe(true);

@@ -34,10 +34,11 @@ import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { SpaceError } from '../../core/errors.ts';
+import { SUDO_GROUP, sudoShim } from '../../core/sudo.ts';
 import { installNpmTarballs, type NpmTarball, npmTarballProblem } from './npm-tarballs.ts';
 
 /** Bump when the build steps change, so every cached template is rebuilt. */
-export const TEMPLATE_BUILDER_VERSION = 'space-template-builder/2';
+export const TEMPLATE_BUILDER_VERSION = 'space-template-builder/3';
 
 /** Folder holding the repo's template definitions. */
 export const DEFAULT_TEMPLATES_DIR = fileURLToPath(new URL('../../../templates/', import.meta.url));
@@ -494,12 +495,7 @@ export async function configureRootfs(def: TemplateDefinition, rootfs: string): 
   // debootstrap writes no /etc/hosts and neither gVisor nor the VM guests make one: without it
   // `localhost` does not resolve (R14)
   await writeFile(join(rootfs, 'etc/hosts'), hostsFile(hostname));
-  if (def.user.sudo) {
-    const rule = join(rootfs, 'etc/sudoers.d', def.user.name);
-    await mkdir(dirname(rule), { recursive: true });
-    await rm(rule, { force: true });
-    await writeFile(rule, `${def.user.name} ALL=(ALL:ALL) NOPASSWD: ALL\n`, { mode: 0o440 });
-  }
+  if (def.user.sudo) await grantSudo(rootfs, def.user.name);
   await rm(join(rootfs, 'etc/resolv.conf'), { force: true });
   await writeFile(join(rootfs, 'etc/resolv.conf'), '# written by SPACE when the sandbox starts\n');
   for (const [path, text] of Object.entries(def.files ?? {})) {
@@ -509,6 +505,30 @@ export async function configureRootfs(def: TemplateDefinition, rootfs: string): 
     await writeFile(target, text, { mode: 0o644 });
   }
   await cleanApt(rootfs);
+}
+
+/**
+ * Passwordless sudo for `name`: the sudoers rule (root's, 0440, as sudo wants it) for where setuid
+ * works, membership of group `sudo` and `/usr/local/bin/sudo` (core/sudo.ts) for where it does not
+ * (gVisor: the guest runs the command).
+ */
+async function grantSudo(rootfs: string, name: string): Promise<void> {
+  const rule = join(rootfs, 'etc/sudoers.d', name);
+  await mkdir(dirname(rule), { recursive: true });
+  await rm(rule, { force: true });
+  await writeFile(rule, `${name} ALL=(ALL:ALL) NOPASSWD: ALL\n`, { mode: 0o440 });
+  const groups = join(rootfs, 'etc/group');
+  const lines = (await readFile(groups, 'utf8')).split('\n');
+  const at = lines.findIndex((l) => l.startsWith(`${SUDO_GROUP}:`));
+  if (at < 0) throw new Error(`the tree has no group ${SUDO_GROUP} (is the sudo package installed?)`);
+  const members = (lines[at]!.split(':')[3] ?? '').split(',').filter(Boolean);
+  if (!members.includes(name))
+    lines[at] = `${lines[at]!.split(':').slice(0, 3).join(':')}:${[...members, name].join(',')}`;
+  await writeFile(groups, lines.join('\n'));
+  const shim = join(rootfs, 'usr/local/bin/sudo');
+  await mkdir(dirname(shim), { recursive: true });
+  await rm(shim, { force: true });
+  await writeFile(shim, sudoShim(), { mode: 0o755 });
 }
 
 /** `/etc/hosts` of a template: localhost (IPv4 and IPv6) and the sandbox's host name. Pure. */
