@@ -446,8 +446,8 @@ describe('SandboxStore', () => {
     // still running at the retry while that pause is pending: no second pause, no kill
     expect(await redis.zscore(keys.deadlines(), id)).toBe(String(61_000 + TIMEOUT_PAUSE_RETRY_MS));
     expect(await store.claimExpired(61_000 + TIMEOUT_PAUSE_RETRY_MS)).toEqual({ killed: [], paused: [] });
-    // that pause failed (the sandbox runs on): the next retry asks again
-    await redis.hset(`${KEY_PREFIX}operation:${opId}`, 'state', 'failed');
+    // a request pause that failed is no reason to kill: the deadline asks for a timeout pause
+    await redis.hset(`${KEY_PREFIX}operation:${opId}`, { state: 'failed', args: '{"reason":"idle"}' });
     expect((await store.claimExpired(61_000 + 2 * TIMEOUT_PAUSE_RETRY_MS)).paused).toEqual([id]);
     // pausing past a retry: not killed
     await store.transition(
@@ -476,6 +476,18 @@ describe('SandboxStore', () => {
     );
     await store.transition(id, 'paused', {}, 410_000);
     expect((await store.claimExpired(411_001)).killed).toEqual([id]);
+    // a timeout pause that failed (the sandbox runs on): the next sweep kills it, never runs it on
+    const stuck = 'sbx_ontimeout0000000003';
+    await store.create(newSandbox(stuck, { onTimeout: 'pause', timeoutSec: 60 }), UNLIMITED_QUOTAS, 0);
+    await store.transition(stuck, 'running', {}, 0);
+    expect((await store.claimExpired(61_000)).paused).toEqual([stuck]);
+    const stuckOp = (await redis.hget(keys.sandbox(stuck), 'pauseOperationId'))!;
+    await redis.hset(`${KEY_PREFIX}operation:${stuckOp}`, 'state', 'failed');
+    expect(await store.claimExpired(61_000 + TIMEOUT_PAUSE_RETRY_MS)).toEqual({
+      killed: [stuck],
+      paused: [],
+    });
+    expect(await store.get(stuck)).toMatchObject({ state: 'killing', killReason: 'timeout' });
     // a request pause gives back only what was left (the rule did not change)
     const other = 'sbx_ontimeout0000000002';
     await store.create(newSandbox(other, { onTimeout: 'pause', timeoutSec: 60 }), UNLIMITED_QUOTAS, 0);

@@ -27,8 +27,8 @@ import { PLACEMENT_RULES, PLACEMENT_RULES_JSON, roomError } from './placement.ts
 import type { ScriptedRedis } from './redis-scripts.ts';
 
 /**
- * How long after its deadline a sandbox with `onTimeout: 'pause'` that still runs (its timeout
- * pause failed, or was refused) is asked to pause again, ms.
+ * How long after its deadline a sandbox with `onTimeout: 'pause'` is looked at again, ms: still
+ * running with its timeout pause failed, it is killed; with the pause still under way, it waits on.
  */
 export const TIMEOUT_PAUSE_RETRY_MS = 30_000;
 
@@ -582,8 +582,9 @@ export class SandboxStore {
   /**
    * Claims up to `limit` sandboxes past their deadline, each in one atomic step (expire.lua): one
    * whose `onTimeout` is `pause` and that runs gets a queued `sandbox.pause` operation (reason
-   * `timeout`; asked again {@link TIMEOUT_PAUSE_RETRY_MS} later should it still run); any other
-   * moves to killing (reason timeout, or retention when paused) with a queued `sandbox.delete`.
+   * `timeout`; looked at again {@link TIMEOUT_PAUSE_RETRY_MS} later: still running because that
+   * pause failed, it is killed); any other moves to killing (reason timeout, or retention when
+   * paused) with a queued `sandbox.delete`.
    * Returns the ids of each kind.
    */
   async claimExpired(now = Date.now(), limit = 100): Promise<{ killed: string[]; paused: string[] }> {

@@ -3,9 +3,10 @@
 -- entirely):
 -- * a sandbox whose record says `onTimeout = pause` and that is running gets a pause operation
 --   (args reason `timeout`) queued, unless a pause is already pending or running, and its deadline
---   set ARGV[4] ms later: a pause that fails (the sandbox runs again) is asked again then; one
---   pausing or resuming only gets that later deadline (it is never killed for its running time);
---   a paused one's deadline is its paused retention and ends it as below;
+--   set ARGV[4] ms later; one pausing or resuming only gets that later deadline. When that later
+--   deadline finds the timeout pause failed (the sandbox runs on), it is killed as below: a
+--   sandbox never runs on past its lifetime because it could not be paused. A paused one's
+--   deadline is its paused retention and ends it as below;
 -- * any other is moved to `killing` with reason `timeout` (or `retention` when it is paused: its
 --   deadline was then the paused retention) and its delete operation queued.
 -- KEYS[1] deadlines zset, KEYS[2] operations queue; ARGV[1] key prefix, ARGV[2] now (ms),
@@ -20,13 +21,14 @@ for _, id in ipairs(due) do
   local f = redis.call('HMGET', sk, 'state', 'onTimeout', 'pauseOperationId', 'team')
   local state, team = f[1], f[4] or ''
   local live = state == 'running' or state == 'pausing' or state == 'resuming'
-  if live and f[2] == 'pause' then
+  local pending, timeoutPauseFailed = false, false
+  if live and f[2] == 'pause' and f[3] and f[3] ~= '' then
+    local op = redis.call('HMGET', ARGV[1] .. 'operation:' .. f[3], 'state', 'args')
+    pending = op[1] == 'pending' or op[1] == 'running'
+    timeoutPauseFailed = op[1] == 'failed' and op[2] == '{"reason":"timeout"}'
+  end
+  if live and f[2] == 'pause' and not (state == 'running' and timeoutPauseFailed) then
     redis.call('ZADD', KEYS[1], tonumber(now) + tonumber(ARGV[4]), id)
-    local pending = false
-    if f[3] and f[3] ~= '' then
-      local ps = redis.call('HGET', ARGV[1] .. 'operation:' .. f[3], 'state')
-      pending = ps == 'pending' or ps == 'running'
-    end
     if state == 'running' and not pending then
       -- one id per sandbox and instant: `op_p` + the id's random part + now
       local opId = 'op_p' .. (string.gsub(id, '^sbx_?', '')) .. now
