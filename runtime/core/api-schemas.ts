@@ -127,7 +127,7 @@ export const CreateSandboxBody = Type.Object(
     autoResume: Type.Optional(
       Type.Boolean({
         description:
-          'Whether traffic through the router (a command, a file call, a port) resumes the sandbox when it is paused (default true); false: only a resume through the API does.',
+          'Whether traffic through the router (a command, a file call, a port) resumes the sandbox when it is paused (default true); false: only a resume through the API does, and idle auto-pause is off unless autoPauseSec is given.',
       }),
     ),
     metadata: Type.Optional(Metadata),

@@ -235,14 +235,18 @@ describe('e2b routes (buildApp + inject, worker on a fake agent)', () => {
       });
     const made = await v1({ template: 'base', onTimeout: 'pause', autoResume: false });
     expect(made.statusCode).toBe(202);
-    expect(made.json().sandbox).toMatchObject({ onTimeout: 'pause', autoResume: false });
+    // traffic does not resume it, so idleness does not pause it (unless asked)
+    expect(made.json().sandbox).toMatchObject({ onTimeout: 'pause', autoResume: false, autoPauseSec: 0 });
     const plain = await v1({ template: 'base' });
     expect(plain.json().sandbox).toMatchObject({ onTimeout: 'kill', autoResume: true });
+    expect(plain.json().sandbox.autoPauseSec).toBe(api.deps.config.defaultAutoPauseSec);
+    const asked = await v1({ template: 'base', autoResume: false, autoPauseSec: 60 });
+    expect(asked.json().sandbox).toMatchObject({ autoResume: false, autoPauseSec: 60 });
     for (const bad of [{ onTimeout: 'sleep' }, { autoResume: 'yes' }]) {
       const res = await v1({ template: 'base', ...bad });
       expect([res.statusCode, res.json().error.code], JSON.stringify(bad)).toEqual([400, 'BAD_REQUEST']);
     }
-    for (const s of [made.json().sandbox.id, plain.json().sandbox.id]) {
+    for (const s of [made.json().sandbox.id, plain.json().sandbox.id, asked.json().sandbox.id]) {
       await api.app.inject({
         method: 'DELETE',
         url: `/v1/sandboxes/${s}`,
