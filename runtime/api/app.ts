@@ -22,7 +22,7 @@ import { installAuth } from './auth.ts';
 import { type ApiConfig, defaultQuotas } from './config.ts';
 import { CredentialStore } from './credential-store.ts';
 import { DeploymentStore } from './deployment-store.ts';
-import { e2bRoutes } from './e2b/routes.ts';
+import { e2bNotFoundBody, e2bRoutes } from './e2b/routes.ts';
 import { lifecycleHandlers } from './lifecycle.ts';
 import { type ApiMetrics, createApiMetrics } from './metrics.ts';
 import { NodeStore, readyTemplates } from './node-store.ts';
@@ -130,7 +130,7 @@ export async function buildApp(
   const app = (
     (opts.tls ? fastify({ ...common, https: opts.tls }) : fastify(common)) as unknown as FastifyInstance
   ).withTypeProvider<TypeBoxTypeProvider>();
-  installErrorHandlers(app);
+  installErrorHandlers(app, undefined, e2bNotFoundBody);
   acceptEmptyBodies(app);
   installValidators(app);
   await app.register(swagger, {

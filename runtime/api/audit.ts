@@ -77,6 +77,7 @@ export class AuditLog {
 
   /**
    * Team `team`'s entries newest first, at most `limit`, older than cursor `before` (an entry id).
+   * `nextCursor` is set only when an older entry follows the page (one more is read to know).
    * @throws SpaceError BAD_REQUEST for a malformed cursor.
    */
   async list(
@@ -87,7 +88,8 @@ export class AuditLog {
       throw new SpaceError('BAD_REQUEST', 'before must be an audit entry id');
     }
     const end = opts.before === undefined ? '+' : `(${opts.before}`;
-    const rows = await this.#redis.xrevrange(keys.teamAudit(team), end, '-', 'COUNT', opts.limit);
+    const read = await this.#redis.xrevrange(keys.teamAudit(team), end, '-', 'COUNT', opts.limit + 1);
+    const rows = read.slice(0, opts.limit);
     const entries = rows.map(([id, flat]) => {
       const h: Record<string, string> = {};
       for (let i = 0; i < flat.length; i += 2) h[flat[i]!] = flat[i + 1] ?? '';
@@ -103,6 +105,6 @@ export class AuditLog {
         code: h.code || null,
       };
     });
-    return { entries, nextCursor: entries.length === opts.limit ? entries.at(-1)!.id : null };
+    return { entries, nextCursor: read.length > opts.limit ? (entries.at(-1)?.id ?? null) : null };
   }
 }

@@ -18,6 +18,8 @@ declare module 'fastify' {
     public?: boolean;
     /** True for E2B routes: authenticated by their own hook (`X-API-KEY`). */
     e2b?: boolean;
+    /** True for E2B routes SPACE does not serve: 501 whatever the auth (e2b/routes.ts). */
+    unserved?: boolean;
   }
   interface FastifyRequest {
     /** The key that authenticated the request (absent on public routes). */
@@ -79,7 +81,8 @@ export function installAuth(
   });
   app.addHook('onRequest', async (req) => {
     const c = req.routeOptions.config;
-    if (c.public || c.e2b) return;
+    // no route: 404 whoever asks (an E2B client told "missing Bearer header" checks its key)
+    if (c.public || c.e2b || req.routeOptions.url === undefined) return;
     req.auth = await deps.apiKeys.authenticate(req.headers.authorization);
     if (c.scope) requireScope(req.auth, c.scope);
   });

@@ -332,7 +332,7 @@ async function pause(d: LifecycleDeps, op: OperationRecord): Promise<void> {
     );
   }
   const mode = choosePauseMode(op.args.mode, node, d.pause);
-  const reason = op.args.reason === 'idle' ? 'idle' : 'request';
+  const reason = op.args.reason === 'idle' || op.args.reason === 'timeout' ? op.args.reason : 'request';
   if (rec.state === 'running') {
     const moved = await d.sandboxes.transition(id, 'pausing', {
       pauseMode: mode,
@@ -374,6 +374,16 @@ async function pause(d: LifecycleDeps, op: OperationRecord): Promise<void> {
   // whichever API) hears of it: a pause finished after an API died is not billed active (F9)
   await meter(d, rec, 'paused', undefined, out.pausedForMs);
   log.info({ mode: out.mode, reason, [F.durationMs]: Date.now() - started }, 'sandbox paused');
+}
+
+/**
+ * The running lifetime a paused sandbox gets back when it resumes, s: what was left when it paused,
+ * or its whole `timeoutSec` when the end of its lifetime paused it (`onTimeout: 'pause'`, as E2B
+ * restarts it). transition.lua applies the same rule to the record.
+ */
+export function runningLeftSec(rec: SandboxRecord): number {
+  if (!rec.pause || rec.pause.reason === 'timeout') return rec.timeoutSec;
+  return rec.pause.timeLeftSec;
 }
 
 async function resume(d: LifecycleDeps, op: OperationRecord): Promise<void> {
@@ -436,7 +446,7 @@ async function resume(d: LifecycleDeps, op: OperationRecord): Promise<void> {
               vcpus: cur.vcpus,
               memoryMiB: cur.memoryMiB,
               env: cur.env,
-              expiresAtMs: Date.now() + (cur.pause?.timeLeftSec ?? cur.timeoutSec) * 1000,
+              expiresAtMs: Date.now() + runningLeftSec(cur) * 1000,
               egress: cur.egress,
               credentials,
               hibernation: hib,

@@ -1,6 +1,7 @@
 /**
  * Lifetime enforcement: every interval, claim sandboxes past their deadline (expire.lua moves
- * each to killing and queues its delete operation atomically), pause sandboxes whose idle timer
+ * each to killing and queues its delete operation atomically, or queues a pause for one created
+ * with `onTimeout: 'pause'`), pause sandboxes whose idle timer
  * ran out (`autoPauseSec`), and every {@link RECONCILE_INTERVAL_MS} run the reconciler. Any API
  * replica may run it; the scripts make double claims impossible.
  */
@@ -41,8 +42,9 @@ export class Reaper {
 
   async #tick(): Promise<void> {
     try {
-      const ids = await this.#store.claimExpired();
-      for (const id of ids) this.#log.info({ [F.sandboxId]: id }, 'sandbox lifetime reached');
+      const { killed, paused } = await this.#store.claimExpired();
+      for (const id of killed) this.#log.info({ [F.sandboxId]: id }, 'sandbox lifetime reached');
+      for (const id of paused) this.#log.info({ [F.sandboxId]: id }, 'sandbox lifetime reached: pausing');
       await this.#autoPause();
       if (this.#reconciler && Date.now() - this.#lastReconcile >= RECONCILE_INTERVAL_MS) {
         this.#lastReconcile = Date.now();

@@ -51,7 +51,8 @@ export interface SpaceScripts {
     prefix: string,
     now: string,
     limit: string,
-  ): Promise<string[]>;
+    pauseRetryMs: string,
+  ): Promise<[killed: string[], paused: string[]]>;
   spaceExtend(
     sandboxKey: string,
     deadlinesKey: string,

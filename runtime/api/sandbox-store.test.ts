@@ -7,7 +7,7 @@ import { KEY_PREFIX, keys } from '../core/redis-keys.ts';
 import { UNLIMITED_QUOTAS } from '../core/tenancy.ts';
 import { OperationStore } from './operations.ts';
 import { withScripts } from './redis-scripts.ts';
-import { SandboxStore } from './sandbox-store.ts';
+import { SandboxStore, TIMEOUT_PAUSE_RETRY_MS } from './sandbox-store.ts';
 import { newSandbox } from './test-records.ts';
 
 const redis = withScripts(new Redis(inject('redisUrl'), { db: 3 }));
@@ -139,6 +139,52 @@ describe('SandboxStore', () => {
       sandboxes: [],
       nextCursor: null,
     });
+  });
+
+  it('hands out a cursor only when a match follows: a full last page ends the listing, filters included', async () => {
+    for (let i = 0; i < 20; i++)
+      await make(`sbx_full${String(i).padStart(16, '0')}`, 2_000 + Math.floor(i / 4), {
+        k: i % 2 ? 'odd' : 'even',
+      });
+    // exactly two full pages: the second has no cursor (no extra, empty third page)
+    const first = await store.list({ limit: 10, team: 'default' });
+    expect(first.sandboxes).toHaveLength(10);
+    const second = await store.list({ limit: 10, cursor: first.nextCursor!, team: 'default' });
+    expect([second.sandboxes.length, second.nextCursor]).toEqual([10, null]);
+    // the same with filters that leave exactly a page's worth (metadata; a predicate)
+    expect((await store.list({ limit: 10, metadata: { k: 'odd' }, team: 'default' })).nextCursor).toBeNull();
+    const odd = (r: { id: string }) => Number(r.id.slice(-2)) % 2 === 1;
+    const byMatch = await store.list({ limit: 5, match: odd, team: 'default' });
+    expect(byMatch.sandboxes.every(odd)).toBe(true);
+    const rest = await store.list({ limit: 5, match: odd, cursor: byMatch.nextCursor!, team: 'default' });
+    expect([rest.sandboxes.length, rest.nextCursor]).toEqual([5, null]);
+    // one more than a page: a cursor, and a last page of one
+    await make('sbx_full9999999999999999', 1_000); // the oldest: after the second page
+    const again = await store.list({ limit: 10, cursor: first.nextCursor!, team: 'default' });
+    expect(again.nextCursor).not.toBeNull();
+    expect((await store.list({ limit: 21, team: 'default' })).nextCursor).toBeNull();
+  });
+
+  it("pages oldest first with order 'asc', every sandbox once, equal timestamps included", async () => {
+    const ids: string[] = [];
+    for (let i = 0; i < 23; i++) {
+      const id = `sbx_asc${String(i).padStart(17, '0')}`;
+      ids.push(id);
+      await make(id, 3_000 + Math.floor(i / 3)); // 3 share each ms
+    }
+    const seen: string[] = [];
+    let cursor: string | undefined;
+    for (let guard = 0; guard < 10; guard++) {
+      const page = await store.list({ limit: 4, order: 'asc', cursor, team: 'default' });
+      seen.push(...page.sandboxes.map((s) => s.id));
+      if (!page.nextCursor) break;
+      cursor = page.nextCursor;
+    }
+    // ids sort like their creation order here (zero-padded), so oldest first is the ids in order
+    expect(seen).toEqual(ids);
+    expect((await store.list({ limit: 100, team: 'default' })).sandboxes.map((s) => s.id)).toEqual(
+      [...ids].reverse(),
+    );
   });
 
   it('a listing whose pages are mostly expired records prunes them and skips none of the live ones', async () => {
@@ -330,8 +376,8 @@ describe('SandboxStore', () => {
     await store.transition('sbx_expire0000000000002', 'running', {}, 0);
     // the second is extended before the sweep; the first is not
     expect(await store.extend('sbx_expire0000000000002', 60, 50_000)).toEqual({ ok: true });
-    expect(await store.claimExpired(61_000)).toEqual(['sbx_expire0000000000001']);
-    expect(await store.claimExpired(61_000)).toEqual([]);
+    expect((await store.claimExpired(61_000)).killed).toEqual(['sbx_expire0000000000001']);
+    expect((await store.claimExpired(61_000)).killed).toEqual([]);
     expect((await store.get('sbx_expire0000000000001'))?.state).toBe('killing');
     expect(await redis.xlen(keys.operationQueue())).toBe(1);
     expect(await redis.hget(`${KEY_PREFIX}operation:op_texpire0000000000001`, 'kind')).toBe('sandbox.delete');
@@ -347,7 +393,7 @@ describe('SandboxStore', () => {
     expect(rec.pause).toMatchObject({ mode: 'frozen', timeLeftSec: 40 });
     expect(rec.expiresAtMs).toBe(25_000);
     // past its old deadline (60 s) but inside the retention: nothing expires
-    expect(await store.claimExpired(24_000)).toEqual([]);
+    expect((await store.claimExpired(24_000)).killed).toEqual([]);
     // a new lifetime while paused is running time left; the retention deadline stays
     expect(await store.extend('sbx_pauseclock000000001', 30, 21_000)).toEqual({ ok: true });
     expect((await store.get('sbx_pauseclock000000001'))!.expiresAtMs).toBe(25_000);
@@ -379,17 +425,90 @@ describe('SandboxStore', () => {
     await store.transition('sbx_retention0000000001', 'running', {}, 0);
     await store.transition('sbx_retention0000000001', 'pausing', { retentionMs: '1000' }, 100);
     await store.transition('sbx_retention0000000001', 'paused', {}, 200);
-    expect(await store.claimExpired(1_100)).toEqual([]);
-    expect(await store.claimExpired(1_300)).toEqual(['sbx_retention0000000001']);
+    expect((await store.claimExpired(1_100)).killed).toEqual([]);
+    expect((await store.claimExpired(1_300)).killed).toEqual(['sbx_retention0000000001']);
     const rec = (await store.get('sbx_retention0000000001'))!;
     expect(rec).toMatchObject({ state: 'killing', killReason: 'retention' });
+  });
+
+  it("onTimeout 'pause': the deadline queues one pause (reason timeout), never a kill while live; its resume restarts the lifetime", async () => {
+    const id = 'sbx_ontimeout0000000001';
+    await store.create(newSandbox(id, { onTimeout: 'pause', timeoutSec: 60 }), UNLIMITED_QUOTAS, 0);
+    await store.transition(id, 'running', {}, 0);
+    expect(await store.claimExpired(61_000)).toEqual({ killed: [], paused: [id] });
+    const opId = (await redis.hget(keys.sandbox(id), 'pauseOperationId'))!;
+    expect(await redis.hmget(`${KEY_PREFIX}operation:${opId}`, 'kind', 'target', 'state', 'args')).toEqual([
+      'sandbox.pause',
+      id,
+      'pending',
+      '{"reason":"timeout"}',
+    ]);
+    // still running at the retry while that pause is pending: no second pause, no kill
+    expect(await redis.zscore(keys.deadlines(), id)).toBe(String(61_000 + TIMEOUT_PAUSE_RETRY_MS));
+    expect(await store.claimExpired(61_000 + TIMEOUT_PAUSE_RETRY_MS)).toEqual({ killed: [], paused: [] });
+    // a request pause that failed is no reason to kill: the deadline asks for a timeout pause
+    await redis.hset(`${KEY_PREFIX}operation:${opId}`, { state: 'failed', args: '{"reason":"idle"}' });
+    expect((await store.claimExpired(61_000 + 2 * TIMEOUT_PAUSE_RETRY_MS)).paused).toEqual([id]);
+    // pausing past a retry: not killed
+    await store.transition(
+      id,
+      'pausing',
+      { pauseMode: 'frozen', pauseReason: 'timeout', retentionMs: '600000' },
+      200_000,
+    );
+    expect(await store.claimExpired(200_000 + 3 * TIMEOUT_PAUSE_RETRY_MS)).toEqual({
+      killed: [],
+      paused: [],
+    });
+    expect((await store.get(id))?.state).toBe('pausing');
+    await store.transition(id, 'paused', {}, 300_000);
+    expect((await store.get(id))?.pause).toMatchObject({ reason: 'timeout', timeLeftSec: 0 });
+    // resumed: the whole timeoutSec again, not the ~0 s left at the pause
+    await store.transition(id, 'resuming', {}, 400_000);
+    await store.transition(id, 'running', {}, 400_000);
+    expect((await store.get(id))?.expiresAtMs).toBe(400_000 + 60_000);
+    // paused past its retention it ends like any paused sandbox
+    await store.transition(
+      id,
+      'pausing',
+      { pauseMode: 'frozen', pauseReason: 'request', retentionMs: '1000' },
+      410_000,
+    );
+    await store.transition(id, 'paused', {}, 410_000);
+    expect((await store.claimExpired(411_001)).killed).toEqual([id]);
+    // a timeout pause that failed (the sandbox runs on): the next sweep kills it, never runs it on
+    const stuck = 'sbx_ontimeout0000000003';
+    await store.create(newSandbox(stuck, { onTimeout: 'pause', timeoutSec: 60 }), UNLIMITED_QUOTAS, 0);
+    await store.transition(stuck, 'running', {}, 0);
+    expect((await store.claimExpired(61_000)).paused).toEqual([stuck]);
+    const stuckOp = (await redis.hget(keys.sandbox(stuck), 'pauseOperationId'))!;
+    await redis.hset(`${KEY_PREFIX}operation:${stuckOp}`, 'state', 'failed');
+    expect(await store.claimExpired(61_000 + TIMEOUT_PAUSE_RETRY_MS)).toEqual({
+      killed: [stuck],
+      paused: [],
+    });
+    expect(await store.get(stuck)).toMatchObject({ state: 'killing', killReason: 'timeout' });
+    // a request pause gives back only what was left (the rule did not change)
+    const other = 'sbx_ontimeout0000000002';
+    await store.create(newSandbox(other, { onTimeout: 'pause', timeoutSec: 60 }), UNLIMITED_QUOTAS, 0);
+    await store.transition(other, 'running', {}, 0);
+    await store.transition(
+      other,
+      'pausing',
+      { pauseMode: 'frozen', pauseReason: 'request', retentionMs: '600000' },
+      20_000,
+    );
+    await store.transition(other, 'paused', {}, 20_000);
+    await store.transition(other, 'resuming', {}, 100_000);
+    await store.transition(other, 'running', {}, 100_000);
+    expect((await store.get(other))?.expiresAtMs).toBe(100_000 + 40_000);
   });
 
   it('expires DNS-safe sandbox ids too (no `_` to split on)', async () => {
     const id = newSandboxId();
     await make(id, 0);
     await store.transition(id, 'running', {}, 0);
-    expect(await store.claimExpired(61_000)).toEqual([id]);
+    expect((await store.claimExpired(61_000)).killed).toEqual([id]);
     expect(await redis.hget(`${KEY_PREFIX}operation:op_t${id.slice(3)}`, 'kind')).toBe('sandbox.delete');
   });
 });

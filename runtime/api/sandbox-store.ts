@@ -15,6 +15,7 @@ import {
   describeKillReason,
   type EndReport,
   type KillReason,
+  type OnTimeout,
   parseEndReport,
   type Sandbox,
   type SandboxState,
@@ -24,6 +25,12 @@ import type { SandboxGrant } from './credential-store.ts';
 import type { DraftOperation } from './operations.ts';
 import { PLACEMENT_RULES, PLACEMENT_RULES_JSON, roomError } from './placement.ts';
 import type { ScriptedRedis } from './redis-scripts.ts';
+
+/**
+ * How long after its deadline a sandbox with `onTimeout: 'pause'` is looked at again, ms: still
+ * running with its timeout pause failed, it is killed; with the pause still under way, it waits on.
+ */
+export const TIMEOUT_PAUSE_RETRY_MS = 30_000;
 
 /** A sandbox as stored (the public record plus what only the platform needs). */
 export interface SandboxRecord extends Omit<Sandbox, 'credentials'> {
@@ -61,6 +68,10 @@ export interface NewSandbox {
   portToken?: string;
   /** Set: servers in the sandbox are private, reached only with this traffic access token. */
   trafficToken?: string;
+  /** What its deadline does: `kill` (absent: the default) or `pause` it. */
+  onTimeout?: OnTimeout;
+  /** Whether traffic through the router resumes it when paused (absent: true). */
+  autoResume?: boolean;
   /** Id of the API key that asked for it. */
   apiKey?: string;
   /** Team that owns it. */
@@ -89,13 +100,16 @@ export function sandboxFromHash(h: Record<string, string>): SandboxRecord | null
     memoryMiB: Number(h.memoryMiB),
     timeoutSec: Number(h.timeoutSec),
     autoPauseSec: Number(h.autoPauseSec ?? 0),
+    // records from before lifecycle options: killed at the deadline, resumed by traffic
+    onTimeout: h.onTimeout === 'pause' ? 'pause' : 'kill',
+    autoResume: h.autoResume !== '0',
     // only a sandbox that reached `paused` has a pause to describe: one deleted while it was
     // being paused holds the asked mode but no pausedAtMs (and answered 500 on GET: pausedAt '')
     pause:
       (h.pauseMode === 'frozen' || h.pauseMode === 'hibernated') && h.pausedAtMs
         ? {
             mode: h.pauseMode,
-            reason: h.pauseReason === 'idle' ? 'idle' : 'request',
+            reason: h.pauseReason === 'idle' || h.pauseReason === 'timeout' ? h.pauseReason : 'request',
             pausedAt: iso(h.pausedAtMs) ?? '',
             timeLeftSec: Math.max(0, Math.round(Number(h.timeLeftMs ?? 0) / 1000)),
           }
@@ -215,6 +229,8 @@ export class SandboxStore {
       memoryMiB: String(s.memoryMiB),
       timeoutSec: String(s.timeoutSec),
       autoPauseSec: String(s.autoPauseSec ?? 0),
+      onTimeout: s.onTimeout ?? 'kill',
+      autoResume: s.autoResume === false ? '0' : '1',
       apiKey: s.apiKey ?? '',
       metadata: JSON.stringify(s.metadata),
       env: JSON.stringify(s.env),
@@ -340,62 +356,63 @@ export class SandboxStore {
   }
 
   /**
-   * Lists sandboxes newest first. `cursor` is opaque (from a previous page's `nextCursor`).
-   * Filters apply before the limit, so a page is full unless the listing ended. A state filter
-   * without `killed` reads the team's index of sandboxes not yet killed
-   * ({@link keys.teamLiveSandboxes}); any other listing reads the whole team index, which also holds
-   * the records of sandboxes killed in the last {@link KILLED_SANDBOX_TTL_SEC} seconds.
+   * Lists sandboxes newest first (`order: 'asc'`: oldest first). `cursor` is opaque (from a
+   * previous page's `nextCursor`, of the same order). Filters (`state`, `metadata`, `match`) apply
+   * before the limit, so a page is full unless the listing ended, and `nextCursor` is set only when
+   * another matching sandbox follows the page (a full last page has none). A state filter without
+   * `killed` reads the team's index of sandboxes not yet killed ({@link keys.teamLiveSandboxes});
+   * any other listing reads the whole team index, which also holds the records of sandboxes killed
+   * in the last {@link KILLED_SANDBOX_TTL_SEC} seconds. Members with one creation time are ordered
+   * by id (Redis's order for equal scores), so the cursor (time, id) is a strict position.
+   * @throws SpaceError BAD_REQUEST for a cursor this store did not hand out.
    */
   async list(opts: {
     limit: number;
     cursor?: string;
     state?: SandboxState[];
     metadata?: Record<string, string>;
+    /** Any other filter (e.g. E2B's template and start time), applied before the limit. */
+    match?: (rec: SandboxRecord) => boolean;
+    /** `desc` (default): newest first; `asc`: oldest first. */
+    order?: 'asc' | 'desc';
     /** Only this team's sandboxes. */
     team: string;
   }): Promise<{ sandboxes: SandboxRecord[]; nextCursor: string | null }> {
-    const out: SandboxRecord[] = [];
-    let max = '+inf';
-    let skipId: string | null = null;
+    const asc = opts.order === 'asc';
+    const out: { rec: SandboxRecord; score: string }[] = [];
+    let from = asc ? '-inf' : '+inf';
+    let after: { score: string; id: string } | null = null;
     if (opts.cursor) {
       const [score, id] = Buffer.from(opts.cursor, 'base64url').toString('utf8').split(':');
       if (!score || !/^\d{1,16}$/.test(score) || !id) {
         throw new SpaceError('BAD_REQUEST', 'cursor is not one this API returned');
       }
-      max = score;
-      skipId = id;
+      from = score;
+      after = { score, id };
     }
-    const batch = Math.max(opts.limit * 2, 50);
+    // one more than a page: a cursor is handed out only when something follows
+    const want = opts.limit + 1;
+    const batch = Math.max(want * 2, 50);
     // `running` sandboxes of a team that made thousands this week: read the live ones only
     const liveOnly = opts.state !== undefined && !opts.state.includes('killed');
     const index = liveOnly ? keys.teamLiveSandboxes(opts.team) : keys.teamSandboxes(opts.team);
+    /** True for a member at or before the cursor's position in this order (already handed out). */
+    const handedOut = (id: string, score: string) => {
+      if (!after || score !== after.score) return false;
+      return asc ? id <= after.id : id >= after.id;
+    };
     let offset = 0;
     for (;;) {
-      const page = await this.redis.zrevrangebyscore(
-        index,
-        max,
-        '-inf',
-        'WITHSCORES',
-        'LIMIT',
-        offset,
-        batch,
-      );
-      if (page.length === 0) return { sandboxes: out, nextCursor: null };
+      const page = asc
+        ? await this.redis.zrangebyscore(index, from, '+inf', 'WITHSCORES', 'LIMIT', offset, batch)
+        : await this.redis.zrevrangebyscore(index, from, '-inf', 'WITHSCORES', 'LIMIT', offset, batch);
+      if (page.length === 0) break;
       offset += page.length / 2;
       const entries: Array<{ id: string; score: string }> = [];
-      let pastCursor = skipId === null;
       for (let i = 0; i < page.length; i += 2) {
         const id = page[i]!;
         const score = page[i + 1]!;
-        if (!pastCursor) {
-          // members with the cursor's score up to and including the cursor's id were already returned
-          if (score !== max) pastCursor = true;
-          else {
-            if (id === skipId) pastCursor = true;
-            continue;
-          }
-        }
-        entries.push({ id, score });
+        if (!handedOut(id, score)) entries.push({ id, score });
       }
       // the page's records in one round trip: a team's index also holds its killed sandboxes
       // (kept KILLED_SANDBOX_TTL_SEC), so a filtered listing may read many records to fill a page
@@ -416,18 +433,22 @@ export class SandboxStore {
         if (opts.state && !opts.state.includes(rec.state)) continue;
         if (opts.metadata && !Object.entries(opts.metadata).every(([k, v]) => rec.metadata[k] === v))
           continue;
-        out.push(rec);
-        if (out.length === opts.limit) {
-          await this.#prune(opts.team, gone, killed);
-          const next = Buffer.from(`${score}:${id}`).toString('base64url');
-          return { sandboxes: out, nextCursor: next };
-        }
+        if (opts.match && !opts.match(rec)) continue;
+        out.push({ rec, score });
+        if (out.length === want) break;
       }
       await this.#prune(opts.team, gone, killed);
+      if (out.length === want) break;
       // the pruned members no longer take places before the next page
       offset -= gone.length + (liveOnly ? killed.length : 0);
-      skipId = null;
     }
+    const more = out.length === want;
+    const shown = out.slice(0, opts.limit);
+    const last = shown.at(-1);
+    return {
+      sandboxes: shown.map((o) => o.rec),
+      nextCursor: more && last ? Buffer.from(`${last.score}:${last.rec.id}`).toString('base64url') : null,
+    };
   }
 
   /**
@@ -566,17 +587,23 @@ export class SandboxStore {
   }
 
   /**
-   * Claims up to `limit` sandboxes past their deadline: each moves to killing (reason timeout) and
-   * gets a queued `sandbox.delete` operation in the same atomic step. Returns the claimed ids.
+   * Claims up to `limit` sandboxes past their deadline, each in one atomic step (expire.lua): one
+   * whose `onTimeout` is `pause` and that runs gets a queued `sandbox.pause` operation (reason
+   * `timeout`; looked at again {@link TIMEOUT_PAUSE_RETRY_MS} later: still running because that
+   * pause failed, it is killed); any other moves to killing (reason timeout, or retention when
+   * paused) with a queued `sandbox.delete`.
+   * Returns the ids of each kind.
    */
-  async claimExpired(now = Date.now(), limit = 100): Promise<string[]> {
-    return this.redis.spaceExpire(
+  async claimExpired(now = Date.now(), limit = 100): Promise<{ killed: string[]; paused: string[] }> {
+    const [killed, paused] = await this.redis.spaceExpire(
       keys.deadlines(),
       keys.operationQueue(),
       KEY_PREFIX,
       String(now),
       String(limit),
+      String(TIMEOUT_PAUSE_RETRY_MS),
     );
+    return { killed, paused };
   }
 
   /** Stores a new egress policy (the caller pushes it to the node). */

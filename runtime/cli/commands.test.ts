@@ -82,6 +82,8 @@ describe('sandbox', () => {
           memoryMiB: 512,
           timeoutSec: 300,
           autoPauseSec: 0,
+          onTimeout: 'kill',
+          autoResume: true,
           pause: null,
           metadata: { team: 'a' },
           nodeId: 'local',
@@ -227,5 +229,14 @@ describe('usage and pause', () => {
       template: 'base',
       autoPauseSec: 0,
     });
+  });
+
+  it('puts --on-timeout and --no-auto-resume in the create body (the defaults send nothing)', () => {
+    expect(createBody({ template: 'base', onTimeout: 'pause', autoResume: false, wait: true })).toEqual({
+      template: 'base',
+      onTimeout: 'pause',
+      autoResume: false,
+    });
+    expect(createBody({ template: 'base', autoResume: true, wait: true })).toEqual({ template: 'base' });
   });
 });

@@ -31,6 +31,10 @@ interface CreateOptions {
   memory?: number;
   timeout?: number;
   autoPause?: number;
+  /** `--on-timeout kill|pause`. */
+  onTimeout?: 'kill' | 'pause';
+  /** false with `--no-auto-resume`. */
+  autoResume?: boolean;
   metadata?: Record<string, string>;
   env?: Record<string, string>;
   idempotencyKey?: string;
@@ -44,6 +48,8 @@ export function createBody(o: CreateOptions): Record<string, unknown> {
   if (o.memory !== undefined) body['memoryMiB'] = o.memory;
   if (o.timeout !== undefined) body['timeoutSec'] = o.timeout;
   if (o.autoPause !== undefined) body['autoPauseSec'] = o.autoPause;
+  if (o.onTimeout !== undefined) body['onTimeout'] = o.onTimeout;
+  if (o.autoResume === false) body['autoResume'] = false;
   if (o.metadata && Object.keys(o.metadata).length) body['metadata'] = o.metadata;
   if (o.env && Object.keys(o.env).length) body['env'] = o.env;
   return body;
@@ -97,6 +103,9 @@ function sandboxPath(id: string): string {
   return `/v1/sandboxes/${encodeURIComponent(id)}`;
 }
 
+/** How `show` names what paused a sandbox. */
+const PAUSED_BY = { idle: 'idle', request: 'requested', timeout: 'its lifetime ended' } as const;
+
 function printSandbox(s: Sandbox): void {
   const lines: [string, string][] = [
     ['id', s.id],
@@ -109,11 +118,13 @@ function printSandbox(s: Sandbox): void {
     ['created', `${s.createdAt} (${formatRelative(s.createdAt)})`],
     ['expires', `${s.expiresAt} (${formatRelative(s.expiresAt)})`],
     ['auto-pause', s.autoPauseSec ? `after ${s.autoPauseSec} s idle` : 'off'],
+    ['on timeout', s.onTimeout ?? 'kill'],
+    ['auto-resume', s.autoResume === false ? 'off (resume through the API only)' : 'on traffic'],
   ];
   if (s.pause) {
     lines.push([
       'paused',
-      `${s.pause.mode} since ${s.pause.pausedAt} (${s.pause.reason === 'idle' ? 'idle' : 'requested'}; ${s.pause.timeLeftSec} s of lifetime left)`,
+      `${s.pause.mode} since ${s.pause.pausedAt} (${PAUSED_BY[s.pause.reason]}; ${s.pause.timeLeftSec} s of lifetime left)`,
     ]);
   }
   if (s.endedAt) lines.push(['ended', `${s.endedAt}${s.killReason ? ` (${s.killReason})` : ''}`]);
@@ -171,6 +182,15 @@ Examples:
       'pause after this many idle seconds, 0 = never (default: the API’s)',
       parseNonNegativeInt('--auto-pause'),
     )
+    .option(
+      '--on-timeout <action>',
+      'what the end of the lifetime does: kill (default) or pause',
+      (v: string) => {
+        if (v !== 'kill' && v !== 'pause') throw usageError('--on-timeout must be kill or pause');
+        return v;
+      },
+    )
+    .option('--no-auto-resume', 'traffic through the router does not resume it when paused')
     .option('-m, --metadata <k=v>', 'metadata pair (repeatable)', collectKeyValue('--metadata'))
     .option('-e, --env <K=V>', 'environment variable of every command (repeatable)', collectKeyValue('--env'))
     .option('--idempotency-key <key>', 'makes a retried create return the same sandbox')

@@ -5,6 +5,7 @@ import { ID_PATTERN } from './ids.ts';
 import { nullable, stringEnum } from './json-schema.ts';
 import {
   KILL_REASONS,
+  ON_TIMEOUT,
   OPERATION_KINDS,
   OPERATION_STATES,
   PAUSE_MODES,
@@ -117,6 +118,18 @@ export const CreateSandboxBody = Type.Object(
         description: 'Pause the sandbox after this many idle seconds (0: never); default from config.',
       }),
     ),
+    onTimeout: Type.Optional(
+      stringEnum(ON_TIMEOUT, {
+        description:
+          'What the end of the running lifetime does: `kill` (default) or `pause` (resume restarts the lifetime; paused time is metered as paused).',
+      }),
+    ),
+    autoResume: Type.Optional(
+      Type.Boolean({
+        description:
+          'Whether traffic through the router (a command, a file call, a port) resumes the sandbox when it is paused (default true); false: only a resume through the API does, and idle auto-pause is off unless autoPauseSec is given.',
+      }),
+    ),
     metadata: Type.Optional(Metadata),
     env: Type.Optional(EnvVars),
     egress: Type.Optional(EgressPolicySchema),
@@ -159,6 +172,10 @@ export const SandboxSchema = Type.Object(
     timeoutSec: Type.Integer(),
     /** Idle seconds after which the platform pauses the sandbox (0: never). */
     autoPauseSec: Type.Integer(),
+    /** What the end of its running lifetime does: kill it or pause it. */
+    onTimeout: stringEnum(ON_TIMEOUT),
+    /** Whether traffic through the router resumes it when paused. */
+    autoResume: Type.Boolean(),
     /** Set while paused (or pausing/resuming after a pause): how and since when. */
     pause: nullable(
       Type.Object({

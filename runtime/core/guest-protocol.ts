@@ -121,7 +121,9 @@ export interface ProcessExit {
   /**
    * Set by the node agent when it ended the command itself for a reason with a stable code from
    * core/errors.ts: `NODE_DISK_FULL` (the node's disk had no room for the command's output; the
-   * process was killed and `error` says after which byte the output stops).
+   * process was killed and `error` says after which byte the output stops); `SANDBOX_NOT_RUNNING`
+   * (the sandbox ended — killed, crashed, its guest lost — while the command ran: no exit of its
+   * own will come; E2B's envd emulation ends the stream as E2B's edge does, runtime/router/envd).
    */
   errorCode?: string;
 }

@@ -32,10 +32,13 @@ function fromFastify(err: FastifyError): SpaceError | null {
 /**
  * Installs the error and not-found handlers on `app`. `translate` may replace an error before it
  * is rendered (the agent turns GUEST_UNAVAILABLE from a dead sandbox into SANDBOX_CRASHED).
+ * `notFoundBody` may give a request for no route another 404 body than SPACE's envelope (the API
+ * answers an E2B client in E2B's shape); null keeps the envelope.
  */
 export function installErrorHandlers(
   app: FastifyInstance,
   translate?: (err: FastifyError, req: FastifyRequest) => Promise<unknown>,
+  notFoundBody?: (req: FastifyRequest, err: SpaceError) => object | null,
 ): void {
   app.setErrorHandler(async (original: FastifyError, req, reply) => {
     const translated = translate ? await translate(original, req).catch(() => original) : original;
@@ -57,7 +60,10 @@ export function installErrorHandlers(
     return sendRefusal(req, reply, known);
   });
   app.setNotFoundHandler((req, reply) => {
-    void sendRefusal(req, reply, new SpaceError('NOT_FOUND', `no route ${req.method} ${req.url}`));
+    const err = new SpaceError('NOT_FOUND', `no route ${req.method} ${req.url}`);
+    const other = notFoundBody?.(req, err);
+    if (other) return reply.status(404).type('application/json').send(other);
+    void sendRefusal(req, reply, err);
   });
 }
 

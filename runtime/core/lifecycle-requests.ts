@@ -60,8 +60,11 @@ export interface SandboxLocation {
 /**
  * Resolves when sandbox `id` is running, asking for a resume when it is paused (or pausing), and
  * returns where it runs. Polls its record every `pollMs` (default 25 ms) for at most `timeoutMs`.
+ * `reason: 'traffic'` (the router's) resumes only a sandbox whose record allows it (`autoResume`,
+ * absent = allowed); other reasons (a command through the API) always may.
  * @throws SpaceError SANDBOX_NOT_FOUND; SANDBOX_NOT_RUNNING when it is creating too long or ending,
- *   or when its resume failed; SANDBOX_PAUSED when it did not run within `timeoutMs`.
+ *   or when its resume failed; SANDBOX_PAUSED when it did not run within `timeoutMs`, or at once
+ *   (`details.autoResume: false`) when traffic may not resume it.
  */
 export async function ensureRunning(
   redis: Redis,
@@ -71,11 +74,26 @@ export async function ensureRunning(
   const deadline = Date.now() + opts.timeoutMs;
   let resumeOp: string | null = null;
   for (;;) {
-    const [state, nodeId, sessionId] = await redis.hmget(keys.sandbox(id), 'state', 'nodeId', 'sessionId');
+    const [state, nodeId, sessionId, autoResume] = await redis.hmget(
+      keys.sandbox(id),
+      'state',
+      'nodeId',
+      'sessionId',
+      'autoResume',
+    );
     if (!state) throw new SpaceError('SANDBOX_NOT_FOUND', `no sandbox ${id}`, { sandboxId: id });
     if (state === 'running' && nodeId) return { nodeId, sessionId: sessionId ?? '' };
     if (state === 'killing' || state === 'killed') {
       throw new SpaceError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${state}`, { sandboxId: id, state });
+    }
+    if ((state === 'paused' || state === 'pausing') && resumeOp === null && opts.reason === 'traffic') {
+      if (autoResume === '0') {
+        throw new SpaceError(
+          'SANDBOX_PAUSED',
+          `sandbox ${id} is ${state} and traffic does not resume it (created with autoResume off): resume it through the API`,
+          { sandboxId: id, state, autoResume: false },
+        );
+      }
     }
     if ((state === 'paused' || state === 'pausing') && resumeOp === null) {
       resumeOp = (await requestLifecycle(redis, 'sandbox.resume', id, { reason: opts.reason ?? 'traffic' }))

@@ -128,9 +128,16 @@ export function describeKillReason(reason: KillReason): string {
 export const PAUSE_MODES = ['frozen', 'hibernated'] as const;
 export type PauseMode = (typeof PAUSE_MODES)[number];
 
-/** What asked for a pause: a client, or the idle timer (`autoPauseSec`). */
-export const PAUSE_REASONS = ['request', 'idle'] as const;
+/**
+ * What asked for a pause: a client, the idle timer (`autoPauseSec`), or the end of the running
+ * lifetime of a sandbox created with `onTimeout: 'pause'` (its resume restarts the lifetime).
+ */
+export const PAUSE_REASONS = ['request', 'idle', 'timeout'] as const;
 export type PauseReason = (typeof PAUSE_REASONS)[number];
+
+/** What a sandbox's deadline does to it (E2B's `lifecycle.onTimeout`). */
+export const ON_TIMEOUT = ['kill', 'pause'] as const;
+export type OnTimeout = (typeof ON_TIMEOUT)[number];
 
 /**
  * The public sandbox record (API JSON), as its schema (`SandboxSchema`, core/api-schemas.ts)

@@ -146,7 +146,7 @@ export function createGuestApp(config: GuestConfig): GuestApp {
       }
       if (sub === '/resize' && method === 'POST') {
         const size = parsePtySize(await readJson(req));
-        p.resize(size.cols, size.rows);
+        await p.resize(size.cols, size.rows);
         return sendNoContent(res);
       }
       if (sub === '/signal' && method === 'POST') {

@@ -2,13 +2,16 @@
  * Entry point of the guest daemon (runs inside each sandbox as root, under tini as PID 1).
  *
  * Env: SPACE_GUEST_HOST (default 0.0.0.0), SPACE_GUEST_PORT (default GUEST_PORT), SPACE_GUEST_HOME
- * (default: the user's home from /etc/passwd, else /home/user), SPACE_GUEST_USER (default `user`).
+ * (default: the user's home from /etc/passwd, else /home/user), SPACE_GUEST_USER (default `user`),
+ * SPACE_GUEST_SUDO_SOCKET (default SUDO_SOCKET; empty: no sudo service; core/sudo.ts).
  */
 
 import { chownSync, mkdirSync, readFileSync, unlinkSync } from 'node:fs';
 import { GUEST_PORT } from '../core/guest-protocol.ts';
+import { SUDO_SOCKET } from '../core/sudo.ts';
 import { createGuestApp } from './app.ts';
 import { errorFields, log } from './log.ts';
+import { startSudoBroker } from './sudo-broker.ts';
 import { type Identity, readPasswd } from './users.ts';
 
 const host = process.env.SPACE_GUEST_HOST || '0.0.0.0';
@@ -73,6 +76,10 @@ for (const sig of ['SIGTERM', 'SIGINT'] as const) {
     app.close().then(() => process.exit(0));
   });
 }
+
+// sudo where setuid cannot work (gVisor): only a root daemon can run commands as root
+const sudoSocket = process.env.SPACE_GUEST_SUDO_SOCKET ?? SUDO_SOCKET;
+if (privileged && sudoSocket) startSudoBroker(sudoSocket).unref();
 
 app.server.on('error', (err) => {
   log('error', 'server error', errorFields(err));

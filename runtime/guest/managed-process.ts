@@ -8,13 +8,13 @@
 import type { ChildProcess } from 'node:child_process';
 import type { IncomingMessage } from 'node:http';
 import { constants as osConstants } from 'node:os';
-import type { Readable, Writable } from 'node:stream';
+import type { Duplex, Readable, Writable } from 'node:stream';
 import { SpaceError } from '../core/errors.ts';
 import type { ProcessExit, ProcessInfo } from '../core/guest-protocol.ts';
 import type { OomVictim } from './oom.ts';
 import { OutputStream } from './output.ts';
 import { bad, type StartSpec } from './process-start.ts';
-import { resizeLine } from './pty.ts';
+import { parseResizeAck, resizeLine } from './pty.ts';
 import { signalCommand } from './tree.ts';
 
 /**
@@ -33,6 +33,8 @@ const TREE_SIGNALS: ReadonlySet<string> = new Set(['SIGKILL', 'SIGTERM']);
 export const DELIVERED_RECORD_TTL_MS = 60_000;
 /** How long a record of an exited process whose output nobody finished reading stays. */
 export const UNREAD_RECORD_TTL_MS = 30 * 60_000;
+/** How long a resize waits for the PTY helper to say the size is set, ms. */
+export const RESIZE_ANSWER_MS = 10_000;
 
 function processExited(message: string): SpaceError {
   return new SpaceError('PROCESS_EXITED', message);
@@ -51,8 +53,14 @@ export class ManagedProcess {
   exit: ProcessExit | undefined;
   #child: ChildProcess | undefined;
   #stdin: Writable | null = null;
-  /** fd 3 of a PTY helper: resize lines (pty.ts); null without a terminal. */
-  #control: Writable | null = null;
+  /** fd 3 of a PTY helper: resize lines out, their answers in (pty.ts); null without a terminal. */
+  #control: Duplex | null = null;
+  /** Resizes sent and not yet answered, by sequence number. */
+  readonly #resizes = new Map<
+    number,
+    { resolve: () => void; reject: (e: Error) => void; timer: NodeJS.Timeout }
+  >();
+  #resizeSeq = 0;
   #stdinClosed = true;
   #stdinQueue: Promise<void> = Promise.resolve();
   #pipes: Readable[] = [];
@@ -114,22 +122,71 @@ export class ManagedProcess {
   }
 
   /**
-   * Sets the terminal size of a PTY process.
-   * @throws SpaceError BAD_REQUEST without a terminal, PROCESS_EXITED once it exited.
+   * Sets the terminal size of a PTY process; resolves once the helper has set it (TIOCSWINSZ done,
+   * SIGWINCH sent), so whatever the caller does next sees the new size.
+   * @throws SpaceError BAD_REQUEST without a terminal or for a size the terminal refused,
+   *   PROCESS_EXITED once it exited (also while waiting), SANDBOX_BUSY when the helper has not
+   *   answered within {@link RESIZE_ANSWER_MS} (it is blocked writing output nobody reads).
    */
-  resize(cols: number, rows: number): void {
-    if (!this.#control) throw bad('the process has no terminal');
-    if (!this.running || this.#control.destroyed) throw processExited('the process has exited');
-    this.#control.write(resizeLine(cols, rows));
+  resize(cols: number, rows: number): Promise<void> {
+    const control = this.#control;
+    if (!control) throw bad('the process has no terminal');
+    if (!this.running || control.destroyed) throw processExited('the process has exited');
+    const seq = ++this.#resizeSeq;
+    return new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.#resizes.delete(seq);
+        reject(
+          new SpaceError(
+            'SANDBOX_BUSY',
+            `the terminal did not take its new size within ${RESIZE_ANSWER_MS} ms (is its output being read?)`,
+          ),
+        );
+      }, RESIZE_ANSWER_MS);
+      this.#resizes.set(seq, { resolve, reject, timer });
+      control.write(resizeLine(cols, rows, seq));
+    });
+  }
+
+  /** Settles the resize an answer line of the helper names. */
+  #answered(line: string): void {
+    const ack = parseResizeAck(line);
+    const waiting = ack && this.#resizes.get(ack.seq);
+    if (!ack || !waiting) return;
+    this.#resizes.delete(ack.seq);
+    clearTimeout(waiting.timer);
+    if (ack.ok) waiting.resolve();
+    else waiting.reject(bad('the terminal refused that size'));
+  }
+
+  /** Fails every resize still waiting (the helper or the process is gone). */
+  #failResizes(): void {
+    for (const [seq, w] of this.#resizes) {
+      this.#resizes.delete(seq);
+      clearTimeout(w.timer);
+      w.reject(processExited('the process exited before its terminal took the new size'));
+    }
   }
 
   /** Takes over a spawned child. */
   adopt(child: ChildProcess, timeoutMs: number): void {
     this.#child = child;
     const control = child.stdio[3];
-    if (control && 'write' in control) {
-      this.#control = control;
-      control.on('error', () => {});
+    if (control && 'write' in control && 'on' in control) {
+      const duplex = control as Duplex;
+      this.#control = duplex;
+      duplex.on('error', () => {});
+      let pending = '';
+      duplex.setEncoding('utf8');
+      duplex.on('data', (text: string) => {
+        pending += text;
+        for (let nl = pending.indexOf('\n'); nl >= 0; nl = pending.indexOf('\n')) {
+          this.#answered(pending.slice(0, nl));
+          pending = pending.slice(nl + 1);
+        }
+        if (pending.length > 4096) pending = ''; // never a resize answer: not kept
+      });
+      duplex.on('close', () => this.#failResizes());
     }
     if (child.stdin) {
       this.#stdin = child.stdin;
@@ -167,6 +224,7 @@ export class ManagedProcess {
         ...(this.#oomKilled ? { oomKilled: true } : {}),
       };
       this.#retain(UNREAD_RECORD_TTL_MS); // also bounds a record whose paused output nobody reads
+      this.#failResizes();
       this.#closeStdin();
       this.#settle();
     });
@@ -294,6 +352,7 @@ export class ManagedProcess {
     if (!keepBackground) for (const pipe of this.#pipes) pipe.destroy();
     this.#stdin?.destroy();
     this.#control?.destroy();
+    this.#failResizes();
     if (this.#timeoutTimer) clearTimeout(this.#timeoutTimer);
     if (this.#graceTimer) clearTimeout(this.#graceTimer);
     if (this.#retentionTimer) clearTimeout(this.#retentionTimer);

@@ -1,9 +1,10 @@
+import { execFileSync } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { chmodSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { request as httpRequest } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished, vi } from 'vitest';
 import { FrameDecoder } from './output.ts';
 import { AUTH, call, type Guest, q, readOutput, run, startGuest } from './test-harness.ts';
 
@@ -478,5 +479,49 @@ describe('guest authentication', () => {
     } finally {
       await g.stop();
     }
+  });
+});
+
+describe('PTY resize', () => {
+  /** The terminal size of the command a PTY helper (`helper`) runs, as `stty` reads it. */
+  function ttySize(helper: number): string {
+    const kids = readFileSync(`/proc/${helper}/task/${helper}/children`, 'utf8').trim().split(/\s+/);
+    return execFileSync('stty', ['size'], { stdio: [openSync(`/proc/${kids[0]}/fd/0`, 'r'), 'pipe', 'pipe'] })
+      .toString()
+      .trim();
+  }
+
+  it('answers a resize only once the terminal has the new size (held while its helper is stopped)', async () => {
+    const p = await run(g, { cmd: 'sleep', args: ['100'], pty: { cols: 80, rows: 24 } });
+    onTestFinished(() => void call(g, 'POST', `/processes/${p.pid}/signal`, { signal: 'SIGKILL' }));
+    await vi.waitFor(() => expect(ttySize(p.pid)).toBe('24 80'), { timeout: 5_000, interval: 50 });
+    process.kill(p.pid, 'SIGSTOP'); // the helper cannot set the size now
+    let answered = false;
+    const resized = call(g, 'POST', `/processes/${p.pid}/resize`, { cols: 100, rows: 30 }).then((r) => {
+      answered = true;
+      return r;
+    });
+    await sleep(300);
+    // not set, so not answered
+    expect([ttySize(p.pid), answered]).toEqual(['24 80', false]);
+    process.kill(p.pid, 'SIGCONT');
+    expect((await resized).status).toBe(204);
+    expect(ttySize(p.pid)).toBe('30 100');
+    // a size the terminal cannot take is refused, not answered 204; a process without one too
+    const plain = await run(g, { cmd: 'sleep', args: ['100'] });
+    onTestFinished(() => void call(g, 'POST', `/processes/${plain.pid}/signal`, { signal: 'SIGKILL' }));
+    const none = await call(g, 'POST', `/processes/${plain.pid}/resize`, { cols: 100, rows: 30 });
+    expect(none.status).toBe(400);
+  });
+
+  it('a resize waiting on a helper that dies is answered PROCESS_EXITED', async () => {
+    const p = await run(g, { cmd: 'sleep', args: ['100'], pty: { cols: 80, rows: 24 } });
+    await vi.waitFor(() => expect(ttySize(p.pid)).toBe('24 80'), { timeout: 5_000, interval: 50 });
+    process.kill(p.pid, 'SIGSTOP');
+    const resized = call(g, 'POST', `/processes/${p.pid}/resize`, { cols: 100, rows: 30 });
+    await sleep(100);
+    process.kill(p.pid, 'SIGKILL');
+    const r = await resized;
+    expect([r.status, (r.json() as { error: { code: string } }).error.code]).toEqual([409, 'PROCESS_EXITED']);
   });
 });

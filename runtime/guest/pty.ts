@@ -6,9 +6,11 @@
  *
  * The helper opens a PTY pair (`pty.fork`: the child gets a new session with the terminal as its
  * controlling tty and stdin/stdout/stderr), sets the size before exec'ing the command, then copies
- * terminal output to its stdout and its stdin to the terminal. Resizes arrive as `"<cols> <rows>\n"`
- * lines on fd 3 and become TIOCSWINSZ on the terminal, which signals SIGWINCH to its foreground
- * process group. It exits as the command did (same code, or the same signal).
+ * terminal output to its stdout and its stdin to the terminal. Resizes arrive as
+ * `"<cols> <rows> <seq>\n"` lines on fd 3 (a socket pair: both ways) and become TIOCSWINSZ on the
+ * terminal, which signals SIGWINCH to its foreground process group; once the size is set the
+ * helper answers `"<seq> ok\n"` (or `"<seq> error\n"`) on fd 3, so a resize returns only after
+ * the new size applies. It exits as the command did (same code, or the same signal).
  *
  * Why a helper and not a native PTY module (node-pty and its prebuilt forks): the guest layer is
  * our sources plus the node binary (agent/image/images.ts), with no native addons to build per Node ABI
@@ -69,11 +71,17 @@ while True:
         ctl += data
         while b'\n' in ctl:
             line, ctl = ctl.split(b'\n', 1)
+            parts = line.split()
             try:
-                c, r = (int(x) for x in line.split())
-                size(master, c, r)
-            except (ValueError, OSError):
-                pass
+                size(master, int(parts[0]), int(parts[1]))
+                ack = b' ok\n'
+            except (ValueError, OSError, IndexError):
+                ack = b' error\n'
+            if len(parts) > 2:
+                try:
+                    put(3, parts[2] + ack)
+                except OSError:
+                    pass
 status = os.waitpid(pid, 0)[1]
 if os.WIFSIGNALED(status):
     signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
@@ -98,7 +106,16 @@ export function ptyArgv(cols: number, rows: number, file: string, args: string[]
   return ['-c', PTY_HELPER, String(cols), String(rows), file, ...args];
 }
 
-/** The control line that resizes the terminal to `cols`×`rows`. Pure. */
-export function resizeLine(cols: number, rows: number): string {
-  return `${cols} ${rows}\n`;
+/** The control line that resizes the terminal to `cols`×`rows`, answered with `seq`. Pure. */
+export function resizeLine(cols: number, rows: number, seq: number): string {
+  return `${cols} ${rows} ${seq}\n`;
+}
+
+/**
+ * The helper's answer to a resize line: its `seq` and whether the size was set; null for a line
+ * that is not one. Pure.
+ */
+export function parseResizeAck(line: string): { seq: number; ok: boolean } | null {
+  const m = /^(\d{1,15}) (ok|error)$/.exec(line.trim());
+  return m ? { seq: Number(m[1]), ok: m[2] === 'ok' } : null;
 }

@@ -19,6 +19,8 @@ const NODE =
 export interface Guest {
   base: string;
   port: number;
+  /** The daemon's sudo socket (core/sudo.ts). */
+  sudoSocket: string;
   home: string;
   child: ChildProcess;
   /** Log lines the daemon wrote so far. */
@@ -44,6 +46,9 @@ export async function startGuest(env: Record<string, string> = {}): Promise<Gues
   const home = env.SPACE_GUEST_HOME ?? join(scratch!, 'home');
   const tokenDir = mkdtempSync(join(tmpdir(), 'space-guest-token-'));
   const tokenFile = join(tokenDir, 'token');
+  const sudoDir = mkdtempSync(join(tmpdir(), 'space-guest-sudo-'));
+  chmodSync(sudoDir, 0o755); // any user may reach the socket; the handler decides
+  const sudoSocket = join(sudoDir, 'sudo.sock');
   writeFileSync(tokenFile, TEST_TOKEN, { mode: 0o400 });
   const child = spawn(NODE, [join(here, 'main.ts')], {
     env: {
@@ -52,6 +57,8 @@ export async function startGuest(env: Record<string, string> = {}): Promise<Gues
       SPACE_GUEST_PORT: '0',
       SPACE_GUEST_HOME: home,
       SPACE_GUEST_TOKEN_FILE: tokenFile,
+      // never the host's /run: a socket of the test's own
+      SPACE_GUEST_SUDO_SOCKET: sudoSocket,
       ...env,
     },
     stdio: ['ignore', 'inherit', 'pipe'],
@@ -60,6 +67,7 @@ export async function startGuest(env: Record<string, string> = {}): Promise<Gues
   child.once('exit', () => {
     running.delete(child);
     rmSync(tokenDir, { recursive: true, force: true });
+    rmSync(sudoDir, { recursive: true, force: true });
     if (scratch) rmSync(scratch, { recursive: true, force: true });
   });
   const logs: Record<string, unknown>[] = [];
@@ -86,6 +94,7 @@ export async function startGuest(env: Record<string, string> = {}): Promise<Gues
   return {
     base: `http://127.0.0.1:${port}`,
     port,
+    sudoSocket,
     home,
     child,
     logs,

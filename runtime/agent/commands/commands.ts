@@ -268,6 +268,7 @@ async function pump(guest: GuestClient, cmd: Command, limit: number, log: Logger
       exitCode: null,
       signal: 'SIGKILL',
       timedOut: false,
+      errorCode: 'SANDBOX_NOT_RUNNING',
       error: 'the sandbox ended or its guest was lost',
     };
     await endLog(cmd, cmd.exit, log);

@@ -1,7 +1,9 @@
+import { execFile } from 'node:child_process';
 import { existsSync, statSync } from 'node:fs';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { promisify } from 'node:util';
 import { afterAll, describe, expect, it } from 'vitest';
 import { TEST_CACHE_DIR } from '../../../test/cache-dir.ts';
 import { SpaceError } from '../../core/errors.ts';
@@ -13,6 +15,8 @@ import {
   resolveTemplate,
   templateBuildDir,
 } from './templates.ts';
+
+const run = promisify(execFile);
 
 /** Persistent between runs so a rerun reuses the (minutes-long) first build. */
 const CACHE = TEST_CACHE_DIR;
@@ -59,7 +63,11 @@ describe('templates', () => {
     expect(await resolveTemplate('base', CACHE)).toBe(r);
     for (const bin of [
       'usr/bin/python3',
-      'usr/bin/node',
+      'usr/bin/python',
+      'usr/bin/sudo',
+      'usr/local/bin/node',
+      'usr/local/bin/npm',
+      'usr/local/bin/npx',
       'usr/bin/ps',
       'etc/ssl/certs/ca-certificates.crt',
     ]) {
@@ -69,6 +77,22 @@ describe('templates', () => {
     expect(await readFile(join(r, 'etc/group'), 'utf8')).toMatch(/^user:x:1000:$/m);
     expect(await readFile(join(r, 'etc/shadow'), 'utf8')).toMatch(/^user:\*:/m);
     expect(statSync(join(r, 'home/user')).uid).toBe(1000);
+    // a current Node LTS from the pinned npm tarball (Debian's nodejs is 18), and npm beside it
+    const { stdout: nodeVersion } = await run(join(r, 'usr/local/bin/node'), ['--version']);
+    expect(nodeVersion).toMatch(/^v24\./);
+    const { stdout: npmVersion } = await run(join(r, 'usr/local/bin/node'), [
+      join(r, 'usr/local/lib/node_modules/npm/bin/npm-cli.js'),
+      '--version',
+    ]);
+    expect(npmVersion).toMatch(/^11\./);
+    expect(existsSync(join(r, 'usr/bin/nodejs'))).toBe(false); // no second, older node
+    // passwordless sudo for the user, as sudo wants the rule: root's, 0440
+    const rule = join(r, 'etc/sudoers.d/user');
+    expect(await readFile(rule, 'utf8')).toBe('user ALL=(ALL:ALL) NOPASSWD: ALL\n');
+    expect([statSync(rule).uid, statSync(rule).mode & 0o777]).toEqual([0, 0o440]);
+    // where setuid cannot work (gVisor), the user's sudo goes through the guest (core/sudo.ts)
+    expect(await readFile(join(r, 'etc/group'), 'utf8')).toMatch(/^sudo:x:\d+:(.*,)?user$/m);
+    expect(statSync(join(r, 'usr/local/bin/sudo')).mode & 0o777).toBe(0o755);
     expect(statSync(join(r, 'opt/space')).isDirectory()).toBe(true);
     expect((await readFile(join(r, 'etc/hostname'), 'utf8')).trim()).toBe('sandbox');
     expect(existsSync(join(r, 'etc/resolv.conf'))).toBe(true);

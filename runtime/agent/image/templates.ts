@@ -35,9 +35,11 @@ import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { SpaceError } from '../../core/errors.ts';
+import { SUDO_GROUP, sudoShim } from '../../core/sudo.ts';
+import { installNpmTarballs, type NpmTarball, npmTarballProblem } from './npm-tarballs.ts';
 
 /** Bump when the build steps change, so every cached template is rebuilt. */
-export const TEMPLATE_BUILDER_VERSION = 'space-template-builder/2';
+export const TEMPLATE_BUILDER_VERSION = 'space-template-builder/3';
 
 /** Folder holding the repo's template definitions. */
 export const DEFAULT_TEMPLATES_DIR = fileURLToPath(new URL('../../../templates/', import.meta.url));
@@ -49,6 +51,8 @@ export interface TemplateUser {
   gid: number;
   home: string;
   shell?: string;
+  /** Passwordless `sudo` for the user (`/etc/sudoers.d/<name>`, mode 0440); needs the `sudo` package. */
+  sudo?: boolean;
 }
 
 /**
@@ -118,6 +122,11 @@ export interface TemplateDefinition extends TemplateStartFields {
    * digest, so changing one rebuilds the template.
    */
   copy?: Record<string, string>;
+  /**
+   * Packages from the npm registry, pinned by version and integrity, copied into the tree after
+   * the Debian packages (npm-tarballs.ts): e.g. a current Node LTS and npm.
+   */
+  npmTarballs?: NpmTarball[];
 }
 
 /** Either kind of definition file. */
@@ -345,6 +354,17 @@ function validateDefinition(d: TemplateDefinition, bad: Bad): void {
   if (!u || !/^[a-z_][a-z0-9_-]*$/.test(u.name) || !Number.isInteger(u.uid) || !Number.isInteger(u.gid)) {
     throw bad('"user" needs name, uid, gid, home');
   }
+  if (u.sudo !== undefined && typeof u.sudo !== 'boolean') throw bad('"user.sudo" must be true or false');
+  if (u.sudo && !d.packages.includes('sudo') && !d.aptPackages?.includes('sudo')) {
+    throw bad('"user.sudo" needs the "sudo" package');
+  }
+  if (d.npmTarballs !== undefined) {
+    if (!Array.isArray(d.npmTarballs)) throw bad('"npmTarballs" must be a list');
+    for (const t of d.npmTarballs) {
+      const problem = npmTarballProblem(t);
+      if (problem) throw bad(`"npmTarballs" entry ${JSON.stringify(t?.name)}: ${problem}`);
+    }
+  }
 }
 
 /** `<cacheDir>/templates/<name>/<digest>` — pure. */
@@ -510,6 +530,10 @@ async function buildFresh(
       say(`template ${def.name}: apt-get install ${def.aptPackages.join(', ')}`);
       await aptInstall(rootfs, def.aptPackages, opts);
     }
+    if (def.npmTarballs?.length) {
+      const done = await installNpmTarballs(rootfs, def.npmTarballs, { log: opts.log });
+      say(`template ${def.name}: from the npm registry: ${done.join(', ') || 'nothing for this arch'}`);
+    }
     say(`template ${def.name}: configuring`);
     await configureRootfs(def, rootfs, opts.templatesDir ?? DEFAULT_TEMPLATES_DIR);
     await writeFile(
@@ -635,6 +659,7 @@ export async function configureRootfs(
   // debootstrap writes no /etc/hosts and neither gVisor nor the VM guests make one: without it
   // `localhost` does not resolve (R14)
   await writeFile(join(rootfs, 'etc/hosts'), hostsFile(hostname));
+  if (def.user.sudo) await grantSudo(rootfs, def.user.name);
   await rm(join(rootfs, 'etc/resolv.conf'), { force: true });
   await writeFile(join(rootfs, 'etc/resolv.conf'), '# written by SPACE when the sandbox starts\n');
   for (const [path, text] of Object.entries(def.files ?? {})) {
@@ -651,6 +676,30 @@ export async function configureRootfs(
     await chmod(target, 0o644);
   }
   await cleanApt(rootfs);
+}
+
+/**
+ * Passwordless sudo for `name`: the sudoers rule (root's, 0440, as sudo wants it) for where setuid
+ * works, membership of group `sudo` and `/usr/local/bin/sudo` (core/sudo.ts) for where it does not
+ * (gVisor: the guest runs the command).
+ */
+async function grantSudo(rootfs: string, name: string): Promise<void> {
+  const rule = join(rootfs, 'etc/sudoers.d', name);
+  await mkdir(dirname(rule), { recursive: true });
+  await rm(rule, { force: true });
+  await writeFile(rule, `${name} ALL=(ALL:ALL) NOPASSWD: ALL\n`, { mode: 0o440 });
+  const groups = join(rootfs, 'etc/group');
+  const lines = (await readFile(groups, 'utf8')).split('\n');
+  const at = lines.findIndex((l) => l.startsWith(`${SUDO_GROUP}:`));
+  if (at < 0) throw new Error(`the tree has no group ${SUDO_GROUP} (is the sudo package installed?)`);
+  const members = (lines[at]!.split(':')[3] ?? '').split(',').filter(Boolean);
+  if (!members.includes(name))
+    lines[at] = `${lines[at]!.split(':').slice(0, 3).join(':')}:${[...members, name].join(',')}`;
+  await writeFile(groups, lines.join('\n'));
+  const shim = join(rootfs, 'usr/local/bin/sudo');
+  await mkdir(dirname(shim), { recursive: true });
+  await rm(shim, { force: true });
+  await writeFile(shim, sudoShim(), { mode: 0o755 });
 }
 
 /** `/etc/hosts` of a template: localhost (IPv4 and IPv6) and the sandbox's host name. Pure. */

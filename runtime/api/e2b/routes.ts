@@ -12,9 +12,10 @@
  * pause and connect answer when done. Waits are bounded by
  * `waitMs` (create: 2 × MAX_WAIT_MS) and end in 504 when the operation has not finished.
  *
- * Not implemented (clear 4xx/501 in the SDK's terms): metrics, network updates, snapshots,
- * fork, templates, volumes, `autoPause`/`lifecycle`, `network`, `mcp`, `volumeMounts`,
- * `allow_internet_access: false`, `order=asc`.
+ * Not implemented: the E2B routes of {@link E2B_UNSERVED} (snapshots, fork, logs, templates,
+ * volumes, secrets, metrics…) answer 501 `NOT_IMPLEMENTED` whatever the auth; a path E2B does
+ * not have either answers 404 (E2B's body for an E2B client: {@link e2bNotFoundBody}); create
+ * options SPACE lacks (`mcp`, `volumeMounts`, parts of `network`) are 400.
  */
 import type { FastifyPluginAsync, FastifyRequest } from 'fastify';
 import { CreateSandboxBody } from '../../core/api-schemas.ts';
@@ -36,6 +37,7 @@ import { pauseSandbox } from '../usecases/pause.ts';
 import { resumeSandbox } from '../usecases/resume.ts';
 import { envdToken } from './envd-token.ts';
 import {
+  type E2bErrorBody,
   type E2bNetwork,
   type E2bState,
   e2bState,
@@ -59,7 +61,8 @@ interface CreateBody {
   envVars?: Record<string, string>;
   allow_internet_access?: boolean;
   autoPause?: boolean;
-  autoResume?: unknown;
+  autoPauseMemory?: boolean;
+  autoResume?: { enabled?: boolean } | null;
   network?: E2bNetwork;
   mcp?: unknown;
   volumeMounts?: unknown;
@@ -85,9 +88,14 @@ const CreateSchema = {
     allow_internet_access: { type: 'boolean' },
     network: { type: 'object', properties: NetworkProps },
     autoPause: { type: 'boolean' },
+    autoPauseMemory: { type: 'boolean' },
+    autoResume: { type: ['object', 'null'], properties: { enabled: { type: 'boolean' } } },
     secure: { type: 'boolean' },
   },
 } as const;
+
+/** `POST …/pause` (SDK `pause({ keepMemory })` sends `memory`). */
+const PauseSchema = { type: ['object', 'null'], properties: { memory: { type: 'boolean' } } } as const;
 
 const NetworkSchema = {
   type: 'object',
@@ -104,6 +112,67 @@ const ConnectSchema = {
   type: 'object',
   properties: { timeout: { type: 'integer', minimum: 0 }, memory: { type: 'boolean' } },
 } as const;
+
+/**
+ * E2B control-plane routes SPACE does not serve (yet), as method, path (Fastify syntax) and what
+ * they are, from E2B's OpenAPI description (spec/openapi.yml) and the JS SDK 2.51's calls. Each
+ * answers 501 NOT_IMPLEMENTED naming it, before any authentication: a client learns "not here",
+ * never "check your credentials".
+ */
+export const E2B_UNSERVED: readonly (readonly [method: string, path: string, what: string])[] = [
+  ['POST', '/sandboxes/:id/snapshots', 'snapshots (createSnapshot)'],
+  ['GET', '/snapshots', 'snapshot listing (listSnapshots)'],
+  ['POST', '/sandboxes/:id/fork', 'fork'],
+  ['GET', '/sandboxes/:id/logs', 'sandbox logs'],
+  ['GET', '/v2/sandboxes/:id/logs', 'sandbox logs'],
+  ['POST', '/sandboxes/:id/refreshes', 'refreshes'],
+  ['GET', '/sandboxes/metrics', 'sandbox metrics'],
+  ['GET', '/sandboxes/:id/metrics', 'sandbox metrics'],
+  ['GET', '/templates', 'templates (Template.*)'],
+  ['POST', '/templates', 'template builds (Template.*)'],
+  ['POST', '/v2/templates', 'template builds (Template.*)'],
+  ['POST', '/v3/templates', 'template builds (Template.build)'],
+  ['GET', '/templates/:templateID', 'templates (Template.*)'],
+  ['POST', '/templates/:templateID', 'template builds (Template.*)'],
+  ['PATCH', '/templates/:templateID', 'templates (Template.*)'],
+  ['DELETE', '/templates/:templateID', 'template and snapshot deletion (deleteSnapshot)'],
+  ['POST', '/templates/:templateID/builds/:buildID', 'template builds (Template.build)'],
+  ['POST', '/v2/templates/:templateID/builds/:buildID', 'template builds (Template.build)'],
+  ['GET', '/templates/:templateID/builds/:buildID/status', 'template build status'],
+  ['GET', '/templates/:templateID/builds/:buildID/logs', 'template build logs'],
+  ['GET', '/templates/:templateID/files/:hash', 'template build files'],
+  ['GET', '/templates/aliases/:alias', 'template aliases (Template.exists)'],
+  ['GET', '/templates/:templateID/tags', 'template tags'],
+  ['POST', '/templates/tags', 'template tags'],
+  ['DELETE', '/templates/tags', 'template tags'],
+  ['GET', '/volumes', 'volumes (Volume.*)'],
+  ['POST', '/volumes', 'volumes (Volume.*)'],
+  ['GET', '/volumes/:volumeID', 'volumes (Volume.*)'],
+  ['DELETE', '/volumes/:volumeID', 'volumes (Volume.*)'],
+  ['GET', '/volumecontent/*', 'volume content (Volume.*)'],
+  ['POST', '/volumecontent/*', 'volume content (Volume.*)'],
+  ['PUT', '/volumecontent/*', 'volume content (Volume.*)'],
+  ['PATCH', '/volumecontent/*', 'volume content (Volume.*)'],
+  ['DELETE', '/volumecontent/*', 'volume content (Volume.*)'],
+  ['GET', '/secrets', 'secrets'],
+  ['POST', '/secrets', 'secrets'],
+  ['GET', '/secrets/:secretID', 'secrets'],
+  ['POST', '/secrets/:secretID', 'secrets'],
+  ['DELETE', '/secrets/:secretID', 'secrets'],
+  ['GET', '/teams', 'teams'],
+  ['GET', '/teams/:teamID/metrics', 'team metrics'],
+  ['GET', '/teams/:teamID/metrics/max', 'team metrics'],
+];
+
+/**
+ * The 404 body for a request that matched no route, in E2B's shape (`{code, message}`, which the
+ * SDK reads) when it comes from an E2B client (an `X-API-KEY` header, no `Authorization`); null
+ * (SPACE's own envelope) otherwise.
+ */
+export function e2bNotFoundBody(req: FastifyRequest, err: SpaceError): E2bErrorBody | null {
+  if (req.headers['x-api-key'] === undefined || req.headers.authorization !== undefined) return null;
+  return toE2bError(err);
+}
 
 type IdReq = { Params: { id: string } };
 
@@ -169,9 +238,20 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
     }
   }
 
-  /** Connect/resume: running ⇒ extend only (200), paused ⇒ resume (201), ending ⇒ 409. */
-  async function connect(id: string, team: string, timeoutSec: number, log: FastifyRequest['log']) {
+  /**
+   * Connect/resume: running ⇒ extend only (200), paused ⇒ resume (201), ending ⇒ 409. `coldBoot`
+   * (SDK `connect({ onResume: 'reboot' })`, wire `memory: false`) of a paused sandbox is refused:
+   * SPACE resumes with memory only.
+   */
+  async function connect(
+    id: string,
+    team: string,
+    timeoutSec: number,
+    log: FastifyRequest['log'],
+    coldBoot = false,
+  ) {
     const rec = await liveRecord(id, team);
+    if (coldBoot && e2bState(rec.state) === 'paused') throw memoryLess("connect({ onResume: 'reboot' })");
     const resumed = await runIt(rec, log);
     await extendAtLeast(rec, timeoutSec);
     const now = await liveRecord(id, team);
@@ -183,6 +263,7 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       route.config = { ...(route.config ?? {}), e2b: true };
     });
     app.addHook('onRequest', async (req) => {
+      if (req.routeOptions.config.unserved) return; // 501 whatever the auth
       const key = req.headers['x-api-key'];
       if (typeof key !== 'string' || !key) {
         throw new SpaceError('UNAUTHENTICATED', 'missing X-API-KEY header (an API key of this SPACE)');
@@ -203,9 +284,8 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
 
     const create = async (req: FastifyRequest, v1: boolean) => {
       const b = req.body as CreateBody;
+      const lifecycle = lifecycleOf(b);
       const unsupported = [
-        b.autoPause ? 'autoPause (lifecycle onTimeout: pause)' : null,
-        b.autoResume !== undefined ? 'autoResume' : null,
         b.mcp !== undefined ? 'mcp' : null,
         b.volumeMounts !== undefined ? 'volumeMounts' : null,
         b.iam !== undefined ? 'iam' : null,
@@ -229,6 +309,7 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
         egress,
         // private servers: reached only with the traffic access token (§4)
         ...(b.network?.allowPublicTraffic === false ? { ports: { public: false } } : {}),
+        ...lifecycle,
       };
       checkBody(CreateSandboxBody, body);
       let out: Awaited<ReturnType<typeof createSandbox>>;
@@ -261,7 +342,10 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
     );
 
     const list = async (q: Record<string, string | undefined>, team: string) => {
-      if (q.order && q.order !== 'desc') throw new SpaceError('BAD_REQUEST', 'only order=desc is supported');
+      const order = q.order ?? 'desc';
+      if (order !== 'asc' && order !== 'desc') {
+        throw new SpaceError('BAD_REQUEST', 'order must be asc or desc');
+      }
       const states = (q.state ?? 'running,paused').split(',').filter(Boolean);
       for (const s of states) {
         if (s !== 'running' && s !== 'paused') throw new SpaceError('BAD_REQUEST', `unknown state "${s}"`);
@@ -270,21 +354,26 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       if (!Number.isInteger(limit) || limit < 1 || limit > 100) {
         throw new SpaceError('BAD_REQUEST', 'limit must be an integer from 1 to 100');
       }
+      const after = q.startedAfter === undefined ? null : Date.parse(q.startedAfter);
+      if (after !== null && Number.isNaN(after))
+        throw new SpaceError('BAD_REQUEST', 'startedAfter is not a date');
+      // every filter applies before the limit (in the store), so a page is short only at the end
+      const match =
+        q.template || after !== null
+          ? (r: SandboxRecord) =>
+              (!q.template || r.template === q.template) &&
+              (after === null || Date.parse(r.createdAt) >= after)
+          : undefined;
       const page = await deps.sandboxes.list({
         limit,
+        order,
         ...(q.nextToken ? { cursor: q.nextToken } : {}),
         state: spaceStates(states as E2bState[]),
         team,
         ...(q.metadata ? { metadata: parseMetadataFilter(q.metadata) } : {}),
+        ...(match ? { match } : {}),
       });
-      let rows = page.sandboxes;
-      if (q.template) rows = rows.filter((r) => r.template === q.template);
-      if (q.startedAfter) {
-        const after = Date.parse(q.startedAfter);
-        if (Number.isNaN(after)) throw new SpaceError('BAD_REQUEST', 'startedAfter is not a date');
-        rows = rows.filter((r) => Date.parse(r.createdAt) >= after);
-      }
-      return { rows: rows.map(toE2bListed), next: page.nextCursor };
+      return { rows: page.sandboxes.map(toE2bListed), next: page.nextCursor };
     };
     for (const url of ['/v2/sandboxes', '/sandboxes']) {
       app.get<{ Querystring: Record<string, string | undefined> }>(
@@ -322,26 +411,33 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       },
     );
 
-    app.post<IdReq>('/sandboxes/:id/pause', { config: write }, async (req, reply) => {
-      const rec = await liveRecord(req.params.id, principalOf(req).team);
-      if (e2bState(rec.state) === 'paused') {
-        throw new SpaceError('SANDBOX_PAUSED', `sandbox "${rec.id}" is already paused`);
-      }
-      const op = await pauseSandbox(deps, rec.team, rec.id, undefined, req.log);
-      await settle(op.id, MAX_WAIT_MS);
-      return reply.status(204).send();
-    });
+    app.post<IdReq>(
+      '/sandboxes/:id/pause',
+      { schema: { body: PauseSchema }, config: write },
+      async (req, reply) => {
+        const rec = await liveRecord(req.params.id, principalOf(req).team);
+        if ((req.body as { memory?: boolean } | null)?.memory === false)
+          throw memoryLess('pause({ keepMemory: false })');
+        if (e2bState(rec.state) === 'paused') {
+          throw new SpaceError('SANDBOX_PAUSED', `sandbox "${rec.id}" is already paused`);
+        }
+        const op = await pauseSandbox(deps, rec.team, rec.id, undefined, req.log);
+        await settle(op.id, MAX_WAIT_MS);
+        return reply.status(204).send();
+      },
+    );
 
     const connectRoute = async (
       req: FastifyRequest<IdReq>,
       reply: { status(n: number): { send(b: unknown): unknown } },
     ) => {
-      const timeout = (req.body as { timeout?: number } | undefined)?.timeout;
+      const body = req.body as { timeout?: number; memory?: boolean } | undefined;
       const r = await connect(
         req.params.id,
         principalOf(req).team,
-        timeout || E2B_DEFAULT_TIMEOUT_SEC,
+        body?.timeout || E2B_DEFAULT_TIMEOUT_SEC,
         req.log,
+        body?.memory === false,
       );
       return reply.status(r.status).send(r.body);
     };
@@ -366,12 +462,20 @@ export function e2bRoutes(deps: ApiDeps): FastifyPluginAsync {
       },
     );
 
-    app.get<IdReq>('/sandboxes/:id/metrics', { config: read }, async (req, reply) => {
-      await liveRecord(req.params.id, principalOf(req).team);
-      return reply
-        .status(501)
-        .send({ code: 501, message: 'sandbox metrics are not supported by this SPACE server yet' });
-    });
+    for (const [method, url, what] of E2B_UNSERVED) {
+      app.route({
+        method: method as 'GET',
+        url,
+        config: { public: true, unserved: true },
+        schema: { hide: true },
+        handler: async () => {
+          throw new SpaceError(
+            'NOT_IMPLEMENTED',
+            `${what} is not served by this SPACE server yet (${method} ${url})`,
+          );
+        },
+      });
+    }
   };
 }
 
@@ -380,4 +484,44 @@ class TimeoutOf extends Error {
   constructor(operationId: string) {
     super(`operation ${operationId} has not finished yet; try again`);
   }
+}
+
+/**
+ * The refusal of a filesystem-only pause or resume (E2B's `memory: false`): every SPACE pause keeps
+ * the sandbox's memory (frozen, or hibernated with its memory snapshot), and a cold boot from the
+ * file system alone is not built yet. Refused rather than done as a memory pause.
+ */
+function memoryLess(what: string): SpaceError {
+  return new SpaceError(
+    'NOT_IMPLEMENTED',
+    `${what} is not served by this SPACE server yet: its pauses keep the sandbox's memory (leave keepMemory/memory unset or true)`,
+  );
+}
+
+/**
+ * SPACE's lifecycle options for E2B's create keys (§3.4 of the reference; the SDK's
+ * `lifecycle: { onTimeout, autoResume }` becomes `autoPause`, `autoPauseMemory`,
+ * `autoResume.enabled`): `autoPause` ⇒ `onTimeout: 'pause'`; `autoResume.enabled` ⇒ `autoResume`
+ * (absent: SPACE's default, traffic resumes — E2B's default is not to). As E2B's API: 400 for
+ * `autoPauseMemory: false` without `autoPause` or with auto-resume on.
+ * @throws SpaceError BAD_REQUEST as above; NOT_IMPLEMENTED for `autoPauseMemory: false`
+ *   (a filesystem-only pause).
+ */
+export function lifecycleOf(b: {
+  autoPause?: boolean;
+  autoPauseMemory?: boolean;
+  autoResume?: { enabled?: boolean } | null;
+}): { onTimeout: 'kill' | 'pause'; autoResume?: boolean } {
+  const enabled = b.autoResume?.enabled;
+  if (b.autoPauseMemory === false) {
+    if (!b.autoPause) throw new SpaceError('BAD_REQUEST', 'autoPauseMemory: false needs autoPause: true');
+    if (enabled) {
+      throw new SpaceError('BAD_REQUEST', 'autoResume cannot be enabled with autoPauseMemory: false');
+    }
+    throw memoryLess("lifecycle onTimeout { action: 'pause', keepMemory: false }");
+  }
+  return {
+    onTimeout: b.autoPause ? 'pause' : 'kill',
+    ...(enabled === undefined ? {} : { autoResume: enabled }),
+  };
 }

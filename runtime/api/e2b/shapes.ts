@@ -26,10 +26,15 @@ export const ENVD_VERSION = '0.6.4';
 /** `clientID` is required in E2B's schema and ignored by the SDK. */
 const CLIENT_ID = 'space';
 
-/** E2B's error body: `code` = the HTTP status (the SDK reads 404/409 from it, §1.2). */
+/**
+ * E2B's error body: `code` = the HTTP status (the SDK reads 404/409 from it, §1.2). `spaceCode`
+ * (SPACE's addition, which E2B clients ignore) is the stable code of runtime/core/errors.ts, for
+ * every refusal SPACE itself makes (e.g. `NOT_IMPLEMENTED` for an E2B route it does not serve).
+ */
 export interface E2bErrorBody {
   code: number;
   message: string;
+  spaceCode?: string;
 }
 
 /**
@@ -41,7 +46,7 @@ export interface E2bErrorBody {
 export function toE2bError(err: unknown): E2bErrorBody {
   if (err instanceof SpaceError) {
     const code = err.code === 'NODE_CAPACITY_EXHAUSTED' ? 429 : err.status;
-    return { code, message: err.message };
+    return { code, message: err.message, spaceCode: err.code };
   }
   const e = err as { validation?: unknown; statusCode?: number; message?: string };
   if (e.validation) return { code: 400, message: e.message ?? 'bad request' };
@@ -114,9 +119,15 @@ export function toE2bListed(rec: SandboxRecord) {
   };
 }
 
-/** `SandboxDetail` (get answer). */
+/** `SandboxDetail` (get answer), with `lifecycle` as the SDK's `getInfo().lifecycle` reads it. */
 export function toE2bDetail(rec: SandboxRecord, envdAccessToken: string) {
-  return { ...toE2bListed(rec), envdAccessToken, domain: null, ...networkOf(rec.egress) };
+  return {
+    ...toE2bListed(rec),
+    envdAccessToken,
+    domain: null,
+    ...networkOf(rec.egress),
+    lifecycle: { onTimeout: rec.onTimeout, autoResume: rec.autoResume },
+  };
 }
 
 /**

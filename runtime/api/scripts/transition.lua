@@ -4,7 +4,8 @@
 -- ARGV[4..] extra field/value pairs to set with the change.
 -- Lifetime: only running time counts. Entering `paused` stores the running time left
 -- (`timeLeftMs`) and sets the deadline to the paused retention (field `retentionMs`, which the
--- caller passes); leaving `resuming` for `running` gives the time left back.
+-- caller passes); leaving `resuming` for `running` gives the time left back, or the whole
+-- `timeoutSec` when the deadline itself paused it (`pauseReason` timeout: onTimeout = pause).
 -- Entering `killing`/`killed` deletes the sandbox's E2B envd access token.
 -- Entering `killed` returns the sandbox's reservation of its team's quotas (see admit.lua) and
 -- takes it out of its team's index of sandboxes not yet killed (`team:<team>:sandboxes:live`).
@@ -29,6 +30,9 @@ if ARGV[1] == 'paused' and current == 'pausing' then
   redis.call('ZADD', KEYS[2], now + retention, id)
 elseif ARGV[1] == 'running' and current == 'resuming' then
   local left = tonumber(redis.call('HGET', KEYS[1], 'timeLeftMs') or '0')
+  if redis.call('HGET', KEYS[1], 'pauseReason') == 'timeout' then
+    left = tonumber(redis.call('HGET', KEYS[1], 'timeoutSec') or '0') * 1000
+  end
   redis.call('HSET', KEYS[1], 'expiresAtMs', now + left)
   redis.call('HDEL', KEYS[1], 'pauseMode', 'pauseReason', 'pausedAtMs', 'timeLeftMs', 'retentionMs',
     'hibernateStore', 'hibernatePath')

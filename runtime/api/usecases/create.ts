@@ -131,7 +131,12 @@ export async function createSandbox(
           vcpus,
           memoryMiB,
           timeoutSec,
-          autoPauseSec: body.autoPauseSec ?? deps.config.defaultAutoPauseSec,
+          // no idle pause by default for a sandbox traffic does not resume: its next request would
+          // find it paused and be refused
+          autoPauseSec:
+            body.autoPauseSec ?? (body.autoResume === false ? 0 : deps.config.defaultAutoPauseSec),
+          onTimeout: body.onTimeout ?? 'kill',
+          autoResume: body.autoResume ?? true,
           apiKey: who.keyId,
           team: who.team,
           metadata: body.metadata ?? {},

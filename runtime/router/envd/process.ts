@@ -109,7 +109,16 @@ export function processService(up: Upstream) {
               event: { event: { case: 'data', value: { output: { case: output, value: bytes } } } },
             } satisfies EventMessage;
           } else if (e.event === 'exit') {
-            yield endEvent(JSON.parse(e.data) as Parameters<typeof endEvent>[0]);
+            const exit = JSON.parse(e.data) as Parameters<typeof endEvent>[0] & { errorCode?: string };
+            // the sandbox ended under the command: E2B's edge cuts the stream (the SDK's
+            // TimeoutError), it does not report an exit the process never made
+            if (exit.errorCode === 'SANDBOX_NOT_RUNNING') {
+              throw new ConnectError(
+                exit.error ?? 'the sandbox ended while the command ran',
+                Code.Unavailable,
+              );
+            }
+            yield endEvent(exit);
             return;
           }
         }
