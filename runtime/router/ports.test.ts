@@ -398,6 +398,19 @@ describe('port requests through the router and an agent tunnel', () => {
     expect(await ask(serverPort)).toEqual({ status: 401, code: 'UNAUTHENTICATED' });
   });
 
+  it('a paused sandbox created with autoResume off stays paused: its ports answer E2B’s 502 not found', async () => {
+    await redis.hset(keys.sandbox(SB), { state: 'paused', autoResume: '0' });
+    try {
+      const res = await viaHost(SB, serverPort, '/');
+      expect(res.status).toBe(502);
+      expect(JSON.parse(res.text)).toMatchObject({ sandboxId: SB, message: 'The sandbox was not found' });
+      expect(await redis.hget(keys.sandbox(SB), 'state')).toBe('paused');
+      expect(await redis.xlen(keys.operationQueue())).toBe(0);
+    } finally {
+      await redis.hset(keys.sandbox(SB), { state: 'running', autoResume: '1' });
+    }
+  });
+
   it('answers a paused sandbox’s envd /health 502 (not running), a running one’s 204', async () => {
     const health = async () =>
       (await request(`http://127.0.0.1:${routerPort}/health`, { headers: { 'e2b-sandbox-id': SB } }))

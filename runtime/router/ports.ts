@@ -202,7 +202,11 @@ function edgeOf(err: unknown, sandboxId: string): unknown {
   ) {
     return new EdgeError('not-found', sandboxId);
   }
-  if (err.code === 'SANDBOX_PAUSED') return new EdgeError('transitioning', sandboxId);
+  if (err.code === 'SANDBOX_PAUSED') {
+    // paused and created with autoResume off: E2B's edge answers as for a sandbox it cannot find
+    if (err.details?.autoResume === false) return new EdgeError('not-found', sandboxId);
+    return new EdgeError('transitioning', sandboxId);
+  }
   return err;
 }
 
