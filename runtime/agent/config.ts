@@ -53,6 +53,12 @@ export const agentSettings = {
     ['ptrace', 'systrap'] as const,
     DEFAULT_GVISOR_PLATFORM,
   ),
+  guestReadyTimeoutMs: setting.int(
+    'SPACE_GUEST_READY_TIMEOUT_MS',
+    'How long a booted or restored instance may take until its guest daemon answers, ms (0: the driver’s own, 30 000; QEMU without KVM 180 000). A create that waits longer fails DRIVER_FAILED; raise it on slow hosts (software emulation), with the API’s SPACE_DISPATCH_TIMEOUT_MS above it.',
+    0,
+    0,
+  ),
   gvisorSnapshots: setting.oneOf(
     'SPACE_GVISOR_SNAPSHOTS',
     '`on`: the gvisor driver snapshots each warm template once and creates restore from it (a restore that fails falls back to a boot); `off`: always boot.',

@@ -86,6 +86,16 @@ const TOOLS: Record<string, string> = {
 };
 
 /**
+ * What a node VM without KVM needs, on a host that emulates it (QEMU TCG): a sandbox's guest
+ * daemon took more than the driver's 30 s to answer there (run of 2026-12-07: both nodes
+ * registered, the first create failed DRIVER_FAILED, then the API's 60 s dispatch timed out).
+ */
+const SLOW_HOST_ENV = {
+  apiEnv: JSON.stringify({ SPACE_DISPATCH_TIMEOUT_MS: '600000' }),
+  agentEnv: JSON.stringify({ SPACE_GUEST_READY_TIMEOUT_MS: '480000' }),
+};
+
+/**
  * The stacks the rehearsal boots, each on the Debian release that stands in for the cloud's image,
  * with the overrides a VM without KVM needs.
  */
@@ -93,7 +103,7 @@ const STACKS = {
   akamai: {
     release: 'bookworm',
     why: 'the vm-mode stack (control VM + node VMs from Linode user data), on Debian 12',
-    overrides: {},
+    overrides: { ...SLOW_HOST_ENV },
   },
   crusoe: {
     // Ubuntu 22.04 (Crusoe's default image) ships Redis 6.0, as Debian 11 does: the base that
@@ -101,6 +111,7 @@ const STACKS = {
     release: 'bullseye',
     why: "the startup scripts, on Debian 11 (Redis 6.0 like Crusoe's Ubuntu 22.04); the pool runs gvisor: the rehearsal's VMs have no KVM for cloud-hypervisor",
     overrides: {
+      ...SLOW_HOST_ENV,
       nodePools: JSON.stringify([{ name: 'default', driver: 'gvisor', instanceType: 'c1a.8x', count: 2 }]),
     },
   },

@@ -40,7 +40,8 @@ type DriverConfig = Pick<
   | 'firecrackerBinary'
   | 'jailerBinary'
   | 'cloudHypervisorBinary'
->;
+> &
+  Partial<Pick<AgentConfig, 'guestReadyTimeoutMs'>>;
 
 /** VMM drivers in the order `auto` prefers them, with the binary each needs. */
 function vmmCandidates(
@@ -88,6 +89,8 @@ export async function chooseDriver(c: Omit<DriverConfig, 'gvisorSnapshots'>): Pr
  * @throws SpaceError DRIVER_FAILED for a driver this build does not have.
  */
 export function createDriver(name: DriverName, c: DriverConfig, deps: DriverDeps, kvm: boolean): Driver {
+  // undefined: each driver's own default
+  const healthTimeoutMs = c.guestReadyTimeoutMs || undefined;
   switch (name) {
     case 'gvisor':
       return new GvisorDriver({
@@ -95,6 +98,7 @@ export function createDriver(name: DriverName, c: DriverConfig, deps: DriverDeps
         runscBinary: c.runscBinary,
         platform: c.gvisorPlatform,
         snapshots: c.gvisorSnapshots === 'on',
+        healthTimeoutMs,
         log: deps.log,
       });
     case 'firecracker':
@@ -102,17 +106,25 @@ export function createDriver(name: DriverName, c: DriverConfig, deps: DriverDeps
         stateDir: deps.stateDir,
         firecrackerBinary: c.firecrackerBinary,
         jailerBinary: c.jailerBinary,
+        healthTimeoutMs,
         log: deps.log,
       });
     case 'cloud-hypervisor':
       return new CloudHypervisorDriver({
         stateDir: deps.stateDir,
         cloudHypervisorBinary: c.cloudHypervisorBinary,
+        healthTimeoutMs,
         log: deps.log,
       });
     case 'qemu':
       // runs without KVM too (software emulation): `kvm` only picks the accelerator
-      return new QemuDriver({ stateDir: deps.stateDir, qemuBinary: c.qemuBinary, kvm, log: deps.log });
+      return new QemuDriver({
+        stateDir: deps.stateDir,
+        qemuBinary: c.qemuBinary,
+        kvm,
+        healthTimeoutMs,
+        log: deps.log,
+      });
     default: {
       const never: never = name;
       throw new Error(`unknown driver ${String(never)}`);
