@@ -143,4 +143,19 @@ describe('template definitions: start, ready, copy, from', () => {
       '/opt/space-code-interpreter/server.py': 'code-interpreter/server.py',
     });
   });
+
+  it('code-interpreter-v1 is base plus its own: every package, tarball, file and the user of base', async () => {
+    // a definition cannot extend another's packages, so the two files must not drift apart (the
+    // interpreter kept Debian's Node 18 and lost sudo once base moved on)
+    const base = (await loadTemplateDefinition('base', DEFAULT_TEMPLATES_DIR)).definition;
+    const ci = (await loadTemplateDefinition('code-interpreter-v1', DEFAULT_TEMPLATES_DIR)).definition;
+    if (!('packages' in base) || !('packages' in ci)) throw new Error('both must be full definitions');
+    const { name: _b, description: _bd, ...baseRest } = base;
+    for (const [key, value] of Object.entries(baseRest)) {
+      const mine = (ci as unknown as Record<string, unknown>)[key];
+      if (Array.isArray(value)) expect(mine, key).toEqual(expect.arrayContaining(value as unknown[]));
+      else if (key === 'files') expect(mine, key).toMatchObject(value as object);
+      else expect(mine, key).toEqual(value);
+    }
+  });
 });
