@@ -15,36 +15,21 @@
  * suite builds it when it is missing.
  */
 
-import { join } from 'node:path';
 import { Sandbox, TimeoutError } from '@e2b/code-interpreter';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildTemplate } from '../runtime/agent/image/templates.ts';
-import { freePort } from './redis-server.ts';
-import { type RouterProcess, startRouterProcess } from './router-process.ts';
-import { leftovers, NO_LEFTOVERS, type Stack, startStack, TEST_CACHE_DIR, waitFor } from './stack.ts';
+import { type E2bStack, startE2bStack } from './e2b-stack.ts';
+import { leftovers, NO_LEFTOVERS, type Stack, TEST_CACHE_DIR, waitFor } from './stack.ts';
 
 const TEMPLATE = 'code-interpreter-v1';
 let s: Stack;
 
-let router: RouterProcess;
-const saved = { ...process.env };
+let e2b: E2bStack;
 
 beforeAll(async () => {
   await buildTemplate(TEMPLATE, { cacheDir: TEST_CACHE_DIR });
-  const port = await freePort();
-  s = await startStack({
-    SPACE_WARM_TEMPLATES: TEMPLATE,
-    SPACE_WARM_POOL_SIZE: '1',
-    SPACE_ROUTER_URL: `http://127.0.0.1:${port}`,
-  });
-  router = await startRouterProcess({
-    SPACE_REDIS_URL: s.redisUrl,
-    SPACE_VERIFY_KEY_FILE: join(s.dir, 'key.pub.pem'),
-    SPACE_ROUTER_PORT: String(port),
-  });
-  process.env.E2B_API_URL = s.apiUrl;
-  process.env.E2B_API_KEY = s.apiKey;
-  process.env.E2B_SANDBOX_URL = router.url;
+  e2b = await startE2bStack({ SPACE_WARM_TEMPLATES: TEMPLATE, SPACE_WARM_POOL_SIZE: '1' });
+  s = e2b.s;
   await waitFor(
     'a warm code interpreter',
     async () => (s.agent.warm.counts()[TEMPLATE] === 1 ? true : undefined),
@@ -52,8 +37,7 @@ beforeAll(async () => {
   );
 }, 900_000);
 afterAll(async () => {
-  process.env = saved;
-  await router?.stop();
+  await e2b?.stopRouter();
   if (!s) return;
   await s.stop();
   expect(await leftovers(s)).toEqual(NO_LEFTOVERS);

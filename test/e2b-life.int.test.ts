@@ -5,7 +5,6 @@
  * carries, and the error a command sees when its sandbox is killed under it.
  */
 
-import { join } from 'node:path';
 import {
   AuthenticationError,
   type CommandExitError,
@@ -15,30 +14,19 @@ import {
   TimeoutError,
 } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
-import { freePort } from './redis-server.ts';
-import { type RouterProcess, startRouterProcess } from './router-process.ts';
-import { leftovers, NO_LEFTOVERS, type Stack, startStack } from './stack.ts';
+import { type E2bStack, startE2bStack } from './e2b-stack.ts';
+import { leftovers, NO_LEFTOVERS, type Stack } from './stack.ts';
 
 let s: Stack;
-let router: RouterProcess;
-const saved = { ...process.env };
+let e2b: E2bStack;
 
 beforeAll(async () => {
-  const port = await freePort();
   // a short reaper interval: lifetimes of a few seconds end on time
-  s = await startStack({ SPACE_ROUTER_URL: `http://127.0.0.1:${port}`, SPACE_REAPER_INTERVAL_MS: '200' });
-  router = await startRouterProcess({
-    SPACE_REDIS_URL: s.redisUrl,
-    SPACE_VERIFY_KEY_FILE: join(s.dir, 'key.pub.pem'),
-    SPACE_ROUTER_PORT: String(port),
-  });
-  process.env.E2B_API_URL = s.apiUrl;
-  process.env.E2B_SANDBOX_URL = router.url;
-  process.env.E2B_API_KEY = s.apiKey;
+  e2b = await startE2bStack({ SPACE_REAPER_INTERVAL_MS: '200' });
+  s = e2b.s;
 });
 afterAll(async () => {
-  process.env = saved;
-  await router?.stop();
+  await e2b?.stopRouter();
   if (!s) return;
   await s.stop();
   expect(await leftovers(s)).toEqual(NO_LEFTOVERS);

@@ -9,18 +9,17 @@
  * it with a lookup of their own (nothing leaves loopback).
  */
 import { createHash, randomBytes } from 'node:crypto';
-import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Sandbox } from 'e2b';
 import { Agent, request, WebSocket } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { freePort } from './redis-server.ts';
-import { type RouterProcess, startRouterProcess } from './router-process.ts';
-import { leftovers, NO_LEFTOVERS, type Stack, startStack } from './stack.ts';
+import { type E2bStack, startE2bStack } from './e2b-stack.ts';
+import type { RouterProcess } from './router-process.ts';
+import { leftovers, NO_LEFTOVERS, type Stack } from './stack.ts';
 
 let s: Stack;
 let router: RouterProcess;
-const saved = { ...process.env };
+let e2b: E2bStack;
 
 /** Every `*.localhost` name is 127.0.0.1 (what browsers do, RFC 6761 §6.3). */
 const loopback = new Agent({
@@ -108,23 +107,13 @@ async function get(sbx: Sandbox, port: number, path: string, headers: Record<str
 }
 
 beforeAll(async () => {
-  const port = await freePort();
-  s = await startStack({ SPACE_ROUTER_URL: `http://127.0.0.1:${port}` });
-  router = await startRouterProcess({
-    SPACE_REDIS_URL: s.redisUrl,
-    SPACE_VERIFY_KEY_FILE: join(s.dir, 'key.pub.pem'),
-    SPACE_ROUTER_PORT: String(port),
-  });
-  process.env.E2B_API_URL = s.apiUrl;
-  process.env.E2B_SANDBOX_URL = router.url;
-  process.env.E2B_API_KEY = s.apiKey;
-  // getHost(port) = `<port>-<id>.localhost:<router port>`
-  process.env.E2B_DOMAIN = `localhost:${port}`;
+  e2b = await startE2bStack();
+  s = e2b.s;
+  router = e2b.router;
 });
 afterAll(async () => {
-  process.env = saved;
   await loopback.close();
-  await router?.stop();
+  await e2b?.stopRouter();
   if (!s) return;
   await s.stop();
   expect(await leftovers(s)).toEqual(NO_LEFTOVERS);
