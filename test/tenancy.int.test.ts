@@ -105,6 +105,8 @@ function routes(id: string, op: string): { method: string; path: string; body?: 
     { method: 'POST', path: `/v1/sandboxes/${id}/tokens`, body: {}, scope: 'sandboxes:write' },
     { method: 'GET', path: `/v1/operations/${op}`, scope: 'sandboxes:read' },
     { method: 'GET', path: '/v1/nodes', scope: 'nodes:read' },
+    { method: 'PUT', path: '/v1/nodes/tb/drain', body: {}, scope: 'deployment:admin' },
+    { method: 'DELETE', path: '/v1/nodes/tb/drain', scope: 'deployment:admin' },
     { method: 'GET', path: '/v1/templates', scope: 'nodes:read' },
     { method: 'GET', path: '/v1/deployment/target-version', scope: 'nodes:read' },
     {
@@ -201,10 +203,14 @@ describe('two teams on one stack', () => {
       ['POST', `/sandboxes/${sbxA}/timeout`, { timeout: 30 }],
       ['POST', `/sandboxes/${sbxA}/pause`],
       ['POST', `/sandboxes/${sbxA}/connect`, { timeout: 30 }],
-      ['GET', `/sandboxes/${sbxA}/metrics`],
     ] as const) {
       expect((await e2b(B.apiKey, m, p, b)).status, `${m} ${p}`).toBe(404);
     }
+    // a route SPACE does not serve answers the same for their sandbox as for one nobody has
+    const metrics = await e2b(B.apiKey, 'GET', `/sandboxes/${sbxA}/metrics`);
+    const none = await e2b(B.apiKey, 'GET', '/sandboxes/sbxaaaaaaaaaaaaaaaaaaaa/metrics');
+    expect(metrics.status).toBe(501);
+    expect(metrics.text.replace(sbxA, '<id>')).toBe(none.text.replace('sbxaaaaaaaaaaaaaaaaaaaa', '<id>'));
     const listed = await e2b(B.apiKey, 'GET', '/v2/sandboxes');
     expect(listed.status).toBe(200);
     const ids = (JSON.parse(listed.text) as { sandboxID: string }[]).map((x) => x.sandboxID);
