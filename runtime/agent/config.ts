@@ -20,11 +20,7 @@ export const agentSettings = {
     'SPACE_AGENT_URL',
     'URL clients and the API use to reach this agent (default http://<host>:<port>).',
   ),
-  redisUrl: setting.string(
-    'SPACE_REDIS_URL',
-    'Redis URL (state of record), or the path of its Unix socket.',
-    'redis://127.0.0.1:6379',
-  ),
+  redisUrl: setting.redisUrl('The state of record.'),
   verifyKeyFile: setting.string('SPACE_VERIFY_KEY_FILE', 'SPKI PEM Ed25519 public key that verifies tokens.'),
   stateDir: setting.string(
     'SPACE_AGENT_STATE_DIR',

@@ -11,11 +11,11 @@
 import { existsSync } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
-import { Redis } from 'ioredis';
 import { AGENT_PROTOCOL_VERSION } from '../core/agent-protocol.ts';
 import { buildVersion } from '../core/build-version.ts';
 import { SpaceError } from '../core/errors.ts';
 import { createLogger } from '../core/log-fields.ts';
+import { redisConnection } from '../core/redis-connection.ts';
 import { keys } from '../core/redis-keys.ts';
 import { loadVerifyKey } from '../core/tokens.ts';
 import { encodeEndReport } from '../core/types.ts';
@@ -81,7 +81,7 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     throw new Error(`the agent needs Node 24 (found ${process.version}); start it through npm run / npx`);
   }
   const log = createLogger('agent', config.logLevel).child({ 'node.id': config.nodeId });
-  const redis = new Redis(config.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 3 });
+  const redis = redisConnection(config.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 3 });
   await redis.connect();
   const verifyKey = await loadVerifyKey(config.verifyKeyFile);
 

@@ -25,11 +25,7 @@ export const API_NODE_FLAGS = ['--min-semi-space-size=16', '--max-semi-space-siz
 export const apiSettings = {
   host: setting.string('SPACE_API_HOST', 'Address the API listens on.', '127.0.0.1'),
   port: setting.int('SPACE_API_PORT', 'TCP port of the API.', 8080, 0, 65535),
-  redisUrl: setting.string(
-    'SPACE_REDIS_URL',
-    'Redis URL (state of record), or the path of its Unix socket.',
-    'redis://127.0.0.1:6379',
-  ),
+  redisUrl: setting.redisUrl('The state of record.'),
   signingKeyFile: setting.string(
     'SPACE_SIGNING_KEY_FILE',
     'PKCS#8 PEM Ed25519 private key that signs session and dispatch tokens.',

@@ -3,9 +3,10 @@
  * listen. `close()` stops taking requests and operations, finishes in-flight ones, disconnects.
  */
 import { readFile } from 'node:fs/promises';
-import { Redis } from 'ioredis';
+import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { createLogger } from '../core/log-fields.ts';
+import { redisConnection } from '../core/redis-connection.ts';
 import { DEFAULT_TEAM } from '../core/tenancy.ts';
 import { loadSigningKey } from '../core/tokens.ts';
 import { bootstrapApiKeyFile, importBootstrapKey } from './api-keys.ts';
@@ -30,7 +31,7 @@ export async function startApi(
 ): Promise<RunningApi> {
   const log = createLogger('api', config.logLevel);
   const redis = watchConnection(
-    new Redis(config.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 3 }),
+    redisConnection(config.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 3 }),
     log,
     'main',
   );

@@ -54,6 +54,16 @@ export const setting = {
     default: def,
     doc,
   }),
+  /**
+   * `SPACE_REDIS_URL`: one server (`redis://`, `rediss://`, a Unix socket path) or the primary that
+   * Redis Sentinel names (`redis-sentinel://`); forms in runtime/core/redis-connection.ts.
+   */
+  redisUrl: (doc: string): Setting<TString> => ({
+    env: 'SPACE_REDIS_URL',
+    schema: Type.String({ pattern: '^(rediss?://|redis-sentinel://|/)' }),
+    default: 'redis://127.0.0.1:6379',
+    doc: `${doc} Forms: redis://[:password@]host:port[/db], rediss://…, /path/to/redis.sock, or redis-sentinel://[:password@]host:26379[,host:26379…]/<primary name>[/db] (failover through Redis Sentinel).`,
+  }),
   optionalString: (env: string, doc: string): Setting<TString> => ({
     env,
     schema: Type.String(),

@@ -179,10 +179,8 @@ export const gatewaySettings = {
     'SPACE_GATEWAY_UPSTREAM_CA_FILE',
     'Extra PEM CA bundle trusted (with the system CAs) when re-originating intercepted TLS.',
   ),
-  redisUrl: setting.string(
-    'SPACE_REDIS_URL',
-    'Redis URL of the state of record (or the path of its Unix socket): credential values are read from it when a request needs them.',
-    'redis://127.0.0.1:6379',
+  redisUrl: setting.redisUrl(
+    'The state of record: credential values are read from it when a request needs them.',
   ),
   credentialCacheMs: setting.int(
     'SPACE_GATEWAY_CREDENTIAL_CACHE_MS',

@@ -7,9 +7,9 @@ import { mkdir, readFile, rm } from 'node:fs/promises';
 import { createServer as createHttpServer, type Server as HttpServer } from 'node:http';
 import type { Server } from 'node:net';
 import { dirname } from 'node:path';
-import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { createLogger } from '../core/log-fields.ts';
+import { redisConnection } from '../core/redis-connection.ts';
 import { buildGateway, createGatewayDeps, type GatewayDeps } from './app.ts';
 import { loadOrCreateCa } from './ca.ts';
 import type { GatewayConfig } from './config.ts';
@@ -47,7 +47,7 @@ export async function startGateway(
   const ca = await loadOrCreateCa(config.caCertFile, config.caKeyFile);
   const upstreamCa = config.upstreamCaFile ? [await readFile(config.upstreamCaFile)] : [];
   // credential values are read from the state of record when a request needs them (never kept)
-  const redis = new Redis(config.redisUrl, {
+  const redis = redisConnection(config.redisUrl, {
     lazyConnect: true,
     maxRetriesPerRequest: 1,
     enableOfflineQueue: false,

@@ -4,11 +4,7 @@ import { ConfigError, type ConfigOf, loadConfig, setting } from '../core/config.
 export const routerSettings = {
   host: setting.string('SPACE_ROUTER_HOST', 'Address the router listens on.', '127.0.0.1'),
   port: setting.int('SPACE_ROUTER_PORT', 'TCP port of the router.', 8082, 0, 65535),
-  redisUrl: setting.string(
-    'SPACE_REDIS_URL',
-    'Redis URL (state of record), or the path of its Unix socket.',
-    'redis://127.0.0.1:6379',
-  ),
+  redisUrl: setting.redisUrl('The state of record.'),
   verifyKeyFile: setting.string(
     'SPACE_VERIFY_KEY_FILE',
     'SPKI PEM Ed25519 public key that verifies session tokens.',

@@ -3,9 +3,9 @@
  * `close()` stops accepting, ends forwarded streams, closes upstream connections, disconnects.
  */
 import { readFile } from 'node:fs/promises';
-import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { createLogger } from '../core/log-fields.ts';
+import { redisConnection } from '../core/redis-connection.ts';
 import { loadVerifyKey } from '../core/tokens.ts';
 import { buildApp, createRouterDeps, type RouterDeps } from './app.ts';
 import type { RouterConfig } from './config.ts';
@@ -22,7 +22,7 @@ export interface RunningRouter {
 export async function startRouter(config: RouterConfig, opts: { log?: Logger } = {}): Promise<RunningRouter> {
   const log = opts.log ?? createLogger('router', config.logLevel);
   // a router that cannot reach Redis answers 503s instead of queueing requests without bound
-  const redis = new Redis(config.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 2 });
+  const redis = redisConnection(config.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 2 });
   redis.on('error', (err) => log.warn({ err: err.message }, 'redis unreachable'));
   await redis.connect();
   const tls = config.tlsCertFile
