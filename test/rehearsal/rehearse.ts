@@ -289,7 +289,11 @@ async function exercise(o: Options, summary: Summary, t: Target, x: ExerciseCont
     const sandboxes: string[] = [];
     const streams: CounterStream[] = [];
     try {
-      for (let i = 0; i < 2; i++) sandboxes.push((await space<{ id: string }>(t, ['sandbox', 'create'])).id);
+      // they must outlive the whole roll: the API's default lifetime (300 s) ended them mid-roll in a
+      // run whose VMs took 578 s to roll, and the reaper's kill read as an upgrade that lost them
+      const lifetimeSec = String(o.upgradeWaitMinutes * 60 + 900);
+      for (let i = 0; i < 2; i++)
+        sandboxes.push((await space<{ id: string }>(t, ['sandbox', 'create', '--timeout', lifetimeSec])).id);
       for (const id of sandboxes) streams.push(streamCounter(t, id));
       // a few lines before the roll starts
       await new Promise((r) => setTimeout(r, 10_000));
