@@ -3,7 +3,8 @@
  * `space-backup.service`, a oneshot that runs `space backup run` in the SPACE image on the host
  * network, beside Redis, with the Redis URL of {@link REDIS_ENV_FILE} and the store's settings in
  * {@link BACKUP_ENV_FILE} (root-only: it holds the store's secret key). The timer is `Persistent`,
- * so a run missed while the VM was off happens at the next boot. Pure.
+ * so a run missed while the VM was off happens at the next boot; a failed run is retried twice,
+ * two minutes apart. Pure.
  */
 import { BACKUP_COMMAND, type BackupPlan, backupJobEnv, onCalendar } from '../backup-schedule.ts';
 import { envFile, REDIS_ENV_FILE, type VmFile } from './plan.ts';
@@ -39,6 +40,10 @@ export function backupFiles(b: VmBackupArgs): VmFile[] {
         'Description=SPACE: a snapshot of Redis shipped to the backup store (space backup run)',
         'Wants=network-online.target',
         `After=network-online.target ${REDIS_UNIT}`,
+        // a failed run (a failover under way, the store away) is tried twice more, as the
+        // Kubernetes Job's backoffLimit does
+        'StartLimitIntervalSec=1h',
+        'StartLimitBurst=3',
         '',
         '[Service]',
         'Type=oneshot',
@@ -46,6 +51,8 @@ export function backupFiles(b: VmBackupArgs): VmFile[] {
         `ExecStart=/usr/bin/podman run --rm --name space-backup --network host --env-file ${BACKUP_ENV_FILE} --env-file ${REDIS_ENV_FILE} \${SPACE_IMAGE} ${BACKUP_COMMAND.join(' ')}`,
         // a stuck upload must not hold the next run off forever
         'TimeoutStartSec=2h',
+        'Restart=on-failure',
+        'RestartSec=2min',
         '',
       ].join('\n'),
     },

@@ -1,8 +1,8 @@
 /**
  * Settings of `space backup` (env names, defaults with units, docs): which Redis to snapshot, the
  * S3-compatible store the snapshots go to, and how many to keep. The deployments set them on the
- * scheduled job (docs/operations.md "Backups"); an operator sets the same variables to list,
- * restore or prune by hand.
+ * scheduled job (providers/systemd/backup.ts, providers/kubernetes/backup.ts); an operator sets
+ * the same variables to list, restore or prune by hand (docs/operations.md "Backups").
  */
 import { type ConfigOf, loadConfig, setting } from '../core/config.ts';
 import { CliError } from './output.ts';
