@@ -4,7 +4,7 @@
  * SHA-256; restore → an exact copy (values, TTLs, keys made later gone), refused while an API is
  * connected; a changed object is refused; retention deletes only this deployment's old backups.
  */
-import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
+import { type ChildProcess, execFile, spawn, spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { once } from 'node:events';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -22,6 +22,7 @@ import { BackupStore, backupName, expired, takenAtOf } from './backup-store.ts';
 import { CliError } from './output.ts';
 
 const PASSWORD = 'pw-for-the-backup-command';
+const CLI = new URL('./space.ts', import.meta.url).pathname;
 const work = mkdtempSync(join(tmpdir(), 'space-backup-test-'));
 const procs: ChildProcess[] = [];
 let s3: S3Server;
@@ -311,6 +312,47 @@ describe('space backup: a snapshot of the primary in an S3-compatible store, res
     await once(sentinel, 'exit');
     for (const x of [primary, replica]) x.client.disconnect();
   }, 60_000);
+
+  it('as the space CLI: --json answers on stdout, progress and coded errors on stderr, exit 125 on a refusal', async () => {
+    const src = await redisServer('src-cli');
+    await src.client.set('space:v1:k', 'v');
+    // not spawnSync: s3rver answers from this process's event loop
+    const cli = async (env: Record<string, string>, ...args: string[]) =>
+      new Promise<{ status: number | null; stdout: string; stderr: string }>((resolve) => {
+        execFile(
+          process.execPath,
+          [CLI, 'backup', ...args],
+          { encoding: 'utf8', env: { PATH: process.env['PATH'] ?? '/usr/bin:/bin', ...env } },
+          (err, stdout, stderr) =>
+            resolve({ status: err ? (typeof err.code === 'number' ? err.code : null) : 0, stdout, stderr }),
+        );
+      });
+    const env = { ...s3.env('cli'), SPACE_REDIS_URL: src.url };
+    const none = await cli({}, 'list', '--json');
+    expect(none.status).toBe(125);
+    expect(JSON.parse(none.stderr).error.code).toBe('BACKUP_NOT_CONFIGURED');
+    for (let i = 0; i < 2; i++) {
+      const ran = await cli(env, 'run', '--json');
+      expect(ran.status, ran.stderr).toBe(0);
+      expect(JSON.parse(ran.stdout)).toMatchObject({ keys: 1, source: `127.0.0.1:${src.port}` });
+      expect(
+        ran.stderr
+          .split('\n')
+          .filter(Boolean)
+          .map((l) => Object.keys(JSON.parse(l))),
+      ).toContainEqual(['progress']);
+    }
+    const listed = JSON.parse((await cli(env, 'list', '--json')).stdout) as { backups: { key: string }[] };
+    expect(listed.backups).toHaveLength(2);
+    for (const b of listed.backups) expect(b.key).toMatch(/^space-backups\/cli\/redis-/);
+    const dry = JSON.parse((await cli(env, 'prune', '--keep-last', '1', '--dry-run', '--json')).stdout);
+    expect(dry).toEqual({ deleted: [], wouldDelete: [listed.backups[0]!.key] });
+    expect(JSON.parse((await cli(env, 'list', '--json')).stdout).backups).toHaveLength(2);
+    const bad = await cli(env, 'prune', '--keep-last', 'many');
+    expect(bad.status).toBe(125);
+    expect(bad.stderr).toMatch(/--keep-last takes a whole number/);
+    src.client.disconnect();
+  }, 120_000);
 
   it('without a bucket every command refuses with BACKUP_NOT_CONFIGURED; bad settings are named', () => {
     expect(() => loadBackupConfig({})).toThrow(expect.objectContaining({ code: 'BACKUP_NOT_CONFIGURED' }));
