@@ -85,7 +85,12 @@ describe('restore drill: a stack rebuilt from a backup in an S3-compatible store
 
     const restored = await space('restore', 'latest');
     expect(restored.code, restored.stderr).toBe(0);
-    expect(JSON.parse(restored.stdout)).toMatchObject({ key: made.key, restored: made.keys, removed: 0 });
+    expect(JSON.parse(restored.stdout)).toMatchObject({
+      key: made.key,
+      restored: made.keys,
+      removed: 0,
+      kept: 0,
+    });
 
     const destroyedBefore = await destroyedByReconciliation().catch(() => 0);
     s.agent = await startAgent(loadAgentConfig(agentEnv(s, { SPACE_AGENT_ON_SHUTDOWN: 'keep' })));

@@ -16,7 +16,8 @@
  * uses (Sentinel URLs included), so the writes land in the target's AOF and reach its replicas.
  * Keys of the snapshot are written first, keys the snapshot lacks are deleted after: at no moment
  * does a record of the snapshot go missing from the target (an agent reconciling meanwhile would
- * destroy a sandbox whose record it cannot find).
+ * destroy a sandbox whose record it cannot find). The deployment's own keys the target holds are
+ * left alone ({@link DEPLOYMENT_KEY_PREFIX}).
  */
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
@@ -203,6 +204,8 @@ export interface RestoreResult {
   restored: number;
   /** Keys of the target the snapshot lacks, deleted. */
   removed: number;
+  /** Deployment keys ({@link DEPLOYMENT_KEY_PREFIX}) the target held, left as they were. */
+  kept: number;
 }
 
 /**
@@ -268,6 +271,7 @@ export async function restoreInto(
     const total = await snap.dbsize();
     progress(`snapshot loaded: ${total} keys in db ${db}; copying into ${redactRedisUrl(url)}`);
     let restored = 0;
+    let kept = 0;
     let cursor = '0';
     do {
       const [next, batch] = await snap.scan(cursor, 'COUNT', 500);
@@ -276,15 +280,25 @@ export async function restoreInto(
       const read = snap.pipeline();
       for (const k of batch) read.dumpBuffer(k).pttl(k);
       const answers = (await read.exec()) ?? [];
+      // the deployment's own keys the target holds describe the running deployment: kept
+      const deploy = batch.filter(isDeploymentKey);
+      const held = await Promise.all(deploy.map((k) => target.exists(k)));
+      const present = new Set(deploy.filter((_, i) => held[i] === 1));
       const write = target.pipeline();
+      let written = 0;
       for (let i = 0; i < batch.length; i++) {
         const payload = answers[2 * i]?.[1] as Buffer | null;
         const pttl = answers[2 * i + 1]?.[1] as number;
         if (!payload) continue; // expired between SCAN and DUMP
+        if (present.has(batch[i]!)) {
+          kept++;
+          continue;
+        }
         write.restore(batch[i]!, Math.max(pttl, 0), payload, 'REPLACE');
+        written++;
       }
       for (const [err] of (await write.exec()) ?? []) if (err) throw err;
-      restored += batch.length;
+      restored += written;
     } while (cursor !== '0');
     // then the keys the snapshot lacks (made after it was taken)
     let removed = 0;
@@ -296,10 +310,11 @@ export async function restoreInto(
       const probe = snap.pipeline();
       for (const k of batch) probe.exists(k);
       const there = (await probe.exec()) ?? [];
-      const gone = batch.filter((_, i) => there[i]?.[1] === 0);
+      const gone = batch.filter((k, i) => there[i]?.[1] === 0 && !isDeploymentKey(k));
       if (gone.length > 0) removed += await target.unlink(...gone);
     } while (cursor !== '0');
-    return { restored, removed };
+    if (kept) progress(`kept ${kept} deployment key(s) (${DEPLOYMENT_KEY_PREFIX}*) the target already holds`);
+    return { restored, removed, kept };
   } catch (err) {
     if (err instanceof CliError) throw err;
     throw new CliError(
@@ -317,6 +332,18 @@ export async function restoreInto(
       await once(server, 'exit');
     }
   }
+}
+
+/**
+ * Keys the deployment publishes about itself (the VM verify key, the target version, the VM
+ * configuration: runtime/core/redis-keys.ts), not records: a rebuilt control VM publishes a new
+ * verify key, and an old one from a backup would make every session token it signs invalid at the
+ * agents. A restore keeps those the target holds and never deletes them; absent ones come back.
+ */
+export const DEPLOYMENT_KEY_PREFIX = 'space:deploy:';
+
+function isDeploymentKey(k: string): boolean {
+  return k.startsWith(DEPLOYMENT_KEY_PREFIX);
 }
 
 /** The database number `url` selects. */

@@ -98,6 +98,9 @@ describe('space backup: a snapshot of the primary in an S3-compatible store, res
     w.set('space:v1:lease:sbx-7', 'node-1', 'EX', 3600);
     w.zadd('space:v1:deadlines', 100, 'sbx-1', 200, 'sbx-2');
     w.xadd('space:v1:operations:queue', '*', 'op', 'x');
+    // the deployment's own keys (the VM verify key, the target version)
+    w.set('space:deploy:verify-key', 'key-of-the-old-control-vm');
+    w.set('space:deploy:target-version', '1.0.0');
     await w.exec();
     const total = await live.client.dbsize();
     const c = loadBackupConfig({ ...s3.env('exact'), SPACE_REDIS_URL: live.url });
@@ -123,9 +126,11 @@ describe('space backup: a snapshot of the primary in an S3-compatible store, res
     const fresh = await redisServer('fresh');
     await fresh.client.hset('space:v1:sandbox:sbx-made-later', { state: 'running' });
     await fresh.client.hset(keys[5]!, { state: 'killed' });
+    // a rebuilt control VM published its new verify key before the restore: it stays
+    await fresh.client.set('space:deploy:verify-key', 'key-of-the-new-control-vm');
     const rc = loadBackupConfig({ ...s3.env('exact'), SPACE_REDIS_URL: fresh.url });
     const out = await runRestore(rc, 'latest', () => {});
-    expect(out).toMatchObject({ key: r.key, restored: total, removed: 1 });
+    expect(out).toMatchObject({ key: r.key, restored: total - 1, removed: 1, kept: 1 });
     const check = async (cl: Redis) => {
       expect(await cl.dbsize()).toBe(total);
       expect(await cl.hgetall(keys[5]!)).toEqual({ state: 'running', nodeId: 'node-1' });
@@ -133,6 +138,8 @@ describe('space backup: a snapshot of the primary in an S3-compatible store, res
       expect(await cl.zrange('space:v1:deadlines', 0, -1)).toEqual(['sbx-1', 'sbx-2']);
       expect(await cl.xlen('space:v1:operations:queue')).toBe(1);
       expect(await cl.ttl('space:v1:lease:sbx-7')).toBeGreaterThan(3000);
+      expect(await cl.get('space:deploy:verify-key')).toBe('key-of-the-new-control-vm');
+      expect(await cl.get('space:deploy:target-version')).toBe('1.0.0');
     };
     await check(fresh.client);
     // the restore went through the server (its AOF), not into memory only

@@ -120,7 +120,7 @@ export async function runRestore(
   c: BackupConfig,
   ref: string,
   progress: (line: string) => void,
-): Promise<{ key: string; sha256: string; restored: number; removed: number }> {
+): Promise<{ key: string; sha256: string; restored: number; removed: number; kept: number }> {
   const store = new BackupStore(c);
   try {
     return await withWorkDir(async (dir) => {
@@ -238,7 +238,7 @@ sandboxes that ended after it are marked killed (node_lost). See docs/operations
       if (isJson(cmd)) printJson(r);
       else
         println(
-          `restored ${r.restored} keys from ${r.key} into ${redactRedisUrl(c.redisUrl)}; removed ${r.removed} keys the backup lacks`,
+          `restored ${r.restored} keys from ${r.key} into ${redactRedisUrl(c.redisUrl)}; removed ${r.removed} keys the backup lacks; kept ${r.kept} deployment keys`,
         );
     });
 
