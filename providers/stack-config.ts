@@ -5,6 +5,7 @@
  */
 import type * as pulumi from '@pulumi/pulumi';
 import type { DriverName } from '../runtime/core/drivers.ts';
+import type { BackupPlan } from './backup-schedule.ts';
 import type { Cloud } from './catalogue.ts';
 import type { DeployMode, NodePool } from './node-pool.ts';
 
@@ -68,6 +69,8 @@ export interface StackConfig {
   readonly crusoeImage: string;
   /** `space:prometheusOperator` (with its labels), when true. */
   readonly prometheusOperator: { readonly labels: Readonly<Record<string, string>> } | undefined;
+  /** `space:backup`: scheduled Redis backups to an S3-compatible store, when set. */
+  readonly backup: BackupPlan | undefined;
   readonly apiEnv: Readonly<Record<string, string>>;
   readonly agentEnv: Readonly<Record<string, string>>;
   /** Secret values, present only when set. */
@@ -81,5 +84,6 @@ export interface StackConfig {
     readonly lkeFirewallToken?: pulumi.Output<string>;
     readonly bootstrapApiKey?: pulumi.Output<string>;
     readonly imagePullPassword?: pulumi.Output<string>;
+    readonly backupSecretAccessKey?: pulumi.Output<string>;
   };
 }

@@ -2,6 +2,7 @@
 import { createHash, hkdfSync } from 'node:crypto';
 import * as pulumi from '@pulumi/pulumi';
 import { nthHost } from '../runtime/core/net-address.ts';
+import type { BackupPlan } from './backup-schedule.ts';
 import type { ImagePullCredentials } from './image-pull.ts';
 
 /** The control VM's private address: the subnet's 10th host (clouds reserve the first few). */
@@ -47,24 +48,39 @@ export function vmRedisPassword(cfg: {
 
 /**
  * The secrets every VM's user data carries, as one secret output: the Redis password
- * ({@link vmRedisPassword}) and, when `space:imagePullUsername` is set, the image pull credentials.
+ * ({@link vmRedisPassword}), when `space:imagePullUsername` is set the image pull credentials, and
+ * with `space:backup` the backup plan with its secret key (only the control VM's plan renders it).
  */
 export function vmSecretArgs(cfg: {
   readonly imagePullUsername: string | undefined;
+  readonly backup?: BackupPlan | undefined;
   readonly secrets: {
     readonly redisPassword?: pulumi.Output<string>;
     readonly bootstrapApiKey?: pulumi.Output<string>;
     readonly imagePullPassword?: pulumi.Output<string>;
+    readonly backupSecretAccessKey?: pulumi.Output<string>;
   };
-}): pulumi.Output<{ redisPassword: string; imagePull?: ImagePullCredentials }> {
+}): pulumi.Output<{
+  redisPassword: string;
+  imagePull?: ImagePullCredentials;
+  backup?: BackupPlan & { secretAccessKey?: string };
+}> {
   const user = cfg.imagePullUsername;
   const pull = cfg.secrets.imagePullPassword;
+  const backup = cfg.backup;
   return pulumi.secret(
     pulumi
-      .all([vmRedisPassword(cfg), pull ?? pulumi.output(undefined)])
-      .apply(([redisPassword, password]) => ({
+      .all([
+        vmRedisPassword(cfg),
+        pull ?? pulumi.output(undefined),
+        cfg.secrets.backupSecretAccessKey ?? pulumi.output(undefined),
+      ])
+      .apply(([redisPassword, password, backupSecret]) => ({
         redisPassword,
         ...(user !== undefined && password !== undefined ? { imagePull: { username: user, password } } : {}),
+        ...(backup
+          ? { backup: { ...backup, ...(backupSecret ? { secretAccessKey: backupSecret } : {}) } }
+          : {}),
       })),
   );
 }

@@ -7,6 +7,7 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { agentSettings } from '../runtime/agent/config.ts';
 import { apiSettings } from '../runtime/api/config.ts';
+import { backupSettings } from '../runtime/cli/backup-config.ts';
 import { describeConfig, type SettingsSpec } from '../runtime/core/config.ts';
 import { ERROR_CODES } from '../runtime/core/errors.ts';
 import { gatewaySettings } from '../runtime/gateway/config.ts';
@@ -37,13 +38,14 @@ export function generatedBlocks(): Record<string, string> {
     'config-agent': configTable(agentSettings),
     'config-gateway': configTable(gatewaySettings),
     'config-router': configTable(routerSettings),
+    'config-backup': configTable(backupSettings),
   };
 }
 
 /** Which docs page (path from the repository root) holds each generated block. */
 export const GENERATED_PAGES: Record<string, readonly string[]> = {
   'docs/api.md': ['errors'],
-  'docs/configuration.md': ['config-api', 'config-agent', 'config-gateway', 'config-router'],
+  'docs/configuration.md': ['config-api', 'config-agent', 'config-gateway', 'config-router', 'config-backup'],
 };
 
 /** `text` with every marked block replaced by its generated content. */

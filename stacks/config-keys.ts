@@ -169,6 +169,16 @@ export const CONFIG_KEYS = {
     default: 'coreweave: `shared-vast` (`ReadWriteMany`); elsewhere the cluster’s default class',
     doc: 'StorageClass of the Redis volume (`kubernetes` mode; `ReadWriteOnce` when set).',
   },
+  backup: {
+    type: 'object',
+    default: 'unset: no scheduled backup (the preview says so)',
+    doc: 'Scheduled Redis backups to an S3-compatible store (`space backup run`): `{ "bucket", "endpoint", "region", "prefix", "schedule", "keepLast", "keepDays", "accessKeyId", "deployment" }`. `bucket` is required; `endpoint` (e.g. `https://us-ord-1.linodeobjects.com`) unset means AWS S3; `region` default `us-east-1`; `prefix` default `space-backups/`; `schedule` a UTC cron `MIN HOUR * * DOW` (default `17 3 * * *`, daily); retention `keepLast` (default 14) and `keepDays` (default 0, off); `deployment` (the folder in the bucket) default the stack name. `vm` mode: a systemd timer on the control VM (set at its creation); `kubernetes` mode: the CronJob `space-backup`.',
+  },
+  backupSecretAccessKey: {
+    type: 'string',
+    secret: true,
+    doc: 'Secret key of `space:backup.accessKeyId` (set both or neither). Neither: the SDK’s own credentials (Kubernetes: none unless the pod has a cloud identity).',
+  },
   apiTlsCertificate: {
     type: 'string',
     clouds: ['akamai'],

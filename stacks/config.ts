@@ -14,6 +14,7 @@ import { DRIVER_NAMES, type DriverName } from '../runtime/core/drivers.ts';
 import { isIPv4, isIPv4Cidr, isIPv6NoZone } from '../runtime/core/net-address.ts';
 import { buildDenySet, type Cidr, parseCidr } from '../runtime/gateway/addresses.ts';
 import { caFromPem } from '../runtime/gateway/ca.ts';
+import { parseBackup } from './config-backup.ts';
 import { CONFIG_KEYS, type ConfigKey, type KeySpec } from './config-keys.ts';
 
 export { CONFIG_KEYS, type ConfigKey, type KeySpec, type KeyType } from './config-keys.ts';
@@ -450,6 +451,8 @@ export function loadStackConfig(
     if (!raw('crusoeVpcNetworkId')) problems.push('space:crusoeVpcNetworkId: required on crusoe');
   }
 
+  const backup = parseBackup(json('backup'), has('backupSecretAccessKey'), problems);
+
   const cfg: StackConfig = {
     cloud,
     mode,
@@ -489,6 +492,7 @@ export function loadStackConfig(
     prometheusOperator: prometheusOperator ? { labels: promLabels as Record<string, string> } : undefined,
     apiEnv,
     agentEnv,
+    backup,
     secrets: Object.fromEntries(
       (
         [
@@ -501,6 +505,7 @@ export function loadStackConfig(
           'lkeFirewallToken',
           'bootstrapApiKey',
           'imagePullPassword',
+          'backupSecretAccessKey',
         ] as const
       )
         .filter((k) => raw(k) !== undefined)

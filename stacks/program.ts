@@ -4,8 +4,9 @@
  */
 import { fileURLToPath } from 'node:url';
 import * as command from '@pulumi/command';
-import type * as pulumi from '@pulumi/pulumi';
+import * as pulumi from '@pulumi/pulumi';
 import { AkamaiStack } from '../providers/akamai/index.ts';
+import { backupSummary } from '../providers/backup-schedule.ts';
 import type { Cloud } from '../providers/catalogue.ts';
 import type { CloudStack, CloudStackArgs, StackOutputs } from '../providers/cloud-stack.ts';
 import { CoreweaveStack } from '../providers/coreweave/index.ts';
@@ -66,10 +67,15 @@ export function run(
       triggers: [ref],
     });
   }
+  // on or off, the preview says where Redis is backed up (or that nothing backs it up)
+  const backup = backupSummary(cfg.backup);
+  if (cfg.backup) pulumi.log.info(`scheduled Redis backups: ${backup}`);
+  else pulumi.log.warn(`scheduled Redis backups: ${backup}`);
   return {
     cloud: cfg.cloud,
     mode: cfg.mode,
     version: cfg.version,
+    backup,
     // every cloud stack orders what runs the image after it (its Kubernetes provider, its VMs)
     ...new STACKS[cfg.cloud]('space', { config: cfg, ...(image ? { image } : {}) }).outputs,
   };

@@ -3,6 +3,7 @@
  * defaults, the labels, the env helpers, the rendered-object shape and the render context (image,
  * namespace, TLS mounts, the client-facing exposure).
  */
+
 import type * as k8s from '@pulumi/kubernetes';
 import type * as pulumi from '@pulumi/pulumi';
 import type { NodePool } from '../node-pool.ts';
@@ -12,6 +13,7 @@ import {
   imageRef,
   TLS_DIR,
 } from '../runtime-settings.ts';
+import type { K8sBackupArgs } from './backup.ts';
 
 type Input<T> = pulumi.Input<T>;
 
@@ -185,6 +187,8 @@ export interface RuntimeArgs {
    * labelled with `labels` besides SPACE's own. Default none: pods carry scrape annotations only.
    */
   readonly prometheusOperator?: { readonly labels?: Readonly<Record<string, string>> };
+  /** Scheduled Redis backups (`space:backup`): the `space-backup` CronJob (backup.ts). Default none. */
+  readonly backup?: K8sBackupArgs;
 }
 
 /** One rendered object with the Pulumi logical-name suffix it gets (`${name}-${role}`). */

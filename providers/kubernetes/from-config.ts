@@ -60,6 +60,16 @@ export function runtimeArgsFromConfig(
     agentEnv: cfg.agentEnv,
     ...(cfg.routerUrl ? { router: { publicUrl: cfg.routerUrl } } : {}),
     ...(cfg.prometheusOperator ? { prometheusOperator: { labels: cfg.prometheusOperator.labels } } : {}),
+    ...(cfg.backup
+      ? {
+          backup: {
+            ...cfg.backup,
+            ...(cfg.secrets.backupSecretAccessKey
+              ? { secretAccessKey: cfg.secrets.backupSecretAccessKey }
+              : {}),
+          },
+        }
+      : {}),
     ...(cfg.imagePullSecretName
       ? { imagePull: { secretName: cfg.imagePullSecretName } }
       : cfg.imagePullUsername && cfg.secrets.imagePullPassword

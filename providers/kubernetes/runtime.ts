@@ -30,6 +30,7 @@ import {
   runtimeDefaults,
   TLS_SECRET,
 } from './args.ts';
+import { addBackup } from './backup.ts';
 import { addGatewayConfig } from './gateway.ts';
 import { addMonitoring } from './monitoring.ts';
 import { addRedis, addRedisPolicy } from './redis.ts';
@@ -188,6 +189,7 @@ export function renderRuntimeObjects(a: RuntimeArgs): RenderedObject[] {
   };
   add('netpol-router', routerIngress);
   addRedisPolicy(list, ctx);
+  addBackup(list, ctx);
 
   // the Grafana dashboard, for Grafana's sidecar (it loads ConfigMaps labelled grafana_dashboard)
   const dash: k8s.types.input.core.v1.ConfigMap = {
@@ -215,6 +217,7 @@ const RESOURCE_CLASSES = {
   StatefulSet: k8s.apps.v1.StatefulSet,
   Deployment: k8s.apps.v1.Deployment,
   DaemonSet: k8s.apps.v1.DaemonSet,
+  CronJob: k8s.batch.v1.CronJob,
   HorizontalPodAutoscaler: k8s.autoscaling.v2.HorizontalPodAutoscaler,
   PodDisruptionBudget: k8s.policy.v1.PodDisruptionBudget,
   NetworkPolicy: k8s.networking.v1.NetworkPolicy,

@@ -6,6 +6,7 @@
 import { KEY_DIR, TLS_DIR } from '../runtime-settings.ts';
 import { acmeFiles } from './acme.ts';
 import { apiKeyFiles, apiServiceEnv, apiUnit, type VmTls } from './api.ts';
+import { BACKUP_TIMER, backupFiles } from './backup.ts';
 import {
   type ControlArgs,
   envFile,
@@ -41,7 +42,7 @@ export function controlServiceEnv(a: Omit<ControlArgs, 'redisPassword'>): VmServ
   };
 }
 
-/** The control VM: Redis on the private network, the API, its own key pair. */
+/** The control VM: Redis on the private network, the API, its own key pair; with `backup`, the backup timer. */
 export function controlPlan(a: ControlArgs): VmPlan {
   const env = controlServiceEnv(a);
   const synced: SyncedService[] = [
@@ -70,6 +71,7 @@ export function controlPlan(a: ControlArgs): VmPlan {
       apiUnit(tls('space-api')),
       routerUnit(tls('space-router')),
       ...(a.acme ? acmeFiles() : []),
+      ...(a.backup ? backupFiles(a.backup) : []),
       upgradeScript(a, ['space-router', 'space-api']),
       ...versionSyncFiles('127.0.0.1', 0),
       ...configSyncFiles('127.0.0.1', synced, env),
@@ -89,6 +91,7 @@ export function controlPlan(a: ControlArgs): VmPlan {
           ]
         : []),
       'systemctl enable --now space-keys.service space-api.service space-router.service space-version-sync.timer space-config-sync.timer',
+      ...(a.backup ? [`systemctl enable --now ${BACKUP_TIMER}`] : []),
       // not --now: a first certificate can fail (names not pointed yet) and a failed start would
       // stop this script before it marks the VM provisioned; the unit retries on its own
       ...(a.acme

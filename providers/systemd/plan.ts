@@ -4,6 +4,7 @@
  * made of (the image file, the podman unit, the upgrade script). Pure.
  */
 import { renderEnvFile } from '../../runtime/core/env-file.ts';
+import type { BackupPlan } from '../backup-schedule.ts';
 import { type ImagePullCredentials, registryAuthFile } from '../image-pull.ts';
 import type { NodePool } from '../node-pool.ts';
 import { imageRef, REDIS_PORT } from '../runtime-settings.ts';
@@ -142,6 +143,11 @@ export interface ControlArgs extends VmCommonArgs {
    * of the router, or the control VM's public address. Clients get data-plane URLs there only.
    */
   readonly routerUrl: string;
+  /**
+   * Scheduled backups (`space:backup`, with the secret `space:backupSecretAccessKey`): the
+   * `space-backup` timer and service (backup.ts). Absent: the VM has neither.
+   */
+  readonly backup?: BackupPlan & { readonly secretAccessKey?: string };
 }
 
 /** Arguments of the agent role. */

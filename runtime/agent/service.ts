@@ -81,7 +81,12 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
     throw new Error(`the agent needs Node 24 (found ${process.version}); start it through npm run / npx`);
   }
   const log = createLogger('agent', config.logLevel).child({ 'node.id': config.nodeId });
-  const redis = redisConnection(config.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 3 });
+  // named, so `space backup restore` can count the agents connected (CLIENT LIST)
+  const redis = redisConnection(config.redisUrl, {
+    lazyConnect: true,
+    maxRetriesPerRequest: 3,
+    connectionName: 'space-agent',
+  });
   await redis.connect();
   const verifyKey = await loadVerifyKey(config.verifyKeyFile);
 

@@ -31,7 +31,12 @@ export async function startApi(
 ): Promise<RunningApi> {
   const log = createLogger('api', config.logLevel);
   const redis = watchConnection(
-    redisConnection(config.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 3 }),
+    // named, so `space backup restore` can see a running API (CLIENT LIST) and refuse
+    redisConnection(config.redisUrl, {
+      lazyConnect: true,
+      maxRetriesPerRequest: 3,
+      connectionName: 'space-api',
+    }),
     log,
     'main',
   );

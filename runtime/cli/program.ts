@@ -5,6 +5,7 @@
  */
 import { Command, CommanderError } from 'commander';
 import { packageVersion } from '../core/build-version.ts';
+import { registerBackup } from './backup.ts';
 import { registerBench } from './bench.ts';
 import { DEFAULT_RETRY_FOR_SEC } from './context.ts';
 import { registerDoctor } from './doctor.ts';
@@ -78,6 +79,7 @@ Examples:
   registerTemplate(program);
   registerDoctor(program);
   registerBench(program);
+  registerBackup(program);
   return program;
 }
 

@@ -200,6 +200,47 @@ export const ERROR_CODES = {
     doc: 'Too many requests or concurrent streams (a team’s creates per minute or open streams: `details.quota`, `details.limit`).',
   },
   INTERNAL: { status: 500, retryable: true, doc: 'An unexpected server error; the log has the details.' },
+  // `space backup` (the CLI, beside Redis): no HTTP; the status says what kind of refusal it is
+  BACKUP_NOT_CONFIGURED: {
+    status: 400,
+    retryable: false,
+    doc: '`space backup`: no store is configured (`SPACE_BACKUP_S3_BUCKET` unset).',
+  },
+  BACKUP_NOT_FOUND: {
+    status: 404,
+    retryable: false,
+    doc: '`space backup restore`: no backup of this deployment by that name (or none at all for `latest`).',
+  },
+  BACKUP_CORRUPT: {
+    status: 422,
+    retryable: false,
+    doc: '`space backup restore`: the object does not match the SHA-256 recorded with it, has none, or is not an RDB Redis can load; nothing was restored.',
+  },
+  BACKUP_WRITERS_RUNNING: {
+    status: 409,
+    retryable: true,
+    doc: '`space backup restore`: an API is connected to the target Redis; stop it first (nothing was written).',
+  },
+  BACKUP_SOURCE_UNAVAILABLE: {
+    status: 503,
+    retryable: true,
+    doc: '`space backup run`: no sentinel named the primary, or the server reached is not (or no longer) the primary.',
+  },
+  BACKUP_SNAPSHOT_FAILED: {
+    status: 502,
+    retryable: true,
+    doc: '`space backup run`: `redis-cli --rdb` did not produce a snapshot (its message is included).',
+  },
+  BACKUP_STORE_FAILED: {
+    status: 502,
+    retryable: true,
+    doc: '`space backup`: the S3-compatible store refused a request or could not be reached (its error is included).',
+  },
+  BACKUP_RESTORE_FAILED: {
+    status: 500,
+    retryable: false,
+    doc: '`space backup restore`: copying the snapshot into the target failed part-way; run the restore again.',
+  },
 } as const satisfies Record<string, ErrorSpec>;
 
 /** Union of every stable error code. */
