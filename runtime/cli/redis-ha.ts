@@ -30,7 +30,7 @@
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { closeSync, mkdirSync, openSync, writeFileSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
@@ -76,6 +76,12 @@ export interface RedisHaOptions {
    * of writes its replica holds, and the replica would drop them to resynchronise. Default false.
    */
   restart?: boolean;
+  /**
+   * Keep configuration files that exist (Redis and Sentinel rewrite theirs at each role change,
+   * so a topology started again resumes with the roles it last had, instead of making the first
+   * server primary over a replica that may hold newer data). Default false: written afresh.
+   */
+  keepConfig?: boolean;
   /** Told each restart: (name, error or null). */
   onRestart?: (name: string, err: Error | null) => void;
 }
@@ -152,27 +158,28 @@ export async function startRedisHa(o: RedisHaOptions): Promise<RedisHa> {
     const sub = join(o.dir, `redis-${i}`);
     mkdirSync(sub, { recursive: true, mode: 0o700 });
     const conf = join(sub, 'redis.conf');
-    writeFileSync(
-      conf,
-      [
-        `port ${port}`,
-        `bind ${p.bind.join(' ')}`,
-        'protected-mode no',
-        `dir ${sub}`,
-        'daemonize no',
-        `requirepass ${pw}`,
-        `masterauth ${pw}`,
-        `replica-announce-ip ${p.announceIp}`,
-        'appendonly yes',
-        'appendfsync everysec',
-        'save ""',
-        'min-replicas-to-write 1',
-        `min-replicas-max-lag ${o.minReplicasMaxLagSec ?? 10}`,
-        ...(i === 0 ? [] : [`replicaof ${primary0.announceIp} ${o.ports.data[0]}`]),
-        '',
-      ].join('\n'),
-      { mode: 0o600 },
-    );
+    if (!(o.keepConfig && existsSync(conf)))
+      writeFileSync(
+        conf,
+        [
+          `port ${port}`,
+          `bind ${p.bind.join(' ')}`,
+          'protected-mode no',
+          `dir ${sub}`,
+          'daemonize no',
+          `requirepass ${pw}`,
+          `masterauth ${pw}`,
+          `replica-announce-ip ${p.announceIp}`,
+          'appendonly yes',
+          'appendfsync everysec',
+          'save ""',
+          'min-replicas-to-write 1',
+          `min-replicas-max-lag ${o.minReplicasMaxLagSec ?? 10}`,
+          ...(i === 0 ? [] : [`replicaof ${primary0.announceIp} ${o.ports.data[0]}`]),
+          '',
+        ].join('\n'),
+        { mode: 0o600 },
+      );
     files.set(`redis-${i}`, { bin: serverBin, args: [conf], wrap: p.wrap });
     servers.push({
       name: `redis-${i}`,
@@ -187,26 +194,27 @@ export async function startRedisHa(o: RedisHaOptions): Promise<RedisHa> {
     const sub = join(o.dir, `sentinel-${i}`);
     mkdirSync(sub, { recursive: true, mode: 0o700 });
     const conf = join(sub, 'sentinel.conf');
-    writeFileSync(
-      conf,
-      [
-        `port ${port}`,
-        `bind ${host}`,
-        'protected-mode no',
-        `dir ${sub}`,
-        'daemonize no',
-        `requirepass ${pw}`,
-        `sentinel sentinel-pass ${pw}`,
-        `sentinel announce-ip ${host}`,
-        `sentinel monitor ${name} ${primary0.announceIp} ${o.ports.data[0]} 2`,
-        `sentinel auth-pass ${name} ${pw}`,
-        `sentinel down-after-milliseconds ${name} ${o.downAfterMs ?? 3000}`,
-        `sentinel failover-timeout ${name} ${o.failoverTimeoutMs ?? 15_000}`,
-        `sentinel parallel-syncs ${name} 1`,
-        '',
-      ].join('\n'),
-      { mode: 0o600 },
-    );
+    if (!(o.keepConfig && existsSync(conf)))
+      writeFileSync(
+        conf,
+        [
+          `port ${port}`,
+          `bind ${host}`,
+          'protected-mode no',
+          `dir ${sub}`,
+          'daemonize no',
+          `requirepass ${pw}`,
+          `sentinel sentinel-pass ${pw}`,
+          `sentinel announce-ip ${host}`,
+          `sentinel monitor ${name} ${primary0.announceIp} ${o.ports.data[0]} 2`,
+          `sentinel auth-pass ${name} ${pw}`,
+          `sentinel down-after-milliseconds ${name} ${o.downAfterMs ?? 3000}`,
+          `sentinel failover-timeout ${name} ${o.failoverTimeoutMs ?? 15_000}`,
+          `sentinel parallel-syncs ${name} 1`,
+          '',
+        ].join('\n'),
+        { mode: 0o600 },
+      );
     files.set(`sentinel-${i}`, { bin: sentinelBin, args: [conf], wrap: [] });
     servers.push({
       name: `sentinel-${i}`,
