@@ -255,6 +255,7 @@ export function createApiRuntime(deps: ApiDeps, workerConnection: Redis) {
     log: deps.log.child({ component: 'worker' }),
     concurrency: deps.config.workerConcurrency,
     replicaAck: { replicas: deps.config.redisWaitReplicas, timeoutMs: deps.config.redisWaitTimeoutMs },
+    onStoreOutage: () => deps.nodes.outage.down(),
   });
   const log = deps.log.child({ component: 'reaper' });
   // the worker's connection tells of outages too: the create it runs again after one reads nodes

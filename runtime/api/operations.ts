@@ -310,6 +310,7 @@ export class OperationWorker {
   readonly #consumer = newId('worker', 10);
   readonly #inflight = new Set<Promise<void>>();
   readonly #replicaAck: ReplicaAck;
+  readonly #onStoreOutage: () => void;
   #stopped = false;
   #loop: Promise<void> | null = null;
 
@@ -323,7 +324,14 @@ export class OperationWorker {
     reclaimIdleMs?: number;
     /** Replicas that must hold an operation's end (and the writes before it) once it is written; default off. */
     replicaAck?: ReplicaAck;
+    /**
+     * Told each time a step fails because the store cannot serve (unreachable, or refusing
+     * writes during a failover): the API's StoreOutage, so nodes that could not heartbeat
+     * meanwhile are not judged by their expired alive keys.
+     */
+    onStoreOutage?: () => void;
   }) {
+    this.#onStoreOutage = opts.onStoreOutage ?? (() => {});
     this.#replicaAck = opts.replicaAck ?? { replicas: 0, timeoutMs: 1 };
     this.#reclaimIdleMs = opts.reclaimIdleMs ?? RECLAIM_IDLE_MS;
     this.#conn = opts.connection;
@@ -406,6 +414,7 @@ export class OperationWorker {
         return await step();
       } catch (err) {
         if (this.#stopped || !isRedisUnavailable(err)) throw err;
+        this.#onStoreOutage();
         await sleep(wait);
       }
     }
@@ -456,6 +465,7 @@ export class OperationWorker {
             if (isRedisUnavailable(err)) {
               // stopping: leave it pending for the next owner rather than record the outage
               if (this.#stopped) throw err;
+              this.#onStoreOutage();
               log.warn({ run, cause: String(err) }, 'operation interrupted by a redis outage; it runs again');
               await this.#redisBack();
               // a new run (fencing token): null when it ended meanwhile, e.g. run by a replica

@@ -103,7 +103,7 @@ describe('a primary with a replica', () => {
     await rm(dir, { recursive: true, force: true });
   });
 
-  it('acknowledges a write on the replica; a lost replica makes WAIT fail coded and writes NOREPLICAS', async () => {
+  it('acknowledges a write on the replica; a lost replica makes WAIT fail coded, writes NOREPLICAS and transactions EXECABORT', async () => {
     const primary = new Redis(primaryPort, '127.0.0.1');
     const replica = new Redis(replicaPort, '127.0.0.1');
     replica.on('error', () => {});
@@ -131,6 +131,15 @@ describe('a primary with a replica', () => {
       }
       expect(String(refused)).toMatch(/^ReplyError: NOREPLICAS/);
       expect(isRedisUnavailable(refused)).toBe(true);
+      // a transaction's writes are refused as they are queued, and EXEC aborts: the same outage
+      const aborted = await primary
+        .multi()
+        .set('a', '1')
+        .set('b', '2')
+        .exec()
+        .catch((e: unknown) => e);
+      expect(String(aborted)).toMatch(/EXECABORT/);
+      expect(isRedisUnavailable(aborted)).toBe(true);
     } finally {
       primary.disconnect();
       replica.disconnect();

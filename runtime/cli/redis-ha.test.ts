@@ -59,4 +59,30 @@ describe('startRedisHa', () => {
       client.disconnect();
     }
   }, 90_000);
+
+  it('a Sentinel client that ioredis ends in the middle of a reconnect connects again by itself', async () => {
+    const client = redisConnection(ha.url, { maxRetriesPerRequest: 5 });
+    client.on('error', () => {});
+    let ended = false;
+    client.on('end', () => {
+      ended = true;
+    });
+    try {
+      expect(await client.ping()).toBe('PONG');
+      // the race ioredis's failover detector makes at a +switch-master: the connector is closed
+      // while a reconnect is still asking the sentinels for the primary
+      const connector = (client as unknown as { connector: { disconnect(): void } }).connector;
+      client.once('connecting', () => setImmediate(() => connector.disconnect()));
+      client.disconnect(true);
+      let pong = '';
+      for (let i = 0; i < 40 && pong !== 'PONG'; i++) {
+        await sleep(250);
+        pong = await client.ping().catch(() => '');
+      }
+      expect(ended).toBe(true);
+      expect(pong).toBe('PONG');
+    } finally {
+      client.disconnect();
+    }
+  }, 30_000);
 });

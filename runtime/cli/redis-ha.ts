@@ -170,6 +170,9 @@ export async function startRedisHa(o: RedisHaOptions): Promise<RedisHa> {
           `requirepass ${pw}`,
           `masterauth ${pw}`,
           `replica-announce-ip ${p.announceIp}`,
+          // a replica (re)joining is sent the data at once: the default 5 s wait for more replicas
+          // to share one transfer would hold writes (min-replicas-to-write) that long after a failover
+          'repl-diskless-sync-delay 0',
           'appendonly yes',
           'appendfsync everysec',
           'save ""',
@@ -227,10 +230,14 @@ export async function startRedisHa(o: RedisHaOptions): Promise<RedisHa> {
   });
 
   const expected = new Set<ChildProcess>();
-  const launch = (s: HaServer) => {
+  const launch = (s: HaServer, replicaOf?: HaServer) => {
     const f = files.get(s.name)!;
     const fd = openSync(s.logFile, 'a', 0o600);
-    const [file, ...args] = [...f.wrap, f.bin, ...f.args];
+    // a data server that comes back while another is primary starts as that one's replica: left
+    // to the sentinels, it would serve as a primary of its own for ~10 s before they convert it,
+    // and the real primary would refuse writes (min-replicas-to-write) all that time
+    const as = replicaOf ? ['--replicaof', replicaOf.host, String(replicaOf.port)] : [];
+    const [file, ...args] = [...f.wrap, f.bin, ...f.args, ...as];
     // own process group: a Ctrl-C in the terminal reaches `space up`, which stops us in order
     const proc = spawn(file!, args, { detached: true, stdio: ['ignore', fd, fd] });
     closeSync(fd);
@@ -281,17 +288,20 @@ export async function startRedisHa(o: RedisHaOptions): Promise<RedisHa> {
   let stopping = false;
   const restartLater = async (s: HaServer) => {
     const deadline = Date.now() + 2 * (o.failoverTimeoutMs ?? 15_000);
-    await sleep(1000);
+    let other: HaServer | undefined;
     if (s.kind === 'data') {
       // until another primary is named (or the sentinels never fail over: then it is the primary)
       while (!stopping && Date.now() < deadline) {
         const p = await primaryOfAny();
-        if (p && p !== s.name) break;
-        await sleep(500);
+        if (p && p !== s.name) {
+          other = servers.find((x) => x.name === p);
+          break;
+        }
+        await sleep(250);
       }
-    }
+    } else await sleep(1000);
     if (stopping || s.proc) return;
-    launch(s);
+    launch(s, other);
     await waitUp(s).then(
       () => o.onRestart?.(s.name, null),
       (err: Error) => o.onRestart?.(s.name, err),

@@ -23,6 +23,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { request } from 'undici';
 import { API_NODE_FLAGS } from '../api/config.ts';
+import { SpaceError } from '../core/errors.ts';
 import { localPaths, spaceHome } from './local.ts';
 import { CliError, note, printJson, println, usageError } from './output.ts';
 import { type DataPlacement, type RedisHa, startRedisHa } from './redis-ha.ts';
@@ -147,6 +148,7 @@ export async function startHaStack(o: HaStackOptions): Promise<HaStack> {
   const killed = new Set<Child>();
 
   // one password for the data servers and the sentinels, kept with the data
+  mkdirSync(logs, { recursive: true, mode: 0o700 });
   const redisDir = join(o.home, 'redis-ha');
   const pwFile = join(redisDir, 'password');
   mkdirSync(redisDir, { recursive: true, mode: 0o700 });
@@ -246,7 +248,11 @@ export async function startHaStack(o: HaStackOptions): Promise<HaStack> {
     ready: () => httpOk(`${url(p.agent)}/readyz`),
   });
   const haproxyCfg = join(o.home, 'haproxy.cfg');
-  writeFileSync(haproxyCfg, haproxyConfig(p), { mode: 0o600 });
+  const errorDir = join(o.home, 'haproxy-errors');
+  mkdirSync(errorDir, { recursive: true, mode: 0o700 });
+  for (const status of FRONT_ERRORS)
+    writeFileSync(join(errorDir, `${status}.http`), frontErrorResponse(status));
+  writeFileSync(haproxyCfg, haproxyConfig(p, errorDir), { mode: 0o600 });
   specs.set('haproxy', {
     file: haproxy,
     // -db: foreground, no daemon; -W: master-worker, so SIGTERM/SIGUSR1 reach the worker
@@ -327,6 +333,37 @@ export async function startHaStack(o: HaStackOptions): Promise<HaStack> {
   return stack;
 }
 
+/** The answers HAProxy makes itself: no member ready (503), the member failed (502), timed out (504). */
+const FRONT_ERRORS = [502, 503, 504] as const;
+
+/**
+ * The raw HTTP response HAProxy sends instead of its own HTML page for `status`: SPACE's error
+ * envelope, 503 `UPSTREAM_UNAVAILABLE` (retryable) with `Retry-After: 2`, so a client of the
+ * front reads the same kind of refusal as from the services behind it. Pure.
+ */
+export function frontErrorResponse(status: (typeof FRONT_ERRORS)[number]): string {
+  const why = {
+    502: 'the member serving this request failed before it answered',
+    503: 'no member behind this front is ready',
+    504: 'the member serving this request did not answer in time',
+  }[status];
+  const err = new SpaceError(
+    'UPSTREAM_UNAVAILABLE',
+    `${why}; retry shortly (a change may have been made: read it back before repeating)`,
+  );
+  const body = JSON.stringify(err.toBody());
+  return [
+    'HTTP/1.1 503 Service Unavailable',
+    'content-type: application/json; charset=utf-8',
+    'retry-after: 2',
+    'cache-control: no-store',
+    'connection: close',
+    `content-length: ${Buffer.byteLength(body)}`,
+    '',
+    body,
+  ].join('\r\n');
+}
+
 /**
  * HAProxy's configuration for the two fronts (HAProxy 2.6, Debian 12: see its configuration
  * manual for each keyword). HTTP mode so a member is judged by `GET /readyz` (200 or out after
@@ -336,7 +373,7 @@ export async function startHaStack(o: HaStackOptions): Promise<HaStack> {
  * is not sent again: the client sees the error and decides). Streams (SSE, `timeout tunnel` covers
  * upgraded connections) may stay open for hours.
  */
-export function haproxyConfig(p: HaPorts): string {
+export function haproxyConfig(p: HaPorts, errorDir?: string): string {
   const backend = (name: string, ports: readonly number[]) => [
     `backend ${name}`,
     '  balance roundrobin',
@@ -360,6 +397,7 @@ export function haproxyConfig(p: HaPorts): string {
     '  timeout server 1h',
     '  timeout tunnel 1h',
     '  timeout http-request 30s',
+    ...(errorDir ? FRONT_ERRORS.map((st) => `  errorfile ${st} ${join(errorDir, `${st}.http`)}`) : []),
     '',
     'frontend api',
     `  bind ${HOST}:${p.api}`,

@@ -14,7 +14,9 @@
  * - a server reply `LOADING …` (restarted, still reading its append-only file), `MASTERDOWN …`,
  *   `TRYAGAIN …` or `CLUSTERDOWN …` (cluster failover), `NOREPLICAS …` (a primary that has lost
  *   its replicas refuses writes under `min-replicas-to-write`, e.g. just after a Sentinel
- *   failover) or `READONLY …` (a demoted primary the client still held).
+ *   failover) or `READONLY …` (a demoted primary the client still held);
+ * - `EXECABORT …` whose `previousErrors` (ioredis: the queued commands' refusals) are any of these:
+ *   a MULTI during a failover has each write refused as it is queued, and EXEC aborts.
  *
  * Errors are matched by name, code and message, not by class, so an error that crossed a module
  * boundary (or sits in a `cause` chain, as SpaceError INTERNAL wraps it) is still recognised.
@@ -62,6 +64,13 @@ export function isRedisUnavailable(err: unknown): boolean {
       if (
         e.name === 'ReplyError' &&
         REPLY_PREFIXES.some((p) => e instanceof Error && e.message.startsWith(p))
+      )
+        return true;
+      const previous = (e as { previousErrors?: unknown }).previousErrors;
+      if (
+        e.message.startsWith('EXECABORT') &&
+        Array.isArray(previous) &&
+        previous.some((p) => isRedisUnavailable(p))
       )
         return true;
     }
