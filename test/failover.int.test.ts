@@ -291,8 +291,12 @@ describe('failover', () => {
       if (res.status === 202 && res.body) {
         const op = await finished(s, res.body.operation.id, { tolerant: true });
         if (op.state === 'succeeded') return { s: (Date.now() - at) / 1000, saw, id: res.body.sandbox.id };
-        saw.push({ status: 202, code: `op ${op.error?.code ?? 'failed'}` });
+        // an accepted create whose operation failed: what the client saw, as the operation's code
+        saw.push({ status: 0, code: `create failed ${op.error?.code ?? ''}`.trim() });
       } else saw.push(res);
+      console.log(
+        `failover first-create try ${i} at +${((Date.now() - at) / 1000).toFixed(1)} s: ${JSON.stringify(saw.at(-1))}`,
+      );
       await sleep(250);
     }
     throw new Error(`no create succeeded after the fault: ${JSON.stringify(tally(saw))}`);
