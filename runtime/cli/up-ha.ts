@@ -114,7 +114,7 @@ export interface HaStack {
   kill(name: string, signal?: NodeJS.Signals): Promise<void>;
   /** Starts a killed part again (same settings); resolves once it is ready. */
   start(name: string): Promise<void>;
-  /** Stops everything: fronts' members, agent (destroys its sandboxes), gateway, Redis, HAProxy. */
+  /** Stops everything: the routers, the agent (it destroys its sandboxes), the gateway, the APIs, HAProxy, then Redis. */
   stop(): Promise<void>;
 }
 
