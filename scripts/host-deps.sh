@@ -13,8 +13,10 @@ set -euo pipefail
 # initrd and the ELF kernel extracted from Debian's cloud kernel (vm-image.ts). procps: sysctl, which
 # the VM drivers' network setup runs in each sandbox namespace (a minbase image has none).
 # prometheus: its promtool checks and unit-tests the alert rules (providers/observability/alerts.test.ts).
+# redis-sentinel: the sentinels of `space up --ha` and the failover suite (runtime/cli/redis-ha.ts).
+# haproxy: the front of `space up --ha` (one URL for two APIs and for two routers, /readyz checks).
 # runsc comes below.
-PACKAGES=(redis-server nftables iproute2 debootstrap busybox-static tini e2fsprogs util-linux ca-certificates qemu-system-x86 cpio gzip lz4 xz-utils zstd procps prometheus)
+PACKAGES=(redis-server nftables iproute2 debootstrap busybox-static tini e2fsprogs util-linux ca-certificates qemu-system-x86 cpio gzip lz4 xz-utils zstd procps prometheus redis-sentinel haproxy)
 # Oldest runsc version accepted (Debian's version string of the 2024-07-29 release).
 RUNSC_MIN='0.0~20240729'
 TRIXIE_SOURCE=/etc/apt/sources.list.d/space-trixie-runsc.sources

@@ -13,6 +13,7 @@ import { buildVersion } from '../core/build-version.ts';
 import { SpaceError } from '../core/errors.ts';
 import { acceptEmptyBodies, clientErrorHandler, installErrorHandlers } from '../core/http-errors.ts';
 import { requestLogOptions } from '../core/http-log.ts';
+import { awaitReplicas } from '../core/replica-ack.ts';
 import type { SigningKey } from '../core/tokens.ts';
 import { installValidators } from '../core/validation.ts';
 import { AgentClient } from './agent-client.ts';
@@ -157,6 +158,8 @@ export async function buildApp(
     deps.metrics.requestDuration.observe({ method: req.method, route }, reply.elapsedTime / 1000);
   });
 
+  installReplicaAck(app, deps);
+
   const open = { schema: { hide: true }, config: { public: true } };
   // the build that answers: a version bump is seen reaching each API
   app.get('/healthz', open, async () => ({ ok: true, version: buildVersion() }));
@@ -188,6 +191,47 @@ export async function buildApp(
   return app;
 }
 
+const CHANGING = new Set(['POST', 'PUT', 'PATCH', 'DELETE']);
+
+/**
+ * With `SPACE_REDIS_WAIT_REPLICAS` > 0: before a changing request (POST, PUT, PATCH, DELETE) is
+ * answered, the replicas acknowledge every write the API's connection made so far
+ * (`core/replica-ack.ts`), so a 2xx survives a failover that comes after it. When they do not,
+ * the answer becomes 503 `WRITE_NOT_REPLICATED` (the change is on the primary: the client reads
+ * it back or retries; creates, deletes, pauses and resumes are safe to repeat by id).
+ */
+function installReplicaAck(app: FastifyInstance, deps: ApiDeps): void {
+  const ack = { replicas: deps.config.redisWaitReplicas, timeoutMs: deps.config.redisWaitTimeoutMs };
+  if (ack.replicas <= 0) return;
+  app.addHook('onSend', async (req, reply, payload) => {
+    if (!CHANGING.has(req.method) || reply.statusCode >= 500) return payload;
+    try {
+      await awaitReplicas(deps.redis, ack);
+      return payload;
+    } catch (err) {
+      const known =
+        err instanceof SpaceError
+          ? err
+          : new SpaceError(
+              'CONTROL_PLANE_UNAVAILABLE',
+              'the control plane’s store (Redis) cannot be reached right now; retry shortly',
+              undefined,
+              { cause: err },
+            );
+      req.log.warn(
+        { code: known.code, msg: known.message, status: reply.statusCode },
+        'answer withheld: write not replicated',
+      );
+      (payload as { destroy?: () => void } | null)?.destroy?.();
+      reply
+        .code(known.status)
+        .header('content-type', 'application/json; charset=utf-8')
+        .header('retry-after', '2');
+      return JSON.stringify(known.toBody());
+    }
+  });
+}
+
 /** The background parts of an API process: operation worker and lifetime reaper. */
 export function createApiRuntime(deps: ApiDeps, workerConnection: Redis) {
   const worker = new OperationWorker({
@@ -210,6 +254,8 @@ export function createApiRuntime(deps: ApiDeps, workerConnection: Redis) {
     }),
     log: deps.log.child({ component: 'worker' }),
     concurrency: deps.config.workerConcurrency,
+    replicaAck: { replicas: deps.config.redisWaitReplicas, timeoutMs: deps.config.redisWaitTimeoutMs },
+    onStoreOutage: () => deps.nodes.outage.down(),
   });
   const log = deps.log.child({ component: 'reaper' });
   // the worker's connection tells of outages too: the create it runs again after one reads nodes

@@ -26,6 +26,20 @@ export const apiSettings = {
   host: setting.string('SPACE_API_HOST', 'Address the API listens on.', '127.0.0.1'),
   port: setting.int('SPACE_API_PORT', 'TCP port of the API.', 8080, 0, 65535),
   redisUrl: setting.redisUrl('The state of record.'),
+  redisWaitReplicas: setting.int(
+    'SPACE_REDIS_WAIT_REPLICAS',
+    'Redis replicas that must acknowledge the writes of each changing request and each operation end (Redis WAIT) before the API answers; 503 WRITE_NOT_REPLICATED when fewer do. 0 (off) for one Redis server; 1 with Sentinel.',
+    0,
+    0,
+    16,
+  ),
+  redisWaitTimeoutMs: setting.int(
+    'SPACE_REDIS_WAIT_TIMEOUT_MS',
+    'Longest wait for those acknowledgements, ms.',
+    1000,
+    1,
+    60_000,
+  ),
   signingKeyFile: setting.string(
     'SPACE_SIGNING_KEY_FILE',
     'PKCS#8 PEM Ed25519 private key that signs session and dispatch tokens.',

@@ -23,6 +23,7 @@ import { newId } from '../core/ids.ts';
 import { F } from '../core/log-fields.ts';
 import { isRedisUnavailable } from '../core/redis-errors.ts';
 import { KEY_PREFIX, keys, OPERATION_GROUP, OPERATION_TTL_SEC } from '../core/redis-keys.ts';
+import { awaitReplicas, type ReplicaAck } from '../core/replica-ack.ts';
 import { currentTraceparent, inChildSpan, inSpan, recordSpan, traceContextFrom } from '../core/tracing.ts';
 import type { Operation, OperationKind, OperationState } from '../core/types.ts';
 import { flatToHash, type ScriptedRedis, withScripts } from './redis-scripts.ts';
@@ -308,6 +309,8 @@ export class OperationWorker {
   readonly #reclaimIdleMs: number;
   readonly #consumer = newId('worker', 10);
   readonly #inflight = new Set<Promise<void>>();
+  readonly #replicaAck: ReplicaAck;
+  readonly #onStoreOutage: () => void;
   #stopped = false;
   #loop: Promise<void> | null = null;
 
@@ -319,7 +322,17 @@ export class OperationWorker {
     concurrency: number;
     /** Idle time after which another worker's unrenewed entry is reclaimed, ms (default {@link RECLAIM_IDLE_MS}). */
     reclaimIdleMs?: number;
+    /** Replicas that must hold an operation's end (and the writes before it) once it is written; default off. */
+    replicaAck?: ReplicaAck;
+    /**
+     * Told each time a step fails because the store cannot serve (unreachable, or refusing
+     * writes during a failover): the API's StoreOutage, so nodes that could not heartbeat
+     * meanwhile are not judged by their expired alive keys.
+     */
+    onStoreOutage?: () => void;
   }) {
+    this.#onStoreOutage = opts.onStoreOutage ?? (() => {});
+    this.#replicaAck = opts.replicaAck ?? { replicas: 0, timeoutMs: 1 };
     this.#reclaimIdleMs = opts.reclaimIdleMs ?? RECLAIM_IDLE_MS;
     this.#conn = opts.connection;
     this.#store = opts.store;
@@ -401,6 +414,7 @@ export class OperationWorker {
         return await step();
       } catch (err) {
         if (this.#stopped || !isRedisUnavailable(err)) throw err;
+        this.#onStoreOutage();
         await sleep(wait);
       }
     }
@@ -451,6 +465,7 @@ export class OperationWorker {
             if (isRedisUnavailable(err)) {
               // stopping: leave it pending for the next owner rather than record the outage
               if (this.#stopped) throw err;
+              this.#onStoreOutage();
               log.warn({ run, cause: String(err) }, 'operation interrupted by a redis outage; it runs again');
               await this.#redisBack();
               // a new run (fencing token): null when it ended meanwhile, e.g. run by a replica
@@ -494,6 +509,14 @@ export class OperationWorker {
           };
           if (!ended) log.warn(fields, 'operation outcome dropped: it had ended or a newer run owns it');
           else log.info(fields, `operation ${final.state}`);
+          if (ended) {
+            // the end and the handler's writes before it (same connection) on a replica: a failover
+            // after this cannot bring the operation back to run again (core/replica-ack.ts)
+            await this.#untilRedis(() => awaitReplicas(this.#store.redis, this.#replicaAck)).catch(
+              (err: unknown) =>
+                log.warn({ ...fields, cause: String(err) }, 'operation end not acknowledged by a replica'),
+            );
+          }
           return;
         }
         log.info({ kind: op.kind }, 'operation ended by another run during a redis outage');

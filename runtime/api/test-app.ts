@@ -86,12 +86,12 @@ export interface TestApi {
 
 /**
  * Builds the API over Redis database `db` (emptied first) at `redisUrl`. With `worker`, the
- * operation worker runs too (so operations finish, against the fake agent).
+ * operation worker runs too (so operations finish, against the fake agent). `env`: more settings.
  */
 export async function startTestApi(
   redisUrl: string,
   db: number,
-  opts: { worker?: boolean } = {},
+  opts: { worker?: boolean; env?: Record<string, string> } = {},
 ): Promise<TestApi> {
   const dir = mkdtempSync(join(tmpdir(), 'space-test-api-'));
   await writeNewKeyPair(join(dir, 'signing.pem'), join(dir, 'verify.pem'));
@@ -101,6 +101,7 @@ export async function startTestApi(
     SPACE_REDIS_URL: redisUrl,
     SPACE_SIGNING_KEY_FILE: join(dir, 'signing.pem'),
     SPACE_LOG_LEVEL: 'silent',
+    ...opts.env,
   });
   const deps = createApiDeps({
     config,

@@ -152,6 +152,10 @@ const WAITABLE_WHEN_REPEATABLE: ReadonlySet<string> = new Set([
   ...REFUSED_BEFORE_ACTING,
   'NODE_UNAVAILABLE',
   'CONTROL_PLANE_UNAVAILABLE',
+  // `space up --ha`: the front had no member ready, or the member died with the request; the
+  // change was made on the primary but no replica acknowledged it. Either may have acted.
+  'UPSTREAM_UNAVAILABLE',
+  'WRITE_NOT_REPLICATED',
 ]);
 
 /** How the API client waits out retryable refusals. */

@@ -25,6 +25,7 @@ import { isJson } from './context.ts';
 import { type LocalState, localPaths, spaceHome } from './local.ts';
 import { CliError, note, parsePositiveInt, printJson, println, usageError } from './output.ts';
 import { buildLocalTemplate, DEFAULT_CACHE_DIR, prepareLocalGuestKernel } from './template.ts';
+import { runUpHa } from './up-ha.ts';
 import {
   checkPortsFree,
   checkPrerequisites,
@@ -68,6 +69,8 @@ interface UpOptions {
   redisUrl?: string;
   warm?: number;
   verbose?: boolean;
+  /** --ha: two APIs, two routers and Redis with sentinels behind HAProxy (up-ha.ts). */
+  ha?: boolean;
 }
 export function registerUp(program: Command): void {
   program
@@ -90,6 +93,10 @@ export function registerUp(program: Command): void {
       return Number(v);
     })
     .option('--verbose', 'also show the services’ logs here (they always go to $SPACE_HOME/logs)')
+    .option(
+      '--ha',
+      'no single point of failure but the node: Redis primary, replica and three sentinels, two APIs and two routers, each pair behind HAProxy on the --api-port/--router-port',
+    )
     .addHelpText(
       'after',
       `
@@ -102,10 +109,16 @@ Examples:
   space up
   space up --api-port 9080 --agent-port 9081 --router-port 9082 --warm 0 --verbose
   space up --no-router
-  space up --redis-url redis://10.0.0.5:6379`,
+  space up --redis-url redis://10.0.0.5:6379
+  space up --ha
+
+With --ha (also needs haproxy and redis-sentinel): the APIs listen on --api-port + 10 and + 11,
+the routers on + 12 and + 13, Redis on 16379-16380 and its sentinels on 16390-16392 (password in
+$SPACE_HOME/redis-ha/password). An API, router or Redis server that dies is started again; the
+front takes it out meanwhile (docs/operations.md, "Redis failover").`,
     )
     .action(async (o: UpOptions, cmd: Command) => {
-      process.exitCode = await runUp(o, isJson(cmd));
+      process.exitCode = o.ha ? await runUpHa(o, isJson(cmd)) : await runUp(o, isJson(cmd));
     });
 }
 

@@ -144,6 +144,16 @@ export const ERROR_CODES = {
     retryable: false,
     doc: 'A drain was asked to hibernate the node’s sandboxes, but the node’s hibernation store is its own disk: they could not resume on another node (set `SPACE_HIBERNATE_STORE`/`_DIR` to shared storage, or drain without hibernating).',
   },
+  WRITE_NOT_REPLICATED: {
+    status: 503,
+    retryable: true,
+    doc: 'The change was made on the Redis primary but no replica acknowledged it in time (`SPACE_REDIS_WAIT_REPLICAS`): a failover now could lose it; read it back, or retry.',
+  },
+  UPSTREAM_UNAVAILABLE: {
+    status: 503,
+    retryable: true,
+    doc: 'Answered by the load balancer in front of the APIs or routers (`space up --ha`): no member is ready, or the member died holding the request; retry after `Retry-After` (a change may have been made: read it back before repeating).',
+  },
   CONTROL_PLANE_UNAVAILABLE: {
     status: 503,
     retryable: true,

@@ -18,6 +18,14 @@
  * listens for `+switch-master` (`failoverDetector`) and reconnects when the sentinels promote
  * another server. A command answered `READONLY` (we still hold a demoted primary, e.g. one that
  * was partitioned away and came back as a replica) makes it reconnect and resend that command.
+ *
+ * ioredis (v5) can give a Sentinel client up for good during a failover: when its failover
+ * detector closes the connection while a reconnect is still asking the sentinels for the primary,
+ * that connect attempt fails with "Connection is closed." and the client ends (status `end`), never
+ * to reconnect; every later command fails at once. The failover suite saw the node agent stay cut
+ * off that way after a kill -9 of the primary, its heartbeats failing until it was restarted. A
+ * client made here therefore connects again when it ends without its owner closing it
+ * (`disconnect()`/`quit()`), and so do its `duplicate()`s.
  */
 import { Redis, type RedisOptions } from 'ioredis';
 
@@ -111,20 +119,53 @@ export function redisConnection(url: string, options: RedisOptions = {}): Redis 
         endpoint.sentinelPassword === undefined
           ? endpoint.password
           : (endpoint.sentinelPassword ?? undefined);
-      return new Redis({
-        reconnectOnError: readonlyReconnect,
-        ...options,
-        sentinels: endpoint.sentinels,
-        name: endpoint.primaryName,
-        role: 'master',
-        db: endpoint.db,
-        failoverDetector: true,
-        ...(endpoint.username ? { username: endpoint.username } : {}),
-        ...(endpoint.password ? { password: endpoint.password } : {}),
-        ...(sentinelPassword ? { sentinelPassword } : {}),
-      });
+      return reconnectingAfterEnd(
+        new Redis({
+          reconnectOnError: readonlyReconnect,
+          ...options,
+          sentinels: endpoint.sentinels,
+          name: endpoint.primaryName,
+          role: 'master',
+          db: endpoint.db,
+          failoverDetector: true,
+          ...(endpoint.username ? { username: endpoint.username } : {}),
+          ...(endpoint.password ? { password: endpoint.password } : {}),
+          ...(sentinelPassword ? { sentinelPassword } : {}),
+        }),
+      );
     }
   }
+}
+
+/** Delay before a client that ended on its own connects again, ms. */
+const REVIVE_AFTER_MS = 250;
+
+/**
+ * `client`, made to connect again whenever it ends (`end` event) without `disconnect()` or
+ * `quit()` having been called on it; its duplicates get the same. Returns `client`.
+ */
+function reconnectingAfterEnd(client: Redis): Redis {
+  let closedByOwner = false;
+  const disconnect = client.disconnect.bind(client);
+  client.disconnect = (reconnect?: boolean) => {
+    if (!reconnect) closedByOwner = true;
+    disconnect(reconnect);
+  };
+  const quit = client.quit.bind(client);
+  client.quit = ((...args: Parameters<Redis['quit']>) => {
+    closedByOwner = true;
+    return quit(...args);
+  }) as Redis['quit'];
+  const duplicate = client.duplicate.bind(client);
+  client.duplicate = ((...args: Parameters<Redis['duplicate']>) =>
+    reconnectingAfterEnd(duplicate(...args))) as Redis['duplicate'];
+  client.on('end', () => {
+    if (closedByOwner) return;
+    setTimeout(() => {
+      if (!closedByOwner && client.status === 'end') client.connect().catch(() => {});
+    }, REVIVE_AFTER_MS).unref();
+  });
+  return client;
 }
 
 function safeUrl(value: string): URL {

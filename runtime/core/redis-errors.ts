@@ -12,7 +12,11 @@
  * - a socket error with `code` `ECONNREFUSED`, `ECONNRESET`, `ETIMEDOUT`, `EPIPE`, `EHOSTUNREACH`,
  *   `ENETUNREACH`, `ENOTFOUND`, `EAI_AGAIN` (when `enableOfflineQueue` is off or on connect);
  * - a server reply `LOADING …` (restarted, still reading its append-only file), `MASTERDOWN …`,
- *   `TRYAGAIN …` or `CLUSTERDOWN …` (cluster failover).
+ *   `TRYAGAIN …` or `CLUSTERDOWN …` (cluster failover), `NOREPLICAS …` (a primary that has lost
+ *   its replicas refuses writes under `min-replicas-to-write`, e.g. just after a Sentinel
+ *   failover) or `READONLY …` (a demoted primary the client still held);
+ * - `EXECABORT …` whose `previousErrors` (ioredis: the queued commands' refusals) are any of these:
+ *   a MULTI during a failover has each write refused as it is queued, and EXEC aborts.
  *
  * Errors are matched by name, code and message, not by class, so an error that crossed a module
  * boundary (or sits in a `cause` chain, as SpaceError INTERNAL wraps it) is still recognised.
@@ -37,7 +41,7 @@ const MESSAGES = [
   "Stream isn't writeable and enableOfflineQueue options is false",
   'Command timed out',
 ];
-const REPLY_PREFIXES = ['LOADING ', 'MASTERDOWN ', 'TRYAGAIN ', 'CLUSTERDOWN '];
+const REPLY_PREFIXES = ['LOADING ', 'MASTERDOWN ', 'TRYAGAIN ', 'CLUSTERDOWN ', 'NOREPLICAS ', 'READONLY '];
 /** How deep a `cause` chain is followed (a guard against cycles). */
 const MAX_CAUSE_DEPTH = 5;
 
@@ -60,6 +64,13 @@ export function isRedisUnavailable(err: unknown): boolean {
       if (
         e.name === 'ReplyError' &&
         REPLY_PREFIXES.some((p) => e instanceof Error && e.message.startsWith(p))
+      )
+        return true;
+      const previous = (e as { previousErrors?: unknown }).previousErrors;
+      if (
+        e.message.startsWith('EXECABORT') &&
+        Array.isArray(previous) &&
+        previous.some((p) => isRedisUnavailable(p))
       )
         return true;
     }
