@@ -62,7 +62,7 @@ describe.each(Object.entries(VARIANTS))('stack %s under the mock runtime', (_nam
         if (rule.ipv4s.includes('0.0.0.0/0'))
           expect(['80', '443', '8080', '8082', '8443']).toContain(rule.ports);
         if (rule.ipv4s.includes('0.0.0.0/0')) expect(portsCover(rule.ports, 8081)).toBe(false);
-        if (rule.ports === '6379') expect(rule.ipv4s).toEqual([raw.privateCidr]);
+        if (rule.ports === '6379' || rule.ports === '26379') expect(rule.ipv4s).toEqual([raw.privateCidr]);
         if (rule.ports === '22') expect(rule.ipv4s).not.toContain('0.0.0.0/0');
       }
     }
@@ -74,13 +74,15 @@ describe.each(Object.entries(VARIANTS))('stack %s under the mock runtime', (_nam
         continue;
       }
       expect(i.direction).toBe('ingress');
-      if (i.destinationPorts.includes('6379')) expect(i.sources).toEqual([raw.privateCidr]);
+      if (i.destinationPorts.includes('6379') || i.destinationPorts.includes('26379'))
+        expect(i.sources).toEqual([raw.privateCidr]);
       if (i.sources.includes('0.0.0.0/0'))
         expect(['8080', '8082']).toEqual(expect.arrayContaining(i.destinationPorts));
     }
     for (const r of recorded.filter((x) => x.type === 'kubernetes:core/v1:Service')) {
       const s = unwrapSecrets(r.inputs) as { metadata: { name: string }; spec: { type: string } };
-      if (s.metadata.name === 'space-redis') expect(s.spec.type).toBe('ClusterIP');
+      // Redis, and with Sentinel the sentinels: inside the cluster only
+      if (s.metadata.name.startsWith('space-redis')) expect(s.spec.type).toBe('ClusterIP');
     }
   });
 });
