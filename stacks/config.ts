@@ -456,6 +456,10 @@ export function loadStackConfig(
     problems.push('space:bootstrapApiKey: vm mode only (Kubernetes reconfigures pods itself)');
   else if (bootstrapApiKey !== undefined && !/^space_[A-Za-z0-9]{32,}$/.test(bootstrapApiKey))
     problems.push('space:bootstrapApiKey: must be "space_" and at least 32 letters or digits');
+  if (cloud === 'crusoe' && controlPlaneReplicas > 1 && acme)
+    problems.push(
+      'space:controlPlane: several control VMs on crusoe cannot take space:tlsHostnames: each would ask the ACME CA for the same names over HTTP-01, and the CA checks whichever VM the name leads it to (terminate TLS in front of them instead, see docs/deployment.md)',
+    );
   if (has('apiTlsCertificate') !== has('apiTlsKey'))
     problems.push('space:apiTlsCertificate and space:apiTlsKey: set both or neither');
   if (cloud === 'crusoe') {

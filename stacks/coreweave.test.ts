@@ -30,7 +30,8 @@ async function nodePoolNames(pools: { name: string; instanceType: string }[]) {
     .map((r) => (unwrapSecrets(r.inputs) as { metadata: { name: string } }).metadata.name);
 }
 
-describe('coreweave CKS', () => {
+// several renders per test, seconds each on a loaded host (not a speed goal)
+describe('coreweave CKS', { timeout: 60_000 }, () => {
   it('the Redis claim uses shared-vast (ReadWriteMany, as CKS documents it) unless space:redisStorageClass names another', async () => {
     expect(await redisClaim(withSecrets(VARIANTS['coreweave']!))).toMatchObject({
       storageClassName: 'shared-vast',

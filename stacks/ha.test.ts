@@ -19,44 +19,54 @@ const redisUrlOf = (recorded: RecordedResource[]) =>
 const replicasOf = (recorded: RecordedResource[], name: string) =>
   (k8sNamed(recorded, 'kubernetes:apps/v1:StatefulSet', name)?.['spec'] as Obj | undefined)?.['replicas'];
 
-describe.each(['akamai-lke', 'coreweave'])('stack %s: Redis with Sentinel by default', (name) => {
-  it('three servers, three sentinels, and the sentinel URL in the Secret every service reads', async () => {
-    const recorded = await render(withSecrets(VARIANTS[name]!));
-    expect(replicasOf(recorded, 'space-redis')).toBe(3);
-    expect(replicasOf(recorded, 'space-redis-sentinel')).toBe(3);
-    const url = redisUrlOf(recorded);
-    expect(url).toBe(`redis-sentinel://:${SECRETS.redisPassword}@space-redis-sentinel.space.svc:26379/space`);
-    expect(parseRedisUrl(url)).toMatchObject({ kind: 'sentinel', primaryName: 'space' });
-  });
+// renders take seconds each on a loaded host: not a speed goal, so no 5 s limit
+describe.each(['akamai-lke', 'coreweave'])(
+  'stack %s: Redis with Sentinel by default',
+  { timeout: 60_000 },
+  (name) => {
+    it('three servers, three sentinels, and the sentinel URL in the Secret every service reads', async () => {
+      const recorded = await render(withSecrets(VARIANTS[name]!));
+      expect(replicasOf(recorded, 'space-redis')).toBe(3);
+      expect(replicasOf(recorded, 'space-redis-sentinel')).toBe(3);
+      const url = redisUrlOf(recorded);
+      expect(url).toBe(
+        `redis-sentinel://:${SECRETS.redisPassword}@space-redis-sentinel.space.svc:26379/space`,
+      );
+      expect(parseRedisUrl(url)).toMatchObject({ kind: 'sentinel', primaryName: 'space' });
+    });
 
-  it('space:redis chooses: 5 servers and 5 sentinels, or one Redis (single mode)', async () => {
-    const five = await render(
-      withSecrets({
-        ...VARIANTS[name]!,
-        redis: JSON.stringify({ mode: 'sentinel', servers: 5, sentinels: 5 }),
-      }),
-    );
-    expect(replicasOf(five, 'space-redis')).toBe(5);
-    expect(replicasOf(five, 'space-redis-sentinel')).toBe(5);
-    const single = await render(
-      withSecrets({ ...VARIANTS[name]!, redis: JSON.stringify({ mode: 'single' }) }),
-    );
-    expect(replicasOf(single, 'space-redis')).toBe(1);
-    expect(replicasOf(single, 'space-redis-sentinel')).toBeUndefined();
-    expect(redisUrlOf(single)).toBe(`redis://:${SECRETS.redisPassword}@space-redis.space.svc:6379`);
-  });
+    it('space:redis chooses: 5 servers and 5 sentinels, or one Redis (single mode)', async () => {
+      const five = await render(
+        withSecrets({
+          ...VARIANTS[name]!,
+          redis: JSON.stringify({ mode: 'sentinel', servers: 5, sentinels: 5 }),
+        }),
+      );
+      expect(replicasOf(five, 'space-redis')).toBe(5);
+      expect(replicasOf(five, 'space-redis-sentinel')).toBe(5);
+      const single = await render(
+        withSecrets({ ...VARIANTS[name]!, redis: JSON.stringify({ mode: 'single' }) }),
+      );
+      expect(replicasOf(single, 'space-redis')).toBe(1);
+      expect(replicasOf(single, 'space-redis-sentinel')).toBeUndefined();
+      expect(redisUrlOf(single)).toBe(`redis://:${SECRETS.redisPassword}@space-redis.space.svc:6379`);
+    });
 
-  it('an external Redis (a sentinel URL of your own too) deploys none', async () => {
-    const url = 'redis-sentinel://:operator-pw-0123456789@10.1.0.5:26379,10.1.0.6:26379,10.1.0.7:26379/prod';
-    const raw = { ...withSecrets(VARIANTS[name]!), redisPassword: undefined, redisUrl: url };
-    const recorded = await render(raw);
-    expect(replicasOf(recorded, 'space-redis')).toBeUndefined();
-    expect(replicasOf(recorded, 'space-redis-sentinel')).toBeUndefined();
-    expect(redisUrlOf(recorded)).toBe(url);
-  });
-});
+    it('an external Redis (a sentinel URL of your own too) deploys none', async () => {
+      const url =
+        'redis-sentinel://:operator-pw-0123456789@10.1.0.5:26379,10.1.0.6:26379,10.1.0.7:26379/prod';
+      const raw = { ...withSecrets(VARIANTS[name]!), redisPassword: undefined, redisUrl: url };
+      const recorded = await render(raw);
+      expect(replicasOf(recorded, 'space-redis')).toBeUndefined();
+      expect(replicasOf(recorded, 'space-redis-sentinel')).toBeUndefined();
+      expect(redisUrlOf(recorded)).toBe(url);
+    });
+  },
+);
 
-describe('kind: one Redis by default (one machine: a failover would gain nothing)', () => {
+describe('kind: one Redis by default (one machine: a failover would gain nothing)', {
+  timeout: 60_000,
+}, () => {
   it('renders the single Redis', async () => {
     const recorded = await render(withSecrets(VARIANTS['kind']!));
     expect(replicasOf(recorded, 'space-redis')).toBe(1);
