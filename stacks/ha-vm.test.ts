@@ -27,7 +27,7 @@ const urlOf = (envFile: string) => /^SPACE_REDIS_URL=(.*)$/m.exec(envFile)![1]!;
 const nb = (recorded: RecordedResource[], type: string) =>
   recorded
     .filter((r) => r.type === `linode:index/${type}`)
-    .map((r) => ({ name: r.name, ...(unwrapSecrets(r.inputs) as Obj) }));
+    .map((r): Obj => ({ name: r.name, ...(unwrapSecrets(r.inputs) as Obj) }));
 
 describe('akamai vm with three control VMs', () => {
   it('each control VM runs a Redis server and a Sentinel (quorum 2 of 3), the first leading a new deployment', {
