@@ -185,6 +185,14 @@ describe('vm-mode Redis with three control VMs, rendered scripts under real redi
     });
     const url = /^SPACE_REDIS_URL=(.*)$/m.exec(fileOf(nodePlan, '/etc/space/redis.env'))![1]!;
     expect(url).toBe(`redis-sentinel://:${PASSWORD}@${ADDRS.map((a) => `${a}:26379`).join(',')}/space`);
+    // min-replicas-to-write 1: writes once a replica has acknowledged (INFO min_slaves_good_slaves)
+    const goodReplicas = async (i: number) =>
+      Number(
+        /min_slaves_good_slaves:(\d+)/.exec(
+          await cli(vms[i]!, ADDRS[i]!, 6379, 'INFO', 'replication'),
+        )?.[1] ?? 0,
+      );
+    await until('the primary counts its replicas good', async () => (await goodReplicas(0)) >= 1);
     expect(await clientRoundTrip(url, 'before', 'one')).toBe('one');
 
     // the primary's server dies
@@ -198,6 +206,8 @@ describe('vm-mode Redis with three control VMs, rendered scripts under real redi
     });
     const i = ADDRS.indexOf(promoted);
     expect((await cli(vms[i]!, promoted, 6379, 'ROLE')).split('\n')[0]).toBe('master');
+    // it refuses writes (NOREPLICAS) until the other replica follows it
+    await until('the new primary counts a replica good', async () => (await goodReplicas(i)) >= 1);
     // the node's client finds the new primary; what was written before is there
     expect(await clientRoundTrip(url, 'after', 'two')).toBe('two');
     expect(await cli(vms[i]!, promoted, 6379, 'GET', 'before')).toBe('one');
