@@ -66,6 +66,8 @@ describe('akamai vm with three control VMs', () => {
       expect(scripts[c]).toContain(
         'systemctl enable --now space-control-guard.service space-sentinel.service space-redis.service',
       );
+      // an upgrade reaches the three at different moments (one VM alone moves at once)
+      expect(f['/etc/systemd/system/space-version-sync.timer']).toContain('RandomizedDelaySec=300');
       // the API and the router on each
       expect(f['/etc/systemd/system/space-api.service']).toBeDefined();
       expect(f['/etc/systemd/system/space-router.service']).toBeDefined();

@@ -88,7 +88,9 @@ export function controlPlan(a: ControlArgs): VmPlan {
       routerUnit(tls('space-router')),
       ...(a.acme ? acmeFiles() : []),
       upgradeScript(a, ['space-router', 'space-api']),
-      ...versionSyncFiles(redisReadCli('127.0.0.1', a.ha), 0),
+      // several control VMs: each moves at a random moment within five minutes, so an upgrade
+      // does not restart every API and router at once (the load balancer keeps the others)
+      ...versionSyncFiles(redisReadCli('127.0.0.1', a.ha), a.ha ? 300 : 0),
       ...configSyncFiles(redisReadCli('127.0.0.1', a.ha), synced, env),
     ],
     commands: [
