@@ -7,7 +7,7 @@
  * Debian's redis-server 7.0 runs them (`redis-sentinel` is that binary in Sentinel mode). A client
  * pod uses the URL the `space-redis` Secret carries, through the runtime's client. The primary is
  * killed; a replica is promoted; the client writes on; the old primary's pod, restarted with
- * server.sh, rejoins as a replica; a restarted sentinel finds and monitors the new primary.
+ * the server script, rejoins as a replica; a restarted sentinel finds and monitors the new primary.
  */
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -66,7 +66,7 @@ async function until(what: string, f: () => Promise<boolean>, tries = 120): Prom
   throw new Error(`timed out waiting for ${what}`);
 }
 
-/** Starts pod `k`'s script (server.sh or sentinel.sh) as the container would: HOSTNAME, REDIS_PASSWORD, /data. */
+/** Starts pod `k`'s script (the server or the sentinel script) as the container would: HOSTNAME, REDIS_PASSWORD, /data. */
 function startPod(k: number): ChildProcess {
   const p = pods[k]!;
   const data = join(dir, p.pod);
@@ -170,7 +170,7 @@ r.disconnect();`;
     await until('the new primary counts a replica good', async () => (await goodReplicas(k, promoted)) >= 1);
     expect(await roundTrip('after', 'two')).toBe('two');
 
-    // the pod restarts (same name, same volume): server.sh asks the sentinels and follows
+    // the pod restarts (same name, same volume): the server script asks the sentinels and follows
     startPod(0);
     await until('space-redis-0 back as a replica of the new primary', async () => {
       const role = (await cli(podNs(0), server(0), 6379, 'ROLE')).split('\n');
@@ -178,7 +178,7 @@ r.disconnect();`;
     });
     expect(await cli(podNs(0), server(0), 6379, 'GET', 'after')).toBe('two');
 
-    // a sentinel pod replaced (a new emptyDir): sentinel.sh asks the Service and monitors the new primary
+    // a sentinel pod replaced (a new emptyDir): the sentinel script asks the Service and monitors the new primary
     started[5]!.kill('SIGKILL');
     await rm(join(dir, 'space-redis-sentinel-2'), { recursive: true, force: true });
     startPod(5);
