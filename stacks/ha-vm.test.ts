@@ -8,7 +8,7 @@
 import { createPrivateKey } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
-import { type RecordedResource, unwrapSecrets } from '../providers/testing/mocks.ts';
+import { plaintextOccurrences, type RecordedResource, unwrapSecrets } from '../providers/testing/mocks.ts';
 import { parseRedisUrl } from '../runtime/core/redis-connection.ts';
 import { fails, render, VARIANTS, vmScripts, withSecrets } from './test-stacks.ts';
 
@@ -108,6 +108,12 @@ describe('akamai vm with three control VMs', () => {
     };
     const a = await keys();
     expect(new Set(a.controls).size).toBe(1);
+    // only inside secrets (the user data that carries it is one), in both clouds
+    for (const cloud of ['akamai', 'crusoe']) {
+      const recorded = await render(withSecrets(VARIANTS[cloud]!));
+      const line = a.controls[0]!.split('\n')[1]!;
+      expect(recorded.flatMap((r) => plaintextOccurrences(r.inputs, line))).toEqual([]);
+    }
     expect(createPrivateKey(a.controls[0]!).asymmetricKeyType).toBe('ed25519');
     expect(a.node).toBeUndefined();
     expect((await keys()).controls[0]).toBe(a.controls[0]);
