@@ -15,7 +15,8 @@ const derived = Buffer.from(
 ).toString('hex');
 const vmTypes = ['linode:index/instance:Instance', 'pulumi-nodejs:dynamic/crusoe:Instance'];
 
-describe.each(['akamai', 'crusoe'])('Redis password of stack %s', (name) => {
+// five VMs per render since space:controlPlane: seconds each on a loaded host (not a speed goal)
+describe.each(['akamai', 'crusoe'])('Redis password of stack %s', { timeout: 60_000 }, (name) => {
   it('every VM gets it, only inside a secret: the user data is a secret input, and no other input holds it', async () => {
     const recorded = await render(withSecrets(VARIANTS[name]!));
     const vms = recorded.filter((r) => vmTypes.includes(r.type));
@@ -52,7 +53,7 @@ describe.each(['akamai', 'crusoe'])('Redis password of stack %s', (name) => {
   });
 });
 
-describe.each(['akamai', 'crusoe'])('image pull credentials of stack %s', (name) => {
+describe.each(['akamai', 'crusoe'])('image pull credentials of stack %s', { timeout: 60_000 }, (name) => {
   const pull = { imagePullUsername: 'robot-space', imagePullPassword: 'pull-token-5b1d9c0e' };
 
   it('every VM gets the auth file for the repository’s registry, the token only inside a secret', async () => {
