@@ -37,6 +37,42 @@ export const REDIS_PERSISTENCE: readonly (readonly [string, string])[] = [
   ['auto-aof-rewrite-min-size', '64mb'],
 ];
 
+/** TCP port of Redis Sentinel (its documented default; redis.io/docs/latest/operate/oss_and_stack/management/sentinel/). */
+export const SENTINEL_PORT = 26379;
+/**
+ * The primary's name in every sentinel's `sentinel monitor` line and in `SPACE_REDIS_URL`
+ * (`redis-sentinel://…/space`), in both deployment modes.
+ */
+export const REDIS_PRIMARY_NAME = 'space';
+
+/**
+ * What every data server of a Sentinel deployment adds to {@link REDIS_PERSISTENCE}, as
+ * `redis-server` option/value pairs: a primary that has not heard from at least one replica for
+ * 10 s refuses writes (`min-replicas-to-write 1`, `min-replicas-max-lag 10`; redis.io "Replication",
+ * "Allow writes only with N attached replicas"). That bounds what an old primary cut off from the
+ * others, which the sentinels have replaced, can accept and then lose at its demotion, to about
+ * 10 s of writes; a primary with no replica left at all refuses writes until one is back.
+ */
+export const REDIS_REPLICATION: readonly (readonly [string, string])[] = [
+  ['min-replicas-to-write', '1'],
+  ['min-replicas-max-lag', '10'],
+];
+
+/**
+ * How the sentinels judge and replace a primary, both modes: down after 5 s without a valid
+ * answer (`down-after-milliseconds`), a failover retried after 30 s (`failover-timeout`), replicas
+ * re-pointed one at a time (`parallel-syncs 1`, so the others keep serving reads). Redis's own
+ * defaults are 30 s and 180 s (sentinel.conf of the redis distribution).
+ */
+export const SENTINEL_TIMING = { downAfterMs: 5000, failoverTimeoutMs: 30000, parallelSyncs: 1 } as const;
+
+/**
+ * The sentinels' quorum for `n` sentinels: a majority, `floor(n/2)+1`. A failover also needs a
+ * majority of all sentinels to elect the one that runs it, so with a majority quorum the two
+ * rules agree. Pure.
+ */
+export const sentinelQuorum = (n: number): number => Math.floor(n / 2) + 1;
+
 /** Where the services find their key files (mounted Secret / files written on the VM). */
 export const KEY_DIR = '/etc/space/keys';
 /** Private Ed25519 key (PKCS#8 PEM) of the API. */

@@ -43,6 +43,15 @@ export interface StackConfig {
   readonly k8sVersion: string;
   readonly kubeContext: string | undefined;
   readonly redisStorageClass: string | undefined;
+  /**
+   * `space:redis` (`kubernetes` mode, in-cluster Redis): Sentinel failover with `servers` data
+   * servers and `sentinels` sentinels, or one Redis.
+   */
+  readonly redis:
+    | { readonly mode: 'sentinel'; readonly servers: number; readonly sentinels: number }
+    | { readonly mode: 'single' };
+  /** `space:controlPlane.replicas` (`vm` mode): control VMs, 1, 3 or 5. */
+  readonly controlPlaneReplicas: number;
   readonly apiTlsCertificate: string | undefined;
   /** `space:routerUrl`, when set. */
   readonly routerUrl: string | undefined;

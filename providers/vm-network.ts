@@ -1,5 +1,5 @@
 /** Address plan of the `vm` mode, shared by the clouds that use it. */
-import { createHash, hkdfSync } from 'node:crypto';
+import { createHash, createPrivateKey, hkdfSync } from 'node:crypto';
 import * as pulumi from '@pulumi/pulumi';
 import { nthHost } from '../runtime/core/net-address.ts';
 import type { BackupPlan } from './backup-schedule.ts';
@@ -8,6 +8,43 @@ import type { ImagePullCredentials } from './image-pull.ts';
 /** The control VM's private address: the subnet's 10th host (clouds reserve the first few). */
 export function controlAddress(privateCidr: string): string {
   return nthHost(privateCidr, 10);
+}
+
+/**
+ * The private addresses of `n` control VMs where the program chooses them (Akamai): the first at
+ * {@link controlAddress}, the others right after it (hosts 11, 12, …). Pure.
+ */
+export function controlAddresses(privateCidr: string, n: number): string[] {
+  return Array.from({ length: n }, (_, i) => nthHost(privateCidr, 10 + i));
+}
+
+/** DER prefix of a PKCS#8 Ed25519 private key before its 32-byte seed (RFC 8410 section 7). */
+const ED25519_PKCS8_PREFIX = Buffer.from('302e020100300506032b657004220420', 'hex');
+
+/**
+ * The API signing key every control VM of a highly available control plane shares (Ed25519,
+ * PKCS#8 PEM; secret): derived from `space:bootstrapApiKey` (required in vm mode) with
+ * HKDF-SHA256 (RFC 5869; info `space vm signing key`, 32 bytes as the Ed25519 seed, RFC 8032), so
+ * the stack needs no further secret and every `pulumi up` renders the same key. Knowing it does
+ * not reveal the API key. With one control VM the VM makes its own key instead.
+ */
+export function vmSigningKey(cfg: {
+  readonly secrets: { readonly bootstrapApiKey?: pulumi.Output<string> };
+}): pulumi.Output<string> {
+  const key = cfg.secrets.bootstrapApiKey;
+  if (!key) throw new Error('a control plane of several VMs needs space:bootstrapApiKey');
+  return pulumi.secret(
+    key.apply((k) => {
+      const seed = Buffer.from(hkdfSync('sha256', k, '', 'space vm signing key', 32));
+      return createPrivateKey({
+        key: Buffer.concat([ED25519_PKCS8_PREFIX, seed]),
+        format: 'der',
+        type: 'pkcs8',
+      })
+        .export({ type: 'pkcs8', format: 'pem' })
+        .toString();
+    }),
+  );
 }
 
 /**

@@ -162,7 +162,20 @@ export const CONFIG_KEYS = {
   redisUrl: {
     type: 'string',
     secret: true,
-    doc: 'External Redis URL (`kubernetes` mode); then no Redis is deployed.',
+    doc: 'External Redis URL (`kubernetes` mode): `redis://`, `rediss://` or `redis-sentinel://h1:26379,…/<primary>` (an HA Redis of your own), checked at preview; then no Redis is deployed.',
+  },
+  redis: {
+    type: 'object',
+    default:
+      'akamai (LKE), coreweave: `{ "mode": "sentinel", "servers": 3, "sentinels": 3 }`; kind: `{ "mode": "single" }`',
+    clouds: ['akamai', 'coreweave', 'kind'],
+    doc: '`kubernetes` mode, in-cluster Redis: `sentinel` (a primary and `servers` − 1 replicas, 2-7, and `sentinels` Redis Sentinels, 3, 5 or 7, each spread across nodes; services get `redis-sentinel://…`; failover automatic; `redisPassword` then 16-128 of `A-Za-z0-9._~-`) or `single` (one Redis, no failover). Not with `redisUrl`. See "Redis: failover".',
+  },
+  controlPlane: {
+    type: 'object',
+    default: '`{ "replicas": 1 }` (the stack files here set 3)',
+    clouds: ['akamai', 'crusoe'],
+    doc: '`vm` mode: `replicas` control VMs, 1, 3 or 5. With 3 or 5 each runs a Redis server (one primary, the others replicas) and a Sentinel, the API and the router; the load balancer (Akamai) spreads clients over them; nodes get `redis-sentinel://…`. Fixed when the stack is made (see "Redis: failover").',
   },
   redisStorageClass: {
     type: 'string',

@@ -12,6 +12,7 @@ import { LETS_ENCRYPT_DIRECTORY, REDIS_PASSWORD } from '../providers/systemd/clo
 import { agentSettings } from '../runtime/agent/config.ts';
 import { DRIVER_NAMES, type DriverName } from '../runtime/core/drivers.ts';
 import { isIPv4, isIPv4Cidr, isIPv6NoZone } from '../runtime/core/net-address.ts';
+import { parseRedisUrl, redactRedisUrl } from '../runtime/core/redis-connection.ts';
 import { buildDenySet, type Cidr, parseCidr } from '../runtime/gateway/addresses.ts';
 import { caFromPem } from '../runtime/gateway/ca.ts';
 import { parseBackup } from './config-backup.ts';
@@ -334,6 +335,18 @@ export function loadStackConfig(
         'space:redisPassword: in vm mode 16-128 characters from A-Z a-z 0-9 . _ ~ - (e.g. "$(openssl rand -hex 24)")',
       );
   }
+  const redisUrl = raw('redisUrl');
+  if (redisUrl !== undefined) {
+    // the form every service parses at start (runtime/core/redis-connection.ts): refused here, not
+    // in a crash-looping pod
+    try {
+      parseRedisUrl(redisUrl);
+    } catch (err) {
+      problems.push(`space:redisUrl: ${(err as Error).message} (${redactRedisUrl(redisUrl)})`);
+    }
+  }
+  const redis = redisTopology(json('redis'), cloud, mode, has('redisUrl'), redisPassword, problems);
+  const controlPlaneReplicas = controlPlane(json('controlPlane'), mode, problems);
   const signing = raw('signingKey');
   if (signing !== undefined && !signing.includes('BEGIN PRIVATE KEY'))
     problems.push(
@@ -444,6 +457,10 @@ export function loadStackConfig(
     problems.push('space:bootstrapApiKey: vm mode only (Kubernetes reconfigures pods itself)');
   else if (bootstrapApiKey !== undefined && !/^space_[A-Za-z0-9]{32,}$/.test(bootstrapApiKey))
     problems.push('space:bootstrapApiKey: must be "space_" and at least 32 letters or digits');
+  if (cloud === 'crusoe' && controlPlaneReplicas > 1 && acme)
+    problems.push(
+      'space:controlPlane: several control VMs on crusoe cannot take space:tlsHostnames: each would ask the ACME CA for the same names over HTTP-01, and the CA checks whichever VM the name leads it to (terminate TLS in front of them instead, see docs/deployment.md)',
+    );
   if (has('apiTlsCertificate') !== has('apiTlsKey'))
     problems.push('space:apiTlsCertificate and space:apiTlsKey: set both or neither');
   if (cloud === 'crusoe') {
@@ -479,6 +496,8 @@ export function loadStackConfig(
     k8sVersion: str('k8sVersion', '1.33')!,
     kubeContext: str('kubeContext', cloud === 'kind' ? 'kind-space' : undefined),
     redisStorageClass: raw('redisStorageClass'),
+    redis,
+    controlPlaneReplicas,
     apiTlsCertificate: raw('apiTlsCertificate'),
     routerUrl,
     tls,
@@ -514,4 +533,108 @@ export function loadStackConfig(
   };
   if (problems.length) throw new StackConfigError(problems);
   return Object.freeze(cfg);
+}
+
+/** Sentinel counts that keep a majority after losing one: odd (an even count tolerates no more than the odd one below it), 3 or more. */
+const SENTINEL_COUNTS = [3, 5, 7];
+
+/**
+ * `space:redis` (`v`, parsed JSON or undefined) for `cloud` in `mode`, with a problem pushed for
+ * each impossible setting: an unknown mode or field, fewer than 2 data servers (no replica to
+ * promote), a sentinel count that cannot keep a majority after losing one (1, 2, even), the key
+ * in vm mode or beside `space:redisUrl`, a Sentinel password unfit for sentinel.conf and the URL.
+ * Default: sentinel 3/3, except kind (one machine: `single`).
+ */
+export function redisTopology(
+  v: unknown,
+  cloud: Cloud,
+  mode: DeployMode,
+  external: boolean,
+  password: string | undefined,
+  problems: string[],
+): StackConfig['redis'] {
+  const fallback: StackConfig['redis'] =
+    cloud === 'kind' || mode !== 'kubernetes' || external
+      ? { mode: 'single' }
+      : { mode: 'sentinel', servers: 3, sentinels: 3 };
+  if (v === undefined) {
+    if (fallback.mode === 'sentinel' && password !== undefined && !REDIS_PASSWORD.test(password))
+      problems.push(
+        'space:redisPassword: with Redis Sentinel (space:redis, the default here) 16-128 characters from A-Z a-z 0-9 . _ ~ - (it goes into sentinel.conf and the redis-sentinel:// URL as it is; "$(openssl rand -hex 24)" fits), or set space:redis {"mode": "single"}',
+      );
+    return fallback;
+  }
+  const before = problems.length;
+  if (mode !== 'kubernetes')
+    problems.push(
+      'space:redis: kubernetes mode only (vm mode: space:controlPlane decides, see docs/deployment.md)',
+    );
+  if (external)
+    problems.push('space:redis: not with space:redisUrl (an external Redis: nothing is deployed)');
+  if (typeof v !== 'object' || v === null || Array.isArray(v)) {
+    problems.push(
+      'space:redis: must be an object, e.g. { "mode": "sentinel", "servers": 3, "sentinels": 3 }',
+    );
+    return fallback;
+  }
+  const o = v as Record<string, unknown>;
+  for (const k of Object.keys(o))
+    if (!['mode', 'servers', 'sentinels'].includes(k))
+      problems.push(`space:redis: unknown field "${k}" (mode, servers, sentinels)`);
+  if (o['mode'] !== 'sentinel' && o['mode'] !== 'single') {
+    problems.push(`space:redis.mode: "sentinel" or "single" (got ${JSON.stringify(o['mode'])})`);
+    return fallback;
+  }
+  if (o['mode'] === 'single') {
+    for (const k of ['servers', 'sentinels'])
+      if (k in o) problems.push(`space:redis.${k}: only with mode "sentinel"`);
+    return { mode: 'single' };
+  }
+  const servers = o['servers'] ?? 3;
+  const sentinels = o['sentinels'] ?? 3;
+  if (!Number.isInteger(servers) || (servers as number) < 2 || (servers as number) > 7)
+    problems.push(
+      `space:redis.servers: an integer from 2 to 7, the primary and its replicas (got ${JSON.stringify(servers)}; one server has no replica to promote: use mode "single")`,
+    );
+  if (!SENTINEL_COUNTS.includes(sentinels as number))
+    problems.push(
+      `space:redis.sentinels: 3, 5 or 7 (got ${JSON.stringify(sentinels)}): a failover needs a majority of all sentinels, so fewer than 3 cannot fail over after losing one, and an even count survives no more losses than the odd count below it`,
+    );
+  if (password !== undefined && !REDIS_PASSWORD.test(password))
+    problems.push(
+      'space:redisPassword: with Redis Sentinel 16-128 characters from A-Z a-z 0-9 . _ ~ - (it goes into sentinel.conf and the redis-sentinel:// URL as it is; "$(openssl rand -hex 24)" fits)',
+    );
+  if (problems.length > before) return fallback;
+  return { mode: 'sentinel', servers: servers as number, sentinels: sentinels as number };
+}
+
+/**
+ * `space:controlPlane.replicas` (`v`, parsed JSON or undefined): 1 (default), 3 or 5 control VMs;
+ * a problem pushed for anything else (2 or 4: the sentinels on them could not keep a majority
+ * after losing one VM) or outside vm mode.
+ */
+export function controlPlane(v: unknown, mode: DeployMode, problems: string[]): number {
+  if (v === undefined) return 1;
+  if (mode !== 'vm') {
+    problems.push('space:controlPlane: vm mode only (kubernetes mode: space:apiReplicas and space:redis)');
+    return 1;
+  }
+  const o = v as Record<string, unknown>;
+  if (
+    typeof v !== 'object' ||
+    v === null ||
+    Array.isArray(v) ||
+    Object.keys(o).some((k) => k !== 'replicas')
+  ) {
+    problems.push('space:controlPlane: must be { "replicas": 1 | 3 | 5 }');
+    return 1;
+  }
+  const n = o['replicas'] ?? 1;
+  if (n !== 1 && n !== 3 && n !== 5) {
+    problems.push(
+      `space:controlPlane.replicas: 1, 3 or 5 (got ${JSON.stringify(n)}): each control VM runs a Redis Sentinel, and a failover needs a majority of them, which ${JSON.stringify(n)} cannot keep after losing one VM`,
+    );
+    return 1;
+  }
+  return n;
 }

@@ -13,7 +13,8 @@ const NODE_POOL = 'kubernetes:compute.coreweave.com/v1alpha1:NodePool';
 /** The Redis StatefulSet's volume claim spec. */
 async function redisClaim(raw: Record<string, string | undefined>) {
   const recorded = await render(raw);
-  const sts = recorded.find((r) => r.type === 'kubernetes:apps/v1:StatefulSet')!;
+  // the data servers' (with Sentinel the sentinels have no volume)
+  const sts = recorded.find((r) => r.type === 'kubernetes:apps/v1:StatefulSet' && r.name === 'space-redis')!;
   const spec = (unwrapSecrets(sts.inputs) as { spec: { volumeClaimTemplates: { spec: Obj }[] } }).spec;
   return spec.volumeClaimTemplates[0]!.spec;
 }
@@ -29,7 +30,8 @@ async function nodePoolNames(pools: { name: string; instanceType: string }[]) {
     .map((r) => (unwrapSecrets(r.inputs) as { metadata: { name: string } }).metadata.name);
 }
 
-describe('coreweave CKS', () => {
+// several renders per test, seconds each on a loaded host (not a speed goal)
+describe('coreweave CKS', { timeout: 60_000 }, () => {
   it('the Redis claim uses shared-vast (ReadWriteMany, as CKS documents it) unless space:redisStorageClass names another', async () => {
     expect(await redisClaim(withSecrets(VARIANTS['coreweave']!))).toMatchObject({
       storageClassName: 'shared-vast',

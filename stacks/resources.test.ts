@@ -21,14 +21,17 @@ const ROOT_PATH = fileURLToPath(ROOT_URL);
 
 /**
  * Inputs with what differs from run to run or from checkout to checkout taken out: PEM blocks (the
- * tests make fresh keys and CAs each run) become `<pem>`, the checkout's own path becomes `<root>`
+ * tests make fresh keys and CAs each run) become `<pem>` (the block, not the string around it), the checkout's own path becomes `<root>`
  * (a clone elsewhere must pin the same digests), and the secret marker is kept as `{ secret: … }`.
  */
 function normalised(v: unknown): unknown {
   if (typeof v === 'string')
-    return v.includes('-----BEGIN')
-      ? '<pem>'
-      : v.replaceAll(ROOT_URL, '<root>').replaceAll(ROOT_PATH, '<root>');
+    // only the PEM blocks: a whole script that carries one (a Crusoe control VM's startup script
+    // holds the control VMs' signing key) must stay pinned for the rest of its text
+    return v
+      .replace(/-----BEGIN ([A-Z ]+)-----[\s\S]*?-----END \1-----/g, '<pem>')
+      .replaceAll(ROOT_URL, '<root>')
+      .replaceAll(ROOT_PATH, '<root>');
   if (Array.isArray(v)) return v.map(normalised);
   if (typeof v === 'object' && v !== null) {
     const o = v as Record<string, unknown>;

@@ -62,7 +62,7 @@ describe.each(Object.entries(VARIANTS))('stack %s under the mock runtime', (_nam
         if (rule.ipv4s.includes('0.0.0.0/0'))
           expect(['80', '443', '8080', '8082', '8443']).toContain(rule.ports);
         if (rule.ipv4s.includes('0.0.0.0/0')) expect(portsCover(rule.ports, 8081)).toBe(false);
-        if (rule.ports === '6379') expect(rule.ipv4s).toEqual([raw.privateCidr]);
+        if (rule.ports === '6379' || rule.ports === '26379') expect(rule.ipv4s).toEqual([raw.privateCidr]);
         if (rule.ports === '22') expect(rule.ipv4s).not.toContain('0.0.0.0/0');
       }
     }
@@ -74,13 +74,15 @@ describe.each(Object.entries(VARIANTS))('stack %s under the mock runtime', (_nam
         continue;
       }
       expect(i.direction).toBe('ingress');
-      if (i.destinationPorts.includes('6379')) expect(i.sources).toEqual([raw.privateCidr]);
+      if (i.destinationPorts.includes('6379') || i.destinationPorts.includes('26379'))
+        expect(i.sources).toEqual([raw.privateCidr]);
       if (i.sources.includes('0.0.0.0/0'))
         expect(['8080', '8082']).toEqual(expect.arrayContaining(i.destinationPorts));
     }
     for (const r of recorded.filter((x) => x.type === 'kubernetes:core/v1:Service')) {
       const s = unwrapSecrets(r.inputs) as { metadata: { name: string }; spec: { type: string } };
-      if (s.metadata.name === 'space-redis') expect(s.spec.type).toBe('ClusterIP');
+      // Redis, and with Sentinel the sentinels: inside the cluster only
+      if (s.metadata.name.startsWith('space-redis')) expect(s.spec.type).toBe('ClusterIP');
     }
   });
 });
@@ -172,6 +174,8 @@ describe('cloud-specific policies', () => {
     ]);
     expect(nested.sort()).toEqual([
       ['space-control', false],
+      ['space-control-1', false],
+      ['space-control-2', false],
       ['space-node-default-0', true],
       ['space-node-default-1', true],
     ]);
@@ -194,18 +198,23 @@ describe('cloud-specific policies', () => {
     // the mock API gives the control VM an address off the old pinned one (.10)
     const control = vms.find((v) => v.name === 'space-control')!;
     const scripts = vmScripts(recorded);
-    const chosen = /SPACE_REDIS_URL=redis:\/\/:[^@\s]+@([0-9.]+):6379/.exec(
+    // three control VMs (the stack file's space:controlPlane): the nodes name their sentinels
+    const sentinels = /SPACE_REDIS_URL=redis-sentinel:\/\/:[^@\s]+@([0-9.:,]+)\/space/.exec(
       scripts['space-node-default-0']!,
     )?.[1];
-    expect(chosen).toMatch(/^10\.77\.128\.\d+$/);
-    expect(chosen).not.toBe('10.77.128.10');
+    const chosen = sentinels?.split(',').map((h) => h.replace(/:26379$/, ''));
+    expect(chosen).toHaveLength(3);
+    for (const a of chosen!) expect(a).toMatch(/^10\.77\.128\.\d+$/);
+    expect(chosen).not.toContain('10.77.128.10');
+    expect(new Set(chosen).size).toBe(3);
     expect(control.name).toBe('space-control');
   });
 
   it('akamai vm: user data is base64 cloud-init; the API and the router sit behind the NodeBalancer, and the API hands out its router port', async () => {
     const recorded = await render(withSecrets(VARIANTS['akamai']!));
     const vms = recorded.filter((r) => r.type === 'linode:index/instance:Instance');
-    expect(vms).toHaveLength(3);
+    // three control VMs (the stack file's space:controlPlane) and two nodes
+    expect(vms).toHaveLength(5);
     for (const vm of vms) {
       const ud = Buffer.from(
         (unwrapSecrets(vm.inputs['metadatas']) as { userData: string }[])[0]!.userData,
@@ -213,7 +222,7 @@ describe('cloud-specific policies', () => {
       ).toString();
       expect(ud.startsWith('#cloud-config\n')).toBe(true);
       // agents register their private address: the router reaches them, clients never do
-      if (vm.name !== 'space-control') expect(ud).toContain('ip -4 -o addr show to 10.77.128.0/24');
+      expect(ud).toContain('ip -4 -o addr show to 10.77.128.0/24');
     }
     expect(
       recorded
@@ -224,14 +233,14 @@ describe('cloud-specific policies', () => {
       'linode:index/nodeBalancer:NodeBalancer',
       'linode:index/nodeBalancerConfig:NodeBalancerConfig',
       'linode:index/nodeBalancerConfig:NodeBalancerConfig',
-      'linode:index/nodeBalancerNode:NodeBalancerNode',
-      'linode:index/nodeBalancerNode:NodeBalancerNode',
+      ...Array(6).fill('linode:index/nodeBalancerNode:NodeBalancerNode'),
     ]);
     const nodesOf = recorded
       .filter((r) => r.type === 'linode:index/nodeBalancerNode:NodeBalancerNode')
       .map((r) => String(r.inputs['address']).split(':')[1])
       .sort();
-    expect(nodesOf).toEqual(['8080', '8082']);
+    // each control VM behind both ports
+    expect(nodesOf).toEqual(['8080', '8080', '8080', '8082', '8082', '8082']);
     const control = vms.find((v) => v.name === 'space-control')!;
     const ud = Buffer.from(
       (unwrapSecrets(control.inputs['metadatas']) as { userData: string }[])[0]!.userData,

@@ -80,7 +80,13 @@ export async function render(raw: Raw): Promise<RecordedResource[]> {
 
 export const VARIANTS: Record<string, Raw> = {
   akamai: stackFile('akamai'),
-  'akamai-lke': { ...stackFile('akamai'), mode: 'kubernetes', routerUrl: 'http://router.space.example.com' },
+  'akamai-lke': {
+    ...stackFile('akamai'),
+    mode: 'kubernetes',
+    // control VMs are vm mode's (LKE: space:redis, space:apiReplicas)
+    controlPlane: undefined,
+    routerUrl: 'http://router.space.example.com',
+  },
   'coreweave-tls': {
     ...stackFile('coreweave'),
     routerUrl: undefined,

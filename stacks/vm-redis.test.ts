@@ -15,19 +15,22 @@ const derived = Buffer.from(
 ).toString('hex');
 const vmTypes = ['linode:index/instance:Instance', 'pulumi-nodejs:dynamic/crusoe:Instance'];
 
-describe.each(['akamai', 'crusoe'])('Redis password of stack %s', (name) => {
+// five VMs per render since space:controlPlane: seconds each on a loaded host (not a speed goal)
+describe.each(['akamai', 'crusoe'])('Redis password of stack %s', { timeout: 60_000 }, (name) => {
   it('every VM gets it, only inside a secret: the user data is a secret input, and no other input holds it', async () => {
     const recorded = await render(withSecrets(VARIANTS[name]!));
     const vms = recorded.filter((r) => vmTypes.includes(r.type));
-    expect(vms.length).toBe(3);
+    // three control VMs (the stack files' space:controlPlane) and two nodes
+    expect(vms.length).toBe(5);
     for (const vm of vms) {
       const ud = vm.inputs[vm.type.startsWith('linode') ? 'metadatas' : 'startupScript'];
       expect(isWireSecret(ud)).toBe(true);
     }
     for (const script of Object.values(vmScripts(recorded))) {
-      expect(script).toContain(`redis://:${derived}@`);
+      expect(script).toContain(`redis-sentinel://:${derived}@`);
     }
-    expect(vmScripts(recorded)['space-control']).toContain(`requirepass ${derived}`);
+    for (const c of ['space-control', 'space-control-1', 'space-control-2'])
+      expect(vmScripts(recorded)[c]).toContain(`requirepass ${derived}`);
     const leaks = recorded.flatMap((r) =>
       plaintextOccurrences(r.inputs, derived).map((p) => `${r.name}: ${p}`),
     );
@@ -38,7 +41,7 @@ describe.each(['akamai', 'crusoe'])('Redis password of stack %s', (name) => {
     const pw = 'operator-chosen-pw-0123';
     const recorded = await render(withSecrets({ ...VARIANTS[name]!, redisPassword: pw }));
     const scripts = Object.values(vmScripts(recorded)).join('\n');
-    expect(scripts).toContain(`redis://:${pw}@`);
+    expect(scripts).toContain(`redis-sentinel://:${pw}@`);
     expect(scripts).not.toContain(derived);
     expect(fails({ ...VARIANTS[name]!, redisPassword: 'has a space 0123456' })).toEqual([
       expect.stringMatching(/^space:redisPassword: in vm mode 16-128 characters/),
@@ -50,7 +53,7 @@ describe.each(['akamai', 'crusoe'])('Redis password of stack %s', (name) => {
   });
 });
 
-describe.each(['akamai', 'crusoe'])('image pull credentials of stack %s', (name) => {
+describe.each(['akamai', 'crusoe'])('image pull credentials of stack %s', { timeout: 60_000 }, (name) => {
   const pull = { imagePullUsername: 'robot-space', imagePullPassword: 'pull-token-5b1d9c0e' };
 
   it('every VM gets the auth file for the repository’s registry, the token only inside a secret', async () => {
@@ -58,7 +61,7 @@ describe.each(['akamai', 'crusoe'])('image pull credentials of stack %s', (name)
     const recorded = await render(withSecrets(raw));
     const auth = Buffer.from(`robot-space:${pull.imagePullPassword}`).toString('base64');
     const scripts = Object.values(vmScripts(recorded));
-    expect(scripts).toHaveLength(3);
+    expect(scripts).toHaveLength(5);
     for (const s of scripts) {
       expect(s).toContain(`"registry.example:5000": {`);
       expect(s).toContain(`"auth": "${auth}"`);

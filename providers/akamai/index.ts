@@ -16,7 +16,14 @@ import { CloudStack, type CloudStackArgs, type StackOutputs } from '../cloud-sta
 import { runtimeArgsFromConfig } from '../kubernetes/from-config.ts';
 import { type PublicExposure, pullSecretsOf, Runtime } from '../kubernetes/runtime.ts';
 import { NODE_LABEL, POOL_LABEL } from '../node-pool.ts';
-import { AGENT_PORT, API_PORT, imageRef, REDIS_PORT, ROUTER_PORT } from '../runtime-settings.ts';
+import {
+  AGENT_PORT,
+  API_PORT,
+  imageRef,
+  REDIS_PORT,
+  ROUTER_PORT,
+  SENTINEL_PORT,
+} from '../runtime-settings.ts';
 import type { StackConfig } from '../stack-config.ts';
 import {
   type AgentArgs,
@@ -26,8 +33,15 @@ import {
   controlServiceEnv,
   toCloudConfig,
 } from '../systemd/cloud-init.ts';
+import type { VmHa } from '../systemd/plan.ts';
 import { VmConfig } from '../systemd/vm-config.ts';
-import { bootstrapKeySha256, controlAddress, vmSecretArgs } from '../vm-network.ts';
+import {
+  bootstrapKeySha256,
+  controlAddress,
+  controlAddresses,
+  vmSecretArgs,
+  vmSigningKey,
+} from '../vm-network.ts';
 import { lkeFirewallObjects } from './lke-firewall.ts';
 
 /** Linode's range for NodeBalancer-to-backend traffic (Linode NodeBalancer docs; unverified here). */
@@ -56,14 +70,20 @@ const rule = (
     ? [{ label, action: 'ACCEPT' as const, protocol, ...(ports ? { ports } : {}), ipv4s: [...ipv4s] }]
     : [];
 
-/** Inbound rules of each firewall (policy DROP). `controlPublicIp` lets the API dispatch to agents. Pure. */
-export function akamaiFirewallRules(cfg: StackConfig, controlPublicIp?: string) {
+/**
+ * Inbound rules of each firewall (policy DROP). `controlPublicIps` (each control VM's) let the API
+ * dispatch to agents. With several control VMs their sentinels talk inside the subnet. Pure.
+ */
+export function akamaiFirewallRules(cfg: StackConfig, controlPublicIps: readonly string[] = []) {
   const ssh = rule('ssh', 'TCP', '22', cfg.sshCidrs);
   return {
     control: [
       ...rule('api-from-nodebalancer', 'TCP', String(API_PORT), [NODEBALANCER_SOURCE_CIDR]),
       ...rule('router-from-nodebalancer', 'TCP', String(ROUTER_PORT), [NODEBALANCER_SOURCE_CIDR]),
       ...rule('redis-from-subnet', 'TCP', String(REDIS_PORT), [cfg.privateCidr]),
+      ...(cfg.controlPlaneReplicas > 1
+        ? rule('sentinel-from-subnet', 'TCP', String(SENTINEL_PORT), [cfg.privateCidr])
+        : []),
       ...ssh,
     ],
     // agents: no client rule. Clients reach sandboxes through the router, which forwards to the
@@ -74,7 +94,7 @@ export function akamaiFirewallRules(cfg: StackConfig, controlPublicIp?: string) 
         'dispatch-from-control',
         'TCP',
         String(AGENT_PORT),
-        controlPublicIp ? [`${controlPublicIp}/32`] : [],
+        controlPublicIps.map((ip) => `${ip}/32`),
       ),
       ...ssh,
     ],
@@ -172,7 +192,22 @@ function akamaiVms(parent: CloudStack, cfg: StackConfig, image?: pulumi.Resource
       parent.child(),
     );
   const controlFw = firewall('space-control-fw', rules.control);
-  const vmArgs = { version: cfg.version, imageRepository: cfg.imageRepository, privateCidr: cfg.privateCidr };
+  // several control VMs (space:controlPlane): at addresses the program chooses, all known to each
+  const n = cfg.controlPlaneReplicas;
+  const ha: VmHa | undefined =
+    n > 1
+      ? {
+          controlVms: n,
+          controlAddresses: controlAddresses(cfg.privateCidr, n),
+          initialPrimary: controlAddress(cfg.privateCidr),
+        }
+      : undefined;
+  const vmArgs = {
+    version: cfg.version,
+    imageRepository: cfg.imageRepository,
+    privateCidr: cfg.privateCidr,
+    ...(ha ? { ha } : {}),
+  };
   const ssh = cfg.sshPublicKey ? { authorizedKeys: [cfg.sshPublicKey] } : {};
   const iface = (vpcAddress?: string) => [
     { purpose: 'public' },
@@ -227,32 +262,51 @@ function akamaiVms(parent: CloudStack, cfg: StackConfig, image?: pulumi.Resource
     agentEnv: cfg.agentEnv,
     agentDrainSeconds: cfg.agentDrainSeconds,
   });
-  const control = new linode.Instance(
-    'space-control',
-    {
-      label: `space-control-${stack}`,
-      region: cfg.region,
-      type: cfg.controlInstanceType,
-      image: AKAMAI_IMAGE,
-      privateIp: true,
-      interfaces: iface(controlAddress(cfg.privateCidr)),
-      firewallId: id(controlFw),
-      metadatas: pulumi
-        .all([routerUrl, keySha, vmSecrets])
-        .apply(([url, sha, s]) => userData(toCloudConfig(controlPlan({ ...controlArgs(url, sha), ...s })))),
-      tags,
-      ...ssh,
-    },
-    parent.child(keep),
+  // the one signing key of several control VMs (one VM makes its own)
+  const signingKey = ha ? vmSigningKey(cfg) : pulumi.output(undefined);
+  const addresses = controlAddresses(cfg.privateCidr, n);
+  // the first keeps the name of the single control VM: a stack made with one keeps it
+  const controls = addresses.map(
+    (address, i) =>
+      new linode.Instance(
+        i === 0 ? 'space-control' : `space-control-${i}`,
+        {
+          label: i === 0 ? `space-control-${stack}` : `space-control-${i}-${stack}`,
+          region: cfg.region,
+          type: cfg.controlInstanceType,
+          image: AKAMAI_IMAGE,
+          privateIp: true,
+          interfaces: iface(address),
+          firewallId: id(controlFw),
+          metadatas: pulumi.all([routerUrl, keySha, vmSecrets, signingKey]).apply(([url, sha, s, key]) =>
+            userData(
+              toCloudConfig(
+                controlPlan({
+                  ...controlArgs(url, sha),
+                  ...s,
+                  ...(key ? { self: { address, signingKey: key } } : {}),
+                }),
+              ),
+            ),
+          ),
+          tags,
+          ...ssh,
+        },
+        parent.child(keep),
+      ),
   );
+  const control = controls[0]!;
   const nodesFw = new linode.Firewall(
     'space-nodes-fw',
     {
       label: `space-nodes-fw-${stack}`.slice(0, 32),
       inboundPolicy: 'DROP',
       outboundPolicy: 'ACCEPT',
-      inbounds: control.ipv4s.apply((ips) =>
-        akamaiFirewallRules(cfg, ips[0]).nodes.map((r) => ({ ...r, ipv4s: [...r.ipv4s] })),
+      inbounds: pulumi.all(controls.map((c) => c.ipv4s)).apply((ips) =>
+        akamaiFirewallRules(
+          cfg,
+          ips.map((x) => x[0]!),
+        ).nodes.map((r) => ({ ...r, ipv4s: [...r.ipv4s] })),
       ),
       tags,
     },
@@ -283,6 +337,9 @@ function akamaiVms(parent: CloudStack, cfg: StackConfig, image?: pulumi.Resource
     ),
   );
   const tls = cfg.apiTlsCertificate && cfg.secrets.apiTlsKey;
+  // several control VMs: a backend out of rotation after two failed checks 5 s apart (the
+  // NodeBalancer's own defaults otherwise; NodeBalancerConfig checkInterval/Timeout/Attempts)
+  const healthTiming = ha ? { checkInterval: 5, checkTimeout: 3, checkAttempts: 2 } : {};
   const nbConfig = new linode.NodeBalancerConfig(
     'space-api-nb-config',
     {
@@ -293,19 +350,26 @@ function akamaiVms(parent: CloudStack, cfg: StackConfig, image?: pulumi.Resource
       algorithm: 'leastconn',
       check: 'http',
       checkPath: '/readyz',
+      ...healthTiming,
     },
     parent.child(),
   );
-  new linode.NodeBalancerNode(
-    'space-api-nb-control',
-    {
-      nodebalancerId: id(nb),
-      configId: id(nbConfig),
-      label: 'space-control',
-      address: pulumi.interpolate`${control.privateIpAddress}:${API_PORT}`,
-    },
-    parent.child(),
-  );
+  // one backend per control VM: the NodeBalancer sends clients to those whose /readyz answers
+  const backends = (prefix: string, config: linode.NodeBalancerConfig, label: string, port: number) =>
+    controls.map(
+      (c, i) =>
+        new linode.NodeBalancerNode(
+          i === 0 ? prefix : `${prefix}-${i}`,
+          {
+            nodebalancerId: id(nb),
+            configId: id(config),
+            label: i === 0 ? label : `${label}-${i}`,
+            address: pulumi.interpolate`${c.privateIpAddress}:${port}`,
+          },
+          parent.child(),
+        ),
+    );
+  backends('space-api-nb-control', nbConfig, 'space-control', API_PORT);
   // the router on the same NodeBalancer, its own port: https (the NodeBalancer terminates TLS with
   // the same certificate) or tcp; streams are long-lived HTTP responses (docs/deployment.md "TLS")
   const routerConfig = new linode.NodeBalancerConfig(
@@ -318,19 +382,11 @@ function akamaiVms(parent: CloudStack, cfg: StackConfig, image?: pulumi.Resource
       algorithm: 'leastconn',
       check: 'http',
       checkPath: '/readyz',
+      ...healthTiming,
     },
     parent.child(),
   );
-  new linode.NodeBalancerNode(
-    'space-router-nb-control',
-    {
-      nodebalancerId: id(nb),
-      configId: id(routerConfig),
-      label: 'space-control-router',
-      address: pulumi.interpolate`${control.privateIpAddress}:${ROUTER_PORT}`,
-    },
-    parent.child(),
-  );
+  backends('space-router-nb-control', routerConfig, 'space-control-router', ROUTER_PORT);
   const apiUrl = cfg.vmTlsHostnames
     ? pulumi.output(`https://${cfg.vmTlsHostnames.api}`)
     : pulumi.interpolate`${tls ? 'https' : 'http'}://${nb.ipv4}`;
@@ -352,13 +408,14 @@ function akamaiVms(parent: CloudStack, cfg: StackConfig, image?: pulumi.Resource
             ),
           ),
       },
-      parent.child({ dependsOn: [control, ...nodes] }),
+      parent.child({ dependsOn: [...controls, ...nodes] }),
     );
   }
   return {
     apiUrl,
     routerUrl,
     controlIp: control.ipv4s.apply((ips) => ips[0]),
+    ...(ha ? { controlIps: controls.map((c) => c.ipv4s.apply((ips) => ips[0])) } : {}),
     nodeIps: nodes.map((n) => n.ipv4s.apply((ips) => ips[0])),
   };
 }

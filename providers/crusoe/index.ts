@@ -11,7 +11,7 @@
 import * as pulumi from '@pulumi/pulumi';
 import { CloudStack, type CloudStackArgs, type StackOutputs } from '../cloud-stack.ts';
 import { isVmmDriver } from '../node-pool.ts';
-import { AGENT_PORT, API_PORT, REDIS_PORT, ROUTER_PORT } from '../runtime-settings.ts';
+import { AGENT_PORT, API_PORT, REDIS_PORT, ROUTER_PORT, SENTINEL_PORT } from '../runtime-settings.ts';
 import type { StackConfig } from '../stack-config.ts';
 import {
   type AgentArgs,
@@ -23,8 +23,9 @@ import {
   LETS_ENCRYPT_DIRECTORY,
   toShellScript,
 } from '../systemd/cloud-init.ts';
+import { SELF_ADDRESS, type VmHa } from '../systemd/plan.ts';
 import { VmConfig } from '../systemd/vm-config.ts';
-import { bootstrapKeySha256, vmSecretArgs } from '../vm-network.ts';
+import { bootstrapKeySha256, vmSecretArgs, vmSigningKey } from '../vm-network.ts';
 import { instancePrivateIpv4, instancePublicIpv4 } from './crud.ts';
 import { FirewallRule, Instance, Subnet } from './provider.ts';
 
@@ -62,6 +63,10 @@ export function crusoeFirewallRules(cfg: StackConfig): CrusoeRule[] {
     // (only certbot listens there, while it asks for or renews the certificate)
     ...(cfg.acme ? [ingress('space-acme-http', ['0.0.0.0/0'], 80)] : []),
     ingress('space-redis-private', [cfg.privateCidr], REDIS_PORT),
+    // several control VMs: their sentinels, and every VM asking them, inside the subnet
+    ...(cfg.controlPlaneReplicas > 1
+      ? [ingress('space-sentinel-private', [cfg.privateCidr], SENTINEL_PORT)]
+      : []),
     // dispatch (API) and forwarding (router) to the agents, inside the subnet only
     ingress('space-dispatch-private', [cfg.privateCidr], AGENT_PORT),
     ...(cfg.sshCidrs.length ? [ingress('space-ssh', cfg.sshCidrs, 22)] : []),
@@ -181,24 +186,56 @@ export class CrusoeStack extends CloudStack {
       acme,
       ...(sha ? { bootstrapKeySha256: sha } : {}),
     });
-    const control = new Instance(
-      'space-control',
-      {
-        ...vmCommon,
-        name: `space-control-${pulumi.getStack()}`,
-        type: cfg.controlInstanceType,
-        startupScript: pulumi
-          .all([keySha, vmSecrets])
-          .apply(([sha, s]) => toShellScript(controlPlan({ ...controlArgs(sha), ...s }))),
-        nestedVirtualization: false,
-      },
-      this.child(keepVms),
-    );
+    // several control VMs (space:controlPlane): Crusoe's API chooses their addresses, so the
+    // first is made first (its own rendering names itself as the first primary) and the others
+    // after it, from its address; the nodes, made after all of them, know every one
+    const n = cfg.controlPlaneReplicas;
+    const signingKey = n > 1 ? vmSigningKey(cfg) : pulumi.output(undefined);
+    const controlVm = (i: number, known: pulumi.Input<string[]>) =>
+      new Instance(
+        i === 0 ? 'space-control' : `space-control-${i}`,
+        {
+          ...vmCommon,
+          name: i === 0 ? `space-control-${pulumi.getStack()}` : `space-control-${i}-${pulumi.getStack()}`,
+          type: cfg.controlInstanceType,
+          startupScript: pulumi.all([keySha, vmSecrets, signingKey, known]).apply(([sha, s, key, addrs]) => {
+            const ha: VmHa | undefined =
+              n > 1
+                ? { controlVms: n, controlAddresses: addrs, initialPrimary: addrs[0] ?? SELF_ADDRESS }
+                : undefined;
+            return toShellScript(
+              controlPlan({
+                ...controlArgs(sha),
+                ...(ha ? { ha } : {}),
+                ...s,
+                // its own address is the API's to choose: the scripts find it at each start
+                ...(key ? { self: { address: SELF_ADDRESS, signingKey: key } } : {}),
+              }),
+            );
+          }),
+          nestedVirtualization: false,
+        },
+        this.child(keepVms),
+      );
+    const control = controlVm(0, []);
+    const firstAddress = control.resource.apply(controlPrivateAddress);
+    const controls = [
+      control,
+      ...Array.from({ length: n - 1 }, (_, i) =>
+        controlVm(
+          i + 1,
+          firstAddress.apply((a) => [a]),
+        ),
+      ),
+    ];
+    const allAddresses = pulumi.all(controls.map((c) => c.resource.apply(controlPrivateAddress)));
     const agentArgs = (
       pool: (typeof cfg.nodePools)[number],
       controlAddress: string,
+      addresses: string[] = [],
     ): Omit<AgentArgs, 'redisPassword'> => ({
       ...vmArgs,
+      ...(n > 1 ? { ha: { controlVms: n, controlAddresses: addresses, initialPrimary: addresses[0]! } } : {}),
       pool,
       controlAddress,
       gatewayEnabled: cfg.gatewayEnabled,
@@ -219,9 +256,11 @@ export class CrusoeStack extends CloudStack {
               name: `space-node-${pool.name}-${i}-${pulumi.getStack()}`,
               type: pool.instanceType,
               startupScript: pulumi
-                .all([control.resource, vmSecrets])
-                .apply(([resource, s]) =>
-                  toShellScript(agentPlan({ ...agentArgs(pool, controlPrivateAddress(resource)), ...s })),
+                .all([control.resource, vmSecrets, allAddresses])
+                .apply(([resource, s, addrs]) =>
+                  toShellScript(
+                    agentPlan({ ...agentArgs(pool, controlPrivateAddress(resource), addrs), ...s }),
+                  ),
                 ),
               nestedVirtualization: isVmmDriver(pool.driver),
             },
@@ -252,7 +291,7 @@ export class CrusoeStack extends CloudStack {
               ),
             ),
         },
-        this.child({ dependsOn: [control, ...nodes] }),
+        this.child({ dependsOn: [...controls, ...nodes] }),
       );
     }
     this.outputs = {
@@ -262,6 +301,12 @@ export class CrusoeStack extends CloudStack {
       controlPublicIp: publicIp,
       controlPrivateAddress: control.resource.apply(controlPrivateAddress),
       nodeVms: nodes.map((n) => n.id),
+      ...(n > 1
+        ? {
+            controlVms: controls.map((c) => c.id),
+            controlPublicIps: controls.map((c) => c.resource.apply(controlPublicAddress)),
+          }
+        : {}),
     };
     this.registerOutputs(this.outputs);
   }

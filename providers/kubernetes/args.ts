@@ -32,8 +32,17 @@ export type RedisArgs =
        * `ReadWriteMany` where the class is documented for that mode only (CKS `shared-vast`).
        */
       readonly accessMode?: 'ReadWriteOnce' | 'ReadWriteMany';
-      /** Redis image. Default `redis:7.4-alpine` (Docker Hub). */
+      /** Redis image (its `redis-server`, `redis-sentinel`, `redis-cli`, `sh`). Default `redis:7.4-alpine` (Docker Hub). */
       readonly image?: string;
+      /**
+       * Failover through Redis Sentinel (redis-sentinel.ts): `servers` data servers (one primary,
+       * the rest replicas; 2-7) in the `space-redis` StatefulSet and `sentinels` sentinels (3, 5
+       * or 7) in `space-redis-sentinel`, each spread across nodes; services get
+       * `redis-sentinel://…@space-redis-sentinel.<ns>.svc:26379/space`. The password must then be
+       * 16-128 of `A-Za-z0-9._~-` (it goes into sentinel.conf and the URL as it is). Absent: one
+       * Redis, no failover.
+       */
+      readonly sentinel?: { readonly servers: number; readonly sentinels: number };
     }
   | {
       readonly mode: 'external';
@@ -239,6 +248,38 @@ export const redisUrlEnv: k8s.types.input.core.v1.EnvVar = {
   name: 'SPACE_REDIS_URL',
   valueFrom: { secretKeyRef: { name: 'space-redis', key: 'url' } },
 };
+
+/**
+ * Topology spread of the pods `selector` matches: at most one more on any node than on another
+ * (`kubernetes.io/hostname`, `DoNotSchedule`), and across zones where the nodes carry
+ * `topology.kubernetes.io/zone` (`ScheduleAnyway`: a one-zone cluster still schedules). Unlike a
+ * required pod anti-affinity this never leaves a pod pending on a cluster with fewer nodes than
+ * pods (it evens them out instead), and `nodeTaintsPolicy: Honor` leaves out nodes the pods cannot
+ * run on (tainted or cordoned), which would otherwise count as empty domains and block scheduling
+ * (kubernetes.io/docs/concepts/scheduling-eviction/topology-spread-constraints/; the policy
+ * fields are beta and on by default since Kubernetes 1.27). Pure.
+ */
+export function spreadAcrossNodes(
+  selector: Record<string, string>,
+): k8s.types.input.core.v1.TopologySpreadConstraint[] {
+  const labelSelector = { matchLabels: { ...selector } };
+  return [
+    {
+      maxSkew: 1,
+      topologyKey: 'kubernetes.io/hostname',
+      whenUnsatisfiable: 'DoNotSchedule',
+      nodeTaintsPolicy: 'Honor',
+      labelSelector,
+    },
+    {
+      maxSkew: 1,
+      topologyKey: 'topology.kubernetes.io/zone',
+      whenUnsatisfiable: 'ScheduleAnyway',
+      nodeTaintsPolicy: 'Honor',
+      labelSelector,
+    },
+  ];
+}
 
 /** What the per-service renderers share for one render (derived once from {@link RuntimeArgs}). */
 export interface RenderContext {

@@ -39,6 +39,9 @@ export function runtimeArgsFromConfig(
       : {
           mode: 'in-cluster',
           password: cfg.secrets.redisPassword!,
+          ...(cfg.redis.mode === 'sentinel'
+            ? { sentinel: { servers: cfg.redis.servers, sentinels: cfg.redis.sentinels } }
+            : {}),
           ...(cfg.redisStorageClass
             ? { storageClassName: cfg.redisStorageClass }
             : redisVolume

@@ -1,22 +1,29 @@
 /**
  * Redis on Kubernetes, the state of record: the `space-redis` Secret every service reads its URL
- * from, and in-cluster a StatefulSet with a volume (AOF persistence), its ClusterIP Service, a
- * disruption budget no eviction passes and a NetworkPolicy that opens only the Redis port, which
- * answers nothing before AUTH with the password. With an external Redis only the Secret.
+ * from, and in-cluster either Redis with Sentinel failover (redis-sentinel.ts) or one Redis: a
+ * StatefulSet with a volume (AOF persistence), its ClusterIP Service and a disruption budget no
+ * eviction passes. NetworkPolicies open only the Redis (and Sentinel) ports, which answer nothing
+ * before AUTH with the password. With an external Redis only the Secret.
  */
 import type * as k8s from '@pulumi/kubernetes';
 import * as pulumi from '@pulumi/pulumi';
-import { REDIS_PERSISTENCE, REDIS_PORT } from '../runtime-settings.ts';
+import { REDIS_PERSISTENCE, REDIS_PORT, SENTINEL_PORT } from '../runtime-settings.ts';
 import { labels, type ObjectList, type RenderContext } from './args.ts';
+import { addSentinelRedis, SENTINEL_COMPONENT, sentinelUrl } from './redis-sentinel.ts';
 
-/** Adds the Redis Secret and, in-cluster, the StatefulSet, its Service and its PDB. */
+/**
+ * Adds the Redis Secret and, in-cluster, the Sentinel deployment (with `sentinel`) or the one
+ * Redis's StatefulSet, its Service and its PDB.
+ */
 export function addRedis(list: ObjectList, ctx: RenderContext): void {
   const { a, ns } = ctx;
   const add = list.add.bind(list);
   const redisUrl =
     a.redis.mode === 'external'
       ? a.redis.url
-      : pulumi.interpolate`redis://:${a.redis.password}@space-redis.${ns}.svc:${REDIS_PORT}`;
+      : a.redis.sentinel
+        ? sentinelUrl(ns, a.redis.password)
+        : pulumi.interpolate`redis://:${a.redis.password}@space-redis.${ns}.svc:${REDIS_PORT}`;
   const redisSecret: k8s.types.input.core.v1.Secret = {
     apiVersion: 'v1',
     kind: 'Secret',
@@ -29,7 +36,9 @@ export function addRedis(list: ObjectList, ctx: RenderContext): void {
   };
   add('redis-secret', redisSecret);
 
-  if (a.redis.mode === 'in-cluster') {
+  if (a.redis.mode === 'in-cluster' && a.redis.sentinel) {
+    addSentinelRedis(list, ctx, { ...a.redis, ...a.redis.sentinel });
+  } else if (a.redis.mode === 'in-cluster') {
     const sel = labels('redis');
     const sts: k8s.types.input.apps.v1.StatefulSet = {
       apiVersion: 'apps/v1',
@@ -141,5 +150,19 @@ export function addRedisPolicy(list: ObjectList, ctx: RenderContext): void {
       },
     };
     add('netpol-redis', redisIngress);
+    if (a.redis.sentinel) {
+      // the sentinels: their port from any source, for the same reason (every client asks them)
+      const sentinelIngress: k8s.types.input.networking.v1.NetworkPolicy = {
+        apiVersion: 'networking.k8s.io/v1',
+        kind: 'NetworkPolicy',
+        metadata: { name: 'space-redis-sentinel-ingress', namespace: ns, labels: labels('policy') },
+        spec: {
+          podSelector: { matchLabels: labels(SENTINEL_COMPONENT) },
+          policyTypes: ['Ingress'],
+          ingress: [{ ports: [{ protocol: 'TCP', port: SENTINEL_PORT }] }],
+        },
+      };
+      add('netpol-redis-sentinel', sentinelIngress);
+    }
   }
 }

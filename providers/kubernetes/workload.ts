@@ -13,6 +13,7 @@ import {
   type PublicServiceArgs,
   pullSecretsOf,
   type RenderContext,
+  spreadAcrossNodes,
 } from './args.ts';
 
 /** A client-facing Service (`space-api`, `space-router`) with the cloud's exposure. Pure. */
@@ -79,7 +80,7 @@ export interface ScaledServiceSpec {
  * Adds `space-<component>`'s Deployment, Service, HPA and PDB to `list` (roles `<component>`,
  * `<component>-svc`, `-hpa`, `-pdb`). Non-root, read-only root filesystem, no capabilities, no
  * service-account token; a new pod is ready before an old one goes; CPU-based autoscaling at 70 %;
- * at least one pod through voluntary disruptions. With TLS the Service listens on 443.
+ * replicas spread across nodes, and voluntary disruptions take one pod at a time. With TLS the Service listens on 443.
  */
 export function addScaledService(list: ObjectList, ctx: RenderContext, s: ScaledServiceSpec): void {
   const { ns, version, scheme } = ctx;
@@ -104,6 +105,8 @@ export function addScaledService(list: ObjectList, ctx: RenderContext, s: Scaled
           ...pullSecretsOf(ctx.a.imagePull),
           terminationGracePeriodSeconds: s.terminationGracePeriodSeconds,
           securityContext: { runAsNonRoot: true, runAsUser: 1000, runAsGroup: 1000, fsGroup: 1000 },
+          // replicas on different nodes: losing one node leaves the others serving
+          topologySpreadConstraints: spreadAcrossNodes(sel),
           containers: [
             {
               name: s.component,
@@ -158,7 +161,9 @@ export function addScaledService(list: ObjectList, ctx: RenderContext, s: Scaled
     apiVersion: 'policy/v1',
     kind: 'PodDisruptionBudget',
     metadata: { name, namespace: ns, labels: sel },
-    spec: { minAvailable: 1, selector: { matchLabels: sel } },
+    // one pod at a time: a drain always proceeds (minAvailable 1 blocked it for good when the
+    // HPA minimum is 1), and with two or more replicas one keeps serving throughout
+    spec: { maxUnavailable: 1, selector: { matchLabels: sel } },
   };
   list.add(`${s.component}-pdb`, pdb);
 }

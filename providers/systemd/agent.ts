@@ -13,7 +13,6 @@ import {
   GATEWAY_CONTROL_SOCKET,
   GATEWAY_RUN_DIR,
   KEY_DIR,
-  REDIS_PORT,
   SERVICE_COMMANDS,
   VERIFY_KEY_FILE,
 } from '../runtime-settings.ts';
@@ -26,6 +25,8 @@ import {
   PODMAN_PULL,
   REDIS_CLI_AUTH,
   redisClientFiles,
+  redisReadCli,
+  redisReadFile,
   registryAuthVmFile,
   type SyncedService,
   unit,
@@ -72,6 +73,9 @@ export function agentPlan(a: AgentArgs): VmPlan {
   ];
   // the gateway first: restarting it restarts the agent too (PartOf), which re-registers its sandboxes
   const units = [...(gw ? ['space-gateway'] : []), 'space-agent'];
+  // reads (the verify key, the target version, the VM configuration): the control VM's Redis, or
+  // with several control VMs any of theirs
+  const read = redisReadCli(a.controlAddress, a.ha);
   const agentMounts = [
     `-v ${KEY_DIR}:${KEY_DIR}:ro`,
     `-v ${CACHE_DIR}:${CACHE_DIR}`,
@@ -99,7 +103,8 @@ export function agentPlan(a: AgentArgs): VmPlan {
     files: [
       imageFile(a),
       registryAuthVmFile(a),
-      ...redisClientFiles(a.controlAddress, a.redisPassword),
+      ...redisClientFiles(a.controlAddress, a.redisPassword, a.ha),
+      ...(a.ha ? [redisReadFile(a.ha)] : []),
       IP_FORWARDING.file,
       { path: '/etc/space/space-agent.env', mode: '0644', content: envFile(env) },
       {
@@ -114,8 +119,8 @@ export function agentPlan(a: AgentArgs): VmPlan {
           `[ -n "$ip4" ] || { echo "space-node-env: no address in ${a.privateCidr}" >&2; exit 1; }`,
           `printf "SPACE_NODE_ID=%s\\nSPACE_AGENT_URL=http://%s:${AGENT_PORT}\\n" "$(hostname)" "$ip4" > /etc/space/space-agent.node.env`,
           REDIS_CLI_AUTH,
-          `until redis-cli -h ${a.controlAddress} -p ${REDIS_PORT} --raw GET ${VERIFY_KEY_REDIS_KEY} | grep -q "BEGIN PUBLIC KEY"; do sleep 2; done`,
-          `redis-cli -h ${a.controlAddress} -p ${REDIS_PORT} --raw GET ${VERIFY_KEY_REDIS_KEY} > ${VERIFY_KEY_FILE}.tmp`,
+          `until ${read} --raw GET ${VERIFY_KEY_REDIS_KEY} | grep -q "BEGIN PUBLIC KEY"; do sleep 2; done`,
+          `${read} --raw GET ${VERIFY_KEY_REDIS_KEY} > ${VERIFY_KEY_FILE}.tmp`,
           `mv ${VERIFY_KEY_FILE}.tmp ${VERIFY_KEY_FILE}`,
           '',
         ].join('\n'),
@@ -163,8 +168,8 @@ export function agentPlan(a: AgentArgs): VmPlan {
       ...(gw ? gatewayFiles(services['space-gateway']!) : []),
       upgradeScript(a, units),
       // nodes spread their restarts over five minutes
-      ...versionSyncFiles(a.controlAddress, 300),
-      ...configSyncFiles(a.controlAddress, synced, services),
+      ...versionSyncFiles(read, 300),
+      ...configSyncFiles(read, synced, services),
     ],
     commands: [
       `mkdir -p ${KEY_DIR} ${AGENT_STATE_DIR} /var/run/netns`,

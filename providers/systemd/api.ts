@@ -7,6 +7,8 @@ import {
   apiEnvironment,
   KEY_DIR,
   REDIS_PORT,
+  REDIS_PRIMARY_NAME,
+  SENTINEL_PORT,
   SERVICE_COMMANDS,
   SIGNING_KEY_FILE,
   VERIFY_KEY_FILE,
@@ -29,23 +31,39 @@ export function apiServiceEnv(a: Omit<ControlArgs, 'redisPassword'>): Record<str
   };
 }
 
-/** `space-keys`: makes the API key pair once and publishes the public key in Redis. Pure. */
-export function apiKeyFiles(): VmFile[] {
+/**
+ * `space-keys`: makes the API key pair once and publishes the public key in Redis. Pure. With
+ * `signingKey` (several control VMs: one key for all, PKCS#8 PEM, a secret) the private key is
+ * that one, written root-only, and the public key is published to the primary the local sentinel
+ * names (a replica refuses writes).
+ */
+export function apiKeyFiles(signingKey?: string): VmFile[] {
+  const publish = signingKey
+    ? [
+        // the primary may be on another control VM, and may still be being elected
+        `until p=$(redis-cli -p ${SENTINEL_PORT} --raw SENTINEL get-master-addr-by-name ${REDIS_PRIMARY_NAME} 2>/dev/null | head -n 1) && [ -n "$p" ] && redis-cli -h "$p" -p ${REDIS_PORT} -x SET ${VERIFY_KEY_REDIS_KEY} < ${VERIFY_KEY_FILE} | grep -q OK; do sleep 2; done`,
+      ]
+    : [
+        `until redis-cli -p ${REDIS_PORT} ping >/dev/null 2>&1; do sleep 1; done`,
+        `redis-cli -p ${REDIS_PORT} -x SET ${VERIFY_KEY_REDIS_KEY} < ${VERIFY_KEY_FILE} >/dev/null`,
+      ];
   return [
+    ...(signingKey ? [{ path: SIGNING_KEY_FILE, mode: '0600', content: signingKey }] : []),
     {
       path: '/usr/local/sbin/space-keys',
       mode: '0755',
       content: [
         '#!/bin/sh',
-        '# makes the API key pair once (the private key never leaves this VM) and publishes the public key',
+        signingKey
+          ? "# the control VMs' one API key pair (the private key from the user data) and its public key published"
+          : '# makes the API key pair once (the private key never leaves this VM) and publishes the public key',
         'set -eu',
         `mkdir -p -m 0700 ${KEY_DIR}`,
         `[ -s ${SIGNING_KEY_FILE} ] || openssl genpkey -algorithm ed25519 -out ${SIGNING_KEY_FILE}`,
         `chmod 0600 ${SIGNING_KEY_FILE}`,
         `openssl pkey -in ${SIGNING_KEY_FILE} -pubout -out ${VERIFY_KEY_FILE}`,
         REDIS_CLI_AUTH,
-        `until redis-cli -p ${REDIS_PORT} ping >/dev/null 2>&1; do sleep 1; done`,
-        `redis-cli -p ${REDIS_PORT} -x SET ${VERIFY_KEY_REDIS_KEY} < ${VERIFY_KEY_FILE} >/dev/null`,
+        ...publish,
         '',
       ].join('\n'),
     },

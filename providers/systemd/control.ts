@@ -13,13 +13,15 @@ import {
   imageFile,
   PODMAN_PULL,
   redisClientFiles,
+  redisReadCli,
+  redisReadFile,
   registryAuthVmFile,
   type SyncedService,
   upgradeScript,
   type VmPlan,
   type VmServiceEnv,
 } from './plan.ts';
-import { REDIS_UNIT, redisFiles } from './redis.ts';
+import { REDIS_UNIT, redisFiles, SENTINEL_UNIT } from './redis.ts';
 import { routerServiceEnv, routerUnit } from './router.ts';
 import { configSyncFiles, versionSyncFiles } from './sync.ts';
 
@@ -42,7 +44,20 @@ export function controlServiceEnv(a: Omit<ControlArgs, 'redisPassword'>): VmServ
   };
 }
 
-/** The control VM: Redis on the private network, the API, its own key pair; with `backup`, the backup timer. */
+/**
+ * The signing key of a control VM among several ({@link ControlArgs.self}). @throws Error when it
+ * is missing (the stacks always pass it with `ha`).
+ */
+function haSigningKey(a: ControlArgs): string {
+  if (!a.self) throw new Error('a control VM among several needs its address and the shared signing key');
+  return a.self.signingKey;
+}
+
+/**
+ * The control VM: Redis on the private network, the API, its own key pair. With
+ * {@link ControlArgs.ha}, one of several: its Redis a primary or replica, a sentinel beside it,
+ * the key pair they share, reads from any of them. With `backup`, the backup timer.
+ */
 export function controlPlan(a: ControlArgs): VmPlan {
   const env = controlServiceEnv(a);
   const synced: SyncedService[] = [
@@ -66,15 +81,19 @@ export function controlPlan(a: ControlArgs): VmPlan {
       registryAuthVmFile(a),
       ...synced.map((x) => ({ path: x.file, mode: '0644', content: envFile(env[x.service]!) })),
       ...redisFiles(a),
-      ...redisClientFiles('127.0.0.1', a.redisPassword),
-      ...apiKeyFiles(),
+      // several control VMs: the sentinels (this VM's first), and reads from any control VM's Redis
+      ...redisClientFiles('127.0.0.1', a.redisPassword, a.ha, '127.0.0.1'),
+      ...(a.ha ? [redisReadFile(a.ha, '127.0.0.1')] : []),
+      ...apiKeyFiles(a.ha ? haSigningKey(a) : undefined),
       apiUnit(tls('space-api')),
       routerUnit(tls('space-router')),
       ...(a.acme ? acmeFiles() : []),
       ...(a.backup ? backupFiles(a.backup) : []),
       upgradeScript(a, ['space-router', 'space-api']),
-      ...versionSyncFiles('127.0.0.1', 0),
-      ...configSyncFiles('127.0.0.1', synced, env),
+      // several control VMs: each moves at a random moment within five minutes, so an upgrade
+      // does not restart every API and router at once (the load balancer keeps the others)
+      ...versionSyncFiles(redisReadCli('127.0.0.1', a.ha), a.ha ? 300 : 0),
+      ...configSyncFiles(redisReadCli('127.0.0.1', a.ha), synced, env),
     ],
     commands: [
       `mkdir -p /var/lib/space/api ${KEY_DIR}`,
@@ -82,7 +101,7 @@ export function controlPlan(a: ControlArgs): VmPlan {
       'systemctl disable --now redis-server.service || true',
       'systemctl mask redis-server.service',
       'systemctl daemon-reload',
-      `systemctl enable --now space-control-guard.service ${REDIS_UNIT}`,
+      `systemctl enable --now space-control-guard.service ${a.ha ? `${SENTINEL_UNIT} ` : ''}${REDIS_UNIT}`,
       `${PODMAN_PULL} "$(sed -n "s/^SPACE_IMAGE=//p" /etc/space/image.env)"`,
       ...(a.acme
         ? [

@@ -7,7 +7,7 @@ import { renderEnvFile } from '../../runtime/core/env-file.ts';
 import type { BackupPlan } from '../backup-schedule.ts';
 import { type ImagePullCredentials, registryAuthFile } from '../image-pull.ts';
 import type { NodePool } from '../node-pool.ts';
-import { imageRef, REDIS_PORT } from '../runtime-settings.ts';
+import { imageRef, REDIS_PORT, REDIS_PRIMARY_NAME, SENTINEL_PORT } from '../runtime-settings.ts';
 
 /** One file written at first boot. */
 export interface VmFile {
@@ -43,10 +43,84 @@ export interface VmCommonArgs {
    */
   readonly redisPassword: string;
   /**
+   * A control plane of several VMs (`space:controlPlane.replicas` 3 or 5), each with a Redis data
+   * server and a Sentinel: what this VM knows of them when it is made. Absent: one control VM,
+   * one Redis, no failover (the rendering of before).
+   */
+  readonly ha?: VmHa;
+  /**
    * Credentials for the image's registry (`space:imagePullUsername`, secret
    * `space:imagePullPassword`), written to {@link REGISTRY_AUTH_FILE}. Default: anonymous pulls.
    */
   readonly imagePull?: ImagePullCredentials;
+}
+
+/**
+ * A highly available control plane in vm mode: every control VM runs a Redis data server and a
+ * Redis Sentinel (port {@link SENTINEL_PORT}); the sentinels elect and follow the primary.
+ */
+export interface VmHa {
+  /** How many control VMs there are (3 or 5): the sentinels' quorum is their majority. */
+  readonly controlVms: number;
+  /**
+   * Private addresses of the control VMs this VM may ask (their Redis for reads, their sentinels
+   * for the primary), as far as they are known when it is made: all of them where the cloud lets
+   * the program choose addresses (Akamai); on Crusoe, whose API chooses, the ones made before it.
+   */
+  readonly controlAddresses: readonly string[];
+  /**
+   * The control VM whose Redis is the primary when the deployment is new (the first one): its
+   * address, or {@link SELF_ADDRESS} in the first VM's own rendering where the cloud chooses its
+   * address only when it makes it (Crusoe).
+   */
+  readonly initialPrimary: string;
+}
+
+/** {@link VmHa.initialPrimary} meaning "this VM": its private address, found at each start. */
+export const SELF_ADDRESS = '@SELF@';
+
+/**
+ * `SPACE_REDIS_URL` of a VM's services: `redis://:<pw>@<host>:6379` with one control VM, else
+ * `redis-sentinel://:<pw>@<a1>:26379,…/space` naming the sentinels of `ha` (the form of
+ * runtime/core/redis-connection.ts; the client asks them for the primary and follows failovers).
+ * `first` (a control VM's own loopback) is asked first. Pure.
+ */
+export function redisUrlFor(host: string, password: string, ha?: VmHa, first?: string): string {
+  if (!ha) return `redis://:${password}@${host}:${REDIS_PORT}`;
+  const hosts = [...new Set([...(first ? [first] : []), ...ha.controlAddresses])];
+  return `redis-sentinel://:${password}@${hosts.map((h) => `${h}:${SENTINEL_PORT}`).join(',')}/${REDIS_PRIMARY_NAME}`;
+}
+
+/** The helper a VM's scripts read Redis through when the control plane has several VMs. */
+export const REDIS_READ = '/usr/local/sbin/space-redis-read';
+
+/**
+ * The `redis-cli` a VM's scripts read with (GET, HGET: a replica answers those too): one control
+ * VM's Redis at `host`, or with `ha` {@link REDIS_READ}, which tries each control VM in turn. The
+ * caller exports `REDISCLI_AUTH` first ({@link REDIS_CLI_AUTH}). Pure.
+ */
+export function redisReadCli(host: string, ha?: VmHa): string {
+  return ha ? REDIS_READ : `redis-cli -h ${host} -p ${REDIS_PORT}`;
+}
+
+/** {@link REDIS_READ} for `ha`, `first` tried first (a control VM's own Redis). Pure. */
+export function redisReadFile(ha: VmHa, first?: string): VmFile {
+  const hosts = [...new Set([...(first ? [first] : []), ...ha.controlAddresses])];
+  return {
+    path: REDIS_READ,
+    mode: '0755',
+    content: [
+      '#!/bin/sh',
+      '# redis-cli against the first control VM whose Redis answers: any of them serves reads (replicas',
+      '# too); the caller exports REDISCLI_AUTH',
+      `for h in ${hosts.join(' ')}; do`,
+      `  if redis-cli -h "$h" -p ${REDIS_PORT} PING 2>/dev/null | grep -q PONG; then exec redis-cli -h "$h" -p ${REDIS_PORT} "$@"; fi`,
+      'done',
+      'echo "space-redis-read: no control VM\'s Redis answers" >&2',
+      'exit 1',
+      '',
+    ].join('\n'),
+  };
 }
 
 /** podman's auth file on a VM (mode 0600; containers-auth.json(5)); every pull names it. */
@@ -90,17 +164,18 @@ export const REDIS_PASSWORD_FILE = '/etc/space/redis.password';
 export const REDIS_CLI_AUTH = `export REDISCLI_AUTH="$(cat ${REDIS_PASSWORD_FILE})"`;
 
 /**
- * The Redis client files of a VM whose services reach Redis at `host`: {@link REDIS_ENV_FILE} and
+ * The Redis client files of a VM whose services reach Redis at `host` (with `ha`: through the
+ * sentinels, `first` asked first; {@link redisUrlFor}): {@link REDIS_ENV_FILE} and
  * {@link REDIS_PASSWORD_FILE}, both root-only. @throws Error when the password does not fit
  * {@link REDIS_PASSWORD} (the stack configuration refuses it first).
  */
-export function redisClientFiles(host: string, password: string): VmFile[] {
+export function redisClientFiles(host: string, password: string, ha?: VmHa, first?: string): VmFile[] {
   checkRedisPassword(password);
   return [
     {
       path: REDIS_ENV_FILE,
       mode: '0600',
-      content: `SPACE_REDIS_URL=redis://:${password}@${host}:${REDIS_PORT}\n`,
+      content: `SPACE_REDIS_URL=${redisUrlFor(host, password, ha, first)}\n`,
     },
     { path: REDIS_PASSWORD_FILE, mode: '0600', content: password },
   ];
@@ -148,6 +223,13 @@ export interface ControlArgs extends VmCommonArgs {
    * `space-backup` timer and service (backup.ts). Absent: the VM has neither.
    */
   readonly backup?: BackupPlan & { readonly secretAccessKey?: string };
+  /**
+   * With {@link VmCommonArgs.ha}: this control VM's private address (its Redis and sentinel bind
+   * there; the others reach it there) and the API's signing key, PKCS#8 PEM, the same on every
+   * control VM (a token one API signs must verify wherever it is presented); a secret, written
+   * only to a root-only file. Without `ha` the VM makes its own key at first boot.
+   */
+  readonly self?: { readonly address: string; readonly signingKey: string };
 }
 
 /** Arguments of the agent role. */

@@ -8,7 +8,7 @@ import {
   VERSION_TAG,
 } from '../../runtime/core/redis-keys.ts';
 import { OTEL_SETTING, type VmConfigPolicy } from '../../runtime/core/vm-config.ts';
-import { DEPLOYMENT_OWNED, KNOWN_ENV, REDIS_PORT, TRACED } from '../runtime-settings.ts';
+import { DEPLOYMENT_OWNED, KNOWN_ENV, TRACED } from '../runtime-settings.ts';
 import { REDIS_CLI_AUTH, type SyncedService, type VmFile, type VmServiceEnv } from './plan.ts';
 
 /** Where a VM keeps its VM configuration policy (written once, at creation; runtime/core/vm-config.ts). */
@@ -87,9 +87,9 @@ export function vmConfigPolicy(services: readonly SyncedService[], env: VmServic
  * restart). A value that is not an image tag is refused. Agent VMs wait a random delay (up to
  * `spreadSec`) so that nodes do not all restart at once; sandboxes survive either way (the agent
  * keeps them and re-adopts). The VM pulls only its own repository: the key chooses a tag, never
- * an image.
+ * an image. `redisCli` is the read command (plan.ts `redisReadCli`: one Redis, or any control VM's).
  */
-export function versionSyncFiles(redisHost: string, spreadSec: number): VmFile[] {
+export function versionSyncFiles(redisCli: string, spreadSec: number): VmFile[] {
   return [
     {
       path: '/usr/local/sbin/space-version-sync',
@@ -99,7 +99,7 @@ export function versionSyncFiles(redisHost: string, spreadSec: number): VmFile[]
         '# upgrades this VM in place to the deployment target version in Redis (no SSH needed)',
         'set -eu',
         REDIS_CLI_AUTH,
-        `v=$(redis-cli -h ${redisHost} -p ${REDIS_PORT} --raw GET ${DEPLOY_TARGET_VERSION_KEY} 2>/dev/null || true)`,
+        `v=$(${redisCli} --raw GET ${DEPLOY_TARGET_VERSION_KEY} 2>/dev/null || true)`,
         '[ -n "$v" ] || exit 0',
         `printf "%s" "$v" | grep -Eq '${VERSION_TAG.source}' || { echo "space-version-sync: refusing target $v" >&2; exit 1; }`,
         // the tag after the image reference's last colon
@@ -152,13 +152,13 @@ export function versionSyncFiles(redisHost: string, spreadSec: number): VmFile[]
  * since it was last applied is checked against the VM's policy ({@link vmConfigPolicy}) by
  * `runtime/cli/vm-config-apply.ts`, run from the VM's own image with no network and no
  * capabilities; the env file is replaced with what that renders, and the unit restarted, only when
- * the file changes. Anything the policy refuses (an unknown name such as `NODE_OPTIONS`, a pinned
+ * the file changes (read with `redisCli`, as {@link versionSyncFiles}). Anything the policy refuses (an unknown name such as `NODE_OPTIONS`, a pinned
  * setting changed, a newline in a value, not JSON) leaves the file as it is and fails the run.
  * A field that is absent leaves the file as it is. `services` are applied in order (TLS before the
  * API; the gateway before the agent); `env` is what the VM was created with.
  */
 export function configSyncFiles(
-  redisHost: string,
+  redisCli: string,
   services: readonly SyncedService[],
   env: VmServiceEnv,
 ): VmFile[] {
@@ -184,7 +184,7 @@ export function configSyncFiles(
         `mkdir -p -m 0700 ${seen}`,
         '# apply <service> <env file> <unit>',
         'apply() {',
-        `  v=$(redis-cli -h ${redisHost} -p ${REDIS_PORT} --raw HGET ${DEPLOY_VM_CONFIG_KEY} "$1") || { echo "space-config-sync: Redis unreachable" >&2; exit 1; }`,
+        `  v=$(${redisCli} --raw HGET ${DEPLOY_VM_CONFIG_KEY} "$1") || { echo "space-config-sync: Redis unreachable" >&2; exit 1; }`,
         '  [ -n "$v" ] || return 0',
         // the check runs a container: not again for the document last applied, while its file is as written
         `  if printf '%s\\n' "$v" | cmp -s - "${seen}/$1.json" && cmp -s "$2" "${seen}/$1.env"; then return 0; fi`,

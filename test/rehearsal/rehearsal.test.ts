@@ -8,7 +8,7 @@ import { parse } from 'yaml';
 import { controlAddress } from '../../providers/vm-network.ts';
 import { counterDamage } from './exercise.ts';
 import { REHEARSAL_NET } from './host.ts';
-import { renderStack } from './render.ts';
+import { ONE_CONTROL_VM, renderStack } from './render.ts';
 import { macFor, networkConfig } from './vm.ts';
 
 const KEY = `space_${'ab'.repeat(24)}`;
@@ -21,6 +21,7 @@ describe('the rehearsal seeds VMs with what the program renders', () => {
       privateCidr: REHEARSAL_NET.privateCidr,
       routerUrl: 'http://10.88.1.1:8082',
       bootstrapApiKey: KEY,
+      ...ONE_CONTROL_VM,
     });
     expect(r.vms.map((v) => v.role)).toEqual(['control', 'node', 'node']);
     expect(r.vms.map((v) => v.address)).toEqual(['10.88.0.10', '10.88.0.21', '10.88.0.22']);
@@ -42,6 +43,7 @@ describe('the rehearsal seeds VMs with what the program renders', () => {
       imageRepository: '10.88.1.1:5443/space',
       privateCidr: REHEARSAL_NET.privateCidr,
       bootstrapApiKey: KEY,
+      ...ONE_CONTROL_VM,
     });
     const [control, ...more] = r.vms.filter((v) => v.role === 'control');
     expect(more).toEqual([]);

@@ -38,7 +38,7 @@ import {
 import { REHEARSAL_NET, run } from './host.ts';
 import { forward } from './load-balancer.ts';
 import { createNetwork, destroyNetwork } from './network.ts';
-import { renderStack } from './render.ts';
+import { ONE_CONTROL_VM, renderStack } from './render.ts';
 import {
   pushImage,
   type Registry,
@@ -103,7 +103,7 @@ const STACKS = {
   akamai: {
     release: 'bookworm',
     why: 'the vm-mode stack (control VM + node VMs from Linode user data), on Debian 12',
-    overrides: { ...SLOW_HOST_ENV },
+    overrides: { ...SLOW_HOST_ENV, ...ONE_CONTROL_VM },
   },
   crusoe: {
     // Ubuntu 22.04 (Crusoe's default image) ships Redis 6.0, as Debian 11 does: the base that
@@ -112,6 +112,7 @@ const STACKS = {
     why: "the startup scripts, on Debian 11 (Redis 6.0 like Crusoe's Ubuntu 22.04); the pool runs gvisor: the rehearsal's VMs have no KVM for cloud-hypervisor",
     overrides: {
       ...SLOW_HOST_ENV,
+      ...ONE_CONTROL_VM,
       nodePools: JSON.stringify([{ name: 'default', driver: 'gvisor', instanceType: 'c1a.8x', count: 2 }]),
     },
   },

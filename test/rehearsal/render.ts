@@ -34,6 +34,12 @@ export interface Rendering {
   readonly vmConfig?: Record<string, unknown>;
 }
 
+/**
+ * One control VM, whatever the stack file asks (it sets three: docs/deployment.md "Redis:
+ * failover"): a 2-core host cannot boot two more VMs under emulation within a run.
+ */
+export const ONE_CONTROL_VM = { controlPlane: JSON.stringify({ replicas: 1 }) };
+
 /** `space:*` values of `stacks/Pulumi.<stack>.yaml` as Pulumi passes them (objects as JSON). */
 export function stackFileConfig(stack: string): Record<string, string> {
   const doc = parse(readFileSync(new URL(`../../stacks/Pulumi.${stack}.yaml`, import.meta.url), 'utf8')) as {
