@@ -121,3 +121,14 @@ export function vmSecretArgs(cfg: {
       })),
   );
 }
+
+/**
+ * The secret arguments of control VM `index` (0-based) among several: only the first carries the
+ * backup plan, so a schedule makes one backup rather than one per control VM (each would ask the
+ * sentinels for the same primary). While that VM is down no scheduled backup runs.
+ */
+export function controlVmSecrets<T extends { readonly backup?: unknown }>(s: T, index: number): T {
+  if (index === 0 || s.backup === undefined) return s;
+  const { backup: _, ...rest } = s;
+  return rest as T;
+}

@@ -65,6 +65,17 @@ describe.each(['akamai', 'crusoe'])('scheduled backups of vm stack %s', (name) =
     expect(leaks).toEqual([]);
   }, 60_000);
 
+  it('several control VMs: only the first runs the timer (one backup per schedule)', async () => {
+    const scripts = vmScripts(
+      await render({ ...withBackup(name), controlPlane: JSON.stringify({ replicas: 3 }) }),
+    );
+    const withTimer = Object.entries(scripts)
+      .filter(([, s]) => s.includes('space-backup.timer'))
+      .map(([vm]) => vm);
+    expect(withTimer).toEqual(['space-control']);
+    expect(Object.keys(scripts)).toEqual(expect.arrayContaining(['space-control-1', 'space-control-2']));
+  }, 60_000);
+
   it('unset: no backup unit on any VM', async () => {
     const recorded = await render(withSecrets(VARIANTS[name]!));
     for (const s of Object.values(vmScripts(recorded))) expect(s).not.toContain('space-backup');

@@ -39,6 +39,7 @@ import {
   bootstrapKeySha256,
   controlAddress,
   controlAddresses,
+  controlVmSecrets,
   vmSecretArgs,
   vmSigningKey,
 } from '../vm-network.ts';
@@ -283,7 +284,7 @@ function akamaiVms(parent: CloudStack, cfg: StackConfig, image?: pulumi.Resource
               toCloudConfig(
                 controlPlan({
                   ...controlArgs(url, sha),
-                  ...s,
+                  ...controlVmSecrets(s, i),
                   ...(key ? { self: { address, signingKey: key } } : {}),
                 }),
               ),

@@ -25,7 +25,7 @@ import {
 } from '../systemd/cloud-init.ts';
 import { SELF_ADDRESS, type VmHa } from '../systemd/plan.ts';
 import { VmConfig } from '../systemd/vm-config.ts';
-import { bootstrapKeySha256, vmSecretArgs, vmSigningKey } from '../vm-network.ts';
+import { bootstrapKeySha256, controlVmSecrets, vmSecretArgs, vmSigningKey } from '../vm-network.ts';
 import { instancePrivateIpv4, instancePublicIpv4 } from './crud.ts';
 import { FirewallRule, Instance, Subnet } from './provider.ts';
 
@@ -207,7 +207,7 @@ export class CrusoeStack extends CloudStack {
               controlPlan({
                 ...controlArgs(sha),
                 ...(ha ? { ha } : {}),
-                ...s,
+                ...controlVmSecrets(s, i),
                 // its own address is the API's to choose: the scripts find it at each start
                 ...(key ? { self: { address: SELF_ADDRESS, signingKey: key } } : {}),
               }),
