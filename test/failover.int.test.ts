@@ -1,7 +1,7 @@
 /**
  * The failover suite (issue 44 item 3): the `space up --ha` stack (runtime/cli/up-ha.ts: Redis
  * primary, replica and three sentinels, two APIs and two routers behind HAProxy, the gateway and
- * one agent), real processes, under the fault workload of ../shared/cases/faults.md (sandboxes
+ * one agent), real processes, under the fault workload (test/fault-workload.ts: sandboxes
  * streaming numbered lines, a create/delete loop). Faults: kill -9 of the Redis primary during a
  * create burst, a pause/resume and a delete; the primary cut off from the sentinels (its server
  * runs in a network namespace of this test, the veth to it is taken down); one API and one router
