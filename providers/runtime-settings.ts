@@ -251,9 +251,12 @@ export function checkEnvOverrides(service: keyof typeof KNOWN_ENV, env: unknown,
  */
 export function apiEnvironment(
   overrides: Readonly<Record<string, string>> = {},
-  opts: { routerUrl?: string; tls?: boolean } = {},
+  opts: { routerUrl?: string; tls?: boolean; replicatedRedis?: boolean } = {},
 ): Record<string, string> {
   return {
+    // with replicas, a write a client is told about waits until one has it (a failover then loses
+    // none of it: docs/operations.md); `space:apiEnv` may still set another count
+    ...(opts.replicatedRedis ? { SPACE_REDIS_WAIT_REPLICAS: '1' } : {}),
     ...overrides,
     // data-plane URLs handed to clients name the router, never an agent's (private) address
     ...(opts.routerUrl ? { SPACE_ROUTER_URL: opts.routerUrl } : {}),

@@ -70,6 +70,8 @@ describe('akamai vm with three control VMs', () => {
       expect(f['/etc/systemd/system/space-version-sync.timer']).toContain('RandomizedDelaySec=300');
       // the API and the router on each
       expect(f['/etc/systemd/system/space-api.service']).toBeDefined();
+      // with replicas, the API waits for one before a client is told of a write
+      expect(scripts[c]).toContain('SPACE_REDIS_WAIT_REPLICAS=1');
       expect(f['/etc/systemd/system/space-router.service']).toBeDefined();
     }
   });

@@ -19,6 +19,14 @@ const redisUrlOf = (recorded: RecordedResource[]) =>
 const replicasOf = (recorded: RecordedResource[], name: string) =>
   (k8sNamed(recorded, 'kubernetes:apps/v1:StatefulSet', name)?.['spec'] as Obj | undefined)?.['replicas'];
 
+/** The API container's env (name → value) of the `space-api` Deployment. */
+const apiEnvOf = (recorded: RecordedResource[]): Record<string, string | undefined> => {
+  const spec = (k8sNamed(recorded, 'kubernetes:apps/v1:Deployment', 'space-api')!['spec'] as Obj)[
+    'template'
+  ] as { spec: { containers: { env: { name: string; value?: string }[] }[] } };
+  return Object.fromEntries(spec.spec.containers[0]!.env.map((e) => [e.name, e.value]));
+};
+
 // renders take seconds each on a loaded host: not a speed goal, so no 5 s limit
 describe.each(['akamai-lke', 'coreweave'])(
   'stack %s: Redis with Sentinel by default',
@@ -33,6 +41,8 @@ describe.each(['akamai-lke', 'coreweave'])(
         `redis-sentinel://:${SECRETS.redisPassword}@space-redis-sentinel.space.svc:26379/space`,
       );
       expect(parseRedisUrl(url)).toMatchObject({ kind: 'sentinel', primaryName: 'space' });
+      // with replicas, the API waits for one before a client is told of a write
+      expect(apiEnvOf(recorded)['SPACE_REDIS_WAIT_REPLICAS']).toBe('1');
     });
 
     it('space:redis chooses: 5 servers and 5 sentinels, or one Redis (single mode)', async () => {
@@ -50,6 +60,7 @@ describe.each(['akamai-lke', 'coreweave'])(
       expect(replicasOf(single, 'space-redis')).toBe(1);
       expect(replicasOf(single, 'space-redis-sentinel')).toBeUndefined();
       expect(redisUrlOf(single)).toBe(`redis://:${SECRETS.redisPassword}@space-redis.space.svc:6379`);
+      expect(apiEnvOf(single)['SPACE_REDIS_WAIT_REPLICAS']).toBeUndefined();
     });
 
     it('an external Redis (a sentinel URL of your own too) deploys none', async () => {

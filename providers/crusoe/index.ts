@@ -191,6 +191,10 @@ export class CrusoeStack extends CloudStack {
     // after it, from its address; the nodes, made after all of them, know every one
     const n = cfg.controlPlaneReplicas;
     const signingKey = n > 1 ? vmSigningKey(cfg) : pulumi.output(undefined);
+    const haOf = (addrs: string[]): VmHa | undefined =>
+      n > 1
+        ? { controlVms: n, controlAddresses: addrs, initialPrimary: addrs[0] ?? SELF_ADDRESS }
+        : undefined;
     const controlVm = (i: number, known: pulumi.Input<string[]>) =>
       new Instance(
         i === 0 ? 'space-control' : `space-control-${i}`,
@@ -199,10 +203,7 @@ export class CrusoeStack extends CloudStack {
           name: i === 0 ? `space-control-${pulumi.getStack()}` : `space-control-${i}-${pulumi.getStack()}`,
           type: cfg.controlInstanceType,
           startupScript: pulumi.all([keySha, vmSecrets, signingKey, known]).apply(([sha, s, key, addrs]) => {
-            const ha: VmHa | undefined =
-              n > 1
-                ? { controlVms: n, controlAddresses: addrs, initialPrimary: addrs[0] ?? SELF_ADDRESS }
-                : undefined;
+            const ha = haOf(addrs);
             return toShellScript(
               controlPlan({
                 ...controlArgs(sha),
@@ -280,16 +281,16 @@ export class CrusoeStack extends CloudStack {
           apiKey: cfg.secrets.bootstrapApiKey,
           // a version bump reaches the VMs too: each moves to it in place (space-version-sync)
           version: cfg.version,
-          services: pulumi
-            .all([control.resource, keySha])
-            .apply(([resource, sha]) =>
-              Object.assign(
-                controlServiceEnv(controlArgs(sha)),
-                ...cfg.nodePools.map((pool) =>
-                  agentServiceEnv(agentArgs(pool, controlPrivateAddress(resource))),
-                ),
+          services: pulumi.all([control.resource, keySha, allAddresses]).apply(([resource, sha, addrs]) => {
+            const ha = haOf(addrs);
+            // the same env a control VM made now gets (its rendering has `ha` too)
+            return Object.assign(
+              controlServiceEnv({ ...controlArgs(sha), ...(ha ? { ha } : {}) }),
+              ...cfg.nodePools.map((pool) =>
+                agentServiceEnv(agentArgs(pool, controlPrivateAddress(resource))),
               ),
-            ),
+            );
+          }),
         },
         this.child({ dependsOn: [...controls, ...nodes] }),
       );

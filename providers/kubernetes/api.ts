@@ -24,7 +24,13 @@ export function addApi(list: ObjectList, ctx: RenderContext): void {
     port: API_PORT,
     command: SERVICE_COMMANDS.api,
     env: [
-      ...env(apiEnvironment(a.apiEnv, { tls: !!a.tls, ...(routerUrl ? { routerUrl } : {}) })),
+      ...env(
+        apiEnvironment(a.apiEnv, {
+          tls: !!a.tls,
+          ...(routerUrl ? { routerUrl } : {}),
+          replicatedRedis: a.redis.mode === 'in-cluster' && !!a.redis.sentinel,
+        }),
+      ),
       redisUrlEnv,
     ],
     volumeMounts: [

@@ -26,7 +26,7 @@ export interface VmTls {
 export function apiServiceEnv(a: Omit<ControlArgs, 'redisPassword'>): Record<string, string> {
   // SPACE_REDIS_URL is not here: it carries the password (REDIS_ENV_FILE, read by every unit)
   return {
-    ...apiEnvironment(a.apiEnv, { routerUrl: a.routerUrl }),
+    ...apiEnvironment(a.apiEnv, { routerUrl: a.routerUrl, replicatedRedis: !!a.ha }),
     ...(a.bootstrapKeySha256 ? { SPACE_BOOTSTRAP_API_KEY_SHA256: a.bootstrapKeySha256 } : {}),
   };
 }
