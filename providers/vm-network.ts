@@ -23,14 +23,19 @@ const ED25519_PKCS8_PREFIX = Buffer.from('302e020100300506032b657004220420', 'he
 
 /**
  * The API signing key every control VM of a highly available control plane shares (Ed25519,
- * PKCS#8 PEM; secret): derived from `space:bootstrapApiKey` (required in vm mode) with
+ * PKCS#8 PEM; secret): `space:signingKey` when set (recommended: otherwise whoever holds the
+ * bootstrap API key can derive it and sign session tokens), else derived from `space:bootstrapApiKey` (required in vm mode) with
  * HKDF-SHA256 (RFC 5869; info `space vm signing key`, 32 bytes as the Ed25519 seed, RFC 8032), so
  * the stack needs no further secret and every `pulumi up` renders the same key. Knowing it does
  * not reveal the API key. With one control VM the VM makes its own key instead.
  */
 export function vmSigningKey(cfg: {
-  readonly secrets: { readonly bootstrapApiKey?: pulumi.Output<string> };
+  readonly secrets: {
+    readonly bootstrapApiKey?: pulumi.Output<string>;
+    readonly signingKey?: pulumi.Output<string>;
+  };
 }): pulumi.Output<string> {
+  if (cfg.secrets.signingKey) return pulumi.secret(cfg.secrets.signingKey);
   const key = cfg.secrets.bootstrapApiKey;
   if (!key) throw new Error('a control plane of several VMs needs space:bootstrapApiKey');
   return pulumi.secret(

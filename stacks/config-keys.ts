@@ -152,7 +152,7 @@ export const CONFIG_KEYS = {
   signingKey: {
     type: 'string',
     secret: true,
-    doc: 'Ed25519 private key, PKCS#8 PEM (`openssl genpkey -algorithm ed25519`). Required in `kubernetes` mode; `vm` mode makes its own on the control VM.',
+    doc: 'Ed25519 private key, PKCS#8 PEM (`openssl genpkey -algorithm ed25519`). Required in `kubernetes` mode. `vm` mode: one control VM makes its own; several (`controlPlane.replicas` 3 or 5) share this one, or, unset, one derived from `bootstrapApiKey` (HKDF-SHA256; then whoever holds that key could also sign session tokens, so set your own for production).',
   },
   redisPassword: {
     type: 'string',

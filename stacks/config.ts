@@ -324,11 +324,7 @@ export function loadStackConfig(
         'space:redisPassword: at least 16 characters (pulumi config set --secret space:redisPassword "$(openssl rand -hex 24)")',
       );
   } else {
-    for (const k of ['signingKey', 'redisUrl'] as const)
-      if (has(k))
-        problems.push(
-          `space:${k}: not used in vm mode (the control VM makes its own keys; Redis runs there)`,
-        );
+    if (has('redisUrl')) problems.push('space:redisUrl: not used in vm mode (Redis runs on the control VMs)');
     // REDIS_PASSWORD holds the length too: one problem for a short password, not two
     if (redisPassword !== undefined && !REDIS_PASSWORD.test(redisPassword))
       problems.push(
@@ -347,6 +343,10 @@ export function loadStackConfig(
   }
   const redis = redisTopology(json('redis'), cloud, mode, has('redisUrl'), redisPassword, problems);
   const controlPlaneReplicas = controlPlane(json('controlPlane'), mode, problems);
+  if (mode === 'vm' && has('signingKey') && controlPlaneReplicas === 1)
+    problems.push(
+      'space:signingKey: with one control VM it makes its own key; set it only with space:controlPlane.replicas 3 or 5 (one key for every control VM)',
+    );
   const signing = raw('signingKey');
   if (signing !== undefined && !signing.includes('BEGIN PRIVATE KEY'))
     problems.push(

@@ -5,7 +5,7 @@
  * NodeBalancer health-checking `/readyz` on every one; nodes naming the three sentinels; one API
  * signing key for the three; and the settings preview refuses.
  */
-import { createPrivateKey } from 'node:crypto';
+import { createPrivateKey, generateKeyPairSync } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
 import { plaintextOccurrences, type RecordedResource, unwrapSecrets } from '../providers/testing/mocks.ts';
@@ -119,6 +119,23 @@ describe('akamai vm with three control VMs', () => {
     expect(createPrivateKey(a.controls[0]!).asymmetricKeyType).toBe('ed25519');
     expect(a.node).toBeUndefined();
     expect((await keys()).controls[0]).toBe(a.controls[0]);
+  });
+
+  it('space:signingKey, when set, is the key the control VMs share (not one derived from the API key); with one control VM it is refused', {
+    timeout,
+  }, async () => {
+    const own = generateKeyPairSync('ed25519').privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
+    const scripts = vmScripts(await render(withSecrets({ ...VARIANTS['akamai']!, signingKey: own })));
+    for (const c of CONTROLS) expect(cloudFiles(scripts[c]!)['/etc/space/keys/signing.pem']).toBe(own);
+    expect(
+      fails(
+        withSecrets({
+          ...VARIANTS['akamai']!,
+          controlPlane: JSON.stringify({ replicas: 1 }),
+          signingKey: own,
+        }),
+      ),
+    ).toEqual([expect.stringMatching(/^space:signingKey: with one control VM it makes its own key/)]);
   });
 
   it('the NodeBalancer health-checks /readyz on every control VM, for the API and the router', {
