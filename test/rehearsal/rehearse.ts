@@ -64,6 +64,7 @@ interface Options {
   keep: boolean;
   json: boolean;
   apiWaitMinutes: number;
+  bootWaitMinutes: number;
   upgradeTo: string | undefined;
   upgrade: boolean;
   benchN: number;
@@ -459,8 +460,12 @@ async function main(o: Options): Promise<Summary> {
       upgrade: null,
       errors: [],
     };
+    // one deadline for all of them: they boot at once, so waiting for each in turn must not add up
+    const bootDeadline = Date.now() + o.bootWaitMinutes * 60_000;
     for (const v of vms) {
-      const line = await v.waitForConsole(/Cloud-init v\. .* finished/, 45 * 60_000).catch(() => null);
+      const line = await v
+        .waitForConsole(/Cloud-init v\. .* finished/, Math.max(0, bootDeadline - Date.now()))
+        .catch(() => null);
       const up = line ? /Up ([\d.]+) seconds/.exec(line) : null;
       const blockers = (await v.console())
         .split('\n')
@@ -558,6 +563,12 @@ const program = new Command('rehearse')
     'how long to wait for the API through the load balancer',
     (v) => Number(v),
     10,
+  )
+  .option(
+    '--boot-wait-minutes <n>',
+    'how long the VMs may take to finish cloud-init (a loaded 2-core host took over 45)',
+    (v) => Number(v),
+    75,
   )
   .option(
     '--upgrade-to <tag>',
