@@ -39,9 +39,11 @@ describe('startRedisHa', () => {
       await client.set('k', 'before');
       expect(await client.wait(1, 2000)).toBe(1);
       await ha.kill('redis-0');
-      // the sentinels promote redis-1 (seconds; bounded at 90 s for a loaded host, where a first
-      // failover attempt can time out and Sentinel tries again after the failover timeout)
-      for (let i = 0; i < 360 && (await ha.primary()) !== 'redis-1'; i++) await sleep(250);
+      // the sentinels promote redis-1: every one of them names it and it answers as a primary
+      // (bounded at 90 s for a loaded host, where a first failover attempt can time out and
+      // Sentinel tries again after the failover timeout; one sentinel names the promoted replica
+      // already while its failover is still under way)
+      expect(await ha.agreed({ minReplicas: 0, timeoutMs: 90_000 })).toBe('redis-1');
       expect(await ha.primary()).toBe('redis-1');
       // the promoted replica has no replica of its own: min-replicas-to-write refuses writes
       // until the old primary is back (as its replica)

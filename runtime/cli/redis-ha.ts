@@ -116,7 +116,10 @@ export interface RedisHa {
   primary(): Promise<string | null>;
   /** Sends `signal` (default SIGKILL) to a server and waits until it has exited. */
   kill(name: string, signal?: NodeJS.Signals): Promise<void>;
-  /** Starts a server again with its configuration file (which Redis rewrote at each role change). */
+  /**
+   * Starts a server again with its configuration file (which Redis rewrote at each role change); a
+   * data server another has replaced as primary starts as that one's replica.
+   */
   start(name: string): Promise<void>;
   /** SIGTERM to the sentinels, then the data servers (SIGKILL after 10 s each); waits for all. */
   stop(): Promise<void>;
@@ -368,7 +371,10 @@ export async function startRedisHa(o: RedisHaOptions): Promise<RedisHa> {
     async start(n) {
       const s = byName(n);
       if (s.proc) throw new Error(`${n} is running`);
-      launch(s);
+      // as a restart does: a data server that another has replaced comes back as its replica, not
+      // as a second primary with its old data (the CI pre-check saw the sentinels name it again)
+      const p = s.kind === 'data' ? await primaryOfAny() : null;
+      launch(s, p && p !== s.name ? byName(p) : undefined);
       await waitUp(s);
     },
     async stop() {
