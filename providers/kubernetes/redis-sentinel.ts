@@ -167,6 +167,46 @@ export function addSentinelRedis(
   const podSecurity = { runAsNonRoot: true, runAsUser: 999, runAsGroup: 999, fsGroup: 999 };
   const containerSecurity = { allowPrivilegeEscalation: false, capabilities: { drop: ['ALL'] } };
   const scriptsVolume = { name: 'scripts', configMap: { name: 'space-redis-scripts', defaultMode: 0o555 } };
+  /**
+   * The pod template both sets share: the image runs `/scripts/<script>` as `container` with the
+   * password, serves `port` (probed with PING), and keeps its state in volume `dataVolume` at
+   * `/data`; spread across nodes.
+   */
+  const pod = (o: {
+    sel: Record<string, string>;
+    container: string;
+    script: string;
+    port: number;
+    resources: k8s.types.input.core.v1.ResourceRequirements;
+    dataVolume: string;
+    volumes: k8s.types.input.core.v1.Volume[];
+  }): k8s.types.input.core.v1.PodTemplateSpec => ({
+    metadata: { labels: o.sel },
+    spec: {
+      serviceAccountName: 'space-redis',
+      automountServiceAccountToken: false,
+      securityContext: podSecurity,
+      topologySpreadConstraints: spreadAcrossNodes(o.sel),
+      containers: [
+        {
+          name: o.container,
+          image,
+          command: ['sh', `/scripts/${o.script}`],
+          env: passwordEnv,
+          ports: [{ name: o.container, containerPort: o.port }],
+          readinessProbe: pingProbe(o.port, 5),
+          livenessProbe: pingProbe(o.port, 10, 6),
+          resources: o.resources,
+          securityContext: containerSecurity,
+          volumeMounts: [
+            { name: o.dataVolume, mountPath: '/data' },
+            { name: 'scripts', mountPath: '/scripts', readOnly: true },
+          ],
+        },
+      ],
+      volumes: o.volumes,
+    },
+  });
 
   const sel = labels('redis');
   const servers: k8s.types.input.apps.v1.StatefulSet = {
@@ -180,33 +220,15 @@ export function addSentinelRedis(
       // all at once: a replica need not wait for the pods before it (each finds the primary itself)
       podManagementPolicy: 'Parallel',
       selector: { matchLabels: sel },
-      template: {
-        metadata: { labels: sel },
-        spec: {
-          serviceAccountName: 'space-redis',
-          automountServiceAccountToken: false,
-          securityContext: podSecurity,
-          topologySpreadConstraints: spreadAcrossNodes(sel),
-          containers: [
-            {
-              name: 'redis',
-              image,
-              command: ['sh', '/scripts/server.sh'],
-              env: passwordEnv,
-              ports: [{ name: 'redis', containerPort: REDIS_PORT }],
-              readinessProbe: pingProbe(REDIS_PORT, 5),
-              livenessProbe: pingProbe(REDIS_PORT, 10, 6),
-              resources: { requests: { cpu: '250m', memory: '512Mi' }, limits: { memory: '2Gi' } },
-              securityContext: containerSecurity,
-              volumeMounts: [
-                { name: 'data', mountPath: '/data' },
-                { name: 'scripts', mountPath: '/scripts', readOnly: true },
-              ],
-            },
-          ],
-          volumes: [scriptsVolume],
-        },
-      },
+      template: pod({
+        sel,
+        container: 'redis',
+        script: 'server.sh',
+        port: REDIS_PORT,
+        resources: { requests: { cpu: '250m', memory: '512Mi' }, limits: { memory: '2Gi' } },
+        dataVolume: 'data',
+        volumes: [scriptsVolume],
+      }),
       volumeClaimTemplates: [
         {
           metadata: { name: 'data' },
@@ -258,34 +280,16 @@ export function addSentinelRedis(
       replicas: r.sentinels,
       podManagementPolicy: 'Parallel',
       selector: { matchLabels: ssel },
-      template: {
-        metadata: { labels: ssel },
-        spec: {
-          serviceAccountName: 'space-redis',
-          automountServiceAccountToken: false,
-          securityContext: podSecurity,
-          topologySpreadConstraints: spreadAcrossNodes(ssel),
-          containers: [
-            {
-              name: 'sentinel',
-              image,
-              command: ['sh', '/scripts/sentinel.sh'],
-              env: passwordEnv,
-              ports: [{ name: 'sentinel', containerPort: SENTINEL_PORT }],
-              readinessProbe: pingProbe(SENTINEL_PORT, 5),
-              livenessProbe: pingProbe(SENTINEL_PORT, 10, 6),
-              resources: { requests: { cpu: '50m', memory: '64Mi' }, limits: { memory: '256Mi' } },
-              securityContext: containerSecurity,
-              volumeMounts: [
-                { name: 'config', mountPath: '/data' },
-                { name: 'scripts', mountPath: '/scripts', readOnly: true },
-              ],
-            },
-          ],
-          // Sentinel rewrites its configuration (what it learnt); a new pod rebuilds it from the others
-          volumes: [{ name: 'config', emptyDir: {} }, scriptsVolume],
-        },
-      },
+      // Sentinel rewrites its configuration (what it learnt); a new pod rebuilds it from the others
+      template: pod({
+        sel: ssel,
+        container: 'sentinel',
+        script: 'sentinel.sh',
+        port: SENTINEL_PORT,
+        resources: { requests: { cpu: '50m', memory: '64Mi' }, limits: { memory: '256Mi' } },
+        dataVolume: 'config',
+        volumes: [{ name: 'config', emptyDir: {} }, scriptsVolume],
+      }),
     },
   };
   add('redis-sentinel', sentinels, ['redis-scripts']);
