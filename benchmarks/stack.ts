@@ -7,12 +7,12 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { rm } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { request } from 'undici';
 import { readLocalState, resolveEndpoint, spaceHome } from '../runtime/cli/local.ts';
+import { freeLoopbackPort as freePort } from '../runtime/cli/up-host.ts';
 import { type BenchClient, benchClient } from './api.ts';
 
 /** A node as `GET /v1/nodes` shows it (the fields benchmarks read). */
@@ -66,17 +66,6 @@ export interface TargetOptions {
    * kept after the run for a closer look; default: a temporary file, removed when the stack stops.
    */
   traceFile?: string;
-}
-
-/** A TCP port free on 127.0.0.1 right now. */
-async function freePort(): Promise<number> {
-  const srv = createServer();
-  srv.listen(0, '127.0.0.1');
-  await once(srv, 'listening');
-  const { port } = srv.address() as { port: number };
-  srv.close();
-  await once(srv, 'close');
-  return port;
 }
 
 async function readyz(apiUrl: string): Promise<boolean> {

@@ -2,20 +2,13 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtemp, rm } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
+import { freeLoopbackPort } from '../runtime/cli/up-host.ts';
+
 /** A free TCP port on 127.0.0.1 (asks the kernel). */
-export async function freePort(): Promise<number> {
-  const srv = createServer();
-  srv.listen(0, '127.0.0.1');
-  await once(srv, 'listening');
-  const port = (srv.address() as { port: number }).port;
-  srv.close();
-  await once(srv, 'close');
-  return port;
-}
+export const freePort = freeLoopbackPort;
 
 export interface RedisServer {
   url: string;

@@ -22,7 +22,6 @@
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { readFile } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { Redis } from 'ioredis';
 import {
   parseRedisUrl,
@@ -31,6 +30,7 @@ import {
   redisConnection,
 } from '../core/redis-connection.ts';
 import { CliError } from './output.ts';
+import { freeLoopbackPort } from './up-host.ts';
 
 /** Where to reach one Redis server, with its credentials. */
 export interface ServerAddress {
@@ -369,14 +369,4 @@ async function waitReady(p: ReturnType<typeof spawn>, log: () => string): Promis
     'BACKUP_CORRUPT',
     `redis-server could not load the snapshot: ${why || 'no reason given'}`,
   );
-}
-
-async function freeLoopbackPort(): Promise<number> {
-  const srv = createServer();
-  srv.listen(0, '127.0.0.1');
-  await once(srv, 'listening');
-  const { port } = srv.address() as { port: number };
-  srv.close();
-  await once(srv, 'close');
-  return port;
 }

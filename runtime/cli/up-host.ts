@@ -84,6 +84,18 @@ export function portInUse(port: number, host = HOST): Promise<boolean> {
   });
 }
 
+/** A TCP port free on 127.0.0.1 right now (the kernel picks it; another process may take it later). */
+export function freeLoopbackPort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.once('error', reject);
+    srv.listen(0, LOCAL_HOST, () => {
+      const { port } = srv.address() as { port: number };
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
 /** Creates `$SPACE_HOME` (0700) and its dirs, and the Ed25519 key pair when missing. */
 export async function prepareHome(paths: ReturnType<typeof localPaths>): Promise<void> {
   mkdirSync(paths.home, { recursive: true, mode: 0o700 });
