@@ -28,13 +28,13 @@ import { localPaths, spaceHome } from './local.ts';
 import { CliError, note, printJson, println, usageError } from './output.ts';
 import { type DataPlacement, type RedisHa, startRedisHa } from './redis-ha.ts';
 import { buildLocalTemplate, DEFAULT_CACHE_DIR } from './template.ts';
+import { agentEnv, apiEnv, gatewayEnv, gatewayFiles, routerEnv } from './up-env.ts';
 import {
   checkPortsFree,
   checkPrerequisites,
   enableIpv4Forwarding,
   findExecutable,
   LOCAL_HOST as HOST,
-  hostResolver,
   prepareHome,
   searchPath,
 } from './up-host.ts';
@@ -141,7 +141,6 @@ export async function startHaStack(o: HaStackOptions): Promise<HaStack> {
   const p = o.ports;
   const url = (port: number) => `http://${HOST}:${port}`;
   const baseEnv: NodeJS.ProcessEnv = { ...process.env, PATH: searchPath(process.env['PATH']) };
-  const logLevel = process.env['SPACE_LOG_LEVEL'] ?? 'info';
   const children = new Map<string, Child>();
   let stopping = false;
   /** Children a `kill` ended: not restarted, not reported. */
@@ -169,8 +168,7 @@ export async function startHaStack(o: HaStackOptions): Promise<HaStack> {
 
   const node = process.execPath;
   const server = (svc: string) => fileURLToPath(new URL(`../${svc}/server.ts`, import.meta.url));
-  const gatewaySocket = join(o.home, 'gateway.sock');
-  const gatewayCa = join(o.home, 'gateway-ca.crt');
+  const gatewaySocket = gatewayFiles(o.home).socket;
   const specs = new Map<
     string,
     { file: string; args: string[]; env: NodeJS.ProcessEnv; service?: string; ready: () => Promise<boolean> }
@@ -181,15 +179,15 @@ export async function startHaStack(o: HaStackOptions): Promise<HaStack> {
       args: [...API_NODE_FLAGS, server('api')],
       env: {
         ...baseEnv,
-        SPACE_API_HOST: HOST,
-        SPACE_API_PORT: String(p.apis[i]),
-        SPACE_REDIS_URL: redis.url,
+        ...apiEnv({
+          port: p.apis[i],
+          redisUrl: redis.url,
+          signingKey: o.keys.signing,
+          // one API writes the first key: two would race for the file
+          ...(i === 0 ? { apiKeyFile: o.keys.apiKey } : {}),
+          routerUrl: url(p.router),
+        }),
         SPACE_REDIS_WAIT_REPLICAS: '1',
-        SPACE_SIGNING_KEY_FILE: o.keys.signing,
-        // one API writes the first key: two would race for the file
-        ...(i === 0 ? { SPACE_BOOTSTRAP_API_KEY_FILE: o.keys.apiKey } : {}),
-        SPACE_ROUTER_URL: url(p.router),
-        SPACE_LOG_LEVEL: logLevel,
         ...o.env?.api,
       },
       ready: () => httpOk(`${url(p.apis[i])}/readyz`),
@@ -199,11 +197,7 @@ export async function startHaStack(o: HaStackOptions): Promise<HaStack> {
       args: [server('router')],
       env: {
         ...baseEnv,
-        SPACE_ROUTER_HOST: HOST,
-        SPACE_ROUTER_PORT: String(p.routers[i]),
-        SPACE_REDIS_URL: redis.url,
-        SPACE_VERIFY_KEY_FILE: o.keys.verify,
-        SPACE_LOG_LEVEL: logLevel,
+        ...routerEnv({ port: p.routers[i], redisUrl: redis.url, verifyKey: o.keys.verify }),
         ...o.env?.router,
       },
       ready: () => httpOk(`${url(p.routers[i])}/readyz`),
@@ -212,17 +206,7 @@ export async function startHaStack(o: HaStackOptions): Promise<HaStack> {
   specs.set('gateway', {
     file: node,
     args: [server('gateway')],
-    env: {
-      ...baseEnv,
-      SPACE_GATEWAY_CONTROL_SOCKET: gatewaySocket,
-      SPACE_GATEWAY_CA_CERT_FILE: gatewayCa,
-      SPACE_GATEWAY_CA_KEY_FILE: join(o.home, 'gateway-ca.key'),
-      SPACE_REDIS_URL: redis.url,
-      SPACE_GATEWAY_UPSTREAM_DNS:
-        process.env['SPACE_GATEWAY_UPSTREAM_DNS'] ?? hostResolver(readFileSync('/etc/resolv.conf', 'utf8')),
-      SPACE_LOG_LEVEL: logLevel,
-      ...o.env?.gateway,
-    },
+    env: { ...baseEnv, ...gatewayEnv({ home: o.home, redisUrl: redis.url }), ...o.env?.gateway },
     ready: async () => existsSync(gatewaySocket),
   });
   specs.set('agent', {
@@ -231,18 +215,15 @@ export async function startHaStack(o: HaStackOptions): Promise<HaStack> {
     service: server('agent'),
     env: {
       ...baseEnv,
-      SPACE_NODE_ID: nodeId,
-      SPACE_AGENT_HOST: HOST,
-      SPACE_AGENT_PORT: String(p.agent),
-      SPACE_REDIS_URL: redis.url,
-      SPACE_VERIFY_KEY_FILE: o.keys.verify,
-      SPACE_AGENT_STATE_DIR: join(o.home, 'agent'),
-      SPACE_CACHE_DIR: o.cacheDir,
-      SPACE_AGENT_ON_SHUTDOWN: 'destroy',
-      SPACE_GATEWAY_CONTROL_SOCKET: gatewaySocket,
-      SPACE_TRUSTED_CA_FILE: gatewayCa,
-      ...(o.warm !== undefined ? { SPACE_WARM_POOL_SIZE: String(o.warm) } : {}),
-      SPACE_LOG_LEVEL: logLevel,
+      ...agentEnv({
+        nodeId,
+        port: p.agent,
+        redisUrl: redis.url,
+        verifyKey: o.keys.verify,
+        home: o.home,
+        cacheDir: o.cacheDir,
+        warm: o.warm,
+      }),
       ...o.env?.agent,
     },
     ready: () => httpOk(`${url(p.agent)}/readyz`),

@@ -25,6 +25,7 @@ import { isJson } from './context.ts';
 import { type LocalState, localPaths, spaceHome } from './local.ts';
 import { CliError, note, parsePositiveInt, printJson, println, usageError } from './output.ts';
 import { buildLocalTemplate, DEFAULT_CACHE_DIR, prepareLocalGuestKernel } from './template.ts';
+import { agentEnv, apiEnv, gatewayEnv, gatewayFiles, routerEnv } from './up-env.ts';
 import { runUpHa } from './up-ha.ts';
 import {
   checkPortsFree,
@@ -32,7 +33,6 @@ import {
   enableIpv4Forwarding,
   findExecutable,
   LOCAL_HOST as HOST,
-  hostResolver,
   prepareHome,
   searchPath,
 } from './up-host.ts';
@@ -240,39 +240,27 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
     note(`space: starting the API on ${apiUrl}`);
     start('api', node, [...API_NODE_FLAGS, apiServer], {
       ...baseEnv,
-      SPACE_API_HOST: HOST,
-      SPACE_API_PORT: String(o.apiPort),
-      SPACE_REDIS_URL: servicesRedisUrl,
-      SPACE_SIGNING_KEY_FILE: paths.signingKey,
-      SPACE_BOOTSTRAP_API_KEY_FILE: paths.apiKey,
-      ...(routerUrl ? { SPACE_ROUTER_URL: routerUrl } : {}),
-      SPACE_LOG_LEVEL: process.env['SPACE_LOG_LEVEL'] ?? 'info',
+      ...apiEnv({
+        port: o.apiPort,
+        redisUrl: servicesRedisUrl,
+        signingKey: paths.signingKey,
+        apiKeyFile: paths.apiKey,
+        ...(routerUrl ? { routerUrl } : {}),
+      }),
     });
     if (routerUrl) {
       note(`space: starting the router on ${routerUrl} (command streams and files go through it)`);
       start('router', node, [fileURLToPath(new URL('../router/server.ts', import.meta.url))], {
         ...baseEnv,
-        SPACE_ROUTER_HOST: HOST,
-        SPACE_ROUTER_PORT: String(o.routerPort),
-        SPACE_REDIS_URL: servicesRedisUrl,
-        SPACE_VERIFY_KEY_FILE: paths.verifyKey,
-        SPACE_LOG_LEVEL: process.env['SPACE_LOG_LEVEL'] ?? 'info',
+        ...routerEnv({ port: o.routerPort, redisUrl: servicesRedisUrl, verifyKey: paths.verifyKey }),
       });
     }
-    const gatewaySocket = join(paths.home, 'gateway.sock');
-    const gatewayCa = join(paths.home, 'gateway-ca.crt');
+    const gatewaySocket = gatewayFiles(paths.home).socket;
     rmSync(gatewaySocket, { force: true }); // a stale socket would look ready
     note('space: starting the egress gateway (sandboxes reach only what their egress policy allows)');
     start('gateway', node, [fileURLToPath(new URL('../gateway/server.ts', import.meta.url))], {
       ...baseEnv,
-      SPACE_GATEWAY_CONTROL_SOCKET: gatewaySocket,
-      SPACE_GATEWAY_CA_CERT_FILE: gatewayCa,
-      SPACE_GATEWAY_CA_KEY_FILE: join(paths.home, 'gateway-ca.key'),
-      // credential values are read from the state of record when a request needs them
-      SPACE_REDIS_URL: servicesRedisUrl,
-      SPACE_GATEWAY_UPSTREAM_DNS:
-        process.env['SPACE_GATEWAY_UPSTREAM_DNS'] ?? hostResolver(readFileSync('/etc/resolv.conf', 'utf8')),
-      SPACE_LOG_LEVEL: process.env['SPACE_LOG_LEVEL'] ?? 'info',
+      ...gatewayEnv({ home: paths.home, redisUrl: servicesRedisUrl }),
     });
     await guard(until('the gateway', 30_000, async () => existsSync(gatewaySocket), startAbort.signal));
     note(
@@ -289,18 +277,15 @@ async function runUp(o: UpOptions, json: boolean): Promise<number> {
       ['-s', '--', node, agentServer],
       {
         ...baseEnv,
-        SPACE_NODE_ID: LOCAL_NODE_ID,
-        SPACE_AGENT_HOST: HOST,
-        SPACE_AGENT_PORT: String(o.agentPort),
-        SPACE_REDIS_URL: servicesRedisUrl,
-        SPACE_VERIFY_KEY_FILE: paths.verifyKey,
-        SPACE_AGENT_STATE_DIR: join(paths.home, 'agent'),
-        SPACE_CACHE_DIR: DEFAULT_CACHE_DIR,
-        SPACE_AGENT_ON_SHUTDOWN: 'destroy',
-        SPACE_GATEWAY_CONTROL_SOCKET: gatewaySocket,
-        SPACE_TRUSTED_CA_FILE: gatewayCa,
-        ...(o.warm !== undefined ? { SPACE_WARM_POOL_SIZE: String(o.warm) } : {}),
-        SPACE_LOG_LEVEL: process.env['SPACE_LOG_LEVEL'] ?? 'info',
+        ...agentEnv({
+          nodeId: LOCAL_NODE_ID,
+          port: o.agentPort,
+          redisUrl: servicesRedisUrl,
+          verifyKey: paths.verifyKey,
+          home: paths.home,
+          cacheDir: DEFAULT_CACHE_DIR,
+          warm: o.warm,
+        }),
       },
       agentServer,
     );
