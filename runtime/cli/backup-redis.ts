@@ -28,6 +28,7 @@ import {
   type RedisEndpoint,
   redactRedisUrl,
   redisConnection,
+  sentinelPasswordOf,
 } from '../core/redis-connection.ts';
 import { CliError } from './output.ts';
 import { freeLoopbackPort } from './up-host.ts';
@@ -75,7 +76,7 @@ export async function primaryOf(url: string): Promise<ServerAddress> {
 }
 
 async function askSentinels(e: Extract<RedisEndpoint, { kind: 'sentinel' }>): Promise<ServerAddress> {
-  const sentinelPassword = e.sentinelPassword === undefined ? e.password : (e.sentinelPassword ?? undefined);
+  const sentinelPassword = sentinelPasswordOf(e);
   const tried: string[] = [];
   for (const s of e.sentinels) {
     const client = new Redis({

@@ -95,6 +95,14 @@ export function parseRedisUrl(value: string): RedisEndpoint {
   return endpoint;
 }
 
+/**
+ * The password the sentinels of `e` take: `sentinelPassword` when the URL gives one (none when it
+ * gives it empty), else the data servers' password; undefined for none.
+ */
+export function sentinelPasswordOf(e: Extract<RedisEndpoint, { kind: 'sentinel' }>): string | undefined {
+  return e.sentinelPassword === undefined ? e.password : (e.sentinelPassword ?? undefined);
+}
+
 /** `url` without its password, for logs and errors. */
 export function redactRedisUrl(url: string): string {
   return url.replace(/(\/\/[^/@]*?:)[^@/]*@/, '$1***@').replace(/(sentinelPassword=)[^&]*/, '$1***');
@@ -115,10 +123,7 @@ export function redisConnection(url: string, options: RedisOptions = {}): Redis 
     case 'direct':
       return new Redis(endpoint.url, { reconnectOnError: readonlyReconnect, ...options });
     case 'sentinel': {
-      const sentinelPassword =
-        endpoint.sentinelPassword === undefined
-          ? endpoint.password
-          : (endpoint.sentinelPassword ?? undefined);
+      const sentinelPassword = sentinelPasswordOf(endpoint);
       return reconnectingAfterEnd(
         new Redis({
           reconnectOnError: readonlyReconnect,
