@@ -122,6 +122,27 @@ export function sentinelScript(ns: string, servers: number, sentinels: number): 
   ].join('\n');
 }
 
+/** The Redis password from the `space-redis` Secret, as `REDIS_PASSWORD` (every Redis container's). */
+export const REDIS_PASSWORD_ENV: k8s.types.input.core.v1.EnvVar[] = [
+  { name: 'REDIS_PASSWORD', valueFrom: { secretKeyRef: { name: 'space-redis', key: 'password' } } },
+];
+
+/** The `data` volume claim of a Redis data server: size GiB (default 10), access mode, storage class. */
+export function redisDataClaim(r: {
+  readonly storageGiB?: number;
+  readonly storageClassName?: string;
+  readonly accessMode?: 'ReadWriteOnce' | 'ReadWriteMany';
+}): k8s.types.input.core.v1.PersistentVolumeClaim {
+  return {
+    metadata: { name: 'data' },
+    spec: {
+      accessModes: [r.accessMode ?? 'ReadWriteOnce'],
+      ...(r.storageClassName ? { storageClassName: r.storageClassName } : {}),
+      resources: { requests: { storage: `${r.storageGiB ?? 10}Gi` } },
+    },
+  };
+}
+
 /** An exec probe: `redis-cli -p <port> PING` answers PONG (with the password). */
 const pingProbe = (
   port: number,
@@ -154,9 +175,7 @@ export function addSentinelRedis(
   const { ns } = ctx;
   const add = list.add.bind(list);
   const image = r.image ?? 'redis:7.4-alpine';
-  const passwordEnv: k8s.types.input.core.v1.EnvVar[] = [
-    { name: 'REDIS_PASSWORD', valueFrom: { secretKeyRef: { name: 'space-redis', key: 'password' } } },
-  ];
+  const passwordEnv = REDIS_PASSWORD_ENV;
   const scripts: k8s.types.input.core.v1.ConfigMap = {
     apiVersion: 'v1',
     kind: 'ConfigMap',
@@ -229,16 +248,7 @@ export function addSentinelRedis(
         dataVolume: 'data',
         volumes: [scriptsVolume],
       }),
-      volumeClaimTemplates: [
-        {
-          metadata: { name: 'data' },
-          spec: {
-            accessModes: [r.accessMode ?? 'ReadWriteOnce'],
-            ...(r.storageClassName ? { storageClassName: r.storageClassName } : {}),
-            resources: { requests: { storage: `${r.storageGiB ?? 10}Gi` } },
-          },
-        },
-      ],
+      volumeClaimTemplates: [redisDataClaim(r)],
     },
   };
   add('redis', servers, ['redis-scripts']);

@@ -9,7 +9,13 @@ import type * as k8s from '@pulumi/kubernetes';
 import * as pulumi from '@pulumi/pulumi';
 import { REDIS_PERSISTENCE, REDIS_PORT, SENTINEL_PORT } from '../runtime-settings.ts';
 import { labels, type ObjectList, type RenderContext } from './args.ts';
-import { addSentinelRedis, SENTINEL_COMPONENT, sentinelUrl } from './redis-sentinel.ts';
+import {
+  addSentinelRedis,
+  REDIS_PASSWORD_ENV,
+  redisDataClaim,
+  SENTINEL_COMPONENT,
+  sentinelUrl,
+} from './redis-sentinel.ts';
 
 /**
  * Adds the Redis Secret and, in-cluster, the Sentinel deployment (with `sentinel`) or the one
@@ -65,12 +71,7 @@ export function addRedis(list: ObjectList, ctx: RenderContext): void {
                   '--port',
                   String(REDIS_PORT),
                 ],
-                env: [
-                  {
-                    name: 'REDIS_PASSWORD',
-                    valueFrom: { secretKeyRef: { name: 'space-redis', key: 'password' } },
-                  },
-                ],
+                env: REDIS_PASSWORD_ENV,
                 ports: [{ name: 'redis', containerPort: REDIS_PORT }],
                 readinessProbe: { tcpSocket: { port: REDIS_PORT }, periodSeconds: 5 },
                 livenessProbe: { tcpSocket: { port: REDIS_PORT }, periodSeconds: 10, failureThreshold: 6 },
@@ -81,16 +82,7 @@ export function addRedis(list: ObjectList, ctx: RenderContext): void {
             ],
           },
         },
-        volumeClaimTemplates: [
-          {
-            metadata: { name: 'data' },
-            spec: {
-              accessModes: [a.redis.accessMode ?? 'ReadWriteOnce'],
-              ...(a.redis.storageClassName ? { storageClassName: a.redis.storageClassName } : {}),
-              resources: { requests: { storage: `${a.redis.storageGiB ?? 10}Gi` } },
-            },
-          },
-        ],
+        volumeClaimTemplates: [redisDataClaim(a.redis)],
       },
     };
     add('redis', sts);
