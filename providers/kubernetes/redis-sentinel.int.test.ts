@@ -17,6 +17,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { until as waitUntil } from '../../runtime/cli/up-supervise.ts';
+import { bridgedLan, redisCliIn } from '../../test/netns-lan.ts';
 import { sentinelScript, serverScript } from './redis-sentinel.ts';
 
 const run = promisify(execFile);
@@ -49,22 +51,12 @@ const cleanups: (() => Promise<unknown>)[] = [];
 let dir: string;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-async function cli(ns: string, host: string, port: number, ...args: string[]): Promise<string> {
-  const { stdout } = await run(
-    'ip',
-    ['netns', 'exec', ns, 'redis-cli', '-h', host, '-p', String(port), '--raw', ...args],
-    { env: { ...process.env, REDISCLI_AUTH: PASSWORD } },
-  ).catch((e: { stdout?: string }) => ({ stdout: e.stdout ?? '' }));
-  return stdout.trim();
-}
+/** `redis-cli` in namespace `ns` against `host:port`, with the password. */
+const cli = (ns: string, host: string, port: number, ...args: string[]) =>
+  redisCliIn(ns, PASSWORD, host, port, ...args);
 
-async function until(what: string, f: () => Promise<boolean>, tries = 120): Promise<void> {
-  for (let i = 0; i < tries; i++) {
-    if (await f()) return;
-    await sleep(500);
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
+/** Polls `f` until it answers true, at most 60 s. */
+const until = (what: string, f: () => Promise<boolean>) => waitUntil(what, 60_000, f);
 
 /** Starts pod `k`'s script (the server or the sentinel script) as the container would: HOSTNAME, REDIS_PASSWORD, /data. */
 function startPod(k: number): ChildProcess {
@@ -85,24 +77,13 @@ function startPod(k: number): ChildProcess {
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'space-k8s-sentinel-'));
   cleanups.push(() => rm(dir, { recursive: true, force: true }));
-  await run('ip', ['netns', 'add', hub]);
-  cleanups.push(() => run('ip', ['netns', 'del', hub]));
-  await run('ip', ['-n', hub, 'link', 'add', 'br0', 'type', 'bridge']);
-  await run('ip', ['-n', hub, 'link', 'set', 'br0', 'up']);
+  await bridgedLan(hub, pods, cleanups);
   for (const p of pods) {
-    await run('ip', ['netns', 'add', p.ns]);
-    cleanups.push(() => run('ip', ['netns', 'del', p.ns]));
     // the pod's /etc/hosts: ip netns exec mounts /etc/netns/<name>/hosts over it
     const etc = `/etc/netns/${p.ns}`;
     mkdirSync(etc, { recursive: true });
     cleanups.push(() => rm(etc, { recursive: true, force: true }));
     await writeFile(join(etc, 'hosts'), HOSTS);
-    const peer = `p${p.ns.slice(-7)}`;
-    await run('ip', ['-n', p.ns, 'link', 'add', 'eth0', 'type', 'veth', 'peer', 'name', peer, 'netns', hub]);
-    await run('ip', ['-n', hub, 'link', 'set', peer, 'master', 'br0', 'up']);
-    await run('ip', ['-n', p.ns, 'addr', 'add', `${p.addr}/24`, 'dev', 'eth0']);
-    await run('ip', ['-n', p.ns, 'link', 'set', 'eth0', 'up']);
-    await run('ip', ['-n', p.ns, 'link', 'set', 'lo', 'up']);
   }
   // the rendered scripts; only the sentinel's /data (an emptyDir in the pod) moves to $DATA
   await writeFile(join(dir, 'server.sh'), serverScript(NS));

@@ -15,6 +15,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { until as waitUntil } from '../../runtime/cli/up-supervise.ts';
+import { bridgedLan, redisCliIn } from '../../test/netns-lan.ts';
 import { agentPlan, controlPlan } from './cloud-init.ts';
 import type { VmHa, VmPlan } from './plan.ts';
 
@@ -38,25 +40,11 @@ const fileOf = (plan: VmPlan, path: string) => plan.files.find((f) => f.path ===
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** `redis-cli` in namespace `ns` against `host:port`, with the password. */
-async function cli(ns: string, host: string, port: number, ...args: string[]): Promise<string> {
-  const { stdout } = await run(
-    'ip',
-    ['netns', 'exec', ns, 'redis-cli', '-h', host, '-p', String(port), '--raw', ...args],
-    {
-      env: { ...process.env, REDISCLI_AUTH: PASSWORD },
-    },
-  ).catch((e: { stdout?: string }) => ({ stdout: e.stdout ?? '' }));
-  return stdout.trim();
-}
+const cli = (ns: string, host: string, port: number, ...args: string[]) =>
+  redisCliIn(ns, PASSWORD, host, port, ...args);
 
-/** Polls `f` every 500 ms, at most `tries` times, until it returns true. */
-async function until(what: string, f: () => Promise<boolean>, tries = 120): Promise<void> {
-  for (let i = 0; i < tries; i++) {
-    if (await f()) return;
-    await sleep(500);
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
+/** Polls `f` until it answers true, at most 60 s. */
+const until = (what: string, f: () => Promise<boolean>) => waitUntil(what, 60_000, f);
 
 /** Starts a rendered script of VM `i` in its namespace (stdout and stderr to its log). */
 async function startScript(i: number, name: 'space-redis' | 'space-sentinel'): Promise<ChildProcess> {
@@ -86,32 +74,11 @@ beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'space-redis-ha-'));
   cleanups.push(() => rm(dir, { recursive: true, force: true }));
   // the private network: a bridge in a namespace of its own, each VM's namespace joined by a veth
-  await run('ip', ['netns', 'add', hub]);
-  cleanups.push(() => run('ip', ['netns', 'del', hub]));
-  await run('ip', ['-n', hub, 'link', 'add', 'br0', 'type', 'bridge']);
-  await run('ip', ['-n', hub, 'link', 'set', 'br0', 'up']);
-  for (const [ns, addr] of [...vms.map((v, i) => [v, ADDRS[i]!]), [nodeNs, NODE_ADDR]] as const) {
-    await run('ip', ['netns', 'add', ns]);
-    cleanups.push(() => run('ip', ['netns', 'del', ns]));
-    await run('ip', [
-      '-n',
-      ns,
-      'link',
-      'add',
-      'eth0',
-      'type',
-      'veth',
-      'peer',
-      'name',
-      `p${ns.slice(-6)}`,
-      'netns',
-      hub,
-    ]);
-    await run('ip', ['-n', hub, 'link', 'set', `p${ns.slice(-6)}`, 'master', 'br0', 'up']);
-    await run('ip', ['-n', ns, 'addr', 'add', `${addr}/24`, 'dev', 'eth0']);
-    await run('ip', ['-n', ns, 'link', 'set', 'eth0', 'up']);
-    await run('ip', ['-n', ns, 'link', 'set', 'lo', 'up']);
-  }
+  await bridgedLan(
+    hub,
+    [...vms.map((ns, i) => ({ ns, addr: ADDRS[i]! })), { ns: nodeNs, addr: NODE_ADDR }],
+    cleanups,
+  );
   // each control VM's rendering, its paths moved under the temporary directory
   const common = {
     version: '1.0.0',
