@@ -49,6 +49,15 @@ describe('startRedisHa', () => {
       // until the old primary is back (as its replica)
       await expect(client.set('k2', 'early')).rejects.toThrow(/NOREPLICAS/);
       await ha.start('redis-0');
+      // it comes back as the new primary's replica at once, not as a second primary that the
+      // sentinels would have to demote (or, mid-failover, could choose again)
+      const old = ha.servers.find((x) => x.name === 'redis-0')!;
+      const direct = redisConnection(`redis://:test-pw@${old.host}:${old.port}`, { maxRetriesPerRequest: 3 });
+      try {
+        expect(((await direct.call('ROLE')) as string[])[0]).toBe('slave');
+      } finally {
+        direct.disconnect();
+      }
       expect(await ha.agreed()).toBe('redis-1');
       // the client follows the new primary by itself
       let after = '';
