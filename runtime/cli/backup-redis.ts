@@ -132,14 +132,14 @@ function clientOf(a: ServerAddress): Redis {
 
 /**
  * Takes a snapshot of `server` into `file` with `redis-cli --rdb`, after checking that the
- * server is a primary (`ROLE`). @returns the number of keys its database held (`DBSIZE`, read just
- * before). @throws CliError BACKUP_SOURCE_UNAVAILABLE when the server cannot be reached or is not a
+ * server is a primary (`ROLE`). What the snapshot holds is counted by loading it
+ * ({@link snapshotKeys}): a `DBSIZE` read around it counts a live database at another moment.
+ * @throws CliError BACKUP_SOURCE_UNAVAILABLE when the server cannot be reached or is not a
  * primary, BACKUP_SNAPSHOT_FAILED when redis-cli fails.
  */
-export async function snapshot(server: ServerAddress, file: string): Promise<number> {
+export async function snapshot(server: ServerAddress, file: string): Promise<void> {
   const c = clientOf(server);
   c.on('error', () => {});
-  let keys: number;
   try {
     await c.connect();
     const role = (await c.call('ROLE')) as [string, ...unknown[]];
@@ -148,7 +148,6 @@ export async function snapshot(server: ServerAddress, file: string): Promise<num
         'BACKUP_SOURCE_UNAVAILABLE',
         `${server.label} is a ${role[0]}, not the primary (a failover under way?)`,
       );
-    keys = await c.dbsize();
   } catch (err) {
     if (err instanceof CliError) throw err;
     throw new CliError('BACKUP_SOURCE_UNAVAILABLE', `Redis at ${server.label}: ${(err as Error).message}`);
@@ -180,7 +179,6 @@ export async function snapshot(server: ServerAddress, file: string): Promise<num
       'BACKUP_SNAPSHOT_FAILED',
       `redis-cli --rdb from ${server.label} failed: ${out.trim()}`,
     );
-  return keys;
 }
 
 /** True when `file` starts as an RDB does (`REDIS` and a 4-digit version). */
@@ -197,6 +195,78 @@ export async function connectedServices(client: Redis): Promise<{ api: number; a
     api: names.filter((n) => n === API_CONNECTION_NAME).length,
     agent: names.filter((n) => n === AGENT_CONNECTION_NAME).length,
   };
+}
+
+/** A snapshot served by a throwaway `redis-server` ({@link openSnapshot}). */
+interface OpenSnapshot {
+  /** A client of the throwaway server. */
+  client: Redis;
+  /** Disconnects and kills the server. */
+  close(): Promise<void>;
+}
+
+/**
+ * Starts a throwaway `redis-server` on a free loopback port that loads the RDB at `dir/fileName`
+ * (no persistence of its own) and connects to it.
+ * @throws CliError BACKUP_CORRUPT when redis-server cannot load the file (its log's reason).
+ */
+async function openSnapshot(dir: string, fileName: string): Promise<OpenSnapshot> {
+  const port = await freeLoopbackPort();
+  const server = spawn(
+    'redis-server',
+    [
+      '--port',
+      String(port),
+      '--bind',
+      '127.0.0.1',
+      '--dir',
+      dir,
+      '--dbfilename',
+      fileName,
+      '--appendonly',
+      'no',
+      '--save',
+      '',
+      '--databases',
+      '16',
+    ],
+    { stdio: ['ignore', 'pipe', 'pipe'] },
+  );
+  let log = '';
+  server.stdout.on('data', (d: Buffer) => (log += d));
+  server.stderr.on('data', (d: Buffer) => (log += d));
+  const client = new Redis({ host: '127.0.0.1', port, lazyConnect: true, maxRetriesPerRequest: 1 });
+  client.on('error', () => {});
+  const close = async () => {
+    client.disconnect();
+    if (server.exitCode === null) {
+      server.kill('SIGKILL');
+      await once(server, 'exit');
+    }
+  };
+  try {
+    await waitReady(server, () => log);
+    await client.connect();
+    return { client, close };
+  } catch (err) {
+    await close();
+    throw err;
+  }
+}
+
+/**
+ * The number of keys database `db` of the RDB at `dir/fileName` holds, by loading it: this also
+ * proves the file loads before it is shipped.
+ * @throws CliError BACKUP_CORRUPT when redis-server cannot load it.
+ */
+export async function snapshotKeys(dir: string, fileName: string, db: number): Promise<number> {
+  const snap = await openSnapshot(dir, fileName);
+  try {
+    await snap.client.select(db);
+    return await snap.client.dbsize();
+  } finally {
+    await snap.close();
+  }
 }
 
 /** What {@link restoreInto} did. */
@@ -224,32 +294,7 @@ export async function restoreInto(
 ): Promise<RestoreResult> {
   const target = redisConnection(url, { lazyConnect: true, maxRetriesPerRequest: 3 });
   target.on('error', () => {});
-  const port = await freeLoopbackPort();
-  const server = spawn(
-    'redis-server',
-    [
-      '--port',
-      String(port),
-      '--bind',
-      '127.0.0.1',
-      '--dir',
-      dir,
-      '--dbfilename',
-      fileName,
-      '--appendonly',
-      'no',
-      '--save',
-      '',
-      '--databases',
-      '16',
-    ],
-    { stdio: ['ignore', 'pipe', 'pipe'] },
-  );
-  let log = '';
-  server.stdout.on('data', (d: Buffer) => (log += d));
-  server.stderr.on('data', (d: Buffer) => (log += d));
-  const snap = new Redis({ host: '127.0.0.1', port, lazyConnect: true, maxRetriesPerRequest: 1 });
-  snap.on('error', () => {});
+  let snapshot: OpenSnapshot | undefined;
   try {
     await target.connect();
     const running = await connectedServices(target);
@@ -265,8 +310,8 @@ export async function restoreInto(
       progress(
         `${running.agent} agent connection(s): their sandboxes without a record in the backup are destroyed at their next reconciliation pass`,
       );
-    await waitReady(server, () => log);
-    await snap.connect();
+    snapshot = await openSnapshot(dir, fileName);
+    const snap = snapshot.client;
     const db = dbOf(url);
     await snap.select(db);
     const total = await snap.dbsize();
@@ -326,12 +371,8 @@ export async function restoreInto(
       },
     );
   } finally {
-    snap.disconnect();
     target.disconnect();
-    if (server.exitCode === null) {
-      server.kill('SIGKILL');
-      await once(server, 'exit');
-    }
+    await snapshot?.close();
   }
 }
 
@@ -348,7 +389,7 @@ function isDeploymentKey(k: string): boolean {
 }
 
 /** The database number `url` selects. */
-function dbOf(url: string): number {
+export function dbOf(url: string): number {
   const e = parseRedisUrl(url);
   if (e.kind === 'sentinel') return e.db;
   if (e.kind === 'socket') return 0;

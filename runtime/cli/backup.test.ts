@@ -12,7 +12,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { GetObjectCommand, HeadObjectCommand, PutObjectCommand, S3Client } from '@aws-sdk/client-s3';
 import { Redis } from 'ioredis';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { REDIS_PERSISTENCE } from '../../providers/runtime-settings.ts';
 import { freePort } from '../../test/redis-server.ts';
 import { type S3Server, startS3Server } from '../../test/s3-server.ts';
@@ -148,6 +148,37 @@ describe('space backup: a snapshot of the primary in an S3-compatible store, res
     const again = await redisServer('fresh');
     await check(again.client);
     for (const x of [live, again]) x.client.disconnect();
+  }, 60_000);
+
+  it('counts the keys the snapshot holds, not the live database around it (writes go on during the backup)', async () => {
+    const live = await redisServer('busy');
+    const writer = live.client.duplicate();
+    let writing = true;
+    let n = 0;
+    // a bounded stream of new keys for as long as the backup runs
+    const writes = (async () => {
+      while (writing && n < 200_000) await writer.set(`space:v1:k:${n++}`, 'v');
+    })();
+    await vi.waitFor(() => expect(n).toBeGreaterThan(100));
+    const r = await runBackup(
+      loadBackupConfig({ ...s3.env('busy'), SPACE_REDIS_URL: live.url }),
+      {},
+      () => {},
+    );
+    writing = false;
+    await writes;
+    writer.disconnect();
+    expect(r.keys).toBeGreaterThan(100);
+    expect(r.keys).toBeLessThan(n);
+    const fresh = await redisServer('busy-copy');
+    const out = await runRestore(
+      loadBackupConfig({ ...s3.env('busy'), SPACE_REDIS_URL: fresh.url }),
+      'latest',
+      () => {},
+    );
+    expect(out).toMatchObject({ key: r.key, restored: r.keys, removed: 0 });
+    expect(await fresh.client.dbsize()).toBe(r.keys);
+    for (const x of [live, fresh]) x.client.disconnect();
   }, 60_000);
 
   it('a restore is refused while an API is connected to the target, and nothing is written', async () => {

@@ -15,7 +15,7 @@ import { pipeline } from 'node:stream/promises';
 import type { Command } from 'commander';
 import { redactRedisUrl } from '../core/redis-connection.ts';
 import { type BackupConfig, loadBackupConfig } from './backup-config.ts';
-import { looksLikeRdb, primaryOf, restoreInto, snapshot } from './backup-redis.ts';
+import { dbOf, looksLikeRdb, primaryOf, restoreInto, snapshot, snapshotKeys } from './backup-redis.ts';
 import { BackupStore, expired } from './backup-store.ts';
 import { isJson } from './context.ts';
 import { CliError, formatBytes, parseNonNegativeInt, printJson, println, table } from './output.ts';
@@ -52,7 +52,9 @@ async function sha256Of(file: string): Promise<string> {
 export interface BackupRunResult {
   key: string;
   sha256: string;
+  /** Bytes of the RDB file. */
   size: number;
+  /** Keys the snapshot holds in the database of the Redis URL (counted by loading it). */
   keys: number;
   source: string;
   pruned: string[];
@@ -75,9 +77,15 @@ export async function runBackup(
       progress(`snapshot of ${server.label} (redis-cli --rdb)`);
       const at = now();
       const file = join(dir, 'dump.rdb');
-      const keys = await snapshot(server, file);
+      await snapshot(server, file);
       if (!(await looksLikeRdb(file)))
         throw new CliError('BACKUP_SNAPSHOT_FAILED', `what ${server.label} sent is not an RDB file`);
+      // counted from the file itself, which also proves it loads before it is shipped
+      const keys = await snapshotKeys(dir, 'dump.rdb', dbOf(c.redisUrl)).catch((err: unknown) => {
+        throw err instanceof CliError && err.code === 'BACKUP_CORRUPT'
+          ? new CliError('BACKUP_SNAPSHOT_FAILED', `what ${server.label} sent does not load: ${err.message}`)
+          : err;
+      });
       const [sha256, { size }] = await Promise.all([sha256Of(file), stat(file)]);
       progress(
         `uploading ${formatBytes(size)} (${keys} keys, sha256 ${sha256.slice(0, 12)}…) to ${store.url}`,
