@@ -405,6 +405,9 @@ describe('failover', () => {
       `failover ${fault} ${JSON.stringify({ firstCreateS: first.s, saw, resumes: streams.map((x) => x.resumes), churnRounds: churn.rounds.length, lost })}`,
     );
     expect(lost).toEqual([]);
+    // what clients may see during a failover: a refusal to retry (503 with Retry-After, 429) or a
+    // dropped connection (status 0); a 500, or a create refused as if the node were gone, is a fault
+    expect(Object.keys(saw).filter((k) => !/^(0|429|503) /.test(k))).toEqual([]);
     for (const x of streams) expect(x.ended).toBe(false);
     if (injected.everyStreamResumes) for (const x of streams) expect(x.resumes).toBeGreaterThan(0);
     // everything still live is known to the node and reserved, and nothing else is
