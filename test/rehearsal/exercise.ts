@@ -2,7 +2,8 @@
  * What the rehearsal does with a deployment once it is up, as a platform team would: the `space`
  * CLI through the load-balancer stand-in (sandboxes on every node VM, a command in each, the
  * latency benchmark with `--target`, a node drained through the control plane), then a version bump applied as the stack applies it while
- * sandboxes stream a counter, checked line by line (nothing lost, nothing repeated).
+ * sandboxes stream a counter, checked line by line (nothing lost, nothing repeated), and with
+ * several control VMs the one holding the Redis primary powered off while creates go on.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
@@ -17,11 +18,29 @@ export interface Target {
   readonly apiKey: string;
 }
 
-/** Runs `space --json <args>` against `t` and parses its stdout. Throws with the CLI's stderr. */
-export async function space<T>(t: Target, args: readonly string[], timeoutMs = 600_000): Promise<T> {
+/**
+ * Runs `space --json <args>` against `t` and parses its stdout; the CLI retries refusals to retry
+ * (503, 429) for `retryForSec`. Throws with the CLI's stderr.
+ */
+export async function space<T>(
+  t: Target,
+  args: readonly string[],
+  timeoutMs = 600_000,
+  retryForSec = 300,
+): Promise<T> {
   const out = await run(
     process.execPath,
-    [CLI, '--json', '--api-url', t.apiUrl, '--api-key', t.apiKey, '--retry-for', '300', ...args],
+    [
+      CLI,
+      '--json',
+      '--api-url',
+      t.apiUrl,
+      '--api-key',
+      t.apiKey,
+      '--retry-for',
+      String(retryForSec),
+      ...args,
+    ],
     { timeoutMs },
   );
   return JSON.parse(out) as T;
@@ -202,4 +221,153 @@ export function counterDamage(lines: readonly string[]): {
     if (n >= 0) last = Math.max(last, n);
   }
   return { count: endLine ? count : null, lost: count - seen.size, repeated };
+}
+
+/** A control VM as the failover phase sees it. */
+export interface ControlVm {
+  readonly name: string;
+  /** Private address: Redis on 6379, the API behind the load balancer. */
+  readonly address: string;
+  /** Pulls its plug (QEMU SIGKILL). */
+  powerOff(): Promise<void>;
+}
+
+/** What {@link powerOffPrimary} measured; seconds from the power-off unless said. */
+export interface FailoverRun {
+  /** The control VM that held the Redis primary, powered off. */
+  readonly poweredOff: string;
+  /** The control VM whose Redis answered `ROLE` as the primary afterwards; null if none did. */
+  readonly newPrimary: string | null;
+  /** One create through the load balancer just before the power-off (s): a create's own cost here. */
+  readonly preFaultCreateS: number;
+  /** Until a surviving Redis answered `ROLE` as the primary (Sentinel's failover). */
+  readonly newPrimaryS: number | null;
+  /** Until the load balancer's health checks took the dead VM's API out of rotation. */
+  readonly backendOutS: number | null;
+  /** Until the first create through the load balancer succeeded. */
+  readonly firstCreateS: number | null;
+  /**
+   * The measured failover plus a create: the later of `newPrimaryS` and `backendOutS`, plus two
+   * `preFaultCreateS` (one attempt that started just before the platform recovered, one after).
+   * Null when either was not seen.
+   */
+  readonly boundS: number | null;
+  /** What each create attempt got: `ok`, or the CLI's error code (`CONTROL_PLANE_UNAVAILABLE`, …). */
+  readonly attempts: Record<string, number>;
+  /** The sandbox made before the power-off ran a command after it. */
+  readonly survivorAnswered: boolean;
+}
+
+/** `ROLE` of the Redis at `address` (from inside the private network, with the password), or null. */
+async function roleOf(namespace: string, address: string, password: string): Promise<string | null> {
+  const out = await run(
+    'ip',
+    ['netns', 'exec', namespace, 'redis-cli', '--no-auth-warning', '-h', address, '-p', '6379', 'ROLE'],
+    {
+      timeoutMs: 10_000,
+      env: { ...process.env, REDISCLI_AUTH: password },
+    },
+  ).catch(() => null);
+  return out?.split('\n')[0]?.trim() || null;
+}
+
+/**
+ * Issue 44's rehearsal: finds the control VM whose Redis is the primary (`ROLE`), makes one sandbox
+ * and times it, pulls that VM's plug, then at once: watches the surviving Redis servers for a new
+ * primary, the load balancer's rotation for the dead API, and tries a create through the load
+ * balancer every 2 s (each attempt with no client-side retry, bounded by 120 s) until one succeeds
+ * or `waitMs` passes. Then runs a command in the sandbox made before the fault and deletes what it
+ * made. @throws Error when no control VM, or more than one, answers as the primary before the fault.
+ */
+export async function powerOffPrimary(
+  t: Target,
+  o: {
+    readonly controls: readonly ControlVm[];
+    readonly namespace: string;
+    readonly redisPassword: string;
+    /** The API backends in the load balancer's rotation (`address:port`). */
+    readonly inRotation: () => string[];
+    readonly apiPort: number;
+    readonly waitMs: number;
+    readonly log: (line: string) => void;
+  },
+): Promise<FailoverRun> {
+  const roles = await Promise.all(o.controls.map((c) => roleOf(o.namespace, c.address, o.redisPassword)));
+  const primaries = o.controls.filter((_, i) => roles[i] === 'master');
+  if (primaries.length !== 1)
+    throw new Error(`expected one primary among the control VMs, ROLE said: ${roles.join(', ')}`);
+  const primary = primaries[0]!;
+  const survivors = o.controls.filter((c) => c !== primary);
+  const made: string[] = [];
+  const c0 = Date.now();
+  const survivor = (await space<{ id: string }>(t, ['sandbox', 'create', '--timeout', '3600'])).id;
+  made.push(survivor);
+  const preFaultCreateS = (Date.now() - c0) / 1000;
+  o.log(
+    `failover: ${primary.name} holds the primary; a create took ${preFaultCreateS.toFixed(1)} s; powering it off`,
+  );
+  try {
+    const t0 = Date.now();
+    const since = () => (Date.now() - t0) / 1000;
+    await primary.powerOff();
+    const deadline = t0 + o.waitMs;
+    const watchPrimary = (async () => {
+      while (Date.now() < deadline) {
+        for (const c of survivors)
+          if ((await roleOf(o.namespace, c.address, o.redisPassword)) === 'master')
+            return { name: c.name, s: since() };
+        await new Promise((r) => setTimeout(r, 1_000));
+      }
+      return null;
+    })();
+    const dead = `${primary.address}:${o.apiPort}`;
+    const watchRotation = (async () => {
+      while (Date.now() < deadline) {
+        if (!o.inRotation().includes(dead)) return since();
+        await new Promise((r) => setTimeout(r, 500));
+      }
+      return null;
+    })();
+    const attempts: Record<string, number> = {};
+    let firstCreateS: number | null = null;
+    while (Date.now() < deadline) {
+      try {
+        made.push((await space<{ id: string }>(t, ['sandbox', 'create'], 120_000, 0)).id);
+        attempts['ok'] = (attempts['ok'] ?? 0) + 1;
+        firstCreateS = since();
+        break;
+      } catch (err) {
+        const code = /"code":"([A-Z_]+)"/.exec((err as Error).message)?.[1] ?? 'no answer';
+        attempts[code] = (attempts[code] ?? 0) + 1;
+        await new Promise((r) => setTimeout(r, 2_000));
+      }
+    }
+    // the watchers get until the deadline to see what they wait for, if the create came first
+    const [elected, backendOutS] = await Promise.all([watchPrimary, watchRotation]);
+    o.log(
+      `failover: new primary ${elected ? `${elected.name} after ${elected.s.toFixed(1)} s` : 'not seen'}; dead API out of rotation ${backendOutS === null ? 'not seen' : `after ${backendOutS.toFixed(1)} s`}; first create ${firstCreateS === null ? 'never' : `after ${firstCreateS.toFixed(1)} s`} (${JSON.stringify(attempts)})`,
+    );
+    const r = await space<{ stdout: string; exitCode: number }>(t, [
+      'exec',
+      survivor,
+      '--',
+      'echo',
+      'still-here',
+    ]).catch(() => null);
+    const boundS =
+      elected && backendOutS !== null ? Math.max(elected.s, backendOutS) + 2 * preFaultCreateS : null;
+    return {
+      poweredOff: primary.name,
+      newPrimary: elected?.name ?? null,
+      preFaultCreateS,
+      newPrimaryS: elected?.s ?? null,
+      backendOutS,
+      firstCreateS,
+      boundS,
+      attempts,
+      survivorAnswered: r?.exitCode === 0 && r.stdout.includes('still-here'),
+    };
+  } finally {
+    for (const id of made) await space(t, ['sandbox', 'rm', id]).catch(() => undefined);
+  }
 }

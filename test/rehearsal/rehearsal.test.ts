@@ -8,7 +8,7 @@ import { parse } from 'yaml';
 import { controlAddress } from '../../providers/vm-network.ts';
 import { counterDamage } from './exercise.ts';
 import { REHEARSAL_NET } from './host.ts';
-import { ONE_CONTROL_VM, renderStack } from './render.ts';
+import { controlVms, nodeVms, ONE_CONTROL_VM, renderStack } from './render.ts';
 import { macFor, networkConfig } from './vm.ts';
 
 const KEY = `space_${'ab'.repeat(24)}`;
@@ -35,6 +35,43 @@ describe('the rehearsal seeds VMs with what the program renders', () => {
     // a version bump is applied as `pulumi up` applies it: the VmConfig resource's own inputs
     expect(r.vmConfig?.['version']).toBe('9.9.9');
     expect(r.vmConfig?.['apiKey']).toBe(KEY);
+  }, 60_000);
+
+  it('akamai vm with three control VMs: each at the address the program gives it, the NodeBalancer checks as rendered, the nodes asked for', async () => {
+    const r = await renderStack('akamai', {
+      version: '9.9.9',
+      imageRepository: '10.88.1.1:5443/space',
+      privateCidr: REHEARSAL_NET.privateCidr,
+      routerUrl: 'http://10.88.1.1:8082',
+      bootstrapApiKey: KEY,
+      ...controlVms(3),
+      ...nodeVms('akamai', 1),
+    });
+    expect(r.vms.map((v) => [v.resource, v.role, v.address])).toEqual([
+      ['space-control', 'control', '10.88.0.10'],
+      ['space-control-1', 'control', '10.88.0.11'],
+      ['space-control-2', 'control', '10.88.0.12'],
+      ['space-node-default-0', 'node', '10.88.0.23'],
+    ]);
+    // each control VM's user data lists all three; the node's names the three sentinels
+    for (const v of r.vms)
+      for (const a of ['10.88.0.10', '10.88.0.11', '10.88.0.12']) expect(v.userData).toContain(a);
+    expect(r.vms[3]!.userData).toContain('redis-sentinel://');
+    for (const c of [r.healthChecks.api, r.healthChecks.router]) {
+      expect(c?.path).toBe('/readyz');
+      expect(c!.intervalSec).toBeGreaterThan(0);
+      expect(c!.attempts).toBeGreaterThan(0);
+    }
+    // one control VM: one backend, no timing set (the NodeBalancer's defaults)
+    const one = await renderStack('akamai', {
+      version: '9.9.9',
+      imageRepository: '10.88.1.1:5443/space',
+      privateCidr: REHEARSAL_NET.privateCidr,
+      routerUrl: 'http://10.88.1.1:8082',
+      bootstrapApiKey: KEY,
+      ...ONE_CONTROL_VM,
+    });
+    expect(one.healthChecks).toEqual({});
   }, 60_000);
 
   it('crusoe: the startup scripts, run by cloud-init as a user-data script', async () => {

@@ -7,11 +7,10 @@
  * Prints progress and, per VM, the steps of its user data that failed; `--json` prints the summary
  * as JSON. Once the API answers through the load balancer it uses the deployment as a platform team
  * would ({@link exercise}): a sandbox and a command on every node VM, `space bench latency
- * --target`, then a version bump while two sandboxes stream counters. Exit 0 only when every VM's
- * cloud-init finished with no failed step, every phase passed, and the streams lost and repeated
- * nothing. Root only.
- *
- * Not rehearsed here: the Crusoe scripts on a Redis 6.0 base (`bullseye`); see docs/deployment.md.
+ * --target`, then a version bump while two sandboxes stream counters, and with `--control-vms 3`
+ * (Akamai) the control VM holding the Redis primary powered off while creates go on through the
+ * load balancer. Exit 0 only when every VM's cloud-init finished with no failed step, every phase
+ * passed, and the streams lost and repeated nothing. Root only.
  */
 import { randomBytes } from 'node:crypto';
 import { mkdir, rm } from 'node:fs/promises';
@@ -27,8 +26,10 @@ import {
   counterDamage,
   type DrainRun,
   drainElsewhere,
+  type FailoverRun,
   liveNodes,
   type NodeRun,
+  powerOffPrimary,
   STOP_FILE,
   sandboxesOnEveryNode,
   space,
@@ -36,9 +37,9 @@ import {
   type Target,
 } from './exercise.ts';
 import { REHEARSAL_NET, run } from './host.ts';
-import { forward } from './load-balancer.ts';
+import { balance } from './load-balancer.ts';
 import { createNetwork, destroyNetwork } from './network.ts';
-import { ONE_CONTROL_VM, renderStack } from './render.ts';
+import { controlVms, nodeVms, renderStack } from './render.ts';
 import {
   pushImage,
   type Registry,
@@ -69,6 +70,9 @@ interface Options {
   upgrade: boolean;
   benchN: number;
   upgradeWaitMinutes: number;
+  controlVms: number;
+  nodeVms: number | undefined;
+  failoverWaitMinutes: number;
 }
 
 /** Host tools the rehearsal runs, and the Debian package of each. */
@@ -104,7 +108,7 @@ const STACKS = {
   akamai: {
     release: 'bookworm',
     why: 'the vm-mode stack (control VM + node VMs from Linode user data), on Debian 12',
-    overrides: { ...SLOW_HOST_ENV, ...ONE_CONTROL_VM },
+    overrides: { ...SLOW_HOST_ENV },
   },
   crusoe: {
     // Ubuntu 22.04 (Crusoe's default image) ships Redis 6.0, as Debian 11 does: the base that
@@ -113,7 +117,6 @@ const STACKS = {
     why: "the startup scripts, on Debian 11 (Redis 6.0 like Crusoe's Ubuntu 22.04); the pool runs gvisor: the rehearsal's VMs have no KVM for cloud-hypervisor",
     overrides: {
       ...SLOW_HOST_ENV,
-      ...ONE_CONTROL_VM,
       nodePools: JSON.stringify([{ name: 'default', driver: 'gvisor', instanceType: 'c1a.8x', count: 2 }]),
     },
   },
@@ -156,6 +159,8 @@ interface Summary {
       exitCode: number | null;
     }[];
   } | null;
+  /** With several control VMs: the one holding the Redis primary powered off (issue 44). */
+  failover: FailoverRun | null;
   /** What failed after the VMs were up (the first error of each phase). */
   errors: string[];
 }
@@ -177,8 +182,12 @@ interface ExerciseContext {
   /** The stack's config overrides the first rendering was made with (a bump renders again with them). */
   readonly overrides: Record<string, string>;
   readonly nodeCount: number;
-  /** The control VM's private address (Redis listens there). */
-  readonly controlAddress: string;
+  /** The control VMs (Redis, the API and the router on each). */
+  readonly controls: readonly Vm[];
+  /** The Redis password the rehearsal set (`space:redisPassword`). */
+  readonly redisPassword: string;
+  /** The API backends the load-balancer stand-in has in rotation. */
+  readonly apiInRotation: () => string[];
   readonly registry: Registry;
   readonly ca: RehearsalCa;
   readonly repository: string;
@@ -217,23 +226,29 @@ async function exercise(o: Options, summary: Summary, t: Target, x: ExerciseCont
   };
   await phase('redis', async () => {
     // from the namespace, the bridge's address (10.88.0.1) is inside the private network: past the
-    // control VM's firewall guard, so only the password stands between it and the state of record
-    const out = await run('ip', [
-      'netns',
-      'exec',
-      REHEARSAL_NET.namespace,
-      'redis-cli',
-      '-h',
-      x.controlAddress,
-      '-p',
-      '6379',
-      'GET',
-      DEPLOY_TARGET_VERSION_KEY,
-    ]).catch((err: Error) => err.message);
-    summary.redisRefusesWithoutPassword = /NOAUTH|Authentication required/i.test(out);
-    x.log(`redis without the password: ${out.trim().slice(0, 200)}`);
-    if (!summary.redisRefusesWithoutPassword)
-      throw new Error(`Redis answered a client without the password: ${out.slice(0, 200)}`);
+    // control VMs' firewall guard, so only the password stands between it and the state of record
+    summary.redisRefusesWithoutPassword = true;
+    for (const c of x.controls) {
+      const out = await run('ip', [
+        'netns',
+        'exec',
+        REHEARSAL_NET.namespace,
+        'redis-cli',
+        '-h',
+        c.spec.address,
+        '-p',
+        '6379',
+        'GET',
+        DEPLOY_TARGET_VERSION_KEY,
+      ]).catch((err: Error) => err.message);
+      const refused = /NOAUTH|Authentication required/i.test(out);
+      summary.redisRefusesWithoutPassword &&= refused;
+      x.log(`redis on ${c.spec.name} without the password: ${out.trim().slice(0, 200)}`);
+      if (!refused)
+        throw new Error(
+          `Redis on ${c.spec.name} answered a client without the password: ${out.slice(0, 200)}`,
+        );
+    }
   });
   const registered = await phase('nodes', async () => {
     const deadline = Date.now() + o.apiWaitMinutes * 60_000;
@@ -265,11 +280,13 @@ async function exercise(o: Options, summary: Summary, t: Target, x: ExerciseCont
     for (const r of summary.nodeRuns) x.log(`${r.node}: ${r.sandbox} ran: ${r.output.replace(/\n/g, ' | ')}`);
   });
   if (!ran) return;
-  await phase('drain', async () => {
-    const node = [...new Set(summary.nodeRuns.map((r) => r.node))].sort()[0]!;
-    summary.drain = await drainElsewhere(t, node, 2);
-    x.log(`drain: ${node} drained; creates went to ${summary.drain.placedOn.join(', ')}; undrained`);
-  });
+  // a drain needs another node to send creates to
+  if (x.nodeCount > 1)
+    await phase('drain', async () => {
+      const node = [...new Set(summary.nodeRuns.map((r) => r.node))].sort()[0]!;
+      summary.drain = await drainElsewhere(t, node, 2);
+      x.log(`drain: ${node} drained; creates went to ${summary.drain.placedOn.join(', ')}; undrained`);
+    });
   await phase('bench', async () => {
     const doc = (await benchLatency(t, o.benchN)) as {
       summary: { rows: { source: string; metric: string; summary: { n: number; p50: number } }[] };
@@ -283,7 +300,44 @@ async function exercise(o: Options, summary: Summary, t: Target, x: ExerciseCont
     for (const r of summary.bench)
       x.log(`bench latency: ${r.source} ${r.metric} n=${r.n} p50 ${r.p50Ms.toFixed(0)} ms`);
   });
-  if (!o.upgrade) return;
+  if (o.upgrade) await upgrade(o, summary, t, x, phase);
+  if (x.controls.length > 1)
+    await phase('failover', async () => {
+      const f = await powerOffPrimary(t, {
+        controls: x.controls.map((v) => ({
+          name: v.spec.name,
+          address: v.spec.address,
+          powerOff: () => v.powerOff(),
+        })),
+        namespace: REHEARSAL_NET.namespace,
+        redisPassword: x.redisPassword,
+        inRotation: x.apiInRotation,
+        apiPort: API_PORT,
+        waitMs: o.failoverWaitMinutes * 60_000,
+        log: x.log,
+      });
+      summary.failover = f;
+      if (f.firstCreateS === null)
+        throw new Error(`no create succeeded within ${o.failoverWaitMinutes} min of the power-off`);
+      if (f.boundS === null)
+        throw new Error('the new primary or the dead API leaving the rotation was not seen');
+      if (f.firstCreateS > f.boundS)
+        throw new Error(
+          `the first create came ${f.firstCreateS.toFixed(1)} s after the power-off, past the measured failover plus two creates (${f.boundS.toFixed(1)} s)`,
+        );
+      if (!f.survivorAnswered)
+        throw new Error('the sandbox made before the power-off did not run a command after it');
+    });
+}
+
+/** The version bump phase of {@link exercise}. */
+async function upgrade(
+  o: Options,
+  summary: Summary,
+  t: Target,
+  x: ExerciseContext,
+  phase: (name: string, f: () => Promise<void>) => Promise<boolean>,
+) {
   const to = o.upgradeTo ?? `${o.version}-next`;
   await phase('upgrade', async () => {
     x.log(`upgrade: stamp and push ${x.repository}:${to}`);
@@ -311,10 +365,17 @@ async function exercise(o: Options, summary: Summary, t: Target, x: ExerciseCont
       let rolledSeconds: number | null = null;
       for (;;) {
         const nodes = await liveNodes(t).catch(() => [] as NodeInfo[]);
-        const api = await healthVersion(t.apiUrl);
-        const router = await healthVersion(x.routerUrl);
+        // every control VM's API and router, each asked directly (the load balancer picks one)
+        const apis = await Promise.all(
+          x.controls.map((c) => healthVersion(`http://${c.spec.address}:${API_PORT}`)),
+        );
+        const routers = await Promise.all(
+          x.controls.map((c) => healthVersion(`http://${c.spec.address}:${ROUTER_PORT}`)),
+        );
+        const api = apis.join(',');
+        const router = routers.join(',');
         const done = nodes.filter((n) => n.version === to).length;
-        if (api === to && router === to && done >= x.nodeCount) {
+        if (apis.every((v) => v === to) && routers.every((v) => v === to) && done >= x.nodeCount) {
           rolledSeconds = Math.round((Date.now() - t1) / 1000);
           break;
         }
@@ -363,6 +424,16 @@ async function main(o: Options): Promise<Summary> {
       `rehearse: missing tools: apt-get install -y --no-install-recommends ${missing.join(' ')}`,
     );
   const t0 = Date.now();
+  if (![1, 3, 5].includes(o.controlVms))
+    throw new Error(
+      `rehearse: --control-vms is 1, 3 or 5 (got ${o.controlVms}), as space:controlPlane.replicas`,
+    );
+  if (o.controlVms > 1 && o.stack !== 'akamai')
+    throw new Error(
+      "rehearse: --control-vms > 1 is rehearsed on akamai only: Crusoe's stack has no load balancer (clients reach the first control VM), so there is nothing to fail over to",
+    );
+  if (o.nodeVms !== undefined && !(Number.isInteger(o.nodeVms) && o.nodeVms >= 1))
+    throw new Error(`rehearse: --node-vms is a whole number of at least 1 (got ${o.nodeVms})`);
   const log = (line: string) => {
     // progress on stderr either way: with --json, stdout carries the summary alone
     process.stderr.write(`[${((Date.now() - t0) / 1000).toFixed(0).padStart(5)} s] ${line}\n`);
@@ -409,8 +480,13 @@ async function main(o: Options): Promise<Summary> {
     await pushImage(registry, ca, o.image, `${repository}:${o.version}`);
     const lbHost = REHEARSAL_NET.hostAddress;
     const apiKey = process.env['SPACE_REHEARSAL_API_KEY'] ?? `space_${randomBytes(24).toString('hex')}`;
+    // a password the rehearsal knows, so it can ask the control VMs' Redis which is the primary
+    const redisPassword = randomBytes(24).toString('hex');
     const overrides = {
       ...target.overrides,
+      ...controlVms(o.controlVms),
+      ...(o.nodeVms !== undefined ? nodeVms(o.stack, o.nodeVms) : {}),
+      redisPassword,
       imageRepository: repository,
       privateCidr: REHEARSAL_NET.privateCidr,
       routerUrl: `http://${lbHost}:${ROUTER_PORT}`,
@@ -422,8 +498,9 @@ async function main(o: Options): Promise<Summary> {
     const rendering = await renderStack(o.stack, { ...overrides, version: o.version });
     log(`rendered: ${rendering.vms.map((v) => v.resource).join(', ')}`);
     let nodeIndex = 0;
+    let controlIndex = 0;
     for (const r of rendering.vms) {
-      const name = r.role === 'control' ? 'control' : `node${nodeIndex++}`;
+      const name = r.role === 'control' ? `control${controlIndex++ || ''}` : `node${nodeIndex++}`;
       const address = r.address;
       log(`boot ${name} (${address}) from ${r.resource}`);
       vms.push(
@@ -443,10 +520,13 @@ async function main(o: Options): Promise<Summary> {
     cleanup.push(async () => {
       for (const v of vms) await v.stop();
     });
-    const control = vms.find((v) => v.spec.name === 'control');
-    if (!control) throw new Error('the program rendered no control VM');
-    const api = await forward(lbHost, API_PORT, control.spec.address, API_PORT);
-    const router = await forward(lbHost, ROUTER_PORT, control.spec.address, ROUTER_PORT);
+    const controls = vms.filter((v) => v.spec.name.startsWith('control'));
+    if (controls.length === 0) throw new Error('the program rendered no control VM');
+    const nodeCount = vms.length - controls.length;
+    // the NodeBalancer: one backend per control VM, checked as the program configured it
+    const backends = (port: number) => controls.map((c) => ({ host: c.spec.address, port }));
+    const api = await balance(lbHost, API_PORT, backends(API_PORT), rendering.healthChecks.api);
+    const router = await balance(lbHost, ROUTER_PORT, backends(ROUTER_PORT), rendering.healthChecks.router);
     cleanup.push(api.close, router.close);
     const summary: Summary = {
       ok: false,
@@ -458,6 +538,7 @@ async function main(o: Options): Promise<Summary> {
       drain: null,
       bench: null,
       upgrade: null,
+      failover: null,
       errors: [],
     };
     // one deadline for all of them: they boot at once, so waiting for each in turn must not add up
@@ -503,8 +584,10 @@ async function main(o: Options): Promise<Summary> {
         { apiUrl: `http://${lbHost}:${API_PORT}`, apiKey },
         {
           overrides,
-          nodeCount: vms.length - 1,
-          controlAddress: control.spec.address,
+          nodeCount,
+          controls,
+          redisPassword,
+          apiInRotation: api.inRotation,
           registry,
           ca,
           repository,
@@ -518,8 +601,9 @@ async function main(o: Options): Promise<Summary> {
       summary.errors.length === 0 &&
       summary.redisRefusesWithoutPassword === true &&
       summary.vms.every((v) => v.cloudInitSeconds !== null && v.blockers.length === 0) &&
-      summary.nodeRuns.length === vms.length - 1 &&
-      summary.drain !== null &&
+      summary.nodeRuns.length === nodeCount &&
+      (nodeCount < 2 || summary.drain !== null) &&
+      (controls.length < 2 || summary.failover !== null) &&
       (!o.upgrade ||
         (summary.upgrade?.rolledSeconds != null &&
           summary.upgrade.streams.length === 2 &&
@@ -582,10 +666,33 @@ const program = new Command('rehearse')
     (v) => Number(v),
     40,
   )
+  .option(
+    '--control-vms <n>',
+    'control VMs (space:controlPlane.replicas: 1, 3 or 5); with 3 or 5 (akamai) the one holding the Redis primary is powered off at the end',
+    (v) => Number(v),
+    1,
+  )
+  .option(
+    '--node-vms <n>',
+    "VMs in the stack's node pool (default: the stack file's count); with 1 there is no drain phase",
+    (v) => Number(v),
+  )
+  .option(
+    '--failover-wait-minutes <n>',
+    'how long creates may fail after the power-off before the phase fails',
+    (v) => Number(v),
+    10,
+  )
   .option('--json', 'print the summary as JSON', false)
   .action(async (opts: Options) => {
     const summary = await main(opts);
     if (opts.json) process.stdout.write(`${JSON.stringify(summary, null, 2)}\n`);
     process.exitCode = summary.ok ? 0 : 1;
   });
-await program.parseAsync();
+try {
+  await program.parseAsync();
+} catch (err) {
+  // a refusal before anything started (flags, root, missing tools): its message, not a stack
+  process.stderr.write(`${(err as Error).message}\n`);
+  process.exitCode = 2;
+}

@@ -7,9 +7,10 @@
 import { readFileSync } from 'node:fs';
 import { parse } from 'yaml';
 import { installMocks, resolved, settle, unwrapSecrets } from '../../providers/testing/mocks.ts';
-import { controlAddress } from '../../providers/vm-network.ts';
+import { controlAddresses } from '../../providers/vm-network.ts';
 import { nthHost } from '../../runtime/core/net-address.ts';
 import { run } from '../../stacks/program.ts';
+import type { HealthCheck } from './load-balancer.ts';
 
 /** A VM the program made, with what it boots with. */
 export interface RenderedVm {
@@ -32,13 +33,51 @@ export interface Rendering {
    * that already run. Absent when the program made none.
    */
   readonly vmConfig?: Record<string, unknown>;
+  /**
+   * The health checks of the NodeBalancer's API and router configurations (Akamai), as the program
+   * set them; absent when it set no HTTP check or no timing (one control VM: one backend).
+   */
+  readonly healthChecks: { readonly api?: HealthCheck; readonly router?: HealthCheck };
+}
+
+/** The Linode NodeBalancerConfig inputs that make a health check (pulumi-linode's field names). */
+function healthCheckOf(inputs: Record<string, unknown>): HealthCheck | undefined {
+  const { check, checkPath, checkInterval, checkTimeout, checkAttempts } = inputs;
+  if (check !== 'http' || typeof checkPath !== 'string') return undefined;
+  if (![checkInterval, checkTimeout, checkAttempts].every((v) => typeof v === 'number')) return undefined;
+  return {
+    path: checkPath,
+    intervalSec: checkInterval as number,
+    timeoutSec: checkTimeout as number,
+    attempts: checkAttempts as number,
+  };
 }
 
 /**
- * One control VM, whatever the stack file asks (it sets three: docs/deployment.md "Redis:
- * failover"): a 2-core host cannot boot two more VMs under emulation within a run.
+ * `n` control VMs (`space:controlPlane.replicas`), whatever the stack file asks (it sets three:
+ * docs/deployment.md "Redis: failover"). The rehearsal boots one unless told: a 2-core host
+ * emulates three more VMs slowly.
  */
-export const ONE_CONTROL_VM = { controlPlane: JSON.stringify({ replicas: 1 }) };
+export function controlVms(n: number): { controlPlane: string } {
+  return { controlPlane: JSON.stringify({ replicas: n }) };
+}
+
+/** One control VM: {@link controlVms}(1). */
+export const ONE_CONTROL_VM = controlVms(1);
+
+/**
+ * `count` VMs in the stack file's first node pool (the others dropped), as a `space:nodePools`
+ * override. @throws Error when the stack file has no node pool.
+ */
+export function nodeVms(
+  stack: string,
+  count: number,
+  pool: Record<string, unknown> = {},
+): { nodePools: string } {
+  const pools = JSON.parse(stackFileConfig(stack)['nodePools'] ?? '[]') as Record<string, unknown>[];
+  if (!pools[0]) throw new Error(`rehearsal: stack ${stack} has no space:nodePools`);
+  return { nodePools: JSON.stringify([{ ...pools[0], ...pool, count }]) };
+}
 
 /** `space:*` values of `stacks/Pulumi.<stack>.yaml` as Pulumi passes them (objects as JSON). */
 export function stackFileConfig(stack: string): Record<string, string> {
@@ -80,9 +119,16 @@ export async function renderStack(stack: string, overrides: Record<string, strin
   await settle(recorded);
   const vms: RenderedVm[] = [];
   let vmConfig: Record<string, unknown> | undefined;
+  const healthChecks: { api?: HealthCheck; router?: HealthCheck } = {};
   for (const r of recorded) {
     const inputs = unwrapSecrets(r.inputs) as Record<string, unknown>;
     if (r.type === 'pulumi-nodejs:dynamic/space:VmConfig') vmConfig = inputs;
+    if (r.type === 'linode:index/nodeBalancerConfig:NodeBalancerConfig') {
+      const which =
+        r.name === 'space-api-nb-config' ? 'api' : r.name === 'space-router-nb-config' ? 'router' : null;
+      const check = healthCheckOf(inputs);
+      if (which && check) healthChecks[which] = check;
+    }
     let userData: string | undefined;
     if (r.type === 'linode:index/instance:Instance') {
       const md = inputs['metadatas'] as { userData?: string }[] | undefined;
@@ -100,14 +146,18 @@ export async function renderStack(stack: string, overrides: Record<string, strin
   }
   const resolvedOutputs: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(outputs)) resolvedOutputs[k] = await resolved(v);
-  return { vms, outputs: resolvedOutputs, ...(vmConfig ? { vmConfig } : {}) };
+  return { vms, outputs: resolvedOutputs, healthChecks, ...(vmConfig ? { vmConfig } : {}) };
 }
 
 /**
- * The rehearsal's private address for VM resource `name` in `cidr`: the control VM at
- * {@link controlAddress} (where Akamai's program puts it), a node at host 21, 22, … by the order in
- * which addresses are asked for (`index`, counting the control VM's). Pure.
+ * The rehearsal's private address for VM resource `name` in `cidr`: control VM `i`
+ * (`space-control`, `space-control-<i>`) where Akamai's program puts it ({@link controlAddresses}),
+ * a node at host 20 + `index`, `index` counting the addresses asked for before (the control VMs'
+ * included). Pure.
  */
 function rehearsalAddress(cidr: string, name: string, index: number): string {
-  return name.includes('control') ? controlAddress(cidr) : nthHost(cidr, 20 + index);
+  const control = /^space-control(?:-(\d+))?$/.exec(name);
+  if (!control) return nthHost(cidr, 20 + index);
+  const i = Number(control[1] ?? 0);
+  return controlAddresses(cidr, i + 1)[i]!;
 }

@@ -9,6 +9,7 @@
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
+import { once } from 'node:events';
 import { createWriteStream } from 'node:fs';
 import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { connect } from 'node:net';
@@ -46,6 +47,11 @@ export interface Vm {
    * SIGKILL.
    */
   stop(graceMs?: number): Promise<void>;
+  /**
+   * Pulls the plug: SIGKILL to QEMU, no shutdown inside (the guest's disks and journal stay as they
+   * were at that instant). Resolves once QEMU has exited; {@link stop} is then a no-op.
+   */
+  powerOff(): Promise<void>;
   /**
    * After {@link stop}: the journal of the VM's `space-*` units (and cloud-init's), read from its
    * disk without booting it (`debugfs` dumps `/var/log/journal`, `journalctl --directory` reads
@@ -181,6 +187,12 @@ export async function bootVm(spec: VmSpec, workDir: string): Promise<Vm> {
       await gone;
       clearTimeout(term);
       clearTimeout(kill);
+    },
+    async powerOff() {
+      if (exited) return;
+      const gone = once(child, 'exit');
+      child.kill('SIGKILL');
+      await gone;
     },
     async journal() {
       const raw = join(dir, 'disk.raw');
