@@ -12,15 +12,19 @@ import { controlVms, nodeVms, ONE_CONTROL_VM, renderStack } from './render.ts';
 import { macFor, networkConfig } from './vm.ts';
 
 const KEY = `space_${'ab'.repeat(24)}`;
+/** What the rehearsal sets on the Akamai stack besides its shape. */
+const AKAMAI = {
+  version: '9.9.9',
+  imageRepository: '10.88.1.1:5443/space',
+  privateCidr: REHEARSAL_NET.privateCidr,
+  routerUrl: 'http://10.88.1.1:8082',
+  bootstrapApiKey: KEY,
+};
 
 describe('the rehearsal seeds VMs with what the program renders', () => {
   it('akamai vm: a control VM and one VM per pool node, each with its own #cloud-config naming the rehearsal registry', async () => {
     const r = await renderStack('akamai', {
-      version: '9.9.9',
-      imageRepository: '10.88.1.1:5443/space',
-      privateCidr: REHEARSAL_NET.privateCidr,
-      routerUrl: 'http://10.88.1.1:8082',
-      bootstrapApiKey: KEY,
+      ...AKAMAI,
       ...ONE_CONTROL_VM,
     });
     expect(r.vms.map((v) => v.role)).toEqual(['control', 'node', 'node']);
@@ -39,11 +43,7 @@ describe('the rehearsal seeds VMs with what the program renders', () => {
 
   it('akamai vm with three control VMs: each at the address the program gives it, the NodeBalancer checks as rendered, the nodes asked for', async () => {
     const r = await renderStack('akamai', {
-      version: '9.9.9',
-      imageRepository: '10.88.1.1:5443/space',
-      privateCidr: REHEARSAL_NET.privateCidr,
-      routerUrl: 'http://10.88.1.1:8082',
-      bootstrapApiKey: KEY,
+      ...AKAMAI,
       ...controlVms(3),
       ...nodeVms('akamai', 1),
     });
@@ -64,11 +64,7 @@ describe('the rehearsal seeds VMs with what the program renders', () => {
     }
     // one control VM: one backend, no timing set (the NodeBalancer's defaults)
     const one = await renderStack('akamai', {
-      version: '9.9.9',
-      imageRepository: '10.88.1.1:5443/space',
-      privateCidr: REHEARSAL_NET.privateCidr,
-      routerUrl: 'http://10.88.1.1:8082',
-      bootstrapApiKey: KEY,
+      ...AKAMAI,
       ...ONE_CONTROL_VM,
     });
     expect(one.healthChecks).toEqual({});
