@@ -237,6 +237,12 @@ export const agentSettings = {
     'SPACE_DRAIN_FILE',
     'While this file exists the node is draining (e.g. cordoned before the cloud replaces it): heartbeats mark it unschedulable, so no new sandbox is placed here, and at SIGTERM the agent first waits up to SPACE_DRAIN_WAIT_MS for its sandboxes to end. Empty: never.',
   ),
+  restartHoldMs: setting.int(
+    'SPACE_AGENT_RESTART_HOLD_MS',
+    'When the agent stops keeping its sandboxes (SPACE_AGENT_ON_SHUTDOWN=keep) and the node is not draining, it tells the control plane it will be back within this long (the node hash’s `restartBy`): until then the control plane does not declare the node lost, whatever its node-lost grace, so a slow restart or upgrade kills no sandbox. Capped by the API at 30 min. 0: no hold (the node-lost grace alone), ms.',
+    600_000,
+    0,
+  ),
   drainWaitMs: setting.int(
     'SPACE_DRAIN_WAIT_MS',
     'How long a draining agent waits at SIGTERM for its sandboxes to end before it stops (they keep running, or are destroyed, per SPACE_AGENT_ON_SHUTDOWN), ms.',

@@ -117,6 +117,8 @@ export class NodeRegistry {
         heartbeatAt: String(Date.now()),
         inventoryAt: String(at),
       })
+      // back: a restart's hold (stop()) is over
+      .hdel(nk, 'restartBy')
       .hsetnx(nk, 'usedVcpusMilli', '0')
       .hsetnx(nk, 'usedMemoryMiB', '0')
       .hsetnx(nk, 'sandboxes', '0')
@@ -151,14 +153,20 @@ export class NodeRegistry {
    * (the node's sandboxes are being destroyed) it also stops counting as alive at once; without it
    * (a restart that keeps its sandboxes) the alive key simply expires, and the control plane
    * waits its node-lost grace before giving up on the sandboxes, so the next agent re-adopts them.
+   * `restartHoldMs` > 0 (a restart, not a node going away) also writes `restartBy` (now + it,
+   * epoch ms) to the node hash: the control plane does not declare the node lost before then
+   * (api/reconciler.ts), so a restart slower than the grace kills nothing. The next heartbeat
+   * removes it.
    */
-  async stop(deregister: boolean): Promise<void> {
+  async stop(deregister: boolean, restartHoldMs = 0): Promise<void> {
     if (this.#timer) clearInterval(this.#timer);
     const m = this.#redis
       .multi()
       .hset(keys.node(this.#reg.id), 'schedulable', '0')
       .del(keys.nodeWarm(this.#reg.id));
     if (deregister) m.del(keys.nodeAlive(this.#reg.id));
+    else if (restartHoldMs > 0)
+      m.hset(keys.node(this.#reg.id), 'restartBy', String(Date.now() + restartHoldMs));
     await m.exec();
   }
 }

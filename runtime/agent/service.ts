@@ -414,7 +414,8 @@ export async function startAgent(config: AgentConfig): Promise<RunningAgent> {
       await snapshotsMade;
       // deregistering is a courtesy (the alive key expires anyway): never let a dead Redis hold up shutdown
       await Promise.race([
-        registry.stop(onShutdown === 'destroy'),
+        // a restart that keeps its sandboxes holds them for the next agent; a node going away does not
+        registry.stop(onShutdown === 'destroy', draining() ? 0 : config.restartHoldMs),
         new Promise((r) => setTimeout(r, 2000)),
       ]).catch((err: unknown) => log.warn({ err }, 'deregistration failed'));
       sandboxes.stopAccepting();

@@ -2,10 +2,11 @@
 import { Redis } from 'ioredis';
 import pino from 'pino';
 import { afterAll, beforeEach, describe, expect, inject, it } from 'vitest';
+import { NodeRegistry } from '../agent/registry.ts';
 import { keys } from '../core/redis-keys.ts';
 import { UNLIMITED_QUOTAS } from '../core/tenancy.ts';
 import { OperationStore } from './operations.ts';
-import { NODE_LOST_GRACE_MS, Reconciler } from './reconciler.ts';
+import { MAX_RESTART_HOLD_MS, NODE_LOST_GRACE_MS, Reconciler } from './reconciler.ts';
 import { withScripts } from './redis-scripts.ts';
 import { SandboxStore } from './sandbox-store.ts';
 import { newSandbox } from './test-records.ts';
@@ -70,6 +71,65 @@ describe('Reconciler', () => {
     expect((await sandboxes.get('sbx_recon0000000000009'))?.state).toBe('running');
     // a node still silent a whole grace after Redis came back is lost
     expect((await own.pass(Date.now() + NODE_LOST_GRACE_MS + 1000)).lost).toEqual(['sbx_recon0000000000009']);
+  });
+
+  it('a restart the agent announced holds its node past the grace until it said it would be back, capped; its next heartbeat ends the hold', async () => {
+    const own = new Reconciler(sandboxes, new OperationStore(redis), pino({ level: 'silent' }));
+    const id = 'sbx_recon0000000000010';
+    await runningOn('n5', id, Date.now() - 60_000);
+    const registry = new NodeRegistry({
+      redis,
+      registration: {
+        id: 'n5',
+        url: 'http://127.0.0.1:1',
+        driver: 'gvisor',
+        capabilities: [],
+        protocol: 3,
+        version: 'test',
+        vcpus: 8,
+        memoryMiB: 8192,
+        maxSandboxes: 10,
+        hibernateStore: 'local',
+      },
+      log: pino({ level: 'silent' }),
+      state: () => ({
+        schedulable: true,
+        templates: ['base'],
+        warm: {},
+        warmHeld: { memoryMiB: 0, slotFootprintMiB: 0, slotVcpusMilli: 0, slotMemoryMiB: 0 },
+        sandboxes: [id],
+        disk: null,
+      }),
+    });
+    const stopAndExpire = async (holdMs: number) => {
+      await registry.beat();
+      const at = Date.now();
+      await registry.stop(false, holdMs);
+      await redis.del(keys.nodeAlive('n5'));
+      return at;
+    };
+    // a restart slower than the grace: held until restartBy
+    const at = await stopAndExpire(10 * 60_000);
+    expect(Number(await redis.hget(keys.node('n5'), 'restartBy'))).toBeGreaterThanOrEqual(at + 10 * 60_000);
+    expect(await own.pass(at + NODE_LOST_GRACE_MS + 60_000)).toEqual({ lost: [], requeued: [] });
+    expect(await own.pass(at + 9 * 60_000)).toEqual({ lost: [], requeued: [] });
+    expect((await sandboxes.get(id))?.state).toBe('running');
+    // the agent came back: its heartbeat ends the hold
+    await registry.beat();
+    expect(await redis.hget(keys.node('n5'), 'restartBy')).toBeNull();
+    // a hold longer than the cap counts from the last heartbeat for MAX_RESTART_HOLD_MS only
+    const long = await stopAndExpire(24 * 60 * 60_000);
+    expect(await own.pass(long + MAX_RESTART_HOLD_MS - 60_000)).toEqual({ lost: [], requeued: [] });
+    expect((await own.pass(long + MAX_RESTART_HOLD_MS + 60_000)).lost).toEqual([id]);
+  });
+
+  it('without a hold (SPACE_AGENT_RESTART_HOLD_MS=0, or a node going away) the grace alone decides', async () => {
+    const id = 'sbx_recon0000000000011';
+    await runningOn('n6', id, Date.now() - 60_000);
+    await redis.del(keys.nodeAlive('n6'));
+    const at = Date.now();
+    await redis.hset(keys.node('n6'), 'heartbeatAt', String(at));
+    expect((await reconciler.pass(at + NODE_LOST_GRACE_MS + 1000)).lost).toEqual([id]);
   });
 
   it('declares lost a sandbox an alive node stopped reporting, and records a crash the node saw', async () => {

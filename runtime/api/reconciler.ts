@@ -32,6 +32,12 @@ export const INVENTORY_GRACE_MS = 5_000;
  * upgrade re-adopts its sandboxes) before its sandboxes are declared lost (ms).
  */
 export const NODE_LOST_GRACE_MS = 120_000;
+/**
+ * The longest a node's announced restart (`restartBy` in its hash, written by an agent that stops
+ * keeping its sandboxes: SPACE_AGENT_RESTART_HOLD_MS) may hold off its loss, counted from its last
+ * heartbeat (ms): a node that never comes back is declared lost after this at the latest.
+ */
+export const MAX_RESTART_HOLD_MS = 30 * 60_000;
 /** A sandbox in `killing` this long without an update gets its delete queued again (ms). */
 export const STUCK_KILLING_MS = 60_000;
 
@@ -91,16 +97,17 @@ export class Reconciler {
     const lost: string[] = [];
     const requeued: string[] = [];
     for (const node of await redis.smembers(keys.nodeIndex())) {
-      const [alive, inventoryAt, placed, inventory, ended, heartbeatAt] = await Promise.all([
+      const [alive, [inventoryAt, heartbeatAt, restartBy], placed, inventory, ended] = await Promise.all([
         redis.exists(keys.nodeAlive(node)),
-        redis.hget(keys.node(node), 'inventoryAt'),
+        redis.hmget(keys.node(node), 'inventoryAt', 'heartbeatAt', 'restartBy'),
         redis.smembers(keys.nodeSandboxes(node)),
         redis.smembers(keys.nodeInventory(node)),
         redis.hgetall(keys.nodeEnded(node)),
-        redis.hget(keys.node(node), 'heartbeatAt'),
       ]);
       const deadFor = alive === 1 ? 0 : this.#outage.silentFor(Number(heartbeatAt ?? 0), now);
-      const lostNode = deadFor > this.#graceMs;
+      // an announced restart holds the node until its agent said it would be back (capped)
+      const heldUntil = Math.min(Number(restartBy ?? 0), Number(heartbeatAt ?? 0) + MAX_RESTART_HOLD_MS);
+      const lostNode = deadFor > this.#graceMs && now >= heldUntil;
       if (lostNode && (await redis.hsetnx(keys.node(node), 'lostAt', String(now))) === 1) {
         // the fence: the node must reconcile before it may heartbeat again (agent/registry.ts)
         this.#log.warn({ [F.nodeId]: node, deadForMs: deadFor }, 'node declared lost');
