@@ -99,18 +99,43 @@ describe('readEvents', () => {
     expect(calls).toBe(1);
   });
 
-  it('gives up after maxRetries consecutive drops', async () => {
+  it('waits out a data plane that is away for many attempts (a router restart in a roll), losing nothing', async () => {
+    const url = await serve((req, res, n) => {
+      if (n === 0) {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(frame(1, 'stdout', out('a')));
+        setTimeout(() => res.socket?.destroy(), 20);
+      } else if (n < 12) {
+        // eleven refusals in a row: the restarting node or router
+        res.writeHead(503, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ error: { code: 'NODE_UNAVAILABLE', message: 'restarting' } }));
+      } else {
+        expect(req.headers['last-event-id']).toBe('1');
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.end(frame(2, 'stdout', out('b')) + frame(3, 'exit', EXIT));
+      }
+    });
+    const events = await collect(readEvents({ url, token: 't', retryDelayMs: 1, retryForMs: 10_000 }));
+    expect(events.map((e) => e.id)).toEqual(['1', '2', '3']);
+  });
+
+  it('gives up once drops in a row have lasted retryForMs, and not before', async () => {
     let calls = 0;
     const url = await serve((_req, res) => {
       calls++;
       res.writeHead(200);
       res.end(); // ends without an exit event
     });
-    const err = await collect(readEvents({ url, token: 't', retryDelayMs: 1, maxRetries: 2 })).catch(
+    const t0 = Date.now();
+    const err = await collect(readEvents({ url, token: 't', retryDelayMs: 20, retryForMs: 300 })).catch(
       (e) => e,
     );
     expect(err).toBeInstanceOf(CliError);
     expect(err.code).toBe('STREAM_DROPPED');
-    expect(calls).toBe(3);
+    expect(err.message).toMatch(/gave up after \d+ attempts over/);
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(300);
+    // 20, 40, 80, 160 ms … between attempts: a handful, bounded by the doubling
+    expect(calls).toBeGreaterThan(2);
+    expect(calls).toBeLessThan(10);
   });
 });

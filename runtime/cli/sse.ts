@@ -1,8 +1,8 @@
 /**
  * Reads a command's event stream (SSE) from the data plane with eventsource-parser, resuming a
  * dropped connection with `Last-Event-ID` so nothing is lost or repeated. The stream ends after the
- * `exit` event (always last); a connection that ends before it is resumed, up to `maxRetries`
- * consecutive failures.
+ * `exit` event (always last); a connection that ends before it is resumed for as long as the
+ * failures in a row last less than `retryForMs` (a router or agent restart, an upgrade roll).
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import { createParser, type EventSourceMessage } from 'eventsource-parser';
@@ -23,8 +23,11 @@ export interface ReadEventsOptions {
   token: string;
   /** Resume after this event id (default: from the start). */
   lastEventId?: string;
-  /** Consecutive failed (re)connections before giving up (default 5). */
-  maxRetries?: number;
+  /**
+   * How long failed (re)connections in a row may go on before it gives up, ms (default 60 000, the
+   * CLI's `--retry-for`); any event received starts the count again.
+   */
+  retryForMs?: number;
   /** First retry delay, ms, doubled each time up to 5 s (default 250). */
   retryDelayMs?: number;
   /** A connection idle this long is treated as dropped, ms (the server sends keepalives every 15 s). */
@@ -50,12 +53,14 @@ function retryable(err: CliError): boolean {
 /**
  * Yields the stream's events in order, exactly once each, ending after `exit`.
  * @throws CliError with the server's code (TOKEN_EXPIRED, COMMAND_NOT_FOUND, …), or
- *   STREAM_DROPPED / UNREACHABLE after `maxRetries` consecutive failed reconnections.
+ *   STREAM_DROPPED / UNREACHABLE once failed reconnections in a row have lasted `retryForMs`.
  */
 export async function* readEvents(opts: ReadEventsOptions): AsyncGenerator<SseEvent> {
-  const maxRetries = opts.maxRetries ?? 5;
+  const retryForMs = opts.retryForMs ?? 60_000;
   let lastId = opts.lastEventId;
   let failures = 0;
+  /** When the current run of failures began (epoch ms). */
+  let failingSince = 0;
   for (;;) {
     const queue: SseEvent[] = [];
     const parser = createParser({
@@ -82,7 +87,7 @@ export async function* readEvents(opts: ReadEventsOptions): AsyncGenerator<SseEv
           while (queue.length) {
             const ev = queue.shift()!;
             if (ev.id !== undefined) lastId = ev.id;
-            failures = 0; // progress: the retry budget is for consecutive failures
+            failures = 0; // progress: the retry budget is for failures in a row
             yield ev;
             if (ev.event === 'exit') return;
           }
@@ -95,14 +100,15 @@ export async function* readEvents(opts: ReadEventsOptions): AsyncGenerator<SseEv
       if (opts.signal?.aborted) throw new CliError('ABORTED', 'stream aborted', { cause: err });
       failure = err instanceof CliError ? err : networkError(opts.url, err);
     }
-    if (!retryable(failure) || failures >= maxRetries) {
-      if (failures >= maxRetries && retryable(failure)) {
-        throw new CliError(failure.code, `${failure.message} (gave up after ${failures + 1} attempts)`, {
-          details: { ...(failure.details ?? {}), lastEventId: lastId ?? null },
-        });
-      }
-      throw failure;
-    }
+    if (failures === 0) failingSince = Date.now();
+    const failingMs = Date.now() - failingSince;
+    if (!retryable(failure)) throw failure;
+    if (failingMs >= retryForMs)
+      throw new CliError(
+        failure.code,
+        `${failure.message} (gave up after ${failures + 1} attempts over ${(failingMs / 1000).toFixed(1)} s)`,
+        { details: { ...(failure.details ?? {}), lastEventId: lastId ?? null } },
+      );
     failures++;
     opts.onReconnect?.({ attempt: failures, lastEventId: lastId, reason: failure.message });
     await sleep(Math.min(5000, (opts.retryDelayMs ?? 250) * 2 ** (failures - 1)), undefined, {
