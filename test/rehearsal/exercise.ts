@@ -165,13 +165,28 @@ export interface CounterStream {
 /**
  * Starts a counter in `sandbox`: `0`, `1`, … one line per second until {@link STOP_FILE} exists,
  * then a last line `end <count>`; read by `space exec` (the CLI as users run it), so reconnects
- * across restarts of the API, router and agent are the CLI's own.
+ * across restarts of the API, router and agent are the CLI's own, waited out for up to
+ * `retryForSec` in a row (`--retry-for`: under emulation a router or agent restart took minutes).
  */
-export function streamCounter(t: Target, sandbox: string): CounterStream {
+export function streamCounter(t: Target, sandbox: string, retryForSec: number): CounterStream {
   const script = `i=0; while [ ! -e ${STOP_FILE} ]; do echo $i; i=$((i+1)); sleep 1; done; echo end $i`;
   const child = spawn(
     process.execPath,
-    [CLI, '--api-url', t.apiUrl, '--api-key', t.apiKey, 'exec', sandbox, '--', 'sh', '-c', script],
+    [
+      CLI,
+      '--api-url',
+      t.apiUrl,
+      '--api-key',
+      t.apiKey,
+      '--retry-for',
+      String(retryForSec),
+      'exec',
+      sandbox,
+      '--',
+      'sh',
+      '-c',
+      script,
+    ],
     { stdio: ['ignore', 'pipe', 'pipe'] },
   );
   let out = '';

@@ -157,6 +157,10 @@ interface Summary {
       lost: number;
       repeated: number;
       exitCode: number | null;
+      /** Lines the client received (the counter's and any other). */
+      received: number;
+      /** The end of the client's stderr (its coded error when it gave up). */
+      stderrTail: string;
     }[];
   } | null;
   /** With several control VMs: the one holding the Redis primary powered off (issue 44). */
@@ -350,7 +354,9 @@ async function upgrade(
       const lifetimeSec = String(o.upgradeWaitMinutes * 60 + 900);
       for (let i = 0; i < 2; i++)
         sandboxes.push((await space<{ id: string }>(t, ['sandbox', 'create', '--timeout', lifetimeSec])).id);
-      for (const id of sandboxes) streams.push(streamCounter(t, id));
+      // the streams wait out restarts as long as the roll may take (a router restart under
+      // emulation took 141 s, an agent's 181 s: past the CLI's default 60 s)
+      for (const id of sandboxes) streams.push(streamCounter(t, id, o.upgradeWaitMinutes * 60));
       // a few lines before the roll starts
       await new Promise((r) => setTimeout(r, 10_000));
       const bumped = await renderStack(o.stack, { ...x.overrides, version: to });
@@ -402,12 +408,18 @@ async function upgrade(
         rolledSeconds,
         streams: results.map((r, i) => {
           const damage = r ? counterDamage(r.lines) : { count: null, lost: 0, repeated: 0 };
-          return { sandbox: sandboxes[i]!, ...damage, exitCode: r?.exitCode ?? null };
+          return {
+            sandbox: sandboxes[i]!,
+            ...damage,
+            exitCode: r?.exitCode ?? null,
+            received: r?.lines.length ?? 0,
+            stderrTail: (r?.stderr ?? '').trim().slice(-600),
+          };
         }),
       };
       for (const st of summary.upgrade.streams)
         x.log(
-          `stream ${st.sandbox}: ${st.count ?? '?'} lines, lost ${st.lost}, repeated ${st.repeated}, exit ${st.exitCode}`,
+          `stream ${st.sandbox}: ${st.count ?? '?'} lines (${st.received} received), lost ${st.lost}, repeated ${st.repeated}, exit ${st.exitCode}${st.stderrTail ? `; stderr: ${st.stderrTail}` : ''}`,
         );
     } finally {
       for (const st of streams) st.child.kill('SIGKILL');
