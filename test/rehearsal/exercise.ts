@@ -18,6 +18,11 @@ export interface Target {
   readonly apiKey: string;
 }
 
+/** The `space` CLI's global flags for `t`, waiting out retryable refusals for `retryForSec`. */
+function targetFlags(t: Target, retryForSec: number): string[] {
+  return ['--api-url', t.apiUrl, '--api-key', t.apiKey, '--retry-for', String(retryForSec)];
+}
+
 /**
  * Runs `space --json <args>` against `t` and parses its stdout; the CLI retries refusals to retry
  * (503, 429) for `retryForSec`. Throws with the CLI's stderr.
@@ -28,21 +33,9 @@ export async function space<T>(
   timeoutMs = 600_000,
   retryForSec = 300,
 ): Promise<T> {
-  const out = await run(
-    process.execPath,
-    [
-      CLI,
-      '--json',
-      '--api-url',
-      t.apiUrl,
-      '--api-key',
-      t.apiKey,
-      '--retry-for',
-      String(retryForSec),
-      ...args,
-    ],
-    { timeoutMs },
-  );
+  const out = await run(process.execPath, [CLI, '--json', ...targetFlags(t, retryForSec), ...args], {
+    timeoutMs,
+  });
   return JSON.parse(out) as T;
 }
 
@@ -172,21 +165,7 @@ export function streamCounter(t: Target, sandbox: string, retryForSec: number): 
   const script = `i=0; while [ ! -e ${STOP_FILE} ]; do echo $i; i=$((i+1)); sleep 1; done; echo end $i`;
   const child = spawn(
     process.execPath,
-    [
-      CLI,
-      '--api-url',
-      t.apiUrl,
-      '--api-key',
-      t.apiKey,
-      '--retry-for',
-      String(retryForSec),
-      'exec',
-      sandbox,
-      '--',
-      'sh',
-      '-c',
-      script,
-    ],
+    [CLI, ...targetFlags(t, retryForSec), 'exec', sandbox, '--', 'sh', '-c', script],
     { stdio: ['ignore', 'pipe', 'pipe'] },
   );
   let out = '';
