@@ -9,7 +9,8 @@ const run = promisify(execFile);
 
 /**
  * `redis-cli --raw <args>` in namespace `ns` against `host:port` with `password`: its trimmed
- * stdout, or '' when it fails (a server that is down answers nothing).
+ * stdout, or '' when it fails (a server that is down answers nothing) or takes over 10 s (a host
+ * that does not answer at all).
  */
 export async function redisCliIn(
   ns: string,
@@ -21,7 +22,7 @@ export async function redisCliIn(
   const { stdout } = await run(
     'ip',
     ['netns', 'exec', ns, 'redis-cli', '-h', host, '-p', String(port), '--raw', ...args],
-    { env: { ...process.env, REDISCLI_AUTH: password } },
+    { env: { ...process.env, REDISCLI_AUTH: password }, timeout: 10_000, killSignal: 'SIGKILL' },
   ).catch((e: { stdout?: string }) => ({ stdout: e.stdout ?? '' }));
   return stdout.trim();
 }

@@ -21,7 +21,7 @@
  */
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { readFile } from 'node:fs/promises';
+import { open } from 'node:fs/promises';
 import { Redis } from 'ioredis';
 import {
   parseRedisUrl,
@@ -183,8 +183,14 @@ export async function snapshot(server: ServerAddress, file: string): Promise<voi
 
 /** True when `file` starts as an RDB does (`REDIS` and a 4-digit version). */
 export async function looksLikeRdb(file: string): Promise<boolean> {
-  const head = (await readFile(file)).subarray(0, 9).toString('latin1');
-  return /^REDIS\d{4}$/.test(head);
+  // the first 9 bytes only: a snapshot may be gigabytes
+  const fh = await open(file, 'r');
+  try {
+    const { buffer, bytesRead } = await fh.read(Buffer.alloc(9), 0, 9, 0);
+    return /^REDIS\d{4}$/.test(buffer.subarray(0, bytesRead).toString('latin1'));
+  } finally {
+    await fh.close();
+  }
 }
 
 /** The SPACE services connected to the Redis of `client`, by name (from `CLIENT LIST`). */

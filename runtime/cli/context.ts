@@ -24,12 +24,17 @@ export function isJson(cmd: Command): boolean {
   return globals(cmd).json === true;
 }
 
+/** How long retryable refusals and dropped event streams are waited out (`--retry-for`), ms. */
+export function retryForMs(cmd: Command): number {
+  return (globals(cmd).retryFor ?? DEFAULT_RETRY_FOR_SEC) * 1000;
+}
+
 /** An API client for the endpoint found from flags, environment or `$SPACE_HOME`. */
 export function apiClient(cmd: Command): ApiClient {
   const g = globals(cmd);
   const json = g.json === true;
   return new ApiClient(resolveEndpoint({ apiUrl: g.apiUrl, apiKey: g.apiKey }), {
-    forMs: (g.retryFor ?? DEFAULT_RETRY_FOR_SEC) * 1000,
+    forMs: retryForMs(cmd),
     // on stderr, so stdout keeps only the answer: a line of JSON with --json, a sentence otherwise
     onWait(err, waitMs, leftMs) {
       const line = json

@@ -6,7 +6,7 @@
 import { once } from 'node:events';
 import type { Command } from 'commander';
 import { DataPlane } from './client.ts';
-import { apiClient, DEFAULT_RETRY_FOR_SEC, globals, isJson } from './context.ts';
+import { apiClient, isJson, retryForMs } from './context.ts';
 import {
   CliError,
   type CommandExit,
@@ -152,7 +152,7 @@ async function runExec(cmd: Command, id: string, words: string[], o: ExecOptions
       token: started.stream.token,
       signal: stop.signal,
       // a router or agent restart (an upgrade roll) is waited out as long as API calls are
-      retryForMs: (globals(cmd).retryFor ?? DEFAULT_RETRY_FOR_SEC) * 1000,
+      retryForMs: retryForMs(cmd),
       onReconnect: ({ attempt, reason }) =>
         note(`space: event stream dropped (${reason}); resuming (${attempt})`),
     })) {

@@ -8,6 +8,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { createParser, type EventSourceMessage } from 'eventsource-parser';
 import { type Dispatcher, request } from 'undici';
 import { errorFromResponse, networkError } from './client.ts';
+import { DEFAULT_RETRY_FOR_SEC } from './context.ts';
 import { CliError } from './output.ts';
 
 export interface SseEvent {
@@ -24,8 +25,8 @@ export interface ReadEventsOptions {
   /** Resume after this event id (default: from the start). */
   lastEventId?: string;
   /**
-   * How long failed (re)connections in a row may go on before it gives up, ms (default 60 000, the
-   * CLI's `--retry-for`); any event received starts the count again.
+   * How long failed (re)connections in a row may go on before it gives up, ms (default the CLI's
+   * `--retry-for` default); any event received starts the count again.
    */
   retryForMs?: number;
   /** First retry delay, ms, doubled each time up to 5 s (default 250). */
@@ -56,7 +57,7 @@ function retryable(err: CliError): boolean {
  *   STREAM_DROPPED / UNREACHABLE once failed reconnections in a row have lasted `retryForMs`.
  */
 export async function* readEvents(opts: ReadEventsOptions): AsyncGenerator<SseEvent> {
-  const retryForMs = opts.retryForMs ?? 60_000;
+  const retryForMs = opts.retryForMs ?? DEFAULT_RETRY_FOR_SEC * 1000;
   let lastId = opts.lastEventId;
   let failures = 0;
   /** When the current run of failures began (epoch ms). */

@@ -8,6 +8,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import type { NodeInfo } from '../../runtime/core/types.ts';
+import { redisCliIn } from '../netns-lan.ts';
 import { run } from './host.ts';
 
 const CLI = fileURLToPath(new URL('../../runtime/cli/space.ts', import.meta.url));
@@ -254,15 +255,8 @@ export interface FailoverRun {
 
 /** `ROLE` of the Redis at `address` (from inside the private network, with the password), or null. */
 async function roleOf(namespace: string, address: string, password: string): Promise<string | null> {
-  const out = await run(
-    'ip',
-    ['netns', 'exec', namespace, 'redis-cli', '--no-auth-warning', '-h', address, '-p', '6379', 'ROLE'],
-    {
-      timeoutMs: 10_000,
-      env: { ...process.env, REDISCLI_AUTH: password },
-    },
-  ).catch(() => null);
-  return out?.split('\n')[0]?.trim() || null;
+  const out = await redisCliIn(namespace, password, address, 6379, 'ROLE');
+  return out.split('\n')[0] || null;
 }
 
 /**

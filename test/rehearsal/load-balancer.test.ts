@@ -9,9 +9,14 @@ import { type AddressInfo, connect } from 'node:net';
 import { request } from 'undici';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { freeLoopbackPort } from '../../runtime/cli/up-host.ts';
-import { balance, type Forwarder } from './load-balancer.ts';
+import { type Backend, balance, type Forwarder, type HealthCheck } from './load-balancer.ts';
 
-/** An HTTP backend that names itself and answers /readyz with `ready`'s status. */
+const open: { close(): unknown }[] = [];
+afterEach(async () => {
+  for (const x of open.splice(0)) await x.close();
+});
+
+/** An HTTP backend that names itself and answers /readyz with `ready`'s status; closed after the test. */
 async function backend(name: string) {
   const state = { ready: 200 };
   const server: Server = createServer((req, res) => {
@@ -28,17 +33,13 @@ async function backend(name: string) {
   server.listen(0, '127.0.0.1');
   await once(server, 'listening');
   const port = (server.address() as AddressInfo).port;
+  open.push({ close: () => server.close() });
   return { name, state, server, address: { host: '127.0.0.1', port } };
 }
 
-const open: { close(): unknown }[] = [];
-afterEach(async () => {
-  for (const x of open.splice(0)) await x.close();
-});
-
-async function lb(...args: Parameters<typeof balance> extends [string, number, ...infer R] ? R : never) {
+async function lb(backends: Backend[], health?: HealthCheck) {
   const port = await freeLoopbackPort();
-  const f: Forwarder = await balance('127.0.0.1', port, ...args);
+  const f: Forwarder = await balance('127.0.0.1', port, backends, health);
   open.push(f);
   return { f, url: `http://127.0.0.1:${port}/` };
 }
@@ -59,7 +60,6 @@ describe('the load balancer stand-in', () => {
   it('sends a new connection to the backend with the fewest open ones', async () => {
     const a = await backend('a');
     const b = await backend('b');
-    open.push({ close: () => a.server.close() }, { close: () => b.server.close() });
     const { url } = await lb([a.address, b.address]);
     // a connection held open on whichever backend took it: the next ones go to the other
     const held = connect(Number(new URL(url).port), '127.0.0.1');
@@ -75,7 +75,6 @@ describe('the load balancer stand-in', () => {
   it('takes a backend out after its failed checks, brings it back after a passing one', async () => {
     const a = await backend('a');
     const b = await backend('b');
-    open.push({ close: () => a.server.close() }, { close: () => b.server.close() });
     const { f, url } = await lb([a.address, b.address], FAST);
     b.state.ready = 503;
     await vi.waitFor(() => expect(f.inRotation()).toEqual([`127.0.0.1:${a.address.port}`]));
@@ -87,7 +86,6 @@ describe('the load balancer stand-in', () => {
   it('a backend that refuses connections leaves the rotation; with none left a connection is closed', async () => {
     const a = await backend('a');
     const b = await backend('b');
-    open.push({ close: () => a.server.close() });
     const { f, url } = await lb([a.address, b.address], { ...FAST, intervalSec: 60 });
     b.server.close();
     b.server.closeAllConnections();
@@ -105,7 +103,6 @@ describe('the load balancer stand-in', () => {
 
   it('without a health check every backend stays in rotation', async () => {
     const a = await backend('a');
-    open.push({ close: () => a.server.close() });
     const { f, url } = await lb([a.address]);
     expect(await who(url)).toBe('a');
     expect(f.inRotation()).toEqual([`127.0.0.1:${a.address.port}`]);

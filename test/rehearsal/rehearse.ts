@@ -195,7 +195,6 @@ interface ExerciseContext {
   readonly registry: Registry;
   readonly ca: RehearsalCa;
   readonly repository: string;
-  readonly routerUrl: string;
   readonly log: (line: string) => void;
 }
 
@@ -231,7 +230,6 @@ async function exercise(o: Options, summary: Summary, t: Target, x: ExerciseCont
   await phase('redis', async () => {
     // from the namespace, the bridge's address (10.88.0.1) is inside the private network: past the
     // control VMs' firewall guard, so only the password stands between it and the state of record
-    summary.redisRefusesWithoutPassword = true;
     for (const c of x.controls) {
       const out = await run('ip', [
         'netns',
@@ -246,7 +244,7 @@ async function exercise(o: Options, summary: Summary, t: Target, x: ExerciseCont
         DEPLOY_TARGET_VERSION_KEY,
       ]).catch((err: Error) => err.message);
       const refused = /NOAUTH|Authentication required/i.test(out);
-      summary.redisRefusesWithoutPassword &&= refused;
+      summary.redisRefusesWithoutPassword = refused;
       x.log(`redis on ${c.spec.name} without the password: ${out.trim().slice(0, 200)}`);
       if (!refused)
         throw new Error(
@@ -603,7 +601,6 @@ async function main(o: Options): Promise<Summary> {
           registry,
           ca,
           repository,
-          routerUrl: `http://${lbHost}:${ROUTER_PORT}`,
           log,
         },
       );

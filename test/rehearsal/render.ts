@@ -69,14 +69,10 @@ export const ONE_CONTROL_VM = controlVms(1);
  * `count` VMs in the stack file's first node pool (the others dropped), as a `space:nodePools`
  * override. @throws Error when the stack file has no node pool.
  */
-export function nodeVms(
-  stack: string,
-  count: number,
-  pool: Record<string, unknown> = {},
-): { nodePools: string } {
+export function nodeVms(stack: string, count: number): { nodePools: string } {
   const pools = JSON.parse(stackFileConfig(stack)['nodePools'] ?? '[]') as Record<string, unknown>[];
   if (!pools[0]) throw new Error(`rehearsal: stack ${stack} has no space:nodePools`);
-  return { nodePools: JSON.stringify([{ ...pools[0], ...pool, count }]) };
+  return { nodePools: JSON.stringify([{ ...pools[0], count }]) };
 }
 
 /** `space:*` values of `stacks/Pulumi.<stack>.yaml` as Pulumi passes them (objects as JSON). */
