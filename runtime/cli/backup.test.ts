@@ -241,6 +241,19 @@ describe('space backup: a snapshot of the primary in an S3-compatible store, res
     await s.send(new PutObjectCommand({ Bucket: s3.bucket, Key: foreign, Body: bytes }));
     expect(await codeOf(runRestore(rc, 'latest', () => {}))).toBe('BACKUP_CORRUPT');
     expect(await codeOf(runRestore(rc, 'redis-20200101T000000000Z.rdb', () => {}))).toBe('BACKUP_NOT_FOUND');
+    // an object whose checksum matches but which is no RDB at all (a wrong file uploaded with it)
+    const notRdb = Buffer.from('PK\x03\x04 not a redis snapshot');
+    await s.send(
+      new PutObjectCommand({
+        Bucket: s3.bucket,
+        Key: foreign,
+        Body: notRdb,
+        Metadata: { sha256: createHash('sha256').update(notRdb).digest('hex') },
+      }),
+    );
+    const wrong = await runRestore(rc, foreign, () => {}).catch((e: unknown) => e);
+    expect((wrong as CliError).code).toBe('BACKUP_CORRUPT');
+    expect((wrong as CliError).message).toMatch(/is not an RDB file although its checksum matches/);
     expect(await target.client.keys('*')).toEqual(['space:v1:untouched']);
     s.destroy();
     for (const x of [src, target]) x.client.disconnect();
