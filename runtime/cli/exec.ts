@@ -18,7 +18,7 @@ import {
   printJson,
   usageError,
 } from './output.ts';
-import { outputBytes, readEvents } from './sse.ts';
+import { outageNotes, outputBytes, readEvents } from './sse.ts';
 
 interface ExecOptions {
   env?: Record<string, string>;
@@ -153,8 +153,7 @@ async function runExec(cmd: Command, id: string, words: string[], o: ExecOptions
       signal: stop.signal,
       // a router or agent restart (an upgrade roll) is waited out as long as API calls are
       retryForMs: retryForMs(cmd),
-      onReconnect: ({ attempt, reason }) =>
-        note(`space: event stream dropped (${reason}); resuming (${attempt})`),
+      ...outageNotes(note, retryForMs(cmd)),
     })) {
       if (ev.event === 'stdout' || ev.event === 'stderr') {
         const bytes = outputBytes(ev);

@@ -2,7 +2,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { CliError } from './output.ts';
-import { outputBytes, readEvents, type SseEvent } from './sse.ts';
+import { outageNotes, outputBytes, readEvents, type SseEvent } from './sse.ts';
 
 type Handler = (req: IncomingMessage, res: ServerResponse, n: number) => void;
 
@@ -115,8 +115,22 @@ describe('readEvents', () => {
         res.end(frame(2, 'stdout', out('b')) + frame(3, 'exit', EXIT));
       }
     });
-    const events = await collect(readEvents({ url, token: 't', retryDelayMs: 1, retryForMs: 10_000 }));
+    const notes: string[] = [];
+    const events = await collect(
+      readEvents({
+        url,
+        token: 't',
+        retryDelayMs: 1,
+        retryForMs: 10_000,
+        ...outageNotes((l) => notes.push(l), 10_000),
+      }),
+    );
     expect(events.map((e) => e.id)).toEqual(['1', '2', '3']);
+    // twelve failed attempts, three notes: the drop, the new reason, the resume
+    expect(notes).toHaveLength(3);
+    expect(notes[0]).toMatch(/^space: event stream dropped \(.+\); resuming for up to 10 s$/);
+    expect(notes[1]).toBe('space: event stream still away (restarting); resuming');
+    expect(notes[2]).toMatch(/^space: event stream resumed after \d+\.\d s \(12 attempts\)$/);
   });
 
   it('gives up once drops in a row have lasted retryForMs, and not before', async () => {

@@ -35,6 +35,11 @@ export interface ReadEventsOptions {
   idleTimeoutMs?: number;
   /** Called before each reconnection (for a note on stderr). */
   onReconnect?: (info: { attempt: number; lastEventId: string | undefined; reason: string }) => void;
+  /**
+   * Called with the first event after failed reconnections: `attempts` in that run of failures,
+   * `afterMs` since its first failure.
+   */
+  onResumed?: (info: { attempts: number; afterMs: number }) => void;
   signal?: AbortSignal;
   dispatcher?: Dispatcher;
 }
@@ -88,6 +93,7 @@ export async function* readEvents(opts: ReadEventsOptions): AsyncGenerator<SseEv
           while (queue.length) {
             const ev = queue.shift()!;
             if (ev.id !== undefined) lastId = ev.id;
+            if (failures > 0) opts.onResumed?.({ attempts: failures, afterMs: Date.now() - failingSince });
             failures = 0; // progress: the retry budget is for failures in a row
             yield ev;
             if (ev.event === 'exit') return;
@@ -117,6 +123,33 @@ export async function* readEvents(opts: ReadEventsOptions): AsyncGenerator<SseEv
     }).catch(() => {});
     if (opts.signal?.aborted) throw new CliError('ABORTED', 'stream aborted');
   }
+}
+
+/**
+ * Stderr notes for {@link readEvents} that stay short through a long outage (a router restart
+ * can take minutes of attempts): one note when the stream drops, one per new reason while it is
+ * away, one when it resumes (with how long it was away). Spread into `readEvents`' options.
+ */
+export function outageNotes(
+  note: (line: string) => void,
+  retryForMs: number,
+): Pick<ReadEventsOptions, 'onReconnect' | 'onResumed'> {
+  const reasons = new Set<string>();
+  return {
+    onReconnect: ({ attempt, reason }) => {
+      if (attempt === 1) {
+        reasons.clear();
+        note(
+          `space: event stream dropped (${reason}); resuming for up to ${Math.round(retryForMs / 1000)} s`,
+        );
+      } else if (!reasons.has(reason)) {
+        note(`space: event stream still away (${reason}); resuming`);
+      }
+      reasons.add(reason);
+    },
+    onResumed: ({ attempts, afterMs }) =>
+      note(`space: event stream resumed after ${(afterMs / 1000).toFixed(1)} s (${attempts} attempts)`),
+  };
 }
 
 /** Bytes of a `stdout` / `stderr` event (`{"data":"<base64>"}`). */
