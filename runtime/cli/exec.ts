@@ -146,14 +146,15 @@ async function runExec(cmd: Command, id: string, words: string[], o: ExecOptions
   const out: Buffer[] = [];
   const err: Buffer[] = [];
   let exit: CommandExit | null = null;
+  const retryFor = retryForMs(cmd);
   try {
     for await (const ev of readEvents({
       url: eventsUrl,
       token: started.stream.token,
       signal: stop.signal,
       // a router or agent restart (an upgrade roll) is waited out as long as API calls are
-      retryForMs: retryForMs(cmd),
-      ...outageNotes(note, retryForMs(cmd)),
+      retryForMs: retryFor,
+      ...outageNotes(note, retryFor),
     })) {
       if (ev.event === 'stdout' || ev.event === 'stderr') {
         const bytes = outputBytes(ev);
